@@ -1,0 +1,33 @@
+# Third-party libraries, all from Debian packages (scripts/setup.sh installs them).
+# LibTorch is found separately in LoomTorch.cmake.
+set(_loom_missing_hint "run scripts/setup.sh (installs the Debian -dev packages loom needs)")
+
+find_package(nlohmann_json 3.10 REQUIRED)
+find_package(tomlplusplus 3.0 REQUIRED)
+find_package(fmt 9 REQUIRED)
+find_package(spdlog 1.10 REQUIRED)
+find_package(CLI11 2.1 REQUIRED)
+if(LOOM_BUILD_TESTS)
+  find_package(GTest 1.11 REQUIRED)
+endif()
+
+foreach(_dep nlohmann_json::nlohmann_json tomlplusplus::tomlplusplus fmt::fmt spdlog::spdlog CLI11::CLI11)
+  if(NOT TARGET ${_dep})
+    message(FATAL_ERROR "missing dependency target ${_dep}: ${_loom_missing_hint}")
+  endif()
+endforeach()
+
+# LibTorch ships its own fmt headers (a newer major version) in its include folder, which the
+# compiler searches before /usr/include. spdlog from Debian is compiled against Debian's fmt, so
+# every loom target must see Debian's fmt first: a folder holding only a link to it goes in front.
+get_target_property(_fmt_includes fmt::fmt INTERFACE_INCLUDE_DIRECTORIES)
+set(LOOM_FMT_SHIM_DIR ${CMAKE_BINARY_DIR}/loom_fmt_include)
+foreach(_dir IN LISTS _fmt_includes)
+  if(EXISTS ${_dir}/fmt/core.h)
+    file(MAKE_DIRECTORY ${LOOM_FMT_SHIM_DIR})
+    file(CREATE_LINK ${_dir}/fmt ${LOOM_FMT_SHIM_DIR}/fmt SYMBOLIC)
+  endif()
+endforeach()
+if(NOT EXISTS ${LOOM_FMT_SHIM_DIR}/fmt/core.h)
+  message(FATAL_ERROR "could not locate Debian's fmt headers (libfmt-dev): ${_loom_missing_hint}")
+endif()

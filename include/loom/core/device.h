@@ -1,0 +1,20 @@
+// Devices loom can run on, as LibTorch sees them at run time.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace loom::device {
+
+struct AcceleratorInfo {
+  bool cuda_compiled = false;   // loom's CUDA code paths are in this binary
+  bool cuda_available = false;  // a driver and at least one device answered
+  int device_count = 0;
+  std::vector<std::string> device_names;
+  std::string cuda_runtime_version;  // "13.0", empty without CUDA
+  std::string nccl_version;          // "2.28.9", empty without NCCL
+};
+
+AcceleratorInfo query_accelerators();
+
+}  // namespace loom::device

@@ -1,0 +1,15 @@
+// File writes that never leave a half-written file behind: write a temporary file in the same
+// folder, fsync it, rename it over the target, fsync the folder.
+#pragma once
+
+#include <string>
+
+namespace loom::files {
+
+// Throws loom::IoError naming the path and the system error.
+void write_atomic(const std::string& path, const std::string& content);
+
+// Creates the folder and its parents; throws loom::IoError when that fails.
+void create_directories(const std::string& path);
+
+}  // namespace loom::files

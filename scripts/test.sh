@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Setup (idempotent), build, then the whole test suite through ctest.
+# Tests labelled "cuda" need a GPU; on a machine without one they are excluded, and this script
+# says so (tools/gpu_check.sh runs them on a GPU machine).
+#
+# Extra arguments go to ctest, e.g. scripts/test.sh -R Config
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+BUILD_DIR="${LOOM_BUILD_DIR:-build}"
+
+say() { printf '\033[1m[test]\033[0m %s\n' "$*"; }
+
+start=$(date +%s)
+scripts/setup.sh
+built=$(date +%s)
+
+label_args=()
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  say "GPU found: running every test, the cuda label included"
+else
+  say "no GPU on this machine: excluding tests labelled 'cuda' (run tools/gpu_check.sh on a GPU machine)"
+  label_args=(-LE cuda)
+fi
+
+say "running ctest in $BUILD_DIR"
+# No --repeat or retry flags: a flaky test must fail here, not pass on a second try.
+ctest --test-dir "$BUILD_DIR" --output-on-failure --no-tests=error -j "$(nproc)" \
+  "${label_args[@]}" "$@"
+done=$(date +%s)
+say "setup+build $((built - start)) s, tests $((done - built)) s"

@@ -1,0 +1,37 @@
+// The loom subcommands. Each lives in its own file and registers itself on the top-level app;
+// main.cpp only dispatches.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "loom/config/loader.h"
+
+namespace loom::cli {
+
+// What a command's run function returns: the process exit code.
+using CommandRun = std::function<int()>;
+
+// Registers a subcommand on `app`; `run` is set to the function to call once parsing succeeded.
+void add_train_command(CLI::App& app, CommandRun& run);
+void add_config_command(CLI::App& app, CommandRun& run);
+
+// The config sources shared by every command that reads a job config.
+struct ConfigArgs {
+  std::optional<std::string> config_path;
+  std::vector<config::Override> overrides;
+};
+
+// Adds --config and one --section.key option per config key, grouped by section.
+void add_config_options(CLI::App& command, ConfigArgs& args);
+// Turns arguments CLI11 did not recognize into overrides, so the loader reports unknown keys
+// together with every other problem (with "did you mean" suggestions).
+void collect_unrecognized(const CLI::App& command, ConfigArgs& args);
+// Loads and validates the job config from the parsed arguments.
+config::LoadedConfig load_config(const CLI::App& command, ConfigArgs& args);
+
+}  // namespace loom::cli

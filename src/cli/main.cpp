@@ -1,0 +1,40 @@
+// The loom binary: parses the command line and dispatches to one subcommand.
+// Exit codes: 0 success, 1 runtime failure, 2 bad input (command line, config, files).
+#include <iostream>
+
+#include "commands.h"
+#include "loom/core/check.h"
+#include "version.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"loom: LLM pretraining on LibTorch (torchtitan-compatible configs)", "loom"};
+  app.set_version_flag(
+      "--version", [] { return loom::cli::version_text(); },
+      "Print loom, LibTorch, CUDA, NCCL and Gloo versions and exit");
+  app.require_subcommand(1);
+  app.fallthrough(false);
+
+  loom::cli::CommandRun run;
+  loom::cli::add_train_command(app, run);
+  loom::cli::add_config_command(app, run);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    return app.exit(error) == 0 ? 0 : 2;
+  }
+  try {
+    return run ? run() : 2;
+  } catch (const CLI::ParseError& error) {
+    return app.exit(error) == 0 ? 0 : 2;
+  } catch (const loom::InputError& error) {
+    std::cerr << "error: " << error.message() << "\n";
+    return 2;
+  } catch (const loom::Error& error) {
+    std::cerr << "error: " << error.what() << "\n";
+    return 1;
+  } catch (const std::exception& error) {
+    std::cerr << "error: " << error.what() << "\n";
+    return 1;
+  }
+}

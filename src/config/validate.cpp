@@ -1,0 +1,158 @@
+#include "loom/config/validate.h"
+
+#include <cmath>
+#include <sstream>
+
+#include "loom/config/schema.h"
+#include "loom/core/strings.h"
+
+namespace loom::config {
+namespace {
+
+std::string number_text(double value) {
+  std::ostringstream out;
+  out << value;
+  return out.str();
+}
+
+class Checker {
+ public:
+  Checker(const Provenance& provenance, Diagnostics& diagnostics)
+      : provenance_(provenance), diagnostics_(diagnostics) {}
+
+  void fail(const std::string& key, const std::string& message) {
+    auto it = provenance_.find(key);
+    diagnostics_.add(it == provenance_.end() ? Origin{"defaults"} : it->second, key, message);
+  }
+
+  // Range and choice rules declared in the schema.
+  void check_field(const FieldSpec& field, const Value& value) {
+    if (auto i = std::get_if<int64_t>(&value)) {
+      check_range(field, static_cast<double>(*i), *i);
+    } else if (auto d = std::get_if<double>(&value)) {
+      if (!std::isfinite(*d)) {
+        fail(field.name(), "must be a finite number, got " + number_text(*d));
+        return;
+      }
+      check_range(field, *d, std::nullopt);
+    } else if (auto s = std::get_if<std::string>(&value)) {
+      check_choice(field, *s);
+    } else if (auto list = std::get_if<std::vector<std::string>>(&value)) {
+      for (const auto& item : *list) check_choice(field, item);
+    }
+  }
+
+ private:
+  void check_range(const FieldSpec& field, double value, std::optional<int64_t> integer) {
+    if (integer) {
+      for (int64_t allowed : field.allowed_outside_range) {
+        if (*integer == allowed) return;
+      }
+    }
+    bool low = field.min && value < *field.min;
+    bool high = field.max && value > *field.max;
+    if (!low && !high) return;
+    std::string rule;
+    if (field.min && field.max) {
+      rule = "must be between " + number_text(*field.min) + " and " + number_text(*field.max);
+    } else if (field.min) {
+      rule = "must be >= " + number_text(*field.min);
+    } else {
+      rule = "must be <= " + number_text(*field.max);
+    }
+    for (int64_t allowed : field.allowed_outside_range) {
+      rule += " or " + std::to_string(allowed);
+    }
+    fail(field.name(), rule + ", got " + number_text(value));
+  }
+
+  void check_choice(const FieldSpec& field, const std::string& value) {
+    if (field.choices.empty()) return;
+    for (const auto& choice : field.choices) {
+      if (choice == value) return;
+    }
+    std::string hint;
+    if (auto match = strings::closest_match(value, field.choices)) {
+      hint = " (did you mean '" + *match + "'?)";
+    }
+    fail(field.name(), "must be one of " + strings::join(field.choices, ", ") + "; got " +
+                           strings::quote(value) + hint);
+  }
+
+  const Provenance& provenance_;
+  Diagnostics& diagnostics_;
+};
+
+// Rules that involve more than one key, or a value format beyond a type and a range.
+void check_combinations(const JobConfig& c, Checker& check) {
+  const auto& p = c.parallelism;
+  const auto& t = c.training;
+
+  // The data-parallel degree is known here only when every degree is explicit.
+  if (t.global_batch_size > 0 && t.global_batch_size % t.local_batch_size != 0) {
+    check.fail("training.global_batch_size", "must be a multiple of training.local_batch_size (" +
+                                                 std::to_string(t.local_batch_size) +
+                                                 ") times the data-parallel degree, got " +
+                                                 std::to_string(t.global_batch_size));
+  }
+  if (p.data_parallel_shard_degree > 0 && t.global_batch_size > 0) {
+    int64_t dp = p.data_parallel_shard_degree * p.data_parallel_replicate_degree;
+    if (t.global_batch_size % (t.local_batch_size * dp) != 0) {
+      check.fail("training.global_batch_size",
+                 "must be a multiple of local_batch_size x data-parallel degree = " +
+                     std::to_string(t.local_batch_size) + " x " + std::to_string(dp) + ", got " +
+                     std::to_string(t.global_batch_size));
+    }
+  }
+  if (p.pipeline_parallel_degree > 1 &&
+      t.local_batch_size % p.pipeline_parallel_microbatch_size != 0) {
+    check.fail("parallelism.pipeline_parallel_microbatch_size",
+               "must divide training.local_batch_size (" + std::to_string(t.local_batch_size) +
+                   "), got " + std::to_string(p.pipeline_parallel_microbatch_size));
+  }
+  if (p.expert_tensor_parallel_degree != 1 &&
+      p.expert_tensor_parallel_degree != p.tensor_parallel_degree) {
+    check.fail("parallelism.expert_tensor_parallel_degree",
+               "must be 1 or equal to tensor_parallel_degree (" +
+                   std::to_string(p.tensor_parallel_degree) + ")");
+  }
+
+  const auto& ac = c.activation_checkpoint;
+  if (ac.mode == "selective" && ac.selective_ac_option != "op") {
+    auto every = strings::parse_int(ac.selective_ac_option);
+    if (!every || *every < 1) {
+      check.fail("activation_checkpoint.selective_ac_option",
+                 "must be 'op' or a positive integer N (checkpoint every N-th block), got " +
+                     strings::quote(ac.selective_ac_option));
+    }
+  }
+
+  if (c.checkpoint.keep_latest_k == 1) {
+    check.fail(
+        "checkpoint.keep_latest_k",
+        "must be 0 (keep all) or at least 2: the newest checkpoint may still be being written");
+  }
+  if (c.optimizer.early_step_in_backward && t.max_norm > 0 && p.pipeline_parallel_degree > 1) {
+    check.fail("optimizer.early_step_in_backward", "cannot be combined with pipeline parallelism");
+  }
+  if (c.lr_scheduler.total_steps && *c.lr_scheduler.total_steps < c.lr_scheduler.warmup_steps) {
+    check.fail("lr_scheduler.total_steps", "must be at least lr_scheduler.warmup_steps (" +
+                                               std::to_string(c.lr_scheduler.warmup_steps) + ")");
+  }
+}
+
+}  // namespace
+
+void validate(const JobConfig& config, const Provenance& provenance, Diagnostics& diagnostics) {
+  Checker check(provenance, diagnostics);
+  size_t before = diagnostics.items().size();
+  for (const auto& field : job_config_schema().fields()) {
+    check.check_field(field, field.read(config));
+  }
+  // Combination rules assume each value is valid on its own (no division by a zero batch size).
+  if (diagnostics.items().size() == before) {
+    check_combinations(config, check);
+  }
+}
+
+}  // namespace loom::config

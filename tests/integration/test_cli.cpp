@@ -1,0 +1,131 @@
+// The loom binary end to end: help, version, config show/validate, error reporting, train's
+// output folder.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "support/process.h"
+
+using loom::testing::fresh_temp_dir;
+using loom::testing::read_text;
+using loom::testing::run_loom;
+
+namespace {
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+const std::string kDebugConfig = std::string(LOOM_SOURCE_DIR) + "/configs/llama3_debug.toml";
+
+}  // namespace
+
+TEST(Cli, HelpListsSubcommandsAndConfigKeys) {
+  auto top = run_loom("--help");
+  EXPECT_EQ(top.exit_code, 0) << top.output;
+  EXPECT_TRUE(contains(top.output, "train")) << top.output;
+  EXPECT_TRUE(contains(top.output, "config")) << top.output;
+
+  auto train = run_loom("train --help");
+  EXPECT_EQ(train.exit_code, 0) << train.output;
+  EXPECT_TRUE(contains(train.output, "--training.steps INT")) << train.output;
+  EXPECT_TRUE(contains(train.output, "--checkpoint.enable [BOOL]")) << train.output;
+  EXPECT_TRUE(contains(train.output, "[parallelism]")) << train.output;
+
+  EXPECT_EQ(run_loom("config show --help").exit_code, 0);
+  EXPECT_EQ(run_loom("config validate --help").exit_code, 0);
+}
+
+TEST(Cli, VersionReportsLibTorchAndBackends) {
+  auto result = run_loom("--version");
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_TRUE(contains(result.output, "loom 0.")) << result.output;
+  EXPECT_TRUE(contains(result.output, "git ")) << result.output;
+  EXPECT_TRUE(contains(result.output, "LibTorch 2.")) << result.output;
+  EXPECT_TRUE(contains(result.output, "CUDA: ")) << result.output;
+  EXPECT_TRUE(contains(result.output, "NCCL: ")) << result.output;
+  EXPECT_TRUE(contains(result.output, "Gloo: ")) << result.output;
+}
+
+TEST(Cli, NoSubcommandOrUnknownOneIsAUsageError) {
+  EXPECT_EQ(run_loom("").exit_code, 2);
+  auto result = run_loom("trian");
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+}
+
+TEST(Cli, ConfigShowAppliesOverridesInBothSpellings) {
+  auto result = run_loom("config show --config '" + kDebugConfig +
+                         "' --training.steps 7 --optimizer.lr=0.002 --checkpoint.enable");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_TRUE(contains(result.output, "\nsteps = 7\n")) << result.output;
+  EXPECT_TRUE(contains(result.output, "\nlr = 0.002\n")) << result.output;
+  EXPECT_TRUE(contains(result.output, "[checkpoint]\nenable = true\n")) << result.output;
+  // The file's own value where no override was given.
+  EXPECT_TRUE(contains(result.output, "\nseq_len = 256\n")) << result.output;
+}
+
+TEST(Cli, ConfigShowJsonAndTorchtitanStyleConfigFileFlag) {
+  auto result = run_loom("config show --format json --job.config_file '" + kDebugConfig +
+                         "' --training.steps 9");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_TRUE(contains(result.output, "\"steps\": 9")) << result.output;
+  EXPECT_TRUE(contains(result.output, "\"seq_len\": 256")) << result.output;
+}
+
+TEST(Cli, BadConfigNamesEveryProblemAndExitsNonZero) {
+  std::string dir = fresh_temp_dir("cli_bad_config");
+  std::string path = dir + "/bad.toml";
+  std::ofstream(path) << "[training]\nstpes = 10\nlocal_batch_size = \"eight\"\nseq_len = -5\n";
+  auto result = run_loom("config validate --config '" + path + "'");
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_TRUE(contains(result.output, "bad.toml:2:1: training.stpes: unknown key 'stpes'"))
+      << result.output;
+  EXPECT_TRUE(contains(result.output, "did you mean 'steps'?")) << result.output;
+  EXPECT_TRUE(
+      contains(result.output, "bad.toml:3:1: training.local_batch_size: expected an integer"))
+      << result.output;
+  EXPECT_TRUE(contains(result.output, "bad.toml:4:1: training.seq_len: must be >= 1, got -5"))
+      << result.output;
+
+  // train refuses the same file before doing anything: no output folder appears.
+  std::string dump = dir + "/out";
+  result = run_loom("train --config '" + path + "' --job.dump_folder '" + dump + "'");
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_FALSE(std::filesystem::exists(dump));
+}
+
+TEST(Cli, UnknownOverrideGetsASuggestion) {
+  auto result = run_loom("config validate --trainig.steps 5");
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_TRUE(contains(result.output, "did you mean --training.steps?")) << result.output;
+  result = run_loom("config validate stray");
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+}
+
+TEST(Cli, MissingConfigFileIsNamed) {
+  auto result = run_loom("config validate --config /no/such/job.toml");
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_TRUE(contains(result.output, "/no/such/job.toml")) << result.output;
+}
+
+TEST(Cli, UnimplementedKeysGiveOneWarning) {
+  auto result = run_loom("config validate --compile.enable --metrics.enable_wandb false");
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_TRUE(contains(result.output, "not implemented by loom yet")) << result.output;
+  EXPECT_TRUE(contains(result.output, "compile.enable, metrics.enable_wandb")) << result.output;
+}
+
+TEST(Cli, TrainSavesTheEffectiveConfigInTheDumpFolder) {
+  std::string dir = fresh_temp_dir("cli_train_dump");
+  auto result = run_loom("train --config '" + kDebugConfig + "' --job.dump_folder '" + dir +
+                         "/run' --training.steps 7 --job.save_config_file config.json");
+  std::string saved = read_text(dir + "/run/config.toml");
+  ASSERT_FALSE(saved.empty()) << result.output;
+  EXPECT_TRUE(contains(saved, "\nsteps = 7\n")) << saved;
+  EXPECT_TRUE(contains(read_text(dir + "/run/config.json"), "\"steps\": 7"));
+  // The saved file is itself a valid config that reproduces the run's settings.
+  auto reloaded = run_loom("config show --config '" + dir + "/run/config.toml'");
+  ASSERT_EQ(reloaded.exit_code, 0) << reloaded.output;
+  EXPECT_TRUE(contains(reloaded.output, "\nsteps = 7\n"));
+}

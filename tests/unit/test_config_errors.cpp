@@ -1,0 +1,144 @@
+#include <gtest/gtest.h>
+
+#include "unit/config_test_util.h"
+
+using loom::testing::load_error;
+
+namespace {
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+}  // namespace
+
+TEST(ConfigErrors, EveryProblemIsReportedAtOnceWithFileLineAndKey) {
+  std::string error = load_error(R"([training]
+stpes = 10
+local_batch_size = "eight"
+seq_len = -5
+)");
+  EXPECT_TRUE(contains(error, "3 problems")) << error;
+  EXPECT_TRUE(contains(
+      error,
+      "test.toml:2:1: training.stpes: unknown key 'stpes' in [training] (did you mean 'steps'?)"))
+      << error;
+  EXPECT_TRUE(contains(
+      error, "test.toml:3:1: training.local_batch_size: expected an integer, got string \"eight\""))
+      << error;
+  EXPECT_TRUE(contains(error, "test.toml:4:1: training.seq_len: must be >= 1, got -5")) << error;
+}
+
+TEST(ConfigErrors, UnknownSectionAndRenamedKeys) {
+  std::string error =
+      load_error("[trainig]\nsteps = 1\n[float8]\nemulate = true\n[training]\nbatch_size = 4\n");
+  EXPECT_TRUE(contains(error, "unknown section [trainig] (did you mean 'training'?)")) << error;
+  EXPECT_TRUE(contains(
+      error, "unknown section [float8] (renamed in torchtitan v0.2: use quantize.linear.float8)"))
+      << error;
+  EXPECT_TRUE(contains(error, "use training.local_batch_size")) << error;
+}
+
+TEST(ConfigErrors, KeyInTheWrongSectionPointsToTheRightOne) {
+  std::string error = load_error("[training]\nwarmup_steps = 10\n");
+  EXPECT_TRUE(contains(error, "did you mean 'lr_scheduler.warmup_steps'?")) << error;
+}
+
+TEST(ConfigErrors, WrongTypesNameWhatWasExpected) {
+  std::string error = load_error(R"([training]
+steps = 1.5
+max_norm = "big"
+[checkpoint]
+enable = 1
+exclude_from_loading = ["model", 3]
+[debug]
+seed = "x"
+)");
+  EXPECT_TRUE(contains(error, "training.steps: expected an integer, got float 1.5")) << error;
+  EXPECT_TRUE(contains(error, "training.max_norm: expected a number, got string \"big\"")) << error;
+  EXPECT_TRUE(contains(error, "checkpoint.enable: expected a boolean, got integer 1")) << error;
+  EXPECT_TRUE(contains(error,
+                       "checkpoint.exclude_from_loading: expected a list of strings, got an array "
+                       "holding integer 3"))
+      << error;
+  EXPECT_TRUE(contains(error, "debug.seed: expected an integer (or unset), got string \"x\""))
+      << error;
+}
+
+TEST(ConfigErrors, RangesAndChoices) {
+  std::string error = load_error(R"([parallelism]
+data_parallel_shard_degree = 0
+[lr_scheduler]
+decay_ratio = 1.5
+decay_type = "cosin"
+[checkpoint]
+keep_latest_k = 1
+async_mode = "sometimes"
+)");
+  EXPECT_TRUE(contains(error, "parallelism.data_parallel_shard_degree: must be >= 1 or -1, got 0"))
+      << error;
+  EXPECT_TRUE(contains(error, "lr_scheduler.decay_ratio: must be between 0 and 1, got 1.5"))
+      << error;
+  EXPECT_TRUE(contains(error,
+                       "lr_scheduler.decay_type: must be one of linear, sqrt, cosine; got "
+                       "\"cosin\" (did you mean 'cosine'?)"))
+      << error;
+  EXPECT_TRUE(contains(
+      error, "checkpoint.async_mode: must be one of disabled, async, async_with_pinned_mem"))
+      << error;
+}
+
+TEST(ConfigErrors, InconsistentCombinations) {
+  std::string error = load_error(R"([training]
+local_batch_size = 4
+global_batch_size = 10
+[checkpoint]
+keep_latest_k = 1
+[activation_checkpoint]
+mode = "selective"
+selective_ac_option = "every-other"
+)");
+  EXPECT_TRUE(contains(error, "training.global_batch_size: must be a multiple of")) << error;
+  EXPECT_TRUE(contains(error, "checkpoint.keep_latest_k: must be 0 (keep all) or at least 2"))
+      << error;
+  EXPECT_TRUE(contains(
+      error, "activation_checkpoint.selective_ac_option: must be 'op' or a positive integer"))
+      << error;
+
+  error = load_error(
+      "[training]\nlocal_batch_size = 4\nglobal_batch_size = 8\n"
+      "[parallelism]\ndata_parallel_shard_degree = 4\n");
+  EXPECT_TRUE(contains(error, "local_batch_size x data-parallel degree = 4 x 4, got 8")) << error;
+}
+
+TEST(ConfigErrors, CommandLineProblemsJoinFileProblems) {
+  std::string error = load_error(
+      "[training]\nseq_len = 0\n",
+      {{"trainig.steps", "5"}, {"optimizer.lr", "fast"}, {"training.steps", std::nullopt}});
+  EXPECT_TRUE(contains(error, "4 problems")) << error;
+  EXPECT_TRUE(contains(error, "unknown option --trainig.steps (did you mean --training.steps?)"))
+      << error;
+  EXPECT_TRUE(contains(error, "command line: optimizer.lr: expected a number, got \"fast\""))
+      << error;
+  EXPECT_TRUE(contains(error, "--training.steps needs a value (an integer)")) << error;
+  // File problems come first, in line order.
+  EXPECT_LT(error.find("test.toml:2"), error.find("command line")) << error;
+}
+
+TEST(ConfigErrors, SyntaxErrorsCarryTheParsersPosition) {
+  std::string error = load_error("[training\nsteps = 1\n");
+  EXPECT_TRUE(contains(error, "test.toml:1:")) << error;
+  EXPECT_TRUE(contains(error, "TOML syntax error")) << error;
+
+  error = load_error("{\"training\": {\"steps\": 1,}}", {}, "test.json");
+  EXPECT_TRUE(contains(error, "JSON syntax error")) << error;
+  EXPECT_TRUE(contains(error, "line 1, column")) << error;
+
+  error = load_error("[1, 2]", {}, "test.json");
+  EXPECT_TRUE(contains(error, "expected a JSON object")) << error;
+}
+
+TEST(ConfigErrors, ValueWhereASectionBelongs) {
+  std::string error = load_error("training = 5\n");
+  EXPECT_TRUE(contains(error, "expected a table [training]")) << error;
+}

@@ -1,0 +1,157 @@
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <set>
+
+#include "loom/config/schema.h"
+#include "unit/config_test_util.h"
+
+using loom::testing::load_json;
+using loom::testing::load_toml;
+
+TEST(ConfigDefaults, MatchTorchtitan) {
+  loom::config::JobConfig c;
+  EXPECT_EQ(c.job.dump_folder, "./outputs");
+  EXPECT_EQ(c.model.name, "llama3");
+  EXPECT_EQ(c.model.flavor, "debugmodel");
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 8e-4);
+  EXPECT_DOUBLE_EQ(c.optimizer.beta2, 0.95);
+  EXPECT_DOUBLE_EQ(c.optimizer.weight_decay, 0.1);
+  EXPECT_EQ(c.lr_scheduler.warmup_steps, 200);
+  EXPECT_FALSE(c.lr_scheduler.decay_ratio.has_value());
+  EXPECT_EQ(c.lr_scheduler.decay_type, "linear");
+  EXPECT_EQ(c.training.local_batch_size, 8);
+  EXPECT_EQ(c.training.global_batch_size, -1);
+  EXPECT_EQ(c.training.seq_len, 2048);
+  EXPECT_EQ(c.training.steps, 10000);
+  EXPECT_EQ(c.training.mixed_precision_param, "bfloat16");
+  EXPECT_EQ(c.parallelism.data_parallel_shard_degree, -1);
+  EXPECT_EQ(c.parallelism.pipeline_parallel_schedule, "1F1B");
+  EXPECT_EQ(c.checkpoint.interval, 500);
+  EXPECT_EQ(c.checkpoint.keep_latest_k, 10);
+  EXPECT_EQ(c.checkpoint.load_step, -1);
+  EXPECT_EQ(c.activation_checkpoint.mode, "selective");
+  EXPECT_EQ(c.activation_checkpoint.selective_ac_option, "2");
+  EXPECT_EQ(c.comm.init_timeout_seconds, 300);
+  EXPECT_EQ(c.comm.train_timeout_seconds, 100);
+  EXPECT_EQ(c.validation.steps, -1);
+  EXPECT_FALSE(c.debug.seed.has_value());
+}
+
+TEST(ConfigDefaults, DefaultsAloneAreValid) {
+  auto loaded = loom::config::load_job_config(std::nullopt, {});
+  EXPECT_TRUE(loaded.unimplemented_keys.empty());
+  EXPECT_FALSE(loaded.config.job.config_file.has_value());
+}
+
+TEST(ConfigLoad, TomlSetsTypedValuesIncludingNestedSections) {
+  auto loaded = load_toml(R"(
+[training]
+steps = 7
+max_norm = 1          # an integer where a float is expected is fine
+dataset_path = "data/brown.jsonl.gz"
+[training.dataloader]
+num_workers = 2
+[optimizer]
+lr = 3e-4
+[debug]
+seed = 42
+[checkpoint]
+exclude_from_loading = ["optimizer", "dataloader"]
+[parallelism]
+module_fqns_per_model_part = [["tok_embeddings", "layers.0"], ["layers.1", "norm", "output"]]
+[quantize.grouped_mm.mx]
+fqns = "experts"
+)");
+  const auto& c = loaded.config;
+  EXPECT_EQ(c.training.steps, 7);
+  EXPECT_DOUBLE_EQ(c.training.max_norm, 1.0);
+  EXPECT_EQ(c.training.dataset_path, "data/brown.jsonl.gz");
+  EXPECT_EQ(c.training.dataloader.num_workers, 2);
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 3e-4);
+  EXPECT_EQ(c.debug.seed, 42);
+  EXPECT_EQ(c.checkpoint.exclude_from_loading,
+            (std::vector<std::string>{"optimizer", "dataloader"}));
+  ASSERT_TRUE(c.parallelism.module_fqns_per_model_part.has_value());
+  EXPECT_EQ(c.parallelism.module_fqns_per_model_part->size(), 2u);
+  EXPECT_EQ((*c.parallelism.module_fqns_per_model_part)[1][2], "output");
+  EXPECT_EQ(c.quantize.grouped_mm.mx.fqns, std::vector<std::string>{"experts"});
+  EXPECT_EQ(c.job.config_file, "test.toml");
+  EXPECT_EQ(loaded.provenance.at("training.steps").line, 3);
+}
+
+TEST(ConfigLoad, JsonSetsTheSameValues) {
+  auto loaded =
+      load_json(R"({"training": {"steps": 7, "max_norm": 2, "dataloader": {"pin_memory": true}},
+                              "debug": {"seed": null}, "optimizer": {"lr": 0.001}})");
+  EXPECT_EQ(loaded.config.training.steps, 7);
+  EXPECT_DOUBLE_EQ(loaded.config.training.max_norm, 2.0);
+  EXPECT_TRUE(loaded.config.training.dataloader.pin_memory);
+  EXPECT_FALSE(loaded.config.debug.seed.has_value());
+  EXPECT_DOUBLE_EQ(loaded.config.optimizer.lr, 1e-3);
+}
+
+TEST(ConfigLoad, PrecedenceIsCommandLineOverFileOverDefaults) {
+  auto loaded = load_toml("[training]\nsteps = 50\nseq_len = 256\n",
+                          {{"training.steps", "7"}, {"optimizer.lr", "1e-3"}});
+  EXPECT_EQ(loaded.config.training.steps, 7);             // CLI beats file
+  EXPECT_EQ(loaded.config.training.seq_len, 256);         // file beats default
+  EXPECT_DOUBLE_EQ(loaded.config.optimizer.lr, 1e-3);     // CLI beats default
+  EXPECT_EQ(loaded.config.training.local_batch_size, 8);  // default
+  EXPECT_EQ(loaded.provenance.at("training.steps").source, "command line");
+  EXPECT_EQ(loaded.provenance.at("training.seq_len").source, "test.toml");
+}
+
+TEST(ConfigLoad, CommandLineBooleansListsAndOptionals) {
+  auto loaded = load_toml("[debug]\nseed = 3\n",
+                          {{"checkpoint.enable", std::nullopt},
+                           {"metrics.enable_tensorboard", "false"},
+                           {"checkpoint.exclude_from_loading", "optimizer, lr_scheduler"},
+                           {"debug.seed", "none"},
+                           {"lr_scheduler.decay_ratio", "0.8"},
+                           {"parallelism.module_fqns_per_model_part", "a,b;c"}});
+  const auto& c = loaded.config;
+  EXPECT_TRUE(c.checkpoint.enable);
+  EXPECT_FALSE(c.metrics.enable_tensorboard);
+  EXPECT_EQ(c.checkpoint.exclude_from_loading,
+            (std::vector<std::string>{"optimizer", "lr_scheduler"}));
+  EXPECT_FALSE(c.debug.seed.has_value());
+  EXPECT_DOUBLE_EQ(c.lr_scheduler.decay_ratio.value(), 0.8);
+  ASSERT_TRUE(c.parallelism.module_fqns_per_model_part.has_value());
+  EXPECT_EQ(*c.parallelism.module_fqns_per_model_part,
+            (std::vector<std::vector<std::string>>{{"a", "b"}, {"c"}}));
+}
+
+TEST(ConfigLoad, UnimplementedKeysAreAcceptedAndListedOnce) {
+  auto loaded = load_toml(
+      "[compile]\nenable = true\ncomponents = [\"model\"]\n"
+      "[quantize.linear.float8]\nemulate = true\n[training]\nsteps = 3\n",
+      {{"compile.enable", "false"}});
+  std::vector<std::string> expected = {"compile.components", "compile.enable",
+                                       "quantize.linear.float8.emulate"};
+  auto keys = loaded.unimplemented_keys;
+  std::sort(keys.begin(), keys.end());
+  EXPECT_EQ(keys, expected);
+  EXPECT_FALSE(loaded.config.compile.enable);
+}
+
+TEST(ConfigLoad, JobConfigFileOverrideNamesTheFile) {
+  // torchtitan's run scripts pass --job.config_file; a missing file is a clear error.
+  try {
+    loom::config::load_job_config(std::nullopt, {{"job.config_file", "/no/such/file.toml"}});
+    FAIL();
+  } catch (const loom::InputError& error) {
+    EXPECT_NE(error.message().find("/no/such/file.toml"), std::string::npos) << error.message();
+  }
+}
+
+TEST(ConfigSchema, EveryKeyIsUniqueAndTyped) {
+  const auto& schema = loom::config::job_config_schema();
+  std::set<std::string> seen;
+  for (const auto& field : schema.fields()) {
+    EXPECT_TRUE(seen.insert(field.name()).second) << "duplicate key " << field.name();
+    EXPECT_FALSE(field.doc.empty()) << field.name() << " has no doc";
+    EXPECT_NE(schema.find_section(field.section), nullptr) << field.name();
+  }
+  EXPECT_GE(schema.fields().size(), 149u);  // torchtitan v0.2's JobConfig has 149 keys
+}

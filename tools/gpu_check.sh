@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# The one prepared script for a lent GPU machine (see README "GPU check"). It builds loom there
+# against that machine's own PyTorch, with the header packages carried in .gpu_carry/
+# (tools/prepare_gpu_carry.sh), runs the CUDA-labelled tests, the rest of the suite and the
+# benchmarks that exist, and writes everything under $OUT.
+#
+# Device tool call (from the repository root):
+#   tools/prepare_gpu_carry.sh            # here, once
+#   run(command="tools/gpu_check.sh", carry=[".gpu_carry"], timeout_s=540)
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+OUT="${OUT:-$ROOT/gpu_out}"
+mkdir -p "$OUT"
+exec > >(tee "$OUT/gpu_check.log") 2>&1
+CARRY="$ROOT/.gpu_carry"
+BUILD="$ROOT/build-gpu"
+JOBS="$(nproc)"
+status=0
+step() { printf '\n=== %s (%s)\n' "$*" "$(date -u +%H:%M:%S)"; }
+fail() { echo "FAILED: $*"; status=1; }
+
+step "machine"
+nvidia-smi | tee "$OUT/nvidia-smi.txt" || fail "nvidia-smi"
+PYTHON="${PYTHON:-python3}"
+"$PYTHON" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.is_available())' \
+  || { fail "python3 cannot import torch"; exit 1; }
+TORCH_PREFIX="$("$PYTHON" -c 'import torch; print(torch.utils.cmake_prefix_path)')"
+
+step "build tools"
+if ! command -v cmake >/dev/null || ! command -v ninja >/dev/null; then
+  "$PYTHON" -m pip install --quiet --no-index --find-links "$CARRY/wheels" --target "$CARRY/pytools" cmake ninja \
+    || fail "installing carried cmake/ninja wheels"
+  export PATH="$CARRY/pytools/bin:$PATH"
+  export PYTHONPATH="$CARRY/pytools${PYTHONPATH:+:$PYTHONPATH}"
+fi
+cmake --version | head -1; ninja --version; c++ --version | head -1
+# Torch's CMake config needs a CUDA toolkit; without nvcc on PATH, try the usual places and the
+# toolkit that PyPI's nvidia packages put next to torch.
+if ! command -v nvcc >/dev/null; then
+  for candidate in /usr/local/cuda /usr/local/cuda-13.0 \
+      "$("$PYTHON" -c 'import nvidia, os; print(os.path.join(os.path.dirname(nvidia.__file__), "cu13"))' 2>/dev/null)"; do
+    if [[ -n "$candidate" && -x "$candidate/bin/nvcc" ]]; then
+      export CUDAToolkit_ROOT="$candidate" CUDA_HOME="$candidate" PATH="$candidate/bin:$PATH"
+      break
+    fi
+  done
+fi
+command -v nvcc >/dev/null && nvcc --version | tail -1 || echo "warning: no nvcc found; Torch's CMake config may fail"
+[[ -d "$CARRY/root/usr/include" ]] || { fail "no carried headers in $CARRY (run tools/prepare_gpu_carry.sh)"; exit 1; }
+
+step "configure + build"
+start=$(date +%s)
+cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOOM_USE_CCACHE=OFF \
+  -DCMAKE_PREFIX_PATH="$TORCH_PREFIX;$CARRY/root/usr" -DGTEST_ROOT="$CARRY/root/usr" \
+  > "$OUT/configure.log" 2>&1 || { tail -50 "$OUT/configure.log"; fail "configure"; exit 1; }
+cmake --build "$BUILD" -j "$JOBS" > "$OUT/build.log" 2>&1 || { tail -80 "$OUT/build.log"; fail "build"; exit 1; }
+echo "build took $(($(date +%s) - start)) s"
+export LD_LIBRARY_PATH="$CARRY/root/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+"$BUILD/bin/loom" --version | tee "$OUT/version.txt" || fail "loom --version"
+
+step "CUDA tests"
+ctest --test-dir "$BUILD" -L cuda --output-on-failure --no-tests=error --output-junit "$OUT/cuda_tests.xml" \
+  || fail "cuda tests"
+
+step "all other tests"
+ctest --test-dir "$BUILD" -LE cuda --output-on-failure -j "$JOBS" --output-junit "$OUT/tests.xml" \
+  || fail "tests"
+
+step "benchmarks"
+# Each benchmark tool that exists writes its figures under $OUT (none before the training issue).
+for bench in "$ROOT"/tools/bench_*.sh; do
+  [[ -e "$bench" ]] || { echo "no benchmarks yet"; break; }
+  timeout 300 "$bench" "$BUILD" "$OUT" || fail "$(basename "$bench")"
+done
+
+step "done: status $status"
+exit $status
