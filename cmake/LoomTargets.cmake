@@ -11,6 +11,20 @@ function(loom_setup_target target)
   loom_enable_sanitizers(${target})
 endfunction()
 
+# One precompiled header for every torch-using library (compiled once, ~30 s, then reused).
+function(_loom_pch_target)
+  if(NOT TARGET loom_pch)
+    set(_stub ${CMAKE_BINARY_DIR}/generated/loom_pch_stub.cpp)
+    file(WRITE ${_stub} "// translation unit that owns loom's precompiled header\n")
+    add_library(loom_pch OBJECT ${_stub})
+    target_include_directories(loom_pch PUBLIC ${PROJECT_SOURCE_DIR}/include)
+    target_include_directories(loom_pch BEFORE PUBLIC ${LOOM_FMT_SHIM_DIR})
+    target_link_libraries(loom_pch PUBLIC loom::torch)
+    target_precompile_headers(loom_pch PRIVATE ${PROJECT_SOURCE_DIR}/cmake/loom_pch.h)
+    loom_setup_target(loom_pch)
+  endif()
+endfunction()
+
 function(loom_add_library name)
   cmake_parse_arguments(ARG "TORCH" "" "SOURCES;DEPS" ${ARGN})
   add_library(${name} STATIC ${ARG_SOURCES})
@@ -21,15 +35,21 @@ function(loom_add_library name)
   if(ARG_TORCH)
     target_link_libraries(${name} PUBLIC loom::torch)
     if(LOOM_USE_PCH)
-      target_precompile_headers(${name} PRIVATE ${PROJECT_SOURCE_DIR}/cmake/loom_pch.h)
+      _loom_pch_target()
+      target_precompile_headers(${name} REUSE_FROM loom_pch)
     endif()
   endif()
   loom_setup_target(${name})
 endfunction()
 
+# LibTorch's PyPI build exports its own copies of std::filesystem functions (built with a newer
+# GCC). Executables list libstdc++ as their first needed library, so every call (loom's and
+# LibTorch's) binds to the system libstdc++ instead of a mix; otherwise e.g.
+# std::filesystem::remove_all jumps to a null pointer.
 function(loom_add_executable name)
   cmake_parse_arguments(ARG "" "" "SOURCES;DEPS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
-  target_link_libraries(${name} PRIVATE ${ARG_DEPS})
+  target_link_libraries(${name} PRIVATE "-Wl,--push-state,--no-as-needed" stdc++ "-Wl,--pop-state"
+                                        ${ARG_DEPS})
   loom_setup_target(${name})
 endfunction()

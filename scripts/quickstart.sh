@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
-# Setup, then the main job: the debug Llama 3 config.
-# Until the trainer lands (see README "Status"), this shows and validates the effective config
-# of the debug job and prints where a run would write its outputs.
+# Setup, then the main job: train the debug Llama 3 (configs/llama3_debug.toml) on this machine.
+# Extra arguments are config overrides, e.g. scripts/quickstart.sh --training.steps 20
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -11,12 +10,13 @@ say() { printf '\033[1m[quickstart]\033[0m %s\n' "$*"; }
 scripts/setup.sh
 LOOM=build/bin/loom
 CONFIG=configs/llama3_debug.toml
+DUMP="$("$LOOM" config show --config "$CONFIG" --format json "$@" | grep -m1 '"dump_folder"' \
+  | sed 's/.*: "\(.*\)".*/\1/')"
 
 say "$LOOM --version"
 "$LOOM" --version
-say "$LOOM config validate --config $CONFIG"
-"$LOOM" config validate --config "$CONFIG"
-say "$LOOM config show --config $CONFIG $*"
-"$LOOM" config show --config "$CONFIG" "$@"
-say "the debug job writes to: $("$LOOM" config show --config "$CONFIG" --format json "$@" \
-  | grep -m1 '"dump_folder"' | sed 's/.*: "\(.*\)".*/\1/')"
+say "$LOOM train --config $CONFIG $*"
+rm -f "$DUMP/metrics.jsonl"
+"$LOOM" train --config "$CONFIG" "$@"
+say "effective config: $DUMP/config.toml"
+say "metrics, one JSON line per logged step: $DUMP/metrics.jsonl"

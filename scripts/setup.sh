@@ -14,6 +14,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
 TORCH_VERSION="2.11.0"   # pinned: reproducible builds, and the version on the GPU machine
+PYTHON_PACKAGES=("safetensors==0.6.2")
 BUILD_TYPE="${LOOM_BUILD_TYPE:-Release}"
 BUILD_DIR="${LOOM_BUILD_DIR:-build}"
 APT_PACKAGES=(
@@ -62,8 +63,19 @@ if [[ "${installed_torch%%+*}" != "$TORCH_VERSION" ]]; then
 else
   say "torch $installed_torch present in .venv"
 fi
-.venv/bin/python - <<'PY' || die "the venv's torch does not import"
+# Python packages the tests and tools use next to torch (golden reference, benchmarks).
+for requirement in "${PYTHON_PACKAGES[@]}"; do
+  name="${requirement%%==*}"; version="${requirement##*==}"
+  have="$(.venv/bin/python -c "import importlib.metadata as m; print(m.version('$name'))" 2>/dev/null || true)"
+  if [[ "$have" != "$version" ]]; then
+    say "installing $requirement into .venv (was: ${have:-none})"
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check "$requirement" \
+      || die "pip install $requirement failed"
+  fi
+done
+.venv/bin/python - <<'PY' || die "the venv's torch or safetensors does not import"
 import torch.utils
+import safetensors
 PY
 
 if [[ "${LOOM_SKIP_BUILD:-0}" == "1" ]]; then

@@ -35,6 +35,11 @@ if ! command -v cmake >/dev/null || ! command -v ninja >/dev/null; then
   export PATH="$CARRY/pytools/bin:$PATH"
   export PYTHONPATH="$CARRY/pytools${PYTHONPATH:+:$PYTHONPATH}"
 fi
+if ! "$PYTHON" -c 'import safetensors' 2>/dev/null; then
+  "$PYTHON" -m pip install --quiet --no-index --find-links "$CARRY/wheels" --target "$CARRY/pylibs" safetensors \
+    || fail "installing the carried safetensors wheel"
+  export PYTHONPATH="$CARRY/pylibs${PYTHONPATH:+:$PYTHONPATH}"
+fi
 cmake --version | head -1; ninja --version; c++ --version | head -1
 # Torch's CMake config needs a CUDA toolkit; without nvcc on PATH, try the usual places and the
 # toolkit that PyPI's nvidia packages put next to torch.
@@ -54,6 +59,7 @@ step "configure + build"
 start=$(date +%s)
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOOM_USE_CCACHE=OFF \
   -DCMAKE_PREFIX_PATH="$TORCH_PREFIX;$CARRY/root/usr" -DGTEST_ROOT="$CARRY/root/usr" \
+  -DLOOM_PYTHON="$(command -v "$PYTHON")" \
   > "$OUT/configure.log" 2>&1 || { tail -50 "$OUT/configure.log"; fail "configure"; exit 1; }
 cmake --build "$BUILD" -j "$JOBS" > "$OUT/build.log" 2>&1 || { tail -80 "$OUT/build.log"; fail "build"; exit 1; }
 echo "build took $(($(date +%s) - start)) s"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Prepares .gpu_carry/ (git-ignored) for a lent GPU machine, which has PyTorch but no package
 # registries: the Debian header/library packages loom builds with, unpacked, plus the PyPI
-# cmake and ninja wheels in case that machine lacks them. Pass it to the device tool as
+# cmake and ninja wheels in case that machine lacks them, and safetensors for the golden tests. Pass it to the device tool as
 # carry: [".gpu_carry"], then run tools/gpu_check.sh there.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -21,5 +21,5 @@ done
 rm -rf "$CARRY/debs" "$CARRY/root/usr/share/doc" "$CARRY/root/usr/share/man"
 say "downloading cmake and ninja wheels"
 python3 -m pip download --quiet --only-binary=:all: --no-deps -d "$CARRY/wheels" cmake ninja \
-  || { echo "pip download of cmake/ninja failed" >&2; exit 1; }
+  safetensors==0.6.2 || { echo "pip download of cmake/ninja/safetensors failed" >&2; exit 1; }
 say "ready: $(du -sh "$CARRY" | cut -f1) in $CARRY"

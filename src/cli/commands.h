@@ -19,6 +19,7 @@ using CommandRun = std::function<int()>;
 // Registers a subcommand on `app`; `run` is set to the function to call once parsing succeeded.
 void add_train_command(CLI::App& app, CommandRun& run);
 void add_config_command(CLI::App& app, CommandRun& run);
+void add_plan_command(CLI::App& app, CommandRun& run);
 
 // The config sources shared by every command that reads a job config.
 struct ConfigArgs {

@@ -8,6 +8,7 @@
 #include "loom/core/files.h"
 #include "loom/core/logging.h"
 #include "loom/core/signals.h"
+#include "loom/train/trainer.h"
 
 namespace loom::cli {
 namespace {
@@ -34,14 +35,18 @@ int run_train(const CLI::App& command, ConfigArgs& args) {
   if (config.job.print_config) {
     logger->info("effective config:\n{}", config::to_toml(config));
   }
+  files::create_directories(config.job.dump_folder);
   if (env::get_int("RANK").value_or(0) == 0) {
     prepare_dump_folder(config);
     logger->info("effective config saved to {}/config.toml", config.job.dump_folder);
   }
-  logger->error(
-      "this build has no training loop yet: the Llama 3 model and trainer land with "
-      "the training issue; only config loading and the output folder ran");
-  return 1;
+  train::Trainer trainer(config);
+  train::TrainResult result = trainer.train();
+  if (result.stopped_by_signal) {
+    logger->warn("stopped early by signal after {} of {} steps", result.steps_completed,
+                 config.training.steps);
+  }
+  return 0;
 }
 
 }  // namespace

@@ -56,6 +56,10 @@ void add_job_sections(Schema& s) {
             "TensorBoard folder under dump_folder.");
   met.field("save_for_all_ranks", &MetricsSection::save_for_all_ranks,
             "Write metrics from every rank, not only rank 0.");
+  met.field("peak_tflops", &MetricsSection::peak_tflops,
+            "loom: peak TFLOP/s of one device for MFU; unset: a table of GPUs (bf16 dense), or on "
+            "CPU a float32 GEMM measured at start.")
+      .min(0);
   met.field("enable_wandb", &MetricsSection::enable_wandb, "Send metrics to Weights & Biases.")
       .unimplemented();
 }
@@ -166,6 +170,9 @@ void add_training_sections(Schema& s) {
       .unimplemented();
   tr.field("gc_debug", &TrainingSection::gc_debug, "Python garbage collection debugging.")
       .unimplemented();
+  tr.field("device", &TrainingSection::device,
+           "loom: where to train: auto (CUDA when available, else CPU), cpu or cuda.")
+      .choices({"auto", "cpu", "cuda"});
   SectionBuilder<DataLoaderSection> dl(
       s, "training.dataloader", "PyTorch DataLoader settings (Python only).",
       [](JobConfig& c) -> DataLoaderSection& { return c.training.dataloader; });

@@ -38,6 +38,8 @@ struct MetricsSection {
   std::string save_tb_folder = "tb";
   bool save_for_all_ranks = false;
   bool enable_wandb = false;
+  // loom: peak TFLOP/s of one device for MFU; unset means the GPU table or a measured CPU GEMM.
+  std::optional<double> peak_tflops;
 };
 
 struct ModelSection {
@@ -89,6 +91,8 @@ struct TrainingSection {
   std::string mixed_precision_reduce = "float32";
   int64_t gc_freq = 50;
   bool gc_debug = false;
+  // loom: "auto" (CUDA when available, else CPU), "cpu" or "cuda".
+  std::string device = "auto";
   DataLoaderSection dataloader;
 };
 

@@ -1,0 +1,24 @@
+// A deterministic synthetic token stream with learnable structure: each next token follows a
+// fixed random successor table with probability `follow_probability`, else is uniform. A model
+// that learns the table drives the loss from ln(vocab) towards the stream's entropy.
+#pragma once
+
+#include <ATen/core/Generator.h>
+
+#include "loom/data/batch_source.h"
+
+namespace loom::data {
+
+class SyntheticSource : public BatchSource {
+ public:
+  SyntheticSource(int64_t vocab_size, uint64_t seed, double follow_probability = 0.9);
+  Batch next(int64_t batch_size, int64_t seq_len) override;
+
+ private:
+  int64_t vocab_size_;
+  double follow_probability_;
+  at::Tensor successor_;  // [vocab] the likely next token of each token
+  at::Generator generator_;
+};
+
+}  // namespace loom::data

@@ -1,0 +1,64 @@
+// The training loop `loom train` runs: one process, one device (parallel layouts arrive with
+// the distributed issues). It reads like the job's data path in DESIGN.md: device, data, model,
+// optimizer and schedule, then steps with metrics, validation and a clean stop on SIGTERM.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "loom/config/job_config.h"
+#include "loom/data/batch_source.h"
+#include "loom/metrics/metrics.h"
+#include "loom/models/model_spec.h"
+#include "loom/train/lr_scheduler.h"
+#include "loom/train/optimizer.h"
+
+namespace loom::train {
+
+struct TrainResult {
+  int64_t steps_completed = 0;
+  std::vector<double> losses;  // one per step
+  std::vector<double> grad_norms;
+  bool stopped_by_signal = false;
+  double peak_memory_gib = 0;
+};
+
+class Trainer {
+ public:
+  // `source` / `validation_source` null: built from the config (training.dataset, ...).
+  explicit Trainer(config::JobConfig config, std::unique_ptr<data::BatchSource> source = nullptr,
+                   std::unique_ptr<data::BatchSource> validation_source = nullptr);
+  ~Trainer();
+
+  TrainResult train();
+
+  models::CausalLM& model() { return *model_; }
+  const at::Device& device() const { return device_; }
+  uint64_t seed() const { return seed_; }
+
+ private:
+  void setup_runtime();
+  void build_model();
+  void build_data(std::unique_ptr<data::BatchSource> source,
+                  std::unique_ptr<data::BatchSource> validation_source);
+  double train_step(int64_t step, metrics::StepMetrics& metrics);
+  double validate();
+
+  config::JobConfig config_;
+  at::Device device_{at::kCPU};
+  uint64_t seed_ = 0;
+  int64_t accumulation_steps_ = 1;
+  std::unique_ptr<models::CausalLM> model_;
+  std::vector<at::Tensor> parameters_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::optional<LRSchedule> schedule_;
+  std::unique_ptr<data::BatchSource> source_;
+  std::unique_ptr<data::BatchSource> validation_source_;
+  std::unique_ptr<metrics::MetricsLogger> metrics_;
+  double peak_flops_ = 0;
+  models::ModelSummary summary_;
+};
+
+}  // namespace loom::train

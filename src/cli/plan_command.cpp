@@ -1,0 +1,42 @@
+// loom plan model --config FILE [--model.flavor 8B]: the model summary without building weights
+// (the model is built on the meta device, so even 405B takes a second and a few MB).
+#include <ATen/ATen.h>
+
+#include <iostream>
+#include <memory>
+
+#include "commands.h"
+#include "loom/models/model_spec.h"
+
+namespace loom::cli {
+
+void add_plan_command(CLI::App& app, CommandRun& run) {
+  CLI::App* plan = app.add_subcommand("plan", "Plan a job without running it");
+  plan->require_subcommand(1);
+  struct ModelState {
+    ConfigArgs args;
+    bool no_shapes = false;
+  };
+  auto state = std::make_shared<ModelState>();
+  CLI::App* model = plan->add_subcommand(
+      "model", "Print the model's parameter count, FLOPs per token and parameter shapes");
+  model->add_flag("--no-shapes", state->no_shapes, "Leave out the parameter shapes");
+  add_config_options(*model, state->args);
+  model->callback([model, state, &run] {
+    run = [model, state] {
+      config::LoadedConfig loaded = load_config(*model, state->args);
+      const auto& c = loaded.config;
+      const models::ModelSpec& spec = models::find_model_spec(c.model.name);
+      models::check_flavor(spec, c.model.flavor);
+      models::BuildOptions options;
+      options.flavor = c.model.flavor;
+      options.max_seq_len = c.training.seq_len;
+      options.tensor_options = at::TensorOptions().device(at::kMeta).dtype(at::kFloat);
+      auto built = spec.build(options);
+      std::cout << models::format_summary(built->summary(c.training.seq_len), !state->no_shapes);
+      return 0;
+    };
+  });
+}
+
+}  // namespace loom::cli

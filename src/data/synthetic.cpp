@@ -1,0 +1,30 @@
+#include "loom/data/synthetic.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+namespace loom::data {
+
+SyntheticSource::SyntheticSource(int64_t vocab_size, uint64_t seed, double follow_probability)
+    : vocab_size_(vocab_size),
+      follow_probability_(follow_probability),
+      generator_(at::make_generator<at::CPUGeneratorImpl>(seed)) {
+  successor_ = at::randperm(vocab_size, generator_, at::kLong);
+}
+
+Batch SyntheticSource::next(int64_t batch_size, int64_t seq_len) {
+  // seq_len + 1 tokens per sample: inputs are the first seq_len, labels the last seq_len.
+  at::Tensor tokens = at::empty({batch_size, seq_len + 1}, at::kLong);
+  tokens.select(1, 0).random_(0, vocab_size_, generator_);
+  at::Tensor follow =
+      at::empty({batch_size, seq_len}).uniform_(0, 1, generator_).lt(follow_probability_);
+  at::Tensor noise =
+      at::empty({batch_size, seq_len}, at::kLong).random_(0, vocab_size_, generator_);
+  for (int64_t t = 0; t < seq_len; ++t) {
+    at::Tensor likely = successor_.index_select(0, tokens.select(1, t));
+    tokens.select(1, t + 1).copy_(at::where(follow.select(1, t), likely, noise.select(1, t)));
+  }
+  return {tokens.slice(1, 0, seq_len).contiguous(), tokens.slice(1, 1, seq_len + 1).contiguous()};
+}
+
+}  // namespace loom::data

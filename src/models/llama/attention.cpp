@@ -1,0 +1,42 @@
+#include "loom/models/llama/attention.h"
+
+#include <ATen/ATen.h>
+
+#include "loom/models/llama/rope.h"
+
+namespace loom::models::llama {
+
+AttentionImpl::AttentionImpl(const LlamaArgs& args, const at::TensorOptions& options)
+    : n_heads(args.n_heads), n_kv_heads(args.kv_heads()), head_dim(args.head_dim()) {
+  wq = register_module("wq", Linear(args.dim, n_heads * head_dim, options));
+  wk = register_module("wk", Linear(args.dim, n_kv_heads * head_dim, options));
+  wv = register_module("wv", Linear(args.dim, n_kv_heads * head_dim, options));
+  wo = register_module("wo", Linear(n_heads * head_dim, args.dim, options));
+}
+
+at::Tensor repeat_kv(const at::Tensor& x, int64_t n_rep) {
+  if (n_rep == 1) {
+    return x;
+  }
+  const auto bs = x.size(0), seq = x.size(1), heads = x.size(2), dim = x.size(3);
+  return x.unsqueeze(3).expand({bs, seq, heads, n_rep, dim}).reshape({bs, seq, heads * n_rep, dim});
+}
+
+at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& freqs_cis) {
+  const auto bs = x.size(0), seq = x.size(1);
+  at::Tensor q = wq->forward(x).view({bs, seq, n_heads, head_dim});
+  at::Tensor k = wk->forward(x).view({bs, seq, n_kv_heads, head_dim});
+  at::Tensor v = wv->forward(x).view({bs, seq, n_kv_heads, head_dim});
+  q = apply_rotary_emb(q, freqs_cis);
+  k = apply_rotary_emb(k, freqs_cis);
+  const int64_t n_rep = n_heads / n_kv_heads;
+  k = repeat_kv(k, n_rep);
+  v = repeat_kv(v, n_rep);
+  // SDPA wants [bs, heads, seq, head_dim]; on CUDA it picks flash / memory-efficient kernels.
+  at::Tensor out = at::scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                                    v.transpose(1, 2), /*attn_mask=*/{},
+                                                    /*dropout_p=*/0.0, /*is_causal=*/true);
+  return wo->forward(out.transpose(1, 2).contiguous().view({bs, seq, n_heads * head_dim}));
+}
+
+}  // namespace loom::models::llama

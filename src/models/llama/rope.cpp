@@ -1,0 +1,47 @@
+#include "loom/models/llama/rope.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+namespace loom::models::llama {
+
+at::Tensor rope_frequencies(int64_t head_dim, double theta, bool scaled,
+                            const RopeScaling& scaling) {
+  at::Tensor exponents =
+      at::arange(0, head_dim, 2, at::kFloat).slice(0, 0, head_dim / 2) / head_dim;
+  at::Tensor freqs = 1.0 / at::pow(theta, exponents);
+  if (!scaled) {
+    return freqs;
+  }
+  // Llama 3.1: keep high frequencies, divide low ones by `factor`, blend in between.
+  const double low_wavelen = scaling.original_max_position_embeddings / scaling.low_freq_factor;
+  const double high_wavelen = scaling.original_max_position_embeddings / scaling.high_freq_factor;
+  at::Tensor wavelen = 2 * M_PI / freqs;
+  at::Tensor smooth =
+      (scaling.original_max_position_embeddings / wavelen - scaling.low_freq_factor) /
+      (scaling.high_freq_factor - scaling.low_freq_factor);
+  at::Tensor blended = (1 - smooth) * freqs / scaling.factor + smooth * freqs;
+  at::Tensor out = at::where(wavelen > low_wavelen, freqs / scaling.factor, freqs);
+  at::Tensor middle = (wavelen >= high_wavelen) & (wavelen <= low_wavelen);
+  return at::where(middle, blended, out);
+}
+
+at::Tensor precompute_freqs_cis(const LlamaArgs& args, int64_t seq_len, const at::Device& device) {
+  at::Tensor freqs =
+      rope_frequencies(args.head_dim(), args.rope_theta, args.use_scaled_rope, args.rope_scaling);
+  at::Tensor positions = at::arange(seq_len, at::kFloat);
+  at::Tensor angles = at::outer(positions, freqs);
+  return at::polar(at::ones_like(angles), angles).to(device);
+}
+
+at::Tensor apply_rotary_emb(const at::Tensor& x, const at::Tensor& freqs_cis) {
+  const int64_t seq_len = x.size(1);
+  const int64_t pairs = x.size(-1) / 2;
+  at::Tensor as_complex =
+      at::view_as_complex(x.to(at::kFloat).reshape({x.size(0), seq_len, x.size(2), pairs, 2}));
+  at::Tensor rotation = freqs_cis.slice(0, 0, seq_len).view({1, seq_len, 1, pairs});
+  return at::view_as_real(as_complex * rotation).flatten(3).to(x.scalar_type());
+}
+
+}  // namespace loom::models::llama

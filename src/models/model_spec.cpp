@@ -1,0 +1,82 @@
+#include "loom/models/model_spec.h"
+
+#include <cstdio>
+#include <sstream>
+
+#include "loom/core/check.h"
+#include "loom/core/strings.h"
+
+namespace loom::models {
+
+namespace llama {
+ModelSpec llama3_spec();
+}
+
+namespace {
+
+const std::vector<ModelSpec>& registry() {
+  static const std::vector<ModelSpec> specs = {llama::llama3_spec()};
+  return specs;
+}
+
+std::string human_count(double value) {
+  char buffer[32];
+  const char* suffixes[] = {"", "K", "M", "B", "T"};
+  int index = 0;
+  while (value >= 1000.0 && index < 4) {
+    value /= 1000.0;
+    ++index;
+  }
+  std::snprintf(buffer, sizeof(buffer), "%.2f%s", value, suffixes[index]);
+  return buffer;
+}
+
+}  // namespace
+
+std::vector<std::string> model_names() {
+  std::vector<std::string> names;
+  for (const auto& spec : registry()) names.push_back(spec.name);
+  return names;
+}
+
+const ModelSpec& find_model_spec(const std::string& name) {
+  for (const auto& spec : registry()) {
+    if (spec.name == name) return spec;
+  }
+  LOOM_THROW(InputError, "model.name: unknown model '", name,
+             "' (known: ", strings::join(model_names(), ", "), ")");
+}
+
+void check_flavor(const ModelSpec& spec, const std::string& flavor) {
+  auto flavors = spec.flavors();
+  for (const auto& known : flavors) {
+    if (known == flavor) return;
+  }
+  auto match = strings::closest_match(flavor, flavors);
+  LOOM_THROW(InputError, "model.flavor: unknown ", spec.name, " flavor '", flavor, "'",
+             match ? " (did you mean '" + *match + "'?)" : std::string(),
+             "; known: ", strings::join(flavors, ", "));
+}
+
+std::string format_summary(const ModelSummary& s, bool with_shapes) {
+  std::ostringstream out;
+  char flops[64];
+  std::snprintf(flops, sizeof(flops), "%.4g", s.flops_per_token);
+  out << s.family << " " << s.flavor << ": " << s.description << "\n"
+      << "  parameters: " << s.total_params << " ("
+      << human_count(static_cast<double>(s.total_params)) << "), embedding " << s.embedding_params
+      << ", non-embedding " << (s.total_params - s.embedding_params) << "\n"
+      << "  training FLOPs per token at seq_len " << s.seq_len << ": " << flops << " ("
+      << human_count(s.flops_per_token) << ")\n";
+  if (with_shapes) {
+    out << "  parameter shapes:\n";
+    for (const auto& p : s.parameters) {
+      std::vector<std::string> dims;
+      for (auto d : p.shape) dims.push_back(std::to_string(d));
+      out << "    " << p.name << " [" << strings::join(dims, ", ") << "]\n";
+    }
+  }
+  return out.str();
+}
+
+}  // namespace loom::models

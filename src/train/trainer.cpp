@@ -1,0 +1,219 @@
+#include "loom/train/trainer.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Context.h>
+
+#include <unistd.h>
+
+#include <chrono>
+#include <random>
+
+#include "loom/core/check.h"
+#include "loom/core/logging.h"
+#include "loom/core/signals.h"
+#include "loom/data/synthetic.h"
+#include "loom/train/loss.h"
+#include "loom/train/lr_scheduler.h"
+#include "loom/train/optimizer.h"
+
+namespace loom::train {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+at::Device choose_device(const std::string& setting) {
+  const bool cuda = at::hasCUDA();
+  if (setting == "cuda") {
+    LOOM_CHECK_AS(InputError, cuda, "training.device = 'cuda' but no CUDA device is available");
+    return at::Device(at::kCUDA, 0);
+  }
+  if (setting == "auto" && cuda) return at::Device(at::kCUDA, 0);
+  return at::Device(at::kCPU);
+}
+
+std::unique_ptr<data::BatchSource> dataset_source(const std::string& name, int64_t vocab,
+                                                  uint64_t seed, const std::string& key) {
+  LOOM_CHECK_AS(InputError, name == "synthetic", key, " = '", name,
+                "': this build has only the 'synthetic' dataset (the data pipeline with "
+                "tokenizers and the embedded corpus lands with the data issue)");
+  return std::make_unique<data::SyntheticSource>(vocab, seed);
+}
+
+}  // namespace
+
+Trainer::Trainer(config::JobConfig config, std::unique_ptr<data::BatchSource> source,
+                 std::unique_ptr<data::BatchSource> validation_source)
+    : config_(std::move(config)) {
+  setup_runtime();
+  build_model();
+  build_data(std::move(source), std::move(validation_source));
+}
+
+Trainer::~Trainer() = default;
+
+void Trainer::setup_runtime() {
+  auto log = log::get("trainer");
+  device_ = choose_device(config_.training.device);
+  seed_ = config_.debug.seed ? static_cast<uint64_t>(*config_.debug.seed) : std::random_device{}();
+  at::manual_seed(seed_);
+  if (config_.debug.deterministic) {
+    at::globalContext().setDeterministicAlgorithms(true, config_.debug.deterministic_warn_only);
+  }
+  const auto& t = config_.training;
+  const int64_t dp = 1;  // data parallelism arrives with the distributed runtime
+  const int64_t global = t.global_batch_size > 0 ? t.global_batch_size : t.local_batch_size * dp;
+  LOOM_CHECK_AS(InputError, global % (t.local_batch_size * dp) == 0, "training.global_batch_size (",
+                global, ") must be a multiple of local_batch_size x dp (", t.local_batch_size * dp,
+                ")");
+  accumulation_steps_ = global / (t.local_batch_size * dp);
+  const auto& p = config_.parallelism;
+  LOOM_CHECK_AS(InputError,
+                p.tensor_parallel_degree == 1 && p.pipeline_parallel_degree == 1 &&
+                    p.context_parallel_degree == 1 && p.data_parallel_replicate_degree == 1 &&
+                    (p.data_parallel_shard_degree == 1 || p.data_parallel_shard_degree == -1),
+                "parallelism: this build trains on one device; tensor, pipeline, context and data "
+                "parallel degrees other than 1 arrive with the distributed issues");
+  log->info("device {}, seed {}{}, gradient accumulation {} x local batch {}", device_.str(), seed_,
+            config_.debug.seed ? "" : " (random: set debug.seed to reproduce)", accumulation_steps_,
+            t.local_batch_size);
+}
+
+void Trainer::build_model() {
+  const models::ModelSpec& spec = models::find_model_spec(config_.model.name);
+  models::check_flavor(spec, config_.model.flavor);
+  models::BuildOptions options;
+  options.flavor = config_.model.flavor;
+  options.max_seq_len = config_.training.seq_len;
+  options.tensor_options = at::TensorOptions().device(device_).dtype(at::kFloat);
+  model_ = spec.build(options);
+  model_->init_weights(seed_);
+  model_->apply_activation_checkpointing(config_.activation_checkpoint);
+  for (const auto& p : model_->module().parameters()) parameters_.push_back(p);
+  optimizer_ = build_optimizer(config_.optimizer, parameters_);
+  schedule_.emplace(config_.lr_scheduler,
+                    config_.lr_scheduler.total_steps.value_or(config_.training.steps));
+  summary_ = model_->summary(config_.training.seq_len);
+  log::get("trainer")->info("model {}", models::format_summary(summary_, false));
+}
+
+void Trainer::build_data(std::unique_ptr<data::BatchSource> source,
+                         std::unique_ptr<data::BatchSource> validation_source) {
+  source_ = source ? std::move(source)
+                   : dataset_source(config_.training.dataset, model_->vocab_size(), seed_,
+                                    "training.dataset");
+  if (config_.validation.enable) {
+    LOOM_CHECK_AS(InputError, config_.validation.steps > 0,
+                  "validation.steps = -1 (the whole set) needs a finite validation dataset; set a "
+                  "step count");
+    validation_source_ = validation_source
+                             ? std::move(validation_source)
+                             : dataset_source(config_.validation.dataset, model_->vocab_size(),
+                                              seed_ + 1, "validation.dataset");
+  }
+}
+
+double Trainer::train_step(int64_t step, metrics::StepMetrics& m) {
+  const auto& t = config_.training;
+  auto data_start = Clock::now();
+  std::vector<data::Batch> micro;
+  int64_t valid_tokens = 0;
+  for (int64_t i = 0; i < accumulation_steps_; ++i) {
+    micro.push_back(source_->next(t.local_batch_size, t.seq_len));
+    valid_tokens += count_valid_tokens(micro.back().labels);
+  }
+  const double data_time = seconds_since(data_start);
+  LOOM_CHECK_AS(InputError, valid_tokens > 0, "step ", step, ": the batch has no token to predict");
+
+  optimizer_->zero_grad();
+  double loss_sum = 0;
+  for (auto& batch : micro) {
+    at::Tensor logits = model_->forward(batch.inputs.to(device_));
+    // Divided by the valid tokens of the whole step, so accumulation equals one big batch.
+    at::Tensor loss =
+        cross_entropy_sum(logits, batch.labels.to(device_)) / static_cast<double>(valid_tokens);
+    loss.backward();
+    loss_sum += loss.item<double>();
+  }
+  m.grad_norm = clip_grad_norm(parameters_, t.max_norm);
+  m.lr = config_.optimizer.lr * schedule_->factor(step - 1);
+  set_learning_rate(*optimizer_, m.lr);
+  optimizer_->step();
+  m.loss = loss_sum;
+  return data_time;
+}
+
+double Trainer::validate() {
+  at::NoGradGuard no_grad;
+  double loss_sum = 0;
+  int64_t tokens = 0;
+  for (int64_t i = 0; i < config_.validation.steps; ++i) {
+    data::Batch batch =
+        validation_source_->next(config_.validation.local_batch_size, config_.validation.seq_len);
+    loss_sum +=
+        cross_entropy_sum(model_->forward(batch.inputs.to(device_)), batch.labels.to(device_))
+            .item<double>();
+    tokens += count_valid_tokens(batch.labels);
+  }
+  return loss_sum / static_cast<double>(std::max<int64_t>(tokens, 1));
+}
+
+TrainResult Trainer::train() {
+  auto log = log::get("trainer");
+  const auto& t = config_.training;
+  // Colors only for a terminal: log files and pipes get plain text.
+  const bool color = !config_.metrics.disable_color_printing && ::isatty(STDERR_FILENO) == 1;
+  metrics_ =
+      std::make_unique<metrics::MetricsLogger>(config_.job.dump_folder + "/metrics.jsonl", color);
+  peak_flops_ = metrics::peak_flops(device_, config_.metrics.peak_tflops);
+  log->info("training {} steps; peak {:.3g} TFLOP/s per device for MFU", t.steps,
+            peak_flops_ / 1e12);
+  TrainResult result;
+  const auto start = Clock::now();
+  const int64_t tokens_per_step = accumulation_steps_ * t.local_batch_size * t.seq_len;
+  double window_time = 0, window_data = 0;
+  int64_t window_steps = 0;
+  for (int64_t step = 1; step <= t.steps; ++step) {
+    metrics::StepMetrics m;
+    const auto step_start = Clock::now();
+    window_data += train_step(step, m);
+    window_time += seconds_since(step_start);
+    ++window_steps;
+    result.losses.push_back(m.loss);
+    result.grad_norms.push_back(m.grad_norm);
+    result.steps_completed = step;
+    LOOM_CHECK_AS(InputError, std::isfinite(m.loss), "step ", step, ": loss is ", m.loss,
+                  " (diverged; lower optimizer.lr or check the data)");
+    if (step % config_.metrics.log_freq == 0 || step == 1 || step == t.steps) {
+      m.step = step;
+      m.step_time_s = window_time / window_steps;
+      m.tps = static_cast<double>(tokens_per_step) / m.step_time_s;
+      m.tflops = m.tps * summary_.flops_per_token / 1e12;
+      m.mfu_pct = peak_flops_ > 0 ? 100.0 * m.tps * summary_.flops_per_token / peak_flops_ : 0.0;
+      m.mem_peak_gib = metrics::peak_memory_gib(device_);
+      m.data_time_pct = 100.0 * window_data / window_time;
+      m.tokens_seen = step * tokens_per_step;
+      m.elapsed_s = seconds_since(start);
+      metrics_->log_step(m);
+      window_time = window_data = 0;
+      window_steps = 0;
+    }
+    if (validation_source_ && step % config_.validation.freq == 0) {
+      metrics_->log_validation(step, validate(), step * tokens_per_step, seconds_since(start));
+    }
+    if (signals::shutdown_requested()) {
+      log->warn("signal {} received: stopping after step {}", signals::shutdown_signal(), step);
+      result.stopped_by_signal = true;
+      break;
+    }
+  }
+  result.peak_memory_gib = metrics::peak_memory_gib(device_);
+  log->info("finished {} steps in {:.1f} s; metrics in {}/metrics.jsonl", result.steps_completed,
+            seconds_since(start), config_.job.dump_folder);
+  return result;
+}
+
+}  // namespace loom::train

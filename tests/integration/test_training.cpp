@@ -1,0 +1,208 @@
+// The single-device training loop end to end on small models: the loss falls, runs are
+// reproducible, activation checkpointing and gradient accumulation change nothing but memory,
+// metrics.jsonl carries every contract key, SIGTERM stops cleanly.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
+#include <csignal>
+#include <fstream>
+#include <sstream>
+
+#include "loom/core/check.h"
+#include "loom/core/signals.h"
+#include "loom/data/synthetic.h"
+#include "loom/train/trainer.h"
+#include "support/process.h"
+
+using loom::config::JobConfig;
+using loom::train::Trainer;
+
+namespace {
+
+JobConfig small_job(const std::string& name) {
+  JobConfig c;
+  c.job.dump_folder = loom::testing::fresh_temp_dir("train_" + name);
+  c.model.flavor = "debugmodel";
+  c.training.dataset = "synthetic";
+  c.training.local_batch_size = 8;
+  c.training.seq_len = 64;
+  c.training.steps = 30;
+  c.training.device = "cpu";
+  c.lr_scheduler.warmup_steps = 5;
+  c.optimizer.lr = 3e-3;
+  c.activation_checkpoint.mode = "none";
+  c.metrics.log_freq = 10;
+  c.metrics.peak_tflops = 1.0;  // skip the GEMM measurement in tests
+  c.debug.seed = 17;
+  return c;
+}
+
+// A fixed sequence of samples handed out in order, whatever the batch size of each call.
+class FixedSamples : public loom::data::BatchSource {
+ public:
+  FixedSamples(int64_t samples, int64_t seq_len, int64_t vocab) {
+    loom::data::SyntheticSource source(vocab, 5);
+    data_ = source.next(samples, seq_len);
+  }
+  loom::data::Batch next(int64_t batch_size, int64_t seq_len) override {
+    EXPECT_EQ(seq_len, data_.inputs.size(1));
+    auto slice = [&](const at::Tensor& t) { return t.slice(0, position_, position_ + batch_size); };
+    loom::data::Batch batch{slice(data_.inputs), slice(data_.labels)};
+    position_ += batch_size;
+    if (raise_at_ == ++calls_) std::raise(SIGTERM);
+    return batch;
+  }
+  int64_t raise_at_ = -1;
+
+ private:
+  loom::data::Batch data_;
+  int64_t position_ = 0;
+  int64_t calls_ = 0;
+};
+
+std::vector<nlohmann::json> read_jsonl(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<nlohmann::json> lines;
+  std::string line;
+  while (std::getline(in, line)) lines.push_back(nlohmann::json::parse(line));
+  return lines;
+}
+
+}  // namespace
+
+TEST(Training, LossFallsClearlyIn30Steps) {
+  auto result = Trainer(small_job("falls")).train();
+  ASSERT_EQ(result.losses.size(), 30u);
+  // Embeddings N(0, 1) and an output std of dim^-0.5 start slightly above ln(vocab).
+  EXPECT_GT(result.losses.front(), std::log(2048.0) - 0.5);
+  EXPECT_LT(result.losses.front(), std::log(2048.0) + 1.5);
+  const double first = (result.losses[0] + result.losses[1] + result.losses[2]) / 3;
+  const double last = (result.losses[27] + result.losses[28] + result.losses[29]) / 3;
+  EXPECT_LT(last, first - 1.0) << "first " << first << " last " << last;
+}
+
+TEST(Training, SameSeedSameLossesBitForBit) {
+  auto job = small_job("seed_a");
+  job.training.steps = 8;
+  auto a = Trainer(job).train();
+  job.job.dump_folder = loom::testing::fresh_temp_dir("train_seed_b");
+  auto b = Trainer(job).train();
+  EXPECT_EQ(a.losses, b.losses);
+  job.debug.seed = 18;
+  job.job.dump_folder = loom::testing::fresh_temp_dir("train_seed_c");
+  EXPECT_NE(Trainer(job).train().losses, a.losses);
+}
+
+TEST(Training, ActivationCheckpointingChangesNoLoss) {
+  auto job = small_job("ac_none");
+  job.training.steps = 6;
+  auto none = Trainer(job).train();
+  for (const char* mode : {"full", "selective"}) {
+    job.activation_checkpoint.mode = mode;
+    job.activation_checkpoint.selective_ac_option = "2";
+    job.job.dump_folder = loom::testing::fresh_temp_dir(std::string("train_ac_") + mode);
+    auto checkpointed = Trainer(job).train();
+    ASSERT_EQ(checkpointed.losses.size(), none.losses.size());
+    for (size_t i = 0; i < none.losses.size(); ++i) {
+      EXPECT_NEAR(checkpointed.losses[i], none.losses[i], 1e-6 * std::abs(none.losses[i]))
+          << mode << " step " << i;
+    }
+  }
+}
+
+TEST(Training, GradientAccumulationEqualsOneBigBatch) {
+  auto job = small_job("accum_big");
+  job.training.steps = 4;
+  job.training.local_batch_size = 8;
+  auto big = Trainer(job, std::make_unique<FixedSamples>(64, 64, 2048)).train();
+  job.training.local_batch_size = 2;
+  job.training.global_batch_size = 8;  // 4 microbatches of 2
+  job.job.dump_folder = loom::testing::fresh_temp_dir("train_accum_micro");
+  auto micro = Trainer(job, std::make_unique<FixedSamples>(64, 64, 2048)).train();
+  for (size_t i = 0; i < big.losses.size(); ++i) {
+    EXPECT_NEAR(micro.losses[i], big.losses[i], 1e-5 * big.losses[i]) << "step " << i;
+    EXPECT_NEAR(micro.grad_norms[i], big.grad_norms[i], 1e-4 * big.grad_norms[i]) << "step " << i;
+  }
+}
+
+TEST(Training, MetricsJsonlHasEveryContractKeyAndValidationLines) {
+  auto job = small_job("metrics");
+  job.training.steps = 10;
+  job.metrics.log_freq = 5;
+  job.validation.enable = true;
+  job.validation.dataset = "synthetic";
+  job.validation.freq = 5;
+  job.validation.steps = 2;
+  job.validation.seq_len = 64;
+  job.validation.local_batch_size = 4;
+  Trainer(job).train();
+  auto lines = read_jsonl(job.job.dump_folder + "/metrics.jsonl");
+  int steps = 0, validations = 0;
+  for (const auto& line : lines) {
+    if (line.contains("val_loss")) {
+      ++validations;
+      EXPECT_TRUE(line["val_loss"].get<double>() > 0);
+      continue;
+    }
+    ++steps;
+    for (const char* key :
+         {"step", "loss", "grad_norm", "lr", "tps", "tflops", "mfu_pct", "mem_peak_gib",
+          "step_time_s", "data_time_pct", "tokens_seen", "elapsed_s", "wall_time"}) {
+      EXPECT_TRUE(line.contains(key)) << key << " missing in " << line.dump();
+    }
+    EXPECT_GT(line["tps"].get<double>(), 0);
+    EXPECT_GT(line["mem_peak_gib"].get<double>(), 0);
+    EXPECT_EQ(line["tokens_seen"].get<int64_t>(), line["step"].get<int64_t>() * 8 * 64);
+  }
+  EXPECT_EQ(steps, 3);  // steps 1, 5, 10
+  EXPECT_EQ(validations, 2);
+}
+
+TEST(Training, SigtermFinishesTheStepAndStops) {
+  loom::signals::install_shutdown_handlers();
+  loom::signals::clear_shutdown_request();
+  auto job = small_job("sigterm");
+  auto source = std::make_unique<FixedSamples>(30 * 8, 64, 2048);
+  source->raise_at_ = 3;  // during step 3's data loading
+  auto result = Trainer(job, std::move(source)).train();
+  EXPECT_TRUE(result.stopped_by_signal);
+  EXPECT_EQ(result.steps_completed, 3);
+  loom::signals::clear_shutdown_request();
+}
+
+TEST(Training, UnavailableDatasetOrLayoutIsAClearError) {
+  auto job = small_job("bad_dataset");
+  job.training.dataset = "c4";
+  try {
+    Trainer trainer(job);
+    FAIL() << "expected an error";
+  } catch (const loom::InputError& error) {
+    EXPECT_NE(error.message().find("training.dataset = 'c4'"), std::string::npos)
+        << error.message();
+  }
+  job = small_job("bad_layout");
+  job.parallelism.tensor_parallel_degree = 2;
+  EXPECT_THROW(Trainer trainer(job), loom::InputError);
+}
+
+// Peak memory is process-wide, so each mode runs in its own `loom train` process.
+TEST(Training, FullActivationCheckpointingLowersPeakMemory) {
+  auto peak = [](const std::string& mode) {
+    std::string dir = loom::testing::fresh_temp_dir("train_ac_mem_" + mode);
+    auto run = loom::testing::run_loom(
+        "train --training.dataset synthetic --training.device cpu --training.steps 2 "
+        "--training.seq_len 512 "
+        "--training.local_batch_size 16 --metrics.log_freq 1 --metrics.peak_tflops 1 --debug.seed "
+        "1 "
+        "--activation_checkpoint.mode " +
+        mode + " --job.dump_folder '" + dir + "'");
+    EXPECT_EQ(run.exit_code, 0) << run.output;
+    auto lines = read_jsonl(dir + "/metrics.jsonl");
+    return lines.empty() ? 0.0 : lines.back()["mem_peak_gib"].get<double>();
+  };
+  const double none = peak("none");
+  const double full = peak("full");
+  EXPECT_LT(full, none - 0.2) << "full " << full << " GiB, none " << none << " GiB";
+}

@@ -1,0 +1,128 @@
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+#include "loom/core/check.h"
+#include "loom/data/synthetic.h"
+#include "loom/parallel/activation_checkpoint.h"
+#include "loom/train/loss.h"
+#include "loom/train/lr_scheduler.h"
+#include "loom/train/optimizer.h"
+
+using loom::train::LRSchedule;
+
+namespace {
+
+loom::config::LRSchedulerSection schedule(int64_t warmup, std::optional<double> decay_ratio,
+                                          const std::string& type = "linear", double min_lr = 0.0) {
+  loom::config::LRSchedulerSection s;
+  s.warmup_steps = warmup;
+  s.decay_ratio = decay_ratio;
+  s.decay_type = type;
+  s.min_lr_factor = min_lr;
+  return s;
+}
+
+}  // namespace
+
+TEST(LRSchedule, WarmupStableDecayLinear) {
+  // 100 steps: 10 warmup, 80 decay, 11 stable (one virtual step past the end).
+  LRSchedule s(schedule(10, 0.8), 100);
+  EXPECT_EQ(s.warmup_steps(), 10);
+  EXPECT_EQ(s.decay_steps(), 80);
+  EXPECT_EQ(s.stable_steps(), 11);
+  EXPECT_DOUBLE_EQ(s.factor(0), 0.1);
+  EXPECT_DOUBLE_EQ(s.factor(4), 0.5);
+  EXPECT_DOUBLE_EQ(s.factor(9), 1.0);
+  EXPECT_DOUBLE_EQ(s.factor(10), 1.0);
+  EXPECT_DOUBLE_EQ(s.factor(20), 1.0);
+  EXPECT_NEAR(s.factor(21), 1.0 - 1.0 / 80, 1e-12);
+  EXPECT_NEAR(s.factor(60), 1.0 - 40.0 / 80, 1e-12);
+  EXPECT_NEAR(s.factor(99), 1.0 / 80, 1e-12);  // the last real step stays above zero
+}
+
+TEST(LRSchedule, DecayShapesAndFloor) {
+  LRSchedule sqrt_s(schedule(0, std::nullopt, "sqrt"), 100);
+  EXPECT_EQ(sqrt_s.decay_steps(), 100);
+  EXPECT_NEAR(sqrt_s.factor(24), 1.0 - std::sqrt(24.0 / 100), 1e-12);
+  LRSchedule cos_s(schedule(0, std::nullopt, "cosine", 0.1), 100);
+  EXPECT_NEAR(cos_s.factor(49), 0.1 + 0.9 * 0.5 * (1 + std::cos(M_PI * 49.0 / 100)), 1e-12);
+  EXPECT_NEAR(cos_s.factor(99), 0.1 + 0.9 * 0.5 * (1 + std::cos(M_PI * 99.0 / 100)), 1e-12);
+}
+
+TEST(LRSchedule, WarmupLongerThanTrainingIsClamped) {
+  LRSchedule s(schedule(50, std::nullopt), 20);
+  EXPECT_EQ(s.warmup_steps(), 20);
+  EXPECT_DOUBLE_EQ(s.factor(19), 1.0);
+}
+
+TEST(GradClip, ScalesToMaxNormAndReportsTheNormBefore) {
+  at::Tensor a = at::zeros({2}).set_requires_grad(true);
+  at::Tensor b = at::zeros({1}).set_requires_grad(true);
+  a.mutable_grad() = at::tensor({3.0f, 0.0f});
+  b.mutable_grad() = at::tensor({4.0f});
+  const double norm = loom::train::clip_grad_norm({a, b}, 1.0);
+  EXPECT_NEAR(norm, 5.0, 1e-6);
+  const double after =
+      std::sqrt(a.grad().pow(2).sum().item<double>() + b.grad().pow(2).sum().item<double>());
+  EXPECT_NEAR(after, 1.0, 1e-5);
+  // Below the limit: untouched.
+  EXPECT_NEAR(loom::train::clip_grad_norm({a, b}, 10.0), after, 1e-6);
+  EXPECT_NEAR(a.grad()[0].item<double>(), 0.6, 1e-5);
+}
+
+TEST(Loss, SumsValidTokensOnly) {
+  at::Tensor logits = at::randn({2, 3, 5});
+  at::Tensor labels = at::tensor({1, -100, 4, 0, 2, -100}, at::kLong).view({2, 3});
+  EXPECT_EQ(loom::train::count_valid_tokens(labels), 4);
+  at::Tensor logp = at::log_softmax(logits, -1);
+  double expected = -(logp[0][0][1] + logp[0][2][4] + logp[1][0][0] + logp[1][1][2]).item<double>();
+  EXPECT_NEAR(loom::train::cross_entropy_sum(logits, labels).item<double>(), expected, 1e-5);
+}
+
+TEST(SyntheticSource, DeterministicShiftedAndMostlyFollowingTheTable) {
+  loom::data::SyntheticSource a(50, 3), b(50, 3);
+  auto x = a.next(4, 16);
+  auto y = b.next(4, 16);
+  EXPECT_TRUE(at::equal(x.inputs, y.inputs));
+  EXPECT_TRUE(at::equal(x.inputs.slice(1, 1), x.labels.slice(1, 0, 15)));
+  EXPECT_GE(x.inputs.min().item<int64_t>(), 0);
+  EXPECT_LT(x.inputs.max().item<int64_t>(), 50);
+  EXPECT_FALSE(at::equal(a.next(4, 16).inputs, x.inputs));  // the stream moves on
+}
+
+TEST(ActivationCheckpoint, RecomputesInBackwardAndGivesTheSameGradients) {
+  at::Tensor w = at::randn({8, 8}).set_requires_grad(true);
+  int calls = 0;
+  loom::parallel::CheckpointedFn fn = [&](const at::Tensor& x) {
+    ++calls;
+    return at::tanh(at::matmul(x, w)).pow(2);
+  };
+  at::Tensor x = at::randn({4, 8}).set_requires_grad(true);
+
+  fn(x).sum().backward();
+  at::Tensor plain_w = w.grad().clone(), plain_x = x.grad().clone();
+  w.mutable_grad().zero_();
+  x.mutable_grad().zero_();
+
+  calls = 0;
+  at::Tensor out = loom::parallel::checkpoint(fn, x);
+  EXPECT_EQ(calls, 1);
+  out.sum().backward();
+  EXPECT_EQ(calls, 2);  // really recomputed
+  EXPECT_TRUE(at::allclose(w.grad(), plain_w, 1e-6, 1e-7));
+  EXPECT_TRUE(at::allclose(x.grad(), plain_x, 1e-6, 1e-7));
+}
+
+TEST(ActivationCheckpoint, BlockSelection) {
+  using loom::parallel::blocks_to_checkpoint;
+  EXPECT_EQ(blocks_to_checkpoint("none", "2", 4), (std::vector<bool>{false, false, false, false}));
+  EXPECT_EQ(blocks_to_checkpoint("full", "2", 3), (std::vector<bool>{true, true, true}));
+  EXPECT_EQ(blocks_to_checkpoint("selective", "2", 5),
+            (std::vector<bool>{false, true, false, true, false}));
+  EXPECT_EQ(blocks_to_checkpoint("selective", "op", 2), (std::vector<bool>{true, true}));  // warned
+  EXPECT_THROW(blocks_to_checkpoint("selective", "x", 2), loom::InputError);
+  EXPECT_THROW(blocks_to_checkpoint("memory_budget", "2", 2), loom::InputError);
+}
