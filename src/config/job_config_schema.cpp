@@ -173,6 +173,9 @@ void add_training_sections(Schema& s) {
   tr.field("device", &TrainingSection::device,
            "loom: where to train: auto (CUDA when available, else CPU), cpu or cuda.")
       .choices({"auto", "cpu", "cuda"});
+  tr.field("mixed_precision_on_cpu", &TrainingSection::mixed_precision_on_cpu,
+           "loom: autocast to mixed_precision_param on CPU too; CPU runs train in float32 "
+           "otherwise (on CUDA, mixed_precision_param always applies).");
   SectionBuilder<DataLoaderSection> dl(
       s, "training.dataloader", "PyTorch DataLoader settings (Python only).",
       [](JobConfig& c) -> DataLoaderSection& { return c.training.dataloader; });

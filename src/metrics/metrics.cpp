@@ -19,6 +19,9 @@
 namespace loom::metrics {
 namespace {
 
+// Taken while the program loads, before main: the reference for since_start_s.
+const std::chrono::steady_clock::time_point process_start = std::chrono::steady_clock::now();
+
 double now_unix() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
@@ -67,6 +70,7 @@ std::string MetricsLogger::to_json_line(const StepMetrics& m, double wall_time) 
                       {"data_time_pct", m.data_time_pct},
                       {"tokens_seen", m.tokens_seen},
                       {"elapsed_s", m.elapsed_s},
+                      {"since_start_s", m.since_start_s},
                       {"wall_time", wall_time}};
   if (m.val_loss) j["val_loss"] = *m.val_loss;
   return j.dump();
@@ -106,6 +110,10 @@ void MetricsLogger::log_validation(int64_t step, double val_loss, int64_t tokens
     std::fwrite(line.data(), 1, line.size(), file_);
     std::fflush(file_);
   }
+}
+
+double seconds_since_process_start() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - process_start).count();
 }
 
 double measure_cpu_gemm_flops() {

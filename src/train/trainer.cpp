@@ -14,6 +14,7 @@
 #include "loom/data/synthetic.h"
 #include "loom/train/loss.h"
 #include "loom/train/lr_scheduler.h"
+#include "loom/train/mixed_precision.h"
 #include "loom/train/optimizer.h"
 
 namespace loom::train {
@@ -77,9 +78,12 @@ void Trainer::setup_runtime() {
                     (p.data_parallel_shard_degree == 1 || p.data_parallel_shard_degree == -1),
                 "parallelism: this build trains on one device; tensor, pipeline, context and data "
                 "parallel degrees other than 1 arrive with the distributed issues");
-  log->info("device {}, seed {}{}, gradient accumulation {} x local batch {}", device_.str(), seed_,
-            config_.debug.seed ? "" : " (random: set debug.seed to reproduce)", accumulation_steps_,
-            t.local_batch_size);
+  const auto compute = autocast_dtype(t, device_);
+  log->info(
+      "device {}, parameters {}, compute {}, seed {}{}, gradient accumulation {} x local batch {}",
+      device_.str(), t.dtype, compute ? std::string(c10::toString(*compute)) : t.dtype, seed_,
+      config_.debug.seed ? "" : " (random: set debug.seed to reproduce)", accumulation_steps_,
+      t.local_batch_size);
 }
 
 void Trainer::build_model() {
@@ -88,7 +92,8 @@ void Trainer::build_model() {
   models::BuildOptions options;
   options.flavor = config_.model.flavor;
   options.max_seq_len = config_.training.seq_len;
-  options.tensor_options = at::TensorOptions().device(device_).dtype(at::kFloat);
+  options.tensor_options =
+      at::TensorOptions().device(device_).dtype(parameter_dtype(config_.training));
   model_ = spec.build(options);
   model_->init_weights(seed_);
   model_->apply_activation_checkpointing(config_.activation_checkpoint);
@@ -130,11 +135,16 @@ double Trainer::train_step(int64_t step, metrics::StepMetrics& m) {
 
   optimizer_->zero_grad();
   double loss_sum = 0;
+  const auto compute_dtype = autocast_dtype(t, device_);
   for (auto& batch : micro) {
-    at::Tensor logits = model_->forward(batch.inputs.to(device_));
-    // Divided by the valid tokens of the whole step, so accumulation equals one big batch.
-    at::Tensor loss =
-        cross_entropy_sum(logits, batch.labels.to(device_)) / static_cast<double>(valid_tokens);
+    at::Tensor loss;
+    {
+      AutocastGuard autocast(device_.type(), compute_dtype);
+      at::Tensor logits = model_->forward(batch.inputs.to(device_));
+      // Divided by the valid tokens of the whole step, so accumulation equals one big batch.
+      loss =
+          cross_entropy_sum(logits, batch.labels.to(device_)) / static_cast<double>(valid_tokens);
+    }
     loss.backward();
     loss_sum += loss.item<double>();
   }
@@ -153,6 +163,7 @@ double Trainer::validate() {
   for (int64_t i = 0; i < config_.validation.steps; ++i) {
     data::Batch batch =
         validation_source_->next(config_.validation.local_batch_size, config_.validation.seq_len);
+    AutocastGuard autocast(device_.type(), autocast_dtype(config_.training, device_));
     loss_sum +=
         cross_entropy_sum(model_->forward(batch.inputs.to(device_)), batch.labels.to(device_))
             .item<double>();
@@ -197,6 +208,7 @@ TrainResult Trainer::train() {
       m.data_time_pct = 100.0 * window_data / window_time;
       m.tokens_seen = step * tokens_per_step;
       m.elapsed_s = seconds_since(start);
+      m.since_start_s = metrics::seconds_since_process_start();
       metrics_->log_step(m);
       window_time = window_data = 0;
       window_steps = 0;

@@ -206,3 +206,27 @@ TEST(Training, FullActivationCheckpointingLowersPeakMemory) {
   const double full = peak("full");
   EXPECT_LT(full, none - 0.2) << "full " << full << " GiB, none " << none << " GiB";
 }
+
+TEST(Training, Bf16AutocastOnCpuRunsAndTracksFloat32) {
+  auto job = small_job("bf16_ref");
+  job.training.steps = 5;
+  auto fp32 = Trainer(job).train();
+  job.training.mixed_precision_on_cpu = true;  // mixed_precision_param defaults to bfloat16
+  job.job.dump_folder = loom::testing::fresh_temp_dir("train_bf16");
+  auto bf16 = Trainer(job).train();
+  ASSERT_EQ(bf16.losses.size(), 5u);
+  for (size_t i = 0; i < 5; ++i) {
+    EXPECT_TRUE(std::isfinite(bf16.losses[i]));
+    EXPECT_NEAR(bf16.losses[i], fp32.losses[i], 0.05 * fp32.losses[i]) << "step " << i;
+  }
+  EXPECT_NE(bf16.losses, fp32.losses);  // it really computed in bf16
+}
+
+TEST(Training, PureBf16ParametersRun) {
+  auto job = small_job("pure_bf16");
+  job.training.steps = 3;
+  job.training.dtype = "bfloat16";
+  auto result = Trainer(job).train();
+  EXPECT_EQ(result.steps_completed, 3);
+  EXPECT_TRUE(std::isfinite(result.losses.back()));
+}

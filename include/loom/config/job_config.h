@@ -93,6 +93,8 @@ struct TrainingSection {
   bool gc_debug = false;
   // loom: "auto" (CUDA when available, else CPU), "cpu" or "cuda".
   std::string device = "auto";
+  // loom: also autocast to mixed_precision_param on CPU (CPU trains in float32 by default).
+  bool mixed_precision_on_cpu = false;
   DataLoaderSection dataloader;
 };
 

@@ -24,6 +24,7 @@ struct StepMetrics {
   double data_time_pct = 0;  // share of the step spent waiting for data
   int64_t tokens_seen = 0;   // over all ranks
   double elapsed_s = 0;      // since training started
+  double since_start_s = 0;  // since the process started (start-up cost included)
   std::optional<double> val_loss;
 };
 
@@ -54,5 +55,7 @@ double measure_cpu_gemm_flops();
 
 // Peak memory so far in GiB: CUDA max allocated on `device`, or the process's peak RSS on CPU.
 double peak_memory_gib(const at::Device& device);
+
+double seconds_since_process_start();
 
 }  // namespace loom::metrics

@@ -38,6 +38,14 @@ const std::map<std::string, LlamaArgs>& llama3_flavors() {
     debug.vocab_size = 2048;
     f["debugmodel"] = debug;
 
+    // loom's benchmark size: the ~100M-parameter shape of GPT-2 small with Llama 3 blocks.
+    LlamaArgs m100;
+    m100.dim = 768;
+    m100.n_layers = 12;
+    m100.n_heads = 12;
+    m100.vocab_size = 8192;
+    f["100M"] = m100;
+
     LlamaArgs b8;
     b8.dim = 4096;
     b8.n_layers = 32;

@@ -43,7 +43,8 @@ struct LlamaArgs {
 // SwiGLU hidden size exactly as Llama 3: 2/3 of 4*dim, times the multiplier, rounded up.
 int64_t ffn_hidden_dim(int64_t dim, int64_t multiple_of, std::optional<double> multiplier);
 
-// Named flavors of the llama3 family; vocab_size is a default the tokenizer may replace.
+// Named flavors of the llama3 family (torchtitan's debugmodel, 8B, 70B, 405B, and loom's 100M
+// benchmark size); vocab_size is a default the tokenizer may replace.
 const std::map<std::string, LlamaArgs>& llama3_flavors();
 
 }  // namespace loom::models::llama

@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""Side-by-side training throughput: loom vs the same model and loop in eager PyTorch.
+
+Runs `loom train` and tools/reference/llama_reference.py bench alternately (A B A B ...) with
+the same model shape, batch, sequence length, optimizer and thread count, and reports tokens/s,
+the loom/PyTorch ratio (median over rounds) and the time from process start to the first
+finished step. Timings on a shared 2-core machine are noisy: trust the ratio, not the absolutes.
+
+  .venv/bin/python tools/bench_train.py [--flavor debugmodel] [--rounds 3] [--json OUT]
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Shapes of loom's llama3 flavors, in the reference's model-args format.
+FLAVORS = {
+    "debugmodel": dict(dim=256, n_layers=6, n_heads=16, vocab_size=2048, multiple_of=256),
+    "100M": dict(dim=768, n_layers=12, n_heads=12, vocab_size=8192, multiple_of=256),
+}
+
+
+def run_loom(loom, flavor, batch, seq, warmup, steps, threads, workdir):
+    dump = os.path.join(workdir, "loom_run")
+    cmd = [loom, "train", "--model.flavor", flavor, "--training.dataset", "synthetic",
+           "--training.device", "cpu", "--training.local_batch_size", str(batch),
+           "--training.seq_len", str(seq), "--training.steps", str(warmup + steps),
+           "--metrics.log_freq", "1", "--metrics.peak_tflops", "1", "--debug.seed", "0",
+           "--activation_checkpoint.mode", "none", "--lr_scheduler.warmup_steps", "1",
+           "--metrics.disable_color_printing", "--job.dump_folder", dump]
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    with open(os.path.join(dump, "metrics.jsonl")) as f:
+        lines = [json.loads(line) for line in f if "loss" in line]
+    timed = [line for line in lines if line["step"] > warmup]
+    step_time = sum(line["step_time_s"] for line in timed) / len(timed)
+    return {"tokens_per_s": batch * seq / step_time, "step_time_s": step_time,
+            "process_start_to_first_step_s": lines[0]["since_start_s"]}
+
+
+def run_torch(python, flavor, batch, seq, warmup, steps, threads, workdir):
+    args_path = os.path.join(workdir, "args.json")
+    with open(args_path, "w") as f:
+        json.dump(dict(FLAVORS[flavor], max_seq_len=seq, use_scaled_rope=True), f)
+    cmd = [python, os.path.join(ROOT, "tools/reference/llama_reference.py"), "bench",
+           "--model-args", args_path, "--batch-size", str(batch), "--seq-len", str(seq),
+           "--steps", str(steps), "--warmup", str(warmup), "--threads", str(threads)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--flavor", default="debugmodel", choices=sorted(FLAVORS))
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--threads", type=int, default=os.cpu_count())
+    p.add_argument("--loom", default=os.path.join(ROOT, "build/bin/loom"))
+    p.add_argument("--python", default=sys.executable)
+    p.add_argument("--json", help="also write the results here")
+    ns = p.parse_args()
+
+    results = {"loom": [], "torch": []}
+    with tempfile.TemporaryDirectory() as workdir:
+        for r in range(ns.rounds):
+            for name, fn, exe in (("loom", run_loom, ns.loom), ("torch", run_torch, ns.python)):
+                res = fn(exe, ns.flavor, ns.batch_size, ns.seq_len, ns.warmup, ns.steps, ns.threads, workdir)
+                results[name].append(res)
+                print(f"round {r + 1} {name:5s}: {res['tokens_per_s']:9.0f} tokens/s, "
+                      f"first step done {res['process_start_to_first_step_s']:.2f} s after start",
+                      flush=True)
+    ratios = [a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(results["loom"], results["torch"])]
+    summary = {
+        "flavor": ns.flavor, "batch_size": ns.batch_size, "seq_len": ns.seq_len, "threads": ns.threads,
+        "steps": ns.steps, "warmup": ns.warmup, "rounds": ns.rounds,
+        "loom_tokens_per_s": statistics.median(x["tokens_per_s"] for x in results["loom"]),
+        "torch_tokens_per_s": statistics.median(x["tokens_per_s"] for x in results["torch"]),
+        "ratio_median": statistics.median(ratios), "ratios": ratios,
+        "loom_first_step_s": statistics.median(x["process_start_to_first_step_s"] for x in results["loom"]),
+        "torch_first_step_s": statistics.median(x["process_start_to_first_step_s"] for x in results["torch"]),
+    }
+    print(json.dumps(summary, indent=2))
+    if ns.json:
+        with open(ns.json, "w") as f:
+            json.dump(summary, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
