@@ -11,7 +11,9 @@
 #include "loom/core/check.h"
 #include "loom/core/logging.h"
 #include "loom/core/signals.h"
+#include "loom/data/packed_loader.h"
 #include "loom/data/synthetic.h"
+#include "loom/data/tokenizer.h"
 #include "loom/train/loss.h"
 #include "loom/train/lr_scheduler.h"
 #include "loom/train/mixed_precision.h"
@@ -36,12 +38,17 @@ at::Device choose_device(const std::string& setting) {
   return at::Device(at::kCPU);
 }
 
-std::unique_ptr<data::BatchSource> dataset_source(const std::string& name, int64_t vocab,
-                                                  uint64_t seed, const std::string& key) {
-  LOOM_CHECK_AS(InputError, name == "synthetic", key, " = '", name,
-                "': this build has only the 'synthetic' dataset (the data pipeline with "
-                "tokenizers and the embedded corpus lands with the data issue)");
-  return std::make_unique<data::SyntheticSource>(vocab, seed);
+// "synthetic" (structured random tokens over the model's vocabulary) or a real dataset.
+std::unique_ptr<data::BatchSource> dataset_source(const std::string& name,
+                                                  const std::optional<std::string>& path,
+                                                  const data::Tokenizer* tokenizer, int64_t vocab,
+                                                  int64_t seq_len, uint64_t seed, bool shuffle,
+                                                  const std::string& key) {
+  if (name == "synthetic" && !path) {
+    return std::make_unique<data::SyntheticSource>(vocab, seed);
+  }
+  LOOM_CHECK(tokenizer != nullptr, "a real dataset needs the tokenizer");
+  return data::open_dataset(name, path, *tokenizer, {seq_len, seed, shuffle}, key);
 }
 
 }  // namespace
@@ -50,6 +57,10 @@ Trainer::Trainer(config::JobConfig config, std::unique_ptr<data::BatchSource> so
                  std::unique_ptr<data::BatchSource> validation_source)
     : config_(std::move(config)) {
   setup_runtime();
+  const bool synthetic = config_.training.dataset == "synthetic" && !config_.training.dataset_path;
+  if (!synthetic) {
+    tokenizer_ = data::load_tokenizer(config_.model.tokenizer_path.value_or("byte"));
+  }
   build_model();
   build_data(std::move(source), std::move(validation_source));
 }
@@ -71,6 +82,9 @@ void Trainer::setup_runtime() {
                 global, ") must be a multiple of local_batch_size x dp (", t.local_batch_size * dp,
                 ")");
   accumulation_steps_ = global / (t.local_batch_size * dp);
+  LOOM_CHECK_AS(InputError, !config_.validation.enable || config_.validation.seq_len <= t.seq_len,
+                "validation.seq_len (", config_.validation.seq_len, ") exceeds training.seq_len (",
+                t.seq_len, "), the longest sequence the model is built for");
   const auto& p = config_.parallelism;
   LOOM_CHECK_AS(InputError,
                 p.tensor_parallel_degree == 1 && p.pipeline_parallel_degree == 1 &&
@@ -92,6 +106,8 @@ void Trainer::build_model() {
   models::BuildOptions options;
   options.flavor = config_.model.flavor;
   options.max_seq_len = config_.training.seq_len;
+  // The embedding table matches the tokenizer (synthetic data keeps the flavor's vocabulary).
+  options.vocab_size = tokenizer_ ? tokenizer_->vocab_size() : 0;
   options.tensor_options =
       at::TensorOptions().device(device_).dtype(parameter_dtype(config_.training));
   model_ = spec.build(options);
@@ -107,17 +123,25 @@ void Trainer::build_model() {
 
 void Trainer::build_data(std::unique_ptr<data::BatchSource> source,
                          std::unique_ptr<data::BatchSource> validation_source) {
-  source_ = source ? std::move(source)
-                   : dataset_source(config_.training.dataset, model_->vocab_size(), seed_,
-                                    "training.dataset");
-  if (config_.validation.enable) {
-    LOOM_CHECK_AS(InputError, config_.validation.steps > 0,
+  const auto& t = config_.training;
+  const auto& v = config_.validation;
+  source_ = source
+                ? std::move(source)
+                : dataset_source(t.dataset, t.dataset_path, tokenizer_.get(), model_->vocab_size(),
+                                 t.seq_len, seed_, true, "training.dataset");
+  if (v.enable) {
+    if (!validation_source && v.dataset != "synthetic" && !tokenizer_) {
+      tokenizer_ = data::load_tokenizer(config_.model.tokenizer_path.value_or("byte"));
+    }
+    validation_source_ =
+        validation_source
+            ? std::move(validation_source)
+            : dataset_source(v.dataset, v.dataset_path, tokenizer_.get(), model_->vocab_size(),
+                             v.seq_len, seed_ + 1, false, "validation.dataset");
+    LOOM_CHECK_AS(InputError, v.steps > 0 || validation_source_->samples_per_epoch(),
                   "validation.steps = -1 (the whole set) needs a finite validation dataset; set a "
-                  "step count");
-    validation_source_ = validation_source
-                             ? std::move(validation_source)
-                             : dataset_source(config_.validation.dataset, model_->vocab_size(),
-                                              seed_ + 1, "validation.dataset");
+                  "step count for '",
+                  v.dataset, "'");
   }
 }
 
@@ -160,7 +184,12 @@ double Trainer::validate() {
   at::NoGradGuard no_grad;
   double loss_sum = 0;
   int64_t tokens = 0;
-  for (int64_t i = 0; i < config_.validation.steps; ++i) {
+  // -1: one pass over the whole (finite) validation set.
+  const int64_t steps = config_.validation.steps > 0
+                            ? config_.validation.steps
+                            : std::max<int64_t>(1, *validation_source_->samples_per_epoch() /
+                                                       config_.validation.local_batch_size);
+  for (int64_t i = 0; i < steps; ++i) {
     data::Batch batch =
         validation_source_->next(config_.validation.local_batch_size, config_.validation.seq_len);
     AutocastGuard autocast(device_.type(), autocast_dtype(config_.training, device_));

@@ -83,6 +83,18 @@ TEST(Training, LossFallsClearlyIn30Steps) {
   EXPECT_LT(last, first - 1.0) << "first " << first << " last " << last;
 }
 
+TEST(Training, ThirtyStepsOnTheEmbeddedCorpusLowerTheLoss) {
+  auto job = small_job("brown");
+  job.training.dataset = "brown";
+  job.model.tokenizer_path = "byte";
+  auto result = Trainer(job).train();
+  ASSERT_EQ(result.losses.size(), 30u);
+  EXPECT_NEAR(result.losses.front(), std::log(259.0), 1.0);  // byte-level vocabulary
+  const double last = (result.losses[27] + result.losses[28] + result.losses[29]) / 3;
+  EXPECT_LT(last, result.losses.front() - 2.0)
+      << "first " << result.losses.front() << " last " << last;
+}
+
 TEST(Training, SameSeedSameLossesBitForBit) {
   auto job = small_job("seed_a");
   job.training.steps = 8;

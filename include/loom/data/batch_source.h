@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <optional>
 
 namespace loom::data {
 
@@ -19,6 +20,8 @@ class BatchSource {
   virtual ~BatchSource() = default;
   // The next `batch_size` samples of `seq_len` tokens, on the CPU.
   virtual Batch next(int64_t batch_size, int64_t seq_len) = 0;
+  // Samples in one pass over a finite dataset; nullopt for an endless stream.
+  virtual std::optional<int64_t> samples_per_epoch() const { return std::nullopt; }
 };
 
 }  // namespace loom::data

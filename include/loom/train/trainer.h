@@ -10,6 +10,7 @@
 
 #include "loom/config/job_config.h"
 #include "loom/data/batch_source.h"
+#include "loom/data/tokenizer.h"
 #include "loom/metrics/metrics.h"
 #include "loom/models/model_spec.h"
 #include "loom/train/lr_scheduler.h"
@@ -50,6 +51,7 @@ class Trainer {
   at::Device device_{at::kCPU};
   uint64_t seed_ = 0;
   int64_t accumulation_steps_ = 1;
+  std::unique_ptr<data::Tokenizer> tokenizer_;
   std::unique_ptr<models::CausalLM> model_;
   std::vector<at::Tensor> parameters_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;

@@ -1,0 +1,17 @@
+// Reading text documents: JSONL (one JSON object per line, text in a configurable field) or plain
+// text (one document per file), either optionally gzip-compressed (.gz). Errors name the file
+// and line: invalid JSON, a missing or non-string text field, invalid UTF-8, an empty file.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace loom::data {
+
+std::vector<std::string> read_documents(const std::string& path,
+                                        const std::string& text_field = "text");
+
+// Whether `text` is well-formed UTF-8 (no overlong forms, surrogates or code points > U+10FFFF).
+bool is_valid_utf8(const std::string& text);
+
+}  // namespace loom::data

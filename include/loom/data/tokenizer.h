@@ -1,0 +1,41 @@
+// Tokenizers behind one interface. This build has the byte-level tokenizer (every UTF-8 byte is
+// a token, plus special tokens): the zero-asset fallback that needs no vocabulary file.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace loom::data {
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+  virtual std::vector<int32_t> encode(std::string_view text) const = 0;
+  virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
+  virtual int64_t vocab_size() const = 0;
+  virtual int32_t bos_id() const = 0;
+  virtual int32_t eos_id() const = 0;
+  virtual int32_t pad_id() const = 0;
+  virtual std::string name() const = 0;
+};
+
+// Bytes 0-255 are ids 0-255; then <|begin_of_text|> 256, <|end_of_text|> 257, <|pad|> 258.
+class ByteTokenizer : public Tokenizer {
+ public:
+  std::vector<int32_t> encode(std::string_view text) const override;
+  std::string decode(const std::vector<int32_t>& ids) const override;
+  int64_t vocab_size() const override { return 259; }
+  int32_t bos_id() const override { return 256; }
+  int32_t eos_id() const override { return 257; }
+  int32_t pad_id() const override { return 258; }
+  std::string name() const override { return "byte"; }
+};
+
+// model.tokenizer_path: "byte" (or unset) gives the byte-level tokenizer; a file path is
+// refused with a clear error until the BPE tokenizers land.
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path);
+
+}  // namespace loom::data

@@ -1,0 +1,108 @@
+#include "loom/data/documents.h"
+
+#include <zlib.h>
+#include <nlohmann/json.hpp>
+
+#include <cerrno>
+#include <cstring>
+#include <memory>
+
+#include "loom/core/check.h"
+
+namespace loom::data {
+namespace {
+
+bool ends_with(const std::string& text, const std::string& suffix) {
+  return text.size() >= suffix.size() &&
+         text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// The whole file, decompressed when gzip (zlib reads plain files through the same call).
+std::string read_maybe_gzip(const std::string& path) {
+  std::unique_ptr<gzFile_s, int (*)(gzFile)> file(gzopen(path.c_str(), "rb"), gzclose);
+  LOOM_CHECK_AS(InputError, file != nullptr, "cannot open dataset file '", path,
+                "': ", std::strerror(errno));
+  std::string content;
+  char buffer[1 << 16];
+  while (true) {
+    int n = gzread(file.get(), buffer, sizeof(buffer));
+    if (n < 0) {
+      int code = 0;
+      const char* message = gzerror(file.get(), &code);
+      LOOM_THROW(InputError, "cannot read dataset file '", path, "': ", message);
+    }
+    if (n == 0) break;
+    content.append(buffer, static_cast<size_t>(n));
+  }
+  return content;
+}
+
+}  // namespace
+
+bool is_valid_utf8(const std::string& text) {
+  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t n = text.size();
+  size_t i = 0;
+  while (i < n) {
+    unsigned char c = s[i];
+    size_t length = c < 0x80           ? 1
+                    : (c >> 5) == 0x6  ? 2
+                    : (c >> 4) == 0xe  ? 3
+                    : (c >> 3) == 0x1e ? 4
+                                       : 0;
+    if (length == 0 || i + length > n) return false;
+    uint32_t cp = length == 1   ? c
+                  : length == 2 ? (c & 0x1f)
+                  : length == 3 ? (c & 0x0f)
+                                : (c & 0x07);
+    for (size_t k = 1; k < length; ++k) {
+      if ((s[i + k] & 0xc0) != 0x80) return false;
+      cp = (cp << 6) | (s[i + k] & 0x3f);
+    }
+    const bool overlong =
+        (length == 2 && cp < 0x80) || (length == 3 && cp < 0x800) || (length == 4 && cp < 0x10000);
+    if (overlong || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
+    i += length;
+  }
+  return true;
+}
+
+std::vector<std::string> read_documents(const std::string& path, const std::string& text_field) {
+  const std::string content = read_maybe_gzip(path);
+  LOOM_CHECK_AS(InputError, !content.empty(), "dataset file '", path, "' is empty");
+  const std::string plain = ends_with(path, ".gz") ? path.substr(0, path.size() - 3) : path;
+  std::vector<std::string> documents;
+  if (!ends_with(plain, ".jsonl") && !ends_with(plain, ".json")) {
+    LOOM_CHECK_AS(InputError, is_valid_utf8(content), path, ": not valid UTF-8 text");
+    documents.push_back(content);
+    return documents;
+  }
+  size_t start = 0;
+  int64_t line_number = 0;
+  while (start < content.size()) {
+    size_t end = content.find('\n', start);
+    if (end == std::string::npos) end = content.size();
+    ++line_number;
+    std::string line = content.substr(start, end - start);
+    start = end + 1;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    nlohmann::json record;
+    try {
+      record = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::parse_error& error) {
+      LOOM_THROW(InputError, path, ":", line_number, ": invalid JSON: ", error.what());
+    }
+    LOOM_CHECK_AS(InputError, record.is_object() && record.contains(text_field), path, ":",
+                  line_number, ": no \"", text_field, "\" field (set the dataset's text field)");
+    LOOM_CHECK_AS(InputError, record[text_field].is_string(), path, ":", line_number, ": \"",
+                  text_field, "\" is not a string");
+    std::string text = record[text_field].get<std::string>();
+    LOOM_CHECK_AS(InputError, is_valid_utf8(text), path, ":", line_number,
+                  ": text is not valid UTF-8");
+    documents.push_back(std::move(text));
+  }
+  LOOM_CHECK_AS(InputError, !documents.empty(), "dataset file '", path, "' holds no document");
+  return documents;
+}
+
+}  // namespace loom::data
