@@ -76,6 +76,14 @@ std::string MetricsLogger::to_json_line(const StepMetrics& m, double wall_time) 
   return j.dump();
 }
 
+// One JSON object per line, flushed at once so a reader (or a crash) never sees half a line.
+void MetricsLogger::append_line(const std::string& json) {
+  if (!file_) return;
+  std::string line = json + "\n";
+  std::fwrite(line.data(), 1, line.size(), file_);
+  std::fflush(file_);
+}
+
 void MetricsLogger::log_step(const StepMetrics& m) {
   // Colors as torchtitan: step cyan, loss green, memory yellow, throughput blue, mfu magenta.
   const char* cyan = color_ ? "\033[36m" : "";
@@ -89,27 +97,19 @@ void MetricsLogger::log_step(const StepMetrics& m) {
       "{}tflops: {:.3f}  {}mfu: {:.2f}%{}",
       cyan, m.step, green, m.loss, reset, m.grad_norm, yellow, m.mem_peak_gib, blue, m.tps, reset,
       m.tflops, magenta, m.mfu_pct, reset);
-  if (file_) {
-    std::string line = to_json_line(m, now_unix()) + "\n";
-    std::fwrite(line.data(), 1, line.size(), file_);
-    std::fflush(file_);
-  }
+  append_line(to_json_line(m, now_unix()));
 }
 
 void MetricsLogger::log_validation(int64_t step, double val_loss, int64_t tokens_seen,
                                    double elapsed_s) {
   log::get("metrics")->info("{}validate step: {:>5}  val_loss: {:8.4f}{}", color_ ? "\033[33m" : "",
                             step, val_loss, color_ ? "\033[39m" : "");
-  if (file_) {
-    nlohmann::json j = {{"step", step},
-                        {"val_loss", val_loss},
-                        {"tokens_seen", tokens_seen},
-                        {"elapsed_s", elapsed_s},
-                        {"wall_time", now_unix()}};
-    std::string line = j.dump() + "\n";
-    std::fwrite(line.data(), 1, line.size(), file_);
-    std::fflush(file_);
-  }
+  nlohmann::json j = {{"step", step},
+                      {"val_loss", val_loss},
+                      {"tokens_seen", tokens_seen},
+                      {"elapsed_s", elapsed_s},
+                      {"wall_time", now_unix()}};
+  append_line(j.dump());
 }
 
 double seconds_since_process_start() {

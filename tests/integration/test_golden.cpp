@@ -14,6 +14,7 @@
 #include "loom/models/llama/transformer.h"
 #include "loom/train/loss.h"
 #include "support/process.h"
+#include "unit/model_test_util.h"
 
 namespace llama = loom::models::llama;
 
@@ -93,14 +94,7 @@ void check_against_reference(const llama::LlamaArgs& args, const std::string& na
 }  // namespace
 
 TEST(Golden, GroupedQueryAttentionWithLlama31Rope) {
-  llama::LlamaArgs args;
-  args.dim = 64;
-  args.n_layers = 2;
-  args.n_heads = 4;
-  args.n_kv_heads = 2;
-  args.vocab_size = 97;
-  args.multiple_of = 32;
-  args.max_seq_len = 32;
+  llama::LlamaArgs args = loom::testing::tiny_llama_args();  // 4 heads sharing 2 kv heads
   args.rope_theta = 500000;
   args.use_scaled_rope = true;
   check_against_reference(args, "gqa");

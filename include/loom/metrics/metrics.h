@@ -44,6 +44,8 @@ class MetricsLogger {
   static std::string to_json_line(const StepMetrics& metrics, double wall_time);
 
  private:
+  void append_line(const std::string& json);
+
   std::FILE* file_ = nullptr;
   bool color_;
 };

@@ -28,52 +28,40 @@ void LlamaArgs::validate() const {
   LOOM_CHECK_AS(InputError, multiple_of > 0, "llama3: multiple_of must be positive");
 }
 
+namespace {
+
+struct Shape {
+  int64_t dim, n_layers, n_heads;
+  std::optional<int64_t> n_kv_heads;
+  int64_t multiple_of;
+  std::optional<double> ffn_dim_multiplier;
+  int64_t vocab_size;
+};
+
+LlamaArgs args_of(const Shape& shape) {
+  LlamaArgs args;
+  args.dim = shape.dim;
+  args.n_layers = shape.n_layers;
+  args.n_heads = shape.n_heads;
+  args.n_kv_heads = shape.n_kv_heads;
+  args.multiple_of = shape.multiple_of;
+  args.ffn_dim_multiplier = shape.ffn_dim_multiplier;
+  args.vocab_size = shape.vocab_size;
+  return args;
+}
+
+}  // namespace
+
 const std::map<std::string, LlamaArgs>& llama3_flavors() {
-  static const std::map<std::string, LlamaArgs> flavors = [] {
-    std::map<std::string, LlamaArgs> f;
-    LlamaArgs debug;
-    debug.dim = 256;
-    debug.n_layers = 6;
-    debug.n_heads = 16;
-    debug.vocab_size = 2048;
-    f["debugmodel"] = debug;
-
-    // loom's benchmark size: the ~100M-parameter shape of GPT-2 small with Llama 3 blocks.
-    LlamaArgs m100;
-    m100.dim = 768;
-    m100.n_layers = 12;
-    m100.n_heads = 12;
-    m100.vocab_size = 8192;
-    f["100M"] = m100;
-
-    LlamaArgs b8;
-    b8.dim = 4096;
-    b8.n_layers = 32;
-    b8.n_heads = 32;
-    b8.n_kv_heads = 8;
-    b8.multiple_of = 1024;
-    b8.ffn_dim_multiplier = 1.3;
-    f["8B"] = b8;
-
-    LlamaArgs b70;
-    b70.dim = 8192;
-    b70.n_layers = 80;
-    b70.n_heads = 64;
-    b70.n_kv_heads = 8;
-    b70.multiple_of = 4096;
-    b70.ffn_dim_multiplier = 1.3;
-    f["70B"] = b70;
-
-    LlamaArgs b405;
-    b405.dim = 16384;
-    b405.n_layers = 126;
-    b405.n_heads = 128;
-    b405.n_kv_heads = 8;
-    b405.multiple_of = 4096;
-    b405.ffn_dim_multiplier = 1.2;
-    f["405B"] = b405;
-    return f;
-  }();
+  // Theta 500000 with Llama 3.1 rope scaling everywhere (the LlamaArgs defaults), as torchtitan.
+  static const std::map<std::string, LlamaArgs> flavors = {
+      {"debugmodel", args_of({256, 6, 16, std::nullopt, 256, std::nullopt, 2048})},
+      // loom's benchmark size: GPT-2 small's shape with Llama 3 blocks, ~100M parameters.
+      {"100M", args_of({768, 12, 12, std::nullopt, 256, std::nullopt, 8192})},
+      {"8B", args_of({4096, 32, 32, 8, 1024, 1.3, 128256})},
+      {"70B", args_of({8192, 80, 64, 8, 4096, 1.3, 128256})},
+      {"405B", args_of({16384, 126, 128, 8, 4096, 1.2, 128256})},
+  };
   return flavors;
 }
 
