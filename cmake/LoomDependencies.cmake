@@ -7,6 +7,18 @@ find_package(tomlplusplus 3.0 REQUIRED)
 find_package(fmt 9 REQUIRED)
 find_package(spdlog 1.10 REQUIRED)
 find_package(CLI11 2.1 REQUIRED)
+find_package(ZLIB REQUIRED)
+
+# PCRE2 (8-bit, with JIT) for tokenizer split patterns; found by file so no pkg-config is needed.
+find_path(LOOM_PCRE2_INCLUDE_DIR pcre2.h)
+find_library(LOOM_PCRE2_LIBRARY NAMES pcre2-8)
+if(NOT LOOM_PCRE2_INCLUDE_DIR OR NOT LOOM_PCRE2_LIBRARY)
+  message(FATAL_ERROR "PCRE2 not found (libpcre2-dev): ${_loom_missing_hint}")
+endif()
+add_library(loom::pcre2 UNKNOWN IMPORTED)
+set_target_properties(loom::pcre2 PROPERTIES
+  IMPORTED_LOCATION ${LOOM_PCRE2_LIBRARY}
+  INTERFACE_INCLUDE_DIRECTORIES ${LOOM_PCRE2_INCLUDE_DIR})
 if(LOOM_BUILD_TESTS)
   find_package(GTest 1.11 REQUIRED)
 endif()

@@ -7,7 +7,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CARRY="$ROOT/.gpu_carry"
 PACKAGES=(nlohmann-json3-dev libtomlplusplus-dev libtomlplusplus3 libspdlog-dev libspdlog1.10
-          libfmt-dev libfmt9 libcli11-dev libgtest-dev)
+          libfmt-dev libfmt9 libcli11-dev libgtest-dev libpcre2-dev libpcre2-8-0 zlib1g-dev)
 
 say() { printf '\033[1m[gpu-carry]\033[0m %s\n' "$*"; }
 rm -rf "$CARRY"

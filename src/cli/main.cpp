@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   loom::cli::add_train_command(app, run);
   loom::cli::add_config_command(app, run);
   loom::cli::add_plan_command(app, run);
+  loom::cli::add_tokenize_command(app, run);
 
   try {
     app.parse(argc, argv);

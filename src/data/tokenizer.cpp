@@ -1,6 +1,7 @@
 #include "loom/data/tokenizer.h"
 
 #include "loom/core/check.h"
+#include "loom/data/bpe_tokenizer.h"
 
 namespace loom::data {
 
@@ -25,9 +26,12 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
   if (path.empty() || path == "byte") {
     return std::make_unique<ByteTokenizer>();
   }
-  LOOM_THROW(InputError, "model.tokenizer_path = '", path,
-             "': this build has only the byte-level tokenizer ('byte'); tiktoken and Hugging Face "
-             "BPE tokenizers arrive with the data pipeline");
+  const bool tiktoken = path.size() > 9 && (path.compare(path.size() - 9, 9, ".tiktoken") == 0 ||
+                                            path.compare(path.size() - 6, 6, ".model") == 0);
+  LOOM_CHECK_AS(InputError, tiktoken, "model.tokenizer_path = '", path,
+                "': expected 'byte' or a tiktoken-format BPE file (.tiktoken, or Llama 3's "
+                "tokenizer.model); Hugging Face tokenizer.json arrives with the data pipeline");
+  return std::make_unique<BpeTokenizer>(path, bpe_spec_for(path));
 }
 
 }  // namespace loom::data

@@ -1,0 +1,77 @@
+// loom's tiktoken-format BPE against ids from the PyPI tiktoken package
+// (tests/data/tokenizers/tiktoken_vectors.json, made by tools/make_tokenizer_vectors.py).
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+
+#include "loom/core/check.h"
+#include "loom/data/bpe_tokenizer.h"
+#include "support/process.h"
+
+namespace {
+
+const std::string kTokenizers = std::string(LOOM_SOURCE_DIR) + "/../shared/data/tokenizers";
+
+nlohmann::json vectors() {
+  std::ifstream in(std::string(LOOM_SOURCE_DIR) + "/tests/data/tokenizers/tiktoken_vectors.json");
+  return nlohmann::json::parse(in);
+}
+
+void check_encoding(const std::string& name) {
+  const std::string path = kTokenizers + "/" + name + ".tiktoken";
+  ASSERT_TRUE(std::ifstream(path).good()) << path << " is missing (the shared data folder)";
+  auto tokenizer = loom::data::load_tokenizer(path);
+  const auto cases = vectors()["encodings"][name];
+  ASSERT_GE(cases.size(), 10u);
+  for (const auto& c : cases) {
+    const std::string text = c["text"].get<std::string>();
+    const auto expected = c["ids"].get<std::vector<int32_t>>();
+    EXPECT_EQ(tokenizer->encode(text), expected) << name << ": " << text;
+    EXPECT_EQ(tokenizer->decode(expected), text) << name;
+  }
+}
+
+}  // namespace
+
+TEST(BpeTokenizer, Cl100kMatchesTiktoken) {
+  check_encoding("cl100k_base");
+}
+
+TEST(BpeTokenizer, Gpt2MatchesTiktoken) {
+  check_encoding("gpt2");
+}
+
+TEST(BpeTokenizer, SpecialTokensAndVocabulary) {
+  auto tokenizer = loom::data::load_tokenizer(kTokenizers + "/cl100k_base.tiktoken");
+  EXPECT_EQ(tokenizer->vocab_size(), 100277);
+  EXPECT_EQ(tokenizer->eos_id(), 100257);
+  EXPECT_EQ(tokenizer->decode({100257}), "<|endoftext|>");
+  EXPECT_THROW(tokenizer->decode({100270}), loom::InputError);  // a hole in the id space
+}
+
+TEST(BpeTokenizer, RoundTripsArbitraryText) {
+  auto tokenizer = loom::data::load_tokenizer(kTokenizers + "/gpt2.tiktoken");
+  std::string text;
+  for (int i = 0; i < 2000; ++i) text += static_cast<char>(' ' + (i * 7919) % 95);
+  text += "ünïcödé 🎉\n\t";
+  EXPECT_EQ(tokenizer->decode(tokenizer->encode(text)), text);
+}
+
+TEST(BpeTokenizer, BadFilesAreNamed) {
+  const std::string dir = loom::testing::fresh_temp_dir("bpe_bad");
+  std::ofstream(dir + "/cl100k_base.tiktoken") << "IQ== 0\nnot-base64!! 1\n";
+  try {
+    loom::data::load_tokenizer(dir + "/cl100k_base.tiktoken");
+    FAIL();
+  } catch (const loom::InputError& error) {
+    EXPECT_NE(error.message().find("cl100k_base.tiktoken:2"), std::string::npos) << error.message();
+  }
+  std::ofstream(dir + "/mystery.tiktoken") << "IQ== 0\n";
+  EXPECT_THROW(loom::data::load_tokenizer(dir + "/mystery.tiktoken"), loom::InputError);
+  std::ofstream(dir + "/custom.tiktoken") << "IQ== 0\n";
+  std::ofstream(dir + "/custom.json")
+      << R"({"pat_str": "(unclosed", "special_tokens": {"<|endoftext|>": 1}})";
+  EXPECT_THROW(loom::data::load_tokenizer(dir + "/custom.tiktoken"), loom::InputError);
+}
