@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <nlohmann/json.hpp>
+
 #include <filesystem>
 
 #include "loom/core/check.h"
@@ -22,23 +24,26 @@ PackedLoader::PackedLoader(const std::vector<std::string>& documents, const Toke
     stream_.push_back(tokenizer.eos_id());
   }
   windows_ = static_cast<int64_t>(stream_.size()) / (options_.seq_len + 1);
+  LOOM_CHECK(
+      options_.dp_world >= 1 && options_.dp_rank >= 0 && options_.dp_rank < options_.dp_world,
+      "bad data-parallel rank ", options_.dp_rank, " of ", options_.dp_world);
   LOOM_CHECK_AS(InputError, windows_ > 0, "the dataset has ", stream_.size(),
                 " tokens, fewer than one sample of seq_len + 1 = ", options_.seq_len + 1);
 }
 
-void PackedLoader::start_epoch() {
-  ++epoch_;
-  position_ = 0;
-  if (!options_.shuffle) {
-    order_.resize(static_cast<size_t>(windows_));
-    for (int64_t i = 0; i < windows_; ++i) order_[static_cast<size_t>(i)] = i;
-    return;
+int64_t PackedLoader::window_of(int64_t index) {
+  const int64_t epoch = index / windows_;
+  const int64_t offset = index % windows_;
+  if (!options_.shuffle) return offset;
+  if (epoch != cached_epoch_) {
+    // Each epoch's order depends only on (seed, epoch), so any position can be restored.
+    auto generator = at::make_generator<at::CPUGeneratorImpl>(options_.seed * 1000003ull +
+                                                              static_cast<uint64_t>(epoch));
+    at::Tensor permutation = at::randperm(windows_, generator, at::kLong);
+    order_.assign(permutation.data_ptr<int64_t>(), permutation.data_ptr<int64_t>() + windows_);
+    cached_epoch_ = epoch;
   }
-  // Each epoch's order depends only on (seed, epoch): resumable from those two numbers.
-  auto generator = at::make_generator<at::CPUGeneratorImpl>(options_.seed * 1000003ull +
-                                                            static_cast<uint64_t>(epoch_));
-  at::Tensor permutation = at::randperm(windows_, generator, at::kLong);
-  order_.assign(permutation.data_ptr<int64_t>(), permutation.data_ptr<int64_t>() + windows_);
+  return order_[static_cast<size_t>(offset)];
 }
 
 Batch PackedLoader::next(int64_t batch_size, int64_t seq_len) {
@@ -46,13 +51,38 @@ Batch PackedLoader::next(int64_t batch_size, int64_t seq_len) {
              ", asked for ", seq_len);
   at::Tensor samples = at::empty({batch_size, seq_len + 1}, at::kLong);
   auto* out = samples.data_ptr<int64_t>();
+  const int64_t first = consumed_ + options_.dp_rank * batch_size;  // this rank's slice
   for (int64_t b = 0; b < batch_size; ++b) {
-    if (epoch_ < 0 || position_ == windows_) start_epoch();
-    const int64_t window = order_[static_cast<size_t>(position_++)];
-    const int32_t* tokens = stream_.data() + window * (seq_len + 1);
+    const int32_t* tokens = stream_.data() + window_of(first + b) * (seq_len + 1);
     for (int64_t t = 0; t <= seq_len; ++t) out[b * (seq_len + 1) + t] = tokens[t];
   }
+  consumed_ += batch_size * options_.dp_world;
   return {samples.slice(1, 0, seq_len).contiguous(), samples.slice(1, 1, seq_len + 1).contiguous()};
+}
+
+nlohmann::json PackedLoader::state() const {
+  return {{"kind", "packed"},      {"samples_consumed", consumed_},
+          {"seed", options_.seed}, {"seq_len", options_.seq_len},
+          {"windows", windows_},   {"shuffle", options_.shuffle}};
+}
+
+void PackedLoader::load_state(const nlohmann::json& state) {
+  try {
+    LOOM_CHECK_AS(InputError, state.at("kind") == "packed", "not a packed-loader state");
+    LOOM_CHECK_AS(InputError,
+                  state.at("seq_len").get<int64_t>() == options_.seq_len &&
+                      state.at("windows").get<int64_t>() == windows_ &&
+                      state.at("seed").get<uint64_t>() == options_.seed &&
+                      state.at("shuffle").get<bool>() == options_.shuffle,
+                  "data-loader state is for another dataset, seq_len or seed (saved ", state.dump(),
+                  "; this loader has ", windows_, " samples of ", options_.seq_len,
+                  " tokens, seed ", options_.seed, ")");
+    const int64_t consumed = state.at("samples_consumed").get<int64_t>();
+    LOOM_CHECK_AS(InputError, consumed >= 0, "negative samples_consumed in data-loader state");
+    consumed_ = consumed;
+  } catch (const nlohmann::json::exception& error) {
+    LOOM_THROW(InputError, "malformed data-loader state: ", error.what());
+  }
 }
 
 std::string assets_dir() {

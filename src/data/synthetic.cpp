@@ -2,13 +2,17 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <nlohmann/json.hpp>
+
+#include "loom/core/check.h"
 
 namespace loom::data {
 
 SyntheticSource::SyntheticSource(int64_t vocab_size, uint64_t seed, double follow_probability)
     : vocab_size_(vocab_size),
       follow_probability_(follow_probability),
-      generator_(at::make_generator<at::CPUGeneratorImpl>(seed)) {
+      generator_(at::make_generator<at::CPUGeneratorImpl>(seed)),
+      seed_(seed) {
   successor_ = at::randperm(vocab_size, generator_, at::kLong);
 }
 
@@ -25,6 +29,31 @@ Batch SyntheticSource::next(int64_t batch_size, int64_t seq_len) {
     tokens.select(1, t + 1).copy_(at::where(follow.select(1, t), likely, noise.select(1, t)));
   }
   return {tokens.slice(1, 0, seq_len).contiguous(), tokens.slice(1, 1, seq_len + 1).contiguous()};
+}
+
+// The generator's full state (a byte tensor) as a list of numbers: resumes the exact stream.
+nlohmann::json SyntheticSource::state() const {
+  at::Tensor bytes = generator_.get_state();
+  const auto* data = bytes.data_ptr<uint8_t>();
+  return {{"kind", "synthetic"},
+          {"seed", seed_},
+          {"vocab_size", vocab_size_},
+          {"generator", std::vector<uint8_t>(data, data + bytes.numel())}};
+}
+
+void SyntheticSource::load_state(const nlohmann::json& state) {
+  try {
+    LOOM_CHECK_AS(InputError,
+                  state.at("kind") == "synthetic" && state.at("seed").get<uint64_t>() == seed_ &&
+                      state.at("vocab_size").get<int64_t>() == vocab_size_,
+                  "data-loader state is for another synthetic stream");
+    auto bytes = state.at("generator").get<std::vector<uint8_t>>();
+    at::Tensor tensor = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
+    std::copy(bytes.begin(), bytes.end(), tensor.data_ptr<uint8_t>());
+    generator_.set_state(tensor);
+  } catch (const nlohmann::json::exception& error) {
+    LOOM_THROW(InputError, "malformed synthetic data state: ", error.what());
+  }
 }
 
 }  // namespace loom::data

@@ -12,6 +12,7 @@
 #include "loom/core/logging.h"
 #include "loom/core/signals.h"
 #include "loom/data/packed_loader.h"
+#include "loom/data/prefetch.h"
 #include "loom/data/synthetic.h"
 #include "loom/data/tokenizer.h"
 #include "loom/train/loss.h"
@@ -48,7 +49,7 @@ std::unique_ptr<data::BatchSource> dataset_source(const std::string& name,
     return std::make_unique<data::SyntheticSource>(vocab, seed);
   }
   LOOM_CHECK(tokenizer != nullptr, "a real dataset needs the tokenizer");
-  return data::open_dataset(name, path, *tokenizer, {seq_len, seed, shuffle}, key);
+  return data::open_dataset(name, path, *tokenizer, {seq_len, seed, shuffle, 0, 1}, key);
 }
 
 }  // namespace
@@ -125,10 +126,13 @@ void Trainer::build_data(std::unique_ptr<data::BatchSource> source,
                          std::unique_ptr<data::BatchSource> validation_source) {
   const auto& t = config_.training;
   const auto& v = config_.validation;
-  source_ = source
-                ? std::move(source)
-                : dataset_source(t.dataset, t.dataset_path, tokenizer_.get(), model_->vocab_size(),
-                                 t.seq_len, seed_, true, "training.dataset");
+  auto train_source =
+      source ? std::move(source)
+             : dataset_source(t.dataset, t.dataset_path, tokenizer_.get(), model_->vocab_size(),
+                              t.seq_len, seed_, true, "training.dataset");
+  // A background thread keeps the next two microbatches ready.
+  source_ = std::make_unique<data::PrefetchingSource>(std::move(train_source), t.local_batch_size,
+                                                      t.seq_len, 2);
   if (v.enable) {
     if (!validation_source && v.dataset != "synthetic" && !tokenizer_) {
       tokenizer_ = data::load_tokenizer(config_.model.tokenizer_path.value_or("byte"));

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <zlib.h>
+#include <nlohmann/json.hpp>
 
 #include <fstream>
 #include <set>
@@ -9,11 +10,13 @@
 #include "loom/core/check.h"
 #include "loom/data/documents.h"
 #include "loom/data/packed_loader.h"
+#include "loom/data/prefetch.h"
 #include "loom/data/tokenizer.h"
 #include "support/process.h"
 
 using loom::data::ByteTokenizer;
 using loom::data::PackedLoader;
+using loom::data::PackedLoaderOptions;
 
 namespace {
 
@@ -132,9 +135,7 @@ TEST(PackedLoader, EachEpochVisitsEveryWindowOnceInASeededOrder) {
     expected.insert(window_of(in_order.next(1, 7)));
   }
   EXPECT_EQ(seen, expected);
-  EXPECT_EQ(a.epoch(), 0);
-  a.next(1, 7);
-  EXPECT_EQ(a.epoch(), 1);
+  EXPECT_EQ(a.epoch(), 1);  // the next sample opens epoch 1, in a new order
   EXPECT_FALSE(
       at::equal(PackedLoader(docs, tok, {7, 42, true}).next(8, 7).inputs, c.next(8, 7).inputs));
 }
@@ -150,4 +151,103 @@ TEST(PackedLoader, EmbeddedCorpusLoadsWithAHeldOutSplit) {
   EXPECT_THROW(
       loom::data::open_dataset("c4", std::nullopt, tok, {256, 0, true}, "training.dataset"),
       loom::InputError);
+}
+
+namespace {
+
+std::vector<std::string> numbered_docs(int n) {
+  std::vector<std::string> docs;
+  for (int i = 0; i < n; ++i)
+    docs.push_back("document " + std::to_string(i) + " " +
+                   std::string(static_cast<size_t>(i % 13), 'x'));
+  return docs;
+}
+
+// Rows of a batch as vectors, to compare samples across loaders.
+std::vector<std::vector<int64_t>> rows(const loom::data::Batch& batch) {
+  std::vector<std::vector<int64_t>> out;
+  for (int64_t r = 0; r < batch.inputs.size(0); ++r) {
+    auto row = batch.inputs[r].contiguous();
+    out.emplace_back(row.data_ptr<int64_t>(), row.data_ptr<int64_t>() + row.numel());
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST(PackedLoader, DataParallelRanksSplitEachGlobalBatchWithoutOverlap) {
+  ByteTokenizer tok;
+  auto docs = numbered_docs(300);
+  PackedLoader single(docs, tok, {16, 7, true, 0, 1});
+  PackedLoader rank0(docs, tok, {16, 7, true, 0, 2});
+  PackedLoader rank1(docs, tok, {16, 7, true, 1, 2});
+  for (int step = 0; step < 40; ++step) {  // crosses epoch boundaries
+    auto global = rows(single.next(8, 16));
+    auto a = rows(rank0.next(4, 16));
+    auto b = rows(rank1.next(4, 16));
+    a.insert(a.end(), b.begin(), b.end());
+    EXPECT_EQ(a, global) << "step " << step;
+  }
+}
+
+TEST(PackedLoader, ResumesExactlyAndReshardsByTheSampleCountRule) {
+  ByteTokenizer tok;
+  auto docs = numbered_docs(300);
+  PackedLoader straight(docs, tok, {16, 3, true, 0, 1});
+  for (int i = 0; i < 5; ++i) straight.next(8, 16);
+  nlohmann::json saved = straight.state();
+  EXPECT_EQ(saved["samples_consumed"], 40);
+  auto expected = rows(straight.next(8, 16));
+
+  PackedLoader resumed(docs, tok, {16, 3, true, 0, 1});
+  resumed.load_state(saved);
+  EXPECT_EQ(rows(resumed.next(8, 16)), expected);
+
+  // Two ranks resuming the one-rank state continue with the same global batch.
+  PackedLoader r0(docs, tok, {16, 3, true, 0, 2}), r1(docs, tok, {16, 3, true, 1, 2});
+  r0.load_state(saved);
+  r1.load_state(saved);
+  auto both = rows(r0.next(4, 16));
+  auto second = rows(r1.next(4, 16));
+  both.insert(both.end(), second.begin(), second.end());
+  EXPECT_EQ(both, expected);
+
+  PackedLoader other_seed(docs, tok, {16, 4, true, 0, 1});
+  EXPECT_THROW(other_seed.load_state(saved), loom::InputError);
+  EXPECT_THROW(resumed.load_state(nlohmann::json{{"kind", "packed"}}), loom::InputError);
+}
+
+TEST(Prefetch, SameBatchesAndStateOfWhatWasHandedOut) {
+  ByteTokenizer tok;
+  auto docs = numbered_docs(200);
+  PackedLoader plain(docs, tok, {16, 9, true, 0, 1});
+  loom::data::PrefetchingSource prefetched(
+      std::make_unique<PackedLoader>(docs, tok, PackedLoaderOptions{16, 9, true, 0, 1}), 4, 16, 3);
+  for (int i = 0; i < 10; ++i) {
+    EXPECT_EQ(rows(prefetched.next(4, 16)), rows(plain.next(4, 16))) << i;
+  }
+  // The thread is ahead, but the state reflects only the 10 batches handed out.
+  EXPECT_EQ(prefetched.state()["samples_consumed"], 40);
+  prefetched.load_state(plain.state());
+  EXPECT_EQ(rows(prefetched.next(4, 16)), rows(plain.next(4, 16)));
+}
+
+namespace {
+class FailingSource : public loom::data::BatchSource {
+ public:
+  loom::data::Batch next(int64_t, int64_t) override {
+    if (++calls_ > 2) LOOM_THROW(loom::InputError, "corrupt shard");
+    return {at::zeros({1, 4}, at::kLong), at::zeros({1, 4}, at::kLong)};
+  }
+  nlohmann::json state() const override { return calls_; }
+  void load_state(const nlohmann::json&) override {}
+  int calls_ = 0;
+};
+}  // namespace
+
+TEST(Prefetch, ErrorsInTheThreadReachTheCaller) {
+  loom::data::PrefetchingSource source(std::make_unique<FailingSource>(), 1, 4, 2);
+  source.next(1, 4);
+  source.next(1, 4);
+  EXPECT_THROW(source.next(1, 4), loom::InputError);
 }

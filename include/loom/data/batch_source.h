@@ -1,9 +1,9 @@
-// Where the trainer gets its token batches. The real loader (tokenized corpus, packing, sharding,
-// resumable state) implements this; so does the synthetic source used before it lands and in
-// tests that need data with known structure.
+// Where the trainer gets its token batches: the packed loader over a tokenized corpus, the
+// synthetic stream (tests, benchmarks), or a prefetching wrapper around either.
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <nlohmann/json_fwd.hpp>
 
 #include <cstdint>
 #include <optional>
@@ -18,10 +18,14 @@ struct Batch {
 class BatchSource {
  public:
   virtual ~BatchSource() = default;
-  // The next `batch_size` samples of `seq_len` tokens, on the CPU.
+  // This rank's next `batch_size` samples of `seq_len` tokens, on the CPU.
   virtual Batch next(int64_t batch_size, int64_t seq_len) = 0;
   // Samples in one pass over a finite dataset; nullopt for an endless stream.
   virtual std::optional<int64_t> samples_per_epoch() const { return std::nullopt; }
+  // Position for exact resume (what a checkpoint stores); load_state continues from it.
+  // Throws loom::InputError when the state does not fit this source.
+  virtual nlohmann::json state() const = 0;
+  virtual void load_state(const nlohmann::json& state) = 0;
 };
 
 }  // namespace loom::data

@@ -1,8 +1,14 @@
 // Documents -> tokens with BOS/EOS -> one stream -> windows of seq_len + 1 tokens (inputs and
 // labels shifted by one) -> a deterministic shuffle per epoch (from the seed) -> batches.
-// The samples of the whole run are one sequence; the global batch of a step is the next
-// global_batch samples of it, whatever the number of data-parallel ranks (each rank takes its
-// slice), so runs on different layouts are comparable sample for sample.
+//
+// The samples of the whole run are one global sequence (epoch after epoch). Each call takes the
+// next dp_world * batch_size samples of it (one global batch) and returns this rank's slice,
+// samples [dp_rank * batch_size, (dp_rank + 1) * batch_size). So every layout sees the same
+// global batches, ranks never overlap, and together they cover the sequence.
+//
+// Resume and resharding rule: the state is the number of samples of the global sequence
+// consumed so far. Loading it into a loader with any number of data-parallel ranks continues at
+// exactly that sample: nothing is seen twice and nothing skipped.
 #pragma once
 
 #include <memory>
@@ -19,6 +25,8 @@ struct PackedLoaderOptions {
   int64_t seq_len = 2048;
   uint64_t seed = 0;
   bool shuffle = true;  // validation reads in order
+  int64_t dp_rank = 0;
+  int64_t dp_world = 1;
 };
 
 class PackedLoader : public BatchSource {
@@ -28,19 +36,24 @@ class PackedLoader : public BatchSource {
 
   Batch next(int64_t batch_size, int64_t seq_len) override;
   std::optional<int64_t> samples_per_epoch() const override { return windows_; }
+  nlohmann::json state() const override;
+  void load_state(const nlohmann::json& state) override;
 
   int64_t total_tokens() const { return static_cast<int64_t>(stream_.size()); }
-  int64_t epoch() const { return epoch_; }
+  // Epoch of the next sample of the global sequence.
+  int64_t epoch() const { return consumed_ / windows_; }
+  int64_t samples_consumed() const { return consumed_; }
 
  private:
-  void start_epoch();
+  // Window index of global sample `index` (epoch index / windows, shuffled within the epoch).
+  int64_t window_of(int64_t index);
 
   PackedLoaderOptions options_;
   std::vector<int32_t> stream_;
   int64_t windows_ = 0;
-  std::vector<int64_t> order_;
-  int64_t position_ = 0;
-  int64_t epoch_ = -1;
+  int64_t consumed_ = 0;  // samples of the global sequence taken so far (all ranks)
+  int64_t cached_epoch_ = -1;
+  std::vector<int64_t> order_;  // window order of cached_epoch_
 };
 
 // A dataset by name: "brown" / "brown_validation" (the embedded corpus in assets/), or the

@@ -13,12 +13,15 @@ class SyntheticSource : public BatchSource {
  public:
   SyntheticSource(int64_t vocab_size, uint64_t seed, double follow_probability = 0.9);
   Batch next(int64_t batch_size, int64_t seq_len) override;
+  nlohmann::json state() const override;
+  void load_state(const nlohmann::json& state) override;
 
  private:
   int64_t vocab_size_;
   double follow_probability_;
   at::Tensor successor_;  // [vocab] the likely next token of each token
   at::Generator generator_;
+  uint64_t seed_;
 };
 
 }  // namespace loom::data
