@@ -22,8 +22,12 @@ RMSNormImpl::RMSNormImpl(int64_t dim, double eps_, const at::TensorOptions& opti
     : weight(register_parameter("weight", at::empty({dim}, options))), eps(eps_) {}
 
 at::Tensor RMSNormImpl::forward(const at::Tensor& input) {
-  at::Tensor x = input.to(at::kFloat);
-  at::Tensor normed = x * at::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  // ATen's fused rms_norm (one kernel forward and backward where available), on float32.
+  const int64_t dim = input.size(-1);
+  if (input.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat) {
+    return at::rms_norm(input, {dim}, weight, eps);
+  }
+  at::Tensor normed = at::rms_norm(input.to(at::kFloat), {dim}, std::nullopt, eps);
   return normed.to(input.scalar_type()) * weight;
 }
 

@@ -168,9 +168,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x):
-        xf = x.float()  # always normalise in float32
-        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (y * self.weight.float()).type_as(x)
+        # Always normalise in float32; F.rms_norm is the fused kernel nn.RMSNorm (torchtitan) uses.
+        y = F.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), self.eps)
+        return y.type_as(x)
 
 
 class Attention(nn.Module):
