@@ -1,8 +1,5 @@
 #include "loom/data/bpe_tokenizer.h"
 
-#define PCRE2_CODE_UNIT_WIDTH 8
-#include <pcre2.h>
-
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -80,15 +77,6 @@ std::map<std::string, int32_t> llama3_specials() {
 }
 
 }  // namespace
-
-struct BpeTokenizer::Regex {
-  pcre2_code* code = nullptr;
-  pcre2_match_data* match_data = nullptr;  // guarded: encode() is const but uses scratch space
-  ~Regex() {
-    if (match_data) pcre2_match_data_free(match_data);
-    if (code) pcre2_code_free(code);
-  }
-};
 
 std::optional<BpeSpec> builtin_bpe_spec(const std::string& name) {
   if (name == "cl100k_base") {
@@ -214,20 +202,7 @@ BpeTokenizer::BpeTokenizer(const std::string& ranks_path, BpeSpec spec) : spec_(
   LOOM_CHECK_AS(InputError, bos_id_ >= 0 && eos_id_ >= 0, ranks_path,
                 ": the special tokens name no begin/end-of-text token");
 
-  regex_ = std::make_unique<Regex>();
-  int error_code = 0;
-  PCRE2_SIZE error_offset = 0;
-  regex_->code =
-      pcre2_compile(reinterpret_cast<PCRE2_SPTR>(spec_.pattern.c_str()), spec_.pattern.size(),
-                    PCRE2_UTF | PCRE2_UCP, &error_code, &error_offset, nullptr);
-  if (!regex_->code) {
-    PCRE2_UCHAR message[256];
-    pcre2_get_error_message(error_code, message, sizeof(message));
-    LOOM_THROW(InputError, ranks_path, ": split pattern does not compile at offset ", error_offset,
-               ": ", reinterpret_cast<char*>(message));
-  }
-  pcre2_jit_compile(regex_->code,
-                    PCRE2_JIT_COMPLETE);  // falls back to the interpreter if JIT is unavailable
+  splitter_ = std::make_unique<RegexSplitter>(spec_.pattern, ranks_path);
 }
 
 BpeTokenizer::~BpeTokenizer() = default;
@@ -274,29 +249,7 @@ void BpeTokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& ou
 std::vector<int32_t> BpeTokenizer::encode(std::string_view text) const {
   std::vector<int32_t> ids;
   ids.reserve(text.size() / 3);
-  pcre2_match_data* match = pcre2_match_data_create_from_pattern(regex_->code, nullptr);
-  const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
-  PCRE2_SIZE offset = 0;
-  while (offset < text.size()) {
-    int rc = pcre2_match(regex_->code, subject, text.size(), offset,
-                         offset == 0 ? 0 : PCRE2_NO_UTF_CHECK, match, nullptr);
-    if (rc == PCRE2_ERROR_NOMATCH) break;
-    if (rc < 0) {
-      pcre2_match_data_free(match);
-      LOOM_THROW(InputError, "tokenizer ", spec_.name, ": text is not valid UTF-8 (PCRE2 error ",
-                 rc, ")");
-    }
-    const PCRE2_SIZE* range = pcre2_get_ovector_pointer(match);
-    if (range[1] == range[0]) {  // an empty match never advances; step one code point
-      ++offset;
-      while (offset < text.size() && (static_cast<unsigned char>(text[offset]) & 0xc0) == 0x80)
-        ++offset;
-      continue;
-    }
-    encode_piece(text.substr(range[0], range[1] - range[0]), ids);
-    offset = range[1];
-  }
-  pcre2_match_data_free(match);
+  splitter_->split(text, [&](std::string_view piece) { encode_piece(piece, ids); });
   return ids;
 }
 

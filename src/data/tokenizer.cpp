@@ -2,6 +2,7 @@
 
 #include "loom/core/check.h"
 #include "loom/data/bpe_tokenizer.h"
+#include "loom/data/hf_tokenizer.h"
 
 namespace loom::data {
 
@@ -26,11 +27,14 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
   if (path.empty() || path == "byte") {
     return std::make_unique<ByteTokenizer>();
   }
+  if (path.size() > 5 && path.compare(path.size() - 5, 5, ".json") == 0) {
+    return std::make_unique<HfBpeTokenizer>(path);
+  }
   const bool tiktoken = path.size() > 9 && (path.compare(path.size() - 9, 9, ".tiktoken") == 0 ||
                                             path.compare(path.size() - 6, 6, ".model") == 0);
   LOOM_CHECK_AS(InputError, tiktoken, "model.tokenizer_path = '", path,
-                "': expected 'byte' or a tiktoken-format BPE file (.tiktoken, or Llama 3's "
-                "tokenizer.model); Hugging Face tokenizer.json arrives with the data pipeline");
+                "': expected 'byte', a Hugging Face tokenizer.json, or a tiktoken-format BPE file "
+                "(.tiktoken, or Llama 3's tokenizer.model)");
   return std::make_unique<BpeTokenizer>(path, bpe_spec_for(path));
 }
 

@@ -75,3 +75,47 @@ TEST(BpeTokenizer, BadFilesAreNamed) {
       << R"({"pat_str": "(unclosed", "special_tokens": {"<|endoftext|>": 1}})";
   EXPECT_THROW(loom::data::load_tokenizer(dir + "/custom.tiktoken"), loom::InputError);
 }
+
+// Hugging Face tokenizer.json (byte-level BPE) against the PyPI `tokenizers` package
+// (fixtures and ids from tools/make_hf_tokenizer_fixture.py).
+namespace {
+
+void check_hf(const std::string& style) {
+  const std::string dir = std::string(LOOM_SOURCE_DIR) + "/tests/data/tokenizers";
+  auto tokenizer = loom::data::load_tokenizer(dir + "/hf_" + style + "_style.json");
+  std::ifstream in(dir + "/hf_vectors.json");
+  const auto cases = nlohmann::json::parse(in)["tokenizers"][style];
+  ASSERT_GE(cases.size(), 10u);
+  for (const auto& c : cases) {
+    const std::string text = c["text"].get<std::string>();
+    EXPECT_EQ(tokenizer->encode(text), c["ids"].get<std::vector<int32_t>>())
+        << style << ": " << text;
+    EXPECT_EQ(tokenizer->decode(tokenizer->encode(text)), text) << style;
+  }
+  EXPECT_EQ(tokenizer->vocab_size(), 1024);
+  EXPECT_EQ(tokenizer->decode({tokenizer->bos_id()}), "<|begin_of_text|>");
+}
+
+}  // namespace
+
+TEST(HfTokenizer, Gpt2StyleByteLevelMatchesTokenizers) {
+  check_hf("gpt2");
+}
+
+TEST(HfTokenizer, Llama3StyleSplitAndIgnoreMergesMatchesTokenizers) {
+  check_hf("llama3");
+}
+
+TEST(HfTokenizer, UnsupportedPartsAreRefusedByName) {
+  const std::string dir = loom::testing::fresh_temp_dir("hf_bad");
+  std::ofstream(dir + "/wordpiece.json")
+      << R"({"model": {"type": "WordPiece", "vocab": {}}, "normalizer": null})";
+  try {
+    loom::data::load_tokenizer(dir + "/wordpiece.json");
+    FAIL();
+  } catch (const loom::InputError& error) {
+    EXPECT_NE(error.message().find("WordPiece"), std::string::npos) << error.message();
+  }
+  std::ofstream(dir + "/broken.json") << "{\"model\": ";
+  EXPECT_THROW(loom::data::load_tokenizer(dir + "/broken.json"), loom::InputError);
+}

@@ -12,6 +12,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "loom/data/regex_split.h"
 #include "loom/data/tokenizer.h"
 
 namespace loom::data {
@@ -42,13 +43,11 @@ class BpeTokenizer : public Tokenizer {
   void encode_piece(std::string_view piece, std::vector<int32_t>& out) const;
 
  private:
-  struct Regex;
-
   BpeSpec spec_;
   std::string arena_;  // all token bytes, back to back; ranks_ keys point into it
   std::unordered_map<std::string_view, int32_t> ranks_;
   std::vector<std::string_view> id_to_bytes_;
-  std::unique_ptr<Regex> regex_;
+  std::unique_ptr<RegexSplitter> splitter_;
   int64_t vocab_size_ = 0;
   int32_t bos_id_ = -1;
   int32_t eos_id_ = -1;

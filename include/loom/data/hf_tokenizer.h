@@ -1,0 +1,46 @@
+// Hugging Face tokenizer.json, byte-level BPE (GPT-2 and Llama 3 style): what torchtitan loads
+// from model.hf_assets_path. Supported: model BPE (vocab, merges as "a b" or ["a", "b"],
+// ignore_merges); pre-tokenizer ByteLevel (with or without its regex) or a Sequence of Split
+// (regex, Isolated) and ByteLevel; added tokens. Anything else is refused by name, never
+// silently approximated. Ids equal `tokenizers`' encode(text, add_special_tokens=False).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "loom/data/regex_split.h"
+#include "loom/data/tokenizer.h"
+
+namespace loom::data {
+
+class HfBpeTokenizer : public Tokenizer {
+ public:
+  // Throws loom::InputError naming the file and the unsupported or malformed part.
+  explicit HfBpeTokenizer(const std::string& path);
+  ~HfBpeTokenizer() override;
+
+  std::vector<int32_t> encode(std::string_view text) const override;
+  std::string decode(const std::vector<int32_t>& ids) const override;
+  int64_t vocab_size() const override { return static_cast<int64_t>(id_to_token_.size()); }
+  int32_t bos_id() const override { return bos_id_; }
+  int32_t eos_id() const override { return eos_id_; }
+  int32_t pad_id() const override { return eos_id_; }
+  std::string name() const override { return "hf:" + path_; }
+
+ private:
+  void encode_word(const std::string& mapped, std::vector<int32_t>& out) const;
+
+  std::string path_;
+  std::unordered_map<std::string, int32_t> vocab_;   // byte-level-mapped token -> id
+  std::unordered_map<std::string, int32_t> merges_;  // "left right" -> rank
+  std::vector<std::string> id_to_token_;
+  std::vector<bool> is_added_;               // added tokens decode to their text
+  std::unique_ptr<RegexSplitter> splitter_;  // null: the whole text is one piece
+  bool ignore_merges_ = false;
+  int32_t bos_id_ = -1;
+  int32_t eos_id_ = -1;
+};
+
+}  // namespace loom::data

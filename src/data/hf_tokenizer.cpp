@@ -1,0 +1,228 @@
+#include "loom/data/hf_tokenizer.h"
+
+#include <nlohmann/json.hpp>
+
+#include <array>
+#include <climits>
+#include <fstream>
+
+#include "loom/core/check.h"
+
+namespace loom::data {
+namespace {
+
+constexpr const char* kGpt2Pattern =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+void append_utf8(std::string& out, uint32_t cp) {
+  if (cp < 0x80) {
+    out.push_back(static_cast<char>(cp));
+  } else if (cp < 0x800) {
+    out.push_back(static_cast<char>(0xc0 | (cp >> 6)));
+    out.push_back(static_cast<char>(0x80 | (cp & 0x3f)));
+  } else {
+    out.push_back(static_cast<char>(0xe0 | (cp >> 12)));
+    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3f)));
+    out.push_back(static_cast<char>(0x80 | (cp & 0x3f)));
+  }
+}
+
+// GPT-2's byte <-> printable character table: printable Latin-1 bytes stand for themselves, the
+// others are shifted to code points 256 and up.
+struct ByteLevelTable {
+  std::array<std::string, 256> byte_to_text;
+  std::unordered_map<uint32_t, uint8_t> code_point_to_byte;
+  ByteLevelTable() {
+    uint32_t next = 256;
+    for (uint32_t b = 0; b < 256; ++b) {
+      const bool printable =
+          (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+      const uint32_t cp = printable ? b : next++;
+      append_utf8(byte_to_text[b], cp);
+      code_point_to_byte[cp] = static_cast<uint8_t>(b);
+    }
+  }
+};
+
+const ByteLevelTable& byte_level() {
+  static const ByteLevelTable table;
+  return table;
+}
+
+// Splits UTF-8 text into its characters (each a string).
+std::vector<std::string> characters(const std::string& text) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < text.size();) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    const size_t length = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : 4;
+    out.push_back(text.substr(i, length));
+    i += length;
+  }
+  return out;
+}
+
+uint32_t decode_code_point(const std::string& ch) {
+  const auto* s = reinterpret_cast<const unsigned char*>(ch.data());
+  if (ch.size() == 1) return s[0];
+  if (ch.size() == 2) return ((s[0] & 0x1fu) << 6) | (s[1] & 0x3fu);
+  if (ch.size() == 3) return ((s[0] & 0x0fu) << 12) | ((s[1] & 0x3fu) << 6) | (s[2] & 0x3fu);
+  return ((s[0] & 0x07u) << 18) | ((s[1] & 0x3fu) << 12) | ((s[2] & 0x3fu) << 6) | (s[3] & 0x3fu);
+}
+
+// The split regex of a supported pre-tokenizer, or "" for "whole text is one piece".
+std::string pre_tokenizer_pattern(const nlohmann::json& pre, const std::string& path) {
+  const std::string type = pre.value("type", "");
+  if (type == "ByteLevel") {
+    LOOM_CHECK_AS(InputError, !pre.value("add_prefix_space", false), path,
+                  ": ByteLevel add_prefix_space is not supported");
+    return pre.value("use_regex", true) ? kGpt2Pattern : "";
+  }
+  LOOM_CHECK_AS(InputError, type == "Sequence" && pre.contains("pretokenizers"), path,
+                ": unsupported pre_tokenizer '", type,
+                "' (supported: ByteLevel, Sequence of Split + ByteLevel)");
+  const auto& parts = pre["pretokenizers"];
+  LOOM_CHECK_AS(InputError,
+                parts.size() == 2 && parts[0].value("type", "") == "Split" &&
+                    parts[1].value("type", "") == "ByteLevel" &&
+                    !parts[1].value("use_regex", true) &&
+                    !parts[1].value("add_prefix_space", false),
+                path,
+                ": unsupported pre_tokenizer sequence (supported: Split(regex, Isolated) then "
+                "ByteLevel without regex)");
+  const auto& split = parts[0];
+  LOOM_CHECK_AS(
+      InputError,
+      split.value("behavior", "") == "Isolated" && !split.value("invert", false) &&
+          split.contains("pattern") && split["pattern"].contains("Regex"),
+      path, ": unsupported Split (supported: a Regex pattern, behavior Isolated, invert false)");
+  return split["pattern"]["Regex"].get<std::string>();
+}
+
+}  // namespace
+
+HfBpeTokenizer::HfBpeTokenizer(const std::string& path) : path_(path) {
+  std::ifstream in(path);
+  LOOM_CHECK_AS(InputError, in.good(), "cannot open tokenizer file '", path, "'");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+    const auto& model = j.at("model");
+    LOOM_CHECK_AS(InputError, model.value("type", "BPE") == "BPE", path, ": model type '",
+                  model.value("type", ""), "' is not supported (only byte-level BPE)");
+    LOOM_CHECK_AS(InputError,
+                  !model.value("byte_fallback", false) &&
+                      model["continuing_subword_prefix"].is_null() &&
+                      model["end_of_word_suffix"].is_null(),
+                  path,
+                  ": BPE options byte_fallback / continuing_subword_prefix / end_of_word_suffix "
+                  "are not supported");
+    LOOM_CHECK_AS(InputError, j["normalizer"].is_null(), path, ": normalizers are not supported");
+    ignore_merges_ = model.value("ignore_merges", false);
+    for (auto it = model.at("vocab").begin(); it != model.at("vocab").end(); ++it) {
+      vocab_[it.key()] = it.value().get<int32_t>();
+    }
+    int32_t rank = 0;
+    for (const auto& merge : model.at("merges")) {
+      std::string key = merge.is_string()
+                            ? merge.get<std::string>()
+                            : merge.at(0).get<std::string>() + " " + merge.at(1).get<std::string>();
+      merges_.emplace(std::move(key), rank++);
+    }
+    int32_t max_id = -1;
+    for (const auto& [token, id] : vocab_) max_id = std::max(max_id, id);
+    std::vector<std::pair<std::string, int32_t>> added;
+    for (const auto& token : j.value("added_tokens", nlohmann::json::array())) {
+      added.emplace_back(token.at("content").get<std::string>(), token.at("id").get<int32_t>());
+      max_id = std::max(max_id, added.back().second);
+    }
+    id_to_token_.assign(static_cast<size_t>(max_id + 1), std::string());
+    is_added_.assign(static_cast<size_t>(max_id + 1), false);
+    for (const auto& [token, id] : vocab_) id_to_token_[static_cast<size_t>(id)] = token;
+    for (const auto& [content, id] : added) {
+      id_to_token_[static_cast<size_t>(id)] = content;
+      is_added_[static_cast<size_t>(id)] = true;
+      if (content == "<|begin_of_text|>" || (bos_id_ < 0 && content == "<|endoftext|>"))
+        bos_id_ = id;
+      if (content == "<|end_of_text|>" || content == "<|endoftext|>") eos_id_ = id;
+    }
+    LOOM_CHECK_AS(InputError, bos_id_ >= 0 && eos_id_ >= 0, path,
+                  ": no <|begin_of_text|>/<|end_of_text|> or <|endoftext|> added token");
+    const std::string pattern = pre_tokenizer_pattern(j.at("pre_tokenizer"), path);
+    if (!pattern.empty()) splitter_ = std::make_unique<RegexSplitter>(pattern, path);
+  } catch (const nlohmann::json::exception& error) {
+    LOOM_THROW(InputError, path, ": not a valid tokenizer.json: ", error.what());
+  }
+}
+
+HfBpeTokenizer::~HfBpeTokenizer() = default;
+
+void HfBpeTokenizer::encode_word(const std::string& mapped, std::vector<int32_t>& out) const {
+  if (ignore_merges_) {
+    if (auto whole = vocab_.find(mapped); whole != vocab_.end()) {
+      out.push_back(whole->second);
+      return;
+    }
+  }
+  // Merge the adjacent pair with the lowest merge rank until none applies.
+  std::vector<std::string> symbols = characters(mapped);
+  while (symbols.size() > 1) {
+    int32_t best_rank = INT32_MAX;
+    size_t best = 0;
+    for (size_t i = 0; i + 1 < symbols.size(); ++i) {
+      auto it = merges_.find(symbols[i] + " " + symbols[i + 1]);
+      if (it != merges_.end() && it->second < best_rank) {
+        best_rank = it->second;
+        best = i;
+      }
+    }
+    if (best_rank == INT32_MAX) break;
+    symbols[best] += symbols[best + 1];
+    symbols.erase(symbols.begin() + static_cast<std::ptrdiff_t>(best) + 1);
+  }
+  for (const auto& symbol : symbols) {
+    auto it = vocab_.find(symbol);
+    LOOM_CHECK_AS(InputError, it != vocab_.end(), path_, ": no vocabulary entry for '", symbol,
+                  "' (the vocabulary lacks a byte)");
+    out.push_back(it->second);
+  }
+}
+
+std::vector<int32_t> HfBpeTokenizer::encode(std::string_view text) const {
+  std::vector<int32_t> ids;
+  const auto& table = byte_level();
+  auto encode_piece = [&](std::string_view piece) {
+    std::string mapped;
+    for (unsigned char byte : piece) mapped += table.byte_to_text[byte];
+    encode_word(mapped, ids);
+  };
+  if (splitter_) {
+    splitter_->split(text, encode_piece);
+  } else if (!text.empty()) {
+    encode_piece(text);
+  }
+  return ids;
+}
+
+std::string HfBpeTokenizer::decode(const std::vector<int32_t>& ids) const {
+  const auto& table = byte_level();
+  std::string text;
+  for (int32_t id : ids) {
+    LOOM_CHECK_AS(InputError,
+                  id >= 0 && id < vocab_size() && !id_to_token_[static_cast<size_t>(id)].empty(),
+                  path_, ": id ", id, " is not in the vocabulary");
+    const std::string& token = id_to_token_[static_cast<size_t>(id)];
+    if (is_added_[static_cast<size_t>(id)]) {
+      text += token;
+      continue;
+    }
+    for (const auto& ch : characters(token)) {
+      auto it = table.code_point_to_byte.find(decode_code_point(ch));
+      LOOM_CHECK_AS(InputError, it != table.code_point_to_byte.end(), path_, ": token ", id,
+                    " holds a character outside the byte-level alphabet");
+      text.push_back(static_cast<char>(it->second));
+    }
+  }
+  return text;
+}
+
+}  // namespace loom::data
