@@ -100,6 +100,13 @@ std::string pre_tokenizer_pattern(const nlohmann::json& pre, const std::string& 
 
 }  // namespace
 
+std::string byte_level_text(std::string_view bytes) {
+  const auto& table = byte_level();
+  std::string text;
+  for (unsigned char byte : bytes) text += table.byte_to_text[byte];
+  return text;
+}
+
 HfBpeTokenizer::HfBpeTokenizer(const std::string& path) : path_(path) {
   std::ifstream in(path);
   LOOM_CHECK_AS(InputError, in.good(), "cannot open tokenizer file '", path, "'");
@@ -121,12 +128,30 @@ HfBpeTokenizer::HfBpeTokenizer(const std::string& path) : path_(path) {
     for (auto it = model.at("vocab").begin(); it != model.at("vocab").end(); ++it) {
       vocab_[it.key()] = it.value().get<int32_t>();
     }
+    auto id_of = [&](const std::string& token) {
+      auto it = vocab_.find(token);
+      LOOM_CHECK_AS(InputError, it != vocab_.end(), path, ": merge uses '", token,
+                    "', which is not in the vocabulary");
+      return it->second;
+    };
+    for (size_t b = 0; b < 256; ++b) byte_ids_[b] = id_of(byte_level().byte_to_text[b]);
     int32_t rank = 0;
     for (const auto& merge : model.at("merges")) {
-      std::string key = merge.is_string()
-                            ? merge.get<std::string>()
-                            : merge.at(0).get<std::string>() + " " + merge.at(1).get<std::string>();
-      merges_.emplace(std::move(key), rank++);
+      std::string left, right;
+      if (merge.is_string()) {
+        const std::string text = merge.get<std::string>();
+        const size_t space = text.find(' ');
+        LOOM_CHECK_AS(InputError, space != std::string::npos, path, ": merge '", text,
+                      "' is not 'left right'");
+        left = text.substr(0, space);
+        right = text.substr(space + 1);
+      } else {
+        left = merge.at(0).get<std::string>();
+        right = merge.at(1).get<std::string>();
+      }
+      const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(id_of(left))) << 32) |
+                           static_cast<uint32_t>(id_of(right));
+      merges_.emplace(key, Merge{rank++, id_of(left + right)});
     }
     int32_t max_id = -1;
     for (const auto& [token, id] : vocab_) max_id = std::max(max_id, id);
@@ -156,45 +181,42 @@ HfBpeTokenizer::HfBpeTokenizer(const std::string& path) : path_(path) {
 
 HfBpeTokenizer::~HfBpeTokenizer() = default;
 
-void HfBpeTokenizer::encode_word(const std::string& mapped, std::vector<int32_t>& out) const {
+void HfBpeTokenizer::encode_word(std::string_view piece, std::vector<int32_t>& out) const {
   if (ignore_merges_) {
-    if (auto whole = vocab_.find(mapped); whole != vocab_.end()) {
+    if (auto whole = vocab_.find(byte_level_text(piece)); whole != vocab_.end()) {
       out.push_back(whole->second);
       return;
     }
   }
-  // Merge the adjacent pair with the lowest merge rank until none applies.
-  std::vector<std::string> symbols = characters(mapped);
+  // Start from single bytes; merge the adjacent pair with the lowest merge rank until none applies.
+  std::vector<int32_t> symbols;
+  symbols.reserve(piece.size());
+  for (unsigned char byte : piece) symbols.push_back(byte_ids_[byte]);
+  auto merge_at = [&](size_t i) -> const Merge* {
+    auto it = merges_.find((static_cast<uint64_t>(static_cast<uint32_t>(symbols[i])) << 32) |
+                           static_cast<uint32_t>(symbols[i + 1]));
+    return it == merges_.end() ? nullptr : &it->second;
+  };
   while (symbols.size() > 1) {
-    int32_t best_rank = INT32_MAX;
-    size_t best = 0;
+    const Merge* best = nullptr;
+    size_t best_at = 0;
     for (size_t i = 0; i + 1 < symbols.size(); ++i) {
-      auto it = merges_.find(symbols[i] + " " + symbols[i + 1]);
-      if (it != merges_.end() && it->second < best_rank) {
-        best_rank = it->second;
-        best = i;
+      const Merge* candidate = merge_at(i);
+      if (candidate && (!best || candidate->rank < best->rank)) {
+        best = candidate;
+        best_at = i;
       }
     }
-    if (best_rank == INT32_MAX) break;
-    symbols[best] += symbols[best + 1];
-    symbols.erase(symbols.begin() + static_cast<std::ptrdiff_t>(best) + 1);
+    if (!best) break;
+    symbols[best_at] = best->merged_id;
+    symbols.erase(symbols.begin() + static_cast<std::ptrdiff_t>(best_at) + 1);
   }
-  for (const auto& symbol : symbols) {
-    auto it = vocab_.find(symbol);
-    LOOM_CHECK_AS(InputError, it != vocab_.end(), path_, ": no vocabulary entry for '", symbol,
-                  "' (the vocabulary lacks a byte)");
-    out.push_back(it->second);
-  }
+  out.insert(out.end(), symbols.begin(), symbols.end());
 }
 
 std::vector<int32_t> HfBpeTokenizer::encode(std::string_view text) const {
   std::vector<int32_t> ids;
-  const auto& table = byte_level();
-  auto encode_piece = [&](std::string_view piece) {
-    std::string mapped;
-    for (unsigned char byte : piece) mapped += table.byte_to_text[byte];
-    encode_word(mapped, ids);
-  };
+  auto encode_piece = [&](std::string_view piece) { encode_word(piece, ids); };
   if (splitter_) {
     splitter_->split(text, encode_piece);
   } else if (!text.empty()) {

@@ -8,8 +8,8 @@
 #include <filesystem>
 
 #include "loom/core/check.h"
-#include "loom/core/env.h"
 #include "loom/core/logging.h"
+#include "loom/data/assets.h"
 #include "loom/data/documents.h"
 
 namespace loom::data {
@@ -83,11 +83,6 @@ void PackedLoader::load_state(const nlohmann::json& state) {
   } catch (const nlohmann::json::exception& error) {
     LOOM_THROW(InputError, "malformed data-loader state: ", error.what());
   }
-}
-
-std::string assets_dir() {
-  if (auto dir = env::get("LOOM_ASSETS_DIR")) return *dir;
-  return LOOM_DEFAULT_ASSETS_DIR;
 }
 
 std::unique_ptr<PackedLoader> open_dataset(const std::string& name,

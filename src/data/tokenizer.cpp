@@ -1,6 +1,7 @@
 #include "loom/data/tokenizer.h"
 
 #include "loom/core/check.h"
+#include "loom/data/assets.h"
 #include "loom/data/bpe_tokenizer.h"
 #include "loom/data/hf_tokenizer.h"
 
@@ -26,6 +27,9 @@ std::string ByteTokenizer::decode(const std::vector<int32_t>& ids) const {
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
   if (path.empty() || path == "byte") {
     return std::make_unique<ByteTokenizer>();
+  }
+  if (path == "brown_bpe") {  // the embedded corpus' BPE (tools/: loom prepare-data)
+    return std::make_unique<HfBpeTokenizer>(assets_dir() + "/tokenizer/brown_bpe_4k.json");
   }
   if (path.size() > 5 && path.compare(path.size() - 5, 5, ".json") == 0) {
     return std::make_unique<HfBpeTokenizer>(path);

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "loom/core/check.h"
+#include "loom/data/bpe_trainer.h"
 #include "loom/data/documents.h"
 #include "loom/data/packed_loader.h"
 #include "loom/data/prefetch.h"
@@ -250,4 +251,39 @@ TEST(Prefetch, ErrorsInTheThreadReachTheCaller) {
   source.next(1, 4);
   source.next(1, 4);
   EXPECT_THROW(source.next(1, 4), loom::InputError);
+}
+
+TEST(BpeTrainer, LearnsDeterministicMergesThatRoundTrip) {
+  std::vector<std::string> docs = {"the cat sat on the mat", "the hat that the cat ate",
+                                   "the the the"};
+  loom::data::BpeTrainingOptions options;
+  options.vocab_size = 259 + 10;
+  auto a = loom::data::train_bpe(docs, options);
+  auto b = loom::data::train_bpe(docs, options);
+  EXPECT_EQ(a.tokenizer_json, b.tokenizer_json);
+  EXPECT_GT(a.merges, 0);
+  EXPECT_LE(a.merges, 10);
+  auto json = nlohmann::json::parse(a.tokenizer_json);
+  // The most frequent pair of these documents: " t" + "he" style pieces start with "t"+"h".
+  auto first = json["model"]["merges"][0];
+  EXPECT_EQ(first[0].get<std::string>() + first[1].get<std::string>(), "th");
+
+  std::string dir = loom::testing::fresh_temp_dir("bpe_trainer");
+  std::ofstream(dir + "/tok.json") << a.tokenizer_json;
+  auto tokenizer = loom::data::load_tokenizer(dir + "/tok.json");
+  const std::string text = "the cat sat on a different mat, ünïcödé 🎉";
+  auto ids = tokenizer->encode(text);
+  EXPECT_LT(ids.size(), text.size());  // merges apply
+  EXPECT_EQ(tokenizer->decode(ids), text);
+  EXPECT_EQ(tokenizer->vocab_size(), 256 + a.merges + 3);
+  options.vocab_size = 100;
+  EXPECT_THROW(loom::data::train_bpe(docs, options), loom::InputError);
+}
+
+TEST(BpeTrainer, ShippedCorpusTokenizerLoadsByName) {
+  auto tokenizer = loom::data::load_tokenizer("brown_bpe");
+  EXPECT_EQ(tokenizer->vocab_size(), 4096);
+  const std::string text = "The Fulton County Grand Jury said Friday an investigation";
+  EXPECT_LT(tokenizer->encode(text).size(), text.size() / 3);
+  EXPECT_EQ(tokenizer->decode(tokenizer->encode(text)), text);
 }

@@ -5,6 +5,8 @@
 // silently approximated. Ids equal `tokenizers`' encode(text, add_special_tokens=False).
 #pragma once
 
+#include <array>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -14,6 +16,9 @@
 #include "loom/data/tokenizer.h"
 
 namespace loom::data {
+
+// Bytes written in GPT-2's byte-level alphabet (each byte one printable character).
+std::string byte_level_text(std::string_view bytes);
 
 class HfBpeTokenizer : public Tokenizer {
  public:
@@ -30,11 +35,16 @@ class HfBpeTokenizer : public Tokenizer {
   std::string name() const override { return "hf:" + path_; }
 
  private:
-  void encode_word(const std::string& mapped, std::vector<int32_t>& out) const;
+  void encode_word(std::string_view piece, std::vector<int32_t>& out) const;
 
   std::string path_;
-  std::unordered_map<std::string, int32_t> vocab_;   // byte-level-mapped token -> id
-  std::unordered_map<std::string, int32_t> merges_;  // "left right" -> rank
+  std::unordered_map<std::string, int32_t> vocab_;  // byte-level-mapped token -> id
+  struct Merge {
+    int32_t rank;
+    int32_t merged_id;
+  };
+  std::unordered_map<uint64_t, Merge> merges_;  // (left id, right id) -> rank and result
+  std::array<int32_t, 256> byte_ids_{};         // id of each single-byte token
   std::vector<std::string> id_to_token_;
   std::vector<bool> is_added_;               // added tokens decode to their text
   std::unique_ptr<RegexSplitter> splitter_;  // null: the whole text is one piece

@@ -63,7 +63,4 @@ std::unique_ptr<PackedLoader> open_dataset(const std::string& name,
                                            const Tokenizer& tokenizer, PackedLoaderOptions options,
                                            const std::string& key);
 
-// The folder of loom's embedded assets: $LOOM_ASSETS_DIR, else the source tree's assets/.
-std::string assets_dir();
-
 }  // namespace loom::data

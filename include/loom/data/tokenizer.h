@@ -1,5 +1,5 @@
-// Tokenizers behind one interface. This build has the byte-level tokenizer (every UTF-8 byte is
-// a token, plus special tokens): the zero-asset fallback that needs no vocabulary file.
+// Tokenizers behind one interface: byte-level (the zero-asset fallback), tiktoken-format BPE
+// (bpe_tokenizer.h) and Hugging Face tokenizer.json byte-level BPE (hf_tokenizer.h).
 #pragma once
 
 #include <cstdint>
@@ -34,8 +34,8 @@ class ByteTokenizer : public Tokenizer {
   std::string name() const override { return "byte"; }
 };
 
-// model.tokenizer_path: "byte" (or unset) gives the byte-level tokenizer; a file path is
-// refused with a clear error until the BPE tokenizers land.
+// model.tokenizer_path: "byte" (or unset): byte-level; "brown_bpe": the BPE trained on the
+// embedded corpus; a path: tokenizer.json (Hugging Face) or .tiktoken / tokenizer.model.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path);
 
 }  // namespace loom::data
