@@ -2,7 +2,7 @@
 function(loom_enable_warnings target)
   target_compile_options(${target} PRIVATE
     -Wall -Wextra -Wpedantic -Wshadow=local -Wnon-virtual-dtor -Wcast-align
-    -Woverloaded-virtual -Wnull-dereference -Wimplicit-fallthrough)
+    -Woverloaded-virtual -Wimplicit-fallthrough)
   if(LOOM_WERROR)
     target_compile_options(${target} PRIVATE -Werror)
   endif()

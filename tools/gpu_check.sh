@@ -75,11 +75,18 @@ ctest --test-dir "$BUILD" -LE cuda --output-on-failure -j "$JOBS" --output-junit
   || fail "tests"
 
 step "benchmarks"
-# Each benchmark tool that exists writes its figures under $OUT (none before the training issue).
-for bench in "$ROOT"/tools/bench_*.sh; do
-  [[ -e "$bench" ]] || { echo "no benchmarks yet"; break; }
-  timeout 300 "$bench" "$BUILD" "$OUT" || fail "$(basename "$bench")"
+# Training on the GPU: bf16 autocast (training.mixed_precision_param), tokens/s and MFU from
+# metrics.jsonl. The 100M flavor with long sequences, then the debug model.
+for flavor in 100M debugmodel; do
+  timeout 240 "$BUILD/bin/loom" train --model.flavor "$flavor" --training.dataset synthetic \
+    --training.device cuda --training.local_batch_size 16 --training.seq_len 2048 \
+    --training.steps 40 --metrics.log_freq 10 --debug.seed 0 --activation_checkpoint.mode none \
+    --job.dump_folder "$OUT/train_${flavor}_cuda" || fail "cuda training ($flavor)"
+  tail -1 "$OUT/train_${flavor}_cuda/metrics.jsonl" 2>/dev/null
 done
+# CPU side-by-side with eager PyTorch (16 cores there).
+"$PYTHON" tools/bench_train.py --loom "$BUILD/bin/loom" --python "$PYTHON" --rounds 2 --steps 6 \
+  --json "$OUT/bench_train_cpu.json" || fail "bench_train.py"
 
 step "done: status $status"
 exit $status

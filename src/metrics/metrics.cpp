@@ -1,6 +1,7 @@
 #include "loom/metrics/metrics.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <sys/resource.h>
 #include <nlohmann/json.hpp>
 

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
+#include <ATen/core/grad_mode.h>
 
 #include <unistd.h>
 
@@ -9,6 +10,7 @@
 #include <random>
 
 #include "loom/core/check.h"
+#include "loom/core/files.h"
 #include "loom/core/logging.h"
 #include "loom/core/signals.h"
 #include "loom/data/packed_loader.h"
@@ -209,6 +211,7 @@ TrainResult Trainer::train() {
   auto log = log::get("trainer");
   const auto& t = config_.training;
   // Colors only for a terminal: log files and pipes get plain text.
+  files::create_directories(config_.job.dump_folder);
   const bool color = !config_.metrics.disable_color_printing && ::isatty(STDERR_FILENO) == 1;
   metrics_ =
       std::make_unique<metrics::MetricsLogger>(config_.job.dump_folder + "/metrics.jsonl", color);
