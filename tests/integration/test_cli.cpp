@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "loom/core/strings.h"
 #include "support/process.h"
 
 using loom::testing::fresh_temp_dir;
@@ -128,4 +129,45 @@ TEST(Cli, TrainSavesTheEffectiveConfigInTheDumpFolder) {
   auto reloaded = run_loom("config show --config '" + dir + "/run/config.toml'");
   ASSERT_EQ(reloaded.exit_code, 0) << reloaded.output;
   EXPECT_TRUE(contains(reloaded.output, "\nsteps = 7\n"));
+}
+
+TEST(Cli, PlanModelPrintsTheSummaryWithoutAllocating) {
+  auto result = run_loom("plan model --model.flavor 8B --training.seq_len 8192 --no-shapes");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_TRUE(contains(result.output, "parameters: 8030261248 (8.03B)")) << result.output;
+  EXPECT_TRUE(contains(result.output, "training FLOPs per token at seq_len 8192")) << result.output;
+  auto shapes = run_loom("plan model --config '" + kDebugConfig + "'");
+  EXPECT_TRUE(contains(shapes.output, "layers.5.feed_forward.w2.weight [256, 768]"))
+      << shapes.output;
+  auto bad = run_loom("plan model --model.flavor 9B");
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_TRUE(contains(bad.output, "unknown llama3 flavor '9B'")) << bad.output;
+}
+
+TEST(Cli, TokenizeEncodesAndDecodes) {
+  auto encoded = run_loom("tokenize --tokenizer byte --text 'Hi!' --format json");
+  ASSERT_EQ(encoded.exit_code, 0) << encoded.output;
+  EXPECT_EQ(encoded.output, "[72,105,33]\n");
+  auto decoded = run_loom("tokenize --tokenizer byte --decode --text '72 105 33'");
+  EXPECT_EQ(decoded.output, "Hi!");
+  auto bpe = run_loom("tokenize --tokenizer brown_bpe --text 'The jury said' --format json");
+  EXPECT_EQ(bpe.exit_code, 0) << bpe.output;
+  auto missing = run_loom("tokenize --tokenizer /no/such.tiktoken --text x");
+  EXPECT_EQ(missing.exit_code, 2);
+  EXPECT_TRUE(contains(missing.output, "/no/such.tiktoken")) << missing.output;
+}
+
+TEST(Cli, PrepareDataTrainsATokenizerThatTokenizeLoads) {
+  std::string dir = fresh_temp_dir("cli_prepare");
+  std::ofstream(dir + "/corpus.jsonl")
+      << "{\"text\": \"the cat sat on the mat\"}\n{\"text\": \"the hat\"}\n";
+  auto trained = run_loom("prepare-data --train-tokenizer --vocab-size 270 --input '" + dir +
+                          "/corpus.jsonl' --output '" + dir + "/tok.json'");
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  auto round = run_loom("tokenize --tokenizer '" + dir + "/tok.json' --text 'the cat'");
+  EXPECT_EQ(round.exit_code, 0) << round.output;
+  auto ids = run_loom("tokenize --tokenizer '" + dir + "/tok.json' --text 'the cat' --format json");
+  auto back = run_loom("tokenize --tokenizer '" + dir + "/tok.json' --decode --text '" +
+                       std::string(loom::strings::trim(ids.output)) + "'");
+  EXPECT_EQ(back.output, "the cat");
 }
