@@ -10,8 +10,10 @@ say() { printf '\033[1m[quickstart]\033[0m %s\n' "$*"; }
 scripts/setup.sh
 LOOM=build/bin/loom
 CONFIG=configs/llama3_debug.toml
-DUMP="$("$LOOM" config show --config "$CONFIG" --format json "$@" | grep -m1 '"dump_folder"' \
-  | sed 's/.*: "\(.*\)".*/\1/')"
+# The effective dump folder (the config file's, or an override's); read the whole output first
+# so no pipe closes early under pipefail.
+EFFECTIVE="$("$LOOM" config show --config "$CONFIG" --format json "$@")"
+DUMP="$(printf '%s\n' "$EFFECTIVE" | sed -n 's/^ *"dump_folder": "\(.*\)",\{0,1\}$/\1/p' | head -n 1)"
 
 say "$LOOM --version"
 "$LOOM" --version
