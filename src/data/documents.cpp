@@ -1,10 +1,13 @@
 #include "loom/data/documents.h"
 
+#include <glob.h>
 #include <zlib.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 
 #include "loom/core/check.h"
@@ -37,7 +40,36 @@ std::string read_maybe_gzip(const std::string& path) {
   return content;
 }
 
+bool is_text_file(const std::string& name) {
+  const std::string plain = ends_with(name, ".gz") ? name.substr(0, name.size() - 3) : name;
+  return ends_with(plain, ".jsonl") || ends_with(plain, ".json") || ends_with(plain, ".txt");
+}
+
 }  // namespace
+
+std::vector<std::string> expand_dataset_path(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> files;
+  if (path.find_first_of("*?[") != std::string::npos) {
+    glob_t matches{};
+    if (::glob(path.c_str(), 0, nullptr, &matches) == 0) {
+      for (size_t i = 0; i < matches.gl_pathc; ++i) files.emplace_back(matches.gl_pathv[i]);
+    }
+    ::globfree(&matches);
+  } else if (fs::is_directory(path)) {
+    for (const auto& entry : fs::directory_iterator(path)) {
+      if (entry.is_regular_file() && is_text_file(entry.path().filename().string())) {
+        files.push_back(entry.path().string());
+      }
+    }
+  } else {
+    files.push_back(path);
+  }
+  std::sort(files.begin(), files.end());
+  LOOM_CHECK_AS(InputError, !files.empty(), "dataset path '", path,
+                "' matches no .jsonl, .json or .txt file (optionally .gz)");
+  return files;
+}
 
 bool is_valid_utf8(const std::string& text) {
   const auto* s = reinterpret_cast<const unsigned char*>(text.data());

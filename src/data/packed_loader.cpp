@@ -101,7 +101,12 @@ std::unique_ptr<PackedLoader> open_dataset(const std::string& name,
                "': unknown dataset; the built-in ones are brown, brown_validation and synthetic, "
                "or set the matching dataset_path to a .jsonl, .jsonl.gz or .txt file");
   }
-  auto documents = read_documents(file);
+  std::vector<std::string> documents;
+  for (const auto& part : expand_dataset_path(file)) {
+    auto part_documents = read_documents(part);
+    documents.insert(documents.end(), std::make_move_iterator(part_documents.begin()),
+                     std::make_move_iterator(part_documents.end()));
+  }
   auto loader = std::make_unique<PackedLoader>(documents, tokenizer, options);
   log::get("data")->info("{} ({}): {} documents, {} tokens ({} tokenizer), {} samples of {} tokens",
                          name, file, documents.size(), loader->total_tokens(), tokenizer.name(),

@@ -287,3 +287,18 @@ TEST(BpeTrainer, ShippedCorpusTokenizerLoadsByName) {
   EXPECT_LT(tokenizer->encode(text).size(), text.size() / 3);
   EXPECT_EQ(tokenizer->decode(tokenizer->encode(text)), text);
 }
+
+TEST(Documents, DatasetPathsExpandDirectoriesAndGlobs) {
+  std::string dir = loom::testing::fresh_temp_dir("data_paths");
+  write_file(dir, "b.jsonl", "{\"text\": \"b\"}\n");
+  write_file(dir, "a.txt", "a");
+  write_file(dir, "notes.md", "ignored");
+  EXPECT_EQ(loom::data::expand_dataset_path(dir),
+            (std::vector<std::string>{dir + "/a.txt", dir + "/b.jsonl"}));
+  EXPECT_EQ(loom::data::expand_dataset_path(dir + "/*.jsonl"),
+            std::vector<std::string>{dir + "/b.jsonl"});
+  EXPECT_THROW(loom::data::expand_dataset_path(dir + "/*.parquet"), loom::InputError);
+  ByteTokenizer tok;
+  auto loader = loom::data::open_dataset("mine", dir, tok, {1, 0, false, 0, 1}, "training.dataset");
+  EXPECT_EQ(loader->total_tokens(), 6);  // BOS a EOS BOS b EOS
+}

@@ -11,6 +11,10 @@ namespace loom::data {
 std::vector<std::string> read_documents(const std::string& path,
                                         const std::string& text_field = "text");
 
+// The files a dataset path names: a file; a directory (its .jsonl/.json/.txt files, optionally
+// .gz, sorted); or a glob pattern (sorted matches). Throws loom::InputError when nothing matches.
+std::vector<std::string> expand_dataset_path(const std::string& path);
+
 // Whether `text` is well-formed UTF-8 (no overlong forms, surrogates or code points > U+10FFFF).
 bool is_valid_utf8(const std::string& text);
 
