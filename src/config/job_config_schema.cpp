@@ -176,6 +176,11 @@ void add_training_sections(Schema& s) {
   tr.field("mixed_precision_on_cpu", &TrainingSection::mixed_precision_on_cpu,
            "loom: autocast to mixed_precision_param on CPU too; CPU runs train in float32 "
            "otherwise (on CUDA, mixed_precision_param always applies).");
+  tr.field("dataset_on_error", &TrainingSection::dataset_on_error,
+           "loom: a bad dataset record (invalid JSON, no text field, invalid UTF-8) stops the job "
+           "with its file and line (error) or is skipped and counted in metrics.jsonl as "
+           "data_skipped (skip).")
+      .choices({"error", "skip"});
   SectionBuilder<DataLoaderSection> dl(
       s, "training.dataloader", "PyTorch DataLoader settings (Python only).",
       [](JobConfig& c) -> DataLoaderSection& { return c.training.dataloader; });

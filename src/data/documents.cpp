@@ -11,6 +11,7 @@
 #include <memory>
 
 #include "loom/core/check.h"
+#include "loom/core/logging.h"
 
 namespace loom::data {
 namespace {
@@ -99,7 +100,31 @@ bool is_valid_utf8(const std::string& text) {
   return true;
 }
 
-std::vector<std::string> read_documents(const std::string& path, const std::string& text_field) {
+namespace {
+
+// The text of one JSONL record; throws loom::InputError naming file:line and what is wrong.
+std::string record_text(const std::string& line, const std::string& path, int64_t line_number,
+                        const std::string& text_field) {
+  nlohmann::json record;
+  try {
+    record = nlohmann::json::parse(line);
+  } catch (const nlohmann::json::parse_error& error) {
+    LOOM_THROW(InputError, path, ":", line_number, ": invalid JSON: ", error.what());
+  }
+  LOOM_CHECK_AS(InputError, record.is_object() && record.contains(text_field), path, ":",
+                line_number, ": no \"", text_field, "\" field (set the dataset's text field)");
+  LOOM_CHECK_AS(InputError, record[text_field].is_string(), path, ":", line_number, ": \"",
+                text_field, "\" is not a string");
+  std::string text = record[text_field].get<std::string>();
+  LOOM_CHECK_AS(InputError, is_valid_utf8(text), path, ":", line_number,
+                ": text is not valid UTF-8");
+  return text;
+}
+
+}  // namespace
+
+std::vector<std::string> read_documents(const std::string& path, const std::string& text_field,
+                                        bool skip_bad_records, int64_t* records_skipped) {
   const std::string content = read_maybe_gzip(path);
   LOOM_CHECK_AS(InputError, !content.empty(), "dataset file '", path, "' is empty");
   const std::string plain = ends_with(path, ".gz") ? path.substr(0, path.size() - 3) : path;
@@ -111,6 +136,7 @@ std::vector<std::string> read_documents(const std::string& path, const std::stri
   }
   size_t start = 0;
   int64_t line_number = 0;
+  int64_t skipped = 0;
   while (start < content.size()) {
     size_t end = content.find('\n', start);
     if (end == std::string::npos) end = content.size();
@@ -118,21 +144,18 @@ std::vector<std::string> read_documents(const std::string& path, const std::stri
     std::string line = content.substr(start, end - start);
     start = end + 1;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    nlohmann::json record;
     try {
-      record = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::parse_error& error) {
-      LOOM_THROW(InputError, path, ":", line_number, ": invalid JSON: ", error.what());
+      documents.push_back(record_text(line, path, line_number, text_field));
+    } catch (const InputError& error) {
+      if (!skip_bad_records) throw;
+      if (skipped++ == 0) {
+        log::get("data")->warn("skipping bad records (dataset_on_error = skip); first: {}",
+                               error.message());
+      }
     }
-    LOOM_CHECK_AS(InputError, record.is_object() && record.contains(text_field), path, ":",
-                  line_number, ": no \"", text_field, "\" field (set the dataset's text field)");
-    LOOM_CHECK_AS(InputError, record[text_field].is_string(), path, ":", line_number, ": \"",
-                  text_field, "\" is not a string");
-    std::string text = record[text_field].get<std::string>();
-    LOOM_CHECK_AS(InputError, is_valid_utf8(text), path, ":", line_number,
-                  ": text is not valid UTF-8");
-    documents.push_back(std::move(text));
   }
+  if (skipped > 0) log::get("data")->warn("{}: skipped {} bad records", path, skipped);
+  if (records_skipped) *records_skipped += skipped;
   LOOM_CHECK_AS(InputError, !documents.empty(), "dataset file '", path, "' holds no document");
   return documents;
 }

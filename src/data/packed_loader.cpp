@@ -102,12 +102,14 @@ std::unique_ptr<PackedLoader> open_dataset(const std::string& name,
                "or set the matching dataset_path to a .jsonl, .jsonl.gz or .txt file");
   }
   std::vector<std::string> documents;
+  int64_t skipped = 0;
   for (const auto& part : expand_dataset_path(file)) {
-    auto part_documents = read_documents(part);
+    auto part_documents = read_documents(part, "text", options.skip_bad_records, &skipped);
     documents.insert(documents.end(), std::make_move_iterator(part_documents.begin()),
                      std::make_move_iterator(part_documents.end()));
   }
   auto loader = std::make_unique<PackedLoader>(documents, tokenizer, options);
+  loader->set_records_skipped(skipped);
   log::get("data")->info("{} ({}): {} documents, {} tokens ({} tokenizer), {} samples of {} tokens",
                          name, file, documents.size(), loader->total_tokens(), tokenizer.name(),
                          *loader->samples_per_epoch(), options.seq_len);

@@ -72,6 +72,7 @@ std::string MetricsLogger::to_json_line(const StepMetrics& m, double wall_time) 
                       {"tokens_seen", m.tokens_seen},
                       {"elapsed_s", m.elapsed_s},
                       {"since_start_s", m.since_start_s},
+                      {"data_skipped", m.data_skipped},
                       {"wall_time", wall_time}};
   if (m.val_loss) j["val_loss"] = *m.val_loss;
   return j.dump();

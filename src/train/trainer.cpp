@@ -45,13 +45,13 @@ at::Device choose_device(const std::string& setting) {
 std::unique_ptr<data::BatchSource> dataset_source(const std::string& name,
                                                   const std::optional<std::string>& path,
                                                   const data::Tokenizer* tokenizer, int64_t vocab,
-                                                  int64_t seq_len, uint64_t seed, bool shuffle,
+                                                  data::PackedLoaderOptions options,
                                                   const std::string& key) {
   if (name == "synthetic" && !path) {
-    return std::make_unique<data::SyntheticSource>(vocab, seed);
+    return std::make_unique<data::SyntheticSource>(vocab, options.seed);
   }
   LOOM_CHECK(tokenizer != nullptr, "a real dataset needs the tokenizer");
-  return data::open_dataset(name, path, *tokenizer, {seq_len, seed, shuffle, 0, 1}, key);
+  return data::open_dataset(name, path, *tokenizer, options, key);
 }
 
 }  // namespace
@@ -128,10 +128,11 @@ void Trainer::build_data(std::unique_ptr<data::BatchSource> source,
                          std::unique_ptr<data::BatchSource> validation_source) {
   const auto& t = config_.training;
   const auto& v = config_.validation;
+  const bool skip_bad = t.dataset_on_error == "skip";
   auto train_source =
       source ? std::move(source)
              : dataset_source(t.dataset, t.dataset_path, tokenizer_.get(), model_->vocab_size(),
-                              t.seq_len, seed_, true, "training.dataset");
+                              {t.seq_len, seed_, true, 0, 1, skip_bad}, "training.dataset");
   // A background thread keeps the next two microbatches ready.
   source_ = std::make_unique<data::PrefetchingSource>(std::move(train_source), t.local_batch_size,
                                                       t.seq_len, 2);
@@ -143,7 +144,7 @@ void Trainer::build_data(std::unique_ptr<data::BatchSource> source,
         validation_source
             ? std::move(validation_source)
             : dataset_source(v.dataset, v.dataset_path, tokenizer_.get(), model_->vocab_size(),
-                             v.seq_len, seed_ + 1, false, "validation.dataset");
+                             {v.seq_len, seed_ + 1, false, 0, 1, skip_bad}, "validation.dataset");
     LOOM_CHECK_AS(InputError, v.steps > 0 || validation_source_->samples_per_epoch(),
                   "validation.steps = -1 (the whole set) needs a finite validation dataset; set a "
                   "step count for '",
@@ -245,6 +246,7 @@ TrainResult Trainer::train() {
       m.tokens_seen = step * tokens_per_step;
       m.elapsed_s = seconds_since(start);
       m.since_start_s = metrics::seconds_since_process_start();
+      m.data_skipped = source_->records_skipped();
       metrics_->log_step(m);
       window_time = window_data = 0;
       window_steps = 0;

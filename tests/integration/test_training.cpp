@@ -249,3 +249,32 @@ TEST(Training, PureBf16ParametersRun) {
   EXPECT_EQ(result.steps_completed, 3);
   EXPECT_TRUE(std::isfinite(result.losses.back()));
 }
+
+TEST(Training, BadRecordsStopTheJobOrAreSkippedAndCounted) {
+  const std::string data_dir = loom::testing::fresh_temp_dir("bad_records_data");
+  {
+    std::ofstream out(data_dir + "/corpus.jsonl");
+    for (int i = 0; i < 200; ++i)
+      out << "{\"text\": \"sample " << i << " with some words in it\"}\n";
+    out << "{not json}\n{\"body\": \"no text field\"}\n";
+  }
+  auto job = small_job("bad_records");
+  job.training.dataset = "mine";
+  job.training.dataset_path = data_dir + "/corpus.jsonl";
+  job.training.steps = 2;
+  job.training.seq_len = 32;
+  try {
+    Trainer trainer(job);
+    FAIL() << "expected the bad record to stop the job";
+  } catch (const loom::InputError& error) {
+    EXPECT_NE(error.message().find("corpus.jsonl:201: invalid JSON"), std::string::npos)
+        << error.message();
+  }
+  job.training.dataset_on_error = "skip";
+  job.job.dump_folder = loom::testing::fresh_temp_dir("train_bad_records_skip");
+  auto result = Trainer(job).train();
+  EXPECT_EQ(result.steps_completed, 2);
+  auto lines = read_jsonl(job.job.dump_folder + "/metrics.jsonl");
+  ASSERT_FALSE(lines.empty());
+  EXPECT_EQ(lines.back()["data_skipped"].get<int64_t>(), 2);
+}

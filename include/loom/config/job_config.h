@@ -95,6 +95,8 @@ struct TrainingSection {
   std::string device = "auto";
   // loom: also autocast to mixed_precision_param on CPU (CPU trains in float32 by default).
   bool mixed_precision_on_cpu = false;
+  // loom: "error" stops at a bad dataset record; "skip" skips it and counts it in the metrics.
+  std::string dataset_on_error = "error";
   DataLoaderSection dataloader;
 };
 

@@ -22,6 +22,8 @@ class BatchSource {
   virtual Batch next(int64_t batch_size, int64_t seq_len) = 0;
   // Samples in one pass over a finite dataset; nullopt for an endless stream.
   virtual std::optional<int64_t> samples_per_epoch() const { return std::nullopt; }
+  // Bad records skipped while reading the dataset (training.dataset_on_error = "skip").
+  virtual int64_t records_skipped() const { return 0; }
   // Position for exact resume (what a checkpoint stores); load_state continues from it.
   // Throws loom::InputError when the state does not fit this source.
   virtual nlohmann::json state() const = 0;

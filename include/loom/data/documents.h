@@ -3,13 +3,18 @@
 // and line: invalid JSON, a missing or non-string text field, invalid UTF-8, an empty file.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
 namespace loom::data {
 
+// skip_bad_records: a bad JSONL record is skipped (logged, added to *records_skipped) instead of
+// failing; empty or unreadable files still fail.
 std::vector<std::string> read_documents(const std::string& path,
-                                        const std::string& text_field = "text");
+                                        const std::string& text_field = "text",
+                                        bool skip_bad_records = false,
+                                        int64_t* records_skipped = nullptr);
 
 // The files a dataset path names: a file; a directory (its .jsonl/.json/.txt files, optionally
 // .gz, sorted); or a glob pattern (sorted matches). Throws loom::InputError when nothing matches.

@@ -27,6 +27,7 @@ struct PackedLoaderOptions {
   bool shuffle = true;  // validation reads in order
   int64_t dp_rank = 0;
   int64_t dp_world = 1;
+  bool skip_bad_records = false;  // training.dataset_on_error = "skip"
 };
 
 class PackedLoader : public BatchSource {
@@ -40,6 +41,8 @@ class PackedLoader : public BatchSource {
   void load_state(const nlohmann::json& state) override;
 
   int64_t total_tokens() const { return static_cast<int64_t>(stream_.size()); }
+  int64_t records_skipped() const override { return records_skipped_; }
+  void set_records_skipped(int64_t count) { records_skipped_ = count; }
   // Epoch of the next sample of the global sequence.
   int64_t epoch() const { return consumed_ / windows_; }
   int64_t samples_consumed() const { return consumed_; }
@@ -52,6 +55,7 @@ class PackedLoader : public BatchSource {
   std::vector<int32_t> stream_;
   int64_t windows_ = 0;
   int64_t consumed_ = 0;  // samples of the global sequence taken so far (all ranks)
+  int64_t records_skipped_ = 0;
   int64_t cached_epoch_ = -1;
   std::vector<int64_t> order_;  // window order of cached_epoch_
 };

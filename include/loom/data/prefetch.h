@@ -29,6 +29,7 @@ class PrefetchingSource : public BatchSource {
 
   Batch next(int64_t batch_size, int64_t seq_len) override;
   std::optional<int64_t> samples_per_epoch() const override { return source_->samples_per_epoch(); }
+  int64_t records_skipped() const override { return source_->records_skipped(); }
   nlohmann::json state() const override;
   // Stops the thread, drops queued batches, restores the source, starts again.
   void load_state(const nlohmann::json& state) override;

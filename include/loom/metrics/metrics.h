@@ -25,6 +25,7 @@ struct StepMetrics {
   int64_t tokens_seen = 0;   // over all ranks
   double elapsed_s = 0;      // since training started
   double since_start_s = 0;  // since the process started (start-up cost included)
+  int64_t data_skipped = 0;  // bad dataset records skipped (training.dataset_on_error = skip)
   std::optional<double> val_loss;
 };
 
