@@ -26,13 +26,8 @@ void add_plan_command(CLI::App& app, CommandRun& run) {
     run = [model, state] {
       config::LoadedConfig loaded = load_config(*model, state->args);
       const auto& c = loaded.config;
-      const models::ModelSpec& spec = models::find_model_spec(c.model.name);
-      models::check_flavor(spec, c.model.flavor);
-      models::BuildOptions options;
-      options.flavor = c.model.flavor;
-      options.max_seq_len = c.training.seq_len;
-      options.tensor_options = at::TensorOptions().device(at::kMeta).dtype(at::kFloat);
-      auto built = spec.build(options);
+      auto built =
+          models::build_model(c, 0, at::TensorOptions().device(at::kMeta).dtype(at::kFloat));
       std::cout << models::format_summary(built->summary(c.training.seq_len), !state->no_shapes);
       return 0;
     };

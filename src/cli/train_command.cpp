@@ -27,7 +27,8 @@ void prepare_dump_folder(const config::JobConfig& config) {
 
 int run_train(const CLI::App& command, ConfigArgs& args) {
   signals::install_shutdown_handlers();
-  log::init(static_cast<int>(env::get_int("RANK").value_or(0)));
+  const int rank = static_cast<int>(env::get_int("RANK").value_or(0));
+  log::init(rank);
   config::LoadedConfig loaded = load_config(command, args);
   config::warn_unimplemented(loaded);
   const config::JobConfig& config = loaded.config;
@@ -35,8 +36,7 @@ int run_train(const CLI::App& command, ConfigArgs& args) {
   if (config.job.print_config) {
     logger->info("effective config:\n{}", config::to_toml(config));
   }
-  files::create_directories(config.job.dump_folder);
-  if (env::get_int("RANK").value_or(0) == 0) {
+  if (rank == 0) {
     prepare_dump_folder(config);
     logger->info("effective config saved to {}/config.toml", config.job.dump_folder);
   }

@@ -19,11 +19,6 @@
 namespace loom::config {
 namespace {
 
-bool ends_with(const std::string& text, const std::string& suffix) {
-  return text.size() >= suffix.size() &&
-         text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 // Keys of older torchtitan releases, and where v0.2 (and loom) moved them.
 const std::map<std::string, std::string>& renamed_keys() {
   static const std::map<std::string, std::string> renamed = {
@@ -232,7 +227,7 @@ LoadedConfig load(const std::optional<std::string>& text, const std::string& sou
   Diagnostics diagnostics;
   if (text) {
     DocumentApplier applier(schema, out, diagnostics);
-    if (ends_with(source, ".json")) {
+    if (strings::ends_with(source, ".json")) {
       applier.apply_json(*text, source);
     } else {
       applier.apply_toml(*text, source);
@@ -264,7 +259,8 @@ LoadedConfig load_job_config(const std::optional<std::string>& path,
   if (!file) {
     return load(std::nullopt, "defaults", overrides);
   }
-  const bool known_format = ends_with(*file, ".toml") || ends_with(*file, ".json");
+  const bool known_format =
+      strings::ends_with(*file, ".toml") || strings::ends_with(*file, ".json");
   if (!known_format) {
     Diagnostics diagnostics;
     diagnostics.add({*file}, "job.config_file",

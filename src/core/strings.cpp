@@ -54,6 +54,10 @@ std::string_view trim(std::string_view text) {
   return text;
 }
 
+bool ends_with(std::string_view text, std::string_view suffix) {
+  return text.size() >= suffix.size() && text.substr(text.size() - suffix.size()) == suffix;
+}
+
 std::vector<std::string> split_list(std::string_view text, char separator) {
   std::vector<std::string> parts;
   if (trim(text).empty()) {

@@ -12,14 +12,10 @@
 
 #include "loom/core/check.h"
 #include "loom/core/logging.h"
+#include "loom/core/strings.h"
 
 namespace loom::data {
 namespace {
-
-bool ends_with(const std::string& text, const std::string& suffix) {
-  return text.size() >= suffix.size() &&
-         text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 // The whole file, decompressed when gzip (zlib reads plain files through the same call).
 std::string read_maybe_gzip(const std::string& path) {
@@ -42,8 +38,10 @@ std::string read_maybe_gzip(const std::string& path) {
 }
 
 bool is_text_file(const std::string& name) {
-  const std::string plain = ends_with(name, ".gz") ? name.substr(0, name.size() - 3) : name;
-  return ends_with(plain, ".jsonl") || ends_with(plain, ".json") || ends_with(plain, ".txt");
+  const std::string plain =
+      strings::ends_with(name, ".gz") ? name.substr(0, name.size() - 3) : name;
+  return strings::ends_with(plain, ".jsonl") || strings::ends_with(plain, ".json") ||
+         strings::ends_with(plain, ".txt");
 }
 
 }  // namespace
@@ -127,9 +125,10 @@ std::vector<std::string> read_documents(const std::string& path, const std::stri
                                         bool skip_bad_records, int64_t* records_skipped) {
   const std::string content = read_maybe_gzip(path);
   LOOM_CHECK_AS(InputError, !content.empty(), "dataset file '", path, "' is empty");
-  const std::string plain = ends_with(path, ".gz") ? path.substr(0, path.size() - 3) : path;
+  const std::string plain =
+      strings::ends_with(path, ".gz") ? path.substr(0, path.size() - 3) : path;
   std::vector<std::string> documents;
-  if (!ends_with(plain, ".jsonl") && !ends_with(plain, ".json")) {
+  if (!strings::ends_with(plain, ".jsonl") && !strings::ends_with(plain, ".json")) {
     LOOM_CHECK_AS(InputError, is_valid_utf8(content), path, ": not valid UTF-8 text");
     documents.push_back(content);
     return documents;

@@ -1,6 +1,7 @@
 #include "loom/data/tokenizer.h"
 
 #include "loom/core/check.h"
+#include "loom/core/strings.h"
 #include "loom/data/assets.h"
 #include "loom/data/bpe_tokenizer.h"
 #include "loom/data/hf_tokenizer.h"
@@ -31,11 +32,10 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
   if (path == "brown_bpe") {  // the embedded corpus' BPE (tools/: loom prepare-data)
     return std::make_unique<HfBpeTokenizer>(assets_dir() + "/tokenizer/brown_bpe_4k.json");
   }
-  if (path.size() > 5 && path.compare(path.size() - 5, 5, ".json") == 0) {
+  if (strings::ends_with(path, ".json")) {
     return std::make_unique<HfBpeTokenizer>(path);
   }
-  const bool tiktoken = path.size() > 9 && (path.compare(path.size() - 9, 9, ".tiktoken") == 0 ||
-                                            path.compare(path.size() - 6, 6, ".model") == 0);
+  const bool tiktoken = strings::ends_with(path, ".tiktoken") || strings::ends_with(path, ".model");
   LOOM_CHECK_AS(InputError, tiktoken, "model.tokenizer_path = '", path,
                 "': expected 'byte', a Hugging Face tokenizer.json, or a tiktoken-format BPE file "
                 "(.tiktoken, or Llama 3's tokenizer.model)");

@@ -58,6 +58,18 @@ void check_flavor(const ModelSpec& spec, const std::string& flavor) {
              "; known: ", strings::join(flavors, ", "));
 }
 
+std::unique_ptr<CausalLM> build_model(const config::JobConfig& config, int64_t vocab_size,
+                                      const at::TensorOptions& options) {
+  const ModelSpec& spec = find_model_spec(config.model.name);
+  check_flavor(spec, config.model.flavor);
+  BuildOptions build;
+  build.flavor = config.model.flavor;
+  build.vocab_size = vocab_size;
+  build.max_seq_len = config.training.seq_len;
+  build.tensor_options = options;
+  return spec.build(build);
+}
+
 std::string format_summary(const ModelSummary& s, bool with_shapes) {
   std::ostringstream out;
   char flops[64];

@@ -41,13 +41,18 @@ at::Device choose_device(const std::string& setting) {
   return at::Device(at::kCPU);
 }
 
+// Only the synthetic stream works without a tokenizer.
+bool is_synthetic(const std::string& name, const std::optional<std::string>& path) {
+  return name == "synthetic" && !path;
+}
+
 // "synthetic" (structured random tokens over the model's vocabulary) or a real dataset.
 std::unique_ptr<data::BatchSource> dataset_source(const std::string& name,
                                                   const std::optional<std::string>& path,
                                                   const data::Tokenizer* tokenizer, int64_t vocab,
                                                   data::PackedLoaderOptions options,
                                                   const std::string& key) {
-  if (name == "synthetic" && !path) {
+  if (is_synthetic(name, path)) {
     return std::make_unique<data::SyntheticSource>(vocab, options.seed);
   }
   LOOM_CHECK(tokenizer != nullptr, "a real dataset needs the tokenizer");
@@ -60,8 +65,12 @@ Trainer::Trainer(config::JobConfig config, std::unique_ptr<data::BatchSource> so
                  std::unique_ptr<data::BatchSource> validation_source)
     : config_(std::move(config)) {
   setup_runtime();
-  const bool synthetic = config_.training.dataset == "synthetic" && !config_.training.dataset_path;
-  if (!synthetic) {
+  // Decided before the model is built: its vocabulary is the tokenizer's whenever any dataset
+  // (training or validation) is real text.
+  const auto& t = config_.training;
+  const auto& v = config_.validation;
+  if (!is_synthetic(t.dataset, t.dataset_path) ||
+      (v.enable && !is_synthetic(v.dataset, v.dataset_path))) {
     tokenizer_ = data::load_tokenizer(config_.model.tokenizer_path.value_or("byte"));
   }
   build_model();
@@ -104,16 +113,10 @@ void Trainer::setup_runtime() {
 }
 
 void Trainer::build_model() {
-  const models::ModelSpec& spec = models::find_model_spec(config_.model.name);
-  models::check_flavor(spec, config_.model.flavor);
-  models::BuildOptions options;
-  options.flavor = config_.model.flavor;
-  options.max_seq_len = config_.training.seq_len;
   // The embedding table matches the tokenizer (synthetic data keeps the flavor's vocabulary).
-  options.vocab_size = tokenizer_ ? tokenizer_->vocab_size() : 0;
-  options.tensor_options =
-      at::TensorOptions().device(device_).dtype(parameter_dtype(config_.training));
-  model_ = spec.build(options);
+  model_ = models::build_model(
+      config_, tokenizer_ ? tokenizer_->vocab_size() : 0,
+      at::TensorOptions().device(device_).dtype(parameter_dtype(config_.training)));
   model_->init_weights(seed_);
   model_->apply_activation_checkpointing(config_.activation_checkpoint);
   for (const auto& p : model_->module().parameters()) parameters_.push_back(p);
@@ -137,9 +140,6 @@ void Trainer::build_data(std::unique_ptr<data::BatchSource> source,
   source_ = std::make_unique<data::PrefetchingSource>(std::move(train_source), t.local_batch_size,
                                                       t.seq_len, 2);
   if (v.enable) {
-    if (!validation_source && v.dataset != "synthetic" && !tokenizer_) {
-      tokenizer_ = data::load_tokenizer(config_.model.tokenizer_path.value_or("byte"));
-    }
     validation_source_ =
         validation_source
             ? std::move(validation_source)

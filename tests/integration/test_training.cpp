@@ -278,3 +278,22 @@ TEST(Training, BadRecordsStopTheJobOrAreSkippedAndCounted) {
   ASSERT_FALSE(lines.empty());
   EXPECT_EQ(lines.back()["data_skipped"].get<int64_t>(), 2);
 }
+
+TEST(Training, SyntheticTrainingWithRealValidationSizesTheModelForTheTokenizer) {
+  auto job = small_job("synthetic_real_validation");
+  job.training.steps = 2;
+  job.model.tokenizer_path = "brown_bpe";  // 4096 tokens, more than debugmodel's 2048
+  job.validation.enable = true;
+  job.validation.dataset = "brown_validation";
+  job.validation.freq = 2;
+  job.validation.steps = 1;
+  job.validation.seq_len = 64;
+  job.validation.local_batch_size = 2;
+  Trainer trainer(job);
+  EXPECT_EQ(trainer.model().vocab_size(), 4096);
+  trainer.train();
+  int validations = 0;
+  for (const auto& line : read_jsonl(job.job.dump_folder + "/metrics.jsonl"))
+    validations += line.contains("val_loss");
+  EXPECT_EQ(validations, 1);
+}

@@ -4,6 +4,9 @@
 #include <ATen/core/grad_mode.h>
 
 #include <cmath>
+#include <set>
+
+#include <torch/csrc/autograd/function.h>
 
 #include "loom/core/check.h"
 #include "loom/models/llama/attention.h"
@@ -219,4 +222,42 @@ TEST(Init, DependsOnlyOnSeedAndName) {
   auto d = tiny_model(11, deeper_args);
   EXPECT_TRUE(at::equal(pa["layers.1.feed_forward.w2.weight"],
                         d->named_parameters()["layers.1.feed_forward.w2.weight"]));
+}
+
+namespace {
+
+// Checkpointed regions in the autograd graph behind `output`.
+int count_checkpoint_nodes(const at::Tensor& output) {
+  std::vector<torch::autograd::Node*> stack = {output.grad_fn().get()};
+  std::set<torch::autograd::Node*> seen;
+  int count = 0;
+  while (!stack.empty()) {
+    torch::autograd::Node* node = stack.back();
+    stack.pop_back();
+    if (!node || !seen.insert(node).second) continue;
+    if (node->name() == "loom::CheckpointBackward") ++count;
+    for (const auto& edge : node->next_edges()) stack.push_back(edge.function.get());
+  }
+  return count;
+}
+
+}  // namespace
+
+TEST(ActivationCheckpointWiring, ModeDecidesWhichBlocksAreCheckpointed) {
+  loom::config::JobConfig config;  // debugmodel: 6 blocks
+  config.training.seq_len = 16;
+  auto model = loom::models::build_model(config, 64, at::TensorOptions().dtype(at::kFloat));
+  model->init_weights(1);
+  at::Tensor tokens = at::randint(0, 64, {1, 16}, at::kLong);
+  auto checkpointed = [&](const char* mode, const char* option) {
+    loom::config::ActivationCheckpointSection ac;
+    ac.mode = mode;
+    ac.selective_ac_option = option;
+    model->apply_activation_checkpointing(ac);
+    return count_checkpoint_nodes(model->forward(tokens));
+  };
+  EXPECT_EQ(checkpointed("none", "2"), 0);
+  EXPECT_EQ(checkpointed("full", "2"), 6);
+  EXPECT_EQ(checkpointed("selective", "2"), 3);
+  EXPECT_EQ(checkpointed("selective", "3"), 2);
 }

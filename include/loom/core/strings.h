@@ -20,6 +20,7 @@ std::optional<std::string> closest_match(std::string_view word,
 std::vector<std::string> split_list(std::string_view text, char separator = ',');
 
 std::string_view trim(std::string_view text);
+bool ends_with(std::string_view text, std::string_view suffix);
 std::string join(const std::vector<std::string>& parts, std::string_view separator);
 
 // Whole-string numeric parsing: nullopt unless every character is consumed.

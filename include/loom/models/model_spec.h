@@ -65,6 +65,12 @@ const ModelSpec& find_model_spec(const std::string& name);
 void check_flavor(const ModelSpec& spec, const std::string& flavor);
 std::vector<std::string> model_names();
 
+// The model a job config asks for (model.name, model.flavor, built for training.seq_len), with
+// `vocab_size` (0: the flavor's) and `options` (device, meta for planning; dtype). Throws
+// loom::InputError naming an unknown name or flavor.
+std::unique_ptr<CausalLM> build_model(const config::JobConfig& config, int64_t vocab_size,
+                                      const at::TensorOptions& options);
+
 // Human-readable summary (the table `loom plan model` prints and `loom train` logs).
 std::string format_summary(const ModelSummary& summary, bool with_shapes);
 

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "loom/core/check.h"
+#include "loom/core/strings.h"
 
 #if LOOM_WITH_CUDA
 #include <ATen/cuda/CUDAGeneratorImpl.h>
@@ -74,10 +75,7 @@ void init_weights(Transformer& model, uint64_t seed) {
     at::Tensor param = item.value();
     LOOM_CHECK(!param.is_meta(), "init_weights on a meta parameter: ", name);
     at::Generator generator = generator_for(param.device(), parameter_seed(seed, name));
-    auto ends_with = [&](const char* suffix) {
-      const std::string s(suffix);
-      return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
-    };
+    auto ends_with = [&](const char* suffix) { return strings::ends_with(name, suffix); };
     if (name == "tok_embeddings.weight") {
       param.normal_(0.0, 1.0, generator);
     } else if (name == "output.weight") {
