@@ -1,0 +1,56 @@
+// The job's process groups: one rendezvous through c10d's TCPStore (rank 0 hosts it at
+// MASTER_ADDR:MASTER_PORT), the world group, and sub-groups made from rank lists (the device
+// mesh's dimensions). Each group holds Gloo for CPU tensors and, on CUDA jobs, NCCL.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "loom/distributed/comm.h"
+
+namespace loom::dist {
+
+struct CommInit {
+  int rank = 0;
+  int world_size = 1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  CommOptions options;
+  bool with_cuda = false;  // also create NCCL backends (CUDA tensors)
+};
+
+class ProcessGroups {
+ public:
+  // Blocks until every rank joined (or throws CommError after options.init_timeout).
+  explicit ProcessGroups(const CommInit& init);
+  ~ProcessGroups();
+  ProcessGroups(const ProcessGroups&) = delete;
+  ProcessGroups& operator=(const ProcessGroups&) = delete;
+
+  int rank() const { return init_.rank; }
+  int world_size() const { return init_.world_size; }
+  Comm& world() { return *world_; }
+  std::shared_ptr<Comm> world_ptr() { return world_; }
+
+  // The group of `global_ranks` (ascending or not: their order defines group ranks), which must
+  // contain this rank. Every member calls it with the same name and ranks; other ranks do not
+  // call it. A one-rank group is local; the world's rank list returns the world group.
+  std::shared_ptr<Comm> new_group(const std::string& name, const std::vector<int>& global_ranks);
+
+  // After the first step: every group switches to comm.train_timeout_seconds.
+  void use_train_timeout();
+
+  // Sum of every group's counters (wire bytes sent by this rank).
+  uint64_t total_wire_bytes() const;
+  const std::vector<std::shared_ptr<Comm>>& groups() const { return groups_; }
+
+ private:
+  struct StoreHolder;
+  CommInit init_;
+  std::unique_ptr<StoreHolder> store_;
+  std::shared_ptr<Comm> world_;
+  std::vector<std::shared_ptr<Comm>> groups_;  // world first
+};
+
+}  // namespace loom::dist

@@ -1,0 +1,55 @@
+// The c10d side of loom's Comm: a c10d backend (Gloo or NCCL) and in-flight work. Private to
+// src/distributed; the rest of loom sees only loom/distributed/comm.h.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "loom/distributed/comm.h"
+
+namespace loom::dist {
+
+class Backend {
+ public:
+  Backend(std::string kind, c10::intrusive_ptr<c10d::Backend> impl)
+      : kind_(std::move(kind)), impl_(std::move(impl)) {}
+  const std::string& kind() const { return kind_; }  // "gloo" | "nccl"
+  c10d::Backend& get() { return *impl_; }
+
+ private:
+  std::string kind_;
+  c10::intrusive_ptr<c10d::Backend> impl_;
+};
+
+class Work::Impl {
+ public:
+  // `finish` runs once after the collective completed (a fallback's local post-processing).
+  Impl(std::string what, c10::intrusive_ptr<c10d::Work> work, std::function<void()> finish)
+      : what_(std::move(what)), work_(std::move(work)), finish_(std::move(finish)) {}
+  void wait();
+  bool completed() const;
+
+ private:
+  std::string what_;
+  c10::intrusive_ptr<c10d::Work> work_;  // null: completed locally
+  std::function<void()> finish_;
+  std::mutex mutex_;
+  bool done_ = false;
+};
+
+// Backend factories; `timeout` is the default for every collective of the group.
+std::shared_ptr<Backend> make_gloo_backend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                           int size, std::chrono::milliseconds timeout,
+                                           const std::string& master_addr);
+// Throws InputError when this build has no NCCL.
+std::shared_ptr<Backend> make_nccl_backend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                           int size, std::chrono::milliseconds timeout);
+
+}  // namespace loom::dist

@@ -1,0 +1,2 @@
+#pragma once
+// stub: ProcessGroupGloo.hpp includes this but uses nothing from it.

@@ -1,0 +1,2 @@
+#pragma once
+// stub (gloo/common/error.h): included by ProcessGroupGloo.hpp, nothing used.

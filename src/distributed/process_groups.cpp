@@ -1,0 +1,115 @@
+#include "loom/distributed/process_groups.h"
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <algorithm>
+#include <chrono>
+
+#include "backend.h"
+#include "loom/core/logging.h"
+
+namespace loom::dist {
+
+struct ProcessGroups::StoreHolder {
+  c10::intrusive_ptr<c10d::Store> store;
+};
+
+namespace {
+
+std::string join(const std::vector<int>& ranks) {
+  std::string text;
+  for (size_t i = 0; i < ranks.size(); ++i) text += (i ? "," : "") + std::to_string(ranks[i]);
+  return text;
+}
+
+}  // namespace
+
+ProcessGroups::ProcessGroups(const CommInit& init) : init_(init) {
+  LOOM_CHECK_AS(InputError, init.world_size >= 1 && init.rank >= 0 && init.rank < init.world_size,
+                "rank ", init.rank, " is outside the world of ", init.world_size, " ranks");
+  store_ = std::make_unique<StoreHolder>();
+  if (init.world_size == 1) {
+    world_ = Comm::single("world");
+    groups_.push_back(world_);
+    return;
+  }
+  LOOM_CHECK_AS(InputError, init.master_port > 0 && init.master_port < 65536,
+                "MASTER_PORT must be a TCP port (1-65535), got ", init.master_port);
+  const auto start = std::chrono::steady_clock::now();
+  c10d::TCPStoreOptions options;
+  options.port = static_cast<std::uint16_t>(init.master_port);
+  options.isServer = init.rank == 0;
+  options.numWorkers = init.world_size;
+  options.waitWorkers = true;
+  options.timeout = init.options.init_timeout;
+  try {
+    store_->store = c10::make_intrusive<c10d::TCPStore>(init.master_addr, options);
+  } catch (const std::exception& e) {
+    LOOM_THROW(CommError, "rendezvous at ", init.master_addr, ":", init.master_port, " (rank ",
+               init.rank, " of ", init.world_size, ") failed: ", e.what(),
+               ". Check MASTER_ADDR/MASTER_PORT, that every rank started, and "
+               "comm.init_timeout_seconds");
+  }
+  std::vector<int> all(init.world_size);
+  for (int r = 0; r < init.world_size; ++r) all[r] = r;
+  world_ = new_group("world", all);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  log::get("comm")->info("rank {} of {} joined at {}:{} in {:.2f} s ({}{})", init.rank,
+                         init.world_size, init.master_addr, init.master_port, seconds, "gloo",
+                         init.with_cuda ? " + nccl" : "");
+}
+
+ProcessGroups::~ProcessGroups() {
+  // Groups before the store they rendezvoused through.
+  groups_.clear();
+  world_.reset();
+}
+
+std::shared_ptr<Comm> ProcessGroups::new_group(const std::string& name,
+                                               const std::vector<int>& global_ranks) {
+  auto me = std::find(global_ranks.begin(), global_ranks.end(), init_.rank);
+  LOOM_CHECK(me != global_ranks.end(), "group '", name, "' [", join(global_ranks),
+             "] does not contain rank ", init_.rank);
+  const int group_rank = static_cast<int>(me - global_ranks.begin());
+  if (global_ranks.size() == 1) {
+    auto comm = Comm::single(name);
+    groups_.push_back(comm);
+    return comm;
+  }
+  if (world_ && global_ranks == world_->global_ranks()) return world_;
+  // Keys are private to the group, so ranks outside it never take part in its rendezvous.
+  const std::string prefix = "loom/" + name + "/" + join(global_ranks) + "/";
+  const int size = static_cast<int>(global_ranks.size());
+  std::shared_ptr<Backend> cpu, cuda;
+  try {
+    cpu = make_gloo_backend(c10::make_intrusive<c10d::PrefixStore>(prefix + "gloo", store_->store),
+                            group_rank, size, init_.options.init_timeout, init_.master_addr);
+    if (init_.with_cuda) {
+      cuda =
+          make_nccl_backend(c10::make_intrusive<c10d::PrefixStore>(prefix + "nccl", store_->store),
+                            group_rank, size, init_.options.init_timeout);
+    }
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    LOOM_THROW(CommError, "creating group '", name, "' [", join(global_ranks), "] on rank ",
+               init_.rank, " failed: ", e.what());
+  }
+  auto comm = std::make_shared<Comm>(name, global_ranks, group_rank, cpu, cuda, init_.options);
+  groups_.push_back(comm);
+  return comm;
+}
+
+void ProcessGroups::use_train_timeout() {
+  for (auto& g : groups_) g->use_train_timeout();
+}
+
+uint64_t ProcessGroups::total_wire_bytes() const {
+  uint64_t total = 0;
+  for (const auto& g : groups_) total += g->counters().total_wire_bytes();
+  return total;
+}
+
+}  // namespace loom::dist

@@ -1,0 +1,84 @@
+// Runs one function per rank on threads of this process, each with its own ProcessGroups joined
+// through a TCPStore on 127.0.0.1 (c10d's Gloo supports several groups per process). Failures
+// inside a rank are collected and rethrown as one test failure.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "loom/distributed/process_groups.h"
+
+namespace loom::testing {
+
+// A port nothing listens on right now (the kernel picks it).
+inline int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+inline dist::CommInit thread_rank_init(int rank, int world, int port,
+                                       dist::CommOptions options = {}) {
+  dist::CommInit init;
+  init.rank = rank;
+  init.world_size = world;
+  init.master_addr = "127.0.0.1";
+  init.master_port = port;
+  init.options = options;
+  return init;
+}
+
+// Calls body(groups) on `world` threads; returns the messages of exceptions the ranks threw.
+inline std::vector<std::string> run_ranks(int world,
+                                          const std::function<void(dist::ProcessGroups&)>& body,
+                                          dist::CommOptions options = {}) {
+  if (options.init_timeout > std::chrono::seconds(60))
+    options.init_timeout = std::chrono::seconds(60);
+  if (options.train_timeout > std::chrono::seconds(60)) {
+    options.train_timeout = std::chrono::seconds(60);
+  }
+  const int port = free_port();
+  std::mutex mutex;
+  std::vector<std::string> errors;
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < world; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        dist::ProcessGroups groups(thread_rank_init(rank, world, port, options));
+        body(groups);
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> lock(mutex);
+        errors.push_back("rank " + std::to_string(rank) + ": " + e.what());
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+inline std::string joined(const std::vector<std::string>& errors) {
+  std::string text;
+  for (const auto& e : errors) text += e + "\n";
+  return text;
+}
+
+#define LOOM_EXPECT_RANKS_OK(errors) \
+  EXPECT_TRUE((errors).empty()) << ::loom::testing::joined(errors)
+
+}  // namespace loom::testing
