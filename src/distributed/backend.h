@@ -14,7 +14,7 @@
 
 #include "loom/distributed/comm.h"
 
-namespace loom::dist {
+namespace loom::distributed {
 
 class Backend {
  public:
@@ -52,4 +52,4 @@ std::shared_ptr<Backend> make_gloo_backend(const c10::intrusive_ptr<c10d::Store>
 std::shared_ptr<Backend> make_nccl_backend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                            int size, std::chrono::milliseconds timeout);
 
-}  // namespace loom::dist
+}  // namespace loom::distributed

@@ -6,7 +6,7 @@
 #include "backend.h"
 #include "loom/core/logging.h"
 
-namespace loom::dist {
+namespace loom::distributed {
 namespace {
 
 c10d::ReduceOp to_c10d(ReduceOp op) {
@@ -466,4 +466,4 @@ void Comm::barrier() {
   work.wait();
 }
 
-}  // namespace loom::dist
+}  // namespace loom::distributed

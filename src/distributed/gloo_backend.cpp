@@ -5,7 +5,7 @@
 #include "backend.h"
 #include "loom/core/env.h"
 
-namespace loom::dist {
+namespace loom::distributed {
 namespace {
 
 bool is_loopback(const std::string& addr) {
@@ -33,4 +33,4 @@ std::shared_ptr<Backend> make_gloo_backend(const c10::intrusive_ptr<c10d::Store>
   return std::make_shared<Backend>("gloo", gloo);
 }
 
-}  // namespace loom::dist
+}  // namespace loom::distributed

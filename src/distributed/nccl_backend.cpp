@@ -5,7 +5,7 @@
 
 #include "backend.h"
 
-namespace loom::dist {
+namespace loom::distributed {
 
 std::shared_ptr<Backend> make_nccl_backend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                            int size, std::chrono::milliseconds timeout) {
@@ -22,4 +22,4 @@ std::shared_ptr<Backend> make_nccl_backend(const c10::intrusive_ptr<c10d::Store>
 #endif
 }
 
-}  // namespace loom::dist
+}  // namespace loom::distributed

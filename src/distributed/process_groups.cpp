@@ -9,7 +9,7 @@
 #include "backend.h"
 #include "loom/core/logging.h"
 
-namespace loom::dist {
+namespace loom::distributed {
 
 struct ProcessGroups::StoreHolder {
   c10::intrusive_ptr<c10d::Store> store;
@@ -112,4 +112,4 @@ uint64_t ProcessGroups::total_wire_bytes() const {
   return total;
 }
 
-}  // namespace loom::dist
+}  // namespace loom::distributed

@@ -33,9 +33,9 @@ inline int free_port() {
   return ntohs(addr.sin_port);
 }
 
-inline dist::CommInit thread_rank_init(int rank, int world, int port,
-                                       dist::CommOptions options = {}) {
-  dist::CommInit init;
+inline distributed::CommInit thread_rank_init(int rank, int world, int port,
+                                       distributed::CommOptions options = {}) {
+  distributed::CommInit init;
   init.rank = rank;
   init.world_size = world;
   init.master_addr = "127.0.0.1";
@@ -46,8 +46,8 @@ inline dist::CommInit thread_rank_init(int rank, int world, int port,
 
 // Calls body(groups) on `world` threads; returns the messages of exceptions the ranks threw.
 inline std::vector<std::string> run_ranks(int world,
-                                          const std::function<void(dist::ProcessGroups&)>& body,
-                                          dist::CommOptions options = {}) {
+                                          const std::function<void(distributed::ProcessGroups&)>& body,
+                                          distributed::CommOptions options = {}) {
   if (options.init_timeout > std::chrono::seconds(60))
     options.init_timeout = std::chrono::seconds(60);
   if (options.train_timeout > std::chrono::seconds(60)) {
@@ -60,7 +60,7 @@ inline std::vector<std::string> run_ranks(int world,
   for (int rank = 0; rank < world; ++rank) {
     threads.emplace_back([&, rank] {
       try {
-        dist::ProcessGroups groups(thread_rank_init(rank, world, port, options));
+        distributed::ProcessGroups groups(thread_rank_init(rank, world, port, options));
         body(groups);
       } catch (const std::exception& e) {
         std::lock_guard<std::mutex> lock(mutex);

@@ -12,10 +12,10 @@
 namespace loom {
 namespace {
 
-using dist::Collective;
-using dist::Comm;
-using dist::ProcessGroups;
-using dist::ReduceOp;
+using distributed::Collective;
+using distributed::Comm;
+using distributed::ProcessGroups;
+using distributed::ReduceOp;
 using testing::run_ranks;
 
 const auto f32 = at::TensorOptions().dtype(at::kFloat);
@@ -111,8 +111,8 @@ void check_send_recv_and_async(Comm& c) {
   const int n = c.size(), r = c.rank();
   at::Tensor message = at::full({3}, static_cast<float>(r), f32);
   at::Tensor received = at::zeros({3}, f32);
-  auto works = c.batch_send_recv({{dist::P2POp::Kind::kSend, message, (r + 1) % n},
-                                  {dist::P2POp::Kind::kRecv, received, (r + n - 1) % n}});
+  auto works = c.batch_send_recv({{distributed::P2POp::Kind::kSend, message, (r + 1) % n},
+                                  {distributed::P2POp::Kind::kRecv, received, (r + n - 1) % n}});
   for (auto& w : works) w.wait();
   expect_equal(received, at::full({3}, static_cast<float>((r + n - 1) % n), f32), "send/recv ring");
 
@@ -141,7 +141,7 @@ class CommCollectives : public ::testing::TestWithParam<std::tuple<int, Path>> {
 
 TEST_P(CommCollectives, ExactValues) {
   const auto [world, path] = GetParam();
-  dist::CommOptions options;
+  distributed::CommOptions options;
   if (path != Path::kNative) {
     options.capabilities = {false, false, false, path == Path::kAllToAll};
   }
@@ -217,7 +217,7 @@ TEST(Comm, SubGroupsReduceWithinTheirMembers) {
 }
 
 TEST(Comm, PeerThatNeverJoinsTimesOutWithTheCollectiveNamed) {
-  dist::CommOptions options;
+  distributed::CommOptions options;
   options.init_timeout = std::chrono::seconds(2);
   options.train_timeout = std::chrono::seconds(1);
   const auto start = std::chrono::steady_clock::now();
@@ -242,13 +242,13 @@ TEST(Comm, PeerThatNeverJoinsTimesOutWithTheCollectiveNamed) {
 }
 
 TEST(Comm, RendezvousWithoutPeersFailsAfterTheInitTimeout) {
-  dist::CommOptions options;
+  distributed::CommOptions options;
   options.init_timeout = std::chrono::seconds(1);
   const int port = testing::free_port();
   try {
     ProcessGroups groups(testing::thread_rank_init(0, 2, port, options));
     FAIL() << "rendezvous with a missing rank succeeded";
-  } catch (const dist::CommError& e) {
+  } catch (const distributed::CommError& e) {
     EXPECT_NE(std::string(e.what()).find("rendezvous at 127.0.0.1:" + std::to_string(port)),
               std::string::npos)
         << e.what();

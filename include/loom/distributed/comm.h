@@ -27,7 +27,7 @@ namespace c10d {
 class Work;
 }
 
-namespace loom::dist {
+namespace loom::distributed {
 
 // A collective failed or timed out (a dead peer, a network error): names the collective and
 // the group. A runtime failure, not bad input.
@@ -178,4 +178,4 @@ class Comm {
   CommCapabilities capabilities_;
 };
 
-}  // namespace loom::dist
+}  // namespace loom::distributed

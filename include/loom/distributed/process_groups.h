@@ -9,7 +9,7 @@
 
 #include "loom/distributed/comm.h"
 
-namespace loom::dist {
+namespace loom::distributed {
 
 struct CommInit {
   int rank = 0;
@@ -53,4 +53,4 @@ class ProcessGroups {
   std::vector<std::shared_ptr<Comm>> groups_;  // world first
 };
 
-}  // namespace loom::dist
+}  // namespace loom::distributed
