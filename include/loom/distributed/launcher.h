@@ -1,0 +1,91 @@
+// `loom launch`: a torchrun-compatible launcher, built as an agent in torchelastic's sense.
+//
+//   RendezvousHandler  decides who is in the job and which global ranks this node's workers get
+//                      (StaticRendezvous: fixed --nnodes, global rank = node_rank * nproc +
+//                      local_rank). A dynamic rendezvous (c10d store, --nnodes MIN:MAX) plugs in
+//                      here: the agent asks for a new round before every (re)start.
+//   WorkerGroup        spawns, watches and stops one round's workers (worker_group.h).
+//   LocalAgent         the loop: rendezvous -> start -> watch -> on failure stop and restart (up
+//                      to --max-restarts) or report; forwards SIGINT/SIGTERM/SIGHUP.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace loom::distributed {
+
+struct LaunchOptions {
+  int nproc_per_node = 1;
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;  // 0: pick a free port (single node only)
+  int max_restarts = 0;
+  std::optional<std::set<int>> local_ranks_filter;  // local ranks shown on the console
+  std::optional<std::string> log_dir;               // <log_dir>/attempt_<k>/rank_<r>.log
+  double monitor_interval_s = 0.1;
+  double grace_period_s = 30.0;      // SIGTERM -> SIGKILL
+  std::string role = "rank";         // console prefix "[<role><rank>]: "
+  std::vector<std::string> program;  // each worker's argv
+};
+
+// Throws loom::InputError naming the flag for any bad value.
+void validate(const LaunchOptions& options);
+
+// --nproc-per-node: an integer, "cpu" (logical CPUs), "gpu" (visible NVIDIA GPUs: error when
+// none) or "auto" (GPUs if any, else CPUs). Throws InputError for anything else.
+int resolve_nproc_per_node(const std::string& value);
+// The visible NVIDIA GPUs, without CUDA: CUDA_VISIBLE_DEVICES when set, else the driver's
+// /proc/driver/nvidia/gpus entries.
+int visible_gpu_count();
+
+// One rendezvous round's outcome for this node.
+struct RendezvousResult {
+  int world_size = 1;
+  int group_rank = 0;        // this node
+  int group_world_size = 1;  // nodes
+  int local_world_size = 1;
+  std::vector<int> global_ranks;  // by local rank
+  std::string master_addr;
+  int master_port = 0;
+};
+
+class RendezvousHandler {
+ public:
+  virtual ~RendezvousHandler() = default;
+  // Called before each (re)start of the worker group; `round` counts from 0.
+  virtual RendezvousResult next_rendezvous(int round) = 0;
+  virtual std::string name() const = 0;
+};
+
+// Fixed membership: every node is told its rank and the job size up front.
+class StaticRendezvous : public RendezvousHandler {
+ public:
+  explicit StaticRendezvous(const LaunchOptions& options);
+  RendezvousResult next_rendezvous(int round) override;
+  std::string name() const override { return "static"; }
+
+ private:
+  LaunchOptions options_;
+  int port_ = 0;  // resolved once, so restarts keep the same address
+};
+
+class LocalAgent {
+ public:
+  LocalAgent(LaunchOptions options, std::unique_ptr<RendezvousHandler> rendezvous);
+  // Runs the job to the end; returns the launcher's exit code (0: every worker succeeded).
+  int run();
+
+ private:
+  std::vector<std::string> worker_env(const RendezvousResult& round, int local_rank,
+                                      int restart_count) const;
+
+  LaunchOptions options_;
+  std::unique_ptr<RendezvousHandler> rendezvous_;
+  bool set_omp_threads_ = false;
+};
+
+}  // namespace loom::distributed

@@ -1,0 +1,51 @@
+// Where this process sits in a distributed job, read from the environment its launcher set.
+//
+// Three sources, tried in this order:
+//   torchrun  RANK is set: the torchrun/torchelastic contract (also what `loom launch` sets):
+//             RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT are required;
+//             LOCAL_WORLD_SIZE (default WORLD_SIZE), GROUP_RANK (default RANK / LOCAL_WORLD_SIZE)
+//             and TORCHELASTIC_RESTART_COUNT (default 0) are optional.
+//   slurm     SLURM_PROCID is set (one task per rank, started by srun): SLURM_PROCID,
+//             SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID, and SLURM_NTASKS_PER_NODE or
+//             SLURM_TASKS_PER_NODE. The master address is MASTER_ADDR, else the first host of
+//             SLURM_JOB_NODELIST; the port is MASTER_PORT, else derived from SLURM_JOB_ID (see
+//             slurm_default_port).
+//   single    neither: rank 0 of 1 on 127.0.0.1 (MASTER_ADDR/MASTER_PORT still honoured).
+// Malformed or inconsistent values throw loom::InputError naming the variable.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace loom::distributed {
+
+struct WorldInfo {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+  int group_rank = 0;  // the node's rank among the nodes
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  int restart_count = 0;          // TORCHELASTIC_RESTART_COUNT: how often the launcher restarted us
+  std::string source = "single";  // "single" | "torchrun" | "slurm"
+
+  bool is_distributed() const { return world_size > 1; }
+};
+
+WorldInfo read_world_info();
+
+// The first host name of a SLURM node list ("node[01-04,07],gpu3" gives "node01"); throws
+// InputError naming `variable` when the list is malformed.
+std::string slurm_first_host(std::string_view nodelist, const char* variable);
+
+// The task count of node `node_id` in a SLURM_TASKS_PER_NODE value ("4(x2),3" gives 4, 4, 3);
+// throws InputError naming `variable` when malformed or too short.
+int slurm_tasks_on_node(std::string_view tasks_per_node, int node_id, const char* variable);
+
+// The rendezvous port for a SLURM job without MASTER_PORT: 20000 + SLURM_JOB_ID % 10000, so
+// jobs sharing a node rarely collide and every task of one job agrees without talking.
+int slurm_default_port(int64_t job_id);
+
+}  // namespace loom::distributed

@@ -1,0 +1,186 @@
+// loom launch [options] -- <subcommand> [args...]
+// torchrun's flags (dash or underscore spelling) and environment contract; see docs/launch.md.
+#include <unistd.h>
+
+#include <climits>
+#include <memory>
+
+#include "commands.h"
+#include "loom/core/check.h"
+#include "loom/core/strings.h"
+#include "loom/distributed/launcher.h"
+
+namespace loom::cli {
+namespace {
+
+struct LaunchArgs {
+  std::string nproc_per_node = "1";
+  std::string nnodes = "1";
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  std::optional<std::string> rdzv_endpoint;
+  std::string rdzv_backend = "static";
+  bool standalone = false;
+  int max_restarts = 0;
+  std::optional<std::string> local_ranks_filter;
+  std::optional<std::string> log_dir;
+  bool no_python = false;
+  double monitor_interval = 0.1;
+  double grace_period = 30.0;
+  std::string role = "rank";
+  std::vector<std::string> command;
+};
+
+std::string self_executable() {
+  char path[PATH_MAX];
+  const ssize_t n = ::readlink("/proc/self/exe", path, sizeof(path) - 1);
+  LOOM_CHECK_AS(IoError, n > 0, "cannot find the loom binary through /proc/self/exe");
+  return std::string(path, static_cast<size_t>(n));
+}
+
+// "N" or torchrun's "MIN:MAX"; membership changes need a dynamic rendezvous loom lacks so far.
+int parse_nnodes(const std::string& text) {
+  const size_t colon = text.find(':');
+  auto low = strings::parse_int(text.substr(0, colon));
+  auto high = colon == std::string::npos ? low : strings::parse_int(text.substr(colon + 1));
+  LOOM_CHECK_AS(InputError, low && high && *low >= 1 && *low <= 100000,
+                "--nnodes must be a positive integer (or MIN:MAX), got '", text, "'");
+  LOOM_CHECK_AS(InputError, *low == *high, "--nnodes ", text,
+                ": elastic membership (MIN < MAX) is not supported yet; give one node count");
+  return static_cast<int>(*low);
+}
+
+// host:port, with [v6 address]:port accepted.
+void apply_endpoint(const std::string& endpoint, distributed::LaunchOptions& options) {
+  const size_t colon = endpoint.rfind(':');
+  LOOM_CHECK_AS(InputError, colon != std::string::npos && colon > 0,
+                "--rdzv-endpoint must be HOST:PORT, got '", endpoint, "'");
+  std::string host = endpoint.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  auto port = strings::parse_int(endpoint.substr(colon + 1));
+  LOOM_CHECK_AS(InputError, port && *port >= 0 && *port <= 65535, "--rdzv-endpoint '", endpoint,
+                "': '", endpoint.substr(colon + 1), "' is not a TCP port");
+  options.master_addr = host;
+  options.master_port = static_cast<int>(*port);
+}
+
+std::set<int> parse_rank_list(const std::string& text) {
+  std::set<int> ranks;
+  for (const std::string& item : strings::split_list(text)) {
+    auto rank = strings::parse_int(item);
+    LOOM_CHECK_AS(InputError, rank && *rank >= 0 && *rank <= INT_MAX, "--local-ranks-filter: '",
+                  item, "' is not a local rank (expected a comma list like 0,3)");
+    ranks.insert(static_cast<int>(*rank));
+  }
+  LOOM_CHECK_AS(InputError, !ranks.empty(), "--local-ranks-filter: empty list");
+  return ranks;
+}
+
+distributed::LaunchOptions to_options(const LaunchArgs& args) {
+  distributed::LaunchOptions options;
+  options.nproc_per_node = distributed::resolve_nproc_per_node(args.nproc_per_node);
+  options.nnodes = parse_nnodes(args.nnodes);
+  options.node_rank = args.node_rank;
+  options.master_addr = args.master_addr;
+  options.master_port = args.master_port;
+  LOOM_CHECK_AS(InputError, args.rdzv_backend == "static" || args.rdzv_backend == "c10d",
+                "--rdzv-backend must be 'static' or 'c10d', got '", args.rdzv_backend, "'");
+  // With one node every rendezvous gives the same answer; several nodes need --node-rank.
+  LOOM_CHECK_AS(InputError, args.rdzv_backend == "static" || options.nnodes == 1,
+                "--rdzv-backend c10d with --nnodes > 1 is not supported yet: use the static "
+                "rendezvous (--node-rank per node, --master-addr/--master-port or "
+                "--rdzv-endpoint)");
+  if (args.rdzv_endpoint) apply_endpoint(*args.rdzv_endpoint, options);
+  if (args.standalone) {
+    LOOM_CHECK_AS(InputError, options.nnodes == 1, "--standalone runs one node; drop --nnodes");
+    options.master_addr = "127.0.0.1";
+    options.master_port = 0;
+  }
+  options.max_restarts = args.max_restarts;
+  if (args.local_ranks_filter)
+    options.local_ranks_filter = parse_rank_list(*args.local_ranks_filter);
+  options.log_dir = args.log_dir;
+  options.monitor_interval_s = args.monitor_interval;
+  options.grace_period_s = args.grace_period;
+  options.role = args.role;
+  options.program = args.command;
+  if (!args.no_python && !options.program.empty()) {
+    options.program.insert(options.program.begin(), self_executable());
+  }
+  distributed::validate(options);
+  return options;
+}
+
+int run_launch(const LaunchArgs& args) {
+  distributed::LaunchOptions options = to_options(args);
+  distributed::LocalAgent agent(options, std::make_unique<distributed::StaticRendezvous>(options));
+  return agent.run();
+}
+
+}  // namespace
+
+void add_launch_command(CLI::App& app, CommandRun& run) {
+  CLI::App* command = app.add_subcommand(
+      "launch",
+      "Start N workers per node with torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, ...), "
+      "watch them, restart or stop them all on a failure.\n"
+      "  loom launch --nproc-per-node 4 -- train --config job.toml");
+  auto args = std::make_shared<LaunchArgs>();
+  command
+      ->add_option("--nproc-per-node,--nproc_per_node", args->nproc_per_node,
+                   "Workers on this node: N, cpu, gpu or auto")
+      ->capture_default_str();
+  command->add_option("--nnodes", args->nnodes, "Number of nodes (N, or MIN:MAX with MIN == MAX)")
+      ->capture_default_str();
+  command->add_option("--node-rank,--node_rank", args->node_rank, "This node's rank, 0..nnodes-1")
+      ->capture_default_str();
+  auto* addr = command
+                   ->add_option("--master-addr,--master_addr", args->master_addr,
+                                "Address of the rank 0 node (c10d store host)")
+                   ->capture_default_str();
+  auto* port = command
+                   ->add_option("--master-port,--master_port", args->master_port,
+                                "Port of the c10d store on the master (0: a free one, single "
+                                "node only)")
+                   ->capture_default_str();
+  command
+      ->add_option("--rdzv-endpoint,--rdzv_endpoint", args->rdzv_endpoint,
+                   "HOST:PORT; sets the master address and port")
+      ->excludes(addr)
+      ->excludes(port);
+  command
+      ->add_option("--rdzv-backend,--rdzv_backend", args->rdzv_backend,
+                   "static (c10d accepted for one node)")
+      ->capture_default_str();
+  command->add_flag("--standalone", args->standalone,
+                    "One node on 127.0.0.1 with a free port (like torchrun --standalone)");
+  command
+      ->add_option("--max-restarts,--max_restarts", args->max_restarts,
+                   "Restarts of the worker group after a failure")
+      ->capture_default_str();
+  command->add_option("--local-ranks-filter,--local_ranks_filter", args->local_ranks_filter,
+                      "Comma list of local ranks whose output the console shows (default all)");
+  command->add_option("--log-dir,--log_dir", args->log_dir,
+                      "Also write each rank's output to DIR/attempt_<k>/rank_<r>.log");
+  command->add_flag("--no-python,--no_python", args->no_python,
+                    "Run the command as a program instead of a loom subcommand");
+  command
+      ->add_option("--monitor-interval,--monitor_interval", args->monitor_interval,
+                   "Seconds between worker health checks")
+      ->capture_default_str();
+  command
+      ->add_option("--grace-period", args->grace_period,
+                   "Seconds workers get between SIGTERM and SIGKILL when stopped")
+      ->capture_default_str();
+  command->add_option("--role", args->role, "Console prefix name: [<role><rank>]:")
+      ->capture_default_str();
+  command->add_option("command", args->command,
+                      "After --: the loom subcommand and its arguments (with --no-python: any "
+                      "program)");
+  command->callback([args, &run] { run = [args] { return run_launch(*args); }; });
+}
+
+}  // namespace loom::cli

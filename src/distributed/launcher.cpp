@@ -1,0 +1,343 @@
+#include "loom/distributed/launcher.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <map>
+#include <thread>
+
+#include "loom/core/check.h"
+#include "loom/core/env.h"
+#include "loom/core/files.h"
+#include "loom/core/strings.h"
+#include "loom/distributed/worker_group.h"
+
+extern char** environ;
+
+namespace loom::distributed {
+namespace {
+
+// A port the kernel says is free now; the workers bind it moments later (a small race that
+// torchrun's standalone mode accepts too).
+int pick_free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  LOOM_CHECK_AS(IoError, fd >= 0, "cannot open a socket to pick a port: ", std::strerror(errno));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+  const int saved = errno;
+  ::close(fd);
+  LOOM_CHECK_AS(IoError, ok, "cannot pick a free port: ", std::strerror(saved));
+  return ntohs(addr.sin_port);
+}
+
+// Signals arrive through a pipe the agent polls together with the workers' output, so none is
+// missed between two checks. SIGCHLD only wakes the loop up.
+int g_signal_pipe_write = -1;
+
+extern "C" void on_agent_signal(int signal_number) {
+  const int saved = errno;
+  const unsigned char byte = static_cast<unsigned char>(signal_number);
+  ssize_t ignored = ::write(g_signal_pipe_write, &byte, 1);
+  (void)ignored;
+  errno = saved;
+}
+
+class SignalPipe {
+ public:
+  SignalPipe() {
+    LOOM_CHECK_AS(IoError, ::pipe2(fds_, O_CLOEXEC | O_NONBLOCK) == 0,
+                  "cannot create the signal pipe: ", std::strerror(errno));
+    g_signal_pipe_write = fds_[1];
+    struct sigaction action {};
+    action.sa_handler = on_agent_signal;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART | SA_NOCLDSTOP;
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) ::sigaction(sig, &action, &previous_[sig]);
+    struct sigaction ignore {};
+    ignore.sa_handler = SIG_IGN;
+    ::sigaction(SIGPIPE, &ignore, &previous_[SIGPIPE]);
+  }
+  ~SignalPipe() {
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGPIPE}) {
+      ::sigaction(sig, &previous_[sig], nullptr);
+    }
+    g_signal_pipe_write = -1;
+    ::close(fds_[0]);
+    ::close(fds_[1]);
+  }
+  SignalPipe(const SignalPipe&) = delete;
+  SignalPipe& operator=(const SignalPipe&) = delete;
+
+  int fd() const { return fds_[0]; }
+  // The first terminating signal read from the pipe since the last call, 0 if none.
+  int take_terminating() {
+    int found = 0;
+    unsigned char bytes[64];
+    ssize_t n = 0;
+    while ((n = ::read(fds_[0], bytes, sizeof(bytes))) > 0) {
+      for (ssize_t i = 0; i < n; ++i) {
+        if (bytes[i] != SIGCHLD && found == 0) found = bytes[i];
+      }
+    }
+    return found;
+  }
+
+ private:
+  int fds_[2] = {-1, -1};
+  struct sigaction previous_[NSIG] = {};
+};
+
+std::shared_ptr<spdlog::logger> make_logger(int node_rank) {
+  auto logger = std::make_shared<spdlog::logger>(
+      "launch", std::make_shared<spdlog::sinks::stderr_color_sink_st>());
+  logger->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [launch node" + std::to_string(node_rank) +
+                      "] %^%l%$: %v");
+  logger->flush_on(spdlog::level::info);
+  return logger;
+}
+
+std::string describe_worker(const Worker& worker, int node_rank) {
+  std::string text = "rank " + std::to_string(worker.spec.global_rank) + " (local rank " +
+                     std::to_string(worker.spec.local_rank) + " on node " +
+                     std::to_string(node_rank) + ") " + worker.describe_exit();
+  if (worker.spec.log_path) {
+    text += "; log: " + *worker.spec.log_path;
+  } else if (worker.spec.to_console) {
+    text += "; its output is above, prefixed '" + worker.spec.console_prefix + "'";
+  } else {
+    text += "; its output was filtered out (--local-ranks-filter; use --log-dir to keep it)";
+  }
+  return text;
+}
+
+}  // namespace
+
+void validate(const LaunchOptions& o) {
+  LOOM_CHECK_AS(InputError, o.nproc_per_node >= 1, "--nproc-per-node must be at least 1, got ",
+                o.nproc_per_node);
+  LOOM_CHECK_AS(InputError, o.nnodes >= 1, "--nnodes must be at least 1, got ", o.nnodes);
+  LOOM_CHECK_AS(InputError, o.node_rank >= 0 && o.node_rank < o.nnodes,
+                "--node-rank must be in [0, --nnodes=", o.nnodes, "), got ", o.node_rank);
+  LOOM_CHECK_AS(InputError, o.master_port >= 0 && o.master_port <= 65535,
+                "--master-port must be a TCP port (1..65535, or 0 for a free one), got ",
+                o.master_port);
+  LOOM_CHECK_AS(InputError, o.master_port != 0 || o.nnodes == 1,
+                "--master-port 0 (pick a free port) only works with --nnodes 1: the other nodes "
+                "could not know it");
+  LOOM_CHECK_AS(InputError, !o.master_addr.empty(), "--master-addr must not be empty");
+  LOOM_CHECK_AS(InputError, o.max_restarts >= 0, "--max-restarts must be >= 0, got ",
+                o.max_restarts);
+  LOOM_CHECK_AS(InputError, o.monitor_interval_s > 0 && o.monitor_interval_s <= 60,
+                "--monitor-interval must be in (0, 60] seconds, got ", o.monitor_interval_s);
+  LOOM_CHECK_AS(InputError, o.grace_period_s >= 0, "--grace-period must be >= 0 seconds, got ",
+                o.grace_period_s);
+  LOOM_CHECK_AS(InputError, !o.program.empty() && !o.program.front().empty(),
+                "missing the command to run: loom launch [options] -- <subcommand> [args...]");
+  if (o.local_ranks_filter) {
+    for (int rank : *o.local_ranks_filter) {
+      LOOM_CHECK_AS(InputError, rank >= 0 && rank < o.nproc_per_node,
+                    "--local-ranks-filter: ", rank, " is not a local rank (expected 0..",
+                    o.nproc_per_node - 1, ")");
+    }
+  }
+}
+
+int visible_gpu_count() {
+  if (const char* visible = std::getenv("CUDA_VISIBLE_DEVICES")) {
+    int count = 0;
+    for (const std::string& item : strings::split_list(visible)) {
+      if (item.rfind("-1", 0) == 0) break;  // CUDA stops at the first invalid index
+      ++count;
+    }
+    return count;
+  }
+  int count = 0;
+  if (DIR* dir = ::opendir("/proc/driver/nvidia/gpus")) {
+    while (dirent* entry = ::readdir(dir)) {
+      if (entry->d_name[0] != '.') ++count;
+    }
+    ::closedir(dir);
+  }
+  return count;
+}
+
+int resolve_nproc_per_node(const std::string& value) {
+  const int cpus = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (value == "cpu") return cpus;
+  if (value == "gpu") {
+    const int gpus = visible_gpu_count();
+    LOOM_CHECK_AS(InputError, gpus > 0,
+                  "--nproc-per-node gpu: no NVIDIA GPU is visible (CUDA_VISIBLE_DEVICES / "
+                  "/proc/driver/nvidia/gpus)");
+    return gpus;
+  }
+  if (value == "auto") {
+    const int gpus = visible_gpu_count();
+    return gpus > 0 ? gpus : cpus;
+  }
+  auto parsed = strings::parse_int(value);
+  LOOM_CHECK_AS(InputError, parsed.has_value() && *parsed >= 1 && *parsed <= 4096,
+                "--nproc-per-node must be a positive integer, 'cpu', 'gpu' or 'auto', got '", value,
+                "'");
+  return static_cast<int>(*parsed);
+}
+
+StaticRendezvous::StaticRendezvous(const LaunchOptions& options) : options_(options) {
+  port_ = options.master_port != 0 ? options.master_port : pick_free_port();
+}
+
+RendezvousResult StaticRendezvous::next_rendezvous(int /*round*/) {
+  RendezvousResult result;
+  result.group_world_size = options_.nnodes;
+  result.group_rank = options_.node_rank;
+  result.local_world_size = options_.nproc_per_node;
+  result.world_size = options_.nnodes * options_.nproc_per_node;
+  for (int local = 0; local < options_.nproc_per_node; ++local) {
+    result.global_ranks.push_back(options_.node_rank * options_.nproc_per_node + local);
+  }
+  result.master_addr = options_.master_addr;
+  result.master_port = port_;
+  return result;
+}
+
+LocalAgent::LocalAgent(LaunchOptions options, std::unique_ptr<RendezvousHandler> rendezvous)
+    : options_(std::move(options)), rendezvous_(std::move(rendezvous)) {
+  validate(options_);
+  // Like torchrun: many workers each spinning a full OpenMP pool oversubscribe the CPUs.
+  set_omp_threads_ = options_.nproc_per_node > 1 && !env::get("OMP_NUM_THREADS");
+}
+
+std::vector<std::string> LocalAgent::worker_env(const RendezvousResult& round, int local_rank,
+                                                int restart_count) const {
+  std::map<std::string, std::string> vars;
+  for (char** entry = environ; *entry != nullptr; ++entry) {
+    std::string_view text(*entry);
+    const size_t eq = text.find('=');
+    if (eq != std::string_view::npos) vars[std::string(text.substr(0, eq))] = text.substr(eq + 1);
+  }
+  const std::string rank = std::to_string(round.global_ranks.at(local_rank));
+  const std::string world = std::to_string(round.world_size);
+  vars["RANK"] = rank;
+  vars["LOCAL_RANK"] = std::to_string(local_rank);
+  vars["WORLD_SIZE"] = world;
+  vars["LOCAL_WORLD_SIZE"] = std::to_string(round.local_world_size);
+  vars["GROUP_RANK"] = std::to_string(round.group_rank);
+  vars["GROUP_WORLD_SIZE"] = std::to_string(round.group_world_size);
+  vars["ROLE_RANK"] = rank;
+  vars["ROLE_WORLD_SIZE"] = world;
+  vars["ROLE_NAME"] = options_.role;
+  vars["MASTER_ADDR"] = round.master_addr;
+  vars["MASTER_PORT"] = std::to_string(round.master_port);
+  vars["TORCHELASTIC_RESTART_COUNT"] = std::to_string(restart_count);
+  vars["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(options_.max_restarts);
+  if (set_omp_threads_) vars["OMP_NUM_THREADS"] = "1";
+  std::vector<std::string> env;
+  env.reserve(vars.size());
+  for (const auto& [key, value] : vars) env.push_back(key + "=" + value);
+  return env;
+}
+
+int LocalAgent::run() {
+  auto logger = make_logger(options_.node_rank);
+  if (set_omp_threads_) {
+    logger->warn(
+        "OMP_NUM_THREADS is not set: setting it to 1 for each worker so {} workers do "
+        "not oversubscribe the CPUs; set it yourself to tune",
+        options_.nproc_per_node);
+  }
+  SignalPipe signals;
+  int pending_signal = 0;
+  auto escalate = [&] {
+    const int sig = signals.take_terminating();
+    if (sig == 0) return false;
+    if (pending_signal == 0) pending_signal = sig;
+    logger->warn("received {} while stopping the workers: killing them now", signal_name(sig));
+    return true;
+  };
+  const int interval_ms = std::max(1, static_cast<int>(options_.monitor_interval_s * 1000));
+
+  for (int restart_count = 0;; ++restart_count) {
+    const RendezvousResult round = rendezvous_->next_rendezvous(restart_count);
+    std::vector<WorkerSpec> specs;
+    std::string attempt_dir;
+    if (options_.log_dir) {
+      attempt_dir = *options_.log_dir + "/attempt_" + std::to_string(restart_count);
+      files::create_directories(attempt_dir);
+    }
+    for (int local = 0; local < round.local_world_size; ++local) {
+      WorkerSpec spec;
+      spec.local_rank = local;
+      spec.global_rank = round.global_ranks.at(local);
+      spec.argv = options_.program;
+      spec.env = worker_env(round, local, restart_count);
+      spec.console_prefix = "[" + options_.role + std::to_string(spec.global_rank) + "]: ";
+      spec.to_console = !options_.local_ranks_filter || options_.local_ranks_filter->count(local);
+      if (options_.log_dir) {
+        spec.log_path = attempt_dir + "/rank_" + std::to_string(spec.global_rank) + ".log";
+      }
+      specs.push_back(std::move(spec));
+    }
+    logger->info(
+        "starting {} worker(s): ranks {}-{} of world size {} (node {} of {}), master "
+        "{}:{}, {} rendezvous, restart {} of at most {}",
+        round.local_world_size, round.global_ranks.front(), round.global_ranks.back(),
+        round.world_size, round.group_rank, round.group_world_size, round.master_addr,
+        round.master_port, rendezvous_->name(), restart_count, options_.max_restarts);
+
+    WorkerGroup group(std::move(specs));
+    group.start();
+    int signal = 0;
+    while (group.first_failure() == nullptr && !group.all_exited()) {
+      if (group.poll(interval_ms, signals.fd())) signal = signals.take_terminating();
+      if (signal != 0) break;
+    }
+    if (signal != 0) {
+      logger->warn("received {}: forwarding it to the workers, waiting up to {} s for them",
+                   signal_name(signal), options_.grace_period_s);
+      group.stop(signal, options_.grace_period_s, signals.fd(), escalate);
+      return 128 + signal;
+    }
+    if (group.all_succeeded()) {
+      group.drain_output(2000);
+      logger->info("all {} worker(s) finished successfully", round.local_world_size);
+      return 0;
+    }
+    const Worker failed = [&] {
+      // Copy what the report needs before stop() changes the picture (others die of SIGTERM).
+      Worker copy;
+      copy.spec = group.first_failure()->spec;
+      copy.wait_status = group.first_failure()->wait_status;
+      return copy;
+    }();
+    logger->error("{}; stopping the other workers", describe_worker(failed, round.group_rank));
+    group.stop(SIGTERM, options_.grace_period_s, signals.fd(), escalate);
+    if (pending_signal != 0) return 128 + pending_signal;
+    if (restart_count < options_.max_restarts) {
+      logger->warn("restarting the worker group ({} of at most {} restarts)", restart_count + 1,
+                   options_.max_restarts);
+      continue;
+    }
+    logger->error("job failed{}: {}",
+                  options_.max_restarts > 0
+                      ? " after " + std::to_string(options_.max_restarts) + " restart(s)"
+                      : std::string(),
+                  describe_worker(failed, round.group_rank));
+    return failed.exit_code() == 0 ? 1 : failed.exit_code();
+  }
+}
+
+}  // namespace loom::distributed
