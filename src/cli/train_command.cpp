@@ -8,6 +8,7 @@
 #include "loom/core/files.h"
 #include "loom/core/logging.h"
 #include "loom/core/signals.h"
+#include "loom/distributed/world_info.h"
 #include "loom/train/trainer.h"
 
 namespace loom::cli {
@@ -27,7 +28,8 @@ void prepare_dump_folder(const config::JobConfig& config) {
 
 int run_train(const CLI::App& command, ConfigArgs& args) {
   signals::install_shutdown_handlers();
-  const int rank = static_cast<int>(env::get_int("RANK").value_or(0));
+  // torchrun's RANK, or SLURM's SLURM_PROCID under srun.
+  const int rank = distributed::read_world_info().rank;
   log::init(rank);
   config::LoadedConfig loaded = load_config(command, args);
   config::warn_unimplemented(loaded);

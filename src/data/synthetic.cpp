@@ -8,15 +8,21 @@
 
 namespace loom::data {
 
-SyntheticSource::SyntheticSource(int64_t vocab_size, uint64_t seed, double follow_probability)
+SyntheticSource::SyntheticSource(int64_t vocab_size, uint64_t seed, int64_t dp_rank,
+                                 int64_t dp_world, double follow_probability)
     : vocab_size_(vocab_size),
+      dp_rank_(dp_rank),
+      dp_world_(dp_world),
       follow_probability_(follow_probability),
       generator_(at::make_generator<at::CPUGeneratorImpl>(seed)),
       seed_(seed) {
+  LOOM_CHECK(dp_world >= 1 && dp_rank >= 0 && dp_rank < dp_world, "data-parallel rank ", dp_rank,
+             " of ", dp_world);
   successor_ = at::randperm(vocab_size, generator_, at::kLong);
 }
 
-Batch SyntheticSource::next(int64_t batch_size, int64_t seq_len) {
+Batch SyntheticSource::next(int64_t local_batch_size, int64_t seq_len) {
+  const int64_t batch_size = local_batch_size * dp_world_;
   // seq_len + 1 tokens per sample: inputs are the first seq_len, labels the last seq_len.
   at::Tensor tokens = at::empty({batch_size, seq_len + 1}, at::kLong);
   tokens.select(1, 0).random_(0, vocab_size_, generator_);
@@ -28,6 +34,7 @@ Batch SyntheticSource::next(int64_t batch_size, int64_t seq_len) {
     at::Tensor likely = successor_.index_select(0, tokens.select(1, t));
     tokens.select(1, t + 1).copy_(at::where(follow.select(1, t), likely, noise.select(1, t)));
   }
+  tokens = tokens.narrow(0, dp_rank_ * local_batch_size, local_batch_size);
   return {tokens.slice(1, 0, seq_len).contiguous(), tokens.slice(1, 1, seq_len + 1).contiguous()};
 }
 

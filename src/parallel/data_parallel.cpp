@@ -57,8 +57,8 @@ DataParallel::DataParallel(std::vector<std::pair<std::string, at::Tensor>> named
                                                    std::make_unique<ReadyHook>(this, i));
   }
   log::get("ddp")->info("{} parameters in {} buckets of up to {:.0f} MB over group '{}' ({} ranks)",
-                        parameters_.size(), buckets_.size(), options_.bucket_cap_mb,
-                        comm_->name(), comm_->size());
+                        parameters_.size(), buckets_.size(), options_.bucket_cap_mb, comm_->name(),
+                        comm_->size());
 }
 
 DataParallel::~DataParallel() {
@@ -80,8 +80,8 @@ void DataParallel::build_buckets(double cap_bytes) {
   double bytes = 0;
   auto close = [&] {
     if (!current) return;
-    int64_t total = current->offsets.back() +
-                    parameters_[current->parameters.back()].second.numel();
+    int64_t total =
+        current->offsets.back() + parameters_[current->parameters.back()].second.numel();
     current->flat = at::zeros({total}, parameters_[current->parameters.front()].second.options());
     buckets_.push_back(std::move(current));
     bytes = 0;
@@ -89,8 +89,7 @@ void DataParallel::build_buckets(double cap_bytes) {
   // Reverse order: the output layer's gradients arrive first in backward.
   for (size_t k = parameters_.size(); k-- > 0;) {
     const at::Tensor& p = parameters_[k].second;
-    const at::Tensor* first =
-        current ? &parameters_[current->parameters.front()].second : nullptr;
+    const at::Tensor* first = current ? &parameters_[current->parameters.front()].second : nullptr;
     const bool new_dtype =
         first && (first->scalar_type() != p.scalar_type() || first->device() != p.device());
     if (current && (bytes >= cap_bytes || new_dtype)) close();

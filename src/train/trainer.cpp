@@ -31,14 +31,41 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-at::Device choose_device(const std::string& setting) {
+// One GPU per process: the local rank's.
+at::Device choose_device(const std::string& setting, int local_rank) {
   const bool cuda = at::hasCUDA();
   if (setting == "cuda") {
     LOOM_CHECK_AS(InputError, cuda, "training.device = 'cuda' but no CUDA device is available");
-    return at::Device(at::kCUDA, 0);
   }
-  if (setting == "auto" && cuda) return at::Device(at::kCUDA, 0);
+  if (setting == "cuda" || (setting == "auto" && cuda)) {
+    return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(local_rank));
+  }
   return at::Device(at::kCPU);
+}
+
+bool wants_cuda(const std::string& setting) {
+  return setting == "cuda" || (setting == "auto" && at::hasCUDA());
+}
+
+// The layouts this build trains; the others are refused before any rank starts work.
+void check_supported_layout(const distributed::ParallelDims& dims) {
+  LOOM_CHECK_AS(InputError, dims.tp == 1 && dims.pp == 1 && dims.cp == 1,
+                "parallelism: tensor, pipeline and context parallel degrees other than 1 are not "
+                "implemented yet (",
+                dims.describe(), ")");
+  LOOM_CHECK_AS(InputError, dims.dp_shard == 1,
+                "parallelism: data_parallel_shard_degree resolves to ", dims.dp_shard,
+                " (FSDP), which is not implemented yet (", dims.describe(),
+                "). For data parallelism set parallelism.data_parallel_replicate_degree to the "
+                "number of ranks and data_parallel_shard_degree to 1 (or leave it at -1)");
+}
+
+// A number summed over a group (the step's valid tokens, its loss).
+double sum_over(distributed::Comm& group, double value) {
+  if (group.size() == 1) return value;
+  at::Tensor t = at::full({1}, value, at::kDouble);
+  group.all_reduce(t);
+  return t.item<double>();
 }
 
 // Only the synthetic stream works without a tokenizer.
@@ -53,7 +80,8 @@ std::unique_ptr<data::BatchSource> dataset_source(const std::string& name,
                                                   data::PackedLoaderOptions options,
                                                   const std::string& key) {
   if (is_synthetic(name, path)) {
-    return std::make_unique<data::SyntheticSource>(vocab, options.seed);
+    return std::make_unique<data::SyntheticSource>(vocab, options.seed, options.dp_rank,
+                                                   options.dp_world);
   }
   LOOM_CHECK(tokenizer != nullptr, "a real dataset needs the tokenizer");
   return data::open_dataset(name, path, *tokenizer, options, key);
@@ -81,14 +109,17 @@ Trainer::~Trainer() = default;
 
 void Trainer::setup_runtime() {
   auto log = log::get("trainer");
-  device_ = choose_device(config_.training.device);
+  runtime_ =
+      std::make_unique<distributed::ParallelRuntime>(config_, wants_cuda(config_.training.device));
+  check_supported_layout(runtime_->dims());
+  device_ = choose_device(config_.training.device, runtime_->world().local_rank);
   seed_ = config_.debug.seed ? static_cast<uint64_t>(*config_.debug.seed) : std::random_device{}();
   at::manual_seed(seed_);
   if (config_.debug.deterministic) {
     at::globalContext().setDeterministicAlgorithms(true, config_.debug.deterministic_warn_only);
   }
   const auto& t = config_.training;
-  const int64_t dp = 1;  // data parallelism arrives with the distributed runtime
+  const int64_t dp = runtime_->dp_size();
   const int64_t global = t.global_batch_size > 0 ? t.global_batch_size : t.local_batch_size * dp;
   LOOM_CHECK_AS(InputError, global % (t.local_batch_size * dp) == 0, "training.global_batch_size (",
                 global, ") must be a multiple of local_batch_size x dp (", t.local_batch_size * dp,
@@ -97,13 +128,6 @@ void Trainer::setup_runtime() {
   LOOM_CHECK_AS(InputError, !config_.validation.enable || config_.validation.seq_len <= t.seq_len,
                 "validation.seq_len (", config_.validation.seq_len, ") exceeds training.seq_len (",
                 t.seq_len, "), the longest sequence the model is built for");
-  const auto& p = config_.parallelism;
-  LOOM_CHECK_AS(InputError,
-                p.tensor_parallel_degree == 1 && p.pipeline_parallel_degree == 1 &&
-                    p.context_parallel_degree == 1 && p.data_parallel_replicate_degree == 1 &&
-                    (p.data_parallel_shard_degree == 1 || p.data_parallel_shard_degree == -1),
-                "parallelism: this build trains on one device; tensor, pipeline, context and data "
-                "parallel degrees other than 1 arrive with the distributed issues");
   const auto compute = autocast_dtype(t, device_);
   log->info(
       "device {}, parameters {}, compute {}, seed {}{}, gradient accumulation {} x local batch {}",
@@ -120,11 +144,23 @@ void Trainer::build_model() {
   model_->init_weights(seed_);
   model_->apply_activation_checkpointing(config_.activation_checkpoint);
   for (const auto& p : model_->module().parameters()) parameters_.push_back(p);
+  apply_parallelism();
   optimizer_ = build_optimizer(config_.optimizer, parameters_);
   schedule_.emplace(config_.lr_scheduler,
                     config_.lr_scheduler.total_steps.value_or(config_.training.steps));
   summary_ = model_->summary(config_.training.seq_len);
   log::get("trainer")->info("model {}", models::format_summary(summary_, false));
+}
+
+// Data parallel (DDP / HSDP's replicate dimension): gradients all-reduced over dp_replicate.
+void Trainer::apply_parallelism() {
+  if (runtime_->dims().dp_replicate == 1) return;
+  std::vector<std::pair<std::string, at::Tensor>> named;
+  for (const auto& item : model_->module().named_parameters()) {
+    named.emplace_back(item.key(), item.value());
+  }
+  data_parallel_ = std::make_unique<parallel::DataParallel>(
+      std::move(named), runtime_->group_ptr(distributed::MeshGroup::dp_replicate));
 }
 
 void Trainer::build_data(std::unique_ptr<data::BatchSource> source,
@@ -134,8 +170,10 @@ void Trainer::build_data(std::unique_ptr<data::BatchSource> source,
   const bool skip_bad = t.dataset_on_error == "skip";
   auto train_source =
       source ? std::move(source)
-             : dataset_source(t.dataset, t.dataset_path, tokenizer_.get(), model_->vocab_size(),
-                              {t.seq_len, seed_, true, 0, 1, skip_bad}, "training.dataset");
+             : dataset_source(
+                   t.dataset, t.dataset_path, tokenizer_.get(), model_->vocab_size(),
+                   {t.seq_len, seed_, true, runtime_->dp_rank(), runtime_->dp_size(), skip_bad},
+                   "training.dataset");
   // A background thread keeps the next two microbatches ready.
   source_ = std::make_unique<data::PrefetchingSource>(std::move(train_source), t.local_batch_size,
                                                       t.seq_len, 2);
@@ -143,8 +181,10 @@ void Trainer::build_data(std::unique_ptr<data::BatchSource> source,
     validation_source_ =
         validation_source
             ? std::move(validation_source)
-            : dataset_source(v.dataset, v.dataset_path, tokenizer_.get(), model_->vocab_size(),
-                             {v.seq_len, seed_ + 1, false, 0, 1, skip_bad}, "validation.dataset");
+            : dataset_source(
+                  v.dataset, v.dataset_path, tokenizer_.get(), model_->vocab_size(),
+                  {v.seq_len, seed_ + 1, false, runtime_->dp_rank(), runtime_->dp_size(), skip_bad},
+                  "validation.dataset");
     LOOM_CHECK_AS(InputError, v.steps > 0 || validation_source_->samples_per_epoch(),
                   "validation.steps = -1 (the whole set) needs a finite validation dataset; set a "
                   "step count for '",
@@ -162,12 +202,18 @@ double Trainer::train_step(int64_t step, metrics::StepMetrics& m) {
     valid_tokens += count_valid_tokens(micro.back().labels);
   }
   const double data_time = seconds_since(data_start);
+  // The loss is normalized by the tokens of the global batch, summed over the ranks sharing it.
+  auto& loss_group = runtime_->group(distributed::MeshGroup::loss);
+  valid_tokens = static_cast<int64_t>(sum_over(loss_group, static_cast<double>(valid_tokens)));
   LOOM_CHECK_AS(InputError, valid_tokens > 0, "step ", step, ": the batch has no token to predict");
 
   optimizer_->zero_grad();
   double loss_sum = 0;
   const auto compute_dtype = autocast_dtype(t, device_);
-  for (auto& batch : micro) {
+  for (size_t i = 0; i < micro.size(); ++i) {
+    auto& batch = micro[i];
+    // Gradients are all-reduced during the last microbatch's backward only.
+    if (data_parallel_) data_parallel_->set_requires_gradient_sync(i + 1 == micro.size());
     at::Tensor loss;
     {
       AutocastGuard autocast(device_.type(), compute_dtype);
@@ -179,11 +225,12 @@ double Trainer::train_step(int64_t step, metrics::StepMetrics& m) {
     loss.backward();
     loss_sum += loss.item<double>();
   }
+  if (data_parallel_) data_parallel_->finish_gradient_sync();
   m.grad_norm = clip_grad_norm(parameters_, t.max_norm);
   m.lr = config_.optimizer.lr * schedule_->factor(step - 1);
   set_learning_rate(*optimizer_, m.lr);
   optimizer_->step();
-  m.loss = loss_sum;
+  m.loss = sum_over(loss_group, loss_sum);
   return data_time;
 }
 
@@ -205,7 +252,20 @@ double Trainer::validate() {
             .item<double>();
     tokens += count_valid_tokens(batch.labels);
   }
-  return loss_sum / static_cast<double>(std::max<int64_t>(tokens, 1));
+  // Every rank validated its slice of each global batch.
+  auto& loss_group = runtime_->group(distributed::MeshGroup::loss);
+  loss_sum = sum_over(loss_group, loss_sum);
+  const double all_tokens = sum_over(loss_group, static_cast<double>(tokens));
+  return loss_sum / std::max(all_tokens, 1.0);
+}
+
+bool Trainer::any_rank_stopping() {
+  const bool local = signals::shutdown_requested();
+  auto& world = runtime_->world_group();
+  if (world.size() == 1) return local;
+  at::Tensor flag = at::full({1}, local ? 1 : 0, at::kInt);
+  world.all_reduce(flag, distributed::ReduceOp::kMax);
+  return flag.item<int>() != 0;
 }
 
 TrainResult Trainer::train() {
@@ -214,14 +274,17 @@ TrainResult Trainer::train() {
   // Colors only for a terminal: log files and pipes get plain text.
   files::create_directories(config_.job.dump_folder);
   const bool color = !config_.metrics.disable_color_printing && ::isatty(STDERR_FILENO) == 1;
-  metrics_ =
-      std::make_unique<metrics::MetricsLogger>(config_.job.dump_folder + "/metrics.jsonl", color);
+  // Every rank prints its console line; rank 0 alone writes metrics.jsonl.
+  metrics_ = std::make_unique<metrics::MetricsLogger>(
+      runtime_->is_main_rank() ? config_.job.dump_folder + "/metrics.jsonl" : std::string(), color);
   peak_flops_ = metrics::peak_flops(device_, config_.metrics.peak_tflops);
   log->info("training {} steps; peak {:.3g} TFLOP/s per device for MFU", t.steps,
             peak_flops_ / 1e12);
   TrainResult result;
   const auto start = Clock::now();
+  // Per rank (tps is per device); tokens_seen counts the global batch.
   const int64_t tokens_per_step = accumulation_steps_ * t.local_batch_size * t.seq_len;
+  const int64_t global_tokens_per_step = tokens_per_step * runtime_->dp_size();
   double window_time = 0, window_data = 0;
   int64_t window_steps = 0;
   for (int64_t step = 1; step <= t.steps; ++step) {
@@ -230,6 +293,7 @@ TrainResult Trainer::train() {
     window_data += train_step(step, m);
     window_time += seconds_since(step_start);
     ++window_steps;
+    if (step == 1) runtime_->use_train_timeout();
     result.losses.push_back(m.loss);
     result.grad_norms.push_back(m.grad_norm);
     result.steps_completed = step;
@@ -243,7 +307,7 @@ TrainResult Trainer::train() {
       m.mfu_pct = peak_flops_ > 0 ? 100.0 * m.tps * summary_.flops_per_token / peak_flops_ : 0.0;
       m.mem_peak_gib = metrics::peak_memory_gib(device_);
       m.data_time_pct = 100.0 * window_data / window_time;
-      m.tokens_seen = step * tokens_per_step;
+      m.tokens_seen = step * global_tokens_per_step;
       m.elapsed_s = seconds_since(start);
       m.since_start_s = metrics::seconds_since_process_start();
       m.data_skipped = source_->records_skipped();
@@ -252,15 +316,18 @@ TrainResult Trainer::train() {
       window_steps = 0;
     }
     if (validation_source_ && step % config_.validation.freq == 0) {
-      metrics_->log_validation(step, validate(), step * tokens_per_step, seconds_since(start));
+      metrics_->log_validation(step, validate(), step * global_tokens_per_step,
+                               seconds_since(start));
     }
-    if (signals::shutdown_requested()) {
-      log->warn("signal {} received: stopping after step {}", signals::shutdown_signal(), step);
+    if (any_rank_stopping()) {
+      log->warn("stop requested (signal {} here, or on another rank): stopping after step {}",
+                signals::shutdown_signal(), step);
       result.stopped_by_signal = true;
       break;
     }
   }
   result.peak_memory_gib = metrics::peak_memory_gib(device_);
+  result.comm_wire_bytes = runtime_->total_wire_bytes();
   log->info("finished {} steps in {:.1f} s; metrics in {}/metrics.jsonl", result.steps_completed,
             seconds_since(start), config_.job.dump_folder);
   return result;

@@ -1,6 +1,7 @@
-// The training loop `loom train` runs: one process, one device (parallel layouts arrive with
-// the distributed issues). It reads like the job's data path in DESIGN.md: device, data, model,
-// optimizer and schedule, then steps with metrics, validation and a clean stop on SIGTERM.
+// The training loop `loom train` runs, on one rank of a job (or alone). It reads like the job's
+// data path in DESIGN.md: runtime (ranks, mesh, groups), device, data, model and its parallel
+// wrappers, optimizer and schedule, then steps with metrics, validation and a clean stop on
+// SIGTERM.
 #pragma once
 
 #include <memory>
@@ -11,8 +12,10 @@
 #include "loom/config/job_config.h"
 #include "loom/data/batch_source.h"
 #include "loom/data/tokenizer.h"
+#include "loom/distributed/runtime.h"
 #include "loom/metrics/metrics.h"
 #include "loom/models/model_spec.h"
+#include "loom/parallel/data_parallel.h"
 #include "loom/train/lr_scheduler.h"
 #include "loom/train/optimizer.h"
 
@@ -24,6 +27,7 @@ struct TrainResult {
   std::vector<double> grad_norms;
   bool stopped_by_signal = false;
   double peak_memory_gib = 0;
+  uint64_t comm_wire_bytes = 0;  // sent by this rank over every group
 };
 
 class Trainer {
@@ -36,24 +40,30 @@ class Trainer {
   TrainResult train();
 
   models::CausalLM& model() { return *model_; }
+  distributed::ParallelRuntime& runtime() { return *runtime_; }
   const at::Device& device() const { return device_; }
   uint64_t seed() const { return seed_; }
 
  private:
   void setup_runtime();
   void build_model();
+  void apply_parallelism();
   void build_data(std::unique_ptr<data::BatchSource> source,
                   std::unique_ptr<data::BatchSource> validation_source);
   double train_step(int64_t step, metrics::StepMetrics& metrics);
   double validate();
+  // True on every rank once any rank was asked to stop (all ranks leave after the same step).
+  bool any_rank_stopping();
 
   config::JobConfig config_;
+  std::unique_ptr<distributed::ParallelRuntime> runtime_;
   at::Device device_{at::kCPU};
   uint64_t seed_ = 0;
   int64_t accumulation_steps_ = 1;
   std::unique_ptr<data::Tokenizer> tokenizer_;
   std::unique_ptr<models::CausalLM> model_;
   std::vector<at::Tensor> parameters_;
+  std::unique_ptr<parallel::DataParallel> data_parallel_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::optional<LRSchedule> schedule_;
   std::unique_ptr<data::BatchSource> source_;

@@ -1,0 +1,51 @@
+#include "loom/distributed/runtime.h"
+
+#include <chrono>
+
+#include "loom/core/logging.h"
+
+namespace loom::distributed {
+namespace {
+
+CommInit comm_init(const WorldInfo& world, const config::CommSection& comm, bool with_cuda) {
+  CommInit init;
+  init.rank = world.rank;
+  init.world_size = world.world_size;
+  init.master_addr = world.master_addr;
+  init.master_port = world.master_port;
+  init.options.init_timeout = std::chrono::seconds(comm.init_timeout_seconds);
+  init.options.train_timeout = std::chrono::seconds(comm.train_timeout_seconds);
+  init.with_cuda = with_cuda;
+  return init;
+}
+
+std::vector<int> to_int(const std::vector<int64_t>& ranks) {
+  return std::vector<int>(ranks.begin(), ranks.end());
+}
+
+}  // namespace
+
+ParallelRuntime::ParallelRuntime(const config::JobConfig& config, bool with_cuda)
+    : ParallelRuntime(config, read_world_info(), with_cuda) {}
+
+ParallelRuntime::ParallelRuntime(const config::JobConfig& config, WorldInfo world, bool with_cuda)
+    : world_(std::move(world)),
+      dims_(ParallelDims::from_config(config.parallelism, world_.world_size)),
+      mesh_(dims_) {
+  groups_owner_ = std::make_unique<ProcessGroups>(comm_init(world_, config.comm, with_cuda));
+  for (MeshGroup kind : kAllMeshGroups) {
+    groups_[static_cast<size_t>(kind)] =
+        groups_owner_->new_group(to_string(kind), to_int(mesh_.group_ranks(kind, world_.rank)));
+  }
+  if (world_.world_size > 1) {
+    log::get("runtime")->info("rank {} ({} launch, local rank {}, node {}): {}", world_.rank,
+                              world_.source, world_.local_rank, world_.group_rank,
+                              dims_.describe());
+  }
+}
+
+std::unique_ptr<ParallelRuntime> ParallelRuntime::single(const config::JobConfig& config) {
+  return std::unique_ptr<ParallelRuntime>(new ParallelRuntime(config, WorldInfo{}, false));
+}
+
+}  // namespace loom::distributed
