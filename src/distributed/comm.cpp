@@ -32,6 +32,9 @@ Work done_work() {
   return Work();
 }
 
+constexpr const char* kPeerHint =
+    ". Another rank may have exited or stopped calling collectives (its log says why)";
+
 // Reduces `stacked` ([N, ...]) over dim 0 into `out`, the local step of the fallbacks.
 void reduce_rows(const at::Tensor& stacked, at::Tensor& out, ReduceOp op, int n) {
   switch (op) {
@@ -105,7 +108,7 @@ void Work::Impl::wait() {
     try {
       work_->wait();
     } catch (const std::exception& e) {
-      LOOM_THROW(CommError, what_, " failed: ", e.what());
+      LOOM_THROW(CommError, what_, " failed: ", e.what(), kPeerHint);
     }
   }
   if (finish_) finish_();
@@ -153,15 +156,15 @@ void Comm::use_train_timeout() {
 
 std::string Comm::describe(const char* what, const at::Tensor& tensor) const {
   std::string text = std::string(what) + " on group '" + name_ + "' (rank " +
-                     std::to_string(rank_) + " of " + std::to_string(size()) + ")";
+                     std::to_string(rank_) + " of " + std::to_string(size());
   if (tensor.defined()) {
-    text += " with " + std::to_string(tensor.numel()) + " " +
+    text += ", " + std::to_string(tensor.numel()) + " " +
             std::string(c10::toString(tensor.scalar_type())) + " on " + tensor.device().str();
   }
-  return text + "; collectives time out after " +
+  const bool training = timeout_ == options_.train_timeout && timeout_ != options_.init_timeout;
+  return text + "; timeout " +
          std::to_string(std::chrono::duration_cast<std::chrono::seconds>(timeout_).count()) +
-         " s (comm.init_timeout_seconds before the first step, comm.train_timeout_seconds after), "
-         "a peer may have exited";
+         " s from comm." + (training ? "train" : "init") + "_timeout_seconds)";
 }
 
 Backend& Comm::backend_for(const at::Tensor& tensor, const char* what) {
@@ -183,7 +186,7 @@ Work Comm::launch(const char* what, const at::Tensor& tensor,
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
-    LOOM_THROW(CommError, describe(what, tensor), ": ", e.what());
+    LOOM_THROW(CommError, describe(what, tensor), " failed: ", e.what(), kPeerHint);
   }
 }
 
@@ -423,7 +426,7 @@ Work Comm::all_to_all_single(at::Tensor& output, const at::Tensor& input,
         try {
           w->wait();
         } catch (const std::exception& e) {
-          LOOM_THROW(CommError, what, " failed: ", e.what());
+          LOOM_THROW(CommError, what, " failed: ", e.what(), kPeerHint);
         }
       }
     }));

@@ -19,6 +19,9 @@ CommandResult run_loom(const std::string& args);
 // A fresh, empty folder for one test under the build tree.
 std::string fresh_temp_dir(const std::string& name);
 
+// A TCP port on 127.0.0.1 nothing listens on right now (the kernel picks it).
+int free_port();
+
 // The whole content of a file; empty when it does not exist.
 std::string read_text(const std::string& path);
 

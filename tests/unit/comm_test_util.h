@@ -4,9 +4,6 @@
 #pragma once
 
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <exception>
 #include <functional>
@@ -16,25 +13,12 @@
 #include <vector>
 
 #include "loom/distributed/process_groups.h"
+#include "support/process.h"
 
 namespace loom::testing {
 
-// A port nothing listens on right now (the kernel picks it).
-inline int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
-
 inline distributed::CommInit thread_rank_init(int rank, int world, int port,
-                                       distributed::CommOptions options = {}) {
+                                              distributed::CommOptions options = {}) {
   distributed::CommInit init;
   init.rank = rank;
   init.world_size = world;
@@ -45,9 +29,9 @@ inline distributed::CommInit thread_rank_init(int rank, int world, int port,
 }
 
 // Calls body(groups) on `world` threads; returns the messages of exceptions the ranks threw.
-inline std::vector<std::string> run_ranks(int world,
-                                          const std::function<void(distributed::ProcessGroups&)>& body,
-                                          distributed::CommOptions options = {}) {
+inline std::vector<std::string> run_ranks(
+    int world, const std::function<void(distributed::ProcessGroups&)>& body,
+    distributed::CommOptions options = {}) {
   if (options.init_timeout > std::chrono::seconds(60))
     options.init_timeout = std::chrono::seconds(60);
   if (options.train_timeout > std::chrono::seconds(60)) {
