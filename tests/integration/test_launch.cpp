@@ -86,8 +86,12 @@ std::string env_line(int rank, int local_rank, int world, int local_world, int g
          " TORCHELASTIC_RESTART_COUNT=0 OMP_NUM_THREADS=" + omp + "\n";
 }
 
+// Running (a zombie waiting for a parent that never reaps counts as dead).
 bool process_alive(pid_t pid) {
-  return ::kill(pid, 0) == 0 || errno == EPERM;
+  if (::kill(pid, 0) != 0 && errno != EPERM) return false;
+  const std::string stat = read_text("/proc/" + std::to_string(pid) + "/stat");
+  const size_t paren = stat.rfind(')');
+  return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] != 'Z';
 }
 
 }  // namespace
@@ -279,6 +283,26 @@ TEST(Launch, SecondSignalKillsWorkersAtOnce) {
   const int ms = reported_ms(result.output);
   EXPECT_GE(ms, 0) << result.output;
   EXPECT_LT(ms, 10000) << result.output;
+}
+
+TEST(Launch, WorkersDieWithAKilledLauncher) {
+  const std::string dir = fresh_temp_dir("launch_killed_launcher");
+  const std::string worker = "echo $$ > " + quoted(dir) + "/pid_$RANK.tmp && mv " + quoted(dir) +
+                             "/pid_$RANK.tmp " + quoted(dir) + "/pid_$RANK; exec sleep 30";
+  const std::string script =
+      launch_line("--nproc-per-node 2 --master-port " + std::to_string(free_port()), worker, 0) +
+      " & P=$!; for i in $(seq 300); do [ -e " + quoted(dir + "/pid_0") + " ] && [ -e " +
+      quoted(dir + "/pid_1") + " ] && break; sleep 0.1; done; kill -KILL $P; wait $P; " +
+      "echo launcher exit $?";
+  auto result = run_script(script);
+  EXPECT_TRUE(contains(result.output, "launcher exit 137")) << result.output;
+  for (int rank : {0, 1}) {
+    const std::string pid_text = read_text(dir + "/pid_" + std::to_string(rank));
+    ASSERT_FALSE(pid_text.empty()) << "rank " << rank << " did not start\n" << result.output;
+    const pid_t pid = std::stoi(pid_text);
+    for (int i = 0; i < 50 && process_alive(pid); ++i) ::usleep(100 * 1000);
+    EXPECT_FALSE(process_alive(pid)) << "rank " << rank << " outlived its launcher";
+  }
 }
 
 TEST(Launch, TwoNodesOnOneMachineFormOneWorld) {
