@@ -348,6 +348,8 @@ TEST(Launch, BadFlagsAreUsageErrors) {
       {"--monitor-interval 0 -- train", "--monitor-interval"},
       {"--nproc-per-node 2", "missing the command to run"},
       {"--nproc-per-node 2 --", "missing the command to run"},
+      {"--nproc-per-node 2 train --config x.toml", "unexpected --config"},
+      {"--nproc-per-nod=2 -- train", "unexpected --nproc-per-nod=2"},
   };
   for (const Case& c : cases) {
     auto result =
