@@ -180,7 +180,21 @@ void add_launch_command(CLI::App& app, CommandRun& run) {
   command->add_option("command", args->command,
                       "After --: the loom subcommand and its arguments (with --no-python: any "
                       "program)");
-  command->callback([args, &run] { run = [args] { return run_launch(*args); }; });
+  // Unknown options land in remaining() so the error can say where the worker's command goes.
+  command->allow_extras();
+  command->callback([command, args, &run] {
+    run = [command, args] {
+      std::vector<std::string> extras;
+      for (const std::string& extra : command->remaining()) {
+        if (extra != "--") extras.push_back(extra);  // CLI11 keeps the separator there
+      }
+      LOOM_CHECK_AS(InputError, extras.empty(), "loom launch: unexpected ",
+                    strings::join(extras, " "),
+                    " (launcher options go before --, the worker's command after it: loom launch "
+                    "--nproc-per-node 2 -- train --config job.toml)");
+      return run_launch(*args);
+    };
+  });
 }
 
 }  // namespace loom::cli

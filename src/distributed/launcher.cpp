@@ -251,6 +251,30 @@ std::vector<std::string> LocalAgent::worker_env(const RendezvousResult& round, i
   return env;
 }
 
+std::vector<WorkerSpec> LocalAgent::make_specs(const RendezvousResult& round,
+                                               int restart_count) const {
+  std::string attempt_dir;
+  if (options_.log_dir) {
+    attempt_dir = *options_.log_dir + "/attempt_" + std::to_string(restart_count);
+    files::create_directories(attempt_dir);
+  }
+  std::vector<WorkerSpec> specs;
+  for (int local = 0; local < round.local_world_size; ++local) {
+    WorkerSpec spec;
+    spec.local_rank = local;
+    spec.global_rank = round.global_ranks.at(local);
+    spec.argv = options_.program;
+    spec.env = worker_env(round, local, restart_count);
+    spec.console_prefix = "[" + options_.role + std::to_string(spec.global_rank) + "]: ";
+    spec.to_console = !options_.local_ranks_filter || options_.local_ranks_filter->count(local);
+    if (options_.log_dir) {
+      spec.log_path = attempt_dir + "/rank_" + std::to_string(spec.global_rank) + ".log";
+    }
+    specs.push_back(std::move(spec));
+  }
+  return specs;
+}
+
 int LocalAgent::run() {
   auto logger = make_logger(options_.node_rank);
   if (set_omp_threads_) {
@@ -272,25 +296,6 @@ int LocalAgent::run() {
 
   for (int restart_count = 0;; ++restart_count) {
     const RendezvousResult round = rendezvous_->next_rendezvous(restart_count);
-    std::vector<WorkerSpec> specs;
-    std::string attempt_dir;
-    if (options_.log_dir) {
-      attempt_dir = *options_.log_dir + "/attempt_" + std::to_string(restart_count);
-      files::create_directories(attempt_dir);
-    }
-    for (int local = 0; local < round.local_world_size; ++local) {
-      WorkerSpec spec;
-      spec.local_rank = local;
-      spec.global_rank = round.global_ranks.at(local);
-      spec.argv = options_.program;
-      spec.env = worker_env(round, local, restart_count);
-      spec.console_prefix = "[" + options_.role + std::to_string(spec.global_rank) + "]: ";
-      spec.to_console = !options_.local_ranks_filter || options_.local_ranks_filter->count(local);
-      if (options_.log_dir) {
-        spec.log_path = attempt_dir + "/rank_" + std::to_string(spec.global_rank) + ".log";
-      }
-      specs.push_back(std::move(spec));
-    }
     logger->info(
         "starting {} worker(s): ranks {}-{} of world size {} (node {} of {}), master "
         "{}:{}, {} rendezvous, restart {} of at most {}",
@@ -298,7 +303,7 @@ int LocalAgent::run() {
         round.world_size, round.group_rank, round.group_world_size, round.master_addr,
         round.master_port, rendezvous_->name(), restart_count, options_.max_restarts);
 
-    WorkerGroup group(std::move(specs));
+    WorkerGroup group(make_specs(round, restart_count));
     group.start();
     int signal = 0;
     while (group.first_failure() == nullptr && !group.all_exited()) {
@@ -316,13 +321,8 @@ int LocalAgent::run() {
       logger->info("all {} worker(s) finished successfully", round.local_world_size);
       return 0;
     }
-    const Worker failed = [&] {
-      // Copy what the report needs before stop() changes the picture (others die of SIGTERM).
-      Worker copy;
-      copy.spec = group.first_failure()->spec;
-      copy.wait_status = group.first_failure()->wait_status;
-      return copy;
-    }();
+    // Workers stopped below exit later, so this stays the first failure.
+    const Worker& failed = *group.first_failure();
     logger->error("{}; stopping the other workers", describe_worker(failed, round.group_rank));
     group.stop(SIGTERM, options_.grace_period_s, signals.fd(), escalate);
     if (pending_signal != 0) return 128 + pending_signal;

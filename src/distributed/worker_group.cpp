@@ -33,14 +33,16 @@ void make_pipe(int fds[2]) {
 // Only async-signal-safe calls between fork and exec.
 [[noreturn]] void exec_child(pid_t parent, char* const* argv, char* const* envp, int out_fd,
                              int err_fd, const std::string& exec_error) {
+  // Signals are blocked since before fork: reset the launcher's handlers (they would write into
+  // its signal pipe) and ignored signals (they stay ignored across exec) before unblocking, so a
+  // SIGTERM sent to the group now takes its default action.
+  for (int sig : {SIGPIPE, SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGQUIT}) std::signal(sig, SIG_DFL);
   ::setpgid(0, 0);
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (::getppid() != parent) ::_exit(1);  // the launcher died before prctl took effect
   sigset_t none;
   sigemptyset(&none);
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
-  // Ignored signals stay ignored across exec; workers get the defaults.
-  for (int sig : {SIGPIPE, SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGQUIT}) std::signal(sig, SIG_DFL);
   const int null_fd = ::open("/dev/null", O_RDONLY);
   if (null_fd >= 0) ::dup2(null_fd, STDIN_FILENO);
   ::dup2(out_fd, STDOUT_FILENO);
@@ -146,9 +148,14 @@ void WorkerGroup::spawn(Worker& worker) {
   std::vector<char*> envp = c_strings(spec.env);
   const std::string exec_error = "loom launch: cannot run '" + spec.argv.at(0) + "': ";
   const pid_t parent = ::getpid();
+  sigset_t all;
+  sigset_t previous;
+  sigfillset(&all);
+  ::sigprocmask(SIG_BLOCK, &all, &previous);
   const pid_t pid = ::fork();
   if (pid == 0) exec_child(parent, argv.data(), envp.data(), out_pipe[1], err_pipe[1], exec_error);
   const int fork_errno = errno;
+  ::sigprocmask(SIG_SETMASK, &previous, nullptr);
   ::close(out_pipe[1]);
   ::close(err_pipe[1]);
   worker.fds[0] = out_pipe[0];

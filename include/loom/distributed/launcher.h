@@ -17,6 +17,8 @@
 
 namespace loom::distributed {
 
+struct WorkerSpec;
+
 struct LaunchOptions {
   int nproc_per_node = 1;
   int nnodes = 1;
@@ -80,6 +82,7 @@ class LocalAgent {
   int run();
 
  private:
+  std::vector<WorkerSpec> make_specs(const RendezvousResult& round, int restart_count) const;
   std::vector<std::string> worker_env(const RendezvousResult& round, int local_rank,
                                       int restart_count) const;
 
