@@ -44,9 +44,10 @@ std::string shard_name(size_t index, const char* suffix) {
   return fmt::format("shard-{:05d}.{}", index, suffix);
 }
 
+// The index of a prepared dataset named by its folder or by its index.json.
 std::string index_path_of(const std::string& path) {
-  if (fs::is_directory(path)) return (fs::path(path) / "index.json").string();
-  return path;
+  if (fs::path(path).filename() == "index.json") return path;
+  return (fs::path(path) / "index.json").string();
 }
 
 }  // namespace
@@ -285,11 +286,12 @@ ShardedTokenStream::ShardedTokenStream(const std::string& path, const Tokenizer&
     vocab_size_ = index.at("vocab_size").get<int64_t>();
     LOOM_CHECK_AS(InputError, vocab_size_ >= 1 && (dtype_ == "uint32" || vocab_size_ <= 65536),
                   index_path, ": vocab_size ", vocab_size_, " does not fit dtype ", dtype_);
+    const auto& recorded = index.at("tokenizer");
     LOOM_CHECK_AS(InputError, vocab_size_ <= tokenizer.vocab_size(), index_path,
                   ": the shards hold ids of a ", vocab_size_,
                   "-token vocabulary, larger than the model's ", tokenizer.vocab_size(),
-                  " (tokenizer '", tokenizer.identity().path, "')");
-    const auto& recorded = index.at("tokenizer");
+                  " (prepared with tokenizer '", recorded.at("path").get<std::string>(),
+                  "', training uses '", tokenizer.identity().path, "')");
     const TokenizerIdentity current = tokenizer.identity();
     const auto recorded_hash = recorded.at("hash").get<std::string>();
     const auto recorded_path = recorded.at("path").get<std::string>();
@@ -342,9 +344,14 @@ void ShardedTokenStream::open_shard(const nlohmann::json& entry, int64_t first) 
   // Sizes first: a truncated or padded file is named before anything is mapped.
   const uint64_t expected = static_cast<uint64_t>(shard.tokens) * width_;
   const uint64_t actual = file_size(shard.tokens_path, "token shard");
-  LOOM_CHECK_AS(InputError, actual == expected, shard.tokens_path, ": ", actual, " bytes, but ",
-                shard.tokens, " ", dtype_, " tokens take ", expected,
-                (actual < expected ? " (truncated)" : " (wrong dtype or size)"));
+  if (actual != expected) {
+    const uint64_t other = static_cast<uint64_t>(shard.tokens) * (6 - width_);
+    const char* why = actual == other ? " (the size of the other dtype: wrong dtype in the index)"
+                      : actual < expected ? " (truncated)"
+                                          : " (longer than the index says)";
+    LOOM_THROW(InputError, shard.tokens_path, ": ", actual, " bytes, but ", shard.tokens, " ",
+               dtype_, " tokens take ", expected, why);
+  }
   const uint64_t expected_offsets = static_cast<uint64_t>(documents + 1) * 8;
   const uint64_t actual_offsets = file_size(offsets_path, "offsets file");
   LOOM_CHECK_AS(InputError, actual_offsets == expected_offsets, offsets_path, ": ", actual_offsets,
