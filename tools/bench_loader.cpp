@@ -3,16 +3,17 @@
 // prepared shards (memory-mapped), each through the prefetch thread as the trainer uses it.
 //
 //   build/bin/loom_bench_loader [--tokenizer brown_bpe] [--seq-len 256] [--batch 8]
-//                               [--batches 2000] [--dir /tmp/loom_bench_loader]
+//                               [--batches 5000] [--rounds 5] [--dir /tmp/loom_bench_loader]
 //
 // Not a test: it prints a table (docs/performance.md records the figures).
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <functional>
+#include <vector>
 
 #include "loom/core/check.h"
 #include "loom/core/logging.h"
@@ -36,27 +37,38 @@ struct Args {
   std::string tokenizer = "brown_bpe";
   int64_t seq_len = 256;
   int64_t batch = 8;
-  int64_t batches = 2000;
+  int64_t batches = 5000;
+  int64_t rounds = 5;
   std::string dir = "/tmp/loom_bench_loader";
 };
 
-// Tokens per second the consumer sees when it takes batches back to back.
-double drain(loom::data::BatchSource& source, const Args& args) {
+struct Rates {
+  double median = 0, low = 0, high = 0;
+};
+
+// Tokens per second the consumer sees when it takes batches back to back: the median (and
+// range) of several rounds, since other work on a shared machine makes single rounds noisy.
+Rates drain(loom::data::BatchSource& source, const Args& args) {
   source.next(args.batch, args.seq_len);  // the thread is started and warm
-  const auto start = Clock::now();
+  std::vector<double> rates;
   int64_t checksum = 0;
-  for (int64_t i = 0; i < args.batches; ++i) {
-    auto batch = source.next(args.batch, args.seq_len);
-    checksum += batch.inputs.data_ptr<int64_t>()[0];
+  for (int64_t round = 0; round < args.rounds; ++round) {
+    const auto start = Clock::now();
+    for (int64_t i = 0; i < args.batches; ++i) {
+      auto batch = source.next(args.batch, args.seq_len);
+      checksum += batch.inputs.data_ptr<int64_t>()[0];
+    }
+    rates.push_back(static_cast<double>(args.batches * args.batch * args.seq_len) /
+                    seconds_since(start));
   }
-  const double seconds = seconds_since(start);
   if (checksum < 0) std::printf("impossible\n");  // keeps the loop from being optimized away
-  return static_cast<double>(args.batches * args.batch * args.seq_len) / seconds;
+  std::sort(rates.begin(), rates.end());
+  return {rates[rates.size() / 2], rates.front(), rates.back()};
 }
 
-void report(const std::string& what, double open_seconds, double tokens_per_second) {
-  std::printf("%-42s %10.2f %16s\n", what.c_str(), open_seconds,
-              fmt::format("{:.0f}", tokens_per_second).c_str());
+void report(const std::string& what, double open_seconds, const Rates& rates) {
+  std::printf("%-42s %10.2f %14.1f   %.1f-%.1f\n", what.c_str(), open_seconds, rates.median / 1e6,
+              rates.low / 1e6, rates.high / 1e6);
 }
 
 }  // namespace
@@ -68,7 +80,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--seq-len", args.seq_len, "Tokens per sample")->capture_default_str();
   app.add_option("--batch", args.batch, "Samples per batch")->capture_default_str();
-  app.add_option("--batches", args.batches, "Batches timed per source")->capture_default_str();
+  app.add_option("--batches", args.batches, "Batches timed per round")->capture_default_str();
+  app.add_option("--rounds", args.rounds, "Rounds per source (the median is reported)")
+      ->capture_default_str();
   app.add_option("--dir", args.dir, "Scratch folder for the prepared shards")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
@@ -76,11 +90,12 @@ int main(int argc, char** argv) {
   try {
     auto tokenizer = loom::data::load_tokenizer(args.tokenizer);
     const loom::data::PackedLoaderOptions options{args.seq_len, 1, true, 0, 1};
-    std::printf("corpus: %s, tokenizer %s, batch %lld x %lld, %lld batches per source\n\n",
+    std::printf("corpus: %s, tokenizer %s, batch %lld x %lld, %lld rounds of %lld batches\n\n",
                 (loom::data::assets_dir() + "/brown/train.jsonl.gz").c_str(),
                 args.tokenizer.c_str(), static_cast<long long>(args.batch),
-                static_cast<long long>(args.seq_len), static_cast<long long>(args.batches));
-    std::printf("%-42s %10s %16s\n", "source", "open (s)", "tokens/s");
+                static_cast<long long>(args.seq_len), static_cast<long long>(args.rounds),
+                static_cast<long long>(args.batches));
+    std::printf("%-42s %10s %14s   %s\n", "source", "open (s)", "M tokens/s", "range");
 
     // JSONL text: read, tokenize and pack at open, then windows from memory.
     auto start = Clock::now();
