@@ -15,6 +15,7 @@
 #include "loom/core/check.h"
 #include "loom/core/files.h"
 #include "loom/core/logging.h"
+#include "loom/core/signals.h"
 #include "loom/data/bpe_trainer.h"
 #include "loom/data/documents.h"
 #include "loom/data/packed_loader.h"
@@ -89,6 +90,8 @@ int run_prepare_shards(const PrepareArgs& args) {
   auto log = log::get("prepare");
   auto tokenizer = data::load_tokenizer(args.tokenizer);
   const auto files = input_files(args.inputs);
+  // Ctrl-C / SIGTERM stop between documents; the writer then removes its temporary folder.
+  signals::install_shutdown_handlers();
   data::ShardWriter writer(args.output, *tokenizer, args.shard_tokens, args.overwrite);
   Progress progress;
   int64_t bytes = 0;
@@ -96,6 +99,12 @@ int run_prepare_shards(const PrepareArgs& args) {
   for (const auto& file : files) {
     auto documents = data::read_documents(file, args.text_field, args.on_error == "skip", &skipped);
     for (const auto& document : documents) {
+      if (signals::shutdown_requested()) {
+        std::fprintf(stderr, "\n");
+        log->warn("interrupted by signal {}: nothing written to {}", signals::shutdown_signal(),
+                  args.output);
+        return 128 + signals::shutdown_signal();
+      }
       writer.add_document(document);
       bytes += static_cast<int64_t>(document.size());
       progress.update(writer.documents(), writer.tokens(), bytes);
