@@ -181,6 +181,10 @@ void add_training_sections(Schema& s) {
            "with its file and line (error) or is skipped and counted in metrics.jsonl as "
            "data_skipped (skip).")
       .choices({"error", "skip"});
+  tr.field("dataset_mixture", &TrainingSection::dataset_mixture,
+           "loom: a weighted mixture of datasets, read instead of dataset: \"SOURCE:WEIGHT\" "
+           "entries, SOURCE a built-in dataset (brown) or a path (text files, folder, glob, or "
+           "a folder written by loom prepare-data), WEIGHT a positive relative weight.");
   SectionBuilder<DataLoaderSection> dl(
       s, "training.dataloader", "PyTorch DataLoader settings (Python only).",
       [](JobConfig& c) -> DataLoaderSection& { return c.training.dataloader; });
@@ -202,6 +206,9 @@ void add_training_sections(Schema& s) {
             "Validation batches per evaluation; -1 means the whole set.")
       .min(1)
       .sentinel(-1);
+  val.field("dataset_mixture", &ValidationSection::dataset_mixture,
+            "loom: a weighted mixture of validation datasets (\"SOURCE:WEIGHT\" entries, as "
+            "training.dataset_mixture), read in order within each source; needs a step count.");
   SectionBuilder<DataLoaderSection> vdl(
       s, "validation.dataloader", "PyTorch DataLoader settings (Python only).",
       [](JobConfig& c) -> DataLoaderSection& { return c.validation.dataloader; });

@@ -3,7 +3,9 @@
 #include <cmath>
 #include <sstream>
 
+#include "loom/config/dataset_mixture.h"
 #include "loom/config/schema.h"
+#include "loom/core/check.h"
 #include "loom/core/strings.h"
 
 namespace loom::config {
@@ -83,6 +85,21 @@ class Checker {
   Diagnostics& diagnostics_;
 };
 
+void check_mixture(const std::vector<std::string>& mixture,
+                   const std::optional<std::string>& dataset_path, const std::string& section,
+                   Checker& check) {
+  const std::string key = section + ".dataset_mixture";
+  try {
+    parse_dataset_mixture(mixture, key);
+  } catch (const InputError& error) {
+    check.fail(key, error.message().substr(key.size() + 2));  // the message minus "key: "
+  }
+  if (!mixture.empty() && dataset_path) {
+    check.fail(key, "cannot be combined with " + section +
+                        ".dataset_path; list that path as one SOURCE:WEIGHT entry instead");
+  }
+}
+
 // Rules that involve more than one key, or a value format beyond a type and a range.
 void check_combinations(const JobConfig& c, Checker& check) {
   const auto& p = c.parallelism;
@@ -134,6 +151,12 @@ void check_combinations(const JobConfig& c, Checker& check) {
   }
   if (c.optimizer.early_step_in_backward && t.max_norm > 0 && p.pipeline_parallel_degree > 1) {
     check.fail("optimizer.early_step_in_backward", "cannot be combined with pipeline parallelism");
+  }
+  check_mixture(t.dataset_mixture, t.dataset_path, "training", check);
+  check_mixture(c.validation.dataset_mixture, c.validation.dataset_path, "validation", check);
+  if (!c.validation.dataset_mixture.empty() && c.validation.enable && c.validation.steps == -1) {
+    check.fail("validation.steps",
+               "must be a step count with validation.dataset_mixture (a mixture has no end)");
   }
   if (c.lr_scheduler.total_steps && *c.lr_scheduler.total_steps < c.lr_scheduler.warmup_steps) {
     check.fail("lr_scheduler.total_steps", "must be at least lr_scheduler.warmup_steps (" +

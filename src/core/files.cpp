@@ -21,6 +21,10 @@ void fsync_path(const std::string& path, int flags) {
 
 }  // namespace
 
+void sync_folder(const std::string& path) {
+  fsync_path(path, O_RDONLY | O_DIRECTORY);
+}
+
 void create_directories(const std::string& path) {
   std::error_code error;
   std::filesystem::create_directories(path, error);

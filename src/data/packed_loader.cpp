@@ -11,23 +11,41 @@
 #include "loom/core/logging.h"
 #include "loom/data/assets.h"
 #include "loom/data/documents.h"
+#include "loom/data/shards.h"
 
 namespace loom::data {
 
+namespace {
+
+std::shared_ptr<const TokenStream> tokenize_all(const std::vector<std::string>& documents,
+                                                const Tokenizer& tokenizer) {
+  std::vector<int32_t> tokens;
+  for (const auto& document : documents) append_document(tokenizer, document, tokens);
+  return std::make_shared<InMemoryTokenStream>(std::move(tokens));
+}
+
+}  // namespace
+
 PackedLoader::PackedLoader(const std::vector<std::string>& documents, const Tokenizer& tokenizer,
                            PackedLoaderOptions options)
-    : options_(options) {
-  for (const auto& document : documents) {
-    stream_.push_back(tokenizer.bos_id());
-    auto ids = tokenizer.encode(document);
-    stream_.insert(stream_.end(), ids.begin(), ids.end());
-    stream_.push_back(tokenizer.eos_id());
-  }
-  windows_ = static_cast<int64_t>(stream_.size()) / (options_.seq_len + 1);
+    : options_(options), stream_(tokenize_all(documents, tokenizer)) {
+  init();
+}
+
+PackedLoader::PackedLoader(std::shared_ptr<const TokenStream> stream, PackedLoaderOptions options)
+    : options_(options), stream_(std::move(stream)) {
+  LOOM_CHECK(stream_ != nullptr, "PackedLoader needs a token stream");
+  init();
+}
+
+void PackedLoader::init() {
+  LOOM_CHECK_AS(InputError, options_.seq_len >= 1, "seq_len must be at least 1, got ",
+                options_.seq_len);
+  windows_ = stream_->size() / (options_.seq_len + 1);
   LOOM_CHECK(
       options_.dp_world >= 1 && options_.dp_rank >= 0 && options_.dp_rank < options_.dp_world,
       "bad data-parallel rank ", options_.dp_rank, " of ", options_.dp_world);
-  LOOM_CHECK_AS(InputError, windows_ > 0, "the dataset has ", stream_.size(),
+  LOOM_CHECK_AS(InputError, windows_ > 0, "the dataset has ", stream_->size(),
                 " tokens, fewer than one sample of seq_len + 1 = ", options_.seq_len + 1);
 }
 
@@ -52,12 +70,14 @@ Batch PackedLoader::next(int64_t batch_size, int64_t seq_len) {
   at::Tensor samples = at::empty({batch_size, seq_len + 1}, at::kLong);
   auto* out = samples.data_ptr<int64_t>();
   const int64_t first = consumed_ + options_.dp_rank * batch_size;  // this rank's slice
-  for (int64_t b = 0; b < batch_size; ++b) {
-    const int32_t* tokens = stream_.data() + window_of(first + b) * (seq_len + 1);
-    for (int64_t t = 0; t <= seq_len; ++t) out[b * (seq_len + 1) + t] = tokens[t];
-  }
+  for (int64_t b = 0; b < batch_size; ++b) read_sample(first + b, out + b * (seq_len + 1));
   consumed_ += batch_size * options_.dp_world;
   return {samples.slice(1, 0, seq_len).contiguous(), samples.slice(1, 1, seq_len + 1).contiguous()};
+}
+
+void PackedLoader::read_sample(int64_t index, int64_t* out) {
+  const int64_t span = options_.seq_len + 1;
+  stream_->read(window_of(index) * span, span, out);
 }
 
 nlohmann::json PackedLoader::state() const {
@@ -85,21 +105,31 @@ void PackedLoader::load_state(const nlohmann::json& state) {
   }
 }
 
+std::string dataset_location(const std::string& name, const std::optional<std::string>& path,
+                             const std::string& key) {
+  if (path && !path->empty()) return *path;
+  if (name == "brown") return assets_dir() + "/brown/train.jsonl.gz";
+  if (name == "brown_validation") return assets_dir() + "/brown/validation.jsonl.gz";
+  LOOM_THROW(InputError, key, " = '", name,
+             "': unknown dataset; the built-in ones are brown, brown_validation and synthetic, "
+             "or set the matching dataset_path to a .jsonl, .jsonl.gz or .txt file, a folder or "
+             "glob of them, or a folder written by loom prepare-data");
+}
+
 std::unique_ptr<PackedLoader> open_dataset(const std::string& name,
                                            const std::optional<std::string>& path,
                                            const Tokenizer& tokenizer, PackedLoaderOptions options,
                                            const std::string& key) {
-  std::string file;
-  if (path && !path->empty()) {
-    file = *path;
-  } else if (name == "brown") {
-    file = assets_dir() + "/brown/train.jsonl.gz";
-  } else if (name == "brown_validation") {
-    file = assets_dir() + "/brown/validation.jsonl.gz";
-  } else {
-    LOOM_THROW(InputError, key, " = '", name,
-               "': unknown dataset; the built-in ones are brown, brown_validation and synthetic, "
-               "or set the matching dataset_path to a .jsonl, .jsonl.gz or .txt file");
+  const std::string file = dataset_location(name, path, key);
+  if (is_prepared_dataset(file)) {
+    auto stream = std::make_shared<ShardedTokenStream>(file, tokenizer);
+    auto loader = std::make_unique<PackedLoader>(stream, options);
+    log::get("data")->info(
+        "{} ({}): prepared, {} documents, {} tokens in {} {} shards (mmap), {} samples of {} "
+        "tokens",
+        name, stream->folder(), stream->documents(), stream->size(), stream->shard_count(),
+        stream->dtype(), *loader->samples_per_epoch(), options.seq_len);
+    return loader;
   }
   std::vector<std::string> documents;
   int64_t skipped = 0;

@@ -1,5 +1,12 @@
 #include "loom/data/tokenizer.h"
 
+#include <fmt/format.h>
+#include <zlib.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+
 #include "loom/core/check.h"
 #include "loom/core/strings.h"
 #include "loom/data/assets.h"
@@ -25,13 +32,37 @@ std::string ByteTokenizer::decode(const std::vector<int32_t>& ids) const {
   return text;
 }
 
-std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
+TokenizerIdentity Tokenizer::identity() const {
+  if (!identity_.path.empty()) return identity_;
+  return {name(), "builtin:" + name() + ":" + std::to_string(vocab_size())};
+}
+
+std::string file_content_hash(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  LOOM_CHECK_AS(InputError, in.good(), "cannot read '", path, "': ", std::strerror(errno));
+  uLong crc = crc32(0L, Z_NULL, 0);
+  uint64_t size = 0;
+  char buffer[1 << 16];
+  while (in) {
+    in.read(buffer, sizeof(buffer));
+    const auto n = static_cast<uInt>(in.gcount());
+    crc = crc32(crc, reinterpret_cast<const Bytef*>(buffer), n);
+    size += n;
+  }
+  return fmt::format("crc32:{:08x}:{}", static_cast<uint32_t>(crc), size);
+}
+
+namespace {
+
+std::unique_ptr<Tokenizer> make_tokenizer(const std::string& path, std::string* file) {
   if (path.empty() || path == "byte") {
     return std::make_unique<ByteTokenizer>();
   }
   if (path == "brown_bpe") {  // the embedded corpus' BPE (tools/: loom prepare-data)
-    return std::make_unique<HfBpeTokenizer>(assets_dir() + "/tokenizer/brown_bpe_4k.json");
+    *file = assets_dir() + "/tokenizer/brown_bpe_4k.json";
+    return std::make_unique<HfBpeTokenizer>(*file);
   }
+  *file = path;
   if (strings::ends_with(path, ".json")) {
     return std::make_unique<HfBpeTokenizer>(path);
   }
@@ -40,6 +71,15 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
                 "': expected 'byte', a Hugging Face tokenizer.json, or a tiktoken-format BPE file "
                 "(.tiktoken, or Llama 3's tokenizer.model)");
   return std::make_unique<BpeTokenizer>(path, bpe_spec_for(path));
+}
+
+}  // namespace
+
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
+  std::string file;
+  auto tokenizer = make_tokenizer(path, &file);
+  if (!file.empty()) tokenizer->set_identity({path, file_content_hash(file)});
+  return tokenizer;
 }
 
 }  // namespace loom::data

@@ -9,10 +9,12 @@
 #include <chrono>
 #include <random>
 
+#include "loom/config/dataset_mixture.h"
 #include "loom/core/check.h"
 #include "loom/core/files.h"
 #include "loom/core/logging.h"
 #include "loom/core/signals.h"
+#include "loom/data/mixture.h"
 #include "loom/data/packed_loader.h"
 #include "loom/data/prefetch.h"
 #include "loom/data/synthetic.h"
@@ -69,22 +71,33 @@ double sum_over(distributed::Comm& group, double value) {
 }
 
 // Only the synthetic stream works without a tokenizer.
-bool is_synthetic(const std::string& name, const std::optional<std::string>& path) {
-  return name == "synthetic" && !path;
+bool is_synthetic(const std::string& name, const std::optional<std::string>& path,
+                  const config::StringList& mixture) {
+  return name == "synthetic" && !path && mixture.empty();
 }
 
-// "synthetic" (structured random tokens over the model's vocabulary) or a real dataset.
+// "synthetic" (structured random tokens over the model's vocabulary), a weighted mixture
+// (`mixture`, the section's dataset_mixture) or one real dataset.
 std::unique_ptr<data::BatchSource> dataset_source(const std::string& name,
                                                   const std::optional<std::string>& path,
+                                                  const config::StringList& mixture,
                                                   const data::Tokenizer* tokenizer, int64_t vocab,
                                                   data::PackedLoaderOptions options,
-                                                  const std::string& key) {
-  if (is_synthetic(name, path)) {
+                                                  const std::string& section) {
+  if (is_synthetic(name, path, mixture)) {
     return std::make_unique<data::SyntheticSource>(vocab, options.seed, options.dp_rank,
                                                    options.dp_world);
   }
   LOOM_CHECK(tokenizer != nullptr, "a real dataset needs the tokenizer");
-  return data::open_dataset(name, path, *tokenizer, options, key);
+  if (!mixture.empty()) {
+    const std::string key = section + ".dataset_mixture";
+    std::vector<data::MixtureComponent> components;
+    for (const auto& entry : config::parse_dataset_mixture(mixture, key)) {
+      components.push_back({entry.source, entry.weight});
+    }
+    return data::open_mixture(components, *tokenizer, options, key);
+  }
+  return data::open_dataset(name, path, *tokenizer, options, section + ".dataset");
 }
 
 }  // namespace
@@ -97,8 +110,8 @@ Trainer::Trainer(config::JobConfig config, std::unique_ptr<data::BatchSource> so
   // (training or validation) is real text.
   const auto& t = config_.training;
   const auto& v = config_.validation;
-  if (!is_synthetic(t.dataset, t.dataset_path) ||
-      (v.enable && !is_synthetic(v.dataset, v.dataset_path))) {
+  if (!is_synthetic(t.dataset, t.dataset_path, t.dataset_mixture) ||
+      (v.enable && !is_synthetic(v.dataset, v.dataset_path, v.dataset_mixture))) {
     tokenizer_ = data::load_tokenizer(config_.model.tokenizer_path.value_or("byte"));
   }
   build_model();
@@ -168,23 +181,23 @@ void Trainer::build_data(std::unique_ptr<data::BatchSource> source,
   const auto& t = config_.training;
   const auto& v = config_.validation;
   const bool skip_bad = t.dataset_on_error == "skip";
-  auto train_source =
-      source ? std::move(source)
-             : dataset_source(
-                   t.dataset, t.dataset_path, tokenizer_.get(), model_->vocab_size(),
-                   {t.seq_len, seed_, true, runtime_->dp_rank(), runtime_->dp_size(), skip_bad},
-                   "training.dataset");
+  auto train_source = source ? std::move(source)
+                             : dataset_source(t.dataset, t.dataset_path, t.dataset_mixture,
+                                              tokenizer_.get(), model_->vocab_size(),
+                                              {t.seq_len, seed_, true, runtime_->dp_rank(),
+                                               runtime_->dp_size(), skip_bad},
+                                              "training");
   // A background thread keeps the next two microbatches ready.
   source_ = std::make_unique<data::PrefetchingSource>(std::move(train_source), t.local_batch_size,
                                                       t.seq_len, 2);
   if (v.enable) {
-    validation_source_ =
-        validation_source
-            ? std::move(validation_source)
-            : dataset_source(
-                  v.dataset, v.dataset_path, tokenizer_.get(), model_->vocab_size(),
-                  {v.seq_len, seed_ + 1, false, runtime_->dp_rank(), runtime_->dp_size(), skip_bad},
-                  "validation.dataset");
+    validation_source_ = validation_source
+                             ? std::move(validation_source)
+                             : dataset_source(v.dataset, v.dataset_path, v.dataset_mixture,
+                                              tokenizer_.get(), model_->vocab_size(),
+                                              {v.seq_len, seed_ + 1, false, runtime_->dp_rank(),
+                                               runtime_->dp_size(), skip_bad},
+                                              "validation");
     LOOM_CHECK_AS(InputError, v.steps > 0 || validation_source_->samples_per_epoch(),
                   "validation.steps = -1 (the whole set) needs a finite validation dataset; set a "
                   "step count for '",

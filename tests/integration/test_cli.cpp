@@ -171,3 +171,63 @@ TEST(Cli, PrepareDataTrainsATokenizerThatTokenizeLoads) {
                        std::string(loom::strings::trim(ids.output)) + "'");
   EXPECT_EQ(back.output, "the cat");
 }
+
+TEST(Cli, PrepareDataWritesShardsThatTrainingReadsAloneAndInAMixture) {
+  std::string dir = fresh_temp_dir("cli_prepare_shards");
+  {
+    std::ofstream out(dir + "/corpus.jsonl");
+    for (int i = 0; i < 300; ++i) out << "{\"body\": \"record " << i << " of a small corpus\"}\n";
+  }
+  auto prepared = run_loom("prepare-data --tokenizer brown_bpe --input '" + dir +
+                           "/corpus.jsonl' --text-field body --shard-tokens 1000 --output '" + dir +
+                           "/shards'");
+  ASSERT_EQ(prepared.exit_code, 0) << prepared.output;
+  // Not a terminal: the progress ends with a plain line holding the totals and rates.
+  EXPECT_TRUE(contains(prepared.output, "prepare-data: 300 documents,")) << prepared.output;
+  EXPECT_TRUE(contains(prepared.output, "MB/s")) << prepared.output;
+  EXPECT_TRUE(contains(prepared.output, "tokens/s")) << prepared.output;
+  EXPECT_TRUE(std::filesystem::exists(dir + "/shards/index.json"));
+  EXPECT_TRUE(std::filesystem::exists(dir + "/shards/shard-00001.bin"));
+
+  // The output exists now: refused without --overwrite, replaced with it.
+  auto again = run_loom("prepare-data --tokenizer brown_bpe --input '" + dir +
+                        "/corpus.jsonl' --text-field body --output '" + dir + "/shards'");
+  EXPECT_EQ(again.exit_code, 2);
+  EXPECT_TRUE(contains(again.output, "already exists")) << again.output;
+  auto replaced =
+      run_loom("prepare-data --tokenizer brown_bpe --input '" + dir +
+               "/corpus.jsonl' --text-field body --overwrite --output '" + dir + "/shards'");
+  EXPECT_EQ(replaced.exit_code, 0) << replaced.output;
+
+  const std::string common = "train --config '" + kDebugConfig +
+                             "' --training.steps 2 --training.seq_len 32 "
+                             "--training.local_batch_size 2 --validation.enable false";
+  auto trained = run_loom(common + " --model.tokenizer_path brown_bpe --training.dataset_path '" +
+                          dir + "/shards' --job.dump_folder '" + dir + "/run1'");
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  EXPECT_TRUE(contains(trained.output, "prepared, 300 documents")) << trained.output;
+
+  auto mixed = run_loom(common +
+                        " --model.tokenizer_path brown_bpe --training.dataset_mixture "
+                        "'brown:0.5," +
+                        dir + "/shards:0.5' --job.dump_folder '" + dir + "/run2'");
+  ASSERT_EQ(mixed.exit_code, 0) << mixed.output;
+  EXPECT_TRUE(contains(mixed.output, "with probability 0.500")) << mixed.output;
+
+  // Training with another tokenizer than the shards' is refused, naming both.
+  auto mismatch = run_loom(common + " --model.tokenizer_path byte --training.dataset_path '" + dir +
+                           "/shards' --job.dump_folder '" + dir + "/run3'");
+  EXPECT_EQ(mismatch.exit_code, 2);
+  EXPECT_TRUE(contains(mismatch.output,
+                       "larger than the model's 259 (prepared with tokenizer "
+                       "'brown_bpe', training uses 'byte')"))
+      << mismatch.output;
+
+  auto no_tokenizer = run_loom("prepare-data --input brown --output '" + dir + "/x'");
+  EXPECT_EQ(no_tokenizer.exit_code, 2);
+  EXPECT_TRUE(contains(no_tokenizer.output, "pass --tokenizer")) << no_tokenizer.output;
+  auto no_input = run_loom("prepare-data --tokenizer byte --input '" + dir +
+                           "/*.parquet' --output '" + dir + "/y'");
+  EXPECT_EQ(no_input.exit_code, 2);
+  EXPECT_FALSE(std::filesystem::exists(dir + "/y"));
+}

@@ -142,3 +142,31 @@ TEST(ConfigErrors, ValueWhereASectionBelongs) {
   std::string error = load_error("training = 5\n");
   EXPECT_TRUE(contains(error, "expected a table [training]")) << error;
 }
+
+TEST(ConfigErrors, DatasetMixtureSyntaxWeightsAndConflicts) {
+  std::string error = load_error(R"([training]
+dataset_mixture = ["brown:0.7", "web"]
+[validation]
+enable = true
+dataset_mixture = ["brown_validation:0"]
+)");
+  EXPECT_TRUE(contains(error,
+                       "test.toml:2:1: training.dataset_mixture: entry \"web\" must be "
+                       "SOURCE:WEIGHT"))
+      << error;
+  EXPECT_TRUE(contains(error,
+                       "test.toml:5:1: validation.dataset_mixture: entry "
+                       "\"brown_validation:0\": weight must be a positive number, got 0"))
+      << error;
+  EXPECT_TRUE(contains(error,
+                       "validation.steps: must be a step count with "
+                       "validation.dataset_mixture"))
+      << error;
+  error =
+      load_error("[training]\ndataset_path = \"/data/a.jsonl\"\ndataset_mixture = [\"brown:1\"]\n");
+  EXPECT_TRUE(contains(error, "cannot be combined with training.dataset_path")) << error;
+  error = load_error("", {{"training.dataset_mixture", "brown:1,/data/web:-1"}});
+  EXPECT_TRUE(contains(error, "weight must be a positive number, got -1")) << error;
+  auto loaded = loom::testing::load_toml("[training]\ndataset_mixture = [\"brown:3\", \"x:1\"]\n");
+  EXPECT_EQ(loaded.config.training.dataset_mixture, (std::vector<std::string>{"brown:3", "x:1"}));
+}

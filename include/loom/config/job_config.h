@@ -97,6 +97,8 @@ struct TrainingSection {
   bool mixed_precision_on_cpu = false;
   // loom: "error" stops at a bad dataset record; "skip" skips it and counts it in the metrics.
   std::string dataset_on_error = "error";
+  // loom: "SOURCE:WEIGHT" entries; when set, training reads this mixture instead of dataset.
+  StringList dataset_mixture;
   DataLoaderSection dataloader;
 };
 
@@ -234,6 +236,8 @@ struct ValidationSection {
   int64_t seq_len = 2048;
   int64_t freq = 10;
   int64_t steps = -1;
+  // loom: "SOURCE:WEIGHT" entries; when set, validation reads this mixture instead of dataset.
+  StringList dataset_mixture;
   DataLoaderSection dataloader;
 };
 

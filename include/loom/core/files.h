@@ -9,6 +9,9 @@ namespace loom::files {
 // Throws loom::IoError naming the path and the system error.
 void write_atomic(const std::string& path, const std::string& content);
 
+// fsyncs a folder so renames and new entries in it are durable (best effort where refused).
+void sync_folder(const std::string& path);
+
 // Creates the folder and its parents; throws loom::IoError when that fails.
 void create_directories(const std::string& path);
 

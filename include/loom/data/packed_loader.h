@@ -1,4 +1,5 @@
-// Documents -> tokens with BOS/EOS -> one stream -> windows of seq_len + 1 tokens (inputs and
+// Documents -> tokens with BOS/EOS -> one stream (in memory, or memory-mapped prepared shards:
+// token_stream.h, shards.h) -> windows of seq_len + 1 tokens (inputs and
 // labels shifted by one) -> a deterministic shuffle per epoch (from the seed) -> batches.
 //
 // The samples of the whole run are one global sequence (epoch after epoch). Each call takes the
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "loom/data/batch_source.h"
+#include "loom/data/token_stream.h"
 #include "loom/data/tokenizer.h"
 
 namespace loom::data {
@@ -34,25 +36,31 @@ class PackedLoader : public BatchSource {
  public:
   PackedLoader(const std::vector<std::string>& documents, const Tokenizer& tokenizer,
                PackedLoaderOptions options);
+  // Over an existing stream (prepared shards, or a stream shared by several loaders).
+  PackedLoader(std::shared_ptr<const TokenStream> stream, PackedLoaderOptions options);
 
   Batch next(int64_t batch_size, int64_t seq_len) override;
   std::optional<int64_t> samples_per_epoch() const override { return windows_; }
   nlohmann::json state() const override;
   void load_state(const nlohmann::json& state) override;
 
-  int64_t total_tokens() const { return static_cast<int64_t>(stream_.size()); }
+  int64_t total_tokens() const { return stream_->size(); }
   int64_t records_skipped() const override { return records_skipped_; }
   void set_records_skipped(int64_t count) { records_skipped_ = count; }
   // Epoch of the next sample of the global sequence.
   int64_t epoch() const { return consumed_ / windows_; }
   int64_t samples_consumed() const { return consumed_; }
+  // The seq_len + 1 tokens of sample `index` of the global sequence (any position, any epoch;
+  // the mixture source draws from its components this way). Does not move the position.
+  void read_sample(int64_t index, int64_t* out);
 
  private:
+  void init();
   // Window index of global sample `index` (epoch index / windows, shuffled within the epoch).
   int64_t window_of(int64_t index);
 
   PackedLoaderOptions options_;
-  std::vector<int32_t> stream_;
+  std::shared_ptr<const TokenStream> stream_;
   int64_t windows_ = 0;
   int64_t consumed_ = 0;  // samples of the global sequence taken so far (all ranks)
   int64_t records_skipped_ = 0;
@@ -61,10 +69,15 @@ class PackedLoader : public BatchSource {
 };
 
 // A dataset by name: "brown" / "brown_validation" (the embedded corpus in assets/), or the
-// file at `path`. Returns the loader over its documents.
+// files at `path` (file, folder or glob of text), or a folder prepared by `loom prepare-data`
+// (its index.json; read through mmap and checked against `tokenizer`). Returns the loader.
 std::unique_ptr<PackedLoader> open_dataset(const std::string& name,
                                            const std::optional<std::string>& path,
                                            const Tokenizer& tokenizer, PackedLoaderOptions options,
                                            const std::string& key);
+
+// The files of a built-in dataset name, or `path` when set; throws InputError naming `key`.
+std::string dataset_location(const std::string& name, const std::optional<std::string>& path,
+                             const std::string& key);
 
 }  // namespace loom::data

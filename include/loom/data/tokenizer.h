@@ -10,6 +10,14 @@
 
 namespace loom::data {
 
+// Which tokenizer made a set of token ids: the path it was loaded from (or a built-in name) and
+// a hash of its file content. Prepared token shards record it so that training with another
+// tokenizer is refused instead of silently training on wrong ids.
+struct TokenizerIdentity {
+  std::string path;
+  std::string hash;  // "crc32:<8 hex>:<bytes>" of the file, or "builtin:<name>"
+};
+
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
@@ -20,6 +28,13 @@ class Tokenizer {
   virtual int32_t eos_id() const = 0;
   virtual int32_t pad_id() const = 0;
   virtual std::string name() const = 0;
+
+  // Set by load_tokenizer; a tokenizer built directly is identified by its name and vocabulary.
+  TokenizerIdentity identity() const;
+  void set_identity(TokenizerIdentity identity) { identity_ = std::move(identity); }
+
+ private:
+  TokenizerIdentity identity_;
 };
 
 // Bytes 0-255 are ids 0-255; then <|begin_of_text|> 256, <|end_of_text|> 257, <|pad|> 258.
@@ -37,5 +52,8 @@ class ByteTokenizer : public Tokenizer {
 // model.tokenizer_path: "byte" (or unset): byte-level; "brown_bpe": the BPE trained on the
 // embedded corpus; a path: tokenizer.json (Hugging Face) or .tiktoken / tokenizer.model.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path);
+
+// "crc32:<8 hex digits>:<size>" of a file's bytes; throws loom::InputError when unreadable.
+std::string file_content_hash(const std::string& path);
 
 }  // namespace loom::data
