@@ -39,7 +39,7 @@ ProcessGroups::ProcessGroups(const CommInit& init) : init_(init) {
   const auto start = std::chrono::steady_clock::now();
   c10d::TCPStoreOptions options;
   options.port = static_cast<std::uint16_t>(init.master_port);
-  options.isServer = init.rank == 0;
+  options.isServer = init.rank == 0 && !init.store_hosted_by_agent;
   options.numWorkers = init.world_size;
   options.waitWorkers = true;
   options.timeout = init.options.init_timeout;

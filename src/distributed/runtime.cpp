@@ -2,6 +2,7 @@
 
 #include <chrono>
 
+#include "loom/core/env.h"
 #include "loom/core/logging.h"
 
 namespace loom::distributed {
@@ -16,6 +17,7 @@ CommInit comm_init(const WorldInfo& world, const config::CommSection& comm, bool
   init.options.init_timeout = std::chrono::seconds(comm.init_timeout_seconds);
   init.options.train_timeout = std::chrono::seconds(comm.train_timeout_seconds);
   init.with_cuda = with_cuda;
+  init.store_hosted_by_agent = env::get("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";
   return init;
 }
 

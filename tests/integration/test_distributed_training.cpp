@@ -113,3 +113,39 @@ TEST(DistributedTraining, KilledWorkerStopsTheJobAndIsNamed) {
 }
 
 }  // namespace
+
+namespace {
+
+// The same 2-rank job started by other launchers: PyTorch's torchrun (whose agent hosts the
+// TCPStore) and SLURM's srun (simulated: each task gets SLURM_* variables and no RANK).
+TEST(DistributedTraining, RunsUnderTorchrun) {
+  const std::string folder = fresh_temp_dir("ddp_torchrun");
+  const std::string torchrun = std::string(LOOM_PYTHON_BIN_DIR) + "/torchrun";
+  auto result =
+      run_command(torchrun + " --nproc-per-node 2 --master-port " +
+                  std::to_string(loom::testing::free_port()) + " --no-python " + LOOM_BINARY + " " +
+                  job_args(folder, 3) + " --parallelism.data_parallel_replicate_degree 2");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("rank 1 of 2 joined"), std::string::npos) << result.output;
+  EXPECT_EQ(losses(folder).size(), 3u);
+}
+
+TEST(DistributedTraining, RunsUnderSlurmEnvironment) {
+  const std::string folder = fresh_temp_dir("ddp_slurm");
+  const std::string port = std::to_string(loom::testing::free_port());
+  auto task = [&](int id) {
+    return "env -u RANK -u WORLD_SIZE -u LOCAL_RANK SLURM_PROCID=" + std::to_string(id) +
+           " SLURM_NTASKS=2 SLURM_LOCALID=" + std::to_string(id) +
+           " SLURM_NODEID=0 SLURM_TASKS_PER_NODE=2 SLURM_JOB_NODELIST=localhost SLURM_JOB_ID=42"
+           " MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+           port + " " + LOOM_BINARY + " " + job_args(folder, 3) +
+           " --parallelism.data_parallel_replicate_degree 2";
+  };
+  auto result = run_command("(" + task(1) + " > " + folder + "/task1.log 2>&1) & " + task(0) +
+                            "; rc=$?; wait; cat " + folder + "/task1.log; exit $rc");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("slurm launch"), std::string::npos) << result.output;
+  EXPECT_EQ(losses(folder).size(), 3u);
+}
+
+}  // namespace

@@ -18,6 +18,9 @@ struct CommInit {
   int master_port = 29500;
   CommOptions options;
   bool with_cuda = false;  // also create NCCL backends (CUDA tensors)
+  // torchrun's agent already hosts the TCPStore at MASTER_ADDR:MASTER_PORT
+  // (TORCHELASTIC_USE_AGENT_STORE=True): every rank connects as a client.
+  bool store_hosted_by_agent = false;
 };
 
 class ProcessGroups {
