@@ -29,7 +29,7 @@ ProcessGroups::ProcessGroups(const CommInit& init) : init_(init) {
   LOOM_CHECK_AS(InputError, init.world_size >= 1 && init.rank >= 0 && init.rank < init.world_size,
                 "rank ", init.rank, " is outside the world of ", init.world_size, " ranks");
   store_ = std::make_unique<StoreHolder>();
-  if (init.world_size == 1) {
+  if (init.world_size == 1 && !init.backends_for_single_rank) {
     world_ = Comm::single("world");
     groups_.push_back(world_);
     return;
@@ -73,7 +73,7 @@ std::shared_ptr<Comm> ProcessGroups::new_group(const std::string& name,
   LOOM_CHECK(me != global_ranks.end(), "group '", name, "' [", join(global_ranks),
              "] does not contain rank ", init_.rank);
   const int group_rank = static_cast<int>(me - global_ranks.begin());
-  if (global_ranks.size() == 1) {
+  if (global_ranks.size() == 1 && !(init_.backends_for_single_rank && !world_)) {
     auto comm = Comm::single(name);
     groups_.push_back(comm);
     return comm;

@@ -21,6 +21,9 @@ struct CommInit {
   // torchrun's agent already hosts the TCPStore at MASTER_ADDR:MASTER_PORT
   // (TORCHELASTIC_USE_AGENT_STORE=True): every rank connects as a client.
   bool store_hosted_by_agent = false;
+  // Create the store and c10d backends even for a world of one rank (tests of the NCCL path on
+  // a single GPU); otherwise one rank is the local path.
+  bool backends_for_single_rank = false;
 };
 
 class ProcessGroups {
