@@ -16,6 +16,7 @@
 #include "loom/metrics/metrics.h"
 #include "loom/models/model_spec.h"
 #include "loom/parallel/data_parallel.h"
+#include "loom/parallel/fsdp.h"
 #include "loom/train/lr_scheduler.h"
 #include "loom/train/optimizer.h"
 
@@ -52,6 +53,7 @@ class Trainer {
                   std::unique_ptr<data::BatchSource> validation_source);
   double train_step(int64_t step, metrics::StepMetrics& metrics);
   double validate();
+  std::optional<at::ScalarType> autocast() const;
   // True on every rank once any rank was asked to stop (all ranks leave after the same step).
   bool any_rank_stopping();
 
@@ -64,6 +66,7 @@ class Trainer {
   std::unique_ptr<models::CausalLM> model_;
   std::vector<at::Tensor> parameters_;
   std::unique_ptr<parallel::DataParallel> data_parallel_;
+  std::unique_ptr<parallel::FullyShardedDataParallel> fsdp_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::optional<LRSchedule> schedule_;
   std::unique_ptr<data::BatchSource> source_;
