@@ -1,6 +1,6 @@
 // Data-parallel training end to end through `loom launch` (real processes over Gloo): 2 ranks
-// and a simulated 2-node job train exactly like 1 rank with the same global batch; a worker
-// killed mid-run stops the job with the rank named.
+// (DDP and FSDP), 4 ranks (FSDP, HSDP) and a simulated 2-node job train exactly like 1 rank with
+// the same global batch; a worker killed mid-run stops the job with the rank named.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -66,6 +66,40 @@ TEST(DistributedTraining, TwoRankDataParallelMatchesOneRank) {
   const auto want = single_rank_losses("ddp_two");
   ASSERT_EQ(want.size(), 20u);
   expect_same_losses(want, losses(folder));
+}
+
+// FSDP through the trainer: 2 ranks (reshard default), 4 ranks (reshard always, activation
+// checkpointing) and HSDP 2 x 2 (reshard never) train like 1 rank with the same global batch
+// of 8, so the reshard policies give the same losses too.
+void expect_fsdp_matches_one_rank(const std::string& name, int ranks, const std::string& extra) {
+  const std::string folder = fresh_temp_dir(name);
+  auto result = run_loom("launch --nproc-per-node " + std::to_string(ranks) + " --master-port " +
+                         std::to_string(loom::testing::free_port()) + " -- " +
+                         job_args(folder, 20) + " --training.global_batch_size 8 " + extra);
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("sharded over group"), std::string::npos) << result.output;
+  const auto want = single_rank_losses(name);
+  ASSERT_EQ(want.size(), 20u);
+  expect_same_losses(want, losses(folder));
+}
+
+TEST(DistributedTraining, TwoRankFsdpMatchesOneRank) {
+  expect_fsdp_matches_one_rank("fsdp_two", 2, "");
+}
+
+TEST(DistributedTraining, FourRankFsdpWithCheckpointingMatchesOneRank) {
+  expect_fsdp_matches_one_rank("fsdp_four", 4,
+                               "--training.local_batch_size 2 "
+                               "--parallelism.fsdp_reshard_after_forward always "
+                               "--activation_checkpoint.mode full");
+}
+
+TEST(DistributedTraining, HsdpTwoByTwoMatchesOneRank) {
+  expect_fsdp_matches_one_rank("hsdp", 4,
+                               "--training.local_batch_size 2 "
+                               "--parallelism.data_parallel_replicate_degree 2 "
+                               "--parallelism.data_parallel_shard_degree 2 "
+                               "--parallelism.fsdp_reshard_after_forward never");
 }
 
 TEST(DistributedTraining, TwoLaunchersWithTwoNodesFormOneJob) {
