@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/core/StorageImpl.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
@@ -63,6 +64,7 @@ at::Tensor empty_unsharded(at::IntArrayRef shape, at::ScalarType dtype, const at
 }
 
 void allocate_storage(const at::Tensor& t) {
+  const c10::DeviceGuard on_device(t.device());  // the allocator serves the current device
   c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
   const size_t bytes = static_cast<size_t>(t.numel()) * t.element_size();
   if (storage->nbytes() == bytes) return;

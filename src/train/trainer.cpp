@@ -358,8 +358,11 @@ TrainResult Trainer::train() {
   }
   result.peak_memory_gib = metrics::peak_memory_gib(device_);
   result.comm_wire_bytes = runtime_->total_wire_bytes();
-  log->info("finished {} steps in {:.1f} s; metrics in {}/metrics.jsonl", result.steps_completed,
-            seconds_since(start), config_.job.dump_folder);
+  log->info(
+      "finished {} steps in {:.1f} s ({:.2f} MB sent over the process groups by this rank); "
+      "metrics in {}/metrics.jsonl",
+      result.steps_completed, seconds_since(start),
+      static_cast<double>(result.comm_wire_bytes) / 1e6, config_.job.dump_folder);
   return result;
 }
 

@@ -215,7 +215,7 @@ TEST(Fsdp, MemoryAndTrafficFollowZero3) {
   const int world = 4;
   for (ReshardPolicy policy : {ReshardPolicy::kAlways, ReshardPolicy::kNever}) {
     auto errors = testing::run_ranks(world, [&](ProcessGroups& groups) {
-      auto config = job();  // debugmodel with its 256-token vocabulary: 6.3M parameters
+      auto config = job();  // debugmodel with its 2048-token vocabulary: 6.16M parameters
       auto model = models::build_model(config, 0, at::TensorOptions().device(at::kMeta));
       FsdpOptions options;
       options.reshard = policy;

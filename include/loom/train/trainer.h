@@ -41,6 +41,9 @@ class Trainer {
   TrainResult train();
 
   models::CausalLM& model() { return *model_; }
+  // Under FSDP (dp_shard > 1): the sharding wrapper; the model's own parameters are then empty
+  // unsharded holders outside forward/backward, the shards are here. Null otherwise.
+  parallel::FullyShardedDataParallel* fsdp() { return fsdp_.get(); }
   distributed::ParallelRuntime& runtime() { return *runtime_; }
   const at::Device& device() const { return device_; }
   uint64_t seed() const { return seed_; }
