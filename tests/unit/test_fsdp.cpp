@@ -30,6 +30,7 @@ constexpr int64_t kSeq = 16;
 
 struct Case {
   int world = 2;
+  int replicate = 1;   // HSDP: world = replicate x shard
   int64_t vocab = 97;  // 97 rows: padded on 2 and 4 ranks
   ReshardPolicy reshard = ReshardPolicy::kDefault;
   std::string ac = "none";
@@ -114,13 +115,24 @@ void run_case(const Case& c) {
   const Reference ref = reference(c, batch);
   auto errors = testing::run_ranks(c.world, [&](ProcessGroups& groups) {
     const int r = groups.rank();
+    // The mesh's order: rank = replica x shard_size + shard rank.
+    const int shard_size = c.world / c.replicate;
+    const int shard_rank = r % shard_size;
+    std::shared_ptr<distributed::Comm> shard = groups.world_ptr(), replicate;
+    if (c.replicate > 1) {
+      std::vector<int> shard_ranks, replica_ranks;
+      for (int i = 0; i < shard_size; ++i) shard_ranks.push_back(r - shard_rank + i);
+      for (int i = 0; i < c.replicate; ++i) replica_ranks.push_back(i * shard_size + shard_rank);
+      shard = groups.new_group("shard" + std::to_string(r / shard_size), shard_ranks);
+      replicate = groups.new_group("replicate" + std::to_string(shard_rank), replica_ranks);
+    }
     auto config = job(c.ac);
     auto model = models::build_model(config, c.vocab, at::TensorOptions().device(at::kMeta));
     model->apply_activation_checkpointing(config.activation_checkpoint);
     FsdpOptions options;
     options.reshard = c.reshard;
     options.prefetch = c.prefetch;
-    FullyShardedDataParallel fsdp(*model, groups.world_ptr(), nullptr, at::kCPU, kSeed, options);
+    FullyShardedDataParallel fsdp(*model, shard, replicate, at::kCPU, kSeed, options);
     for (const auto& name : fsdp.parameter_names()) {
       expect_close(fsdp.full_parameter(name), ref.initial.at(name), "initial " + name, 0, 0);
     }
@@ -133,7 +145,7 @@ void run_case(const Case& c) {
     const auto& shards = fsdp.sharded_parameters();
     for (size_t i = 0; i < shards.size(); ++i) {
       const std::string& name = fsdp.parameter_names()[i];
-      expect_close(shards[i].grad(), rows_of(ref.grads.at(name), r, c.world),
+      expect_close(shards[i].grad(), rows_of(ref.grads.at(name), shard_rank, shard_size),
                    "gradient of " + name);
     }
     const double norm = fsdp.clip_grad_norm(0.5);
@@ -186,6 +198,15 @@ TEST(Fsdp, FourRanksWithAnEmptyShard) {
   Case c;
   c.world = 4;
   c.vocab = 3;  // embedding and output rows 1, 1, 1, 0
+  run_case(c);
+}
+
+// HSDP 2 x 2: reduce-scatter within each pair, all-reduce across the pairs; the norm counts
+// each shard once.
+TEST(Fsdp, HybridShardingTwoByTwo) {
+  Case c;
+  c.world = 4;
+  c.replicate = 2;
   run_case(c);
 }
 
