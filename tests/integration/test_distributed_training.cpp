@@ -102,6 +102,28 @@ TEST(DistributedTraining, HsdpTwoByTwoMatchesOneRank) {
                                "--parallelism.fsdp_reshard_after_forward never");
 }
 
+// bf16 all-gather and compute (float32 masters and reduce-scatter) on CPU: runs, and tracks the
+// float32 losses of the same job.
+TEST(DistributedTraining, TwoRankFsdpInBfloat16TracksFloat32) {
+  auto run = [](const std::string& name, const std::string& extra) {
+    const std::string folder = fresh_temp_dir(name);
+    auto result =
+        run_loom("launch --nproc-per-node 2 --master-port " +
+                 std::to_string(loom::testing::free_port()) + " -- " + job_args(folder, 5) + extra);
+    EXPECT_EQ(result.exit_code, 0) << result.output;
+    return std::make_pair(losses(folder), result.output);
+  };
+  const auto [bf16, output] = run("fsdp_bf16", " --training.mixed_precision_on_cpu true");
+  EXPECT_NE(output.find("all-gather in BFloat16, reduce-scatter in Float"), std::string::npos)
+      << output;
+  const auto fp32 = run("fsdp_fp32", "").first;
+  ASSERT_EQ(bf16.size(), 5u);
+  ASSERT_EQ(fp32.size(), 5u);
+  for (size_t i = 0; i < fp32.size(); ++i) {
+    EXPECT_NEAR(bf16[i], fp32[i], 0.02 * fp32[i]) << "step " << i + 1;
+  }
+}
+
 TEST(DistributedTraining, TwoLaunchersWithTwoNodesFormOneJob) {
   const std::string folder = fresh_temp_dir("ddp_nodes");
   const std::string port = std::to_string(loom::testing::free_port());
