@@ -479,6 +479,10 @@ void add_runtime_sections(Schema& s) {
   dbg.field("moe_force_load_balance", &DebugSection::moe_force_load_balance,
             "Route tokens evenly to experts.")
       .unimplemented();
+  dbg.field("force_fsdp", &DebugSection::force_fsdp,
+            "loom: apply FSDP even when data_parallel_shard_degree is 1 (each shard group is one "
+            "rank holding whole parameters; with replicas, HSDP): runs FSDP's code paths on a "
+            "single device, e.g. one GPU.");
 }
 
 Schema build_schema() {

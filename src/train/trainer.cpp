@@ -147,7 +147,7 @@ void Trainer::setup_runtime() {
 void Trainer::build_model() {
   // The embedding table matches the tokenizer (synthetic data keeps the flavor's vocabulary).
   // Under FSDP the model is built on meta: FSDP creates only this rank's shards.
-  const bool sharded = runtime_->dims().dp_shard > 1;
+  const bool sharded = uses_fsdp();
   model_ = models::build_model(config_, tokenizer_ ? tokenizer_->vocab_size() : 0,
                                at::TensorOptions()
                                    .device(sharded ? at::Device(at::kMeta) : device_)
@@ -165,7 +165,7 @@ void Trainer::build_model() {
 // FSDP (dp_shard > 1; HSDP when dp_replicate > 1 too) or DDP (dp_replicate > 1 alone). The
 // optimizer gets FSDP's local shards.
 void Trainer::apply_parallelism() {
-  if (runtime_->dims().dp_shard > 1) {
+  if (uses_fsdp()) {
     const at::ScalarType compute =
         autocast_dtype(config_.training, device_).value_or(parameter_dtype(config_.training));
     fsdp_ = std::make_unique<parallel::FullyShardedDataParallel>(
@@ -256,6 +256,10 @@ double Trainer::train_step(int64_t step, metrics::StepMetrics& m) {
   optimizer_->step();
   m.loss = sum_over(loss_group, loss_sum);
   return data_time;
+}
+
+bool Trainer::uses_fsdp() const {
+  return runtime_->dims().dp_shard > 1 || config_.debug.force_fsdp;
 }
 
 // FSDP computes in mixed_precision_param by construction (its unsharded parameters have that

@@ -102,6 +102,16 @@ TEST(DistributedTraining, HsdpTwoByTwoMatchesOneRank) {
                                "--parallelism.fsdp_reshard_after_forward never");
 }
 
+// debug.force_fsdp: FSDP over a one-rank shard group (how one GPU runs FSDP's code paths).
+TEST(DistributedTraining, ForcedFsdpOnOneRankMatchesPlainTraining) {
+  const std::string folder = fresh_temp_dir("fsdp_one");
+  auto result =
+      run_loom(job_args(folder, 20) + " --training.global_batch_size 8 --debug.force_fsdp true");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("sharded over group"), std::string::npos) << result.output;
+  expect_same_losses(single_rank_losses("fsdp_one"), losses(folder));
+}
+
 // bf16 all-gather and compute (float32 masters and reduce-scatter) on CPU: runs, and tracks the
 // float32 losses of the same job.
 TEST(DistributedTraining, TwoRankFsdpInBfloat16TracksFloat32) {

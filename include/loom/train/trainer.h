@@ -41,8 +41,8 @@ class Trainer {
   TrainResult train();
 
   models::CausalLM& model() { return *model_; }
-  // Under FSDP (dp_shard > 1): the sharding wrapper; the model's own parameters are then empty
-  // unsharded holders outside forward/backward, the shards are here. Null otherwise.
+  // Under FSDP (dp_shard > 1 or debug.force_fsdp): the sharding wrapper; the model's own parameters
+  // are then empty unsharded holders outside forward/backward, the shards are here. Null otherwise.
   parallel::FullyShardedDataParallel* fsdp() { return fsdp_.get(); }
   distributed::ParallelRuntime& runtime() { return *runtime_; }
   const at::Device& device() const { return device_; }
@@ -57,6 +57,7 @@ class Trainer {
   double train_step(int64_t step, metrics::StepMetrics& metrics);
   double validate();
   std::optional<at::ScalarType> autocast() const;
+  bool uses_fsdp() const;  // dp_shard > 1, or debug.force_fsdp
   // True on every rank once any rank was asked to stop (all ranks leave after the same step).
   bool any_rank_stopping();
 
