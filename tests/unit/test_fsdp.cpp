@@ -172,6 +172,18 @@ void run_case(const Case& c) {
   LOOM_EXPECT_RANKS_OK(errors);
 }
 
+TEST(Fsdp, ReshardPolicyNamesAreCheckedWithTheKey) {
+  EXPECT_EQ(parallel::parse_reshard_policy("never"), ReshardPolicy::kNever);
+  try {
+    parallel::parse_reshard_policy("sometimes");
+    FAIL() << "accepted 'sometimes'";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("parallelism.fsdp_reshard_after_forward"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Fsdp, StepMatchesOneProcessWithDefaultReshard) {
   run_case({});
 }

@@ -76,7 +76,7 @@ class FullyShardedDataParallel {
   FullyShardedDataParallel(const FullyShardedDataParallel&) = delete;
   FullyShardedDataParallel& operator=(const FullyShardedDataParallel&) = delete;
 
-  // The local float32 shards, for the optimizer (model parameter order).
+  // The local float32 shards, for the optimizer, in unit order (names in parameter_names()).
   const std::vector<at::Tensor>& sharded_parameters() const { return shards_; }
   const std::vector<std::string>& parameter_names() const { return names_; }
 
