@@ -84,6 +84,13 @@ for flavor in 100M debugmodel; do
     --job.dump_folder "$OUT/train_${flavor}_cuda" || fail "cuda training ($flavor)"
   tail -1 "$OUT/train_${flavor}_cuda/metrics.jsonl" 2>/dev/null
 done
+# FSDP's code paths on the one GPU (debug.force_fsdp: a one-rank shard group), bf16 all-gather
+# and compute, float32 masters and reduce-scatter.
+timeout 240 "$BUILD/bin/loom" train --model.flavor 100M --training.dataset synthetic \
+  --training.device cuda --training.local_batch_size 16 --training.seq_len 2048 \
+  --training.steps 40 --metrics.log_freq 10 --debug.seed 0 --debug.force_fsdp true \
+  --job.dump_folder "$OUT/train_100M_cuda_fsdp" || fail "cuda FSDP training (100M)"
+tail -1 "$OUT/train_100M_cuda_fsdp/metrics.jsonl" 2>/dev/null
 # CPU side-by-side with eager PyTorch (16 cores there).
 "$PYTHON" tools/bench_train.py --loom "$BUILD/bin/loom" --python "$PYTHON" --rounds 2 --steps 6 \
   --json "$OUT/bench_train_cpu.json" || fail "bench_train.py"

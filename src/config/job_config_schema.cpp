@@ -174,8 +174,9 @@ void add_training_sections(Schema& s) {
            "loom: where to train: auto (CUDA when available, else CPU), cpu or cuda.")
       .choices({"auto", "cpu", "cuda"});
   tr.field("mixed_precision_on_cpu", &TrainingSection::mixed_precision_on_cpu,
-           "loom: autocast to mixed_precision_param on CPU too; CPU runs train in float32 "
-           "otherwise (on CUDA, mixed_precision_param always applies).");
+           "loom: compute in mixed_precision_param on CPU too (autocast; under FSDP, the "
+           "all-gather dtype); CPU runs train in float32 otherwise (on CUDA, "
+           "mixed_precision_param always applies).");
   tr.field("dataset_on_error", &TrainingSection::dataset_on_error,
            "loom: a bad dataset record (invalid JSON, no text field, invalid UTF-8) stops the job "
            "with its file and line (error) or is skipped and counted in metrics.jsonl as "
@@ -227,8 +228,9 @@ void add_parallelism_section(Schema& s) {
       .min(1)
       .sentinel(-1);
   p.field("fsdp_reshard_after_forward", &ParallelismSection::fsdp_reshard_after_forward,
-          "Free gathered parameters after forward: default (yes, except without pipeline "
-          "parallelism's last unit), always, never.")
+          "Free gathered parameters after forward: always (re-gathered in backward), never "
+          "(kept until backward: less traffic, more memory), default (always, except the last "
+          "unit [norm + output], whose backward comes next; never under pipeline parallelism).")
       .choices({"default", "always", "never"});
   p.field("tensor_parallel_degree", &ParallelismSection::tensor_parallel_degree,
           "Tensor-parallel ranks (Megatron-style).")
@@ -477,6 +479,10 @@ void add_runtime_sections(Schema& s) {
   dbg.field("moe_force_load_balance", &DebugSection::moe_force_load_balance,
             "Route tokens evenly to experts.")
       .unimplemented();
+  dbg.field("force_fsdp", &DebugSection::force_fsdp,
+            "loom: apply FSDP even when data_parallel_shard_degree is 1 (each shard group is one "
+            "rank holding whole parameters; with replicas, HSDP): runs FSDP's code paths on a "
+            "single device, e.g. one GPU.");
 }
 
 Schema build_schema() {

@@ -2,24 +2,50 @@
 
 #include <ATen/ATen.h>
 
+#include "loom/core/check.h"
+
 namespace loom::models {
 
+WeightModule::WeightModule(at::Tensor initial)
+    : weight(register_parameter("weight", std::move(initial))) {}
+
+void WeightModule::replace_weight(const at::Tensor& value) {
+  weight = value;
+  parameters_["weight"] = value;
+}
+
+void replace_parameter(torch::nn::Module& root, const std::string& name, const at::Tensor& value) {
+  const auto dot = name.rfind('.');
+  LOOM_CHECK(dot != std::string::npos && name.substr(dot + 1) == "weight", "replace_parameter: '",
+             name, "' is not a module's weight");
+  const std::string path = name.substr(0, dot);
+  for (const auto& item : root.named_modules()) {
+    if (item.key() != path) continue;
+    auto* owner = dynamic_cast<WeightModule*>(item.value().get());
+    LOOM_CHECK(owner != nullptr, "replace_parameter: module '", path,
+               "' has no replaceable weight");
+    owner->replace_weight(value);
+    return;
+  }
+  LOOM_THROW(InternalError, "replace_parameter: no module '", path, "'");
+}
+
 LinearImpl::LinearImpl(int64_t in_features, int64_t out_features, const at::TensorOptions& options)
-    : weight(register_parameter("weight", at::empty({out_features, in_features}, options))) {}
+    : WeightModule(at::empty({out_features, in_features}, options)) {}
 
 at::Tensor LinearImpl::forward(const at::Tensor& input) {
   return at::linear(input, weight);
 }
 
 EmbeddingImpl::EmbeddingImpl(int64_t num_embeddings, int64_t dim, const at::TensorOptions& options)
-    : weight(register_parameter("weight", at::empty({num_embeddings, dim}, options))) {}
+    : WeightModule(at::empty({num_embeddings, dim}, options)) {}
 
 at::Tensor EmbeddingImpl::forward(const at::Tensor& ids) {
   return at::embedding(weight, ids);
 }
 
 RMSNormImpl::RMSNormImpl(int64_t dim, double eps_, const at::TensorOptions& options)
-    : weight(register_parameter("weight", at::empty({dim}, options))), eps(eps_) {}
+    : WeightModule(at::empty({dim}, options)), eps(eps_) {}
 
 at::Tensor RMSNormImpl::forward(const at::Tensor& input) {
   // ATen's fused rms_norm (one kernel forward and backward where available), on float32.

@@ -36,7 +36,11 @@ double clip_grad_norm(const std::vector<at::Tensor>& parameters, double max_norm
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> norms;
   for (const auto& p : parameters) {
-    if (p.grad().defined()) norms.push_back(at::linalg_vector_norm(p.grad().to(at::kFloat), 2));
+    // In float64: a float32 sum of squares over a million-element gradient is off by ~1e-4,
+    // enough to make runs that differ only in layout clip differently.
+    if (p.grad().defined()) {
+      norms.push_back(at::linalg_vector_norm(p.grad(), 2, std::nullopt, false, at::kDouble));
+    }
   }
   if (norms.empty()) return 0.0;
   const double total = at::linalg_vector_norm(at::stack(norms), 2).item<double>();

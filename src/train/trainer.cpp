@@ -55,11 +55,6 @@ void check_supported_layout(const distributed::ParallelDims& dims) {
                 "parallelism: tensor, pipeline and context parallel degrees other than 1 are not "
                 "implemented yet (",
                 dims.describe(), ")");
-  LOOM_CHECK_AS(InputError, dims.dp_shard == 1,
-                "parallelism: data_parallel_shard_degree resolves to ", dims.dp_shard,
-                " (FSDP), which is not implemented yet (", dims.describe(),
-                "). For data parallelism set parallelism.data_parallel_replicate_degree to the "
-                "number of ranks and data_parallel_shard_degree to 1 (or leave it at -1)");
 }
 
 // A number summed over a group (the step's valid tokens, its loss).
@@ -151,12 +146,14 @@ void Trainer::setup_runtime() {
 
 void Trainer::build_model() {
   // The embedding table matches the tokenizer (synthetic data keeps the flavor's vocabulary).
-  model_ = models::build_model(
-      config_, tokenizer_ ? tokenizer_->vocab_size() : 0,
-      at::TensorOptions().device(device_).dtype(parameter_dtype(config_.training)));
-  model_->init_weights(seed_);
+  // Under FSDP the model is built on meta: FSDP creates only this rank's shards.
+  const bool sharded = uses_fsdp();
+  model_ = models::build_model(config_, tokenizer_ ? tokenizer_->vocab_size() : 0,
+                               at::TensorOptions()
+                                   .device(sharded ? at::Device(at::kMeta) : device_)
+                                   .dtype(parameter_dtype(config_.training)));
+  if (!sharded) model_->init_weights(seed_);
   model_->apply_activation_checkpointing(config_.activation_checkpoint);
-  for (const auto& p : model_->module().parameters()) parameters_.push_back(p);
   apply_parallelism();
   optimizer_ = build_optimizer(config_.optimizer, parameters_);
   schedule_.emplace(config_.lr_scheduler,
@@ -165,8 +162,20 @@ void Trainer::build_model() {
   log::get("trainer")->info("model {}", models::format_summary(summary_, false));
 }
 
-// Data parallel (DDP / HSDP's replicate dimension): gradients all-reduced over dp_replicate.
+// FSDP (dp_shard > 1; HSDP when dp_replicate > 1 too) or DDP (dp_replicate > 1 alone). The
+// optimizer gets FSDP's local shards.
 void Trainer::apply_parallelism() {
+  if (uses_fsdp()) {
+    const at::ScalarType compute =
+        autocast_dtype(config_.training, device_).value_or(parameter_dtype(config_.training));
+    fsdp_ = std::make_unique<parallel::FullyShardedDataParallel>(
+        *model_, runtime_->group_ptr(distributed::MeshGroup::fsdp),
+        runtime_->group_ptr(distributed::MeshGroup::dp_replicate), device_, seed_,
+        parallel::fsdp_options(config_, compute));
+    parameters_ = fsdp_->sharded_parameters();
+    return;
+  }
+  for (const auto& p : model_->module().parameters()) parameters_.push_back(p);
   if (runtime_->dims().dp_replicate == 1) return;
   std::vector<std::pair<std::string, at::Tensor>> named;
   for (const auto& item : model_->module().named_parameters()) {
@@ -222,11 +231,12 @@ double Trainer::train_step(int64_t step, metrics::StepMetrics& m) {
 
   optimizer_->zero_grad();
   double loss_sum = 0;
-  const auto compute_dtype = autocast_dtype(t, device_);
+  const auto compute_dtype = autocast();
   for (size_t i = 0; i < micro.size(); ++i) {
     auto& batch = micro[i];
-    // Gradients are all-reduced during the last microbatch's backward only.
+    // Gradients are all-reduced (reduce-scattered) during the last microbatch's backward only.
     if (data_parallel_) data_parallel_->set_requires_gradient_sync(i + 1 == micro.size());
+    if (fsdp_) fsdp_->set_requires_gradient_sync(i + 1 == micro.size());
     at::Tensor loss;
     {
       AutocastGuard autocast(device_.type(), compute_dtype);
@@ -239,12 +249,23 @@ double Trainer::train_step(int64_t step, metrics::StepMetrics& m) {
     loss_sum += loss.item<double>();
   }
   if (data_parallel_) data_parallel_->finish_gradient_sync();
-  m.grad_norm = clip_grad_norm(parameters_, t.max_norm);
+  if (fsdp_) fsdp_->finish_gradient_sync();
+  m.grad_norm = fsdp_ ? fsdp_->clip_grad_norm(t.max_norm) : clip_grad_norm(parameters_, t.max_norm);
   m.lr = config_.optimizer.lr * schedule_->factor(step - 1);
   set_learning_rate(*optimizer_, m.lr);
   optimizer_->step();
   m.loss = sum_over(loss_group, loss_sum);
   return data_time;
+}
+
+bool Trainer::uses_fsdp() const {
+  return runtime_->dims().dp_shard > 1 || config_.debug.force_fsdp;
+}
+
+// FSDP computes in mixed_precision_param by construction (its unsharded parameters have that
+// dtype), so autocast applies without it only.
+std::optional<at::ScalarType> Trainer::autocast() const {
+  return fsdp_ ? std::nullopt : autocast_dtype(config_.training, device_);
 }
 
 double Trainer::validate() {
@@ -259,7 +280,7 @@ double Trainer::validate() {
   for (int64_t i = 0; i < steps; ++i) {
     data::Batch batch =
         validation_source_->next(config_.validation.local_batch_size, config_.validation.seq_len);
-    AutocastGuard autocast(device_.type(), autocast_dtype(config_.training, device_));
+    AutocastGuard autocast_guard(device_.type(), autocast());
     loss_sum +=
         cross_entropy_sum(model_->forward(batch.inputs.to(device_)), batch.labels.to(device_))
             .item<double>();
@@ -341,8 +362,11 @@ TrainResult Trainer::train() {
   }
   result.peak_memory_gib = metrics::peak_memory_gib(device_);
   result.comm_wire_bytes = runtime_->total_wire_bytes();
-  log->info("finished {} steps in {:.1f} s; metrics in {}/metrics.jsonl", result.steps_completed,
-            seconds_since(start), config_.job.dump_folder);
+  log->info(
+      "finished {} steps in {:.1f} s ({:.2f} MB sent over the process groups by this rank); "
+      "metrics in {}/metrics.jsonl",
+      result.steps_completed, seconds_since(start),
+      static_cast<double>(result.comm_wire_bytes) / 1e6, config_.job.dump_folder);
   return result;
 }
 

@@ -1,6 +1,6 @@
 // Data-parallel training end to end through `loom launch` (real processes over Gloo): 2 ranks
-// and a simulated 2-node job train exactly like 1 rank with the same global batch; a worker
-// killed mid-run stops the job with the rank named.
+// (DDP and FSDP), 4 ranks (FSDP, HSDP) and a simulated 2-node job train exactly like 1 rank with
+// the same global batch; a worker killed mid-run stops the job with the rank named.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -66,6 +66,72 @@ TEST(DistributedTraining, TwoRankDataParallelMatchesOneRank) {
   const auto want = single_rank_losses("ddp_two");
   ASSERT_EQ(want.size(), 20u);
   expect_same_losses(want, losses(folder));
+}
+
+// FSDP through the trainer: 2 ranks (reshard default), 4 ranks (reshard always, activation
+// checkpointing) and HSDP 2 x 2 (reshard never) train like 1 rank with the same global batch
+// of 8, so the reshard policies give the same losses too.
+void expect_fsdp_matches_one_rank(const std::string& name, int ranks, const std::string& extra) {
+  const std::string folder = fresh_temp_dir(name);
+  auto result = run_loom("launch --nproc-per-node " + std::to_string(ranks) + " --master-port " +
+                         std::to_string(loom::testing::free_port()) + " -- " +
+                         job_args(folder, 20) + " --training.global_batch_size 8 " + extra);
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("sharded over group"), std::string::npos) << result.output;
+  const auto want = single_rank_losses(name);
+  ASSERT_EQ(want.size(), 20u);
+  expect_same_losses(want, losses(folder));
+}
+
+TEST(DistributedTraining, TwoRankFsdpMatchesOneRank) {
+  expect_fsdp_matches_one_rank("fsdp_two", 2, "");
+}
+
+TEST(DistributedTraining, FourRankFsdpWithCheckpointingMatchesOneRank) {
+  expect_fsdp_matches_one_rank("fsdp_four", 4,
+                               "--training.local_batch_size 2 "
+                               "--parallelism.fsdp_reshard_after_forward always "
+                               "--activation_checkpoint.mode full");
+}
+
+TEST(DistributedTraining, HsdpTwoByTwoMatchesOneRank) {
+  expect_fsdp_matches_one_rank("hsdp", 4,
+                               "--training.local_batch_size 2 "
+                               "--parallelism.data_parallel_replicate_degree 2 "
+                               "--parallelism.data_parallel_shard_degree 2 "
+                               "--parallelism.fsdp_reshard_after_forward never");
+}
+
+// debug.force_fsdp: FSDP over a one-rank shard group (how one GPU runs FSDP's code paths).
+TEST(DistributedTraining, ForcedFsdpOnOneRankMatchesPlainTraining) {
+  const std::string folder = fresh_temp_dir("fsdp_one");
+  auto result =
+      run_loom(job_args(folder, 20) + " --training.global_batch_size 8 --debug.force_fsdp true");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("sharded over group"), std::string::npos) << result.output;
+  expect_same_losses(single_rank_losses("fsdp_one"), losses(folder));
+}
+
+// bf16 all-gather and compute (float32 masters and reduce-scatter) on CPU: runs, and tracks the
+// float32 losses of the same job.
+TEST(DistributedTraining, TwoRankFsdpInBfloat16TracksFloat32) {
+  auto run = [](const std::string& name, const std::string& extra) {
+    const std::string folder = fresh_temp_dir(name);
+    auto result =
+        run_loom("launch --nproc-per-node 2 --master-port " +
+                 std::to_string(loom::testing::free_port()) + " -- " + job_args(folder, 5) + extra);
+    EXPECT_EQ(result.exit_code, 0) << result.output;
+    return std::make_pair(losses(folder), result.output);
+  };
+  const auto [bf16, output] = run("fsdp_bf16", " --training.mixed_precision_on_cpu true");
+  EXPECT_NE(output.find("all-gather in BFloat16, reduce-scatter in Float"), std::string::npos)
+      << output;
+  const auto fp32 = run("fsdp_fp32", "").first;
+  ASSERT_EQ(bf16.size(), 5u);
+  ASSERT_EQ(fp32.size(), 5u);
+  for (size_t i = 0; i < fp32.size(); ++i) {
+    EXPECT_NEAR(bf16[i], fp32[i], 0.02 * fp32[i]) << "step " << i + 1;
+  }
 }
 
 TEST(DistributedTraining, TwoLaunchersWithTwoNodesFormOneJob) {

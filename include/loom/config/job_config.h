@@ -246,6 +246,8 @@ struct DebugSection {
   bool deterministic = false;
   bool deterministic_warn_only = false;
   bool moe_force_load_balance = false;
+  // loom: FSDP even when data_parallel_shard_degree is 1 (one-rank shard groups).
+  bool force_fsdp = false;
 };
 
 struct JobConfig {

@@ -6,31 +6,46 @@
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
+#include <string>
+
 namespace loom::models {
 
+// A module with one parameter, `weight`. FSDP builds models on the meta device and then swaps
+// each meta parameter for a tensor of its own (a meta tensor cannot be given real storage in
+// place), which replace_weight does for the registered parameter and the member together.
+class WeightModule : public torch::nn::Module {
+ public:
+  at::Tensor weight;
+  void replace_weight(const at::Tensor& value);
+
+ protected:
+  explicit WeightModule(at::Tensor initial);
+};
+
+// Replaces the parameter `name` ("layers.0.attention.wq.weight") of `root`; throws
+// InternalError when no WeightModule owns it.
+void replace_parameter(torch::nn::Module& root, const std::string& name, const at::Tensor& value);
+
 // y = x W^T, no bias (Llama has none).
-class LinearImpl : public torch::nn::Module {
+class LinearImpl : public WeightModule {
  public:
   LinearImpl(int64_t in_features, int64_t out_features, const at::TensorOptions& options);
   at::Tensor forward(const at::Tensor& input);
-  at::Tensor weight;
 };
 TORCH_MODULE(Linear);
 
-class EmbeddingImpl : public torch::nn::Module {
+class EmbeddingImpl : public WeightModule {
  public:
   EmbeddingImpl(int64_t num_embeddings, int64_t dim, const at::TensorOptions& options);
   at::Tensor forward(const at::Tensor& ids);
-  at::Tensor weight;
 };
 TORCH_MODULE(Embedding);
 
 // Root-mean-square norm, computed in float32 whatever the input dtype.
-class RMSNormImpl : public torch::nn::Module {
+class RMSNormImpl : public WeightModule {
  public:
   RMSNormImpl(int64_t dim, double eps, const at::TensorOptions& options);
   at::Tensor forward(const at::Tensor& input);
-  at::Tensor weight;
   double eps;
 };
 TORCH_MODULE(RMSNorm);

@@ -31,6 +31,18 @@ struct ModelSummary {
   std::string description;  // family-specific dimensions, one line
 };
 
+// FSDP's view of a model (parallel/fsdp.h): groups of parameters sharded and gathered together,
+// in forward order, and hooks the model calls around each group's forward.
+struct ShardingUnit {
+  std::string name;
+  std::vector<std::string> parameters;
+};
+struct UnitHooks {
+  std::function<void(size_t unit)> before_forward;
+  // Returns the unit's output (FSDP registers its pre-backward hook on it).
+  std::function<at::Tensor(size_t unit, const at::Tensor& output)> after_forward;
+};
+
 // What the trainer needs from any decoder-only language model.
 class CausalLM {
  public:
@@ -44,6 +56,15 @@ class CausalLM {
   // activation_checkpoint.mode / selective_ac_option.
   virtual void apply_activation_checkpointing(const config::ActivationCheckpointSection& ac) = 0;
   virtual int64_t vocab_size() const = 0;
+
+  // For FSDP: the units, the hooks, swapping a (meta) parameter for another tensor, drawing one
+  // full parameter as init_weights would, and computing the non-parameter state (rope tables)
+  // on `device` once the parameters are replaced.
+  virtual std::vector<ShardingUnit> sharding_units() const = 0;
+  virtual void set_unit_hooks(UnitHooks hooks) = 0;
+  virtual void replace_parameter(const std::string& name, const at::Tensor& value) = 0;
+  virtual void init_parameter(const std::string& name, at::Tensor& value, uint64_t seed) = 0;
+  virtual void init_buffers(const at::Device& device) = 0;
 };
 
 struct BuildOptions {

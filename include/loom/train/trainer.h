@@ -16,6 +16,7 @@
 #include "loom/metrics/metrics.h"
 #include "loom/models/model_spec.h"
 #include "loom/parallel/data_parallel.h"
+#include "loom/parallel/fsdp.h"
 #include "loom/train/lr_scheduler.h"
 #include "loom/train/optimizer.h"
 
@@ -40,6 +41,9 @@ class Trainer {
   TrainResult train();
 
   models::CausalLM& model() { return *model_; }
+  // Under FSDP (dp_shard > 1 or debug.force_fsdp): the sharding wrapper; the model's own parameters
+  // are then empty unsharded holders outside forward/backward, the shards are here. Null otherwise.
+  parallel::FullyShardedDataParallel* fsdp() { return fsdp_.get(); }
   distributed::ParallelRuntime& runtime() { return *runtime_; }
   const at::Device& device() const { return device_; }
   uint64_t seed() const { return seed_; }
@@ -52,6 +56,8 @@ class Trainer {
                   std::unique_ptr<data::BatchSource> validation_source);
   double train_step(int64_t step, metrics::StepMetrics& metrics);
   double validate();
+  std::optional<at::ScalarType> autocast() const;
+  bool uses_fsdp() const;  // dp_shard > 1, or debug.force_fsdp
   // True on every rank once any rank was asked to stop (all ranks leave after the same step).
   bool any_rank_stopping();
 
@@ -64,6 +70,7 @@ class Trainer {
   std::unique_ptr<models::CausalLM> model_;
   std::vector<at::Tensor> parameters_;
   std::unique_ptr<parallel::DataParallel> data_parallel_;
+  std::unique_ptr<parallel::FullyShardedDataParallel> fsdp_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::optional<LRSchedule> schedule_;
   std::unique_ptr<data::BatchSource> source_;

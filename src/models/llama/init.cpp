@@ -67,32 +67,35 @@ double output_projection_std(const LlamaArgs& args, int64_t layer_id) {
   return kStd / std::sqrt(2.0 * depth);
 }
 
-void init_weights(Transformer& model, uint64_t seed) {
+void init_parameter(const LlamaArgs& args, const std::string& name, at::Tensor& param,
+                    uint64_t seed) {
   at::NoGradGuard no_grad;
-  const LlamaArgs& args = model->args;
+  LOOM_CHECK(!param.is_meta(), "init_weights on a meta parameter: ", name);
+  at::Generator generator = generator_for(param.device(), parameter_seed(seed, name));
+  auto ends_with = [&](const char* suffix) { return strings::ends_with(name, suffix); };
+  if (name == "tok_embeddings.weight") {
+    param.normal_(0.0, 1.0, generator);
+  } else if (name == "output.weight") {
+    const double std = 1.0 / std::sqrt(static_cast<double>(args.dim));
+    trunc_normal_(param, 0.0, std, -3 * std, 3 * std, generator);
+  } else if (ends_with("norm.weight")) {
+    param.fill_(1.0);
+  } else if (ends_with("attention.wq.weight") || ends_with("attention.wk.weight") ||
+             ends_with("attention.wv.weight") || ends_with("feed_forward.w1.weight")) {
+    trunc_normal_(param, 0.0, kStd, -2.0, 2.0, generator);
+  } else if (ends_with("attention.wo.weight") || ends_with("feed_forward.w2.weight") ||
+             ends_with("feed_forward.w3.weight")) {
+    const int64_t layer = std::stoll(name.substr(std::string("layers.").size()));
+    trunc_normal_(param, 0.0, output_projection_std(args, layer), -2.0, 2.0, generator);
+  } else {
+    LOOM_THROW(InternalError, "llama3 init: no rule for parameter ", name);
+  }
+}
+
+void init_weights(Transformer& model, uint64_t seed) {
   for (auto& item : model->named_parameters()) {
-    const std::string& name = item.key();
     at::Tensor param = item.value();
-    LOOM_CHECK(!param.is_meta(), "init_weights on a meta parameter: ", name);
-    at::Generator generator = generator_for(param.device(), parameter_seed(seed, name));
-    auto ends_with = [&](const char* suffix) { return strings::ends_with(name, suffix); };
-    if (name == "tok_embeddings.weight") {
-      param.normal_(0.0, 1.0, generator);
-    } else if (name == "output.weight") {
-      const double std = 1.0 / std::sqrt(static_cast<double>(args.dim));
-      trunc_normal_(param, 0.0, std, -3 * std, 3 * std, generator);
-    } else if (ends_with("norm.weight")) {
-      param.fill_(1.0);
-    } else if (ends_with("attention.wq.weight") || ends_with("attention.wk.weight") ||
-               ends_with("attention.wv.weight") || ends_with("feed_forward.w1.weight")) {
-      trunc_normal_(param, 0.0, kStd, -2.0, 2.0, generator);
-    } else if (ends_with("attention.wo.weight") || ends_with("feed_forward.w2.weight") ||
-               ends_with("feed_forward.w3.weight")) {
-      const int64_t layer = std::stoll(name.substr(std::string("layers.").size()));
-      trunc_normal_(param, 0.0, output_projection_std(args, layer), -2.0, 2.0, generator);
-    } else {
-      LOOM_THROW(InternalError, "llama3 init: no rule for parameter ", name);
-    }
+    init_parameter(model->args, item.key(), param, seed);
   }
   model->init_freqs_cis();
 }

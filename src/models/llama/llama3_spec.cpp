@@ -22,6 +22,16 @@ class Llama3Model : public CausalLM {
   void init_weights(uint64_t seed) override { llama::init_weights(model_, seed); }
   int64_t vocab_size() const override { return model_->args.vocab_size; }
 
+  std::vector<ShardingUnit> sharding_units() const override { return model_->sharding_units(); }
+  void set_unit_hooks(UnitHooks hooks) override { model_->set_unit_hooks(std::move(hooks)); }
+  void replace_parameter(const std::string& name, const at::Tensor& value) override {
+    models::replace_parameter(*model_, name, value);
+  }
+  void init_parameter(const std::string& name, at::Tensor& value, uint64_t seed) override {
+    llama::init_parameter(model_->args, name, value, seed);
+  }
+  void init_buffers(const at::Device& device) override { model_->init_freqs_cis(device); }
+
   ModelSummary summary(int64_t seq_len) const override {
     const LlamaArgs& a = model_->args;
     ModelSummary s;

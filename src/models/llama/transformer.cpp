@@ -36,7 +36,31 @@ TransformerImpl::TransformerImpl(const LlamaArgs& model_args, const at::TensorOp
 }
 
 void TransformerImpl::init_freqs_cis() {
-  freqs_cis = precompute_freqs_cis(args, args.max_seq_len, tok_embeddings->weight.device());
+  init_freqs_cis(tok_embeddings->weight.device());
+}
+
+void TransformerImpl::init_freqs_cis(const at::Device& device) {
+  freqs_cis = precompute_freqs_cis(args, args.max_seq_len, device);
+}
+
+std::vector<ShardingUnit> TransformerImpl::sharding_units() const {
+  std::vector<ShardingUnit> units;
+  units.push_back({"tok_embeddings", {"tok_embeddings.weight"}});
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    ShardingUnit unit{"layers." + std::to_string(i), {}};
+    for (const auto& item : blocks[i]->named_parameters()) {
+      unit.parameters.push_back(unit.name + "." + item.key());
+    }
+    units.push_back(std::move(unit));
+  }
+  units.push_back({"norm+output", {"norm.weight", "output.weight"}});
+  return units;
+}
+
+at::Tensor TransformerImpl::run_unit(size_t unit, const std::function<at::Tensor()>& body) {
+  if (hooks_.before_forward) hooks_.before_forward(unit);
+  at::Tensor out = body();
+  return hooks_.after_forward ? hooks_.after_forward(unit, out) : out;
 }
 
 void TransformerImpl::set_block_runner(int64_t layer_id, BlockRunner runner) {
@@ -48,11 +72,14 @@ at::Tensor TransformerImpl::forward(const at::Tensor& tokens) {
   LOOM_CHECK(freqs_cis.defined(), "init_freqs_cis() must run before forward");
   LOOM_CHECK_AS(InputError, tokens.size(1) <= args.max_seq_len, "sequence of ", tokens.size(1),
                 " tokens is longer than max_seq_len ", args.max_seq_len);
-  at::Tensor h = tok_embeddings->forward(tokens);
+  at::Tensor h = run_unit(0, [&] { return tok_embeddings->forward(tokens); });
   for (size_t i = 0; i < blocks.size(); ++i) {
-    h = runners_[i] ? runners_[i](blocks[i], h, freqs_cis) : blocks[i]->forward(h, freqs_cis);
+    h = run_unit(i + 1, [&] {
+      return runners_[i] ? runners_[i](blocks[i], h, freqs_cis) : blocks[i]->forward(h, freqs_cis);
+    });
   }
-  return output->forward(norm->forward(h)).to(at::kFloat);
+  h = run_unit(blocks.size() + 1, [&] { return output->forward(norm->forward(h)); });
+  return h.to(at::kFloat);
 }
 
 }  // namespace loom::models::llama

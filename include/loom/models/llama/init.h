@@ -16,6 +16,11 @@ namespace loom::models::llama {
 
 void init_weights(Transformer& model, uint64_t seed);
 
+// One parameter, full shape, on its device: the draw init_weights makes for `name`. FSDP draws
+// each full parameter with it and keeps its shard.
+void init_parameter(const LlamaArgs& args, const std::string& name, at::Tensor& param,
+                    uint64_t seed);
+
 // Fills `tensor` with a normal(mean, std) draw truncated to [low, high], from `generator`.
 void trunc_normal_(at::Tensor& tensor, double mean, double std, double low, double high,
                    at::Generator generator);

@@ -9,6 +9,7 @@
 
 #include "loom/models/llama/attention.h"
 #include "loom/models/llama/feed_forward.h"
+#include "loom/models/model_spec.h"
 
 namespace loom::models::llama {
 
@@ -38,8 +39,12 @@ class TransformerImpl : public torch::nn::Module {
   // Rotations for up to args.max_seq_len positions; (re)computed on the parameters' device, so
   // call after the model is materialized or moved.
   void init_freqs_cis();
+  void init_freqs_cis(const at::Device& device);
   // Per-block wrappers (activation checkpointing); empty entries run the block directly.
   void set_block_runner(int64_t layer_id, BlockRunner runner);
+  // FSDP's units: tok_embeddings (0), each block (1..n_layers), [norm, output] (n_layers + 1).
+  std::vector<ShardingUnit> sharding_units() const;
+  void set_unit_hooks(UnitHooks hooks) { hooks_ = std::move(hooks); }
 
   LlamaArgs args;
   Embedding tok_embeddings{nullptr};
@@ -50,7 +55,9 @@ class TransformerImpl : public torch::nn::Module {
   at::Tensor freqs_cis;  // not a parameter: never saved, recomputed from args
 
  private:
+  at::Tensor run_unit(size_t unit, const std::function<at::Tensor()>& body);
   std::vector<BlockRunner> runners_;
+  UnitHooks hooks_;
 };
 TORCH_MODULE(Transformer);
 
