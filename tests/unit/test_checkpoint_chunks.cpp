@@ -1,0 +1,177 @@
+// The chunk layer of sharded checkpoints: a tensor saved as a 2-way dim-0 sharding (two ranks'
+// files) loads into 1 rank and into 3-way shards (resharding by overlap), replicas split the
+// writing, and a truncated or altered file is refused with its name.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "loom/checkpoint/chunks.h"
+#include "loom/checkpoint/safetensors.h"
+#include "loom/core/check.h"
+#include "loom/core/files.h"
+#include "support/process.h"
+
+using loom::checkpoint::CheckpointReader;
+using loom::checkpoint::LocalChunk;
+
+namespace {
+
+// Rank `rank` of `ranks`'s dim-0 shard of `global` (uneven: the last shard may be shorter).
+LocalChunk dim0_shard(const std::string& fqn, const at::Tensor& global, int64_t rank,
+                      int64_t ranks) {
+  const int64_t rows = global.size(0);
+  const int64_t per = (rows + ranks - 1) / ranks;
+  const int64_t start = std::min(rows, rank * per);
+  const int64_t end = std::min(rows, start + per);
+  LocalChunk chunk;
+  chunk.fqn = fqn;
+  chunk.global_shape = global.sizes().vec();
+  chunk.offsets.assign(global.dim(), 0);
+  chunk.offsets[0] = start;
+  chunk.tensor = global.narrow(0, start, end - start).clone();
+  return chunk;
+}
+
+// Writes one step folder as `ranks` dim-0 shards of each tensor, as the ranks of a job would.
+std::string save_sharded(const std::string& name,
+                         const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                         int64_t ranks) {
+  const std::string folder = loom::testing::fresh_temp_dir(name);
+  std::vector<nlohmann::json> parts;
+  for (int64_t r = 0; r < ranks; ++r) {
+    std::vector<LocalChunk> chunks;
+    for (const auto& [fqn, t] : tensors) chunks.push_back(dim0_shard(fqn, t, r, ranks));
+    parts.push_back(loom::checkpoint::write_chunk_file(
+        folder + "/rank-" + std::to_string(r) + ".safetensors", chunks));
+  }
+  nlohmann::json index = loom::checkpoint::merge_index(parts);
+  index["format"] = "loom.checkpoint";
+  loom::files::write_atomic(folder + "/index.json", index.dump());
+  return folder;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> sample_tensors() {
+  at::manual_seed(3);
+  return {{"model.w", at::randn({10, 6})},
+          {"model.b", at::randn({7})},
+          {"model.half", at::randn({5, 3}).to(at::kBFloat16)},
+          {"optimizer.count", at::arange(9, at::kLong)}};
+}
+
+}  // namespace
+
+TEST(CheckpointChunks, TwoWayShardsLoadIntoOneRankAndThreeWayShards) {
+  const auto tensors = sample_tensors();
+  const std::string folder = save_sharded("ckpt_reshard", tensors, 2);
+  CheckpointReader reader(folder);
+  // The index records both ranks' chunks of every tensor.
+  for (const auto& [fqn, t] : tensors) {
+    EXPECT_EQ(reader.index()["tensors"][fqn]["chunks"].size(), 2u) << fqn;
+    EXPECT_EQ(reader.global_shape(fqn), t.sizes().vec());
+  }
+  // One rank: the whole tensors.
+  for (const auto& [fqn, t] : tensors) {
+    at::Tensor whole = reader.read_whole(fqn);
+    EXPECT_EQ(whole.scalar_type(), t.scalar_type()) << fqn;
+    EXPECT_TRUE(at::equal(whole, t)) << fqn;
+  }
+  // Three ranks: every 3-way shard straddles the saved 2-way boundaries differently.
+  for (int64_t r = 0; r < 3; ++r) {
+    for (const auto& [fqn, t] : tensors) {
+      LocalChunk want = dim0_shard(fqn, t, r, 3);
+      LocalChunk request = want;
+      request.tensor = at::full_like(want.tensor, 42);
+      reader.read(request);
+      EXPECT_TRUE(at::equal(request.tensor, want.tensor)) << fqn << " rank " << r;
+    }
+  }
+  // A column block (a TP-like layout) reads by the same overlap rule.
+  LocalChunk column;
+  column.fqn = "model.w";
+  column.global_shape = {10, 6};
+  column.offsets = {0, 2};
+  column.tensor = at::empty({10, 3}, at::kDouble);  // and converts the dtype
+  reader.read(column);
+  EXPECT_TRUE(at::allclose(column.tensor, tensors[0].second.narrow(1, 2, 3).to(at::kDouble)));
+}
+
+TEST(CheckpointChunks, ReplicasSplitTheWritingAndTogetherWriteEverything) {
+  std::vector<LocalChunk> chunks;
+  for (int i = 0; i < 7; ++i) {
+    chunks.push_back(loom::checkpoint::whole_chunk("t" + std::to_string(i), at::zeros({i + 1, 4})));
+  }
+  std::set<std::string> seen;
+  size_t total = 0;
+  for (int64_t r = 0; r < 3; ++r) {
+    auto mine = loom::checkpoint::chunks_written_by(chunks, r, 3);
+    EXPECT_FALSE(mine.empty()) << "replica " << r << " writes nothing";
+    for (const auto& c : mine) seen.insert(c.fqn);
+    total += mine.size();
+  }
+  EXPECT_EQ(total, chunks.size());
+  EXPECT_EQ(seen.size(), chunks.size());
+}
+
+TEST(CheckpointChunks, OverlappingSavedChunksAreRejectedWhenIndexed) {
+  const std::string folder = loom::testing::fresh_temp_dir("ckpt_overlap");
+  const at::Tensor t = at::ones({4, 2});
+  // Both "ranks" write the whole tensor: a replicated tensor saved twice.
+  auto a = loom::checkpoint::write_chunk_file(folder + "/a.safetensors",
+                                              {loom::checkpoint::whole_chunk("w", t)});
+  auto b = loom::checkpoint::write_chunk_file(folder + "/b.safetensors",
+                                              {loom::checkpoint::whole_chunk("w", t)});
+  EXPECT_THROW(loom::checkpoint::merge_index({a, b}), loom::Error);
+  // And a tensor whose chunks leave a gap.
+  auto gap =
+      loom::checkpoint::write_chunk_file(folder + "/c.safetensors", {dim0_shard("w", t, 0, 2)});
+  EXPECT_THROW(loom::checkpoint::merge_index({gap}), loom::Error);
+}
+
+TEST(CheckpointChunks, TruncatedOrAlteredFileIsRefusedByName) {
+  const auto tensors = sample_tensors();
+  {
+    const std::string folder = save_sharded("ckpt_truncated", tensors, 2);
+    std::filesystem::resize_file(folder + "/rank-1.safetensors",
+                                 std::filesystem::file_size(folder + "/rank-1.safetensors") - 5);
+    CheckpointReader reader(folder);
+    try {
+      reader.read_whole("model.w");
+      FAIL() << "a truncated file was read";
+    } catch (const loom::InputError& error) {
+      EXPECT_NE(std::string(error.what()).find("rank-1.safetensors"), std::string::npos)
+          << error.what();
+      EXPECT_NE(std::string(error.what()).find("truncated"), std::string::npos) << error.what();
+    }
+  }
+  {
+    const std::string folder = save_sharded("ckpt_altered", tensors, 2);
+    const std::string path = folder + "/rank-0.safetensors";
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-3, std::ios::end);  // a byte of the last tensor's data
+    f.put('\x7f');
+    f.close();
+    CheckpointReader reader(folder);
+    bool refused = false;
+    for (const auto& [fqn, t] : tensors) {
+      try {
+        reader.read_whole(fqn);
+      } catch (const loom::InputError& error) {
+        refused = true;
+        EXPECT_NE(std::string(error.what()).find("rank-0.safetensors"), std::string::npos);
+        EXPECT_NE(std::string(error.what()).find("CRC-32"), std::string::npos) << error.what();
+      }
+    }
+    EXPECT_TRUE(refused) << "an altered byte went unnoticed";
+  }
+}
+
+TEST(CheckpointChunks, ShardFilesAreValidSafetensors) {
+  const auto tensors = sample_tensors();
+  const std::string folder = save_sharded("ckpt_st", tensors, 2);
+  auto file = loom::checkpoint::load_safetensors(folder + "/rank-0.safetensors");
+  ASSERT_TRUE(file.tensors.count("model.w@0,0"));
+  EXPECT_TRUE(at::equal(file.tensors["model.w@0,0"], tensors[0].second.narrow(0, 0, 5)));
+}
