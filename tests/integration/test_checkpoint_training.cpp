@@ -159,6 +159,9 @@ TEST(CheckpointTraining, FailingWriterLeavesTrainingRunningAndTheStepIncomplete)
   EXPECT_FALSE(trainer.checkpointer().wait());
   EXPECT_FALSE(fs::exists(folder + "/checkpoint/step-5"));
   EXPECT_TRUE(loom::checkpoint::complete_steps(folder + "/checkpoint").empty());
+  auto inspect = loom::testing::run_loom("checkpoint inspect " + folder + "/checkpoint");
+  EXPECT_EQ(inspect.exit_code, 0) << inspect.output;
+  EXPECT_NE(inspect.output.find("step-5.tmp: INCOMPLETE"), std::string::npos) << inspect.output;
   // The next run ignores the incomplete folders and starts from scratch.
   auto again = Trainer(small_job(folder, 3)).train();
   EXPECT_EQ(again.losses.size(), 3u);
@@ -176,6 +179,12 @@ TEST(CheckpointTraining, KeepLatestKPurgesOlderSteps) {
   EXPECT_EQ(steps[0].first, 8);
   EXPECT_EQ(steps[1].first, 6);
   EXPECT_FALSE(fs::exists(folder + "/checkpoint/step-2"));
+  auto inspect = loom::testing::run_loom("checkpoint inspect --verify " + steps[0].second);
+  EXPECT_EQ(inspect.exit_code, 0) << inspect.output;
+  for (const char* want : {"step 8, complete", "model.tok_embeddings.weight", "F32   [2048, 256]",
+                           "optimizer.exp_avg_sq.norm.weight", "every chunk matches its CRC-32"}) {
+    EXPECT_NE(inspect.output.find(want), std::string::npos) << want << "\n" << inspect.output;
+  }
 }
 
 TEST(CheckpointTraining, ModelOnlyInitialLoadStartsAtStepOne) {
