@@ -427,6 +427,7 @@ ResumePoint CheckpointManager::load() {
     const std::string& path = candidates[i].second;
     std::string error;
     ResumePoint point;
+    const auto start = Clock::now();
     try {
       point = load_from(path, model_only);
     } catch (const Error& e) {
@@ -436,8 +437,9 @@ ResumePoint CheckpointManager::load() {
     at::Tensor failed = at::full({1}, error.empty() ? 0 : 1, at::kInt);
     if (world.size() > 1) world.all_reduce(failed, distributed::ReduceOp::kMax);
     if (failed.item<int>() == 0) {
-      log->info("resumed from {} (step {}, {} tokens seen{})", path, point.step, point.tokens_seen,
-                point.step == 0 ? ", model weights only" : "");
+      log->info("resumed from {} (step {}, {} tokens seen{}) in {:.2f} s", path, point.step,
+                point.tokens_seen, point.step == 0 ? ", model weights only" : "",
+                seconds_since(start));
       return point;
     }
     const std::string why = error.empty() ? "another rank could not load it" : error;
