@@ -1,5 +1,7 @@
 // loom checkpoint inspect DIR [--verify]: what a checkpoint folder holds. DIR is a step folder
 // (step-N) or a run's checkpoint folder (every step-N in it, complete or not).
+// loom checkpoint export --to hf DIR OUT / import --from hf HF_DIR CHECKPOINT_FOLDER: Hugging
+// Face Llama interchange (checkpoint/hf.h).
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -10,6 +12,7 @@
 
 #include "commands.h"
 #include "loom/checkpoint/chunks.h"
+#include "loom/checkpoint/hf.h"
 #include "loom/checkpoint/manager.h"
 #include "loom/core/check.h"
 
@@ -82,7 +85,7 @@ int inspect(const std::string& dir, bool verify) {
 }  // namespace
 
 void add_checkpoint_command(CLI::App& app, CommandRun& run) {
-  CLI::App* command = app.add_subcommand("checkpoint", "Inspect checkpoints");
+  CLI::App* command = app.add_subcommand("checkpoint", "Inspect, export and import checkpoints");
   command->require_subcommand(1);
   struct State {
     std::string dir;
@@ -96,6 +99,56 @@ void add_checkpoint_command(CLI::App& app, CommandRun& run) {
   inspect_command->add_flag("--verify", state->verify, "Read every chunk and check its CRC-32");
   inspect_command->callback(
       [state, &run] { run = [state] { return inspect(state->dir, state->verify); }; });
+
+  struct Transfer {
+    std::string format = "hf";
+    std::string source, target, dtype = "bfloat16";
+    double max_shard_gb = 5.0;
+  };
+  auto transfer = std::make_shared<Transfer>();
+  CLI::App* export_command = command->add_subcommand(
+      "export", "Write a checkpoint's model as Hugging Face Llama safetensors + config.json");
+  export_command->add_option("--to", transfer->format, "Target format")
+      ->check(CLI::IsMember({"hf"}))
+      ->required();
+  export_command->add_option("dir", transfer->source, "A step-N folder or a checkpoint folder")
+      ->required();
+  export_command->add_option("output", transfer->target, "Folder to write")->required();
+  export_command->add_option("--dtype", transfer->dtype, "float32, bfloat16 or float16")
+      ->check(CLI::IsMember({"float32", "bfloat16", "float16"}))
+      ->capture_default_str();
+  export_command
+      ->add_option("--max-shard-size-gb", transfer->max_shard_gb,
+                   "Split model.safetensors into shards of at most this size")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  export_command->callback([transfer, &run] {
+    run = [transfer] {
+      checkpoint::export_to_hf(transfer->source, transfer->target, transfer->dtype,
+                               static_cast<uint64_t>(transfer->max_shard_gb * 1e9));
+      std::cout << "wrote " << transfer->target << " (Hugging Face LlamaForCausalLM)\n";
+      return 0;
+    };
+  });
+  CLI::App* import_command = command->add_subcommand(
+      "import", "Turn a Hugging Face Llama folder into a loom checkpoint (step-0, weights only)");
+  import_command->add_option("--from", transfer->format, "Source format")
+      ->check(CLI::IsMember({"hf"}))
+      ->required();
+  import_command->add_option("dir", transfer->source, "Folder with config.json and safetensors")
+      ->required();
+  import_command
+      ->add_option("output", transfer->target,
+                   "Checkpoint folder to write step-0 into (use as "
+                   "checkpoint.initial_load_path)")
+      ->required();
+  import_command->callback([transfer, &run] {
+    run = [transfer] {
+      checkpoint::import_from_hf(transfer->source, transfer->target);
+      std::cout << "wrote " << transfer->target << "/step-0\n";
+      return 0;
+    };
+  });
 }
 
 }  // namespace loom::cli
