@@ -13,6 +13,7 @@
 #include <set>
 #include <sstream>
 
+#include "loom/checkpoint/hf.h"
 #include "loom/config/dump.h"
 #include "loom/core/check.h"
 #include "loom/core/files.h"
@@ -248,12 +249,46 @@ std::unique_ptr<CheckpointManager::Snapshot> CheckpointManager::snapshot(int64_t
   return s;
 }
 
+// Rank 0 converts the Hugging Face folder into <folder>/hf-import/step-0; every rank waits for
+// it (and learns whether it worked) through an all-reduce on the training thread.
+std::string CheckpointManager::import_hf_once(const std::string& hf_folder) {
+  const std::string imported = folder_ + "/hf-import";
+  std::string error;
+  if (runtime_.is_main_rank()) {
+    try {
+      files::create_directories(imported);
+      import_from_hf(hf_folder, imported);
+    } catch (const Error& e) {
+      error = e.message();
+    }
+  }
+  at::Tensor failed = at::full({1}, error.empty() ? 0 : 1, at::kInt);
+  auto& world = runtime_.world_group();
+  if (world.size() > 1) world.all_reduce(failed, distributed::ReduceOp::kMax);
+  LOOM_CHECK_AS(InputError, failed.item<int>() == 0,
+                "checkpoint.initial_load_in_hf: cannot import '", hf_folder,
+                "': ", error.empty() ? "see rank 0's log" : error);
+  return imported + "/step-0";
+}
+
+void CheckpointManager::save_seed() {
+  LOOM_CHECK_AS(InputError, runtime_.world().world_size == 1,
+                "checkpoint.create_seed_checkpoint runs on one rank (the seed is the same for "
+                "every layout), this job has ",
+                runtime_.world().world_size);
+  LOOM_CHECK_AS(InputError, enabled_,
+                "checkpoint.create_seed_checkpoint needs checkpoint.enable = true");
+  save(0, 0, true);
+  LOOM_CHECK_AS(IoError, wait(), "the seed checkpoint could not be written (see the log)");
+}
+
 void CheckpointManager::on_step_end(int64_t step, int64_t tokens_seen, bool last_step,
                                     bool stopping) {
   const auto& c = config_.checkpoint;
   if (!enabled_ || c.load_only) return;
   if (last_step) {
     save(step, tokens_seen, c.last_save_model_only);
+    if (c.last_save_in_hf) export_last_in_hf(step);
   } else if (stopping || step % c.interval == 0 || (step == 1 && c.enable_first_step_checkpoint)) {
     save(step, tokens_seen, false);
   }
@@ -296,6 +331,21 @@ void CheckpointManager::save(int64_t step, int64_t tokens_seen, bool model_only)
     run();
   } else {
     writer_ = std::thread(run);
+  }
+}
+
+// Next to the final step: step-N-hf/, a Hugging Face folder (rank 0, once the step is complete).
+// A failure is logged: the run itself succeeded.
+void CheckpointManager::export_last_in_hf(int64_t step) {
+  const bool ok = wait();
+  if (!runtime_.is_main_rank() || !ok) return;
+  const std::string output = step_folder(step) + "-hf";
+  try {
+    export_to_hf(step_folder(step), output, config_.checkpoint.export_dtype, 5'000'000'000ull);
+    log::get("checkpoint")->info("step {}: Hugging Face export in {}", step, output);
+  } catch (const Error& e) {
+    log::get("checkpoint")
+        ->error("last_save_in_hf: export of step {} failed: {}", step, e.message());
   }
 }
 
@@ -403,9 +453,10 @@ ResumePoint CheckpointManager::load() {
     candidates = {*it};
   }
   if (candidates.empty() && c.initial_load_path) {
-    const std::string& path = *c.initial_load_path;
+    std::string path = *c.initial_load_path;
     LOOM_CHECK_AS(InputError, fs::exists(path), "checkpoint.initial_load_path '", path,
                   "' does not exist");
+    if (c.initial_load_in_hf) path = import_hf_once(path);
     if (fs::exists(path + "/index.json")) {
       LOOM_CHECK_AS(InputError, is_complete_step(path), "checkpoint.initial_load_path '", path,
                     "' is an incomplete checkpoint (no COMPLETE marker)");
@@ -415,7 +466,7 @@ ResumePoint CheckpointManager::load() {
       LOOM_CHECK_AS(InputError, !candidates.empty(), "checkpoint.initial_load_path '", path,
                     "' holds no complete checkpoint (step-N folders with index.json and COMPLETE)");
     }
-    model_only = c.initial_load_model_only;
+    model_only = c.initial_load_model_only || c.initial_load_in_hf;
     fall_back = true;
   }
   if (candidates.empty()) {

@@ -317,6 +317,11 @@ TrainResult Trainer::train() {
   const int64_t global_tokens_per_step = tokens_per_step * runtime_->dp_size();
   double window_time = 0, window_data = 0;
   int64_t window_steps = 0;
+  if (config_.checkpoint.create_seed_checkpoint) {
+    checkpoint_->save_seed();
+    log->info("seed checkpoint written to {}/step-0", checkpoint_->folder());
+    return result;
+  }
   const auto resume = checkpoint_->load();
   lr_step_offset_ = resume.step - resume.lr_step;
   int64_t tokens_seen = resume.tokens_seen;

@@ -206,6 +206,35 @@ TEST(CheckpointTraining, ModelOnlyInitialLoadStartsAtStepOne) {
   EXPECT_LT(result.losses[0], straight_losses()[0] - 0.05);
 }
 
+TEST(CheckpointTraining, SeedCheckpointAndHuggingFaceRoundTripThroughTraining) {
+  // create_seed_checkpoint: the initialized model as step-0, no training.
+  const std::string seed = loom::testing::fresh_temp_dir("ckpt_seed");
+  auto seed_job = small_job(seed, 5);
+  seed_job.checkpoint.create_seed_checkpoint = true;
+  EXPECT_EQ(Trainer(seed_job).train().steps_completed, 0);
+  ASSERT_TRUE(loom::checkpoint::is_complete_step(seed + "/checkpoint/step-0"));
+  // Train 5 steps; the final save is also exported to Hugging Face (last_save_in_hf).
+  const std::string source = loom::testing::fresh_temp_dir("ckpt_hf_src");
+  auto first = small_job(source, 5);
+  first.checkpoint.last_save_model_only = true;
+  first.checkpoint.last_save_in_hf = true;
+  Trainer(first).train();
+  ASSERT_TRUE(fs::exists(source + "/checkpoint/step-5-hf/model.safetensors"));
+  ASSERT_TRUE(fs::exists(source + "/checkpoint/step-5-hf/config.json"));
+  // Starting from the HF export (initial_load_in_hf) trains exactly like starting from the loom
+  // checkpoint it came from: export and import are exact in float32.
+  auto from_hf = small_job(loom::testing::fresh_temp_dir("ckpt_hf_dst"), 3);
+  from_hf.checkpoint.initial_load_path = source + "/checkpoint/step-5-hf";
+  from_hf.checkpoint.initial_load_in_hf = true;
+  auto hf_losses = Trainer(from_hf).train().losses;
+  auto from_loom = small_job(loom::testing::fresh_temp_dir("ckpt_hf_loom"), 3);
+  from_loom.checkpoint.initial_load_path = source + "/checkpoint/step-5";
+  auto loom_losses = Trainer(from_loom).train().losses;
+  ASSERT_EQ(hf_losses.size(), 3u);
+  EXPECT_EQ(hf_losses, loom_losses);
+  EXPECT_LT(hf_losses[0], straight_losses()[0] - 0.05);
+}
+
 namespace {
 
 // The debug job on the embedded corpus (its loader state is global: it reshards when dp

@@ -85,6 +85,9 @@ class CheckpointManager {
   // (enable_first_step_checkpoint), the last step or a stop request asks for it.
   void on_step_end(int64_t step, int64_t tokens_seen, bool last_step, bool stopping);
 
+  // create_seed_checkpoint: the initialized model as step-0 (one rank only), synchronously.
+  void save_seed();
+
   // Saves now (model_only: weights only, in export_dtype). Waits for a previous save first.
   void save(int64_t step, int64_t tokens_seen, bool model_only);
   // Waits for the writer; true when the last save completed.
@@ -109,6 +112,8 @@ class CheckpointManager {
   std::string step_temp(int64_t step) const;
   void finalize(const Snapshot& snapshot, const std::string& temp);
   void purge_old();
+  std::string import_hf_once(const std::string& hf_folder);
+  void export_last_in_hf(int64_t step);
   std::vector<LocalChunk> parameter_chunks(const std::string& prefix,
                                            const std::vector<at::Tensor>& tensors) const;
   ResumePoint load_from(const std::string& step_folder, bool model_only);
