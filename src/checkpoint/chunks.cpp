@@ -22,6 +22,12 @@
 namespace loom::checkpoint {
 namespace {
 
+uint64_t le64(const char* bytes) {
+  uint64_t value = 0;
+  for (int i = 7; i >= 0; --i) value = (value << 8) | static_cast<unsigned char>(bytes[i]);
+  return value;
+}
+
 int64_t numel_of(const std::vector<int64_t>& lengths) {
   return std::accumulate(lengths.begin(), lengths.end(), int64_t{1}, std::multiplies<>());
 }
@@ -192,7 +198,15 @@ nlohmann::json write_chunk_file(const std::string& path, const std::vector<Local
   LOOM_CHECK_AS(IoError, ::rename(temp.c_str(), path.c_str()) == 0, "cannot rename '", temp,
                 "' to '", path, "': ", std::strerror(errno));
   files::sync_folder(std::filesystem::path(path).parent_path().string());
-  return {{"chunks", entries}, {"file", name}, {"bytes", data_start + offset}};
+  // The header is covered too: chunk CRCs protect the data, this the names, shapes and offsets.
+  std::string head(8, '\0');
+  const uint64_t header_size = header_text.size();
+  for (int i = 0; i < 8; ++i) head[i] = static_cast<char>((header_size >> (8 * i)) & 0xff);
+  head += header_text;
+  return {{"chunks", entries},
+          {"file", name},
+          {"bytes", data_start + offset},
+          {"header_crc32", crc32_of(head.data(), head.size())}};
 }
 
 nlohmann::json merge_index(const std::vector<nlohmann::json>& rank_entries) {
@@ -200,7 +214,8 @@ nlohmann::json merge_index(const std::vector<nlohmann::json>& rank_entries) {
   nlohmann::json file_sizes = nlohmann::json::object();
   for (const auto& part : rank_entries) {
     if (part.at("chunks").empty()) continue;
-    file_sizes[part.at("file").get<std::string>()] = part.at("bytes");
+    file_sizes[part.at("file").get<std::string>()] = {{"bytes", part.at("bytes")},
+                                                      {"header_crc32", part.at("header_crc32")}};
     for (const auto& c : part.at("chunks")) {
       const std::string fqn = c.at("fqn");
       auto& t = tensors[fqn];
@@ -288,10 +303,18 @@ const MappedFile& CheckpointReader::file(const std::string& name) {
                 "checkpoint index of '", folder_, "' names an unknown file '", name, "'");
   const std::string path = folder_ + "/" + name;
   auto mapped = std::make_unique<MappedFile>(path);
-  const auto expected = index_["files"][name].get<uint64_t>();
+  const auto& entry = index_["files"][name];
+  const auto expected = entry.at("bytes").get<uint64_t>();
   LOOM_CHECK_AS(InputError, mapped->size() == expected, "checkpoint file '", path, "' is ",
                 mapped->size(), " bytes, the index records ", expected,
                 " (truncated or replaced): refusing to load it");
+  const uint64_t header_bytes = 8 + (expected >= 8 ? le64(mapped->data()) : 0);
+  LOOM_CHECK_AS(InputError,
+                header_bytes <= expected && crc32_of(mapped->data(), header_bytes) ==
+                                                entry.at("header_crc32").get<uint32_t>(),
+                "checkpoint file '", path,
+                "': its safetensors header fails its CRC-32 check: the "
+                "file is corrupt");
   return *files_.emplace(name, std::move(mapped)).first->second;
 }
 

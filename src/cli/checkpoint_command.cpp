@@ -42,7 +42,7 @@ void print_step(const std::string& folder, bool verify) {
                            index.value("model_only", false) ? "model weights only"
                                                             : "model + optimizer + training state");
   uint64_t bytes = 0;
-  for (const auto& [name, size] : index["files"].items()) bytes += size.get<uint64_t>();
+  for (const auto& [name, file] : index["files"].items()) bytes += file["bytes"].get<uint64_t>();
   std::cout << fmt::format("  {} tensors in {} file(s), {:.1f} MB\n", index["tensors"].size(),
                            index["files"].size(), bytes / 1e6);
   for (const auto& [fqn, t] : index["tensors"].items()) {

@@ -168,6 +168,20 @@ TEST(CheckpointTraining, FailingWriterLeavesTrainingRunningAndTheStepIncomplete)
   EXPECT_FALSE(fs::exists(folder + "/checkpoint/step-5.tmp"));
 }
 
+TEST(CheckpointTraining, UnwritableCheckpointFolderIsLoggedAndTrainingGoesOn) {
+  // A real I/O failure (no injection): the checkpoint folder's path is taken by a file.
+  const std::string folder = loom::testing::fresh_temp_dir("ckpt_unwritable");
+  std::ofstream(folder + "/checkpoint") << "not a folder";
+  for (const char* mode : {"disabled", "async"}) {
+    auto job = small_job(folder, 6);
+    job.checkpoint.async_mode = mode;
+    Trainer trainer(job);
+    auto result = trainer.train();
+    EXPECT_EQ(result.steps_completed, 6) << mode;
+    EXPECT_FALSE(trainer.checkpointer().wait()) << mode;
+  }
+}
+
 TEST(CheckpointTraining, KeepLatestKPurgesOlderSteps) {
   const std::string folder = loom::testing::fresh_temp_dir("ckpt_keep");
   auto job = small_job(folder, 8);

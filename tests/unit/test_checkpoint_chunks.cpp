@@ -167,6 +167,23 @@ TEST(CheckpointChunks, TruncatedOrAlteredFileIsRefusedByName) {
     }
     EXPECT_TRUE(refused) << "an altered byte went unnoticed";
   }
+  {
+    // A byte of the JSON header (a tensor name) changed: refused before any data is read.
+    const std::string folder = save_sharded("ckpt_header", tensors, 2);
+    const std::string path = folder + "/rank-1.safetensors";
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(12);
+    f.put('~');
+    f.close();
+    CheckpointReader reader(folder);
+    try {
+      reader.read_whole("model.w");
+      FAIL() << "an altered header was read";
+    } catch (const loom::InputError& error) {
+      EXPECT_NE(std::string(error.what()).find("rank-1.safetensors"), std::string::npos);
+      EXPECT_NE(std::string(error.what()).find("header"), std::string::npos) << error.what();
+    }
+  }
 }
 
 TEST(CheckpointChunks, ShardFilesAreValidSafetensors) {
