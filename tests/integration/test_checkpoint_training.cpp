@@ -322,3 +322,43 @@ TEST(CheckpointTraining, OneRankCheckpointResumesIntoTwoRankDataParallel) {
     EXPECT_LE(std::abs(want[i] - got[i]), 1e-5 * std::abs(want[i])) << "step " << i + 1;
   }
 }
+
+TEST(CheckpointTraining, SigtermToTwoRankJobSavesAndStopsCleanly) {
+  const std::string folder = loom::testing::fresh_temp_dir("ckpt_ddp_sigterm");
+  // SIGTERM to the launcher once step 3 was logged; it forwards the signal to both ranks, which
+  // finish the step, save and exit 0; the launcher reports the signal as torchrun does (143).
+  auto result = loom::testing::run_command(
+      std::string(LOOM_BINARY) + " " + two_ranks(corpus_job(folder, 400)) + " > " + folder +
+      "/launch.log 2>&1 & pid=$!; for i in $(seq 1 600); do grep -q 'step:     3' " + folder +
+      "/launch.log 2>/dev/null && break; sleep 0.1; done; kill -TERM $pid; wait $pid; rc=$?; cat " +
+      folder + "/launch.log; exit $rc");
+  EXPECT_EQ(result.exit_code, 143) << result.output;
+  for (const char* rank : {"[rank0]", "[rank1]"}) {
+    EXPECT_NE(result.output.find(std::string(rank) + " [train] warning: stopped early by signal"),
+              std::string::npos)
+        << rank << " did not stop cleanly\n"
+        << result.output;
+  }
+  EXPECT_EQ(result.output.find("SIGKILL"), std::string::npos) << result.output;
+  const auto steps = loom::checkpoint::complete_steps(folder + "/checkpoint");
+  ASSERT_FALSE(steps.empty()) << result.output;
+  const auto logged = logged_losses(folder);
+  EXPECT_EQ(steps[0].first, static_cast<int64_t>(logged.size())) << "the save is the last step";
+  EXPECT_LT(logged.size(), 400u);
+  auto index = nlohmann::json::parse(loom::testing::read_text(steps[0].second + "/index.json"));
+  EXPECT_FALSE(index["model_only"].get<bool>());
+}
+
+TEST(CheckpointTraining, ExcludedPartsAreNotLoaded) {
+  const std::string folder = loom::testing::fresh_temp_dir("ckpt_exclude");
+  Trainer(small_job(folder, 5)).train();
+  // Without train_state the steps count from 1 again (5 steps run), with the loaded weights.
+  auto job = small_job(folder, 5);
+  job.checkpoint.exclude_from_loading = {"train_state", "lr_scheduler"};
+  auto again = Trainer(job).train();
+  ASSERT_EQ(again.losses.size(), 5u);
+  EXPECT_LT(again.losses[0], straight_losses()[0] - 0.05);
+  auto bad = small_job(folder, 5);
+  bad.checkpoint.exclude_from_loading = {"optimiser"};
+  EXPECT_THROW(Trainer{bad}, loom::InputError);
+}
