@@ -1,15 +1,18 @@
 // The chunk layer of sharded checkpoints: a tensor saved as a 2-way dim-0 sharding (two ranks'
 // files) loads into 1 rank and into 3-way shards (resharding by overlap), replicas split the
-// writing, and a truncated or altered file is refused with its name.
+// writing, a truncated or altered file is refused with its name; the manager loads through a
+// sharded layout.
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
+#include <torch/optim/adamw.h>
 
 #include <filesystem>
 #include <fstream>
 
 #include "loom/checkpoint/chunks.h"
 #include "loom/checkpoint/hf.h"
+#include "loom/checkpoint/manager.h"
 #include "loom/checkpoint/safetensors.h"
 #include "loom/core/check.h"
 #include "loom/core/files.h"
@@ -215,4 +218,68 @@ TEST(CheckpointHf, NamesMapBothWaysAndUnknownNamesAreErrors) {
   EXPECT_EQ(loom::checkpoint::loom_name("model.embed_tokens.weight"), "tok_embeddings.weight");
   EXPECT_THROW(loom::checkpoint::loom_name("model.layers.0.self_attn.rotary.weight"),
                loom::InputError);
+}
+
+// The manager's plug-in point for sharded layouts: a checkpoint saved with whole parameters loads
+// into 3-way dim-0 shards (what FSDP ranks hold) through CheckpointTargets::layout, optimizer
+// moments included.
+TEST(CheckpointManagerLayout, WholeSaveLoadsIntoThreeWayDim0Shards) {
+  loom::config::JobConfig c;
+  c.job.dump_folder = loom::testing::fresh_temp_dir("ckpt_manager_layout");
+  c.checkpoint.enable = true;
+  auto runtime = loom::distributed::ParallelRuntime::single(c);
+  at::manual_seed(5);
+  at::Tensor w = at::randn({7, 4}).set_requires_grad(true);
+  at::Tensor b = at::randn({5}).set_requires_grad(true);
+  torch::optim::AdamW optimizer({w, b}, torch::optim::AdamWOptions(0.1));
+  for (int i = 0; i < 2; ++i) {
+    optimizer.zero_grad();
+    (w.pow(2).sum() + b.sin().sum()).backward();
+    optimizer.step();
+  }
+  auto state_of = [](torch::optim::Optimizer & o, const at::Tensor& p) -> auto& {
+    return dynamic_cast<torch::optim::AdamWParamState&>(*o.state().at(p.unsafeGetTensorImpl()));
+  };
+  {
+    loom::checkpoint::CheckpointTargets targets;
+    targets.parameters = {{"w", w}, {"b", b}};
+    targets.optimizer = &optimizer;
+    loom::checkpoint::CheckpointManager manager(c, *runtime, targets);
+    manager.save(3, 96, false);
+    ASSERT_TRUE(manager.wait());
+  }
+  for (int64_t r = 0; r < 3; ++r) {
+    const std::map<std::string, at::Tensor> global = {{"w", w.detach()}, {"b", b.detach()}};
+    std::map<std::string, int64_t> start;
+    std::vector<std::pair<std::string, at::Tensor>> local;
+    for (const auto& [name, t] : global) {
+      LocalChunk shard = dim0_shard(name, t, r, 3);
+      start[name] = shard.offsets[0];
+      local.emplace_back(name, at::zeros_like(shard.tensor).set_requires_grad(true));
+    }
+    torch::optim::AdamW shard_optimizer({local[0].second, local[1].second},
+                                        torch::optim::AdamWOptions(0.1));
+    loom::checkpoint::CheckpointTargets targets;
+    targets.parameters = local;
+    targets.optimizer = &shard_optimizer;
+    targets.layout = [&](const std::string& name, const at::Tensor& t) {
+      std::vector<int64_t> offsets(t.dim(), 0);
+      offsets[0] = start.at(name);
+      return loom::checkpoint::ChunkPlacement{global.at(name).sizes().vec(), offsets};
+    };
+    loom::checkpoint::CheckpointManager manager(c, *runtime, targets);
+    const auto point = manager.load();
+    EXPECT_EQ(point.step, 3);
+    EXPECT_EQ(point.tokens_seen, 96);
+    for (const auto& [name, t] : local) {
+      const at::Tensor& whole = name == "w" ? w : b;
+      const int64_t rows = t.size(0);
+      EXPECT_TRUE(at::equal(t, whole.detach().narrow(0, start[name], rows))) << name << " " << r;
+      auto& saved = state_of(optimizer, whole);
+      auto& loaded = state_of(shard_optimizer, t);
+      EXPECT_EQ(loaded.step(), saved.step());
+      EXPECT_TRUE(at::equal(loaded.exp_avg(), saved.exp_avg().narrow(0, start[name], rows)));
+      EXPECT_TRUE(at::equal(loaded.exp_avg_sq(), saved.exp_avg_sq().narrow(0, start[name], rows)));
+    }
+  }
 }
