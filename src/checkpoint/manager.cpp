@@ -1,17 +1,12 @@
 #include "loom/checkpoint/manager.h"
 
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/grad_mode.h>
-#include <torch/optim/adam.h>
-#include <torch/optim/adamw.h>
 
 #include <chrono>
 #include <filesystem>
-#include <fstream>
 #include <regex>
 #include <set>
-#include <sstream>
 
 #include "loom/checkpoint/hf.h"
 #include "loom/config/dump.h"
@@ -19,110 +14,11 @@
 #include "loom/core/files.h"
 #include "loom/core/logging.h"
 #include "loom/core/strings.h"
+#include "state_io.h"
 
 namespace loom::checkpoint {
 namespace fs = std::filesystem;
-namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-std::string rank_name(int rank, const char* suffix) {
-  char name[64];
-  std::snprintf(name, sizeof(name), "rank-%05d%s", rank, suffix);
-  return name;
-}
-
-nlohmann::json read_json(const std::string& path) {
-  std::ifstream in(path);
-  LOOM_CHECK_AS(InputError, in.good(), "cannot read '", path, "'");
-  try {
-    return nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& error) {
-    LOOM_THROW(InputError, path, ": not valid JSON: ", error.what());
-  }
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-const std::set<std::string>& loadable_parts() {
-  static const std::set<std::string> parts = {"model", "optimizer", "lr_scheduler", "dataloader",
-                                              "train_state"};
-  return parts;
-}
-
-at::ScalarType export_type(const std::string& name) {
-  if (name == "bfloat16") return at::kBFloat16;
-  if (name == "float16") return at::kHalf;
-  return at::kFloat;
-}
-
-// Adam and AdamW keep the same per-parameter state under different classes.
-struct MomentState {
-  int64_t step = 0;
-  at::Tensor exp_avg, exp_avg_sq, max_exp_avg_sq;
-};
-
-template <typename State>
-std::optional<MomentState> moments_as(torch::optim::OptimizerParamState& raw) {
-  auto* s = dynamic_cast<State*>(&raw);
-  if (!s) return std::nullopt;
-  return MomentState{s->step(), s->exp_avg(), s->exp_avg_sq(), s->max_exp_avg_sq()};
-}
-
-std::optional<MomentState> moments(torch::optim::Optimizer& optimizer, const at::Tensor& p) {
-  auto it = optimizer.state().find(p.unsafeGetTensorImpl());
-  if (it == optimizer.state().end()) return std::nullopt;
-  if (auto m = moments_as<torch::optim::AdamWParamState>(*it->second)) return m;
-  if (auto m = moments_as<torch::optim::AdamParamState>(*it->second)) return m;
-  LOOM_THROW(Error, "checkpoint: the optimizer's state is neither Adam's nor AdamW's");
-}
-
-template <typename State>
-std::unique_ptr<torch::optim::OptimizerParamState> make_state(const MomentState& m) {
-  auto s = std::make_unique<State>();
-  s->step(m.step);
-  s->exp_avg(m.exp_avg);
-  s->exp_avg_sq(m.exp_avg_sq);
-  if (m.max_exp_avg_sq.defined()) s->max_exp_avg_sq(m.max_exp_avg_sq);
-  return s;
-}
-
-void set_moments(torch::optim::Optimizer& optimizer, const at::Tensor& p, const MomentState& m) {
-  const bool adamw = dynamic_cast<torch::optim::AdamW*>(&optimizer) != nullptr;
-  LOOM_CHECK(adamw || dynamic_cast<torch::optim::Adam*>(&optimizer) != nullptr,
-             "checkpoint: loom restores Adam and AdamW optimizer state only");
-  optimizer.state()[p.unsafeGetTensorImpl()] = adamw ? make_state<torch::optim::AdamWParamState>(m)
-                                                     : make_state<torch::optim::AdamParamState>(m);
-}
-
-nlohmann::json generator_state() {
-  auto gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  at::Tensor bytes = gen.get_state();
-  const auto* data = bytes.data_ptr<uint8_t>();
-  return {{"cpu", std::vector<uint8_t>(data, data + bytes.numel())}};
-}
-
-void restore_generator(const nlohmann::json& rng) {
-  if (!rng.contains("cpu")) return;
-  auto bytes = rng.at("cpu").get<std::vector<uint8_t>>();
-  at::Tensor t = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
-  std::copy(bytes.begin(), bytes.end(), t.data_ptr<uint8_t>());
-  auto gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_state(t);
-}
-
-}  // namespace
+using namespace detail;
 
 struct CheckpointManager::Snapshot {
   int64_t step = 0;
@@ -247,28 +143,6 @@ std::unique_ptr<CheckpointManager::Snapshot> CheckpointManager::snapshot(int64_t
   }
   s->blocked_s = seconds_since(start);
   return s;
-}
-
-// Rank 0 converts the Hugging Face folder into <folder>/hf-import/step-0; every rank waits for
-// it (and learns whether it worked) through an all-reduce on the training thread.
-std::string CheckpointManager::import_hf_once(const std::string& hf_folder) {
-  const std::string imported = folder_ + "/hf-import";
-  std::string error;
-  if (runtime_.is_main_rank()) {
-    try {
-      files::create_directories(imported);
-      import_from_hf(hf_folder, imported);
-    } catch (const Error& e) {
-      error = e.message();
-    }
-  }
-  at::Tensor failed = at::full({1}, error.empty() ? 0 : 1, at::kInt);
-  auto& world = runtime_.world_group();
-  if (world.size() > 1) world.all_reduce(failed, distributed::ReduceOp::kMax);
-  LOOM_CHECK_AS(InputError, failed.item<int>() == 0,
-                "checkpoint.initial_load_in_hf: cannot import '", hf_folder,
-                "': ", error.empty() ? "see rank 0's log" : error);
-  return imported + "/step-0";
 }
 
 void CheckpointManager::save_seed() {
@@ -421,151 +295,6 @@ void CheckpointManager::finalize(const Snapshot& s, const std::string& temp) {
     if (purger_.joinable()) purger_.join();
     purger_ = std::thread([this] { purge_old(); });
   }
-}
-
-ResumePoint CheckpointManager::load() {
-  if (!enabled_) return {};
-  auto log = log::get("checkpoint");
-  const auto& c = config_.checkpoint;
-  // Leftovers of saves that never completed (this run's rank 0 starts before any rank saves:
-  // the first save follows the first step's collectives).
-  if (runtime_.is_main_rank() && fs::is_directory(folder_)) {
-    std::error_code error;
-    for (const auto& entry : fs::directory_iterator(folder_, error)) {
-      const std::string name = entry.path().filename().string();
-      if (name.rfind("step-", 0) == 0 && strings::ends_with(name, ".tmp")) {
-        log->warn("removing the incomplete checkpoint {}", entry.path().string());
-        fs::remove_all(entry.path(), error);
-      }
-    }
-  }
-  auto candidates = complete_steps(folder_);
-  bool model_only = false;
-  bool fall_back = c.load_step < 0;
-  if (c.load_step >= 0) {
-    auto it = std::find_if(candidates.begin(), candidates.end(),
-                           [&](const auto& s) { return s.first == c.load_step; });
-    std::string available;
-    for (const auto& s : candidates) available += " " + std::to_string(s.first);
-    LOOM_CHECK_AS(InputError, it != candidates.end(), "checkpoint.load_step = ", c.load_step, ": '",
-                  folder_, "' has no complete step-", c.load_step,
-                  " (complete steps:", available.empty() ? " none" : available, ")");
-    candidates = {*it};
-  }
-  if (candidates.empty() && c.initial_load_path) {
-    std::string path = *c.initial_load_path;
-    LOOM_CHECK_AS(InputError, fs::exists(path), "checkpoint.initial_load_path '", path,
-                  "' does not exist");
-    if (c.initial_load_in_hf) path = import_hf_once(path);
-    if (fs::exists(path + "/index.json")) {
-      LOOM_CHECK_AS(InputError, is_complete_step(path), "checkpoint.initial_load_path '", path,
-                    "' is an incomplete checkpoint (no COMPLETE marker)");
-      candidates = {{-1, path}};
-    } else {
-      candidates = complete_steps(path);
-      LOOM_CHECK_AS(InputError, !candidates.empty(), "checkpoint.initial_load_path '", path,
-                    "' holds no complete checkpoint (step-N folders with index.json and COMPLETE)");
-    }
-    model_only = c.initial_load_model_only || c.initial_load_in_hf;
-    fall_back = true;
-  }
-  if (candidates.empty()) {
-    log->info("no checkpoint in {}: training starts from scratch", folder_);
-    return {};
-  }
-  auto& world = runtime_.world_group();
-  for (size_t i = 0; i < candidates.size(); ++i) {
-    const std::string& path = candidates[i].second;
-    std::string error;
-    ResumePoint point;
-    const auto start = Clock::now();
-    try {
-      point = load_from(path, model_only);
-    } catch (const Error& e) {
-      error = e.message();
-    }
-    // Every rank must resume from the same step, whichever rank found a problem.
-    at::Tensor failed = at::full({1}, error.empty() ? 0 : 1, at::kInt);
-    if (world.size() > 1) world.all_reduce(failed, distributed::ReduceOp::kMax);
-    if (failed.item<int>() == 0) {
-      log->info("resumed from {} (step {}, {} tokens seen{}) in {:.2f} s", path, point.step,
-                point.tokens_seen, point.step == 0 ? ", model weights only" : "",
-                seconds_since(start));
-      return point;
-    }
-    const std::string why = error.empty() ? "another rank could not load it" : error;
-    if (!fall_back || i + 1 == candidates.size()) {
-      LOOM_THROW(InputError, "cannot load checkpoint ", path, ": ", why);
-    }
-    log->warn("checkpoint {} is unreadable ({}); falling back to {}", path, why,
-              candidates[i + 1].second);
-  }
-  return {};
-}
-
-ResumePoint CheckpointManager::load_from(const std::string& step_folder, bool model_only) {
-  const auto& exclude = config_.checkpoint.exclude_from_loading;
-  auto excluded = [&](const char* part) {
-    return std::find(exclude.begin(), exclude.end(), part) != exclude.end();
-  };
-  CheckpointReader reader(step_folder);
-  ResumePoint point;
-  point.loaded_from = step_folder;
-  at::NoGradGuard no_grad;
-  std::vector<at::Tensor> params;
-  for (const auto& named : targets_.parameters) params.push_back(named.second.detach());
-  if (!excluded("model")) {
-    for (const auto& chunk : parameter_chunks("model.", params)) reader.read(chunk);
-  }
-  model_only = model_only || reader.index().value("model_only", false);
-  if (model_only) return point;
-  // The per-rank parts: the optimizer's step counts (any rank's), data and RNG state (by dp rank).
-  const int saved_world = reader.index().at("world_size").get<int>();
-  std::vector<nlohmann::json> states;
-  for (int r = 0; r < saved_world; ++r) {
-    states.push_back(read_json(step_folder + "/" + rank_name(r, ".json")).at("state"));
-  }
-  const nlohmann::json* mine = &states.front();
-  for (const auto& s : states) {
-    if (s.value("dp_rank", -1) == runtime_.dp_rank()) {
-      mine = &s;
-      break;
-    }
-  }
-  if (!excluded("optimizer") && targets_.optimizer) {
-    std::vector<at::Tensor> avg, avg_sq;
-    for (const auto& p : params) {
-      avg.push_back(at::empty_like(p));
-      avg_sq.push_back(at::empty_like(p));
-    }
-    for (const auto& chunk : parameter_chunks("optimizer.exp_avg.", avg)) reader.read(chunk);
-    for (const auto& chunk : parameter_chunks("optimizer.exp_avg_sq.", avg_sq)) reader.read(chunk);
-    for (size_t i = 0; i < params.size(); ++i) {
-      const std::string& name = targets_.parameters[i].first;
-      int64_t step = -1;
-      for (const auto& s : states) {
-        if (s.contains("optimizer_step") && s["optimizer_step"].contains(name)) {
-          step = s["optimizer_step"][name].get<int64_t>();
-        }
-      }
-      LOOM_CHECK_AS(InputError, step >= 0, "checkpoint '", step_folder,
-                    "' has no optimizer step count for '", name, "'");
-      if (step == 0) continue;  // never stepped: leave the optimizer's state empty
-      set_moments(*targets_.optimizer, targets_.parameters[i].second,
-                  MomentState{step, avg[i], avg_sq[i], at::Tensor()});
-    }
-  }
-  const auto train_state = read_json(step_folder + "/train_state.json");
-  if (!excluded("train_state")) {
-    point.step = train_state.at("step").get<int64_t>();
-    point.tokens_seen = train_state.at("tokens_seen").get<int64_t>();
-  }
-  if (!excluded("lr_scheduler")) point.lr_step = train_state.at("lr_scheduler").at("step");
-  if (!excluded("dataloader") && targets_.data && mine->contains("dataloader")) {
-    targets_.data->load_state(mine->at("dataloader"));
-  }
-  if (mine->contains("rng")) restore_generator(mine->at("rng"));
-  return point;
 }
 
 void CheckpointManager::purge_old() {

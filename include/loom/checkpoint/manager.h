@@ -113,6 +113,8 @@ class CheckpointManager {
   void finalize(const Snapshot& snapshot, const std::string& temp);
   void purge_old();
   std::string import_hf_once(const std::string& hf_folder);
+  void remove_incomplete();
+  std::vector<std::pair<int64_t, std::string>> load_candidates(bool& model_only, bool& fall_back);
   void export_last_in_hf(int64_t step);
   std::vector<LocalChunk> parameter_chunks(const std::string& prefix,
                                            const std::vector<at::Tensor>& tensors) const;
