@@ -61,7 +61,7 @@ CheckpointManager::CheckpointManager(const config::JobConfig& config,
     LOOM_CHECK_AS(InputError, loadable_parts().count(part), "checkpoint.exclude_from_loading: '",
                   part, "' is not one of model, optimizer, lr_scheduler, dataloader, train_state");
   }
-  if (c.async_mode == "async_with_pinned_mem" && !at::hasCUDA()) {
+  if (enabled_ && c.async_mode == "async_with_pinned_mem" && !at::hasCUDA()) {
     log::get("checkpoint")
         ->info("async_with_pinned_mem without CUDA: snapshots use ordinary host memory");
   }
