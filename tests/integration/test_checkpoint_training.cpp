@@ -1,6 +1,6 @@
 // Saving and resuming training end to end: 10 steps + resume to 20 gives bitwise the losses of 20
 // straight steps (sync and async saves, after SIGTERM, on 2-rank DDP through `loom launch`); a
-// 1-rank checkpoint resumes into 2-rank DDP; faults (corrupt shard, failing writer) and
+// 1-rank checkpoint resumes into 2-rank DDP and back; faults (corrupt shard, failing writer) and
 // keep_latest_k.
 #include <gtest/gtest.h>
 
@@ -307,20 +307,28 @@ TEST(CheckpointTraining, TwoRankDataParallelResumeIsBitwiseTheStraightRun) {
   for (size_t i = 0; i < 20; ++i) EXPECT_EQ(want[i], got[i]) << "step " << i + 1;
 }
 
-TEST(CheckpointTraining, OneRankCheckpointResumesIntoTwoRankDataParallel) {
+TEST(CheckpointTraining, CheckpointsResumeAcrossOneRankAndTwoRankDataParallel) {
   // One rank with 2 microbatches of 4 = the global batch of 2 ranks x 4.
   const std::string straight = loom::testing::fresh_temp_dir("ckpt_1to2_straight");
   run_ok(corpus_job(straight, 20) + " --training.global_batch_size 8 --checkpoint.enable false");
-  const std::string resumed = loom::testing::fresh_temp_dir("ckpt_1to2_resumed");
-  run_ok(corpus_job(resumed, 10) + " --training.global_batch_size 8");
-  run_ok(two_ranks(corpus_job(resumed, 20)));
   const auto want = logged_losses(straight);
-  const auto got = logged_losses(resumed);
   ASSERT_EQ(want.size(), 20u);
-  ASSERT_EQ(got.size(), 20u);
-  for (size_t i = 0; i < 20; ++i) {
-    EXPECT_LE(std::abs(want[i] - got[i]), 1e-5 * std::abs(want[i])) << "step " << i + 1;
-  }
+  auto expect_close = [&](const std::vector<double>& got, const char* what) {
+    ASSERT_EQ(got.size(), 20u) << what;
+    for (size_t i = 0; i < 20; ++i) {
+      EXPECT_LE(std::abs(want[i] - got[i]), 1e-5 * std::abs(want[i])) << what << " step " << i + 1;
+    }
+  };
+  // 1 rank -> 2 ranks.
+  const std::string up = loom::testing::fresh_temp_dir("ckpt_1to2_resumed");
+  run_ok(corpus_job(up, 10) + " --training.global_batch_size 8");
+  run_ok(two_ranks(corpus_job(up, 20)));
+  expect_close(logged_losses(up), "1 -> 2 ranks");
+  // 2 ranks -> 1 rank.
+  const std::string down = loom::testing::fresh_temp_dir("ckpt_2to1_resumed");
+  run_ok(two_ranks(corpus_job(down, 10)));
+  run_ok(corpus_job(down, 20) + " --training.global_batch_size 8");
+  expect_close(logged_losses(down), "2 -> 1 rank");
 }
 
 TEST(CheckpointTraining, SigtermToTwoRankJobSavesAndStopsCleanly) {
