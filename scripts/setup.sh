@@ -14,7 +14,9 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
 TORCH_VERSION="2.11.0"   # pinned: reproducible builds, and the version on the GPU machine
-PYTHON_PACKAGES=("safetensors==0.6.2")
+# transformers: the Hugging Face export test (tests/python/test_hf_export.py).
+PYTHON_PACKAGES=("safetensors==0.6.2" "transformers==4.57.1")  # 5.x needs safetensors>=0.8, whose
+# serialize_file API tools/reference does not speak
 BUILD_TYPE="${LOOM_BUILD_TYPE:-Release}"
 BUILD_DIR="${LOOM_BUILD_DIR:-build}"
 APT_PACKAGES=(

@@ -23,6 +23,7 @@ void add_plan_command(CLI::App& app, CommandRun& run);
 void add_tokenize_command(CLI::App& app, CommandRun& run);
 void add_prepare_data_command(CLI::App& app, CommandRun& run);
 void add_launch_command(CLI::App& app, CommandRun& run);
+void add_checkpoint_command(CLI::App& app, CommandRun& run);
 
 // The config sources shared by every command that reads a job config.
 struct ConfigArgs {

@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   loom::cli::add_tokenize_command(app, run);
   loom::cli::add_prepare_data_command(app, run);
   loom::cli::add_launch_command(app, run);
+  loom::cli::add_checkpoint_command(app, run);
 
   try {
     app.parse(argc, argv);

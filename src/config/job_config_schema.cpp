@@ -297,7 +297,7 @@ void add_checkpoint_sections(Schema& s) {
       s, "checkpoint", "Saving and resuming.",
       [](JobConfig& c) -> CheckpointSection& { return c.checkpoint; });
   ck.field("enable", &CheckpointSection::enable,
-           "Save checkpoints and resume from the latest one.");
+           "Save checkpoints and resume from the latest complete one (docs/checkpoint.md).");
   ck.field("enable_ft_dataloader_checkpoints", &CheckpointSection::enable_ft_dataloader_checkpoints,
            "Data-loader checkpoints for torchft replicas.")
       .unimplemented();
@@ -308,14 +308,14 @@ void add_checkpoint_sections(Schema& s) {
   ck.field("initial_load_model_only", &CheckpointSection::initial_load_model_only,
            "Take only the model weights from initial_load_path.");
   ck.field("initial_load_in_hf", &CheckpointSection::initial_load_in_hf,
-           "initial_load_path is a Hugging Face safetensors folder.");
+           "initial_load_path is a Hugging Face Llama folder (imported into <folder>/hf-import).");
   ck.field("initial_load_in_hf_quantized", &CheckpointSection::initial_load_in_hf_quantized,
            "The Hugging Face checkpoint holds quantized weights.")
       .unimplemented();
   ck.field("last_save_model_only", &CheckpointSection::last_save_model_only,
            "The final save holds model weights only.");
   ck.field("last_save_in_hf", &CheckpointSection::last_save_in_hf,
-           "Write the final save in Hugging Face format.");
+           "Also export the final save as a Hugging Face Llama folder, step-N-hf.");
   ck.field("export_dtype", &CheckpointSection::export_dtype, "Dtype of model-only final saves.")
       .choices({"float16", "bfloat16", "float32"});
   ck.field("async_mode", &CheckpointSection::async_mode,
@@ -335,7 +335,7 @@ void add_checkpoint_sections(Schema& s) {
   ck.field("enable_first_step_checkpoint", &CheckpointSection::enable_first_step_checkpoint,
            "Also save after the first step.");
   ck.field("create_seed_checkpoint", &CheckpointSection::create_seed_checkpoint,
-           "Write the initialized model as step 0 and exit.");
+           "Write the initialized model as step-0 (one rank) and exit.");
   ck.field("load_only", &CheckpointSection::load_only, "Load checkpoints but never save.");
 
   SectionBuilder<ActivationCheckpointSection> ac(

@@ -23,6 +23,7 @@ struct FullyShardedDataParallel::Param {
   int64_t chunk = 0;        // elements per rank in collectives (padded rows x row size)
   int64_t local_numel = 0;  // elements of `shard` (<= chunk)
   int64_t offset = 0;       // of this parameter's chunk in the unit's per-rank buffer
+  int64_t first_row = 0;    // of `shard` in the full parameter
 };
 
 struct FullyShardedDataParallel::Unit {
@@ -160,6 +161,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(models::CausalLM& model,
       const int64_t local_rows = std::min(rows, shape[0] - first);
       p.chunk = rows * row;
       p.local_numel = local_rows * row;
+      p.first_row = first;
       p.offset = unit->chunk;
       unit->chunk += p.chunk;
       {
@@ -400,6 +402,15 @@ int64_t FullyShardedDataParallel::gathered_bytes() const {
   int64_t total = 0;
   for (const auto& unit : units_) total += unit->chunk * shard_->size();
   return total * static_cast<int64_t>(c10::elementSize(options_.param_dtype));
+}
+
+ShardPlacement FullyShardedDataParallel::shard_placement(const std::string& name) const {
+  for (const auto& unit : units_) {
+    for (const auto& p : unit->params) {
+      if (p.name == name) return {p.unsharded.sizes().vec(), p.first_row};
+    }
+  }
+  LOOM_THROW(InternalError, "FSDP has no parameter ", name);
 }
 
 }  // namespace loom::parallel

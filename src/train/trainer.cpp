@@ -9,6 +9,7 @@
 #include <chrono>
 #include <random>
 
+#include "loom/checkpoint/manager.h"
 #include "loom/config/dataset_mixture.h"
 #include "loom/core/check.h"
 #include "loom/core/files.h"
@@ -111,6 +112,7 @@ Trainer::Trainer(config::JobConfig config, std::unique_ptr<data::BatchSource> so
   }
   build_model();
   build_data(std::move(source), std::move(validation_source));
+  build_checkpointer();
 }
 
 Trainer::~Trainer() = default;
@@ -214,6 +216,36 @@ void Trainer::build_data(std::unique_ptr<data::BatchSource> source,
   }
 }
 
+// What a checkpoint holds of this rank: whole parameters, or FSDP's shards as chunks of the
+// full ones (so any layout loads them). Replicas (DDP, HSDP's replicate dimension) hold
+// identical tensors and split the writing.
+void Trainer::build_checkpointer() {
+  checkpoint::CheckpointTargets targets;
+  if (fsdp_) {
+    const auto& names = fsdp_->parameter_names();
+    for (size_t i = 0; i < names.size(); ++i) {
+      targets.parameters.emplace_back(names[i], fsdp_->sharded_parameters()[i]);
+    }
+    targets.layout = [fsdp = fsdp_.get()](const std::string& name, const at::Tensor& local) {
+      const auto placement = fsdp->shard_placement(name);
+      std::vector<int64_t> offsets(local.dim(), 0);
+      offsets[0] = placement.first_row;
+      return checkpoint::ChunkPlacement{placement.global_shape, offsets};
+    };
+  } else {
+    for (const auto& item : model_->module().named_parameters()) {
+      targets.parameters.emplace_back(item.key(), item.value());
+    }
+  }
+  targets.optimizer = optimizer_.get();
+  targets.data = source_.get();
+  auto& replicas = runtime_->group(distributed::MeshGroup::dp_replicate);
+  targets.replica_rank = replicas.rank();
+  targets.replica_count = replicas.size();
+  checkpoint_ =
+      std::make_unique<checkpoint::CheckpointManager>(config_, *runtime_, std::move(targets));
+}
+
 double Trainer::train_step(int64_t step, metrics::StepMetrics& m) {
   const auto& t = config_.training;
   auto data_start = Clock::now();
@@ -251,7 +283,7 @@ double Trainer::train_step(int64_t step, metrics::StepMetrics& m) {
   if (data_parallel_) data_parallel_->finish_gradient_sync();
   if (fsdp_) fsdp_->finish_gradient_sync();
   m.grad_norm = fsdp_ ? fsdp_->clip_grad_norm(t.max_norm) : clip_grad_norm(parameters_, t.max_norm);
-  m.lr = config_.optimizer.lr * schedule_->factor(step - 1);
+  m.lr = config_.optimizer.lr * schedule_->factor(step - 1 - lr_step_offset_);
   set_learning_rate(*optimizer_, m.lr);
   optimizer_->step();
   m.loss = sum_over(loss_group, loss_sum);
@@ -321,16 +353,25 @@ TrainResult Trainer::train() {
   const int64_t global_tokens_per_step = tokens_per_step * runtime_->dp_size();
   double window_time = 0, window_data = 0;
   int64_t window_steps = 0;
-  for (int64_t step = 1; step <= t.steps; ++step) {
+  if (config_.checkpoint.create_seed_checkpoint) {
+    checkpoint_->save_seed();
+    log->info("seed checkpoint written to {}/step-0", checkpoint_->folder());
+    return result;
+  }
+  const auto resume = checkpoint_->load();
+  lr_step_offset_ = resume.step - resume.lr_step;
+  int64_t tokens_seen = resume.tokens_seen;
+  for (int64_t step = resume.step + 1; step <= t.steps; ++step) {
     metrics::StepMetrics m;
     const auto step_start = Clock::now();
     window_data += train_step(step, m);
     window_time += seconds_since(step_start);
     ++window_steps;
-    if (step == 1) runtime_->use_train_timeout();
+    if (step == resume.step + 1) runtime_->use_train_timeout();
     result.losses.push_back(m.loss);
     result.grad_norms.push_back(m.grad_norm);
     result.steps_completed = step;
+    tokens_seen += global_tokens_per_step;
     LOOM_CHECK_AS(InputError, std::isfinite(m.loss), "step ", step, ": loss is ", m.loss,
                   " (diverged; lower optimizer.lr or check the data)");
     if (step % config_.metrics.log_freq == 0 || step == 1 || step == t.steps) {
@@ -341,7 +382,7 @@ TrainResult Trainer::train() {
       m.mfu_pct = peak_flops_ > 0 ? 100.0 * m.tps * summary_.flops_per_token / peak_flops_ : 0.0;
       m.mem_peak_gib = metrics::peak_memory_gib(device_);
       m.data_time_pct = 100.0 * window_data / window_time;
-      m.tokens_seen = step * global_tokens_per_step;
+      m.tokens_seen = tokens_seen;
       m.elapsed_s = seconds_since(start);
       m.since_start_s = metrics::seconds_since_process_start();
       m.data_skipped = source_->records_skipped();
@@ -350,16 +391,18 @@ TrainResult Trainer::train() {
       window_steps = 0;
     }
     if (validation_source_ && step % config_.validation.freq == 0) {
-      metrics_->log_validation(step, validate(), step * global_tokens_per_step,
-                               seconds_since(start));
+      metrics_->log_validation(step, validate(), tokens_seen, seconds_since(start));
     }
-    if (any_rank_stopping()) {
+    const bool stopping = any_rank_stopping();
+    checkpoint_->on_step_end(step, tokens_seen, step == t.steps, stopping);
+    if (stopping) {
       log->warn("stop requested (signal {} here, or on another rank): stopping after step {}",
                 signals::shutdown_signal(), step);
       result.stopped_by_signal = true;
       break;
     }
   }
+  checkpoint_->wait();
   result.peak_memory_gib = metrics::peak_memory_gib(device_);
   result.comm_wire_bytes = runtime_->total_wire_bytes();
   log->info(

@@ -55,6 +55,12 @@ struct FsdpOptions {
 // `param_dtype` is the compute dtype the trainer chose (mixed_precision_param where it applies).
 FsdpOptions fsdp_options(const config::JobConfig& config, at::ScalarType param_dtype);
 
+// Where a rank's shard sits in the full parameter (checkpoints save it as a chunk there).
+struct ShardPlacement {
+  std::vector<int64_t> global_shape;
+  int64_t first_row = 0;
+};
+
 struct FsdpStats {
   int64_t all_gathers = 0;         // unit all-gathers issued
   int64_t prefetched = 0;          // of them, issued ahead of the unit that needs them
@@ -94,6 +100,8 @@ class FullyShardedDataParallel {
   // The full float32 value of parameter `name` (a collective: every rank of the shard group
   // calls it; for tests and exports).
   at::Tensor full_parameter(const std::string& name);
+
+  ShardPlacement shard_placement(const std::string& name) const;
 
   int64_t local_numel() const;  // elements of this rank's shards
   int64_t total_numel() const;  // elements of the whole model

@@ -20,6 +20,10 @@
 #include "loom/train/lr_scheduler.h"
 #include "loom/train/optimizer.h"
 
+namespace loom::checkpoint {
+class CheckpointManager;
+}
+
 namespace loom::train {
 
 struct TrainResult {
@@ -47,6 +51,7 @@ class Trainer {
   distributed::ParallelRuntime& runtime() { return *runtime_; }
   const at::Device& device() const { return device_; }
   uint64_t seed() const { return seed_; }
+  checkpoint::CheckpointManager& checkpointer() { return *checkpoint_; }
 
  private:
   void setup_runtime();
@@ -54,6 +59,7 @@ class Trainer {
   void apply_parallelism();
   void build_data(std::unique_ptr<data::BatchSource> source,
                   std::unique_ptr<data::BatchSource> validation_source);
+  void build_checkpointer();
   double train_step(int64_t step, metrics::StepMetrics& metrics);
   double validate();
   std::optional<at::ScalarType> autocast() const;
@@ -73,9 +79,11 @@ class Trainer {
   std::unique_ptr<parallel::FullyShardedDataParallel> fsdp_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::optional<LRSchedule> schedule_;
+  int64_t lr_step_offset_ = 0;  // training step minus schedule step (lr_scheduler not resumed)
   std::unique_ptr<data::BatchSource> source_;
   std::unique_ptr<data::BatchSource> validation_source_;
   std::unique_ptr<metrics::MetricsLogger> metrics_;
+  std::unique_ptr<checkpoint::CheckpointManager> checkpoint_;
   double peak_flops_ = 0;
   models::ModelSummary summary_;
 };

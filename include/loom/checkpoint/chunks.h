@@ -1,0 +1,82 @@
+// The sharded checkpoint's storage layer, independent of any parallel layout. Every saved tensor
+// is a *global* tensor (model FQN, global shape); each rank contributes *chunks* of it (a box at
+// some offsets: a whole replicated tensor, an FSDP dim-0 shard, a TP slice). A rank's chunks go
+// into one safetensors file; a JSON index lists, per tensor, every chunk with its file, byte
+// range and CRC-32. Loading asks for chunks too (the local shards of the new layout) and copies
+// the overlap of every saved chunk with each requested one out of memory-mapped files, so a
+// checkpoint written by any layout loads into any other (docs/checkpoint.md).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <nlohmann/json.hpp>
+
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace loom::checkpoint {
+
+// One box of a global tensor held by this rank. `tensor` has the box's lengths as its shape.
+struct LocalChunk {
+  std::string fqn;
+  std::vector<int64_t> global_shape;
+  std::vector<int64_t> offsets;  // where the box starts in the global tensor, one per dimension
+  at::Tensor tensor;
+};
+
+// A whole (unsharded or replicated) tensor as a chunk.
+LocalChunk whole_chunk(std::string fqn, at::Tensor tensor);
+
+// Replicas (e.g. DDP ranks, or HSDP's replicate dimension) hold identical chunk lists; each
+// chunk is written by one replica only. Assignment is by bytes (largest first, to the least
+// loaded replica), computed identically on every replica without communication.
+std::vector<LocalChunk> chunks_written_by(const std::vector<LocalChunk>& chunks, int64_t replica,
+                                          int64_t replicas);
+
+// Writes the chunks (CPU tensors) into one safetensors file durably (temp file, fsync, rename,
+// folder fsync). Returns the index entries of the chunks ({fqn, dtype, global_shape, offsets,
+// lengths, file, key, byte_range, crc32}) and the file's size under "bytes". Throws IoError.
+nlohmann::json write_chunk_file(const std::string& path, const std::vector<LocalChunk>& chunks);
+
+// The index (index.json) of a step folder: merges the per-rank entries, checks that no two
+// saved chunks of a tensor overlap and that they agree on dtype and global shape.
+nlohmann::json merge_index(const std::vector<nlohmann::json>& rank_entries);
+
+uint32_t crc32_of(const void* data, size_t bytes);
+
+class MappedFile;
+
+// Reads a step folder's chunks by overlap. Every saved chunk that is read is checked against its
+// CRC-32 once (in full, also when only part of it is needed); a file whose size differs from the
+// index is refused before any read. Errors are loom::InputError naming the file.
+class CheckpointReader {
+ public:
+  explicit CheckpointReader(std::string step_folder);
+  ~CheckpointReader();
+
+  const nlohmann::json& index() const { return index_; }
+  bool has(const std::string& fqn) const;
+  std::vector<std::string> tensor_names() const;
+  std::vector<int64_t> global_shape(const std::string& fqn) const;
+  at::ScalarType dtype(const std::string& fqn) const;
+
+  // Fills request.tensor (any device and dtype) with the region it covers in the saved tensor.
+  // Throws when the tensor is missing, its global shape differs, or part of the region is in no
+  // saved chunk.
+  void read(const LocalChunk& request);
+  // Reads a whole tensor into a new CPU tensor of the saved dtype.
+  at::Tensor read_whole(const std::string& fqn);
+
+ private:
+  const MappedFile& file(const std::string& name);
+  const char* verified_chunk(const nlohmann::json& chunk);
+
+  std::string folder_;
+  nlohmann::json index_;
+  std::map<std::string, std::unique_ptr<MappedFile>> files_;
+  std::set<std::pair<std::string, uint64_t>> verified_;
+};
+
+}  // namespace loom::checkpoint

@@ -1,0 +1,35 @@
+// Hugging Face Llama interchange: `loom checkpoint export --to hf` and `import --from hf`.
+// Names follow transformers' LlamaForCausalLM (model.layers.N.self_attn.q_proj.weight, ...).
+// loom (like Meta's Llama) applies RoPE to interleaved pairs (x0,x1),(x2,x3)...; transformers
+// rotates the two halves of each head, so q_proj/k_proj rows are permuted on the way out (and
+// back on the way in) so that both compute the same attention.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+
+namespace loom::checkpoint {
+
+// The row permutation of a q/k projection [heads * head_dim, dim] from interleaved pairs to
+// halves (to_hf = true) or back.
+at::Tensor permute_rotary_rows(const at::Tensor& weight, int64_t heads, bool to_hf);
+
+// loom parameter name (layers.0.attention.wq.weight) <-> HF name; throws InputError for a name
+// with no counterpart.
+std::string hf_name(const std::string& loom_name);
+std::string loom_name(const std::string& hf_name);
+
+// Writes `output`/model.safetensors (or model-0000i-of-0000N.safetensors + index when the
+// weights exceed max_shard_bytes) and config.json from a complete loom checkpoint step (a llama3
+// model; its config.toml gives the flavor). `dtype`: "float32", "bfloat16" or "float16".
+void export_to_hf(const std::string& step_folder, const std::string& output,
+                  const std::string& dtype, uint64_t max_shard_bytes);
+
+// Reads a Hugging Face Llama folder (config.json + model.safetensors or a sharded index) and
+// writes a complete model-only loom checkpoint `checkpoint_folder`/step-0, loadable with
+// checkpoint.initial_load_path.
+void import_from_hf(const std::string& hf_folder, const std::string& checkpoint_folder);
+
+}  // namespace loom::checkpoint

@@ -1,0 +1,136 @@
+// Saving and resuming a training run (checkpoint.* keys, torchtitan's meaning; format in
+// docs/checkpoint.md). The trainer hands the manager what it trains (named parameters, the
+// optimizer, the data source) and calls load() once and on_step_end() after every step.
+//
+// Saving: at a step boundary the training thread snapshots this rank's chunks to CPU (plus the
+// data-loader and RNG state); with async_mode = async / async_with_pinned_mem a writer thread
+// writes them while training goes on (the next save first waits for it). Every rank writes its
+// files into step-N.tmp/; rank 0 waits for every rank's part, writes index.json and the train
+// state, renames the folder to step-N and writes the COMPLETE marker last. Nothing here runs a
+// collective off the training thread: ranks meet through the file system.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "loom/checkpoint/chunks.h"
+#include "loom/config/job_config.h"
+#include "loom/data/batch_source.h"
+#include "loom/distributed/runtime.h"
+
+namespace torch::optim {
+class Optimizer;
+}
+
+namespace loom::checkpoint {
+
+// Where a rank's local parameter sits in the global one: FSDP/TP provide this; without it every
+// parameter is whole on every rank.
+struct ChunkPlacement {
+  std::vector<int64_t> global_shape;
+  std::vector<int64_t> offsets;
+};
+using ParameterLayout =
+    std::function<ChunkPlacement(const std::string& name, const at::Tensor& local)>;
+
+struct CheckpointTargets {
+  std::vector<std::pair<std::string, at::Tensor>> parameters;  // model FQN -> local tensor
+  torch::optim::Optimizer* optimizer = nullptr;
+  data::BatchSource* data = nullptr;
+  ParameterLayout layout;  // empty: parameters are whole (1 rank, DDP)
+  // Ranks holding identical chunks (DDP's replicas) split the writing between them.
+  int64_t replica_rank = 0;
+  int64_t replica_count = 1;
+};
+
+// Where training continues after load(): the last completed step (0: from scratch), the tokens
+// seen so far and the learning-rate schedule's step (differs from `step` only when lr_scheduler
+// was excluded from loading).
+struct ResumePoint {
+  int64_t step = 0;
+  int64_t tokens_seen = 0;
+  int64_t lr_step = 0;
+  std::string loaded_from;  // empty when nothing was loaded
+};
+
+// The state of one step folder.
+bool is_complete_step(const std::string& step_folder);
+// The complete step-N folders under `folder`, newest first, as (step, path).
+std::vector<std::pair<int64_t, std::string>> complete_steps(const std::string& folder);
+
+class CheckpointManager {
+ public:
+  CheckpointManager(const config::JobConfig& config, distributed::ParallelRuntime& runtime,
+                    CheckpointTargets targets);
+  ~CheckpointManager();  // waits for the writer
+  CheckpointManager(const CheckpointManager&) = delete;
+  CheckpointManager& operator=(const CheckpointManager&) = delete;
+
+  bool enabled() const { return enabled_; }
+  std::string folder() const { return folder_; }
+
+  // Called on every rank before the first step. Loads the run's own checkpoint (load_step, or
+  // the newest complete one, falling back to older ones with a warning when one is unreadable),
+  // else initial_load_path; all ranks agree on what was loaded.
+  ResumePoint load();
+
+  // After step `step` (tokens_seen so far): saves when the interval, the first step
+  // (enable_first_step_checkpoint), the last step or a stop request asks for it.
+  void on_step_end(int64_t step, int64_t tokens_seen, bool last_step, bool stopping);
+
+  // create_seed_checkpoint: the initialized model as step-0 (one rank only), synchronously.
+  void save_seed();
+
+  // Saves now (model_only: weights only, in export_dtype). Waits for a previous save first.
+  void save(int64_t step, int64_t tokens_seen, bool model_only);
+  // Waits for the writer; true when the last save completed.
+  bool wait();
+
+  // Time and size of the last completed save (after wait()).
+  struct SaveStats {
+    double blocked_s = 0;  // training thread: waiting for the previous save + snapshot
+    double write_s = 0;    // writer: files, fsync, and on rank 0 the index and marker
+    uint64_t bytes = 0;    // this rank's shard file
+  };
+  const SaveStats& last_save_stats() const { return stats_; }
+
+  // Test hook: the writer throws this (as an IoError) instead of writing the next save.
+  void inject_write_failure(std::string message) { injected_failure_ = std::move(message); }
+
+ private:
+  struct Snapshot;
+  std::unique_ptr<Snapshot> snapshot(int64_t step, int64_t tokens_seen, bool model_only);
+  void write(Snapshot& snapshot);
+  std::string step_folder(int64_t step) const;
+  std::string step_temp(int64_t step) const;
+  void finalize(const Snapshot& snapshot, const std::string& temp);
+  void purge_old();
+  std::string import_hf_once(const std::string& hf_folder);
+  void remove_incomplete();
+  std::vector<std::pair<int64_t, std::string>> load_candidates(bool& model_only, bool& fall_back);
+  void export_last_in_hf(int64_t step);
+  std::vector<LocalChunk> parameter_chunks(const std::string& prefix,
+                                           const std::vector<at::Tensor>& tensors) const;
+  ResumePoint load_from(const std::string& step_folder, bool model_only);
+
+  config::JobConfig config_;
+  distributed::ParallelRuntime& runtime_;
+  CheckpointTargets targets_;
+  bool enabled_ = false;
+  std::string folder_;
+  std::thread writer_;
+  bool last_save_ok_ = true;
+  SaveStats stats_;
+  std::thread purger_;
+  std::string injected_failure_;
+  std::vector<at::Tensor> pinned_;  // reused host buffers (async_with_pinned_mem on CUDA)
+};
+
+}  // namespace loom::checkpoint

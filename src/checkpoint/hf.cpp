@@ -1,0 +1,262 @@
+#include "loom/checkpoint/hf.h"
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+
+#include "loom/checkpoint/chunks.h"
+#include "loom/checkpoint/manager.h"
+#include "loom/checkpoint/safetensors.h"
+#include "loom/config/loader.h"
+#include "loom/core/check.h"
+#include "loom/core/files.h"
+#include "loom/core/strings.h"
+#include "loom/models/llama/args.h"
+
+namespace loom::checkpoint {
+namespace fs = std::filesystem;
+namespace {
+
+// (loom suffix, HF suffix) inside layer N.
+const std::vector<std::pair<std::string, std::string>>& layer_names() {
+  static const std::vector<std::pair<std::string, std::string>> names = {
+      {"attention.wq.weight", "self_attn.q_proj.weight"},
+      {"attention.wk.weight", "self_attn.k_proj.weight"},
+      {"attention.wv.weight", "self_attn.v_proj.weight"},
+      {"attention.wo.weight", "self_attn.o_proj.weight"},
+      {"feed_forward.w1.weight", "mlp.gate_proj.weight"},
+      {"feed_forward.w2.weight", "mlp.down_proj.weight"},
+      {"feed_forward.w3.weight", "mlp.up_proj.weight"},
+      {"attention_norm.weight", "input_layernorm.weight"},
+      {"ffn_norm.weight", "post_attention_layernorm.weight"}};
+  return names;
+}
+
+const std::vector<std::pair<std::string, std::string>>& top_names() {
+  static const std::vector<std::pair<std::string, std::string>> names = {
+      {"tok_embeddings.weight", "model.embed_tokens.weight"},
+      {"norm.weight", "model.norm.weight"},
+      {"output.weight", "lm_head.weight"}};
+  return names;
+}
+
+std::string map_name(const std::string& name, bool to_hf) {
+  for (const auto& [loom, hf] : top_names()) {
+    if (name == (to_hf ? loom : hf)) return to_hf ? hf : loom;
+  }
+  static const std::regex loom_layer("layers\\.([0-9]+)\\.(.+)");
+  static const std::regex hf_layer("model\\.layers\\.([0-9]+)\\.(.+)");
+  std::smatch match;
+  if (std::regex_match(name, match, to_hf ? loom_layer : hf_layer)) {
+    for (const auto& [loom, hf] : layer_names()) {
+      if (match[2].str() == (to_hf ? loom : hf)) {
+        return (to_hf ? "model.layers." : "layers.") + match[1].str() + "." + (to_hf ? hf : loom);
+      }
+    }
+  }
+  LOOM_THROW(InputError, "tensor '", name, "' has no ", to_hf ? "Hugging Face" : "loom",
+             " Llama counterpart");
+}
+
+at::ScalarType dtype_named(const std::string& name) {
+  if (name == "float32") return at::kFloat;
+  if (name == "bfloat16") return at::kBFloat16;
+  if (name == "float16") return at::kHalf;
+  LOOM_THROW(InputError, "export dtype must be float32, bfloat16 or float16, got '", name, "'");
+}
+
+nlohmann::json read_json_file(const std::string& path) {
+  std::ifstream in(path);
+  LOOM_CHECK_AS(InputError, in.good(), "cannot read '", path, "'");
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& error) {
+    LOOM_THROW(InputError, path, ": not valid JSON: ", error.what());
+  }
+}
+
+nlohmann::json hf_config(const models::llama::LlamaArgs& a, const std::string& dtype) {
+  nlohmann::json c = {{"architectures", {"LlamaForCausalLM"}},
+                      {"model_type", "llama"},
+                      {"hidden_size", a.dim},
+                      {"intermediate_size", a.ffn_hidden_dim()},
+                      {"num_hidden_layers", a.n_layers},
+                      {"num_attention_heads", a.n_heads},
+                      {"num_key_value_heads", a.kv_heads()},
+                      {"head_dim", a.head_dim()},
+                      {"vocab_size", a.vocab_size},
+                      {"max_position_embeddings", a.max_seq_len},
+                      {"rms_norm_eps", a.norm_eps},
+                      {"rope_theta", a.rope_theta},
+                      {"hidden_act", "silu"},
+                      {"attention_bias", false},
+                      {"mlp_bias", false},
+                      {"tie_word_embeddings", false},
+                      {"torch_dtype", dtype}};
+  if (a.use_scaled_rope) {
+    c["rope_scaling"] = {
+        {"rope_type", "llama3"},
+        {"factor", a.rope_scaling.factor},
+        {"low_freq_factor", a.rope_scaling.low_freq_factor},
+        {"high_freq_factor", a.rope_scaling.high_freq_factor},
+        {"original_max_position_embeddings", a.rope_scaling.original_max_position_embeddings}};
+  }
+  return c;
+}
+
+// A step folder, or the newest complete step of a checkpoint folder.
+std::string resolve_step(const std::string& path) {
+  if (fs::exists(path + "/index.json")) {
+    LOOM_CHECK_AS(InputError, is_complete_step(path), "checkpoint '", path,
+                  "' is incomplete (no COMPLETE marker)");
+    return path;
+  }
+  auto steps = complete_steps(path);
+  LOOM_CHECK_AS(InputError, !steps.empty(), "'", path,
+                "' is neither a complete checkpoint step nor a folder holding one");
+  return steps.front().second;
+}
+
+}  // namespace
+
+at::Tensor permute_rotary_rows(const at::Tensor& weight, int64_t heads, bool to_hf) {
+  const int64_t rows = weight.size(0);
+  LOOM_CHECK_AS(InputError, rows % (2 * heads) == 0, "a q/k projection of ", rows,
+                " rows cannot hold ", heads, " heads of even size");
+  const int64_t half = rows / heads / 2;
+  at::Tensor w = to_hf ? weight.reshape({heads, half, 2, weight.size(1)})
+                       : weight.reshape({heads, 2, half, weight.size(1)});
+  return w.transpose(1, 2).reshape({rows, weight.size(1)}).contiguous();
+}
+
+std::string hf_name(const std::string& name) {
+  return map_name(name, true);
+}
+std::string loom_name(const std::string& name) {
+  return map_name(name, false);
+}
+
+void export_to_hf(const std::string& step_path, const std::string& output, const std::string& dtype,
+                  uint64_t max_shard_bytes) {
+  const std::string step = resolve_step(step_path);
+  const auto type = dtype_named(dtype);
+  const std::string config_path = step + "/config.toml";
+  LOOM_CHECK_AS(InputError, fs::exists(config_path), "checkpoint '", step,
+                "' has no config.toml: its model arguments are unknown");
+  const auto job = config::load_job_config(config_path, {}).config;
+  LOOM_CHECK_AS(InputError, job.model.name == "llama3", "export --to hf supports llama3 models, '",
+                step, "' holds a ", job.model.name);
+  const auto& flavors = models::llama::llama3_flavors();
+  LOOM_CHECK_AS(InputError, flavors.count(job.model.flavor), "unknown llama3 flavor '",
+                job.model.flavor, "' in ", config_path);
+  models::llama::LlamaArgs args = flavors.at(job.model.flavor);
+  CheckpointReader reader(step);
+  args.vocab_size = reader.global_shape("model.tok_embeddings.weight").at(0);
+
+  files::create_directories(output);
+  std::vector<NamedTensors> shards(1);
+  std::vector<uint64_t> shard_bytes(1, 0);
+  uint64_t total = 0;
+  for (const auto& fqn : reader.tensor_names()) {
+    if (fqn.rfind("model.", 0) != 0) continue;
+    const std::string name = fqn.substr(6);
+    at::Tensor t = reader.read_whole(fqn).to(type);
+    if (strings::ends_with(name, "attention.wq.weight"))
+      t = permute_rotary_rows(t, args.n_heads, true);
+    if (strings::ends_with(name, "attention.wk.weight"))
+      t = permute_rotary_rows(t, args.kv_heads(), true);
+    const auto bytes = static_cast<uint64_t>(t.nbytes());
+    if (shard_bytes.back() > 0 && shard_bytes.back() + bytes > max_shard_bytes) {
+      shards.emplace_back();
+      shard_bytes.push_back(0);
+    }
+    shards.back().emplace_back(hf_name(name), t);
+    shard_bytes.back() += bytes;
+    total += bytes;
+  }
+  const std::map<std::string, std::string> metadata = {{"format", "pt"}};
+  if (shards.size() == 1) {
+    save_safetensors(output + "/model.safetensors", shards[0], metadata);
+  } else {
+    nlohmann::json weight_map = nlohmann::json::object();
+    for (size_t i = 0; i < shards.size(); ++i) {
+      char name[64];
+      std::snprintf(name, sizeof(name), "model-%05zu-of-%05zu.safetensors", i + 1, shards.size());
+      save_safetensors(output + "/" + name, shards[i], metadata);
+      for (const auto& [tensor, _] : shards[i]) weight_map[tensor] = name;
+    }
+    files::write_atomic(
+        output + "/model.safetensors.index.json",
+        nlohmann::json({{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}})
+            .dump(2));
+  }
+  files::write_atomic(output + "/config.json", hf_config(args, dtype).dump(2));
+}
+
+void import_from_hf(const std::string& hf_folder, const std::string& checkpoint_folder) {
+  const auto config = read_json_file(hf_folder + "/config.json");
+  int64_t heads = 0, kv_heads = 0;
+  try {
+    heads = config.at("num_attention_heads").get<int64_t>();
+    kv_heads = config.value("num_key_value_heads", heads);
+  } catch (const nlohmann::json::exception& error) {
+    LOOM_THROW(InputError, hf_folder, "/config.json: ", error.what());
+  }
+  std::vector<std::string> files;
+  if (fs::exists(hf_folder + "/model.safetensors")) {
+    files.push_back("model.safetensors");
+  } else {
+    const auto index = read_json_file(hf_folder + "/model.safetensors.index.json");
+    std::set<std::string> unique;
+    for (const auto& [tensor, file] : index.at("weight_map").items()) unique.insert(file);
+    files.assign(unique.begin(), unique.end());
+  }
+  std::vector<LocalChunk> chunks;
+  at::Tensor embedding;
+  bool has_head = false;
+  for (const auto& file : files) {
+    auto loaded = load_safetensors(hf_folder + "/" + file);
+    for (auto& [name, tensor] : loaded.tensors) {
+      if (strings::ends_with(name, "rotary_emb.inv_freq")) continue;  // a buffer, not a weight
+      std::string loom = loom_name(name);
+      at::Tensor t = tensor;
+      if (strings::ends_with(loom, "attention.wq.weight")) t = permute_rotary_rows(t, heads, false);
+      if (strings::ends_with(loom, "attention.wk.weight"))
+        t = permute_rotary_rows(t, kv_heads, false);
+      if (loom == "tok_embeddings.weight") embedding = t;
+      has_head = has_head || loom == "output.weight";
+      chunks.push_back(whole_chunk("model." + loom, t));
+    }
+  }
+  if (!has_head && config.value("tie_word_embeddings", false) && embedding.defined()) {
+    chunks.push_back(whole_chunk("model.output.weight", embedding.clone()));
+  }
+  const std::string step = checkpoint_folder + "/step-0";
+  const std::string temp = step + ".tmp";
+  fs::remove_all(temp);
+  files::create_directories(temp);
+  nlohmann::json part = write_chunk_file(temp + "/rank-00000.safetensors", chunks);
+  part["state"] = {{"rank", 0}, {"world_size", 1}, {"dp_rank", 0}, {"dp_size", 1}};
+  files::write_atomic(temp + "/rank-00000.json", part.dump());
+  nlohmann::json index = merge_index({part});
+  index["format"] = "loom.checkpoint";
+  index["version"] = 1;
+  index["step"] = 0;
+  index["world_size"] = 1;
+  index["dp_size"] = 1;
+  index["model_only"] = true;
+  index["source"] = "huggingface:" + hf_folder;
+  files::write_atomic(temp + "/index.json", index.dump(1));
+  files::write_atomic(temp + "/train_state.json",
+                      R"({"step": 0, "tokens_seen": 0, "lr_scheduler": {"step": 0}})");
+  fs::remove_all(step);
+  fs::rename(temp, step);
+  files::sync_folder(checkpoint_folder);
+  files::write_atomic(step + "/COMPLETE", "step 0\n");
+}
+
+}  // namespace loom::checkpoint

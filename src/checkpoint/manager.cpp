@@ -1,0 +1,314 @@
+#include "loom/checkpoint/manager.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+
+#include <chrono>
+#include <filesystem>
+#include <regex>
+#include <set>
+
+#include "loom/checkpoint/hf.h"
+#include "loom/config/dump.h"
+#include "loom/core/check.h"
+#include "loom/core/files.h"
+#include "loom/core/logging.h"
+#include "loom/core/strings.h"
+#include "state_io.h"
+
+namespace loom::checkpoint {
+namespace fs = std::filesystem;
+using namespace detail;
+
+struct CheckpointManager::Snapshot {
+  int64_t step = 0;
+  int64_t tokens_seen = 0;
+  bool model_only = false;
+  std::vector<LocalChunk> chunks;  // what this rank writes, on the CPU
+  nlohmann::json rank_state;
+  double blocked_s = 0;
+  uint64_t bytes = 0;
+};
+
+bool is_complete_step(const std::string& step_folder) {
+  return fs::exists(step_folder + "/COMPLETE") && fs::exists(step_folder + "/index.json");
+}
+
+std::vector<std::pair<int64_t, std::string>> complete_steps(const std::string& folder) {
+  std::vector<std::pair<int64_t, std::string>> steps;
+  std::error_code error;
+  if (!fs::is_directory(folder, error)) return steps;
+  static const std::regex pattern("step-([0-9]+)");
+  for (const auto& entry : fs::directory_iterator(folder, error)) {
+    std::smatch match;
+    const std::string name = entry.path().filename().string();
+    if (std::regex_match(name, match, pattern) && is_complete_step(entry.path().string())) {
+      steps.emplace_back(std::stoll(match[1].str()), entry.path().string());
+    }
+  }
+  std::sort(steps.rbegin(), steps.rend());
+  return steps;
+}
+
+CheckpointManager::CheckpointManager(const config::JobConfig& config,
+                                     distributed::ParallelRuntime& runtime,
+                                     CheckpointTargets targets)
+    : config_(config), runtime_(runtime), targets_(std::move(targets)) {
+  const auto& c = config_.checkpoint;
+  enabled_ = c.enable;
+  folder_ = (fs::path(config_.job.dump_folder) / c.folder).string();
+  for (const auto& part : c.exclude_from_loading) {
+    LOOM_CHECK_AS(InputError, loadable_parts().count(part), "checkpoint.exclude_from_loading: '",
+                  part, "' is not one of model, optimizer, lr_scheduler, dataloader, train_state");
+  }
+  if (enabled_ && c.async_mode == "async_with_pinned_mem" && !at::hasCUDA()) {
+    log::get("checkpoint")
+        ->info("async_with_pinned_mem without CUDA: snapshots use ordinary host memory");
+  }
+}
+
+CheckpointManager::~CheckpointManager() {
+  wait();
+  if (purger_.joinable()) purger_.join();
+}
+
+std::vector<LocalChunk> CheckpointManager::parameter_chunks(
+    const std::string& prefix, const std::vector<at::Tensor>& tensors) const {
+  std::vector<LocalChunk> chunks;
+  for (size_t i = 0; i < targets_.parameters.size(); ++i) {
+    const auto& [name, param] = targets_.parameters[i];
+    LocalChunk chunk = whole_chunk(prefix + name, tensors[i]);
+    if (targets_.layout) {
+      ChunkPlacement placement = targets_.layout(name, param);
+      chunk.global_shape = std::move(placement.global_shape);
+      chunk.offsets = std::move(placement.offsets);
+    }
+    chunks.push_back(std::move(chunk));
+  }
+  return chunks;
+}
+
+std::unique_ptr<CheckpointManager::Snapshot> CheckpointManager::snapshot(int64_t step,
+                                                                         int64_t tokens_seen,
+                                                                         bool model_only) {
+  const auto start = Clock::now();
+  auto s = std::make_unique<Snapshot>();
+  s->step = step;
+  s->tokens_seen = tokens_seen;
+  s->model_only = model_only;
+  std::vector<at::Tensor> params;
+  for (const auto& named : targets_.parameters) params.push_back(named.second.detach());
+  std::vector<LocalChunk> all = parameter_chunks("model.", params);
+  nlohmann::json optimizer_steps = nlohmann::json::object();
+  if (!model_only && targets_.optimizer) {
+    std::vector<at::Tensor> avg, avg_sq;
+    for (const auto& [name, p] : targets_.parameters) {
+      auto m = moments(*targets_.optimizer, p);
+      // A parameter the optimizer has not stepped yet has zero moments (what Adam starts from).
+      avg.push_back(m ? m->exp_avg : at::zeros_like(p));
+      avg_sq.push_back(m ? m->exp_avg_sq : at::zeros_like(p));
+      optimizer_steps[name] = m ? m->step : 0;
+    }
+    for (auto& c : parameter_chunks("optimizer.exp_avg.", avg)) all.push_back(std::move(c));
+    for (auto& c : parameter_chunks("optimizer.exp_avg_sq.", avg_sq)) all.push_back(std::move(c));
+  }
+  s->chunks = chunks_written_by(all, targets_.replica_rank, targets_.replica_count);
+  // Copies: the training thread changes the parameters right after this returns.
+  const bool async = config_.checkpoint.async_mode != "disabled";
+  const bool pinned = config_.checkpoint.async_mode == "async_with_pinned_mem";
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < s->chunks.size(); ++i) {
+    at::Tensor& t = s->chunks[i].tensor;
+    if (model_only) t = t.to(export_type(config_.checkpoint.export_dtype));
+    if (pinned && t.is_cuda()) {
+      if (pinned_.size() <= i || pinned_[i].sizes() != t.sizes() ||
+          pinned_[i].scalar_type() != t.scalar_type()) {
+        pinned_.resize(std::max(pinned_.size(), i + 1));
+        pinned_[i] = at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(true));
+      }
+      pinned_[i].copy_(t);
+      t = pinned_[i];
+    } else if (t.is_cuda() || async) {
+      t = t.is_cuda() ? t.to(at::kCPU) : t.clone();
+    }
+  }
+  s->rank_state = {{"rank", runtime_.rank()},
+                   {"world_size", runtime_.world().world_size},
+                   {"dp_rank", runtime_.dp_rank()},
+                   {"dp_size", runtime_.dp_size()},
+                   {"rng", generator_state()}};
+  if (!model_only) {
+    s->rank_state["optimizer_step"] = optimizer_steps;
+    if (targets_.data) s->rank_state["dataloader"] = targets_.data->state();
+  }
+  s->blocked_s = seconds_since(start);
+  return s;
+}
+
+void CheckpointManager::save_seed() {
+  LOOM_CHECK_AS(InputError, runtime_.world().world_size == 1,
+                "checkpoint.create_seed_checkpoint runs on one rank (the seed is the same for "
+                "every layout), this job has ",
+                runtime_.world().world_size);
+  LOOM_CHECK_AS(InputError, enabled_,
+                "checkpoint.create_seed_checkpoint needs checkpoint.enable = true");
+  save(0, 0, true);
+  LOOM_CHECK_AS(IoError, wait(), "the seed checkpoint could not be written (see the log)");
+}
+
+void CheckpointManager::on_step_end(int64_t step, int64_t tokens_seen, bool last_step,
+                                    bool stopping) {
+  const auto& c = config_.checkpoint;
+  if (!enabled_ || c.load_only) return;
+  if (last_step) {
+    save(step, tokens_seen, c.last_save_model_only);
+    if (c.last_save_in_hf) export_last_in_hf(step);
+  } else if (stopping || step % c.interval == 0 || (step == 1 && c.enable_first_step_checkpoint)) {
+    save(step, tokens_seen, false);
+  }
+}
+
+void CheckpointManager::save(int64_t step, int64_t tokens_seen, bool model_only) {
+  const auto wait_start = Clock::now();
+  wait();
+  const double waited = seconds_since(wait_start);
+  std::shared_ptr<Snapshot> s = snapshot(step, tokens_seen, model_only);
+  s->blocked_s += waited;
+  auto run = [this, s] {
+    const auto start = Clock::now();
+    try {
+      write(*s);
+      last_save_ok_ = true;
+      stats_ = {s->blocked_s, seconds_since(start), s->bytes};
+      if (config_.checkpoint.async_mode == "disabled") stats_.blocked_s += stats_.write_s;
+      log::get("checkpoint")
+          ->info("step {}: wrote {:.1f} MB in {:.2f} s (training blocked {:.3f} s){}", s->step,
+                 s->bytes / 1e6, stats_.write_s, stats_.blocked_s,
+                 runtime_.is_main_rank() ? "; complete in " + folder_ : std::string());
+    } catch (const std::exception& error) {
+      last_save_ok_ = false;
+      log::get("checkpoint")
+          ->error(
+              "checkpoint of step {} failed, the step stays incomplete and training goes "
+              "on: {}",
+              s->step, error.what());
+      if (!runtime_.is_main_rank()) {
+        try {
+          files::write_atomic(step_temp(s->step) + "/" + rank_name(runtime_.rank(), ".failed"),
+                              error.what());
+        } catch (const std::exception&) {
+        }
+      }
+    }
+  };
+  if (config_.checkpoint.async_mode == "disabled") {
+    run();
+  } else {
+    writer_ = std::thread(run);
+  }
+}
+
+// Next to the final step: step-N-hf/, a Hugging Face folder (rank 0, once the step is complete).
+// A failure is logged: the run itself succeeded.
+void CheckpointManager::export_last_in_hf(int64_t step) {
+  const bool ok = wait();
+  if (!runtime_.is_main_rank() || !ok) return;
+  const std::string output = step_folder(step) + "-hf";
+  try {
+    export_to_hf(step_folder(step), output, config_.checkpoint.export_dtype, 5'000'000'000ull);
+    log::get("checkpoint")->info("step {}: Hugging Face export in {}", step, output);
+  } catch (const Error& e) {
+    log::get("checkpoint")
+        ->error("last_save_in_hf: export of step {} failed: {}", step, e.message());
+  }
+}
+
+bool CheckpointManager::wait() {
+  if (writer_.joinable()) writer_.join();
+  return last_save_ok_;
+}
+
+std::string CheckpointManager::step_folder(int64_t step) const {
+  return folder_ + "/step-" + std::to_string(step);
+}
+
+std::string CheckpointManager::step_temp(int64_t step) const {
+  return step_folder(step) + ".tmp";
+}
+
+void CheckpointManager::write(Snapshot& s) {
+  const std::string temp = step_temp(s.step);
+  files::create_directories(temp);
+  if (!injected_failure_.empty()) LOOM_THROW(IoError, injected_failure_);
+  nlohmann::json part = {{"chunks", nlohmann::json::array()}};
+  if (!s.chunks.empty()) {
+    part = write_chunk_file(temp + "/" + rank_name(runtime_.rank(), ".safetensors"), s.chunks);
+    s.bytes = part.at("bytes").get<uint64_t>();
+  }
+  part["state"] = s.rank_state;
+  files::write_atomic(temp + "/" + rank_name(runtime_.rank(), ".json"), part.dump());
+  if (runtime_.is_main_rank()) finalize(s, temp);
+}
+
+// Rank 0: once every rank's part is durable, the index, the train state and the config; then
+// the rename and, last, the COMPLETE marker.
+void CheckpointManager::finalize(const Snapshot& s, const std::string& temp) {
+  const int world = runtime_.world().world_size;
+  const double timeout = std::max(120.0, 4.0 * config_.comm.train_timeout_seconds);
+  const auto start = Clock::now();
+  std::vector<nlohmann::json> parts(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) {
+    const std::string path = temp + "/" + rank_name(r, ".json");
+    while (!fs::exists(path)) {
+      LOOM_CHECK_AS(IoError, !fs::exists(temp + "/" + rank_name(r, ".failed")), "rank ", r,
+                    " could not write its part of step ", s.step, ": ",
+                    read_text(temp + "/" + rank_name(r, ".failed")));
+      LOOM_CHECK_AS(IoError, seconds_since(start) < timeout, "rank ", r,
+                    " did not write its part of step ", s.step, " within ", timeout, " s");
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    parts[static_cast<size_t>(r)] = read_json(path);
+  }
+  nlohmann::json index = merge_index(parts);
+  index["format"] = "loom.checkpoint";
+  index["version"] = 1;
+  index["step"] = s.step;
+  index["world_size"] = world;
+  index["dp_size"] = runtime_.dp_size();
+  index["model_only"] = s.model_only;
+  files::write_atomic(temp + "/index.json", index.dump(1));
+  files::write_atomic(
+      temp + "/train_state.json",
+      nlohmann::json(
+          {{"step", s.step}, {"tokens_seen", s.tokens_seen}, {"lr_scheduler", {{"step", s.step}}}})
+          .dump(1));
+  files::write_atomic(temp + "/config.toml", config::to_toml(config_));
+  const std::string final_folder = step_folder(s.step);
+  std::error_code error;
+  fs::remove_all(final_folder, error);  // a step of an earlier run that this run re-did
+  fs::rename(temp, final_folder, error);
+  LOOM_CHECK_AS(IoError, !error, "cannot rename '", temp, "' to '", final_folder,
+                "': ", error.message());
+  files::sync_folder(folder_);
+  files::write_atomic(final_folder + "/COMPLETE", "step " + std::to_string(s.step) + "\n");
+  if (config_.checkpoint.keep_latest_k > 0) {
+    if (purger_.joinable()) purger_.join();
+    purger_ = std::thread([this] { purge_old(); });
+  }
+}
+
+void CheckpointManager::purge_old() {
+  const auto steps = complete_steps(folder_);
+  for (size_t i = static_cast<size_t>(config_.checkpoint.keep_latest_k); i < steps.size(); ++i) {
+    std::error_code error;
+    // The marker goes first, so a half-deleted folder is never taken for a complete step.
+    fs::remove(steps[i].second + "/COMPLETE", error);
+    fs::remove_all(steps[i].second, error);
+    if (error) {
+      log::get("checkpoint")
+          ->warn("cannot remove old checkpoint {}: {}", steps[i].second, error.message());
+    }
+  }
+}
+
+}  // namespace loom::checkpoint

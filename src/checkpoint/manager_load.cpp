@@ -1,0 +1,200 @@
+// The loading half of CheckpointManager: which step to load (own folder, load_step, fallback,
+// initial_load_path, Hugging Face import) and reading it into this rank's parameters,
+// optimizer, data loader and RNG.
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+
+#include <filesystem>
+
+#include "loom/checkpoint/hf.h"
+#include "loom/checkpoint/manager.h"
+#include "loom/core/check.h"
+#include "loom/core/files.h"
+#include "loom/core/logging.h"
+#include "loom/core/strings.h"
+#include "state_io.h"
+
+namespace loom::checkpoint {
+namespace fs = std::filesystem;
+using namespace detail;
+
+// Rank 0 converts the Hugging Face folder into <folder>/hf-import/step-0; every rank waits for
+// it (and learns whether it worked) through an all-reduce on the training thread.
+std::string CheckpointManager::import_hf_once(const std::string& hf_folder) {
+  const std::string imported = folder_ + "/hf-import";
+  std::string error;
+  if (runtime_.is_main_rank()) {
+    try {
+      files::create_directories(imported);
+      import_from_hf(hf_folder, imported);
+    } catch (const Error& e) {
+      error = e.message();
+    }
+  }
+  at::Tensor failed = at::full({1}, error.empty() ? 0 : 1, at::kInt);
+  auto& world = runtime_.world_group();
+  if (world.size() > 1) world.all_reduce(failed, distributed::ReduceOp::kMax);
+  LOOM_CHECK_AS(InputError, failed.item<int>() == 0,
+                "checkpoint.initial_load_in_hf: cannot import '", hf_folder,
+                "': ", error.empty() ? "see rank 0's log" : error);
+  return imported + "/step-0";
+}
+
+// Leftovers of saves that never completed. Rank 0 runs this before any rank can save: the first
+// save follows the first step's collectives.
+void CheckpointManager::remove_incomplete() {
+  if (!runtime_.is_main_rank() || !fs::is_directory(folder_)) return;
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(folder_, error)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("step-", 0) == 0 && strings::ends_with(name, ".tmp")) {
+      log::get("checkpoint")->warn("removing the incomplete checkpoint {}", entry.path().string());
+      fs::remove_all(entry.path(), error);
+    }
+  }
+}
+
+// What to try, newest first: load_step's folder, else every complete step of the run, else
+// initial_load_path's (weights only when initial_load_model_only or a Hugging Face folder).
+std::vector<std::pair<int64_t, std::string>> CheckpointManager::load_candidates(bool& model_only,
+                                                                                bool& fall_back) {
+  const auto& c = config_.checkpoint;
+  auto candidates = complete_steps(folder_);
+  model_only = false;
+  fall_back = c.load_step < 0;
+  if (c.load_step >= 0) {
+    auto it = std::find_if(candidates.begin(), candidates.end(),
+                           [&](const auto& s) { return s.first == c.load_step; });
+    std::string available;
+    for (const auto& s : candidates) available += " " + std::to_string(s.first);
+    LOOM_CHECK_AS(InputError, it != candidates.end(), "checkpoint.load_step = ", c.load_step, ": '",
+                  folder_, "' has no complete step-", c.load_step,
+                  " (complete steps:", available.empty() ? " none" : available, ")");
+    return {*it};
+  }
+  if (!candidates.empty() || !c.initial_load_path) return candidates;
+  std::string path = *c.initial_load_path;
+  LOOM_CHECK_AS(InputError, fs::exists(path), "checkpoint.initial_load_path '", path,
+                "' does not exist");
+  if (c.initial_load_in_hf) path = import_hf_once(path);
+  model_only = c.initial_load_model_only || c.initial_load_in_hf;
+  fall_back = true;
+  if (fs::exists(path + "/index.json")) {
+    LOOM_CHECK_AS(InputError, is_complete_step(path), "checkpoint.initial_load_path '", path,
+                  "' is an incomplete checkpoint (no COMPLETE marker)");
+    return {{-1, path}};
+  }
+  candidates = complete_steps(path);
+  LOOM_CHECK_AS(InputError, !candidates.empty(), "checkpoint.initial_load_path '", path,
+                "' holds no complete checkpoint (step-N folders with index.json and COMPLETE)");
+  return candidates;
+}
+
+ResumePoint CheckpointManager::load() {
+  if (!enabled_) return {};
+  auto log = log::get("checkpoint");
+  remove_incomplete();
+  bool model_only = false, fall_back = true;
+  const auto candidates = load_candidates(model_only, fall_back);
+  if (candidates.empty()) {
+    log->info("no checkpoint in {}: training starts from scratch", folder_);
+    return {};
+  }
+  auto& world = runtime_.world_group();
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    const std::string& path = candidates[i].second;
+    std::string error;
+    ResumePoint point;
+    const auto start = Clock::now();
+    try {
+      point = load_from(path, model_only);
+    } catch (const Error& e) {
+      error = e.message();
+    } catch (const std::exception& e) {  // e.g. a c10::Error from a copy
+      error = e.what();
+    }
+    // Every rank must resume from the same step, whichever rank found a problem.
+    at::Tensor failed = at::full({1}, error.empty() ? 0 : 1, at::kInt);
+    if (world.size() > 1) world.all_reduce(failed, distributed::ReduceOp::kMax);
+    if (failed.item<int>() == 0) {
+      log->info("resumed from {} (step {}, {} tokens seen{}) in {:.2f} s", path, point.step,
+                point.tokens_seen, point.step == 0 ? ", model weights only" : "",
+                seconds_since(start));
+      return point;
+    }
+    const std::string why = error.empty() ? "another rank could not load it" : error;
+    if (!fall_back || i + 1 == candidates.size()) {
+      LOOM_THROW(InputError, "cannot load checkpoint ", path, ": ", why);
+    }
+    log->warn("checkpoint {} is unreadable ({}); falling back to {}", path, why,
+              candidates[i + 1].second);
+  }
+  return {};
+}
+
+ResumePoint CheckpointManager::load_from(const std::string& step_folder, bool model_only) {
+  const auto& exclude = config_.checkpoint.exclude_from_loading;
+  auto excluded = [&](const char* part) {
+    return std::find(exclude.begin(), exclude.end(), part) != exclude.end();
+  };
+  CheckpointReader reader(step_folder);
+  ResumePoint point;
+  point.loaded_from = step_folder;
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> params;
+  for (const auto& named : targets_.parameters) params.push_back(named.second.detach());
+  if (!excluded("model")) {
+    for (const auto& chunk : parameter_chunks("model.", params)) reader.read(chunk);
+  }
+  model_only = model_only || reader.index().value("model_only", false);
+  if (model_only) return point;
+  // The per-rank parts: the optimizer's step counts (any rank's), data and RNG state (by dp rank).
+  const int saved_world = reader.index().at("world_size").get<int>();
+  std::vector<nlohmann::json> states;
+  for (int r = 0; r < saved_world; ++r) {
+    states.push_back(read_json(step_folder + "/" + rank_name(r, ".json")).at("state"));
+  }
+  const nlohmann::json* mine = &states.front();
+  for (const auto& s : states) {
+    if (s.value("dp_rank", -1) == runtime_.dp_rank()) {
+      mine = &s;
+      break;
+    }
+  }
+  if (!excluded("optimizer") && targets_.optimizer) {
+    std::vector<at::Tensor> avg, avg_sq;
+    for (const auto& p : params) {
+      avg.push_back(at::empty_like(p));
+      avg_sq.push_back(at::empty_like(p));
+    }
+    for (const auto& chunk : parameter_chunks("optimizer.exp_avg.", avg)) reader.read(chunk);
+    for (const auto& chunk : parameter_chunks("optimizer.exp_avg_sq.", avg_sq)) reader.read(chunk);
+    for (size_t i = 0; i < params.size(); ++i) {
+      const std::string& name = targets_.parameters[i].first;
+      int64_t step = -1;
+      for (const auto& s : states) {
+        if (s.contains("optimizer_step") && s["optimizer_step"].contains(name)) {
+          step = s["optimizer_step"][name].get<int64_t>();
+        }
+      }
+      LOOM_CHECK_AS(InputError, step >= 0, "checkpoint '", step_folder,
+                    "' has no optimizer step count for '", name, "'");
+      if (step == 0) continue;  // never stepped: leave the optimizer's state empty
+      set_moments(*targets_.optimizer, targets_.parameters[i].second,
+                  MomentState{step, avg[i], avg_sq[i], at::Tensor()});
+    }
+  }
+  const auto train_state = read_json(step_folder + "/train_state.json");
+  if (!excluded("train_state")) {
+    point.step = train_state.at("step").get<int64_t>();
+    point.tokens_seen = train_state.at("tokens_seen").get<int64_t>();
+  }
+  if (!excluded("lr_scheduler")) point.lr_step = train_state.at("lr_scheduler").at("step");
+  if (!excluded("dataloader") && targets_.data && mine->contains("dataloader")) {
+    targets_.data->load_state(mine->at("dataloader"));
+  }
+  if (mine->contains("rng")) restore_generator(mine->at("rng"));
+  return point;
+}
+
+}  // namespace loom::checkpoint

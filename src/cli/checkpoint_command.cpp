@@ -1,0 +1,154 @@
+// loom checkpoint inspect DIR [--verify]: what a checkpoint folder holds. DIR is a step folder
+// (step-N) or a run's checkpoint folder (every step-N in it, complete or not).
+// loom checkpoint export --to hf DIR OUT / import --from hf HF_DIR CHECKPOINT_FOLDER: Hugging
+// Face Llama interchange (checkpoint/hf.h).
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <regex>
+
+#include "commands.h"
+#include "loom/checkpoint/chunks.h"
+#include "loom/checkpoint/hf.h"
+#include "loom/checkpoint/manager.h"
+#include "loom/core/check.h"
+
+namespace loom::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string dims(const nlohmann::json& values, const char* separator) {
+  std::string text;
+  for (const auto& v : values) text += (text.empty() ? "" : separator) + v.dump();
+  return text;
+}
+
+void print_step(const std::string& folder, bool verify) {
+  const bool complete = checkpoint::is_complete_step(folder);
+  if (!fs::exists(folder + "/index.json")) {
+    std::cout << folder << ": INCOMPLETE (no index.json: a save that never finished)\n";
+    return;
+  }
+  checkpoint::CheckpointReader reader(folder);
+  const auto& index = reader.index();
+  std::cout << fmt::format("{}: step {}, {}, written by {} rank(s) (dp {}), {}\n", folder,
+                           index.value("step", -1),
+                           complete ? "complete" : "INCOMPLETE (no COMPLETE marker)",
+                           index.value("world_size", 0), index.value("dp_size", 0),
+                           index.value("model_only", false) ? "model weights only"
+                                                            : "model + optimizer + training state");
+  uint64_t bytes = 0;
+  for (const auto& [name, file] : index["files"].items()) bytes += file["bytes"].get<uint64_t>();
+  std::cout << fmt::format("  {} tensors in {} file(s), {:.1f} MB\n", index["tensors"].size(),
+                           index["files"].size(), bytes / 1e6);
+  for (const auto& [fqn, t] : index["tensors"].items()) {
+    std::cout << fmt::format("  {:<52} {:<5} [{}]\n", fqn, t["dtype"].get<std::string>(),
+                             dims(t["shape"], ", "));
+    for (const auto& c : t["chunks"]) {
+      std::cout << fmt::format("      at [{}] size [{}] in {} bytes {}-{}\n",
+                               dims(c["offsets"], ", "), dims(c["lengths"], ", "),
+                               c["file"].get<std::string>(), c["byte_range"][0].dump(),
+                               c["byte_range"][1].dump());
+    }
+    if (verify) reader.read_whole(fqn);  // checks every chunk's CRC-32
+  }
+  if (verify) std::cout << "  every chunk matches its CRC-32\n";
+}
+
+int inspect(const std::string& dir, bool verify) {
+  LOOM_CHECK_AS(InputError, fs::is_directory(dir), "checkpoint inspect: '", dir,
+                "' is not a folder");
+  if (fs::exists(dir + "/index.json") || fs::exists(dir + "/COMPLETE")) {
+    print_step(dir, verify);
+    return 0;
+  }
+  static const std::regex pattern("step-([0-9]+)(\\.tmp)?");
+  std::vector<std::pair<int64_t, std::string>> steps;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    std::smatch match;
+    const std::string name = entry.path().filename().string();
+    if (std::regex_match(name, match, pattern)) {
+      steps.emplace_back(std::stoll(match[1].str()), entry.path().string());
+    }
+  }
+  LOOM_CHECK_AS(InputError, !steps.empty(), "checkpoint inspect: '", dir,
+                "' is neither a step folder nor a folder of step-N checkpoints");
+  std::sort(steps.begin(), steps.end());
+  for (const auto& [step, path] : steps) print_step(path, verify);
+  return 0;
+}
+
+}  // namespace
+
+void add_checkpoint_command(CLI::App& app, CommandRun& run) {
+  CLI::App* command = app.add_subcommand("checkpoint", "Inspect, export and import checkpoints");
+  command->require_subcommand(1);
+  struct State {
+    std::string dir;
+    bool verify = false;
+  };
+  auto state = std::make_shared<State>();
+  CLI::App* inspect_command = command->add_subcommand(
+      "inspect", "List a checkpoint's tensors, shapes, dtypes, chunks and completeness");
+  inspect_command->add_option("dir", state->dir, "A step-N folder or a run's checkpoint folder")
+      ->required();
+  inspect_command->add_flag("--verify", state->verify, "Read every chunk and check its CRC-32");
+  inspect_command->callback(
+      [state, &run] { run = [state] { return inspect(state->dir, state->verify); }; });
+
+  struct Transfer {
+    std::string format = "hf";
+    std::string source, target, dtype = "bfloat16";
+    double max_shard_gb = 5.0;
+  };
+  auto transfer = std::make_shared<Transfer>();
+  CLI::App* export_command = command->add_subcommand(
+      "export", "Write a checkpoint's model as Hugging Face Llama safetensors + config.json");
+  export_command->add_option("--to", transfer->format, "Target format")
+      ->check(CLI::IsMember({"hf"}))
+      ->required();
+  export_command->add_option("dir", transfer->source, "A step-N folder or a checkpoint folder")
+      ->required();
+  export_command->add_option("output", transfer->target, "Folder to write")->required();
+  export_command->add_option("--dtype", transfer->dtype, "float32, bfloat16 or float16")
+      ->check(CLI::IsMember({"float32", "bfloat16", "float16"}))
+      ->capture_default_str();
+  export_command
+      ->add_option("--max-shard-size-gb", transfer->max_shard_gb,
+                   "Split model.safetensors into shards of at most this size")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  export_command->callback([transfer, &run] {
+    run = [transfer] {
+      checkpoint::export_to_hf(transfer->source, transfer->target, transfer->dtype,
+                               static_cast<uint64_t>(transfer->max_shard_gb * 1e9));
+      std::cout << "wrote " << transfer->target << " (Hugging Face LlamaForCausalLM)\n";
+      return 0;
+    };
+  });
+  CLI::App* import_command = command->add_subcommand(
+      "import", "Turn a Hugging Face Llama folder into a loom checkpoint (step-0, weights only)");
+  import_command->add_option("--from", transfer->format, "Source format")
+      ->check(CLI::IsMember({"hf"}))
+      ->required();
+  import_command->add_option("dir", transfer->source, "Folder with config.json and safetensors")
+      ->required();
+  import_command
+      ->add_option("output", transfer->target,
+                   "Checkpoint folder to write step-0 into (use as "
+                   "checkpoint.initial_load_path)")
+      ->required();
+  import_command->callback([transfer, &run] {
+    run = [transfer] {
+      checkpoint::import_from_hf(transfer->source, transfer->target);
+      std::cout << "wrote " << transfer->target << "/step-0\n";
+      return 0;
+    };
+  });
+}
+
+}  // namespace loom::cli

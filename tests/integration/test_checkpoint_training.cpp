@@ -1,0 +1,372 @@
+// Saving and resuming training end to end: 10 steps + resume to 20 gives bitwise the losses of 20
+// straight steps (sync and async saves, after SIGTERM, on 2-rank DDP through `loom launch`); a
+// 1-rank checkpoint resumes into 2-rank DDP and back; faults (corrupt shard, failing writer) and
+// keep_latest_k.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+
+#include "loom/checkpoint/manager.h"
+#include "loom/core/check.h"
+#include "loom/core/signals.h"
+#include "loom/data/synthetic.h"
+#include "loom/train/trainer.h"
+#include "support/process.h"
+
+using loom::config::JobConfig;
+using loom::train::Trainer;
+namespace fs = std::filesystem;
+
+namespace {
+
+JobConfig small_job(const std::string& folder, int64_t steps) {
+  JobConfig c;
+  c.job.dump_folder = folder;
+  c.model.flavor = "debugmodel";
+  c.training.dataset = "synthetic";
+  c.training.local_batch_size = 4;
+  c.training.seq_len = 32;
+  c.training.steps = steps;
+  c.training.device = "cpu";
+  c.lr_scheduler.warmup_steps = 3;
+  c.lr_scheduler.total_steps = 20;  // the same schedule for 10-step and 20-step runs
+  c.optimizer.lr = 3e-3;
+  c.activation_checkpoint.mode = "none";
+  c.metrics.log_freq = 10;
+  c.metrics.peak_tflops = 1.0;
+  c.debug.seed = 11;
+  c.checkpoint.enable = true;
+  c.checkpoint.interval = 5;
+  c.checkpoint.last_save_model_only = false;
+  c.checkpoint.keep_latest_k = 0;
+  return c;
+}
+
+const std::vector<double>& straight_losses() {
+  static const std::vector<double> losses = [] {
+    auto c = small_job(loom::testing::fresh_temp_dir("ckpt_straight"), 20);
+    c.checkpoint.enable = false;
+    return Trainer(c).train().losses;
+  }();
+  return losses;
+}
+
+void expect_bitwise(const std::vector<double>& want, size_t from, const std::vector<double>& got) {
+  ASSERT_GE(want.size(), from + got.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(want[from + i], got[i]) << "step " << from + i + 1;
+  }
+}
+
+// Synthetic data that raises SIGTERM while the `at`-th microbatch is fetched.
+class SignalAt : public loom::data::BatchSource {
+ public:
+  SignalAt(std::unique_ptr<loom::data::BatchSource> inner, int64_t at)
+      : inner_(std::move(inner)), at_(at) {}
+  loom::data::Batch next(int64_t batch, int64_t seq) override {
+    if (++calls_ == at_) std::raise(SIGTERM);
+    return inner_->next(batch, seq);
+  }
+  nlohmann::json state() const override { return inner_->state(); }
+  void load_state(const nlohmann::json& s) override { inner_->load_state(s); }
+
+ private:
+  std::unique_ptr<loom::data::BatchSource> inner_;
+  int64_t at_;
+  int64_t calls_ = 0;
+};
+
+}  // namespace
+
+TEST(CheckpointTraining, TenStepsThenResumeIsBitwiseTheStraightRun) {
+  for (const char* mode : {"disabled", "async"}) {
+    SCOPED_TRACE(mode);
+    const std::string folder = loom::testing::fresh_temp_dir(std::string("ckpt_resume_") + mode);
+    auto first = small_job(folder, 10);
+    first.checkpoint.async_mode = mode;
+    auto head = Trainer(first).train();
+    ASSERT_EQ(head.losses.size(), 10u);
+    expect_bitwise(straight_losses(), 0, head.losses);
+    EXPECT_TRUE(loom::checkpoint::is_complete_step(folder + "/checkpoint/step-10"));
+    EXPECT_TRUE(loom::checkpoint::is_complete_step(folder + "/checkpoint/step-5"));
+    auto second = small_job(folder, 20);
+    second.checkpoint.async_mode = mode;
+    auto tail = Trainer(second).train();
+    expect_bitwise(straight_losses(), 10, tail.losses);
+  }
+}
+
+TEST(CheckpointTraining, SigtermSavesAndTheResumedRunMatches) {
+  loom::signals::install_shutdown_handlers();
+  loom::signals::clear_shutdown_request();
+  const std::string folder = loom::testing::fresh_temp_dir("ckpt_sigterm");
+  auto job = small_job(folder, 20);
+  job.checkpoint.interval = 100;  // only the stop saves
+  auto source =
+      std::make_unique<SignalAt>(std::make_unique<loom::data::SyntheticSource>(2048, 11), 7);
+  auto head = Trainer(job, std::move(source)).train();
+  loom::signals::clear_shutdown_request();
+  ASSERT_TRUE(head.stopped_by_signal);
+  const auto stopped = head.steps_completed;
+  ASSERT_TRUE(
+      loom::checkpoint::is_complete_step(folder + "/checkpoint/step-" + std::to_string(stopped)));
+  auto tail = Trainer(job).train();
+  EXPECT_EQ(tail.losses.size(), static_cast<size_t>(20 - stopped));
+  std::vector<double> all = head.losses;
+  all.insert(all.end(), tail.losses.begin(), tail.losses.end());
+  expect_bitwise(straight_losses(), 0, all);
+}
+
+TEST(CheckpointTraining, CorruptNewestStepFallsBackAndExplicitStepIsRefused) {
+  const std::string folder = loom::testing::fresh_temp_dir("ckpt_corrupt");
+  Trainer(small_job(folder, 10)).train();
+  const std::string shard = folder + "/checkpoint/step-10/rank-00000.safetensors";
+  {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-100, std::ios::end);
+    f.put('\x55');
+  }
+  // An explicit load_step names the file.
+  auto explicit_step = small_job(folder, 20);
+  explicit_step.checkpoint.load_step = 10;
+  try {
+    Trainer(explicit_step).train();
+    FAIL() << "a corrupt checkpoint was loaded";
+  } catch (const loom::InputError& error) {
+    EXPECT_NE(std::string(error.what()).find("rank-00000.safetensors"), std::string::npos)
+        << error.what();
+  }
+  // load_step = -1: step 10 is unreadable, step 5 loads (with a warning), 15 steps follow
+  // (and re-save step 10).
+  auto resumed = Trainer(small_job(folder, 20)).train();
+  ASSERT_EQ(resumed.losses.size(), 15u);
+  expect_bitwise(straight_losses(), 5, resumed.losses);
+}
+
+TEST(CheckpointTraining, FailingWriterLeavesTrainingRunningAndTheStepIncomplete) {
+  const std::string folder = loom::testing::fresh_temp_dir("ckpt_write_fail");
+  auto job = small_job(folder, 7);
+  job.checkpoint.async_mode = "async";
+  Trainer trainer(job);
+  trainer.checkpointer().inject_write_failure("No space left on device (injected)");
+  auto result = trainer.train();
+  EXPECT_EQ(result.steps_completed, 7);
+  EXPECT_FALSE(trainer.checkpointer().wait());
+  EXPECT_FALSE(fs::exists(folder + "/checkpoint/step-5"));
+  EXPECT_TRUE(loom::checkpoint::complete_steps(folder + "/checkpoint").empty());
+  auto inspect = loom::testing::run_loom("checkpoint inspect " + folder + "/checkpoint");
+  EXPECT_EQ(inspect.exit_code, 0) << inspect.output;
+  EXPECT_NE(inspect.output.find("step-5.tmp: INCOMPLETE"), std::string::npos) << inspect.output;
+  // The next run ignores the incomplete folders and starts from scratch.
+  auto again = Trainer(small_job(folder, 3)).train();
+  EXPECT_EQ(again.losses.size(), 3u);
+  EXPECT_FALSE(fs::exists(folder + "/checkpoint/step-5.tmp"));
+}
+
+TEST(CheckpointTraining, UnwritableCheckpointFolderIsLoggedAndTrainingGoesOn) {
+  // A real I/O failure (no injection): the checkpoint folder's path is taken by a file.
+  const std::string folder = loom::testing::fresh_temp_dir("ckpt_unwritable");
+  std::ofstream(folder + "/checkpoint") << "not a folder";
+  for (const char* mode : {"disabled", "async"}) {
+    auto job = small_job(folder, 6);
+    job.checkpoint.async_mode = mode;
+    Trainer trainer(job);
+    auto result = trainer.train();
+    EXPECT_EQ(result.steps_completed, 6) << mode;
+    EXPECT_FALSE(trainer.checkpointer().wait()) << mode;
+  }
+}
+
+TEST(CheckpointTraining, KeepLatestKPurgesOlderSteps) {
+  const std::string folder = loom::testing::fresh_temp_dir("ckpt_keep");
+  auto job = small_job(folder, 8);
+  job.checkpoint.interval = 2;
+  job.checkpoint.keep_latest_k = 2;
+  { Trainer(job).train(); }  // the destructor waits for the purge
+  const auto steps = loom::checkpoint::complete_steps(folder + "/checkpoint");
+  ASSERT_EQ(steps.size(), 2u);
+  EXPECT_EQ(steps[0].first, 8);
+  EXPECT_EQ(steps[1].first, 6);
+  EXPECT_FALSE(fs::exists(folder + "/checkpoint/step-2"));
+  auto inspect = loom::testing::run_loom("checkpoint inspect --verify " + steps[0].second);
+  EXPECT_EQ(inspect.exit_code, 0) << inspect.output;
+  for (const char* want : {"step 8, complete", "model.tok_embeddings.weight", "F32   [2048, 256]",
+                           "optimizer.exp_avg_sq.norm.weight", "every chunk matches its CRC-32"}) {
+    EXPECT_NE(inspect.output.find(want), std::string::npos) << want << "\n" << inspect.output;
+  }
+}
+
+TEST(CheckpointTraining, ModelOnlyInitialLoadStartsAtStepOne) {
+  const std::string source = loom::testing::fresh_temp_dir("ckpt_initial_src");
+  auto first = small_job(source, 5);
+  first.checkpoint.last_save_model_only = true;
+  first.checkpoint.export_dtype = "bfloat16";
+  Trainer(first).train();
+  auto index =
+      nlohmann::json::parse(loom::testing::read_text(source + "/checkpoint/step-5/index.json"));
+  EXPECT_TRUE(index["model_only"].get<bool>());
+  EXPECT_EQ(index["tensors"]["model.norm.weight"]["dtype"], "BF16");
+  EXPECT_FALSE(index["tensors"].contains("optimizer.exp_avg.norm.weight"));
+  // A new run starts from those weights at step 1 (not from the initialization).
+  auto job = small_job(loom::testing::fresh_temp_dir("ckpt_initial_dst"), 3);
+  job.checkpoint.initial_load_path = source + "/checkpoint";
+  auto result = Trainer(job).train();
+  ASSERT_EQ(result.losses.size(), 3u);
+  EXPECT_LT(result.losses[0], straight_losses()[0] - 0.05);
+}
+
+TEST(CheckpointTraining, SeedCheckpointAndHuggingFaceRoundTripThroughTraining) {
+  // create_seed_checkpoint: the initialized model as step-0, no training.
+  const std::string seed = loom::testing::fresh_temp_dir("ckpt_seed");
+  auto seed_job = small_job(seed, 5);
+  seed_job.checkpoint.create_seed_checkpoint = true;
+  EXPECT_EQ(Trainer(seed_job).train().steps_completed, 0);
+  ASSERT_TRUE(loom::checkpoint::is_complete_step(seed + "/checkpoint/step-0"));
+  // Train 5 steps; the final save is also exported to Hugging Face (last_save_in_hf).
+  const std::string source = loom::testing::fresh_temp_dir("ckpt_hf_src");
+  auto first = small_job(source, 5);
+  first.checkpoint.last_save_model_only = true;
+  first.checkpoint.last_save_in_hf = true;
+  Trainer(first).train();
+  ASSERT_TRUE(fs::exists(source + "/checkpoint/step-5-hf/model.safetensors"));
+  ASSERT_TRUE(fs::exists(source + "/checkpoint/step-5-hf/config.json"));
+  // Starting from the HF export (initial_load_in_hf) trains exactly like starting from the loom
+  // checkpoint it came from: export and import are exact in float32.
+  auto from_hf = small_job(loom::testing::fresh_temp_dir("ckpt_hf_dst"), 3);
+  from_hf.checkpoint.initial_load_path = source + "/checkpoint/step-5-hf";
+  from_hf.checkpoint.initial_load_in_hf = true;
+  auto hf_losses = Trainer(from_hf).train().losses;
+  auto from_loom = small_job(loom::testing::fresh_temp_dir("ckpt_hf_loom"), 3);
+  from_loom.checkpoint.initial_load_path = source + "/checkpoint/step-5";
+  auto loom_losses = Trainer(from_loom).train().losses;
+  ASSERT_EQ(hf_losses.size(), 3u);
+  EXPECT_EQ(hf_losses, loom_losses);
+  EXPECT_LT(hf_losses[0], straight_losses()[0] - 0.05);
+}
+
+namespace {
+
+// The debug job on the embedded corpus (its loader state is global: it reshards when dp
+// changes), one schedule of 20 steps whatever training.steps is.
+std::string corpus_job(const std::string& folder, int steps) {
+  return "train --config " LOOM_SOURCE_DIR "/configs/llama3_debug.toml --job.dump_folder " +
+         folder + " --training.steps " + std::to_string(steps) +
+         " --training.seq_len 64 --training.local_batch_size 4 --validation.enable false"
+         " --metrics.log_freq 1 --metrics.peak_tflops 1 --debug.seed 7"
+         " --lr_scheduler.warmup_steps 2 --lr_scheduler.total_steps 20"
+         " --comm.init_timeout_seconds 60 --comm.train_timeout_seconds 60"
+         " --checkpoint.enable true --checkpoint.interval 5 --checkpoint.keep_latest_k 0"
+         " --checkpoint.last_save_model_only false --checkpoint.async_mode async";
+}
+
+std::string two_ranks(const std::string& job) {
+  return "launch --nproc-per-node 2 --master-port " + std::to_string(loom::testing::free_port()) +
+         " -- " + job + " --parallelism.data_parallel_replicate_degree 2";
+}
+
+std::vector<double> logged_losses(const std::string& folder) {
+  std::ifstream in(folder + "/metrics.jsonl");
+  std::vector<double> out;
+  std::string line;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains("loss")) out.push_back(j["loss"].get<double>());
+  }
+  return out;
+}
+
+void run_ok(const std::string& args) {
+  auto result = loom::testing::run_loom(args);
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+}
+
+}  // namespace
+
+TEST(CheckpointTraining, TwoRankDataParallelResumeIsBitwiseTheStraightRun) {
+  const std::string straight = loom::testing::fresh_temp_dir("ckpt_ddp_straight");
+  run_ok(two_ranks(corpus_job(straight, 20) + " --checkpoint.enable false"));
+  const std::string resumed = loom::testing::fresh_temp_dir("ckpt_ddp_resumed");
+  run_ok(two_ranks(corpus_job(resumed, 10)));
+  // Replicated tensors are written once: the two ranks split them.
+  auto index =
+      nlohmann::json::parse(loom::testing::read_text(resumed + "/checkpoint/step-10/index.json"));
+  EXPECT_EQ(index["files"].size(), 2u);
+  for (const auto& [fqn, tensor] : index["tensors"].items()) {
+    EXPECT_EQ(tensor["chunks"].size(), 1u) << fqn;
+  }
+  run_ok(two_ranks(corpus_job(resumed, 20)));
+  const auto want = logged_losses(straight);
+  const auto got = logged_losses(resumed);
+  ASSERT_EQ(want.size(), 20u);
+  ASSERT_EQ(got.size(), 20u);
+  for (size_t i = 0; i < 20; ++i) EXPECT_EQ(want[i], got[i]) << "step " << i + 1;
+}
+
+TEST(CheckpointTraining, CheckpointsResumeAcrossOneRankAndTwoRankDataParallel) {
+  // One rank with 2 microbatches of 4 = the global batch of 2 ranks x 4.
+  const std::string straight = loom::testing::fresh_temp_dir("ckpt_1to2_straight");
+  run_ok(corpus_job(straight, 20) + " --training.global_batch_size 8 --checkpoint.enable false");
+  const auto want = logged_losses(straight);
+  ASSERT_EQ(want.size(), 20u);
+  auto expect_close = [&](const std::vector<double>& got, const char* what) {
+    ASSERT_EQ(got.size(), 20u) << what;
+    for (size_t i = 0; i < 20; ++i) {
+      EXPECT_LE(std::abs(want[i] - got[i]), 1e-5 * std::abs(want[i])) << what << " step " << i + 1;
+    }
+  };
+  // 1 rank -> 2 ranks.
+  const std::string up = loom::testing::fresh_temp_dir("ckpt_1to2_resumed");
+  run_ok(corpus_job(up, 10) + " --training.global_batch_size 8");
+  run_ok(two_ranks(corpus_job(up, 20)));
+  expect_close(logged_losses(up), "1 -> 2 ranks");
+  // 2 ranks -> 1 rank.
+  const std::string down = loom::testing::fresh_temp_dir("ckpt_2to1_resumed");
+  run_ok(two_ranks(corpus_job(down, 10)));
+  run_ok(corpus_job(down, 20) + " --training.global_batch_size 8");
+  expect_close(logged_losses(down), "2 -> 1 rank");
+}
+
+TEST(CheckpointTraining, SigtermToTwoRankJobSavesAndStopsCleanly) {
+  const std::string folder = loom::testing::fresh_temp_dir("ckpt_ddp_sigterm");
+  // SIGTERM to the launcher once step 3 was logged; it forwards the signal to both ranks, which
+  // finish the step, save and exit 0; the launcher reports the signal as torchrun does (143).
+  auto result = loom::testing::run_command(
+      std::string(LOOM_BINARY) + " " + two_ranks(corpus_job(folder, 400)) + " > " + folder +
+      "/launch.log 2>&1 & pid=$!; for i in $(seq 1 600); do grep -q 'step:     3' " + folder +
+      "/launch.log 2>/dev/null && break; sleep 0.1; done; kill -TERM $pid; wait $pid; rc=$?; cat " +
+      folder + "/launch.log; exit $rc");
+  EXPECT_EQ(result.exit_code, 143) << result.output;
+  for (const char* rank : {"[rank0]", "[rank1]"}) {
+    EXPECT_NE(result.output.find(std::string(rank) + " [train] warning: stopped early by signal"),
+              std::string::npos)
+        << rank << " did not stop cleanly\n"
+        << result.output;
+  }
+  EXPECT_EQ(result.output.find("SIGKILL"), std::string::npos) << result.output;
+  const auto steps = loom::checkpoint::complete_steps(folder + "/checkpoint");
+  ASSERT_FALSE(steps.empty()) << result.output;
+  const auto logged = logged_losses(folder);
+  EXPECT_EQ(steps[0].first, static_cast<int64_t>(logged.size())) << "the save is the last step";
+  EXPECT_LT(logged.size(), 400u);
+  auto index = nlohmann::json::parse(loom::testing::read_text(steps[0].second + "/index.json"));
+  EXPECT_FALSE(index["model_only"].get<bool>());
+}
+
+TEST(CheckpointTraining, ExcludedPartsAreNotLoaded) {
+  const std::string folder = loom::testing::fresh_temp_dir("ckpt_exclude");
+  Trainer(small_job(folder, 5)).train();
+  // Without train_state the steps count from 1 again (5 steps run), with the loaded weights.
+  auto job = small_job(folder, 5);
+  job.checkpoint.exclude_from_loading = {"train_state", "lr_scheduler"};
+  auto again = Trainer(job).train();
+  ASSERT_EQ(again.losses.size(), 5u);
+  EXPECT_LT(again.losses[0], straight_losses()[0] - 0.05);
+  auto bad = small_job(folder, 5);
+  bad.checkpoint.exclude_from_loading = {"optimiser"};
+  EXPECT_THROW(Trainer{bad}, loom::InputError);
+}

@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""`loom checkpoint export --to hf` loads in transformers' LlamaForCausalLM and gives loom's logits.
+
+Trains the debug model for a few steps with checkpoints on, exports the final checkpoint, loads
+it with transformers, and compares the logits on a sentence with those of tools/reference (the
+plain-PyTorch Llama that the golden tests hold loom's C++ model to) run on the loom checkpoint's
+own tensors. Then imports the export back (`import --from hf`) and checks the weights round-trip
+bit for bit. Exit 77 (skipped) when transformers is not installed (scripts/setup.sh installs it).
+
+Usage: test_hf_export.py LOOM_BINARY WORK_DIR
+"""
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import warnings
+
+warnings.filterwarnings("ignore")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TEXT = "A lighthouse keeper counted the ships that never came back to the harbor."
+
+
+def run(*args):
+    r = subprocess.run(args, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"FAILED: {' '.join(args)}\n{r.stdout}\n{r.stderr}")
+    return r.stdout
+
+
+def main():
+    try:
+        import torch
+        from safetensors import safe_open
+        from transformers import LlamaForCausalLM
+    except ImportError as e:
+        print(f"SKIPPED: {e} (scripts/setup.sh installs transformers into .venv)")
+        return 77
+    loom, work = sys.argv[1], sys.argv[2]
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    run(loom, "train", "--config", f"{ROOT}/configs/llama3_debug.toml", "--job.dump_folder", work,
+        "--training.steps", "4", "--training.seq_len", "64", "--training.local_batch_size", "2",
+        "--validation.enable", "false", "--metrics.peak_tflops", "1", "--debug.seed", "3",
+        "--checkpoint.enable", "true", "--checkpoint.export_dtype", "float32")
+    step = f"{work}/checkpoint/step-4"
+    hf = f"{work}/hf"
+    # A tiny shard limit forces the sharded layout with model.safetensors.index.json.
+    run(loom, "checkpoint", "export", "--to", "hf", f"{work}/checkpoint", hf, "--dtype", "float32",
+        "--max-shard-size-gb", "0.01")
+    assert os.path.exists(f"{hf}/model.safetensors.index.json"), os.listdir(hf)
+    ids = json.loads(run(loom, "tokenize", "--tokenizer", "brown_bpe", "--text", TEXT,
+                         "--format", "json"))
+    tokens = torch.tensor([ids])
+
+    model = LlamaForCausalLM.from_pretrained(hf, dtype=torch.float32,
+                                             attn_implementation="eager")
+    model.eval()
+    with torch.no_grad():
+        hf_logits = model(tokens).logits.float()
+
+    spec = importlib.util.spec_from_file_location("ref", f"{ROOT}/tools/reference/llama_reference.py")
+    ref = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ref)
+    cfg = json.load(open(f"{hf}/config.json"))
+    args = ref.ModelArgs(dim=cfg["hidden_size"], n_layers=cfg["num_hidden_layers"],
+                         n_heads=cfg["num_attention_heads"], n_kv_heads=cfg["num_key_value_heads"],
+                         vocab_size=cfg["vocab_size"], max_seq_len=256,
+                         multiple_of=cfg["intermediate_size"], norm_eps=cfg["rms_norm_eps"],
+                         rope_theta=cfg["rope_theta"], use_scaled_rope="rope_scaling" in cfg)
+    reference = ref.Transformer(args)
+    weights = {}
+    with safe_open(f"{step}/rank-00000.safetensors", framework="pt") as f:
+        for key in f.keys():
+            if key.startswith("model."):
+                weights[key[len("model."):]] = f.get_tensor(key)
+    ref.load_weights_strict(reference, weights)
+    with torch.no_grad():
+        ref_logits = reference(tokens)
+
+    diff = (hf_logits - ref_logits).abs().max().item()
+    scale = ref_logits.abs().max().item()
+    same_argmax = bool((hf_logits.argmax(-1) == ref_logits.argmax(-1)).all())
+    print(f"{len(ids)} tokens; max |logit difference| {diff:.3g} (logits up to {scale:.3g}); "
+          f"same argmax: {same_argmax}")
+    if not (diff < 1e-4 * max(1.0, scale) and same_argmax):
+        print("FAILED: transformers' logits differ from loom's")
+        return 1
+
+    # Round trip: import the export as a loom checkpoint; the weights come back exactly.
+    back = f"{work}/imported"
+    run(loom, "checkpoint", "import", "--from", "hf", hf, back)
+    with safe_open(f"{back}/step-0/rank-00000.safetensors", framework="pt") as f:
+        for key in f.keys():
+            name = key[len("model."):]
+            if not torch.equal(f.get_tensor(key), weights[name]):
+                print(f"FAILED: {name} changed in the export/import round trip")
+                return 1
+        if len(list(f.keys())) != len(weights):
+            print("FAILED: the import lost tensors")
+            return 1
+    print("OK: transformers matches loom; export -> import round-trips exactly")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
