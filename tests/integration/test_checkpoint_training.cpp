@@ -370,3 +370,53 @@ TEST(CheckpointTraining, ExcludedPartsAreNotLoaded) {
   bad.checkpoint.exclude_from_loading = {"optimiser"};
   EXPECT_THROW(Trainer{bad}, loom::InputError);
 }
+
+namespace {
+
+// FSDP over 2 ranks: data_parallel_shard_degree -1 takes both ranks.
+std::string two_ranks_fsdp(const std::string& job) {
+  return "launch --nproc-per-node 2 --master-port " + std::to_string(loom::testing::free_port()) +
+         " -- " + job;
+}
+
+}  // namespace
+
+TEST(CheckpointTraining, TwoRankFsdpResumeIsBitwiseTheStraightRun) {
+  const std::string straight = loom::testing::fresh_temp_dir("ckpt_fsdp_straight");
+  run_ok(two_ranks_fsdp(corpus_job(straight, 20) + " --checkpoint.enable false"));
+  const std::string resumed = loom::testing::fresh_temp_dir("ckpt_fsdp_resumed");
+  run_ok(two_ranks_fsdp(corpus_job(resumed, 10)));
+  // Each rank wrote its dim-0 shard of every tensor: two chunks per parameter.
+  auto index =
+      nlohmann::json::parse(loom::testing::read_text(resumed + "/checkpoint/step-10/index.json"));
+  EXPECT_EQ(index["tensors"]["model.tok_embeddings.weight"]["chunks"].size(), 2u);
+  run_ok(two_ranks_fsdp(corpus_job(resumed, 20)));
+  const auto want = logged_losses(straight);
+  const auto got = logged_losses(resumed);
+  ASSERT_EQ(want.size(), 20u);
+  ASSERT_EQ(got.size(), 20u);
+  for (size_t i = 0; i < 20; ++i) EXPECT_EQ(want[i], got[i]) << "step " << i + 1;
+}
+
+TEST(CheckpointTraining, FsdpCheckpointsReshardIntoOneRankAndBack) {
+  const std::string straight = loom::testing::fresh_temp_dir("ckpt_fsdp_1_straight");
+  run_ok(corpus_job(straight, 20) + " --training.global_batch_size 8 --checkpoint.enable false");
+  const auto want = logged_losses(straight);
+  ASSERT_EQ(want.size(), 20u);
+  auto expect_close = [&](const std::vector<double>& got, const char* what) {
+    ASSERT_EQ(got.size(), 20u) << what;
+    for (size_t i = 0; i < 20; ++i) {
+      EXPECT_LE(std::abs(want[i] - got[i]), 1e-5 * std::abs(want[i])) << what << " step " << i + 1;
+    }
+  };
+  // FSDP x2 -> 1 rank (shards merged by overlap).
+  const std::string down = loom::testing::fresh_temp_dir("ckpt_fsdp_2to1");
+  run_ok(two_ranks_fsdp(corpus_job(down, 10)));
+  run_ok(corpus_job(down, 20) + " --training.global_batch_size 8");
+  expect_close(logged_losses(down), "FSDP x2 -> 1 rank");
+  // 1 rank -> FSDP x2 (whole tensors cut into shards).
+  const std::string up = loom::testing::fresh_temp_dir("ckpt_fsdp_1to2");
+  run_ok(corpus_job(up, 10) + " --training.global_batch_size 8");
+  run_ok(two_ranks_fsdp(corpus_job(up, 20)));
+  expect_close(logged_losses(up), "1 rank -> FSDP x2");
+}
