@@ -73,6 +73,7 @@ std::string MetricsLogger::to_json_line(const StepMetrics& m, double wall_time) 
                       {"elapsed_s", m.elapsed_s},
                       {"since_start_s", m.since_start_s},
                       {"data_skipped", m.data_skipped},
+                      {"comm_mb", m.comm_mb},
                       {"wall_time", wall_time}};
   if (m.val_loss) j["val_loss"] = *m.val_loss;
   return j.dump();

@@ -361,6 +361,7 @@ TrainResult Trainer::train() {
   const auto resume = checkpoint_->load();
   lr_step_offset_ = resume.step - resume.lr_step;
   int64_t tokens_seen = resume.tokens_seen;
+  uint64_t window_comm_start = runtime_->total_wire_bytes();
   for (int64_t step = resume.step + 1; step <= t.steps; ++step) {
     metrics::StepMetrics m;
     const auto step_start = Clock::now();
@@ -386,9 +387,12 @@ TrainResult Trainer::train() {
       m.elapsed_s = seconds_since(start);
       m.since_start_s = metrics::seconds_since_process_start();
       m.data_skipped = source_->records_skipped();
+      const uint64_t comm_now = runtime_->total_wire_bytes();
+      m.comm_mb = static_cast<double>(comm_now - window_comm_start) / 1e6 / window_steps;
       metrics_->log_step(m);
       window_time = window_data = 0;
       window_steps = 0;
+      window_comm_start = comm_now;
     }
     if (validation_source_ && step % config_.validation.freq == 0) {
       metrics_->log_validation(step, validate(), tokens_seen, seconds_since(start));

@@ -63,6 +63,13 @@ TEST(DistributedTraining, TwoRankDataParallelMatchesOneRank) {
                          job_args(folder, 20) + " --parallelism.data_parallel_replicate_degree 2");
   ASSERT_EQ(result.exit_code, 0) << result.output;
   EXPECT_NE(result.output.find("[rank1]:"), std::string::npos) << "rank 1 did not run";
+  // DDP sends 2·Ψ·(N−1)/N per step: Ψ = 7,212,288 float32 parameters (brown_bpe vocabulary),
+  // plus a few bytes of loss, token-count and stop-flag all-reduces.
+  std::ifstream metrics(folder + "/metrics.jsonl");
+  std::string line, last;
+  while (std::getline(metrics, line)) last = line;
+  const double comm_mb = nlohmann::json::parse(last)["comm_mb"].get<double>();
+  EXPECT_NEAR(comm_mb, 7212288.0 * 4 * 2 * 0.5 / 1e6, 0.001) << last;
   const auto want = single_rank_losses("ddp_two");
   ASSERT_EQ(want.size(), 20u);
   expect_same_losses(want, losses(folder));

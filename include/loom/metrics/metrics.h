@@ -26,6 +26,7 @@ struct StepMetrics {
   double elapsed_s = 0;      // since training started
   double since_start_s = 0;  // since the process started (start-up cost included)
   int64_t data_skipped = 0;  // bad dataset records skipped (training.dataset_on_error = skip)
+  double comm_mb = 0;  // MB this rank sent per step over every process group (ring-model bytes)
   std::optional<double> val_loss;
 };
 
