@@ -112,6 +112,8 @@ class FullyShardedDataParallel {
  private:
   struct Param;
   struct Unit;
+  Param shard_parameter(const std::string& name, const std::vector<int64_t>& shape, size_t unit,
+                        int64_t offset, uint64_t seed);
   void start_unshard(Unit& unit, bool prefetch);
   void wait_unshard(Unit& unit);
   void reshard(Unit& unit);
