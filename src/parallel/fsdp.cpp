@@ -229,6 +229,9 @@ void FullyShardedDataParallel::start_unshard(Unit& unit, bool prefetch) {
   unit.gather_work = shard_->all_gather_into_tensor(unit.gather_out, unit.gather_in, true);
   unit.state = Unit::State::kGathering;
   ++stats_.all_gathers;
+  int64_t gathered = 0;
+  for (const auto& u : units_) gathered += u->state != Unit::State::kSharded ? 1 : 0;
+  stats_.peak_gathered_units = std::max(stats_.peak_gathered_units, gathered);
   if (prefetch) ++stats_.prefetched;
 }
 

@@ -56,10 +56,11 @@ struct FsdpOptions {
 FsdpOptions fsdp_options(const config::JobConfig& config, at::ScalarType param_dtype);
 
 struct FsdpStats {
-  int64_t all_gathers = 0;         // unit all-gathers issued
-  int64_t prefetched = 0;          // of them, issued ahead of the unit that needs them
-  int64_t reduce_scatters = 0;     // unit reduce-scatters issued
-  int64_t launched_at_finish = 0;  // reduce-scatters of units with a parameter without gradient
+  int64_t all_gathers = 0;          // unit all-gathers issued
+  int64_t prefetched = 0;           // of them, issued ahead of the unit that needs them
+  int64_t reduce_scatters = 0;      // unit reduce-scatters issued
+  int64_t launched_at_finish = 0;   // reduce-scatters of units with a parameter without gradient
+  int64_t peak_gathered_units = 0;  // most units gathered (or gathering) at once
 };
 
 class FullyShardedDataParallel {
