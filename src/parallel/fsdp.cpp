@@ -4,6 +4,7 @@
 #include <ATen/core/grad_mode.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/StorageImpl.h>
+#include <c10/util/accumulate.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
@@ -134,8 +135,6 @@ FullyShardedDataParallel::FullyShardedDataParallel(models::CausalLM& model,
       options_(options) {
   LOOM_CHECK(shard_ != nullptr, "FSDP needs a shard group");
   at::NoGradGuard no_grad;
-  const int64_t n = shard_->size();
-  const int64_t rank = shard_->rank();
   std::map<std::string, at::Tensor> existing;
   for (const auto& item : model_.module().named_parameters()) existing[item.key()] = item.value();
   const auto specs = model_.sharding_units();
@@ -149,35 +148,10 @@ FullyShardedDataParallel::FullyShardedDataParallel(models::CausalLM& model,
     for (const std::string& name : specs[u].parameters) {
       auto it = existing.find(name);
       LOOM_CHECK(it != existing.end(), "FSDP unit ", unit->name, " names unknown parameter ", name);
-      const std::vector<int64_t> shape = it->second.sizes().vec();
-      LOOM_CHECK(!shape.empty() && shape[0] > 0, "FSDP: parameter ", name,
-                 " has no dim 0 to shard");
-      Param p;
-      p.name = name;
-      p.numel = it->second.numel();
-      const int64_t row = p.numel / shape[0];
-      const int64_t rows = (shape[0] + n - 1) / n;
-      const int64_t first = std::min(rank * rows, shape[0]);
-      const int64_t local_rows = std::min(rows, shape[0] - first);
-      p.chunk = rows * row;
-      p.local_numel = local_rows * row;
-      p.first_row = first;
-      p.offset = unit->chunk;
-      unit->chunk += p.chunk;
-      {
-        // Layout-independent init: the full draw, one parameter at a time, sliced.
-        at::Tensor full = at::empty(shape, at::TensorOptions().dtype(at::kFloat).device(device_));
-        model_.init_parameter(name, full, seed);
-        p.shard = full.narrow(0, first, local_rows).clone();
-      }
-      p.shard.set_requires_grad(true);
-      p.unsharded = empty_unsharded(shape, options_.param_dtype, device_);
-      model_.replace_parameter(name, p.unsharded);
-      torch::autograd::impl::set_post_acc_grad_hooks(p.unsharded,
-                                                     std::make_unique<GradReadyHook>(this, u));
-      shards_.push_back(p.shard);
+      unit->params.push_back(shard_parameter(name, it->second.sizes().vec(), u, unit->chunk, seed));
+      unit->chunk += unit->params.back().chunk;
+      shards_.push_back(unit->params.back().shard);
       names_.push_back(name);
-      unit->params.push_back(std::move(p));
       ++covered;
     }
     units_.push_back(std::move(unit));
@@ -193,11 +167,42 @@ FullyShardedDataParallel::FullyShardedDataParallel(models::CausalLM& model,
   log::get("fsdp")->info(
       "{} parameters in {} units sharded over group '{}' ({} ranks{}); {:.1f} MiB of float32 "
       "shards here; all-gather in {}, reduce-scatter in {}",
-      names_.size(), units_.size(), shard_->name(), n,
+      names_.size(), units_.size(), shard_->name(), shard_->size(),
       replicate_ && replicate_->size() > 1
           ? ", replicated over " + std::to_string(replicate_->size())
           : std::string(),
       local_mb, c10::toString(options_.param_dtype), c10::toString(options_.reduce_dtype));
+}
+
+// This rank's shard of one parameter, and the unsharded holder that replaces it in the model.
+FullyShardedDataParallel::Param FullyShardedDataParallel::shard_parameter(
+    const std::string& name, const std::vector<int64_t>& shape, size_t unit, int64_t offset,
+    uint64_t seed) {
+  LOOM_CHECK(!shape.empty() && shape[0] > 0, "FSDP: parameter ", name, " has no dim 0 to shard");
+  const int64_t n = shard_->size();
+  Param p;
+  p.name = name;
+  p.numel = c10::multiply_integers(shape);
+  const int64_t row = p.numel / shape[0];
+  const int64_t rows = (shape[0] + n - 1) / n;
+  const int64_t first = std::min(shard_->rank() * rows, shape[0]);
+  const int64_t local_rows = std::min(rows, shape[0] - first);
+  p.chunk = rows * row;
+  p.local_numel = local_rows * row;
+  p.first_row = first;
+  p.offset = offset;
+  {
+    // Layout-independent init: the full draw, one parameter at a time, sliced.
+    at::Tensor full = at::empty(shape, at::TensorOptions().dtype(at::kFloat).device(device_));
+    model_.init_parameter(name, full, seed);
+    p.shard = full.narrow(0, first, local_rows).clone();
+  }
+  p.shard.set_requires_grad(true);
+  p.unsharded = empty_unsharded(shape, options_.param_dtype, device_);
+  model_.replace_parameter(name, p.unsharded);
+  torch::autograd::impl::set_post_acc_grad_hooks(p.unsharded,
+                                                 std::make_unique<GradReadyHook>(this, unit));
+  return p;
 }
 
 FullyShardedDataParallel::~FullyShardedDataParallel() {
@@ -226,6 +231,9 @@ void FullyShardedDataParallel::start_unshard(Unit& unit, bool prefetch) {
   unit.gather_work = shard_->all_gather_into_tensor(unit.gather_out, unit.gather_in, true);
   unit.state = Unit::State::kGathering;
   ++stats_.all_gathers;
+  int64_t gathered = 0;
+  for (const auto& u : units_) gathered += u->state != Unit::State::kSharded ? 1 : 0;
+  stats_.peak_gathered_units = std::max(stats_.peak_gathered_units, gathered);
   if (prefetch) ++stats_.prefetched;
 }
 

@@ -142,6 +142,10 @@ void run_case(const Case& c) {
       loss_of(*model, batch.narrow(0, r * per_rank + 2 * m, 2), step_tokens).backward();
     }
     fsdp.finish_gradient_sync();
+    // After the step every unsharded parameter's memory is released again.
+    for (const auto& p : model->module().parameters()) {
+      LOOM_CHECK(p.storage().nbytes() == 0, "an unsharded parameter still holds memory");
+    }
     const auto& shards = fsdp.sharded_parameters();
     for (size_t i = 0; i < shards.size(); ++i) {
       const std::string& name = fsdp.parameter_names()[i];
@@ -168,6 +172,10 @@ void run_case(const Case& c) {
                stats.all_gathers);
     LOOM_CHECK(c.prefetch ? stats.prefetched > 0 : stats.prefetched == 0, "prefetched ",
                stats.prefetched);
+    // Resharding bounds memory: the unit in use and the prefetched one, or everything (never).
+    const int64_t peak = c.reshard == ReshardPolicy::kNever ? units : (c.prefetch ? 2 : 1);
+    LOOM_CHECK(stats.peak_gathered_units == peak, "peak gathered units ", stats.peak_gathered_units,
+               ", expected ", peak);
   });
   LOOM_EXPECT_RANKS_OK(errors);
 }

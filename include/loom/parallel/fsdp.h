@@ -62,10 +62,11 @@ struct ShardPlacement {
 };
 
 struct FsdpStats {
-  int64_t all_gathers = 0;         // unit all-gathers issued
-  int64_t prefetched = 0;          // of them, issued ahead of the unit that needs them
-  int64_t reduce_scatters = 0;     // unit reduce-scatters issued
-  int64_t launched_at_finish = 0;  // reduce-scatters of units with a parameter without gradient
+  int64_t all_gathers = 0;          // unit all-gathers issued
+  int64_t prefetched = 0;           // of them, issued ahead of the unit that needs them
+  int64_t reduce_scatters = 0;      // unit reduce-scatters issued
+  int64_t launched_at_finish = 0;   // reduce-scatters of units with a parameter without gradient
+  int64_t peak_gathered_units = 0;  // most units gathered (or gathering) at once
 };
 
 class FullyShardedDataParallel {
@@ -120,6 +121,8 @@ class FullyShardedDataParallel {
  private:
   struct Param;
   struct Unit;
+  Param shard_parameter(const std::string& name, const std::vector<int64_t>& shape, size_t unit,
+                        int64_t offset, uint64_t seed);
   void start_unshard(Unit& unit, bool prefetch);
   void wait_unshard(Unit& unit);
   void reshard(Unit& unit);
