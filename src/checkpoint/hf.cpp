@@ -16,6 +16,7 @@
 #include "loom/core/files.h"
 #include "loom/core/strings.h"
 #include "loom/models/llama/args.h"
+#include "state_io.h"
 
 namespace loom::checkpoint {
 namespace fs = std::filesystem;
@@ -60,23 +61,6 @@ std::string map_name(const std::string& name, bool to_hf) {
   }
   LOOM_THROW(InputError, "tensor '", name, "' has no ", to_hf ? "Hugging Face" : "loom",
              " Llama counterpart");
-}
-
-at::ScalarType dtype_named(const std::string& name) {
-  if (name == "float32") return at::kFloat;
-  if (name == "bfloat16") return at::kBFloat16;
-  if (name == "float16") return at::kHalf;
-  LOOM_THROW(InputError, "export dtype must be float32, bfloat16 or float16, got '", name, "'");
-}
-
-nlohmann::json read_json_file(const std::string& path) {
-  std::ifstream in(path);
-  LOOM_CHECK_AS(InputError, in.good(), "cannot read '", path, "'");
-  try {
-    return nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& error) {
-    LOOM_THROW(InputError, path, ": not valid JSON: ", error.what());
-  }
 }
 
 nlohmann::json hf_config(const models::llama::LlamaArgs& a, const std::string& dtype) {
@@ -143,7 +127,7 @@ std::string loom_name(const std::string& name) {
 void export_to_hf(const std::string& step_path, const std::string& output, const std::string& dtype,
                   uint64_t max_shard_bytes) {
   const std::string step = resolve_step(step_path);
-  const auto type = dtype_named(dtype);
+  const auto type = detail::export_type(dtype);
   const std::string config_path = step + "/config.toml";
   LOOM_CHECK_AS(InputError, fs::exists(config_path), "checkpoint '", step,
                 "' has no config.toml: its model arguments are unknown");
@@ -198,7 +182,7 @@ void export_to_hf(const std::string& step_path, const std::string& output, const
 }
 
 void import_from_hf(const std::string& hf_folder, const std::string& checkpoint_folder) {
-  const auto config = read_json_file(hf_folder + "/config.json");
+  const auto config = detail::read_json(hf_folder + "/config.json");
   int64_t heads = 0, kv_heads = 0;
   try {
     heads = config.at("num_attention_heads").get<int64_t>();
@@ -210,7 +194,7 @@ void import_from_hf(const std::string& hf_folder, const std::string& checkpoint_
   if (fs::exists(hf_folder + "/model.safetensors")) {
     files.push_back("model.safetensors");
   } else {
-    const auto index = read_json_file(hf_folder + "/model.safetensors.index.json");
+    const auto index = detail::read_json(hf_folder + "/model.safetensors.index.json");
     std::set<std::string> unique;
     for (const auto& [tensor, file] : index.at("weight_map").items()) unique.insert(file);
     files.assign(unique.begin(), unique.end());

@@ -66,9 +66,10 @@ const std::set<std::string>& loadable_parts() {
 }
 
 at::ScalarType export_type(const std::string& name) {
+  if (name == "float32") return at::kFloat;
   if (name == "bfloat16") return at::kBFloat16;
   if (name == "float16") return at::kHalf;
-  return at::kFloat;
+  LOOM_THROW(InputError, "export dtype must be float32, bfloat16 or float16, got '", name, "'");
 }
 
 std::optional<MomentState> moments(torch::optim::Optimizer& optimizer, const at::Tensor& p) {

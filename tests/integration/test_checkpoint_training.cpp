@@ -16,6 +16,7 @@
 #include "loom/core/signals.h"
 #include "loom/data/synthetic.h"
 #include "loom/train/trainer.h"
+#include "support/metrics_log.h"
 #include "support/process.h"
 
 using loom::config::JobConfig;
@@ -270,14 +271,7 @@ std::string two_ranks(const std::string& job) {
 }
 
 std::vector<double> logged_losses(const std::string& folder) {
-  std::ifstream in(folder + "/metrics.jsonl");
-  std::vector<double> out;
-  std::string line;
-  while (std::getline(in, line)) {
-    auto j = nlohmann::json::parse(line);
-    if (j.contains("loss")) out.push_back(j["loss"].get<double>());
-  }
-  return out;
+  return loom::testing::logged_losses(folder);
 }
 
 void run_ok(const std::string& args) {
@@ -301,10 +295,8 @@ TEST(CheckpointTraining, TwoRankDataParallelResumeIsBitwiseTheStraightRun) {
   }
   run_ok(two_ranks(corpus_job(resumed, 20)));
   const auto want = logged_losses(straight);
-  const auto got = logged_losses(resumed);
   ASSERT_EQ(want.size(), 20u);
-  ASSERT_EQ(got.size(), 20u);
-  for (size_t i = 0; i < 20; ++i) EXPECT_EQ(want[i], got[i]) << "step " << i + 1;
+  loom::testing::expect_losses_close(want, logged_losses(resumed), 0.0, "resumed vs straight");
 }
 
 TEST(CheckpointTraining, CheckpointsResumeAcrossOneRankAndTwoRankDataParallel) {
@@ -314,10 +306,7 @@ TEST(CheckpointTraining, CheckpointsResumeAcrossOneRankAndTwoRankDataParallel) {
   const auto want = logged_losses(straight);
   ASSERT_EQ(want.size(), 20u);
   auto expect_close = [&](const std::vector<double>& got, const char* what) {
-    ASSERT_EQ(got.size(), 20u) << what;
-    for (size_t i = 0; i < 20; ++i) {
-      EXPECT_LE(std::abs(want[i] - got[i]), 1e-5 * std::abs(want[i])) << what << " step " << i + 1;
-    }
+    loom::testing::expect_losses_close(want, got, 1e-5, what);
   };
   // 1 rank -> 2 ranks.
   const std::string up = loom::testing::fresh_temp_dir("ckpt_1to2_resumed");
@@ -392,10 +381,8 @@ TEST(CheckpointTraining, TwoRankFsdpResumeIsBitwiseTheStraightRun) {
   EXPECT_EQ(index["tensors"]["model.tok_embeddings.weight"]["chunks"].size(), 2u);
   run_ok(two_ranks_fsdp(corpus_job(resumed, 20)));
   const auto want = logged_losses(straight);
-  const auto got = logged_losses(resumed);
   ASSERT_EQ(want.size(), 20u);
-  ASSERT_EQ(got.size(), 20u);
-  for (size_t i = 0; i < 20; ++i) EXPECT_EQ(want[i], got[i]) << "step " << i + 1;
+  loom::testing::expect_losses_close(want, logged_losses(resumed), 0.0, "resumed vs straight");
 }
 
 TEST(CheckpointTraining, FsdpCheckpointsReshardIntoOneRankAndBack) {
@@ -404,10 +391,7 @@ TEST(CheckpointTraining, FsdpCheckpointsReshardIntoOneRankAndBack) {
   const auto want = logged_losses(straight);
   ASSERT_EQ(want.size(), 20u);
   auto expect_close = [&](const std::vector<double>& got, const char* what) {
-    ASSERT_EQ(got.size(), 20u) << what;
-    for (size_t i = 0; i < 20; ++i) {
-      EXPECT_LE(std::abs(want[i] - got[i]), 1e-5 * std::abs(want[i])) << what << " step " << i + 1;
-    }
+    loom::testing::expect_losses_close(want, got, 1e-5, what);
   };
   // FSDP x2 -> 1 rank (shards merged by overlap).
   const std::string down = loom::testing::fresh_temp_dir("ckpt_fsdp_2to1");

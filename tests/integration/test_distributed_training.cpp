@@ -10,6 +10,7 @@
 #include <sstream>
 #include <thread>
 
+#include "support/metrics_log.h"
 #include "support/process.h"
 
 namespace {
@@ -29,22 +30,11 @@ std::string job_args(const std::string& folder, int steps) {
 }
 
 std::vector<double> losses(const std::string& folder) {
-  std::ifstream in(folder + "/metrics.jsonl");
-  std::vector<double> out;
-  std::string line;
-  while (std::getline(in, line)) {
-    auto j = nlohmann::json::parse(line);
-    if (j.contains("loss")) out.push_back(j["loss"].get<double>());
-  }
-  return out;
+  return loom::testing::logged_losses(folder);
 }
 
 void expect_same_losses(const std::vector<double>& want, const std::vector<double>& got) {
-  ASSERT_EQ(want.size(), got.size());
-  for (size_t i = 0; i < want.size(); ++i) {
-    EXPECT_LE(std::abs(want[i] - got[i]), 1e-5 * std::abs(want[i]))
-        << "step " << i + 1 << ": 1 rank " << want[i] << ", data parallel " << got[i];
-  }
+  loom::testing::expect_losses_close(want, got, 1e-5, "data parallel vs 1 rank");
 }
 
 // Global batch 8 = 2 microbatches of 4 on one rank, as 2 ranks x 4 do in the tests. Each test

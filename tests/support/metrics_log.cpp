@@ -1,0 +1,31 @@
+#include "support/metrics_log.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <fstream>
+
+namespace loom::testing {
+
+std::vector<double> logged_losses(const std::string& dump_folder) {
+  std::ifstream in(dump_folder + "/metrics.jsonl");
+  std::vector<double> out;
+  std::string line;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains("loss")) out.push_back(j["loss"].get<double>());
+  }
+  return out;
+}
+
+void expect_losses_close(const std::vector<double>& want, const std::vector<double>& got,
+                         double relative, const std::string& what) {
+  ASSERT_EQ(want.size(), got.size()) << what;
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_LE(std::abs(want[i] - got[i]), relative * std::abs(want[i]))
+        << what << ": step " << i + 1 << ": want " << want[i] << ", got " << got[i];
+  }
+}
+
+}  // namespace loom::testing

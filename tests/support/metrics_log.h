@@ -1,0 +1,17 @@
+// Reading what a training run logged, for the end-to-end tests.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace loom::testing {
+
+// The loss of every training line in <dump_folder>/metrics.jsonl, in order.
+std::vector<double> logged_losses(const std::string& dump_folder);
+
+// Same length, and each loss within `relative` of the reference (0: bitwise equal); failures
+// name `what` and the step.
+void expect_losses_close(const std::vector<double>& want, const std::vector<double>& got,
+                         double relative, const std::string& what);
+
+}  // namespace loom::testing
