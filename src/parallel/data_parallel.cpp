@@ -2,11 +2,10 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
-#include <torch/csrc/autograd/function_hook.h>
-#include <torch/csrc/autograd/variable.h>
 
 #include "loom/core/check.h"
 #include "loom/core/logging.h"
+#include "loom/parallel/grad_hooks.h"
 
 namespace loom::parallel {
 
@@ -18,22 +17,6 @@ struct DataParallel::Bucket {
   bool launched = false;
   distributed::Work work;
 };
-
-namespace {
-
-class ReadyHook : public torch::autograd::PostAccumulateGradHook {
- public:
-  ReadyHook(DataParallel* owner, size_t index) : owner_(owner), index_(index) {}
-  void operator()(const torch::autograd::Variable& /*tensor*/) override {
-    owner_->on_gradient_ready(index_);
-  }
-
- private:
-  DataParallel* owner_;
-  size_t index_;
-};
-
-}  // namespace
 
 DataParallel::DataParallel(std::vector<std::pair<std::string, at::Tensor>> named_parameters,
                            std::shared_ptr<distributed::Comm> comm, DataParallelOptions options)
@@ -53,8 +36,7 @@ DataParallel::DataParallel(std::vector<std::pair<std::string, at::Tensor>> named
   build_buckets(options_.bucket_cap_mb * 1024 * 1024);
   ready_.assign(parameters_.size(), false);
   for (size_t i = 0; i < parameters_.size(); ++i) {
-    torch::autograd::impl::set_post_acc_grad_hooks(parameters_[i].second,
-                                                   std::make_unique<ReadyHook>(this, i));
+    set_gradient_ready_hook(parameters_[i].second, [this, i] { on_gradient_ready(i); });
   }
   log::get("ddp")->info("{} parameters in {} buckets of up to {:.0f} MB over group '{}' ({} ranks)",
                         parameters_.size(), buckets_.size(), options_.bucket_cap_mb, comm_->name(),
@@ -63,7 +45,7 @@ DataParallel::DataParallel(std::vector<std::pair<std::string, at::Tensor>> named
 
 DataParallel::~DataParallel() {
   for (auto& [name, p] : parameters_) {
-    torch::autograd::impl::set_post_acc_grad_hooks(p, nullptr);
+    clear_gradient_ready_hook(p);
   }
   for (auto& bucket : buckets_) {
     try {

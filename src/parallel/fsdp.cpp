@@ -5,14 +5,13 @@
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/StorageImpl.h>
 #include <c10/util/accumulate.h>
-#include <torch/csrc/autograd/function_hook.h>
-#include <torch/csrc/autograd/variable.h>
 
 #include <cmath>
 #include <map>
 
 #include "loom/core/check.h"
 #include "loom/core/logging.h"
+#include "loom/parallel/grad_hooks.h"
 
 namespace loom::parallel {
 
@@ -43,18 +42,6 @@ struct FullyShardedDataParallel::Unit {
 };
 
 namespace {
-
-class GradReadyHook : public torch::autograd::PostAccumulateGradHook {
- public:
-  GradReadyHook(FullyShardedDataParallel* owner, size_t unit) : owner_(owner), unit_(unit) {}
-  void operator()(const torch::autograd::Variable& /*tensor*/) override {
-    owner_->on_gradient_ready(unit_);
-  }
-
- private:
-  FullyShardedDataParallel* owner_;
-  size_t unit_;
-};
 
 // A leaf of `shape` whose storage holds nothing yet (allocated by unsharding). Saved for
 // backward by reference, so re-allocating its storage later is what backward reads.
@@ -200,16 +187,14 @@ FullyShardedDataParallel::Param FullyShardedDataParallel::shard_parameter(
   p.shard.set_requires_grad(true);
   p.unsharded = empty_unsharded(shape, options_.param_dtype, device_);
   model_.replace_parameter(name, p.unsharded);
-  torch::autograd::impl::set_post_acc_grad_hooks(p.unsharded,
-                                                 std::make_unique<GradReadyHook>(this, unit));
+  set_gradient_ready_hook(p.unsharded, [this, unit] { on_gradient_ready(unit); });
   return p;
 }
 
 FullyShardedDataParallel::~FullyShardedDataParallel() {
   model_.set_unit_hooks({});
   for (auto& unit : units_) {
-    for (auto& p : unit->params)
-      torch::autograd::impl::set_post_acc_grad_hooks(p.unsharded, nullptr);
+    for (auto& p : unit->params) clear_gradient_ready_hook(p.unsharded);
     try {
       unit->gather_work.wait();
       unit->reduce_work.wait();
