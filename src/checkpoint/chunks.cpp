@@ -109,27 +109,39 @@ LocalChunk whole_chunk(std::string fqn, at::Tensor tensor) {
   return chunk;
 }
 
-std::vector<LocalChunk> chunks_written_by(const std::vector<LocalChunk>& chunks, int64_t replica,
-                                          int64_t replicas) {
-  LOOM_CHECK(replicas >= 1 && replica >= 0 && replica < replicas, "replica ", replica, " of ",
-             replicas);
-  if (replicas == 1) return chunks;
-  std::vector<size_t> order(chunks.size());
-  std::iota(order.begin(), order.end(), 0);
-  auto bytes = [&](size_t i) { return chunks[i].tensor.nbytes(); };
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    if (bytes(a) != bytes(b)) return bytes(a) > bytes(b);
-    return chunk_key(chunks[a]) < chunk_key(chunks[b]);
-  });
-  std::vector<uint64_t> load(static_cast<size_t>(replicas), 0);
-  std::vector<LocalChunk> mine;
-  for (size_t i : order) {
-    const auto owner =
-        static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
-    load[owner] += bytes(i);
-    if (static_cast<int64_t>(owner) == replica) mine.push_back(chunks[i]);
+std::vector<LocalChunk> chunks_written_by(const std::vector<LocalChunk>& chunks) {
+  std::map<std::pair<std::string, int64_t>, std::vector<size_t>> by_set;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const auto& c = chunks[i];
+    LOOM_CHECK(c.replicas >= 1 && c.replica >= 0 && c.replica < c.replicas, "chunk ", c.fqn,
+               ": replica ", c.replica, " of ", c.replicas);
+    by_set[{c.replica_set, c.replicas}].push_back(i);
   }
-  return mine;
+  auto bytes = [&](size_t i) { return chunks[i].tensor.nbytes(); };
+  std::vector<bool> mine(chunks.size(), false);
+  for (auto& [set, order] : by_set) {
+    const int64_t replicas = set.second;
+    if (replicas == 1) {
+      for (size_t i : order) mine[i] = true;
+      continue;
+    }
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      if (bytes(a) != bytes(b)) return bytes(a) > bytes(b);
+      return chunk_key(chunks[a]) < chunk_key(chunks[b]);
+    });
+    std::vector<uint64_t> load(static_cast<size_t>(replicas), 0);
+    for (size_t i : order) {
+      const auto owner =
+          static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+      load[owner] += bytes(i);
+      if (static_cast<int64_t>(owner) == chunks[i].replica) mine[i] = true;
+    }
+  }
+  std::vector<LocalChunk> out;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    if (mine[i]) out.push_back(chunks[i]);
+  }
+  return out;
 }
 
 nlohmann::json write_chunk_file(const std::string& path, const std::vector<LocalChunk>& chunks) {

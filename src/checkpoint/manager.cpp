@@ -67,6 +67,19 @@ CheckpointManager::CheckpointManager(const config::JobConfig& config,
   }
 }
 
+LocalChunk placed_chunk(const std::string& fqn, const at::Tensor& local,
+                        const parallel::Placement& placement) {
+  LOOM_CHECK(placement.lengths == local.sizes().vec(), "checkpoint: ", fqn, " has shape ",
+             local.sizes(), " but its placement is ", placement.describe());
+  LocalChunk chunk = whole_chunk(fqn, local);
+  chunk.global_shape = placement.global_shape;
+  chunk.offsets = placement.offsets;
+  chunk.replica = placement.replica_rank();
+  chunk.replicas = placement.replica_count();
+  chunk.replica_set = placement.replica_signature();
+  return chunk;
+}
+
 CheckpointManager::~CheckpointManager() {
   wait();
   if (purger_.joinable()) purger_.join();
@@ -76,14 +89,8 @@ std::vector<LocalChunk> CheckpointManager::parameter_chunks(
     const std::string& prefix, const std::vector<at::Tensor>& tensors) const {
   std::vector<LocalChunk> chunks;
   for (size_t i = 0; i < targets_.parameters.size(); ++i) {
-    const auto& [name, param] = targets_.parameters[i];
-    LocalChunk chunk = whole_chunk(prefix + name, tensors[i]);
-    if (targets_.layout) {
-      ChunkPlacement placement = targets_.layout(name, param);
-      chunk.global_shape = std::move(placement.global_shape);
-      chunk.offsets = std::move(placement.offsets);
-    }
-    chunks.push_back(std::move(chunk));
+    const auto& target = targets_.parameters[i];
+    chunks.push_back(placed_chunk(prefix + target.name, tensors[i], target.placement));
   }
   return chunks;
 }
@@ -97,22 +104,23 @@ std::unique_ptr<CheckpointManager::Snapshot> CheckpointManager::snapshot(int64_t
   s->tokens_seen = tokens_seen;
   s->model_only = model_only;
   std::vector<at::Tensor> params;
-  for (const auto& named : targets_.parameters) params.push_back(named.second.detach());
+  for (const auto& target : targets_.parameters) params.push_back(target.tensor.detach());
   std::vector<LocalChunk> all = parameter_chunks("model.", params);
   nlohmann::json optimizer_steps = nlohmann::json::object();
   if (!model_only && targets_.optimizer) {
     std::vector<at::Tensor> avg, avg_sq;
-    for (const auto& [name, p] : targets_.parameters) {
+    for (const auto& target : targets_.parameters) {
+      const at::Tensor& p = target.tensor;
       auto m = moments(*targets_.optimizer, p);
       // A parameter the optimizer has not stepped yet has zero moments (what Adam starts from).
       avg.push_back(m ? m->exp_avg : at::zeros_like(p));
       avg_sq.push_back(m ? m->exp_avg_sq : at::zeros_like(p));
-      optimizer_steps[name] = m ? m->step : 0;
+      optimizer_steps[target.name] = m ? m->step : 0;
     }
     for (auto& c : parameter_chunks("optimizer.exp_avg.", avg)) all.push_back(std::move(c));
     for (auto& c : parameter_chunks("optimizer.exp_avg_sq.", avg_sq)) all.push_back(std::move(c));
   }
-  s->chunks = chunks_written_by(all, targets_.replica_rank, targets_.replica_count);
+  s->chunks = chunks_written_by(all);
   // Copies: the training thread changes the parameters right after this returns.
   const bool async = config_.checkpoint.async_mode != "disabled";
   const bool pinned = config_.checkpoint.async_mode == "async_with_pinned_mem";

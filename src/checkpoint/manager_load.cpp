@@ -142,7 +142,7 @@ ResumePoint CheckpointManager::load_from(const std::string& step_folder, bool mo
   point.loaded_from = step_folder;
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> params;
-  for (const auto& named : targets_.parameters) params.push_back(named.second.detach());
+  for (const auto& target : targets_.parameters) params.push_back(target.tensor.detach());
   if (!excluded("model")) {
     for (const auto& chunk : parameter_chunks("model.", params)) reader.read(chunk);
   }
@@ -170,7 +170,7 @@ ResumePoint CheckpointManager::load_from(const std::string& step_folder, bool mo
     for (const auto& chunk : parameter_chunks("optimizer.exp_avg.", avg)) reader.read(chunk);
     for (const auto& chunk : parameter_chunks("optimizer.exp_avg_sq.", avg_sq)) reader.read(chunk);
     for (size_t i = 0; i < params.size(); ++i) {
-      const std::string& name = targets_.parameters[i].first;
+      const std::string& name = targets_.parameters[i].name;
       int64_t step = -1;
       for (const auto& s : states) {
         if (s.contains("optimizer_step") && s["optimizer_step"].contains(name)) {
@@ -180,7 +180,7 @@ ResumePoint CheckpointManager::load_from(const std::string& step_folder, bool mo
       LOOM_CHECK_AS(InputError, step >= 0, "checkpoint '", step_folder,
                     "' has no optimizer step count for '", name, "'");
       if (step == 0) continue;  // never stepped: leave the optimizer's state empty
-      set_moments(*targets_.optimizer, targets_.parameters[i].second,
+      set_moments(*targets_.optimizer, targets_.parameters[i].tensor,
                   MomentState{step, avg[i], avg_sq[i], at::Tensor()});
     }
   }

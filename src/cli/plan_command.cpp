@@ -1,5 +1,6 @@
 // loom plan model --config FILE [--model.flavor 8B]: the model summary without building weights
-// (the model is built on the meta device, so even 405B takes a second and a few MB).
+// (the model is built on the meta device, so even 405B takes a second and a few MB), with the
+// vocabulary of the job's tokenizer as training sizes it.
 #include <ATen/ATen.h>
 
 #include <iostream>
@@ -7,6 +8,7 @@
 
 #include "commands.h"
 #include "loom/models/model_spec.h"
+#include "loom/train/trainer.h"
 
 namespace loom::cli {
 
@@ -26,8 +28,10 @@ void add_plan_command(CLI::App& app, CommandRun& run) {
     run = [model, state] {
       config::LoadedConfig loaded = load_config(*model, state->args);
       const auto& c = loaded.config;
-      auto built =
-          models::build_model(c, 0, at::TensorOptions().device(at::kMeta).dtype(at::kFloat));
+      // The vocabulary training would use: the configured tokenizer's when the job reads text.
+      const auto tokenizer = train::load_job_tokenizer(c);
+      auto built = models::build_model(c, tokenizer ? tokenizer->vocab_size() : 0,
+                                       at::TensorOptions().device(at::kMeta).dtype(at::kFloat));
       std::cout << models::format_summary(built->summary(c.training.seq_len), !state->no_shapes);
       return 0;
     };

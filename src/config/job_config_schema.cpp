@@ -28,34 +28,44 @@ void add_job_sections(Schema& s) {
   SectionBuilder<ProfilingSection> prof(
       s, "profiling", "Profiler traces and memory snapshots.",
       [](JobConfig& c) -> ProfilingSection& { return c.profiling; });
-  prof.field("enable_profiling", &ProfilingSection::enable_profiling, "Record profiler traces.");
+  prof.field("enable_profiling", &ProfilingSection::enable_profiling, "Record profiler traces.")
+      .unimplemented();
   prof.field("save_traces_folder", &ProfilingSection::save_traces_folder,
-             "Trace folder under dump_folder.");
+             "Trace folder under dump_folder.")
+      .unimplemented();
   prof.field("profile_freq", &ProfilingSection::profile_freq,
              "Record one profiling cycle every this many steps.")
-      .min(1);
+      .min(1)
+      .unimplemented();
   prof.field("profiler_active", &ProfilingSection::profiler_active,
              "Steps recorded per profiling cycle.")
-      .min(1);
+      .min(1)
+      .unimplemented();
   prof.field("profiler_warmup", &ProfilingSection::profiler_warmup,
              "Warm-up steps before the recorded ones in each cycle.")
-      .min(0);
+      .min(0)
+      .unimplemented();
   prof.field("enable_memory_snapshot", &ProfilingSection::enable_memory_snapshot,
-             "Dump CUDA memory snapshots.");
+             "Dump CUDA memory snapshots.")
+      .unimplemented();
   prof.field("save_memory_snapshot_folder", &ProfilingSection::save_memory_snapshot_folder,
-             "Memory snapshot folder under dump_folder.");
+             "Memory snapshot folder under dump_folder.")
+      .unimplemented();
 
   SectionBuilder<MetricsSection> met(s, "metrics", "Console and metrics.jsonl logging.",
                                      [](JobConfig& c) -> MetricsSection& { return c.metrics; });
   met.field("log_freq", &MetricsSection::log_freq, "Log metrics every this many steps.").min(1);
   met.field("enable_tensorboard", &MetricsSection::enable_tensorboard,
-            "Also write TensorBoard event files.");
+            "Also write TensorBoard event files.")
+      .unimplemented();
   met.field("disable_color_printing", &MetricsSection::disable_color_printing,
             "Plain console lines without ANSI colors.");
   met.field("save_tb_folder", &MetricsSection::save_tb_folder,
-            "TensorBoard folder under dump_folder.");
+            "TensorBoard folder under dump_folder.")
+      .unimplemented();
   met.field("save_for_all_ranks", &MetricsSection::save_for_all_ranks,
-            "Write metrics from every rank, not only rank 0.");
+            "Write metrics from every rank, not only rank 0.")
+      .unimplemented();
   met.field("peak_tflops", &MetricsSection::peak_tflops,
             "loom: peak TFLOP/s of one device for MFU; unset: a table of GPUs (bf16 dense), or on "
             "CPU a float32 GEMM measured at start.")
@@ -232,6 +242,12 @@ void add_parallelism_section(Schema& s) {
           "(kept until backward: less traffic, more memory), default (always, except the last "
           "unit [norm + output], whose backward comes next; never under pipeline parallelism).")
       .choices({"default", "always", "never"});
+  p.field("fsdp_defer_gradient_sync", &ParallelismSection::fsdp_defer_gradient_sync,
+          "loom: with gradient accumulation, keep the whole model's unsharded gradients across "
+          "microbatches (accumulated in mixed_precision_param) and reduce-scatter once, on the "
+          "last microbatch: 1/M-th the reduce-scatter traffic for M microbatches, at the memory "
+          "of a full unsharded gradient copy. Off (FSDP2's default): every microbatch "
+          "reduce-scatters into float32 sharded gradients.");
   p.field("tensor_parallel_degree", &ParallelismSection::tensor_parallel_degree,
           "Tensor-parallel ranks (Megatron-style).")
       .min(1);
@@ -245,27 +261,34 @@ void add_parallelism_section(Schema& s) {
       .min(1);
   p.field(
       "module_fqns_per_model_part", &ParallelismSection::module_fqns_per_model_part,
-      "Explicit module names of each pipeline model part (CLI: ';' between parts, ',' within).");
+      "Explicit module names of each pipeline model part (CLI: ';' between parts, ',' within).")
+      .unimplemented();
   p.field("pipeline_parallel_first_stage_less_layers",
           &ParallelismSection::pipeline_parallel_first_stage_less_layers,
           "Layers fewer on the first stage (it also holds the embedding).")
-      .min(0);
+      .min(0)
+      .unimplemented();
   p.field("pipeline_parallel_last_stage_less_layers",
           &ParallelismSection::pipeline_parallel_last_stage_less_layers,
           "Layers fewer on the last stage (it also holds the output projection).")
-      .min(0);
+      .min(0)
+      .unimplemented();
   p.field("pipeline_parallel_layers_per_stage",
           &ParallelismSection::pipeline_parallel_layers_per_stage,
           "Layers per pipeline stage, to derive the split automatically.")
-      .min(1);
+      .min(1)
+      .unimplemented();
   p.field("pipeline_parallel_schedule", &ParallelismSection::pipeline_parallel_schedule,
-          "Pipeline schedule name (1F1B, GPipe, Interleaved1F1B, ...).");
+          "Pipeline schedule name (1F1B, GPipe, Interleaved1F1B, ...).")
+      .unimplemented();
   p.field("pipeline_parallel_schedule_csv", &ParallelismSection::pipeline_parallel_schedule_csv,
-          "CSV file with a custom pipeline schedule.");
+          "CSV file with a custom pipeline schedule.")
+      .unimplemented();
   p.field("pipeline_parallel_microbatch_size",
           &ParallelismSection::pipeline_parallel_microbatch_size,
           "Samples per pipeline microbatch.")
-      .min(1);
+      .min(1)
+      .unimplemented();
   p.field("pipeline_parallel_expert_parallel_overlap",
           &ParallelismSection::pipeline_parallel_expert_parallel_overlap,
           "Overlap expert- and pipeline-parallel communication.")
@@ -385,35 +408,46 @@ void add_unimplemented_sections(Schema& s) {
       s, "quantize.linear.float8", "Float8 linear layers.",
       [](JobConfig& c) -> Float8LinearSection& { return c.quantize.linear.float8; }, false);
   f8.field("enable_fsdp_float8_all_gather", &Float8LinearSection::enable_fsdp_float8_all_gather,
-           "All-gather weights in float8.");
+           "All-gather weights in float8.")
+      .unimplemented();
   f8.field("precompute_float8_dynamic_scale_for_fsdp",
            &Float8LinearSection::precompute_float8_dynamic_scale_for_fsdp,
-           "Compute float8 scales for all weights at once.");
+           "Compute float8 scales for all weights at once.")
+      .unimplemented();
   f8.field("recipe_name", &Float8LinearSection::recipe_name,
-           "Float8 recipe (tensorwise, rowwise, rowwise_with_gw_hp).");
+           "Float8 recipe (tensorwise, rowwise, rowwise_with_gw_hp).")
+      .unimplemented();
   f8.field("filter_fqns", &Float8LinearSection::filter_fqns,
-           "Linear layers left in high precision.");
-  f8.field("emulate", &Float8LinearSection::emulate, "Emulate float8 on hardware without it.");
+           "Linear layers left in high precision.")
+      .unimplemented();
+  f8.field("emulate", &Float8LinearSection::emulate, "Emulate float8 on hardware without it.")
+      .unimplemented();
   SectionBuilder<MXLinearSection> mx(
       s, "quantize.linear.mx", "MX (microscaling) linear layers.",
       [](JobConfig& c) -> MXLinearSection& { return c.quantize.linear.mx; }, false);
   mx.field("mxfp8_dim1_cast_kernel_choice", &MXLinearSection::mxfp8_dim1_cast_kernel_choice,
            "Kernel of the MXFP8 dim-1 cast.")
-      .choices({"triton", "cuda", "torch"});
-  mx.field("recipe_name", &MXLinearSection::recipe_name, "MX recipe.");
-  mx.field("filter_fqns", &MXLinearSection::filter_fqns, "Linear layers left in high precision.");
+      .choices({"triton", "cuda", "torch"})
+      .unimplemented();
+  mx.field("recipe_name", &MXLinearSection::recipe_name, "MX recipe.")
+      .unimplemented();
+  mx.field("filter_fqns", &MXLinearSection::filter_fqns, "Linear layers left in high precision.")
+      .unimplemented();
   s.add_section({"quantize.grouped_mm", "Low-precision grouped matmuls of MoE experts."});
   SectionBuilder<Float8GroupedMMSection> gf8(
       s, "quantize.grouped_mm.float8", "Float8 grouped matmuls.",
       [](JobConfig& c) -> Float8GroupedMMSection& { return c.quantize.grouped_mm.float8; }, false);
   gf8.field("fqns", &Float8GroupedMMSection::fqns, "MoE modules converted (a name or a list).")
-      .scalar_as_list();
+      .scalar_as_list()
+      .unimplemented();
   SectionBuilder<MXGroupedMMSection> gmx(
       s, "quantize.grouped_mm.mx", "MXFP8 grouped matmuls.",
       [](JobConfig& c) -> MXGroupedMMSection& { return c.quantize.grouped_mm.mx; }, false);
-  gmx.field("recipe_name", &MXGroupedMMSection::recipe_name, "MX recipe.").choices({"mxfp8"});
+  gmx.field("recipe_name", &MXGroupedMMSection::recipe_name, "MX recipe.").choices({"mxfp8"})
+      .unimplemented();
   gmx.field("fqns", &MXGroupedMMSection::fqns, "MoE modules converted (a name or a list).")
-      .scalar_as_list();
+      .scalar_as_list()
+      .unimplemented();
 }
 
 void add_runtime_sections(Schema& s) {
@@ -443,30 +477,39 @@ void add_runtime_sections(Schema& s) {
       [](JobConfig& c) -> MemoryEstimationSection& { return c.memory_estimation; }, false);
   mem.field("enable", &MemoryEstimationSection::enable, "Estimate memory before training.");
   mem.field("disable_fake_mode", &MemoryEstimationSection::disable_fake_mode,
-            "Estimate with real tensors.");
+            "Estimate with real tensors.")
+      .unimplemented();
 
   SectionBuilder<FaultToleranceSection> ft(
       s, "fault_tolerance", "torchft integration.",
       [](JobConfig& c) -> FaultToleranceSection& { return c.fault_tolerance; }, false);
   ft.field("enable", &FaultToleranceSection::enable, "Use torchft.");
   ft.field("process_group", &FaultToleranceSection::process_group, "torchft backend.")
-      .choices({"gloo", "nccl"});
+      .choices({"gloo", "nccl"})
+      .unimplemented();
   ft.field("process_group_timeout_ms", &FaultToleranceSection::process_group_timeout_ms,
            "torchft collective timeout.")
-      .min(1);
-  ft.field("replica_id", &FaultToleranceSection::replica_id, "This replica group's id.").min(0);
-  ft.field("group_size", &FaultToleranceSection::group_size, "Number of replica groups.").min(0);
+      .min(1)
+      .unimplemented();
+  ft.field("replica_id", &FaultToleranceSection::replica_id, "This replica group's id.").min(0)
+      .unimplemented();
+  ft.field("group_size", &FaultToleranceSection::group_size, "Number of replica groups.").min(0)
+      .unimplemented();
   ft.field("min_replica_size", &FaultToleranceSection::min_replica_size,
            "Replicas needed per step.")
-      .min(1);
-  ft.field("semi_sync_method", &FaultToleranceSection::semi_sync_method, "local_sgd or diloco.");
+      .min(1)
+      .unimplemented();
+  ft.field("semi_sync_method", &FaultToleranceSection::semi_sync_method, "local_sgd or diloco.")
+      .unimplemented();
 
   SectionBuilder<ExperimentalSection> exp(
       s, "experimental", "Python extension hooks.",
       [](JobConfig& c) -> ExperimentalSection& { return c.experimental; }, false);
-  exp.field("custom_import", &ExperimentalSection::custom_import, "Python module to import.");
+  exp.field("custom_import", &ExperimentalSection::custom_import, "Python module to import.")
+      .unimplemented();
   exp.field("custom_args_module", &ExperimentalSection::custom_args_module,
-            "Old name of job.custom_config_module.");
+            "Old name of job.custom_config_module.")
+      .unimplemented();
 
   SectionBuilder<DebugSection> dbg(s, "debug", "Reproducibility and debugging.",
                                    [](JobConfig& c) -> DebugSection& { return c.debug; });

@@ -59,7 +59,7 @@ void check_flavor(const ModelSpec& spec, const std::string& flavor) {
 }
 
 std::unique_ptr<CausalLM> build_model(const config::JobConfig& config, int64_t vocab_size,
-                                      const at::TensorOptions& options) {
+                                      const at::TensorOptions& options, ModelPart part) {
   const ModelSpec& spec = find_model_spec(config.model.name);
   check_flavor(spec, config.model.flavor);
   BuildOptions build;
@@ -67,6 +67,7 @@ std::unique_ptr<CausalLM> build_model(const config::JobConfig& config, int64_t v
   build.vocab_size = vocab_size;
   build.max_seq_len = config.training.seq_len;
   build.tensor_options = options;
+  build.part = part;
   return spec.build(build);
 }
 

@@ -1,10 +1,13 @@
 #include "loom/parallel/activation_checkpoint.h"
 
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/grad_mode.h>
+
+#include <array>
 
 #include "loom/core/check.h"
 #include "loom/core/logging.h"
@@ -13,19 +16,60 @@
 namespace loom::parallel {
 namespace {
 
+// The autocast state of the forward (thread-local), so that the recompute in backward runs the
+// same function: without it, a bf16-autocast forward would be recomputed in float32 and
+// backward would differentiate a different function.
+class AutocastState {
+ public:
+  static AutocastState capture() {
+    AutocastState s;
+    for (size_t i = 0; i < kTypes.size(); ++i) {
+      s.enabled_[i] = at::autocast::is_autocast_enabled(kTypes[i]);
+      s.dtype_[i] = at::autocast::get_autocast_dtype(kTypes[i]);
+    }
+    return s;
+  }
+  void apply() const {
+    for (size_t i = 0; i < kTypes.size(); ++i) {
+      at::autocast::set_autocast_enabled(kTypes[i], enabled_[i]);
+      at::autocast::set_autocast_dtype(kTypes[i], dtype_[i]);
+    }
+  }
+
+ private:
+  static constexpr std::array<at::DeviceType, 2> kTypes = {at::kCPU, at::kCUDA};
+  std::array<bool, 2> enabled_{};
+  std::array<at::ScalarType, 2> dtype_{};
+};
+
+// Applies an autocast state while alive, then restores the previous one.
+class AutocastScope {
+ public:
+  explicit AutocastScope(const AutocastState& target) : previous_(AutocastState::capture()) {
+    target.apply();
+  }
+  ~AutocastScope() { previous_.apply(); }
+  AutocastScope(const AutocastScope&) = delete;
+  AutocastScope& operator=(const AutocastScope&) = delete;
+
+ private:
+  AutocastState previous_;
+};
+
 // The backward node of a checkpointed region: recompute, then backpropagate through the
 // recomputed graph (parameters get their gradients accumulated there, as in PyTorch's
 // reentrant checkpoint).
 class CheckpointBackward : public torch::autograd::Node {
  public:
   CheckpointBackward(CheckpointedFn fn, at::Tensor input)
-      : fn_(std::move(fn)), input_(std::move(input)) {}
+      : fn_(std::move(fn)), input_(std::move(input)), autocast_(AutocastState::capture()) {}
 
   torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
     at::Tensor input = input_.detach().requires_grad_(true);
     at::Tensor output;
     {
       torch::autograd::AutoGradMode enable_grad(true);
+      AutocastScope same_autocast(autocast_);
       output = fn_(input);
     }
     torch::autograd::backward({output}, {grads.at(0)});
@@ -38,6 +82,7 @@ class CheckpointBackward : public torch::autograd::Node {
  private:
   CheckpointedFn fn_;
   at::Tensor input_;
+  AutocastState autocast_;
 };
 
 }  // namespace

@@ -36,7 +36,7 @@ DataParallel::DataParallel(std::vector<std::pair<std::string, at::Tensor>> named
   build_buckets(options_.bucket_cap_mb * 1024 * 1024);
   ready_.assign(parameters_.size(), false);
   for (size_t i = 0; i < parameters_.size(); ++i) {
-    set_gradient_ready_hook(parameters_[i].second, [this, i] { on_gradient_ready(i); });
+    add_gradient_ready_hook(parameters_[i].second, this, [this, i] { on_gradient_ready(i); });
   }
   log::get("ddp")->info("{} parameters in {} buckets of up to {:.0f} MB over group '{}' ({} ranks)",
                         parameters_.size(), buckets_.size(), options_.bucket_cap_mb, comm_->name(),
@@ -45,7 +45,7 @@ DataParallel::DataParallel(std::vector<std::pair<std::string, at::Tensor>> named
 
 DataParallel::~DataParallel() {
   for (auto& [name, p] : parameters_) {
-    clear_gradient_ready_hook(p);
+    remove_gradient_ready_hooks(p, this);
   }
   for (auto& bucket : buckets_) {
     try {
@@ -54,6 +54,12 @@ DataParallel::~DataParallel() {
       // Already failed the step that launched it; nothing left to report here.
     }
   }
+}
+
+std::string DataParallel::describe() const {
+  return "DDP: " + std::to_string(parameters_.size()) + " parameters in " +
+         std::to_string(buckets_.size()) + " buckets all-reduced over '" + comm_->name() + "' (" +
+         std::to_string(comm_->size()) + " ranks)";
 }
 
 void DataParallel::build_buckets(double cap_bytes) {

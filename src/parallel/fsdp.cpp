@@ -12,6 +12,7 @@
 #include "loom/core/check.h"
 #include "loom/core/logging.h"
 #include "loom/parallel/grad_hooks.h"
+#include "loom/parallel/parallelize.h"
 
 namespace loom::parallel {
 
@@ -23,7 +24,7 @@ struct FullyShardedDataParallel::Param {
   int64_t chunk = 0;        // elements per rank in collectives (padded rows x row size)
   int64_t local_numel = 0;  // elements of `shard` (<= chunk)
   int64_t offset = 0;       // of this parameter's chunk in the unit's per-rank buffer
-  int64_t first_row = 0;    // of `shard` in the full parameter
+  Placement placement;      // of `shard` in the global parameter
 };
 
 struct FullyShardedDataParallel::Unit {
@@ -36,9 +37,11 @@ struct FullyShardedDataParallel::Unit {
   at::Tensor gather_in, gather_out;
   distributed::Work gather_work;
   size_t ready = 0;  // parameters whose gradient arrived in this backward
-  bool reduce_launched = false;
+  bool reduce_launched = false;        // a reduce-scatter not yet folded into grad_sum
+  bool reduced_this_backward = false;  // launched since the last prepare_microbatch
   at::Tensor reduce_in, reduce_out;
   distributed::Work reduce_work;
+  at::Tensor grad_sum;  // float32 [chunk]: reduced gradients, summed over the step's microbatches
 };
 
 namespace {
@@ -107,14 +110,15 @@ FsdpOptions fsdp_options(const config::JobConfig& config, at::ScalarType param_d
                 config.training.mixed_precision_reduce, "'");
   options.reduce_dtype = at::kFloat;
   options.reshard = parse_reshard_policy(config.parallelism.fsdp_reshard_after_forward);
+  options.defer_gradient_sync = config.parallelism.fsdp_defer_gradient_sync;
   return options;
 }
 
-FullyShardedDataParallel::FullyShardedDataParallel(models::CausalLM& model,
-                                                   std::shared_ptr<distributed::Comm> shard,
-                                                   std::shared_ptr<distributed::Comm> replicate,
-                                                   const at::Device& device, uint64_t seed,
-                                                   FsdpOptions options)
+FullyShardedDataParallel::FullyShardedDataParallel(
+    models::CausalLM& model, std::vector<FsdpUnit> units,
+    const std::map<std::string, Placement>& placements, std::shared_ptr<distributed::Comm> shard,
+    std::shared_ptr<distributed::Comm> replicate, const at::Device& device, uint64_t seed,
+    FsdpOptions options)
     : model_(model),
       shard_(std::move(shard)),
       replicate_(std::move(replicate)),
@@ -124,77 +128,96 @@ FullyShardedDataParallel::FullyShardedDataParallel(models::CausalLM& model,
   at::NoGradGuard no_grad;
   std::map<std::string, at::Tensor> existing;
   for (const auto& item : model_.module().named_parameters()) existing[item.key()] = item.value();
-  const auto specs = model_.sharding_units();
-  size_t covered = 0;
-  for (size_t u = 0; u < specs.size(); ++u) {
+  for (size_t u = 0; u < units.size(); ++u) {
     auto unit = std::make_unique<Unit>();
-    unit->name = specs[u].name;
-    const bool last = u + 1 == specs.size();
+    unit->name = units[u].name;
+    const bool last = u + 1 == units.size();
     unit->reshard_after_forward = options_.reshard == ReshardPolicy::kAlways ||
                                   (options_.reshard == ReshardPolicy::kDefault && !last);
-    for (const std::string& name : specs[u].parameters) {
+    for (const std::string& name : units[u].parameters) {
       auto it = existing.find(name);
       LOOM_CHECK(it != existing.end(), "FSDP unit ", unit->name, " names unknown parameter ", name);
-      unit->params.push_back(shard_parameter(name, it->second.sizes().vec(), u, unit->chunk, seed));
+      auto given = placements.find(name);
+      const Placement before =
+          given != placements.end() ? given->second : Placement::whole(it->second.sizes());
+      LOOM_CHECK(before.lengths == it->second.sizes().vec(), "FSDP: parameter ", name,
+                 " has shape ", it->second.sizes(), " but its placement is ", before.describe());
+      unit->params.push_back(shard_parameter(name, before, u, unit->chunk, seed));
       unit->chunk += unit->params.back().chunk;
       shards_.push_back(unit->params.back().shard);
       names_.push_back(name);
-      ++covered;
+      existing.erase(it);
     }
     units_.push_back(std::move(unit));
   }
-  LOOM_CHECK(covered == existing.size(), "FSDP units cover ", covered, " of the model's ",
-             existing.size(), " parameters");
+  LOOM_CHECK(existing.empty(), "FSDP units leave ", existing.size(),
+             " parameters unsharded, e.g. ", existing.empty() ? "" : existing.begin()->first);
   model_.init_buffers(device_);
-  models::UnitHooks hooks;
-  hooks.before_forward = [this](size_t u) { before_forward(u); };
-  hooks.after_forward = [this](size_t u, const at::Tensor& out) { return after_forward(u, out); };
-  model_.set_unit_hooks(std::move(hooks));
+  install_hooks(units);
   const double local_mb = static_cast<double>(local_numel()) * 4 / (1 << 20);
-  log::get("fsdp")->info(
-      "{} parameters in {} units sharded over group '{}' ({} ranks{}); {:.1f} MiB of float32 "
-      "shards here; all-gather in {}, reduce-scatter in {}",
-      names_.size(), units_.size(), shard_->name(), shard_->size(),
-      replicate_ && replicate_->size() > 1
-          ? ", replicated over " + std::to_string(replicate_->size())
-          : std::string(),
-      local_mb, c10::toString(options_.param_dtype), c10::toString(options_.reduce_dtype));
+  log::get("fsdp")->info("{}; {:.1f} MiB of float32 shards here", describe(), local_mb);
+}
+
+// Hooks on the first module (gather) and the last module (maybe free, pre-backward) of a unit.
+void FullyShardedDataParallel::install_hooks(const std::vector<FsdpUnit>& units) {
+  std::map<std::string, models::ForwardHooks> hooks;
+  for (size_t u = 0; u < units.size(); ++u) {
+    LOOM_CHECK(!units[u].modules.empty(), "FSDP unit ", units[u].name, " wraps no module");
+    hooks[units[u].modules.front()].before = [this, u] { before_forward(u); };
+    hooks[units[u].modules.back()].after = [this, u](const at::Tensor& out) {
+      return after_forward(u, out);
+    };
+  }
+  for (auto& [module, h] : hooks) {
+    hooked_modules_.push_back(module);
+    model_.set_forward_hooks(module, std::move(h));
+  }
+}
+
+std::string FullyShardedDataParallel::describe() const {
+  std::string text = "FSDP: " + std::to_string(names_.size()) + " parameters in " +
+                     std::to_string(units_.size()) + " units sharded over group '" + shard_->name() +
+                     "' (" + std::to_string(shard_->size()) + " ranks)";
+  if (replicate_ && replicate_->size() > 1) {
+    text += ", replicated over '" + replicate_->name() + "' (" +
+            std::to_string(replicate_->size()) + ")";
+  }
+  text += std::string(", all-gather in ") + c10::toString(options_.param_dtype) +
+          ", reduce-scatter in " + c10::toString(options_.reduce_dtype) +
+          (options_.defer_gradient_sync ? ", gradient sync deferred to the last microbatch" : "");
+  return text;
 }
 
 // This rank's shard of one parameter, and the unsharded holder that replaces it in the model.
 FullyShardedDataParallel::Param FullyShardedDataParallel::shard_parameter(
-    const std::string& name, const std::vector<int64_t>& shape, size_t unit, int64_t offset,
+    const std::string& name, const Placement& before, size_t unit, int64_t offset,
     uint64_t seed) {
+  const std::vector<int64_t>& shape = before.lengths;
   LOOM_CHECK(!shape.empty() && shape[0] > 0, "FSDP: parameter ", name, " has no dim 0 to shard");
   const int64_t n = shard_->size();
+  const ShardRange rows = shard_range(shape[0], shard_->rank(), n);
   Param p;
   p.name = name;
   p.numel = c10::multiply_integers(shape);
   const int64_t row = p.numel / shape[0];
-  const int64_t rows = (shape[0] + n - 1) / n;
-  const int64_t first = std::min(shard_->rank() * rows, shape[0]);
-  const int64_t local_rows = std::min(rows, shape[0] - first);
-  p.chunk = rows * row;
-  p.local_numel = local_rows * row;
-  p.first_row = first;
+  p.chunk = rows.padded * row;
+  p.local_numel = rows.count * row;
   p.offset = offset;
-  {
-    // Layout-independent init: the full draw, one parameter at a time, sliced.
-    at::Tensor full = at::empty(shape, at::TensorOptions().dtype(at::kFloat).device(device_));
-    model_.init_parameter(name, full, seed);
-    p.shard = full.narrow(0, first, local_rows).clone();
-  }
+  p.placement = before.shard(0, shard_->rank(), n);
+  if (replicate_) p.placement = p.placement.replicate(MeshAxis::of(replicate_), false);
+  p.shard = materialize_local(model_, name, p.placement,
+                              at::TensorOptions().dtype(at::kFloat).device(device_), seed);
   p.shard.set_requires_grad(true);
   p.unsharded = empty_unsharded(shape, options_.param_dtype, device_);
   model_.replace_parameter(name, p.unsharded);
-  set_gradient_ready_hook(p.unsharded, [this, unit] { on_gradient_ready(unit); });
+  add_gradient_ready_hook(p.unsharded, this, [this, unit] { on_gradient_ready(unit); });
   return p;
 }
 
 FullyShardedDataParallel::~FullyShardedDataParallel() {
-  model_.set_unit_hooks({});
+  for (const auto& module : hooked_modules_) model_.set_forward_hooks(module, {});
   for (auto& unit : units_) {
-    for (auto& p : unit->params) clear_gradient_ready_hook(p.unsharded);
+    for (auto& p : unit->params) remove_gradient_ready_hooks(p.unsharded, this);
     try {
       unit->gather_work.wait();
       unit->reduce_work.wait();
@@ -282,9 +305,10 @@ void FullyShardedDataParallel::on_gradient_ready(size_t u) {
 }
 
 void FullyShardedDataParallel::launch_reduce_scatter(Unit& unit) {
-  LOOM_CHECK(!unit.reduce_launched, "FSDP unit ", unit.name,
-             " finished backward twice in one synchronized step; turn gradient sync off for all "
-             "but the last microbatch");
+  LOOM_CHECK(!unit.reduced_this_backward, "FSDP unit ", unit.name,
+             " finished backward twice in one microbatch");
+  // The previous microbatch's result joins the float32 sum before new buffers are taken.
+  if (unit.reduce_launched) fold_reduce_scatter(unit);
   at::NoGradGuard no_grad;
   const int64_t n = shard_->size();
   const auto options = at::TensorOptions().dtype(options_.reduce_dtype).device(device_);
@@ -300,63 +324,65 @@ void FullyShardedDataParallel::launch_reduce_scatter(Unit& unit) {
   unit.reduce_work = shard_->reduce_scatter_tensor(unit.reduce_out, unit.reduce_in,
                                                    distributed::ReduceOp::kSum, true);
   unit.reduce_launched = true;
+  unit.reduced_this_backward = true;
   ++stats_.reduce_scatters;
+}
+
+void FullyShardedDataParallel::fold_reduce_scatter(Unit& unit) {
+  unit.reduce_work.wait();
+  unit.reduce_in = at::Tensor();
+  at::NoGradGuard no_grad;
+  if (!unit.grad_sum.defined()) {
+    unit.grad_sum = unit.reduce_out.scalar_type() == at::kFloat ? unit.reduce_out
+                                                                : unit.reduce_out.to(at::kFloat);
+  } else {
+    unit.grad_sum.add_(unit.reduce_out);
+  }
+  unit.reduce_out = at::Tensor();
+  unit.reduce_launched = false;
+}
+
+void FullyShardedDataParallel::prepare_microbatch(bool last) {
+  sync_ = last || !options_.defer_gradient_sync;
+  for (auto& unit : units_) unit->reduced_this_backward = false;
 }
 
 void FullyShardedDataParallel::finish_gradient_sync() {
   LOOM_CHECK(sync_, "finish_gradient_sync with gradient sync turned off");
   at::NoGradGuard no_grad;
+  // Units whose backward did not complete (a parameter without gradient) reduce what they have.
   for (auto& unit : units_) {
-    if (!unit->reduce_launched) {
+    if (!unit->reduced_this_backward) {
       launch_reduce_scatter(*unit);
       ++stats_.launched_at_finish;
     }
   }
   const bool hsdp = replicate_ && replicate_->size() > 1;
-  for (auto& unit : units_) {
-    unit->reduce_work.wait();
-    unit->reduce_in = at::Tensor();
+  std::vector<distributed::Work> replica_work(units_.size());
+  for (size_t u = 0; u < units_.size(); ++u) {
+    fold_reduce_scatter(*units_[u]);
     // HSDP: each replica reduced its own shard group's batch; sum the replicas.
     if (hsdp) {
-      unit->reduce_work =
-          replicate_->all_reduce(unit->reduce_out, distributed::ReduceOp::kSum, true);
+      replica_work[u] =
+          replicate_->all_reduce(units_[u]->grad_sum, distributed::ReduceOp::kSum, true);
     }
   }
-  for (auto& unit : units_) {
-    unit->reduce_work.wait();
-    for (auto& p : unit->params) {
-      at::Tensor grad = unit->reduce_out.narrow(0, p.offset, p.local_numel)
-                            .view(p.shard.sizes())
-                            .to(at::kFloat, false, /*copy=*/true);
+  for (size_t u = 0; u < units_.size(); ++u) {
+    Unit& unit = *units_[u];
+    replica_work[u].wait();
+    for (auto& p : unit.params) {
+      at::Tensor grad = unit.grad_sum.narrow(0, p.offset, p.local_numel).view(p.shard.sizes());
       if (p.shard.grad().defined()) {
         p.shard.mutable_grad().add_(grad);
       } else {
-        p.shard.mutable_grad() = grad;
+        p.shard.mutable_grad() = grad.clone();  // its own storage: optimizers detach it in place
       }
     }
-    unit->reduce_out = at::Tensor();
-    unit->reduce_launched = false;
-    unit->ready = 0;
-    reshard(*unit);
+    unit.grad_sum = at::Tensor();
+    unit.reduced_this_backward = false;
+    unit.ready = 0;
+    reshard(unit);
   }
-}
-
-double FullyShardedDataParallel::clip_grad_norm(double max_norm) {
-  at::NoGradGuard no_grad;
-  at::Tensor squared = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(device_));
-  for (const auto& s : shards_) {
-    if (s.grad().defined()) squared += s.grad().to(at::kDouble).pow(2).sum();
-  }
-  if (shard_->size() > 1) shard_->all_reduce(squared);
-  const double total = std::sqrt(squared.item<double>());
-  // The rule of train::clip_grad_norm (torch.nn.utils.clip_grad_norm_).
-  const double scale = max_norm / (total + 1e-6);
-  if (max_norm > 0 && std::isfinite(total) && scale < 1.0) {
-    for (const auto& s : shards_) {
-      if (s.grad().defined()) s.grad().mul_(scale);
-    }
-  }
-  return total;
 }
 
 at::Tensor FullyShardedDataParallel::full_parameter(const std::string& name) {
@@ -397,13 +423,23 @@ int64_t FullyShardedDataParallel::gathered_bytes() const {
   return total * static_cast<int64_t>(c10::elementSize(options_.param_dtype));
 }
 
-ShardPlacement FullyShardedDataParallel::shard_placement(const std::string& name) const {
+const Placement& FullyShardedDataParallel::placement(const std::string& name) const {
   for (const auto& unit : units_) {
     for (const auto& p : unit->params) {
-      if (p.name == name) return {p.unsharded.sizes().vec(), p.first_row};
+      if (p.name == name) return p.placement;
     }
   }
   LOOM_THROW(InternalError, "FSDP has no parameter ", name);
+}
+
+int64_t FullyShardedDataParallel::unsharded_gradient_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& unit : units_) {
+    for (const auto& p : unit->params) {
+      if (p.unsharded.grad().defined()) bytes += static_cast<int64_t>(p.unsharded.grad().nbytes());
+    }
+  }
+  return bytes;
 }
 
 }  // namespace loom::parallel

@@ -20,6 +20,7 @@
 #include "loom/data/prefetch.h"
 #include "loom/data/synthetic.h"
 #include "loom/data/tokenizer.h"
+#include "loom/train/grad_clip.h"
 #include "loom/train/loss.h"
 #include "loom/train/lr_scheduler.h"
 #include "loom/train/mixed_precision.h"
@@ -50,20 +51,30 @@ bool wants_cuda(const std::string& setting) {
   return setting == "cuda" || (setting == "auto" && at::hasCUDA());
 }
 
-// The layouts this build trains; the others are refused before any rank starts work.
-void check_supported_layout(const distributed::ParallelDims& dims) {
-  LOOM_CHECK_AS(InputError, dims.tp == 1 && dims.pp == 1 && dims.cp == 1,
+// The layouts this build trains; the others are refused before the rendezvous, on every rank.
+void check_supported_layout(const config::ParallelismSection& p) {
+  LOOM_CHECK_AS(InputError,
+                p.tensor_parallel_degree == 1 && p.pipeline_parallel_degree == 1 &&
+                    p.context_parallel_degree == 1,
                 "parallelism: tensor, pipeline and context parallel degrees other than 1 are not "
-                "implemented yet (",
-                dims.describe(), ")");
+                "implemented yet (tensor_parallel_degree = ",
+                p.tensor_parallel_degree, ", pipeline_parallel_degree = ",
+                p.pipeline_parallel_degree, ", context_parallel_degree = ",
+                p.context_parallel_degree, ")");
 }
 
-// A number summed over a group (the step's valid tokens, its loss).
+// A number summed over a group (the step's valid tokens).
 double sum_over(distributed::Comm& group, double value) {
   if (group.size() == 1) return value;
   at::Tensor t = at::full({1}, value, at::kDouble);
   group.all_reduce(t);
   return t.item<double>();
+}
+
+// Tensors summed elementwise over a group (a no-op for one rank).
+at::Tensor sum_over(distributed::Comm& group, at::Tensor values) {
+  if (group.size() > 1) group.all_reduce(values);
+  return values;
 }
 
 // Only the synthetic stream works without a tokenizer.
@@ -98,18 +109,23 @@ std::unique_ptr<data::BatchSource> dataset_source(const std::string& name,
 
 }  // namespace
 
+std::unique_ptr<data::Tokenizer> load_job_tokenizer(const config::JobConfig& config) {
+  // The model's vocabulary is the tokenizer's whenever any dataset (training or validation) is
+  // real text.
+  const auto& t = config.training;
+  const auto& v = config.validation;
+  if (!is_synthetic(t.dataset, t.dataset_path, t.dataset_mixture) ||
+      (v.enable && !is_synthetic(v.dataset, v.dataset_path, v.dataset_mixture))) {
+    return data::load_tokenizer(config.model.tokenizer_path.value_or("byte"));
+  }
+  return nullptr;
+}
+
 Trainer::Trainer(config::JobConfig config, std::unique_ptr<data::BatchSource> source,
                  std::unique_ptr<data::BatchSource> validation_source)
     : config_(std::move(config)) {
   setup_runtime();
-  // Decided before the model is built: its vocabulary is the tokenizer's whenever any dataset
-  // (training or validation) is real text.
-  const auto& t = config_.training;
-  const auto& v = config_.validation;
-  if (!is_synthetic(t.dataset, t.dataset_path, t.dataset_mixture) ||
-      (v.enable && !is_synthetic(v.dataset, v.dataset_path, v.dataset_mixture))) {
-    tokenizer_ = data::load_tokenizer(config_.model.tokenizer_path.value_or("byte"));
-  }
+  tokenizer_ = load_job_tokenizer(config_);
   build_model();
   build_data(std::move(source), std::move(validation_source));
   build_checkpointer();
@@ -119,9 +135,9 @@ Trainer::~Trainer() = default;
 
 void Trainer::setup_runtime() {
   auto log = log::get("trainer");
+  check_supported_layout(config_.parallelism);
   runtime_ =
       std::make_unique<distributed::ParallelRuntime>(config_, wants_cuda(config_.training.device));
-  check_supported_layout(runtime_->dims());
   device_ = choose_device(config_.training.device, runtime_->world().local_rank);
   seed_ = config_.debug.seed ? static_cast<uint64_t>(*config_.debug.seed) : std::random_device{}();
   at::manual_seed(seed_);
@@ -146,45 +162,27 @@ void Trainer::setup_runtime() {
       t.local_batch_size);
 }
 
+// Built on the meta device, then parallelized and materialized by the model family's
+// parallelize function (TP -> activation checkpointing -> FSDP/HSDP or DDP).
 void Trainer::build_model() {
   // The embedding table matches the tokenizer (synthetic data keeps the flavor's vocabulary).
-  // Under FSDP the model is built on meta: FSDP creates only this rank's shards.
-  const bool sharded = uses_fsdp();
-  model_ = models::build_model(config_, tokenizer_ ? tokenizer_->vocab_size() : 0,
-                               at::TensorOptions()
-                                   .device(sharded ? at::Device(at::kMeta) : device_)
-                                   .dtype(parameter_dtype(config_.training)));
-  if (!sharded) model_->init_weights(seed_);
-  model_->apply_activation_checkpointing(config_.activation_checkpoint);
-  apply_parallelism();
-  optimizer_ = build_optimizer(config_.optimizer, parameters_);
+  const int64_t vocab = tokenizer_ ? tokenizer_->vocab_size() : 0;
+  const auto meta = at::TensorOptions().device(at::kMeta).dtype(parameter_dtype(config_.training));
+  summary_ = models::build_model(config_, vocab, meta)->summary(config_.training.seq_len);
+  const models::ModelSpec& spec = models::find_model_spec(config_.model.name);
+  parallel::ParallelContext context{config_,
+                                    *runtime_,
+                                    device_,
+                                    seed_,
+                                    parameter_dtype(config_.training),
+                                    autocast_dtype(config_.training, device_)};
+  parallel_ = spec.parallelize(models::build_model(config_, vocab, meta), context);
+  optimizer_ = build_optimizer(config_.optimizer, parallel_.tensors());
   schedule_.emplace(config_.lr_scheduler,
                     config_.lr_scheduler.total_steps.value_or(config_.training.steps));
-  summary_ = model_->summary(config_.training.seq_len);
-  log::get("trainer")->info("model {}", models::format_summary(summary_, false));
-}
-
-// FSDP (dp_shard > 1; HSDP when dp_replicate > 1 too) or DDP (dp_replicate > 1 alone). The
-// optimizer gets FSDP's local shards.
-void Trainer::apply_parallelism() {
-  if (uses_fsdp()) {
-    const at::ScalarType compute =
-        autocast_dtype(config_.training, device_).value_or(parameter_dtype(config_.training));
-    fsdp_ = std::make_unique<parallel::FullyShardedDataParallel>(
-        *model_, runtime_->group_ptr(distributed::MeshGroup::fsdp),
-        runtime_->group_ptr(distributed::MeshGroup::dp_replicate), device_, seed_,
-        parallel::fsdp_options(config_, compute));
-    parameters_ = fsdp_->sharded_parameters();
-    return;
-  }
-  for (const auto& p : model_->module().parameters()) parameters_.push_back(p);
-  if (runtime_->dims().dp_replicate == 1) return;
-  std::vector<std::pair<std::string, at::Tensor>> named;
-  for (const auto& item : model_->module().named_parameters()) {
-    named.emplace_back(item.key(), item.value());
-  }
-  data_parallel_ = std::make_unique<parallel::DataParallel>(
-      std::move(named), runtime_->group_ptr(distributed::MeshGroup::dp_replicate));
+  auto log = log::get("trainer");
+  log->info("model {}", models::format_summary(summary_, false));
+  log->info("parallelism: {}", parallel_.description);
 }
 
 void Trainer::build_data(std::unique_ptr<data::BatchSource> source,
@@ -194,7 +192,7 @@ void Trainer::build_data(std::unique_ptr<data::BatchSource> source,
   const bool skip_bad = t.dataset_on_error == "skip";
   auto train_source = source ? std::move(source)
                              : dataset_source(t.dataset, t.dataset_path, t.dataset_mixture,
-                                              tokenizer_.get(), model_->vocab_size(),
+                                              tokenizer_.get(), model().vocab_size(),
                                               {t.seq_len, seed_, true, runtime_->dp_rank(),
                                                runtime_->dp_size(), skip_bad},
                                               "training");
@@ -205,7 +203,7 @@ void Trainer::build_data(std::unique_ptr<data::BatchSource> source,
     validation_source_ = validation_source
                              ? std::move(validation_source)
                              : dataset_source(v.dataset, v.dataset_path, v.dataset_mixture,
-                                              tokenizer_.get(), model_->vocab_size(),
+                                              tokenizer_.get(), model().vocab_size(),
                                               {v.seq_len, seed_ + 1, false, runtime_->dp_rank(),
                                                runtime_->dp_size(), skip_bad},
                                               "validation");
@@ -216,37 +214,20 @@ void Trainer::build_data(std::unique_ptr<data::BatchSource> source,
   }
 }
 
-// What a checkpoint holds of this rank: whole parameters, or FSDP's shards as chunks of the
-// full ones (so any layout loads them). Replicas (DDP, HSDP's replicate dimension) hold
-// identical tensors and split the writing.
+// What a checkpoint holds of this rank: its local parameters with their placements (any layout
+// loads them; replicas split the writing) and the optimizer's and data loader's state.
 void Trainer::build_checkpointer() {
   checkpoint::CheckpointTargets targets;
-  if (fsdp_) {
-    const auto& names = fsdp_->parameter_names();
-    for (size_t i = 0; i < names.size(); ++i) {
-      targets.parameters.emplace_back(names[i], fsdp_->sharded_parameters()[i]);
-    }
-    targets.layout = [fsdp = fsdp_.get()](const std::string& name, const at::Tensor& local) {
-      const auto placement = fsdp->shard_placement(name);
-      std::vector<int64_t> offsets(local.dim(), 0);
-      offsets[0] = placement.first_row;
-      return checkpoint::ChunkPlacement{placement.global_shape, offsets};
-    };
-  } else {
-    for (const auto& item : model_->module().named_parameters()) {
-      targets.parameters.emplace_back(item.key(), item.value());
-    }
-  }
+  targets.parameters = parallel_.parameters;
   targets.optimizer = optimizer_.get();
   targets.data = source_.get();
-  auto& replicas = runtime_->group(distributed::MeshGroup::dp_replicate);
-  targets.replica_rank = replicas.rank();
-  targets.replica_count = replicas.size();
   checkpoint_ =
       std::make_unique<checkpoint::CheckpointManager>(config_, *runtime_, std::move(targets));
 }
 
-double Trainer::train_step(int64_t step, metrics::StepMetrics& m) {
+// One optimizer step over the step's microbatches. Nothing here waits for the device: the loss
+// and the gradient norm stay tensors until a logging step reads them.
+double Trainer::train_step(int64_t step, PendingStep& pending, double& lr) {
   const auto& t = config_.training;
   auto data_start = Clock::now();
   std::vector<data::Batch> micro;
@@ -256,54 +237,66 @@ double Trainer::train_step(int64_t step, metrics::StepMetrics& m) {
     valid_tokens += count_valid_tokens(micro.back().labels);
   }
   const double data_time = seconds_since(data_start);
-  // The loss is normalized by the tokens of the global batch, summed over the ranks sharing it.
+  // The loss is normalized by the tokens of the global batch, summed over the ranks sharing it
+  // (counted on the host from the host batch: no device sync).
   auto& loss_group = runtime_->group(distributed::MeshGroup::loss);
   valid_tokens = static_cast<int64_t>(sum_over(loss_group, static_cast<double>(valid_tokens)));
   LOOM_CHECK_AS(InputError, valid_tokens > 0, "step ", step, ": the batch has no token to predict");
 
   optimizer_->zero_grad();
-  double loss_sum = 0;
-  const auto compute_dtype = autocast();
+  at::Tensor loss_sum;
+  auto& model = *parallel_.parts.front();
   for (size_t i = 0; i < micro.size(); ++i) {
-    auto& batch = micro[i];
-    // Gradients are all-reduced (reduce-scattered) during the last microbatch's backward only.
-    if (data_parallel_) data_parallel_->set_requires_gradient_sync(i + 1 == micro.size());
-    if (fsdp_) fsdp_->set_requires_gradient_sync(i + 1 == micro.size());
+    parallel_.gradient_sync->prepare_microbatch(i + 1 == micro.size());
     at::Tensor loss;
     {
-      AutocastGuard autocast(device_.type(), compute_dtype);
-      at::Tensor logits = model_->forward(batch.inputs.to(device_));
+      AutocastGuard autocast(device_.type(), parallel_.autocast);
+      at::Tensor output = model.forward(micro[i].inputs.to(device_));
       // Divided by the valid tokens of the whole step, so accumulation equals one big batch.
-      loss =
-          cross_entropy_sum(logits, batch.labels.to(device_)) / static_cast<double>(valid_tokens);
+      loss = parallel_.loss(output, micro[i].labels.to(device_)) / static_cast<double>(valid_tokens);
     }
     loss.backward();
-    loss_sum += loss.item<double>();
+    loss_sum = loss_sum.defined() ? loss_sum + loss.detach() : loss.detach();
   }
-  if (data_parallel_) data_parallel_->finish_gradient_sync();
-  if (fsdp_) fsdp_->finish_gradient_sync();
-  m.grad_norm = fsdp_ ? fsdp_->clip_grad_norm(t.max_norm) : clip_grad_norm(parameters_, t.max_norm);
-  m.lr = config_.optimizer.lr * schedule_->factor(step - 1 - lr_step_offset_);
-  set_learning_rate(*optimizer_, m.lr);
+  parallel_.gradient_sync->finish();
+  pending.step = step;
+  pending.loss = loss_sum.to(at::kDouble);
+  pending.grad_norm = clip_grad_norm(parallel_.tensors(), parallel_.placements(), t.max_norm,
+                                     &runtime_->world_group());
+  lr = config_.optimizer.lr * schedule_->factor(step - 1 - lr_step_offset_);
+  set_learning_rate(*optimizer_, lr);
   optimizer_->step();
-  m.loss = sum_over(loss_group, loss_sum);
   return data_time;
 }
 
-bool Trainer::uses_fsdp() const {
-  return runtime_->dims().dp_shard > 1 || config_.debug.force_fsdp;
-}
-
-// FSDP computes in mixed_precision_param by construction (its unsharded parameters have that
-// dtype), so autocast applies without it only.
-std::optional<at::ScalarType> Trainer::autocast() const {
-  return fsdp_ ? std::nullopt : autocast_dtype(config_.training, device_);
+void Trainer::flush_pending(TrainResult& result, metrics::StepMetrics& last) {
+  if (pending_.empty()) return;
+  std::vector<at::Tensor> losses, norms;
+  for (const auto& p : pending_) {
+    losses.push_back(p.loss.reshape({1}));
+    norms.push_back(p.grad_norm.reshape({1}));
+  }
+  auto& loss_group = runtime_->group(distributed::MeshGroup::loss);
+  const at::Tensor loss_values =
+      sum_over(loss_group, at::cat(losses).to(at::kCPU).contiguous()).contiguous();
+  const at::Tensor norm_values = at::cat(norms).to(at::kCPU).contiguous();
+  for (size_t i = 0; i < pending_.size(); ++i) {
+    const double loss = loss_values[static_cast<int64_t>(i)].item<double>();
+    LOOM_CHECK_AS(InputError, std::isfinite(loss), "step ", pending_[i].step, ": loss is ", loss,
+                  " (diverged; lower optimizer.lr or check the data)");
+    result.losses.push_back(loss);
+    result.grad_norms.push_back(norm_values[static_cast<int64_t>(i)].item<double>());
+  }
+  last.loss = result.losses.back();
+  last.grad_norm = result.grad_norms.back();
+  pending_.clear();
 }
 
 double Trainer::validate() {
   at::NoGradGuard no_grad;
-  double loss_sum = 0;
+  at::Tensor loss_sum = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(device_));
   int64_t tokens = 0;
+  auto& model = *parallel_.parts.front();
   // -1: one pass over the whole (finite) validation set.
   const int64_t steps = config_.validation.steps > 0
                             ? config_.validation.steps
@@ -312,17 +305,17 @@ double Trainer::validate() {
   for (int64_t i = 0; i < steps; ++i) {
     data::Batch batch =
         validation_source_->next(config_.validation.local_batch_size, config_.validation.seq_len);
-    AutocastGuard autocast_guard(device_.type(), autocast());
-    loss_sum +=
-        cross_entropy_sum(model_->forward(batch.inputs.to(device_)), batch.labels.to(device_))
-            .item<double>();
+    AutocastGuard autocast_guard(device_.type(), parallel_.autocast);
+    loss_sum += parallel_.loss(model.forward(batch.inputs.to(device_)), batch.labels.to(device_))
+                    .to(at::kDouble);
     tokens += count_valid_tokens(batch.labels);
   }
   // Every rank validated its slice of each global batch.
   auto& loss_group = runtime_->group(distributed::MeshGroup::loss);
-  loss_sum = sum_over(loss_group, loss_sum);
-  const double all_tokens = sum_over(loss_group, static_cast<double>(tokens));
-  return loss_sum / std::max(all_tokens, 1.0);
+  at::Tensor totals = at::cat({loss_sum.to(at::kCPU), at::full({1}, static_cast<double>(tokens),
+                                                               at::kDouble)});
+  totals = sum_over(loss_group, totals);
+  return totals[0].item<double>() / std::max(totals[1].item<double>(), 1.0);
 }
 
 bool Trainer::any_rank_stopping() {
@@ -348,8 +341,14 @@ TrainResult Trainer::train() {
             peak_flops_ / 1e12);
   TrainResult result;
   const auto start = Clock::now();
-  // Per rank (tps is per device); tokens_seen counts the global batch.
+  // Tokens this rank's data-parallel slice trains on per step; a model replica spans the
+  // non-data-parallel ranks (tp x pp x cp), so tps, tflops and MFU count each replica once per
+  // device by dividing by them (torchtitan's convention). tokens_seen counts the global batch.
   const int64_t tokens_per_step = accumulation_steps_ * t.local_batch_size * t.seq_len;
+  const auto& dims = runtime_->dims();
+  const int64_t non_data_parallel = dims.tp * dims.pp * dims.cp;
+  const double device_tokens_per_step =
+      static_cast<double>(tokens_per_step) / static_cast<double>(non_data_parallel);
   const int64_t global_tokens_per_step = tokens_per_step * runtime_->dp_size();
   double window_time = 0, window_data = 0;
   int64_t window_steps = 0;
@@ -365,20 +364,21 @@ TrainResult Trainer::train() {
   for (int64_t step = resume.step + 1; step <= t.steps; ++step) {
     metrics::StepMetrics m;
     const auto step_start = Clock::now();
-    window_data += train_step(step, m);
+    pending_.emplace_back();
+    window_data += train_step(step, pending_.back(), m.lr);
     window_time += seconds_since(step_start);
     ++window_steps;
     if (step == resume.step + 1) runtime_->use_train_timeout();
-    result.losses.push_back(m.loss);
-    result.grad_norms.push_back(m.grad_norm);
     result.steps_completed = step;
     tokens_seen += global_tokens_per_step;
-    LOOM_CHECK_AS(InputError, std::isfinite(m.loss), "step ", step, ": loss is ", m.loss,
-                  " (diverged; lower optimizer.lr or check the data)");
-    if (step % config_.metrics.log_freq == 0 || step == 1 || step == t.steps) {
+    const bool stopping = any_rank_stopping();
+    // Losses are read (one host sync, one all-reduce) only when they are logged.
+    if (step % config_.metrics.log_freq == 0 || step == resume.step + 1 || step == t.steps ||
+        stopping) {
+      flush_pending(result, m);
       m.step = step;
       m.step_time_s = window_time / window_steps;
-      m.tps = static_cast<double>(tokens_per_step) / m.step_time_s;
+      m.tps = device_tokens_per_step / m.step_time_s;
       m.tflops = m.tps * summary_.flops_per_token / 1e12;
       m.mfu_pct = peak_flops_ > 0 ? 100.0 * m.tps * summary_.flops_per_token / peak_flops_ : 0.0;
       m.mem_peak_gib = metrics::peak_memory_gib(device_);
@@ -397,7 +397,6 @@ TrainResult Trainer::train() {
     if (validation_source_ && step % config_.validation.freq == 0) {
       metrics_->log_validation(step, validate(), tokens_seen, seconds_since(start));
     }
-    const bool stopping = any_rank_stopping();
     checkpoint_->on_step_end(step, tokens_seen, step == t.steps, stopping);
     if (stopping) {
       log->warn("stop requested (signal {} here, or on another rank): stopping after step {}",

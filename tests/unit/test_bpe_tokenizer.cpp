@@ -12,7 +12,7 @@
 
 namespace {
 
-const std::string kTokenizers = std::string(LOOM_SOURCE_DIR) + "/../shared/data/tokenizers";
+const std::string kTokenizers = std::string(LOOM_SOURCE_DIR) + "/tests/data/tokenizers";
 
 nlohmann::json vectors() {
   std::ifstream in(std::string(LOOM_SOURCE_DIR) + "/tests/data/tokenizers/tiktoken_vectors.json");
@@ -21,7 +21,7 @@ nlohmann::json vectors() {
 
 void check_encoding(const std::string& name) {
   const std::string path = kTokenizers + "/" + name + ".tiktoken";
-  ASSERT_TRUE(std::ifstream(path).good()) << path << " is missing (the shared data folder)";
+  ASSERT_TRUE(std::ifstream(path).good()) << path << " is missing (shipped in tests/data/tokenizers)";
   auto tokenizer = loom::data::load_tokenizer(path);
   const auto cases = vectors()["encodings"][name];
   ASSERT_GE(cases.size(), 10u);

@@ -110,7 +110,12 @@ TEST(CheckpointChunks, ReplicasSplitTheWritingAndTogetherWriteEverything) {
   std::set<std::string> seen;
   size_t total = 0;
   for (int64_t r = 0; r < 3; ++r) {
-    auto mine = loom::checkpoint::chunks_written_by(chunks, r, 3);
+    for (auto& c : chunks) {
+      c.replica = r;
+      c.replicas = 3;
+      c.replica_set = "dp_replicate:3";
+    }
+    auto mine = loom::checkpoint::chunks_written_by(chunks);
     EXPECT_FALSE(mine.empty()) << "replica " << r << " writes nothing";
     for (const auto& c : mine) seen.insert(c.fqn);
     total += mine.size();
@@ -221,7 +226,7 @@ TEST(CheckpointHf, NamesMapBothWaysAndUnknownNamesAreErrors) {
 }
 
 // The manager's plug-in point for sharded layouts: a checkpoint saved with whole parameters loads
-// into 3-way dim-0 shards (what FSDP ranks hold) through CheckpointTargets::layout, optimizer
+// into 3-way dim-0 shards (what FSDP ranks hold) through each parameter's placement, optimizer
 // moments included.
 TEST(CheckpointManagerLayout, WholeSaveLoadsIntoThreeWayDim0Shards) {
   loom::config::JobConfig c;
@@ -242,7 +247,8 @@ TEST(CheckpointManagerLayout, WholeSaveLoadsIntoThreeWayDim0Shards) {
   };
   {
     loom::checkpoint::CheckpointTargets targets;
-    targets.parameters = {{"w", w}, {"b", b}};
+    targets.parameters = {{"w", w, loom::parallel::Placement::whole(w.sizes())},
+                          {"b", b, loom::parallel::Placement::whole(b.sizes())}};
     targets.optimizer = &optimizer;
     loom::checkpoint::CheckpointManager manager(c, *runtime, targets);
     manager.save(3, 96, false);
@@ -252,21 +258,16 @@ TEST(CheckpointManagerLayout, WholeSaveLoadsIntoThreeWayDim0Shards) {
     const std::map<std::string, at::Tensor> global = {{"w", w.detach()}, {"b", b.detach()}};
     std::map<std::string, int64_t> start;
     std::vector<std::pair<std::string, at::Tensor>> local;
+    loom::checkpoint::CheckpointTargets targets;
     for (const auto& [name, t] : global) {
-      LocalChunk shard = dim0_shard(name, t, r, 3);
-      start[name] = shard.offsets[0];
-      local.emplace_back(name, at::zeros_like(shard.tensor).set_requires_grad(true));
+      auto placement = loom::parallel::Placement::whole(t.sizes()).shard(0, r, 3);
+      start[name] = placement.offsets[0];
+      local.emplace_back(name, at::zeros(placement.lengths).set_requires_grad(true));
+      targets.parameters.push_back({name, local.back().second, placement});
     }
     torch::optim::AdamW shard_optimizer({local[0].second, local[1].second},
                                         torch::optim::AdamWOptions(0.1));
-    loom::checkpoint::CheckpointTargets targets;
-    targets.parameters = local;
     targets.optimizer = &shard_optimizer;
-    targets.layout = [&](const std::string& name, const at::Tensor& t) {
-      std::vector<int64_t> offsets(t.dim(), 0);
-      offsets[0] = start.at(name);
-      return loom::checkpoint::ChunkPlacement{global.at(name).sizes().vec(), offsets};
-    };
     loom::checkpoint::CheckpointManager manager(c, *runtime, targets);
     const auto point = manager.load();
     EXPECT_EQ(point.step, 3);

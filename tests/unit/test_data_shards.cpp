@@ -168,8 +168,8 @@ TEST(Shards, JsonlAndItsPreparedShardsGiveIdenticalBatchesResumeAndDpSlices) {
 
 TEST(Shards, LargeVocabulariesUseUint32) {
   const std::string path =
-      std::string(LOOM_SOURCE_DIR) + "/../shared/data/tokenizers/cl100k_base.tiktoken";
-  ASSERT_TRUE(fs::exists(path)) << path << " is missing (the shared data folder)";
+      std::string(LOOM_SOURCE_DIR) + "/tests/data/tokenizers/cl100k_base.tiktoken";
+  ASSERT_TRUE(fs::exists(path)) << path << " is missing (shipped in tests/data/tokenizers)";
   auto tokenizer = loom::data::load_tokenizer(path);
   const std::string dir = loom::testing::fresh_temp_dir("shards_uint32");
   auto docs = varied_docs(20);

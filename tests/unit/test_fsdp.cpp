@@ -11,9 +11,11 @@
 #include <map>
 
 #include "comm_test_util.h"
+#include "loom/models/llama/parallelize.h"
 #include "loom/models/model_spec.h"
 #include "loom/parallel/fsdp.h"
 #include "loom/train/loss.h"
+#include "loom/train/grad_clip.h"
 #include "loom/train/optimizer.h"
 
 namespace loom {
@@ -30,6 +32,7 @@ constexpr int64_t kSeq = 16;
 
 struct Case {
   int world = 2;
+  bool defer = false;  // FsdpOptions::defer_gradient_sync
   int replicate = 1;   // HSDP: world = replicate x shard
   int64_t vocab = 97;  // 97 rows: padded on 2 and 4 ranks
   ReshardPolicy reshard = ReshardPolicy::kDefault;
@@ -54,6 +57,25 @@ config::JobConfig job(const std::string& ac = "none") {
 at::Tensor tokens(int64_t rows, int64_t vocab) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
   return at::randint(0, vocab, {rows, kSeq + 1}, gen, at::kLong);
+}
+
+// FSDP over a meta model with the units its parallelize function uses.
+std::unique_ptr<FullyShardedDataParallel> shard_model(models::CausalLM& model,
+                                                      std::shared_ptr<distributed::Comm> shard,
+                                                      std::shared_ptr<distributed::Comm> replicate,
+                                                      const FsdpOptions& options) {
+  return std::make_unique<FullyShardedDataParallel>(model, models::llama::fsdp_units(model),
+                                                    std::map<std::string, parallel::Placement>{},
+                                                    std::move(shard), std::move(replicate),
+                                                    at::kCPU, kSeed, options);
+}
+
+// The global gradient norm over FSDP's shards (clipped to max_norm when positive).
+double clip_shards(FullyShardedDataParallel& fsdp, double max_norm, distributed::Comm& world) {
+  std::vector<parallel::Placement> placements;
+  for (const auto& name : fsdp.parameter_names()) placements.push_back(fsdp.placement(name));
+  return train::clip_grad_norm(fsdp.sharded_parameters(), placements, max_norm, &world)
+      .item<double>();
 }
 
 at::Tensor loss_of(models::CausalLM& model, const at::Tensor& batch, double tokens_in_step) {
@@ -132,16 +154,25 @@ void run_case(const Case& c) {
     FsdpOptions options;
     options.reshard = c.reshard;
     options.prefetch = c.prefetch;
-    FullyShardedDataParallel fsdp(*model, shard, replicate, at::kCPU, kSeed, options);
+    options.defer_gradient_sync = c.defer;
+    auto owned = shard_model(*model, shard, replicate, options);
+    FullyShardedDataParallel& fsdp = *owned;
     for (const auto& name : fsdp.parameter_names()) {
       expect_close(fsdp.full_parameter(name), ref.initial.at(name), "initial " + name, 0, 0);
     }
     const double step_tokens = static_cast<double>(batch.size(0) * kSeq);
     for (int m = 0; m < c.micro; ++m) {
-      fsdp.set_requires_gradient_sync(m + 1 == c.micro);
+      const bool last = m + 1 == c.micro;
+      fsdp.prepare_microbatch(last);
       loss_of(*model, batch.narrow(0, r * per_rank + 2 * m, 2), step_tokens).backward();
+      // Between microbatches the unsharded gradients are gone unless deferring keeps them.
+      if (!last) {
+        const int64_t kept = fsdp.unsharded_gradient_bytes();
+        LOOM_CHECK(c.defer ? kept > 0 : kept == 0, "unsharded gradient bytes kept between "
+                   "microbatches: ", kept, c.defer ? " (deferring)" : "");
+      }
     }
-    fsdp.finish_gradient_sync();
+    fsdp.finish();
     // After the step every unsharded parameter's memory is released again.
     for (const auto& p : model->module().parameters()) {
       LOOM_CHECK(p.storage().nbytes() == 0, "an unsharded parameter still holds memory");
@@ -152,7 +183,7 @@ void run_case(const Case& c) {
       expect_close(shards[i].grad(), rows_of(ref.grads.at(name), shard_rank, shard_size),
                    "gradient of " + name);
     }
-    const double norm = fsdp.clip_grad_norm(0.5);
+    const double norm = clip_shards(fsdp, 0.5, groups.world());
     LOOM_CHECK(std::abs(norm - ref.norm) <= 1e-5 * ref.norm, "norm ", norm, " vs ", ref.norm);
     auto optimizer = train::build_optimizer(config.optimizer, shards);
     optimizer->step();
@@ -161,9 +192,11 @@ void run_case(const Case& c) {
     }
     const auto& stats = fsdp.stats();
     const int64_t units = static_cast<int64_t>(fsdp.num_units());
-    LOOM_CHECK(stats.reduce_scatters == units && stats.launched_at_finish == 0,
-               "one reduce-scatter per unit, launched in backward: ", stats.reduce_scatters, ", ",
-               stats.launched_at_finish, " at finish");
+    const int64_t reductions = c.defer ? units : units * c.micro;
+    LOOM_CHECK(stats.reduce_scatters == reductions && stats.launched_at_finish == 0,
+               "one reduce-scatter per unit and synchronized microbatch, launched in backward: ",
+               stats.reduce_scatters, " (expected ", reductions, "), ", stats.launched_at_finish,
+               " at finish");
     // Gathers per microbatch: forward, plus backward for resharded units.
     const int64_t regathered = c.reshard == ReshardPolicy::kAlways    ? units
                                : c.reshard == ReshardPolicy::kDefault ? units - 1
@@ -206,11 +239,15 @@ TEST(Fsdp, ReshardAlwaysAndNeverMatchToo) {
   run_case(never);
 }
 
+// Accumulation reduce-scatters every microbatch into float32 shards by default (no unsharded
+// gradient survives a microbatch); deferring keeps them and reduces once.
 TEST(Fsdp, ComposesWithActivationCheckpointingAndAccumulation) {
   Case c;
   c.ac = "full";
   c.micro = 2;
   c.reshard = ReshardPolicy::kAlways;
+  run_case(c);
+  c.defer = true;
   run_case(c);
 }
 
@@ -238,11 +275,12 @@ TEST(Fsdp, Bfloat16ComputeRunsAndStaysClose) {
     auto model = models::build_model(config, 97, at::TensorOptions().device(at::kMeta));
     FsdpOptions options;
     options.param_dtype = at::kBFloat16;
-    FullyShardedDataParallel fsdp(*model, groups.world_ptr(), nullptr, at::kCPU, kSeed, options);
+    auto owned = shard_model(*model, groups.world_ptr(), nullptr, options);
+    FullyShardedDataParallel& fsdp = *owned;
     loss_of(*model, batch.narrow(0, 2 * groups.rank(), 2), 4.0 * kSeq).backward();
     fsdp.finish_gradient_sync();
     LOOM_CHECK(fsdp.sharded_parameters()[0].scalar_type() == at::kFloat, "float32 masters");
-    const double norm = fsdp.clip_grad_norm(0);
+    const double norm = clip_shards(fsdp, 0, groups.world());
     LOOM_CHECK(std::abs(norm - ref.norm) < 0.05 * ref.norm, "bf16 norm ", norm, " vs ", ref.norm);
   });
   LOOM_EXPECT_RANKS_OK(errors);
@@ -260,14 +298,15 @@ TEST(Fsdp, MemoryAndTrafficFollowZero3) {
       auto model = models::build_model(config, 0, at::TensorOptions().device(at::kMeta));
       FsdpOptions options;
       options.reshard = policy;
-      FullyShardedDataParallel fsdp(*model, groups.world_ptr(), nullptr, at::kCPU, kSeed, options);
+      auto owned = shard_model(*model, groups.world_ptr(), nullptr, options);
+      FullyShardedDataParallel& fsdp = *owned;
       auto optimizer = train::build_optimizer(config.optimizer, fsdp.sharded_parameters());
       const at::Tensor batch = tokens(2, model->vocab_size());
       auto step = [&] {
         optimizer->zero_grad();
         loss_of(*model, batch, 2.0 * kSeq * world).backward();
         fsdp.finish_gradient_sync();
-        fsdp.clip_grad_norm(1.0);
+        clip_shards(fsdp, 1.0, groups.world());
         optimizer->step();
       };
       step();  // AdamW state exists from here on

@@ -24,16 +24,22 @@ struct LocalChunk {
   std::vector<int64_t> global_shape;
   std::vector<int64_t> offsets;  // where the box starts in the global tensor, one per dimension
   at::Tensor tensor;
+  // Ranks holding an identical copy of this box (e.g. DDP replicas; TP ranks for a replicated
+  // norm): this rank's index among them, their number, and a name for the set's mesh axes.
+  int64_t replica = 0;
+  int64_t replicas = 1;
+  std::string replica_set;
 };
 
 // A whole (unsharded or replicated) tensor as a chunk.
 LocalChunk whole_chunk(std::string fqn, at::Tensor tensor);
 
-// Replicas (e.g. DDP ranks, or HSDP's replicate dimension) hold identical chunk lists; each
-// chunk is written by one replica only. Assignment is by bytes (largest first, to the least
-// loaded replica), computed identically on every replica without communication.
-std::vector<LocalChunk> chunks_written_by(const std::vector<LocalChunk>& chunks, int64_t replica,
-                                          int64_t replicas);
+// The chunks this rank writes: each box is written by one rank of its replica set only. Chunks
+// are grouped by replica set (`replica_set`, `replicas`); within a set, the ranks hold the same
+// chunks and split them by bytes (largest first, to the least loaded replica), computed
+// identically on every replica without communication. So tensors replicated over different
+// axes (some over dp_replicate, others over dp_replicate x tp) are each saved exactly once.
+std::vector<LocalChunk> chunks_written_by(const std::vector<LocalChunk>& chunks);
 
 // Writes the chunks (CPU tensors) into one safetensors file durably (temp file, fsync, rename,
 // folder fsync). Returns the index entries of the chunks ({fqn, dtype, global_shape, offsets,

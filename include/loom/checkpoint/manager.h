@@ -24,6 +24,7 @@
 #include "loom/config/job_config.h"
 #include "loom/data/batch_source.h"
 #include "loom/distributed/runtime.h"
+#include "loom/parallel/parallelize.h"
 
 namespace torch::optim {
 class Optimizer;
@@ -31,24 +32,19 @@ class Optimizer;
 
 namespace loom::checkpoint {
 
-// Where a rank's local parameter sits in the global one: FSDP/TP provide this; without it every
-// parameter is whole on every rank.
-struct ChunkPlacement {
-  std::vector<int64_t> global_shape;
-  std::vector<int64_t> offsets;
-};
-using ParameterLayout =
-    std::function<ChunkPlacement(const std::string& name, const at::Tensor& local)>;
-
+// What a rank saves and restores: its local parameters (global names, the tensors the optimizer
+// steps, and each one's placement: box in the global tensor and replica set), the optimizer whose
+// state is found by those tensors, and the data source.
 struct CheckpointTargets {
-  std::vector<std::pair<std::string, at::Tensor>> parameters;  // model FQN -> local tensor
+  std::vector<parallel::ModelParameter> parameters;
   torch::optim::Optimizer* optimizer = nullptr;
   data::BatchSource* data = nullptr;
-  ParameterLayout layout;  // empty: parameters are whole (1 rank, DDP)
-  // Ranks holding identical chunks (DDP's replicas) split the writing between them.
-  int64_t replica_rank = 0;
-  int64_t replica_count = 1;
 };
+
+// A local tensor as the chunk of its global tensor that `placement` says it is (box and replica
+// set); what the manager saves and asks to load for each parameter.
+LocalChunk placed_chunk(const std::string& fqn, const at::Tensor& local,
+                        const parallel::Placement& placement);
 
 // Where training continues after load(): the last completed step (0: from scratch), the tokens
 // seen so far and the learning-rate schedule's step (differs from `step` only when lr_scheduler

@@ -106,6 +106,8 @@ struct ParallelismSection {
   int64_t data_parallel_replicate_degree = 1;
   int64_t data_parallel_shard_degree = -1;
   std::string fsdp_reshard_after_forward = "default";
+  // loom: under gradient accumulation, reduce-scatter only on the last microbatch.
+  bool fsdp_defer_gradient_sync = false;
   int64_t tensor_parallel_degree = 1;
   bool disable_loss_parallel = false;
   bool enable_async_tensor_parallel = false;

@@ -30,6 +30,7 @@ class ParallelRuntime {
   bool is_main_rank() const { return world_.rank == 0; }
 
   Comm& world_group() { return groups_owner_->world(); }
+  std::shared_ptr<Comm> world_group_ptr() { return groups_owner_->world_ptr(); }
   // This rank's group of the given kind (a local one-rank group when the kind has size 1).
   Comm& group(MeshGroup kind) { return *groups_[static_cast<size_t>(kind)]; }
   std::shared_ptr<Comm> group_ptr(MeshGroup kind) { return groups_[static_cast<size_t>(kind)]; }

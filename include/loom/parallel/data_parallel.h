@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "loom/distributed/comm.h"
+#include "loom/parallel/gradient_sync.h"
 
 namespace loom::parallel {
 
@@ -34,11 +35,11 @@ struct DataParallelStats {
   int64_t buckets_launched_at_finish = 0;    // had a parameter without gradient
 };
 
-class DataParallel {
+class DataParallel final : public GradientSync {
  public:
   DataParallel(std::vector<std::pair<std::string, at::Tensor>> named_parameters,
                std::shared_ptr<distributed::Comm> comm, DataParallelOptions options = {});
-  ~DataParallel();
+  ~DataParallel() override;
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
 
@@ -50,6 +51,11 @@ class DataParallel {
   // After the step's last backward: waits for every bucket and writes the reduced gradients
   // back (parameters without a gradient get zeros, reduced like the rest).
   void finish_gradient_sync();
+
+  // GradientSync: all-reduce on the last microbatch only (torch's no_sync on the others).
+  void prepare_microbatch(bool last) override { set_requires_gradient_sync(last); }
+  void finish() override { finish_gradient_sync(); }
+  std::string describe() const override;
 
   size_t num_buckets() const { return buckets_.size(); }
   const DataParallelStats& stats() const { return stats_; }

@@ -1,13 +1,15 @@
 // Fully sharded data parallelism with FSDP2's semantics.
 //
-// Every parameter is split along dim 0 over the fsdp group (dp_shard x cp): rank r keeps rows
-// [r·c, (r+1)·c) with c = ceil(dim0 / N), so the last ranks hold fewer (or no) rows when dim0
-// does not divide; collectives pad to c rows. The local shards are float32 leaves, the
-// optimizer's parameters: master weights, gradients and AdamW state exist only for them.
+// Every parameter (the whole tensor, or the box tensor parallelism left on this rank) is split
+// along dim 0 over the fsdp group (dp_shard x cp): rank r keeps rows [r·c, (r+1)·c) with
+// c = ceil(dim0 / N), so the last ranks hold fewer (or no) rows when dim0 does not divide;
+// collectives pad to c rows. The local shards are float32 leaves, the optimizer's parameters:
+// master weights, gradients and AdamW state exist only for them.
 //
-// The model keeps its parameters as "unsharded" tensors of the full shape in the compute dtype
-// (mixed_precision_param) whose storage is freed while sharded. Parameters are grouped in units
-// (the model's sharding_units(): embedding, each block, [norm + output]). Around each unit:
+// The model keeps its parameters as "unsharded" tensors of the local (pre-FSDP) shape in the
+// compute dtype (mixed_precision_param) whose storage is freed while sharded. Parameters are
+// grouped in units chosen by the model's parallelize function (for Llama: the embedding, each
+// block, [norm + output]); FSDP hooks the first and last module of each unit. Around each unit:
 //  - before forward: all-gather the unit (one collective for all its parameters), then start the
 //    next unit's all-gather asynchronously (prefetch);
 //  - after forward: free the unit again (reshard) unless the policy keeps it; register a hook on
@@ -19,6 +21,13 @@
 // finish_gradient_sync() waits for the reduce-scatters, all-reduces them over the replicate
 // group (HSDP), and sets the shards' gradients.
 //
+// Gradient accumulation (FSDP2's default): every microbatch's backward reduce-scatters its
+// units, and the results accumulate in float32 sharded buffers, so no unsharded gradient
+// outlives its unit's backward. With `defer_gradient_sync` (parallelism.fsdp_defer_gradient_sync)
+// the unsharded gradients of the whole model stay allocated across microbatches and accumulate
+// in the compute dtype, and only the last microbatch reduce-scatters: 1/M-th the traffic for M
+// microbatches, at the memory of one full unsharded gradient copy.
+//
 // Gradients are summed, not averaged: the loss is already divided by the tokens of the global
 // batch. Activation checkpointing composes: its recompute runs inside the unit's backward, after
 // the pre-backward hook gathered the parameters.
@@ -26,13 +35,16 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "loom/config/job_config.h"
 #include "loom/distributed/comm.h"
-#include "loom/models/model_spec.h"
+#include "loom/models/causal_lm.h"
+#include "loom/parallel/gradient_sync.h"
+#include "loom/parallel/placement.h"
 
 namespace loom::parallel {
 
@@ -49,16 +61,19 @@ struct FsdpOptions {
   at::ScalarType reduce_dtype = at::kFloat;  // reduce-scatter (and HSDP all-reduce) dtype
   ReshardPolicy reshard = ReshardPolicy::kDefault;
   bool prefetch = true;  // start the next unit's all-gather before it is needed
+  bool defer_gradient_sync = false;  // reduce-scatter on the last microbatch only (see above)
 };
 
 // The FSDP options of a job: reshard policy from parallelism, reduce dtype from training;
 // `param_dtype` is the compute dtype the trainer chose (mixed_precision_param where it applies).
 FsdpOptions fsdp_options(const config::JobConfig& config, at::ScalarType param_dtype);
 
-// Where a rank's shard sits in the full parameter (checkpoints save it as a chunk there).
-struct ShardPlacement {
-  std::vector<int64_t> global_shape;
-  int64_t first_row = 0;
+// A group of parameters gathered and reduced together, and the model modules whose forward it
+// wraps (the first one's start gathers it, the last one's end may free it).
+struct FsdpUnit {
+  std::string name;
+  std::vector<std::string> modules;
+  std::vector<std::string> parameters;
 };
 
 struct FsdpStats {
@@ -69,17 +84,19 @@ struct FsdpStats {
   int64_t peak_gathered_units = 0;  // most units gathered (or gathering) at once
 };
 
-class FullyShardedDataParallel {
+class FullyShardedDataParallel final : public GradientSync {
  public:
-  // Shards `model` over `shard` (HSDP: and replicates over `replicate`, which may be null or
-  // one rank). The model may live on the meta device: only the local shards are created, on
-  // `device`. Each shard is the slice of the full parameter the model's init_parameter draws
-  // for `seed`, so values equal a one-rank run's whatever the layout (the full parameter is
-  // drawn on `device` one parameter at a time and dropped after slicing).
-  FullyShardedDataParallel(models::CausalLM& model, std::shared_ptr<distributed::Comm> shard,
+  // Shards the parameters of `units` over `shard` (HSDP: and replicates over `replicate`, which
+  // may be null or one rank). The model lives on the meta device: only the local shards are
+  // created, on `device`, by materialize_local (parallel/parallelize.h) from each parameter's
+  // placement before FSDP (`placements`; absent: the whole parameter), so values equal a
+  // one-rank run's whatever the layout.
+  FullyShardedDataParallel(models::CausalLM& model, std::vector<FsdpUnit> units,
+                           const std::map<std::string, Placement>& placements,
+                           std::shared_ptr<distributed::Comm> shard,
                            std::shared_ptr<distributed::Comm> replicate, const at::Device& device,
                            uint64_t seed, FsdpOptions options = {});
-  ~FullyShardedDataParallel();
+  ~FullyShardedDataParallel() override;
   FullyShardedDataParallel(const FullyShardedDataParallel&) = delete;
   FullyShardedDataParallel& operator=(const FullyShardedDataParallel&) = delete;
 
@@ -87,22 +104,24 @@ class FullyShardedDataParallel {
   const std::vector<at::Tensor>& sharded_parameters() const { return shards_; }
   const std::vector<std::string>& parameter_names() const { return names_; }
 
-  // Gradient accumulation: with sync off (every microbatch but the last), unsharded gradients
-  // accumulate locally and nothing is reduce-scattered; the last microbatch's backward
-  // reduce-scatters the accumulated sum (FSDP2's set_requires_gradient_sync).
+  // GradientSync: before each microbatch (sync off on all but the last one only with
+  // defer_gradient_sync), and after the step's last backward: the shards' .grad() then hold
+  // the global gradient slices.
+  void prepare_microbatch(bool last) override;
+  void finish() override { finish_gradient_sync(); }
+  std::string describe() const override;
+  // FSDP2's set_requires_gradient_sync: with sync off, unsharded gradients accumulate locally.
   void set_requires_gradient_sync(bool sync) { sync_ = sync; }
-  // After the step's last backward: the shards' .grad() hold the global gradient slices.
   void finish_gradient_sync();
-  // Global L2 norm of the gradients over all shards (the squared local norms summed over the
-  // shard group; HSDP replicas hold identical shards after their all-reduce, so they are not
-  // summed again), and the same clipping rule as train::clip_grad_norm. Every rank calls it.
-  double clip_grad_norm(double max_norm);
 
   // The full float32 value of parameter `name` (a collective: every rank of the shard group
   // calls it; for tests and exports).
   at::Tensor full_parameter(const std::string& name);
 
-  ShardPlacement shard_placement(const std::string& name) const;
+  // Where this rank's shard of `name` sits in the global parameter.
+  const Placement& placement(const std::string& name) const;
+  // Bytes of unsharded gradients alive now (between microbatches: 0 unless deferring).
+  int64_t unsharded_gradient_bytes() const;
 
   int64_t local_numel() const;  // elements of this rank's shards
   int64_t total_numel() const;  // elements of the whole model
@@ -121,8 +140,10 @@ class FullyShardedDataParallel {
  private:
   struct Param;
   struct Unit;
-  Param shard_parameter(const std::string& name, const std::vector<int64_t>& shape, size_t unit,
+  Param shard_parameter(const std::string& name, const Placement& before, size_t unit,
                         int64_t offset, uint64_t seed);
+  void install_hooks(const std::vector<FsdpUnit>& units);
+  void fold_reduce_scatter(Unit& unit);
   void start_unshard(Unit& unit, bool prefetch);
   void wait_unshard(Unit& unit);
   void reshard(Unit& unit);
@@ -138,6 +159,7 @@ class FullyShardedDataParallel {
   std::vector<std::string> names_;
   FsdpStats stats_;
   bool sync_ = true;
+  std::vector<std::string> hooked_modules_;
 };
 
 }  // namespace loom::parallel

@@ -1,7 +1,9 @@
 // The training loop `loom train` runs, on one rank of a job (or alone). It reads like the job's
-// data path in DESIGN.md: runtime (ranks, mesh, groups), device, data, model and its parallel
-// wrappers, optimizer and schedule, then steps with metrics, validation and a clean stop on
-// SIGTERM.
+// data path in DESIGN.md: runtime (ranks, mesh, groups), device, data, the model built on the
+// meta device and handed to its family's parallelize function (which applies TP, activation
+// checkpointing, FSDP/DDP and materializes the local parameters), optimizer and schedule, then
+// steps with metrics, validation and a clean stop on SIGTERM. The trainer never names a wrapper:
+// it holds model parts, parameters with placements, one gradient-sync object and a loss.
 #pragma once
 
 #include <memory>
@@ -15,8 +17,7 @@
 #include "loom/distributed/runtime.h"
 #include "loom/metrics/metrics.h"
 #include "loom/models/model_spec.h"
-#include "loom/parallel/data_parallel.h"
-#include "loom/parallel/fsdp.h"
+#include "loom/parallel/parallelize.h"
 #include "loom/train/lr_scheduler.h"
 #include "loom/train/optimizer.h"
 
@@ -35,6 +36,10 @@ struct TrainResult {
   uint64_t comm_wire_bytes = 0;  // sent by this rank over every group
 };
 
+// The tokenizer a job trains with: null when every dataset it reads is synthetic (the model then
+// keeps its flavor's vocabulary). Throws InputError for a bad tokenizer path.
+std::unique_ptr<data::Tokenizer> load_job_tokenizer(const config::JobConfig& config);
+
 class Trainer {
  public:
   // `source` / `validation_source` null: built from the config (training.dataset, ...).
@@ -44,26 +49,31 @@ class Trainer {
 
   TrainResult train();
 
-  models::CausalLM& model() { return *model_; }
-  // Under FSDP (dp_shard > 1 or debug.force_fsdp): the sharding wrapper; the model's own parameters
-  // are then empty unsharded holders outside forward/backward, the shards are here. Null otherwise.
-  parallel::FullyShardedDataParallel* fsdp() { return fsdp_.get(); }
+  // The first model part (the whole model without pipeline parallelism).
+  models::CausalLM& model() { return *parallel_.parts.front(); }
+  const parallel::ParallelModel& parallel_model() const { return parallel_; }
   distributed::ParallelRuntime& runtime() { return *runtime_; }
   const at::Device& device() const { return device_; }
   uint64_t seed() const { return seed_; }
   checkpoint::CheckpointManager& checkpointer() { return *checkpoint_; }
 
  private:
+  // Per-step values kept on the device until a logging step reads them (one host sync per log).
+  struct PendingStep {
+    int64_t step = 0;
+    at::Tensor loss;       // this rank's part of the step's loss (summed over the loss group later)
+    at::Tensor grad_norm;  // already global
+  };
+
   void setup_runtime();
   void build_model();
-  void apply_parallelism();
   void build_data(std::unique_ptr<data::BatchSource> source,
                   std::unique_ptr<data::BatchSource> validation_source);
   void build_checkpointer();
-  double train_step(int64_t step, metrics::StepMetrics& metrics);
+  double train_step(int64_t step, PendingStep& pending, double& lr);
+  // Reduces and reads the pending steps' losses and norms into `result` (a collective).
+  void flush_pending(TrainResult& result, metrics::StepMetrics& last);
   double validate();
-  std::optional<at::ScalarType> autocast() const;
-  bool uses_fsdp() const;  // dp_shard > 1, or debug.force_fsdp
   // True on every rank once any rank was asked to stop (all ranks leave after the same step).
   bool any_rank_stopping();
 
@@ -73,10 +83,7 @@ class Trainer {
   uint64_t seed_ = 0;
   int64_t accumulation_steps_ = 1;
   std::unique_ptr<data::Tokenizer> tokenizer_;
-  std::unique_ptr<models::CausalLM> model_;
-  std::vector<at::Tensor> parameters_;
-  std::unique_ptr<parallel::DataParallel> data_parallel_;
-  std::unique_ptr<parallel::FullyShardedDataParallel> fsdp_;
+  parallel::ParallelModel parallel_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::optional<LRSchedule> schedule_;
   int64_t lr_step_offset_ = 0;  // training step minus schedule step (lr_scheduler not resumed)
@@ -84,6 +91,7 @@ class Trainer {
   std::unique_ptr<data::BatchSource> validation_source_;
   std::unique_ptr<metrics::MetricsLogger> metrics_;
   std::unique_ptr<checkpoint::CheckpointManager> checkpoint_;
+  std::vector<PendingStep> pending_;
   double peak_flops_ = 0;
   models::ModelSummary summary_;
 };

@@ -97,7 +97,8 @@ void init_weights(Transformer& model, uint64_t seed) {
     at::Tensor param = item.value();
     init_parameter(model->args, item.key(), param, seed);
   }
-  model->init_freqs_cis();
+  const auto params = model->parameters();
+  model->init_freqs_cis(params.empty() ? at::Device(at::kCPU) : params.front().device());
 }
 
 }  // namespace loom::models::llama

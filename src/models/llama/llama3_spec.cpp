@@ -10,20 +10,30 @@
 #include "loom/parallel/activation_checkpoint.h"
 
 namespace loom::models::llama {
+
+parallel::ParallelModel parallelize_llama(std::unique_ptr<CausalLM> model,
+                                          const parallel::ParallelContext& context);
+
 namespace {
 
 class Llama3Model : public CausalLM {
  public:
-  Llama3Model(const LlamaArgs& args, const std::string& flavor, const at::TensorOptions& options)
-      : flavor_(flavor), model_(args, options) {}
+  Llama3Model(const LlamaArgs& args, const std::string& flavor, const at::TensorOptions& options,
+              const ModelPart& part)
+      : flavor_(flavor), model_(args, options, part) {}
 
-  at::Tensor forward(const at::Tensor& tokens) override { return model_->forward(tokens); }
+  at::Tensor forward(const at::Tensor& input) override { return model_->forward(input); }
   torch::nn::Module& module() override { return *model_; }
+  const ModelPart& part() const override { return model_->part; }
   void init_weights(uint64_t seed) override { llama::init_weights(model_, seed); }
   int64_t vocab_size() const override { return model_->args.vocab_size; }
 
-  std::vector<ShardingUnit> sharding_units() const override { return model_->sharding_units(); }
-  void set_unit_hooks(UnitHooks hooks) override { model_->set_unit_hooks(std::move(hooks)); }
+  std::vector<std::string> hookable_modules() const override {
+    return model_->hookable_modules();
+  }
+  void set_forward_hooks(const std::string& module, ForwardHooks hooks) override {
+    model_->set_forward_hooks(module, std::move(hooks));
+  }
   void replace_parameter(const std::string& name, const at::Tensor& value) override {
     models::replace_parameter(*model_, name, value);
   }
@@ -47,7 +57,7 @@ class Llama3Model : public CausalLM {
     // 6 FLOPs per parameter per token (forward 2, backward 4) for the matmuls, plus attention
     // scores and values: 12 * layers * heads * head_dim * seq_len.
     s.flops_per_token = 6.0 * static_cast<double>(s.total_params - s.embedding_params) +
-                        12.0 * a.n_layers * a.n_heads * a.head_dim() * static_cast<double>(seq_len);
+                        12.0 * static_cast<double>(model_->blocks.size()) * a.n_heads * a.head_dim() * static_cast<double>(seq_len);
     std::ostringstream d;
     d << "dim " << a.dim << ", layers " << a.n_layers << ", heads " << a.n_heads << " (kv "
       << a.kv_heads() << ", head_dim " << a.head_dim() << "), ffn hidden " << a.ffn_hidden_dim()
@@ -60,7 +70,8 @@ class Llama3Model : public CausalLM {
   void apply_activation_checkpointing(const config::ActivationCheckpointSection& ac) override {
     auto wrap =
         parallel::blocks_to_checkpoint(ac.mode, ac.selective_ac_option, model_->args.n_layers);
-    for (int64_t i = 0; i < model_->args.n_layers; ++i) {
+    for (const auto& block : model_->blocks) {
+      const int64_t i = block->layer_id;
       if (!wrap[static_cast<size_t>(i)]) {
         model_->set_block_runner(i, nullptr);
         continue;
@@ -85,7 +96,7 @@ std::unique_ptr<CausalLM> build_llama3(const BuildOptions& options) {
   LlamaArgs args = it->second;
   if (options.vocab_size > 0) args.vocab_size = options.vocab_size;
   if (options.max_seq_len > 0) args.max_seq_len = options.max_seq_len;
-  return std::make_unique<Llama3Model>(args, options.flavor, options.tensor_options);
+  return std::make_unique<Llama3Model>(args, options.flavor, options.tensor_options, options.part);
 }
 
 }  // namespace
@@ -99,6 +110,7 @@ ModelSpec llama3_spec() {
     return names;
   };
   spec.build = build_llama3;
+  spec.parallelize = parallelize_llama;
   return spec;
 }
 

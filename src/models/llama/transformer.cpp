@@ -21,64 +21,92 @@ at::Tensor TransformerBlockImpl::forward(const at::Tensor& x, const at::Tensor& 
   return h + feed_forward->forward(ffn_norm->forward(h));
 }
 
-TransformerImpl::TransformerImpl(const LlamaArgs& model_args, const at::TensorOptions& options)
-    : args(model_args) {
+TransformerImpl::TransformerImpl(const LlamaArgs& model_args, const at::TensorOptions& options,
+                                 ModelPart model_part)
+    : args(model_args), part(model_part) {
   args.validate();
-  tok_embeddings = register_module("tok_embeddings", Embedding(args.vocab_size, args.dim, options));
-  layers = register_module("layers", torch::nn::ModuleList());
-  for (int64_t i = 0; i < args.n_layers; ++i) {
-    blocks.emplace_back(i, args, options);
-    layers->push_back(blocks.back());
+  if (part.end_layer < 0) part.end_layer = args.n_layers;
+  LOOM_CHECK(0 <= part.first_layer && part.first_layer <= part.end_layer &&
+                 part.end_layer <= args.n_layers,
+             "model part: layers [", part.first_layer, ", ", part.end_layer, ") of ",
+             args.n_layers);
+  if (part.embedding) {
+    tok_embeddings =
+        register_module("tok_embeddings", Embedding(args.vocab_size, args.dim, options));
   }
-  norm = register_module("norm", RMSNorm(args.dim, args.norm_eps, options));
-  output = register_module("output", Linear(args.dim, args.vocab_size, options));
-  runners_.resize(static_cast<size_t>(args.n_layers));
-}
-
-void TransformerImpl::init_freqs_cis() {
-  init_freqs_cis(tok_embeddings->weight.device());
+  layers = register_module("layers", std::make_shared<torch::nn::Module>("layers"));
+  for (int64_t i = part.first_layer; i < part.end_layer; ++i) {
+    blocks.emplace_back(i, args, options);
+    layers->register_module(std::to_string(i), blocks.back());
+  }
+  if (part.head) {
+    norm = register_module("norm", RMSNorm(args.dim, args.norm_eps, options));
+    output = register_module("output", Linear(args.dim, args.vocab_size, options));
+  }
+  runners_.resize(blocks.size());
 }
 
 void TransformerImpl::init_freqs_cis(const at::Device& device) {
-  freqs_cis = precompute_freqs_cis(args, args.max_seq_len, device);
+  freqs_cis = blocks.empty() ? at::Tensor() : precompute_freqs_cis(args, args.max_seq_len, device);
 }
 
-std::vector<ShardingUnit> TransformerImpl::sharding_units() const {
-  std::vector<ShardingUnit> units;
-  units.push_back({"tok_embeddings", {"tok_embeddings.weight"}});
-  for (size_t i = 0; i < blocks.size(); ++i) {
-    ShardingUnit unit{"layers." + std::to_string(i), {}};
-    for (const auto& item : blocks[i]->named_parameters()) {
-      unit.parameters.push_back(unit.name + "." + item.key());
-    }
-    units.push_back(std::move(unit));
+std::vector<std::string> TransformerImpl::hookable_modules() const {
+  std::vector<std::string> names;
+  if (part.embedding) names.push_back("tok_embeddings");
+  for (const auto& block : blocks) names.push_back("layers." + std::to_string(block->layer_id));
+  if (part.head) {
+    names.push_back("norm");
+    names.push_back("output");
   }
-  units.push_back({"norm+output", {"norm.weight", "output.weight"}});
-  return units;
+  return names;
 }
 
-at::Tensor TransformerImpl::run_unit(size_t unit, const std::function<at::Tensor()>& body) {
-  if (hooks_.before_forward) hooks_.before_forward(unit);
+void TransformerImpl::set_forward_hooks(const std::string& module, ForwardHooks hooks) {
+  const auto known = hookable_modules();
+  LOOM_CHECK(std::find(known.begin(), known.end(), module) != known.end(),
+             "no hookable module '", module, "' in this model part");
+  if (!hooks.before && !hooks.after) {
+    hooks_.erase(module);
+  } else {
+    hooks_[module] = std::move(hooks);
+  }
+}
+
+at::Tensor TransformerImpl::hooked(const std::string& module,
+                                   const std::function<at::Tensor()>& body) {
+  auto it = hooks_.find(module);
+  if (it == hooks_.end()) return body();
+  if (it->second.before) it->second.before();
   at::Tensor out = body();
-  return hooks_.after_forward ? hooks_.after_forward(unit, out) : out;
+  return it->second.after ? it->second.after(out) : out;
 }
 
 void TransformerImpl::set_block_runner(int64_t layer_id, BlockRunner runner) {
-  LOOM_CHECK(layer_id >= 0 && layer_id < args.n_layers, "no layer ", layer_id);
-  runners_[static_cast<size_t>(layer_id)] = std::move(runner);
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    if (blocks[i]->layer_id == layer_id) {
+      runners_[i] = std::move(runner);
+      return;
+    }
+  }
+  LOOM_THROW(InternalError, "layer ", layer_id, " is not in this model part");
 }
 
-at::Tensor TransformerImpl::forward(const at::Tensor& tokens) {
-  LOOM_CHECK(freqs_cis.defined(), "init_freqs_cis() must run before forward");
-  LOOM_CHECK_AS(InputError, tokens.size(1) <= args.max_seq_len, "sequence of ", tokens.size(1),
+at::Tensor TransformerImpl::forward(const at::Tensor& input) {
+  LOOM_CHECK(blocks.empty() || freqs_cis.defined(), "init_freqs_cis() must run before forward");
+  const int64_t seq = input.size(1);
+  LOOM_CHECK_AS(InputError, seq <= args.max_seq_len, "sequence of ", seq,
                 " tokens is longer than max_seq_len ", args.max_seq_len);
-  at::Tensor h = run_unit(0, [&] { return tok_embeddings->forward(tokens); });
+  at::Tensor h = part.embedding
+                     ? hooked("tok_embeddings", [&] { return tok_embeddings->forward(input); })
+                     : input;
   for (size_t i = 0; i < blocks.size(); ++i) {
-    h = run_unit(i + 1, [&] {
+    h = hooked("layers." + std::to_string(blocks[i]->layer_id), [&] {
       return runners_[i] ? runners_[i](blocks[i], h, freqs_cis) : blocks[i]->forward(h, freqs_cis);
     });
   }
-  h = run_unit(blocks.size() + 1, [&] { return output->forward(norm->forward(h)); });
+  if (!part.head) return h;
+  h = hooked("norm", [&] { return norm->forward(h); });
+  h = hooked("output", [&] { return output->forward(h); });
   return h.to(at::kFloat);
 }
 

@@ -1,15 +1,15 @@
-// The Llama 3 decoder. Parameter names follow torchtitan's llama3 exactly (tok_embeddings,
-// layers.N.attention.wq, layers.N.feed_forward.w1, attention_norm, ffn_norm, norm, output):
-// they are checkpoint keys and sharding keys.
+// The Llama 3 decoder, whole or one part of it (a range of layers, with or without the
+// embedding and the head). Parameter names follow torchtitan's llama3 exactly (tok_embeddings,
+// layers.N.attention.wq, layers.N.feed_forward.w1, attention_norm, ffn_norm, norm, output) and
+// layers keep their global index N in every part: the names are checkpoint and sharding keys.
 #pragma once
 
-#include <torch/nn/modules/container/modulelist.h>
-
 #include <functional>
+#include <map>
 
+#include "loom/models/causal_lm.h"
 #include "loom/models/llama/attention.h"
 #include "loom/models/llama/feed_forward.h"
-#include "loom/models/model_spec.h"
 
 namespace loom::models::llama {
 
@@ -32,32 +32,31 @@ using BlockRunner =
 
 class TransformerImpl : public torch::nn::Module {
  public:
-  TransformerImpl(const LlamaArgs& args, const at::TensorOptions& options);
-  // tokens [bs, seq] int64 -> logits [bs, seq, vocab] in float32
-  at::Tensor forward(const at::Tensor& tokens);
+  TransformerImpl(const LlamaArgs& args, const at::TensorOptions& options, ModelPart part = {});
+  // With the embedding: tokens [bs, seq] int64; else hidden states [bs, seq, dim]. With the
+  // head: logits [bs, seq, vocab] float32; else hidden states.
+  at::Tensor forward(const at::Tensor& input);
 
-  // Rotations for up to args.max_seq_len positions; (re)computed on the parameters' device, so
-  // call after the model is materialized or moved.
-  void init_freqs_cis();
+  // Rotations for up to args.max_seq_len positions on `device` (after materialization).
   void init_freqs_cis(const at::Device& device);
-  // Per-block wrappers (activation checkpointing); empty entries run the block directly.
+  // Per-block wrappers (activation checkpointing); an empty runner runs the block directly.
   void set_block_runner(int64_t layer_id, BlockRunner runner);
-  // FSDP's units: tok_embeddings (0), each block (1..n_layers), [norm, output] (n_layers + 1).
-  std::vector<ShardingUnit> sharding_units() const;
-  void set_unit_hooks(UnitHooks hooks) { hooks_ = std::move(hooks); }
+  std::vector<std::string> hookable_modules() const;
+  void set_forward_hooks(const std::string& module, ForwardHooks hooks);
 
   LlamaArgs args;
-  Embedding tok_embeddings{nullptr};
-  torch::nn::ModuleList layers{nullptr};
-  std::vector<TransformerBlock> blocks;  // the same modules as `layers`, typed
-  RMSNorm norm{nullptr};
-  Linear output{nullptr};
+  ModelPart part;  // end_layer resolved
+  Embedding tok_embeddings{nullptr};               // null without the embedding
+  std::shared_ptr<torch::nn::Module> layers;       // children named by global layer index
+  std::vector<TransformerBlock> blocks;            // this part's blocks, in order
+  RMSNorm norm{nullptr};                           // null without the head
+  Linear output{nullptr};                          // null without the head
   at::Tensor freqs_cis;  // not a parameter: never saved, recomputed from args
 
  private:
-  at::Tensor run_unit(size_t unit, const std::function<at::Tensor()>& body);
-  std::vector<BlockRunner> runners_;
-  UnitHooks hooks_;
+  at::Tensor hooked(const std::string& module, const std::function<at::Tensor()>& body);
+  std::vector<BlockRunner> runners_;  // per block of this part
+  std::map<std::string, ForwardHooks> hooks_;
 };
 TORCH_MODULE(Transformer);
 

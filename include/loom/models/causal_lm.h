@@ -1,0 +1,81 @@
+// What the trainer and the parallel wrappers need from any decoder-only language model, or from
+// one part of it (a pipeline stage holds a range of layers, with or without the embedding and
+// the head). Parameters keep their global names (`layers.17.attention.wq.weight`) in every part,
+// so checkpoints and initialization do not depend on how the model is split.
+#pragma once
+
+#include <torch/nn/module.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "loom/config/job_config.h"
+
+namespace loom::models {
+
+struct ParameterShape {
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t numel = 0;
+};
+
+struct ModelSummary {
+  std::string family;
+  std::string flavor;
+  int64_t total_params = 0;
+  int64_t embedding_params = 0;  // token embedding table (excluded from FLOPs)
+  double flops_per_token = 0;    // training (forward + backward) FLOPs per token at seq_len
+  int64_t seq_len = 0;
+  std::vector<ParameterShape> parameters;
+  std::string description;  // family-specific dimensions, one line
+};
+
+// Which part of the model to build: layers [first_layer, end_layer) (end -1: through the last),
+// and whether the part starts with the token embedding and ends with the final norm and output.
+struct ModelPart {
+  int64_t first_layer = 0;
+  int64_t end_layer = -1;
+  bool embedding = true;
+  bool head = true;
+};
+
+// Called around one submodule's forward (parallel wrappers use them the way FSDP2 uses module
+// hooks). `after` returns the module's output, possibly with autograd hooks registered on it.
+struct ForwardHooks {
+  std::function<void()> before;
+  std::function<at::Tensor(const at::Tensor& output)> after;
+};
+
+class CausalLM {
+ public:
+  virtual ~CausalLM() = default;
+  // The whole model: tokens [bs, seq] -> logits [bs, seq, vocab] float32. A part takes tokens
+  // (with the embedding) or hidden states [bs, seq, dim], and returns logits (with the head) or
+  // hidden states.
+  virtual at::Tensor forward(const at::Tensor& input) = 0;
+  virtual torch::nn::Module& module() = 0;
+  virtual const ModelPart& part() const = 0;
+  virtual ModelSummary summary(int64_t seq_len) const = 0;
+  virtual int64_t vocab_size() const = 0;
+  // activation_checkpoint.mode / selective_ac_option, per transformer block of this part.
+  virtual void apply_activation_checkpointing(const config::ActivationCheckpointSection& ac) = 0;
+
+  // Submodules that accept forward hooks, in forward order ("tok_embeddings", "layers.3",
+  // "norm", "output"); set_forward_hooks with empty hooks removes them.
+  virtual std::vector<std::string> hookable_modules() const = 0;
+  virtual void set_forward_hooks(const std::string& module, ForwardHooks hooks) = 0;
+
+  // Materialization: the model is built on the meta device; each parameter is then replaced by
+  // a real tensor (its whole value, or this rank's box of it), drawn by init_parameter.
+  virtual void replace_parameter(const std::string& name, const at::Tensor& value) = 0;
+  // Fills `full` (the parameter's global shape, any device) with the draw for `name` and `seed`:
+  // the same values whatever the layout (parameter_seed(seed, name) in models/llama/init.h).
+  virtual void init_parameter(const std::string& name, at::Tensor& full, uint64_t seed) = 0;
+  // Non-parameter state (rope tables) on `device`, once the parameters are real.
+  virtual void init_buffers(const at::Device& device) = 0;
+  // Draws every parameter in place, whole (models built directly on a real device: tests, tools).
+  virtual void init_weights(uint64_t seed) = 0;
+};
+
+}  // namespace loom::models

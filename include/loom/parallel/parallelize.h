@@ -1,0 +1,78 @@
+// What a model family's parallelize function receives and returns (registered on its
+// ModelSpec). It applies, in order, tensor parallelism, activation checkpointing, then
+// FSDP/HSDP or DDP, materializes the local parameters, and hands the trainer everything it
+// needs without the trainer knowing which wrappers exist.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "loom/config/job_config.h"
+#include "loom/models/causal_lm.h"
+#include "loom/parallel/gradient_sync.h"
+#include "loom/parallel/placement.h"
+
+namespace loom::distributed {
+class ParallelRuntime;
+}
+
+namespace loom::parallel {
+
+struct ParallelContext {
+  const config::JobConfig& config;
+  distributed::ParallelRuntime& runtime;
+  at::Device device{at::kCPU};
+  uint64_t seed = 0;
+  at::ScalarType param_dtype = at::kFloat;          // training.dtype
+  std::optional<at::ScalarType> autocast_dtype;     // mixed_precision_param where it applies
+};
+
+// A parameter the optimizer steps: its global name, the local tensor, and where it sits.
+struct ModelParameter {
+  std::string name;
+  at::Tensor tensor;
+  Placement placement;
+};
+
+// Summed token cross-entropy of the last part's output against the labels (the trainer divides
+// by the step's valid tokens).
+using LossFunction = std::function<at::Tensor(const at::Tensor& output, const at::Tensor& labels)>;
+
+struct ParallelModel {
+  // One part without pipeline parallelism; the parts this rank runs otherwise.
+  std::vector<std::unique_ptr<models::CausalLM>> parts;
+  std::vector<ModelParameter> parameters;
+  // Declared after `parts`: destroyed first (wrappers unhook themselves from the parts).
+  std::vector<std::unique_ptr<GradientSync>> wrappers;
+  std::unique_ptr<GradientSync> gradient_sync;
+  LossFunction loss;
+  // Autocast for forward and loss; nullopt where the wrappers compute in their own dtype (FSDP's
+  // mixed_precision_param).
+  std::optional<at::ScalarType> autocast;
+  std::string description;  // one line for the log: wrappers and their groups
+
+  std::vector<at::Tensor> tensors() const;
+  std::vector<Placement> placements() const;
+  // The wrapper of type W among `wrappers`, or null (tests and tools, never the trainer).
+  template <typename W>
+  W* find() const {
+    for (const auto& w : wrappers) {
+      if (auto* typed = dynamic_cast<W*>(w.get())) return typed;
+    }
+    return nullptr;
+  }
+};
+
+// A local box of parameter `name` drawn from its (seed, name) generator: the global tensor is
+// drawn on `options`' device one parameter at a time, and the box cut out of it. The one
+// materialization path for every layout.
+at::Tensor materialize_local(models::CausalLM& model, const std::string& name,
+                             const Placement& placement, const at::TensorOptions& options,
+                             uint64_t seed);
+
+}  // namespace loom::parallel

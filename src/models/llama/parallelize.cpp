@@ -1,0 +1,138 @@
+#include "loom/models/llama/parallelize.h"
+
+#include <ATen/ATen.h>
+
+#include <map>
+
+#include "loom/core/check.h"
+#include "loom/distributed/runtime.h"
+#include "loom/parallel/data_parallel.h"
+#include "loom/train/loss.h"
+
+namespace loom::models::llama {
+namespace {
+
+using distributed::MeshGroup;
+using parallel::ModelParameter;
+using parallel::ParallelModel;
+using parallel::Placement;
+
+bool uses_fsdp(const parallel::ParallelContext& context) {
+  const auto& dims = context.runtime.dims();
+  return dims.dp_shard * dims.cp > 1 || context.config.debug.force_fsdp;
+}
+
+// Every parameter's box before the data-parallel wrappers (whole until TP splits some).
+std::map<std::string, Placement> initial_placements(CausalLM& model) {
+  std::map<std::string, Placement> placements;
+  for (const auto& item : model.module().named_parameters()) {
+    placements.emplace(item.key(), Placement::whole(item.value().sizes()));
+  }
+  return placements;
+}
+
+// FSDP (HSDP with dp_replicate > 1): the shards become the optimizer's parameters, the
+// unsharded parameters compute in mixed_precision_param (so no autocast on top).
+void apply_fsdp(ParallelModel& out, CausalLM& model, const std::map<std::string, Placement>& boxes,
+                const parallel::ParallelContext& context) {
+  const at::ScalarType compute = context.autocast_dtype.value_or(context.param_dtype);
+  auto fsdp = std::make_unique<parallel::FullyShardedDataParallel>(
+      model, fsdp_units(model), boxes, context.runtime.group_ptr(MeshGroup::fsdp),
+      context.runtime.group_ptr(MeshGroup::dp_replicate), context.device, context.seed,
+      parallel::fsdp_options(context.config, compute));
+  const auto& names = fsdp->parameter_names();
+  for (size_t i = 0; i < names.size(); ++i) {
+    out.parameters.push_back({names[i], fsdp->sharded_parameters()[i], fsdp->placement(names[i])});
+  }
+  out.autocast = std::nullopt;
+  out.wrappers.push_back(std::move(fsdp));
+}
+
+// Without FSDP: every local box is drawn in training.dtype on the device; DDP all-reduces the
+// gradients of replicas.
+void materialize_and_replicate(ParallelModel& out, CausalLM& model,
+                               const std::map<std::string, Placement>& boxes,
+                               const parallel::ParallelContext& context) {
+  const auto options = at::TensorOptions().dtype(context.param_dtype).device(context.device);
+  auto replicas = context.runtime.group_ptr(MeshGroup::dp_replicate);
+  std::vector<std::pair<std::string, at::Tensor>> named;
+  for (const auto& [name, box] : boxes) {
+    at::Tensor local = parallel::materialize_local(model, name, box, options, context.seed);
+    local.set_requires_grad(true);
+    model.replace_parameter(name, local);
+  }
+  model.init_buffers(context.device);
+  // Registration order (DDP buckets in reverse of it, roughly backward's order).
+  for (const auto& item : model.module().named_parameters()) {
+    Placement placement = boxes.at(item.key());
+    if (replicas->size() > 1) {
+      placement = placement.replicate(parallel::MeshAxis::of(replicas), /*partial=*/true);
+    }
+    out.parameters.push_back({item.key(), item.value(), std::move(placement)});
+    named.emplace_back(item.key(), item.value());
+  }
+  out.autocast = context.autocast_dtype;
+  if (replicas->size() > 1) {
+    out.wrappers.push_back(std::make_unique<parallel::DataParallel>(std::move(named), replicas));
+  }
+}
+
+}  // namespace
+
+std::vector<parallel::FsdpUnit> fsdp_units(CausalLM& model) {
+  std::map<std::string, std::vector<std::string>> params_of;
+  for (const auto& item : model.module().named_parameters()) {
+    const std::string& name = item.key();
+    std::string module = name.substr(0, name.rfind('.'));  // "layers.3.attention.wq"
+    if (module.rfind("layers.", 0) == 0) {
+      module = module.substr(0, module.find('.', std::string("layers.").size()));  // "layers.3"
+    }
+    params_of[module].push_back(name);
+  }
+  std::vector<parallel::FsdpUnit> units;
+  for (const std::string& module : model.hookable_modules()) {
+    auto params = params_of[module];
+    // The final norm and the output projection run back to back: one unit.
+    if (module == "output" && !units.empty() && units.back().name == "norm") {
+      units.back().name = "norm+output";
+      units.back().modules.push_back(module);
+      for (auto& p : params) units.back().parameters.push_back(std::move(p));
+      continue;
+    }
+    units.push_back({module, {module}, std::move(params)});
+  }
+  return units;
+}
+
+parallel::ParallelModel parallelize_llama(std::unique_ptr<CausalLM> model,
+                                          const parallel::ParallelContext& context) {
+  const auto& dims = context.runtime.dims();
+  LOOM_CHECK_AS(InputError, dims.tp == 1 && dims.pp == 1 && dims.cp == 1,
+                "parallelism: tensor, pipeline and context parallel degrees other than 1 are not "
+                "implemented yet (",
+                dims.describe(), ")");
+  LOOM_CHECK(model->module().parameters().front().is_meta(),
+             "parallelize_llama expects a model built on the meta device");
+  ParallelModel out;
+  // 1. Tensor parallelism: not yet (every box is whole).
+  const auto boxes = initial_placements(*model);
+  // 2. Activation checkpointing, inside the data-parallel wrappers' unit hooks.
+  model->apply_activation_checkpointing(context.config.activation_checkpoint);
+  // 3. FSDP/HSDP or DDP, which also materialize the local parameters.
+  if (uses_fsdp(context)) {
+    apply_fsdp(out, *model, boxes, context);
+  } else {
+    materialize_and_replicate(out, *model, boxes, context);
+  }
+  auto chain = std::make_unique<parallel::GradientSyncChain>();
+  for (const auto& wrapper : out.wrappers) chain->add(wrapper.get());
+  out.description = chain->describe();
+  out.gradient_sync = std::move(chain);
+  out.loss = [](const at::Tensor& logits, const at::Tensor& labels) {
+    return train::cross_entropy_sum(logits, labels);
+  };
+  out.parts.push_back(std::move(model));
+  return out;
+}
+
+}  // namespace loom::models::llama

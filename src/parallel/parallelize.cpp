@@ -1,0 +1,35 @@
+#include "loom/parallel/parallelize.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+
+#include "loom/core/check.h"
+
+namespace loom::parallel {
+
+std::vector<at::Tensor> ParallelModel::tensors() const {
+  std::vector<at::Tensor> out;
+  out.reserve(parameters.size());
+  for (const auto& p : parameters) out.push_back(p.tensor);
+  return out;
+}
+
+std::vector<Placement> ParallelModel::placements() const {
+  std::vector<Placement> out;
+  out.reserve(parameters.size());
+  for (const auto& p : parameters) out.push_back(p.placement);
+  return out;
+}
+
+at::Tensor materialize_local(models::CausalLM& model, const std::string& name,
+                             const Placement& placement, const at::TensorOptions& options,
+                             uint64_t seed) {
+  at::NoGradGuard no_grad;
+  // The global draw, one parameter at a time: the box's values do not depend on the layout.
+  at::Tensor global = at::empty(placement.global_shape, options);
+  model.init_parameter(name, global, seed);
+  if (placement.is_whole()) return global;
+  return local_view(global, placement).clone();
+}
+
+}  // namespace loom::parallel
