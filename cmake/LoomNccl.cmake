@@ -10,7 +10,7 @@
 #   the system's default folders (Debian's libnccl-dev: /usr/include)
 # Result: LOOM_NCCL_INCLUDE_DIR (cached) and LOOM_NCCL_HEADER_VERSION ("2.28.9").
 
-set(_loom_nccl_hint
+string(CONCAT _loom_nccl_hint
   "loom's NCCL code paths need <nccl.h>, which LibTorch does not ship. Install the NCCL "
   "headers matching LibTorch's NCCL (the torch wheel's nvidia-nccl package provides "
   "site-packages/nvidia/nccl/include; Debian/Ubuntu: libnccl-dev), pass "
@@ -27,22 +27,24 @@ if(NCCL_INCLUDE_DIR)
   set(LOOM_NCCL_INCLUDE_DIR ${NCCL_INCLUDE_DIR} CACHE PATH "Folder holding nccl.h" FORCE)
 else()
   # The wheel layout: site-packages/torch (TORCH_INSTALL_PREFIX) next to site-packages/nvidia.
-  set(_loom_nccl_candidates
-    ${TORCH_INSTALL_PREFIX}/../nvidia/nccl/include
-    ${TORCH_INSTALL_PREFIX}/../nvidia/cu13/include
-    ${TORCH_INSTALL_PREFIX}/../nvidia/cu12/include
-    ${TORCH_INSTALL_PREFIX}/include)
-  find_path(LOOM_NCCL_INCLUDE_DIR nccl.h
-    PATHS ${_loom_nccl_candidates} ${CUDAToolkit_INCLUDE_DIRS} ${CUDA_TOOLKIT_ROOT_DIR}/include
-    NO_DEFAULT_PATH)
+  set(_loom_nccl_candidates)
+  foreach(_dir ${TORCH_INSTALL_PREFIX}/../nvidia/nccl/include
+               ${TORCH_INSTALL_PREFIX}/../nvidia/cu13/include
+               ${TORCH_INSTALL_PREFIX}/../nvidia/cu12/include
+               ${CUDAToolkit_INCLUDE_DIRS} ${CUDA_TOOLKIT_ROOT_DIR}/include)
+    get_filename_component(_dir ${_dir} ABSOLUTE)
+    list(APPEND _loom_nccl_candidates ${_dir})
+  endforeach()
+  list(REMOVE_DUPLICATES _loom_nccl_candidates)
+  find_path(LOOM_NCCL_INCLUDE_DIR nccl.h PATHS ${_loom_nccl_candidates} NO_DEFAULT_PATH)
   find_path(LOOM_NCCL_INCLUDE_DIR nccl.h)  # the default folders, when the above found nothing
 endif()
 
 if(NOT LOOM_NCCL_INCLUDE_DIR)
+  list(JOIN _loom_nccl_candidates ", " _loom_nccl_searched)
   message(FATAL_ERROR "NCCL headers not found: LibTorch ${LOOM_TORCH_VERSION} was built with "
-                      "NCCL, and nccl.h is in none of: ${_loom_nccl_candidates} "
-                      "${CUDAToolkit_INCLUDE_DIRS} or the default include folders.\n"
-                      "${_loom_nccl_hint}")
+                      "NCCL, and nccl.h is in none of ${_loom_nccl_searched} or the default "
+                      "include folders.\n${_loom_nccl_hint}")
 endif()
 get_filename_component(LOOM_NCCL_INCLUDE_DIR ${LOOM_NCCL_INCLUDE_DIR} ABSOLUTE)
 
