@@ -46,10 +46,23 @@ write_results() {
 
 finish() {
   ((PHASE_OPEN)) && phase_end
+  check_outputs
   write_results
   printf '\n=== done in %s s: %s; %s\n' "$(seconds_since "$CHECK_START")" \
     "$( ((OVERALL)) && echo "SOME PHASES FAILED" || echo "every phase ok")" "$OUT/results.md"
   exit "$OVERALL"
+}
+
+# The device tool returns at most 8 files of $OUT, 16 MiB each, no more than 2 folders down.
+check_outputs() {
+  phase "outputs"
+  local files
+  files="$(find "$OUT" -type f | wc -l)"
+  note "$files files, $(du -sh "$OUT" | cut -f1)"
+  ((files <= 8)) || phase_fails "$files files in \$OUT: the device tool returns 8"
+  [[ -z "$(find "$OUT" -mindepth 1 -type d)" ]] || phase_fails "folders in \$OUT"
+  [[ -z "$(find "$OUT" -type f -size +15M)" ]] || phase_fails "a file in \$OUT over 15 MiB"
+  phase_end
 }
 
 # ------------------------------------------------------------------------------ toolchain, carry
@@ -102,7 +115,9 @@ hide_host_extras() {
     note "this machine's packages are NOT hidden (needs root and unshare -m); environment cleared"
     return
   fi
-  local entry host hidden=0
+  local entry host hidden=0 error_header="$WORK/hidden_header.h"
+  echo '#error "hidden by tools/gpu_check.sh --dry-run: the GPU machine lacks this header"' \
+    > "$error_header"
   for entry in "$CARRY_PREFIX"/include/* "$CARRY_LIBDIR"/* "$CARRY_LIBDIR"/cmake/* \
                "$CARRY_PREFIX"/share/cmake/*; do
     host="/${entry#"$CARRY/root/"}"
@@ -110,10 +125,22 @@ hide_host_extras() {
       cmake | pkgconfig | libpcre2-8.so.0* | libz.so.1*) continue ;;  # folders; grep's runtime
     esac
     [[ -e "$host" ]] || continue
-    if [[ -d "$host" ]]; then mount -t tmpfs none "$host"; else mount --bind /dev/null "$host"; fi \
-      && hidden=$((hidden + 1))
+    if [[ -d "$host" ]]; then
+      mount -t tmpfs none "$host"
+    elif [[ "$host" == /usr/include/* ]]; then
+      mount --bind "$error_header" "$host"
+    else
+      mount --bind /dev/null "$host"  # a library: "file format not recognized", "file too short"
+    fi && hidden=$((hidden + 1))
   done
   note "hid $hidden of this machine's files and folders that the carry provides"
+  # Proof: the compiler's default folders no longer hold them.
+  local header
+  for header in fmt/core.h spdlog/spdlog.h nlohmann/json.hpp toml++/toml.h CLI/CLI.hpp zlib.h; do
+    if printf '#include <%s>\n' "$header" | c++ -fsyntax-only -x c++ - 2> /dev/null; then
+      phase_fails "<$header> is still visible"
+    fi
+  done
   # nccl.h: in every folder where this machine's toolkit or compiler would find a copy.
   local folder seen=" "
   for folder in "$CUDA_ROOT/include" /usr/local/cuda*/include /usr/local/include /usr/include; do
@@ -122,6 +149,10 @@ hide_host_extras() {
     seen+="$folder "
     hide_nccl_in "$folder"
   done
+  if printf '#include <nccl.h>\n' | c++ -fsyntax-only -x c++ -isystem "$CUDA_ROOT/include" \
+       -isystem /usr/local/cuda/include - 2> /dev/null; then
+    phase_fails "<nccl.h> is still visible outside the torch wheel"
+  fi
 }
 
 # Bind over `folder` a folder of links to everything in it but nccl*.
