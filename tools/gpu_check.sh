@@ -72,9 +72,8 @@ phase "machine"
 if ((DRY_RUN)); then
   note "dry run: no GPU (CUDA_VISIBLE_DEVICES=)"
   # Like a machine without nvcc on PATH: the toolkit must be found by find_build_tools.
-  if command -v nvcc > /dev/null; then
-    PATH="$(tr ':' '\n' <<< "$PATH" | grep -vxF "$(dirname "$(command -v nvcc)")" | paste -sd:)"
-  fi
+  PATH="$(tr ':' '\n' <<< "$PATH" | while read -r dir; do [[ -x "$dir/nvcc" ]] || echo "$dir"; done \
+    | paste -sd:)"
 else
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv || phase_fails
 fi

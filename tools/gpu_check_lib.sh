@@ -79,6 +79,7 @@ find_build_tools() {
     while IFS= read -r candidate; do
       if [[ -n "$candidate" && -x "$candidate/bin/nvcc" ]]; then
         export CUDAToolkit_ROOT="$candidate" CUDA_HOME="$candidate" PATH="$candidate/bin:$PATH"
+        echo "  no nvcc on PATH: using the toolkit in $candidate"
         break
       fi
     done < <(printf '%s\n' /usr/local/cuda /usr/local/cuda-13.0
@@ -155,7 +156,8 @@ hide_host_extras() {
   fi
 }
 
-# Bind over `folder` a folder of links to everything in it but nccl*.
+# Bind over `folder` a folder of links to everything in it but nccl*. (The real folder stays
+# mounted under $WORK/hidden while the namespace lives: never delete $WORK from inside it.)
 hide_nccl_in() {
   local folder="$1" file
   local real="$WORK/hidden/${1//\//_}" shadow="$WORK/shadow/${1//\//_}"
