@@ -9,6 +9,7 @@
 #   LOOM_TORCH_HAS_GLOO      ... with Gloo (CPU collectives)
 #   LOOM_WITH_CUDA / LOOM_WITH_NCCL   options (default: what LibTorch has) selecting loom's CUDA and
 #                            NCCL code paths; the CPU path is always built.
+#   LOOM_NCCL_INCLUDE_DIR    with LOOM_WITH_NCCL: the folder holding nccl.h (LoomNccl.cmake)
 #   target loom::torch       LibTorch for loom targets (includes, libraries, compile definitions)
 
 set(LOOM_MIN_TORCH_VERSION 2.4)
@@ -88,11 +89,17 @@ endif()
 if(LOOM_WITH_NCCL AND NOT (LOOM_WITH_CUDA AND LOOM_TORCH_HAS_NCCL))
   message(FATAL_ERROR "LOOM_WITH_NCCL=ON needs LOOM_WITH_CUDA=ON and LibTorch built with NCCL")
 endif()
+if(LOOM_WITH_NCCL)
+  include(LoomNccl)
+endif()
 
 add_library(loom_torch INTERFACE)
 add_library(loom::torch ALIAS loom_torch)
 target_link_libraries(loom_torch INTERFACE ${TORCH_LIBRARIES})
 target_compile_options(loom_torch INTERFACE ${TORCH_CXX_FLAGS})
+if(LOOM_WITH_NCCL)
+  target_include_directories(loom_torch SYSTEM INTERFACE ${LOOM_NCCL_INCLUDE_DIR})
+endif()
 # Code paths are chosen per target by these definitions, never by global flags.
 target_compile_definitions(loom_torch INTERFACE
   LOOM_WITH_CUDA=$<BOOL:${LOOM_WITH_CUDA}> LOOM_WITH_NCCL=$<BOOL:${LOOM_WITH_NCCL}>)

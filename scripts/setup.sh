@@ -15,8 +15,9 @@ cd "$ROOT"
 
 TORCH_VERSION="2.11.0"   # pinned: reproducible builds, and the version on the GPU machine
 # transformers: the Hugging Face export test (tests/python/test_hf_export.py).
-PYTHON_PACKAGES=("safetensors==0.6.2" "transformers==4.57.1")  # 5.x needs safetensors>=0.8, whose
-# serialize_file API tools/reference does not speak
+# tools/reference speaks both safetensors serialize_file APIs (0.6's dicts, 0.8's TensorSpec, which
+# the GPU machine has); CI pins 0.6.2 and the transformers that goes with it.
+PYTHON_PACKAGES=("safetensors==0.6.2" "transformers==4.57.1")
 BUILD_TYPE="${LOOM_BUILD_TYPE:-Release}"
 BUILD_DIR="${LOOM_BUILD_DIR:-build}"
 APT_PACKAGES=(

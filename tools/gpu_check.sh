@@ -1,99 +1,155 @@
 #!/usr/bin/env bash
-# The one prepared script for a lent GPU machine (see README "GPU check"). It builds loom there
-# against that machine's own PyTorch, with the header packages carried in .gpu_carry/
-# (tools/prepare_gpu_carry.sh), runs the CUDA-labelled tests, the rest of the suite and the
-# benchmarks that exist, and writes everything under $OUT.
+# The one prepared check for a lent GPU machine (docs/build.md, "GPU check"): builds loom there
+# against that machine's PyTorch with the packages carried in .gpu_carry/, runs the CUDA tests,
+# the version-sensitive Python tools, a device-count check and timed trainings on the GPU, and
+# leaves a compact report in $OUT. Every phase prints a timing line.
 #
-# Device tool call (from the repository root):
-#   tools/prepare_gpu_carry.sh            # here, once
-#   run(command="tools/gpu_check.sh", carry=[".gpu_carry"], timeout_s=540)
+#   tools/prepare_gpu_carry.sh         here, once: .gpu_carry (Debian headers and libraries)
+#   tools/gpu_check.sh --dry-run       here: every phase that can run without a GPU (see below)
+#   device run: command="tools/gpu_check.sh", carry=[".gpu_carry"], timeout_s=540
+#
+# Options:
+#   --dry-run    no GPU: hides this machine's copies of the carried packages and the CUDA
+#                toolkit's nccl.h (a private mount namespace; needs root and unshare), clears
+#                CPATH & co., sets CUDA_VISIBLE_DEVICES=, builds the same targets the same way,
+#                validates every GPU training's exact config and runs it shrunk on the CPU.
+#   --cpu-suite  also run the CPU test suite (with CUDA hidden); minutes, so off by default:
+#                CI covers it.
+# Environment: OUT (results; the device tool sets it; default gpu_out/, git-ignored),
+#   PYTHON (python3 there; the dry run uses .venv/bin/python), LOOM_GPU_WORK (dump folders;
+#   default a new folder in /tmp), LOOM_GPU_JOBS (default nproc), LOOM_GPU_TRAIN_TIMEOUT (120 s).
+#
+# $OUT receives 7 flat files (the device tool returns at most 8): results.md (each phase's status
+# and seconds, the training figures), gpu_check.log (everything printed), configure.log,
+# build.log, tests.log, train.log and metrics.jsonl (every logged step of every training).
 set -uo pipefail
+
+DRY_RUN=0
+CPU_SUITE=0
+for arg in "$@"; do
+  case "$arg" in
+    --dry-run) DRY_RUN=1 ;;
+    --cpu-suite) CPU_SUITE=1 ;;
+    -h | --help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "gpu_check.sh: unknown argument '$arg' (see --help)" >&2; exit 2 ;;
+  esac
+done
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
+# The dry run hides this machine's extras inside a private mount namespace (run again in one).
+if ((DRY_RUN)) && [[ -z "${LOOM_GPU_CHECK_NAMESPACE:-}" ]] && [[ "$(id -u)" == 0 ]] &&
+  unshare -m --propagation private true 2>/dev/null; then
+  LOOM_GPU_CHECK_NAMESPACE=1 exec unshare -m --propagation private "$0" "$@"
+fi
+
+source "$ROOT/tools/gpu_check_lib.sh"
+
+CARRY="${LOOM_GPU_CARRY:-$ROOT/.gpu_carry}"
 OUT="${OUT:-$ROOT/gpu_out}"
-mkdir -p "$OUT"
+WORK="${LOOM_GPU_WORK:-$(mktemp -d /tmp/loom-gpu-check.XXXXXX)}"
+JOBS="${LOOM_GPU_JOBS:-$(nproc)}"
+TRAIN_TIMEOUT="${LOOM_GPU_TRAIN_TIMEOUT:-120}"
+if ((DRY_RUN)); then
+  BUILD="$ROOT/build-gpu-dry"
+  PYTHON="${PYTHON:-$ROOT/.venv/bin/python}"
+  export CUDA_VISIBLE_DEVICES=
+else
+  BUILD="$ROOT/build-gpu"
+  PYTHON="${PYTHON:-python3}"
+fi
+mkdir -p "$OUT" "$WORK"
+rm -f "$OUT"/{results.md,gpu_check.log,configure.log,build.log,tests.log,train.log,metrics.jsonl}
 exec > >(tee "$OUT/gpu_check.log") 2>&1
-CARRY="$ROOT/.gpu_carry"
-BUILD="$ROOT/build-gpu"
-JOBS="$(nproc)"
-status=0
-step() { printf '\n=== %s (%s)\n' "$*" "$(date -u +%H:%M:%S)"; }
-fail() { echo "FAILED: $*"; status=1; }
+# Only what this script passes explicitly may steer the build.
+unset CPATH C_INCLUDE_PATH CPLUS_INCLUDE_PATH LIBRARY_PATH CMAKE_PREFIX_PATH CMAKE_INCLUDE_PATH \
+  CMAKE_LIBRARY_PATH Torch_DIR NCCL_INCLUDE_DIR TORCH_CUDA_ARCH_LIST
+echo "gpu_check.sh $([[ $DRY_RUN == 1 ]] && echo "--dry-run ")on $(uname -n), $(date -u +%FT%TZ)"
+echo "out: $OUT   work: $WORK   build: $BUILD   jobs: $JOBS"
 
-step "machine"
-nvidia-smi | tee "$OUT/nvidia-smi.txt" || fail "nvidia-smi"
-PYTHON="${PYTHON:-python3}"
-"$PYTHON" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.is_available())' \
-  || { fail "python3 cannot import torch"; exit 1; }
-TORCH_PREFIX="$("$PYTHON" -c 'import torch; print(torch.utils.cmake_prefix_path)')"
-
-step "build tools"
-if ! command -v cmake >/dev/null || ! command -v ninja >/dev/null; then
-  "$PYTHON" -m pip install --quiet --no-index --find-links "$CARRY/wheels" --target "$CARRY/pytools" cmake ninja \
-    || fail "installing carried cmake/ninja wheels"
-  export PATH="$CARRY/pytools/bin:$PATH"
-  export PYTHONPATH="$CARRY/pytools${PYTHONPATH:+:$PYTHONPATH}"
+# ---------------------------------------------------------------------------------------------
+phase "machine"
+if ((DRY_RUN)); then
+  note "dry run: no GPU (CUDA_VISIBLE_DEVICES=)"
+  # Like a machine without nvcc on PATH: the toolkit must be found by find_build_tools.
+  PATH="$(tr ':' '\n' <<< "$PATH" | while read -r dir; do [[ -x "$dir/nvcc" ]] || echo "$dir"; done \
+    | paste -sd:)"
+else
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv || phase_fails
 fi
-if ! "$PYTHON" -c 'import safetensors' 2>/dev/null; then
-  "$PYTHON" -m pip install --quiet --no-index --find-links "$CARRY/wheels" --target "$CARRY/pylibs" safetensors \
-    || fail "installing the carried safetensors wheel"
-  export PYTHONPATH="$CARRY/pylibs${PYTHONPATH:+:$PYTHONPATH}"
+PYTHON="$(command -v "$PYTHON")" || { phase_fails "no Python '$PYTHON'"; finish; }
+"$PYTHON" - <<'PY' || phase_fails "python cannot import torch"
+import importlib.metadata as m, platform, torch
+print(f"python {platform.python_version()}  torch {torch.__version__} (CUDA {torch.version.cuda}) "
+      f"sees {torch.cuda.device_count()} GPU(s)")
+for name in ("safetensors", "transformers"):
+    try:
+        print(f"{name} {m.version(name)}")
+    except m.PackageNotFoundError:
+        print(f"{name} not installed")
+PY
+phase_end
+
+phase "toolchain"
+find_build_tools || phase_fails
+read_carry_manifest || phase_fails
+((DRY_RUN)) && [[ ${#PHASE_FAILURES[@]} == 0 ]] && hide_host_extras
+phase_end
+[[ "$PHASE_STATUS_LAST" == ok ]] || finish
+
+phase "configure"
+configure_loom > "$OUT/configure.log" 2>&1 || { tail -40 "$OUT/configure.log"; phase_fails; }
+report_dependencies
+phase_end
+[[ "$PHASE_STATUS_LAST" == ok ]] || finish
+
+phase "build"
+build_targets=(loom)
+grep -q "^LOOM_WITH_CUDA:BOOL=ON" "$BUILD/CMakeCache.txt" && build_targets+=(loom_cuda_tests)
+note "targets: ${build_targets[*]} on $JOBS jobs"
+cmake --build "$BUILD" -j "$JOBS" --target "${build_targets[@]}" > "$OUT/build.log" 2>&1 \
+  || { grep -m 20 -B2 -A8 "error" "$OUT/build.log" | tail -80; phase_fails; }
+phase_end
+[[ "$PHASE_STATUS_LAST" == ok ]] || finish
+LOOM="$BUILD/bin/loom"
+"$LOOM" --version | sed 's/^/  /'
+
+phase "python tools (CUDA hidden)"
+# The PyTorch reference of the golden tests against this machine's safetensors (seconds; the
+# transformers export test is CPU work and runs with --cpu-suite).
+CUDA_VISIBLE_DEVICES= ctest --test-dir "$BUILD" --timeout 120 --output-on-failure \
+  -R '^(reference_safetensors_io|reference_self_test)$' >> "$OUT/tests.log" 2>&1 || phase_fails
+tail -3 "$OUT/tests.log"
+phase_end
+
+phase "cuda tests"
+if ((DRY_RUN)); then
+  listed="$(ctest --test-dir "$BUILD" -L cuda -N | grep -c 'Test *#')"
+  note "$listed CUDA tests registered (they run on the GPU only)"
+  ((listed > 0)) || phase_fails "no CUDA tests registered"
+else
+  ctest --test-dir "$BUILD" -L cuda --timeout 120 --no-tests=error --output-on-failure \
+    >> "$OUT/tests.log" 2>&1 || phase_fails
+  grep -E "tests passed|tests failed|Failed|\*\*\*" "$OUT/tests.log" | tail -8
 fi
-cmake --version | head -1; ninja --version; c++ --version | head -1
-# Torch's CMake config needs a CUDA toolkit; without nvcc on PATH, try the usual places and the
-# toolkit that PyPI's nvidia packages put next to torch.
-if ! command -v nvcc >/dev/null; then
-  for candidate in /usr/local/cuda /usr/local/cuda-13.0 \
-      "$("$PYTHON" -c 'import nvidia, os; print(os.path.join(os.path.dirname(nvidia.__file__), "cu13"))' 2>/dev/null)"; do
-    if [[ -n "$candidate" && -x "$candidate/bin/nvcc" ]]; then
-      export CUDAToolkit_ROOT="$candidate" CUDA_HOME="$candidate" PATH="$candidate/bin:$PATH"
-      break
-    fi
-  done
+phase_end
+
+phase "device check"
+check_more_ranks_than_gpus
+phase_end
+
+run_training "100M bf16" 100M 16 2048 40
+run_training "100M fp32" 100M 16 2048 40 --training.mixed_precision_param float32
+run_training "100M FSDP" 100M 16 2048 40 --debug.force_fsdp true
+run_training "8B_4layers bf16" 8B_4layers 2 4096 20
+
+if ((CPU_SUITE)); then
+  phase "CPU suite (CUDA hidden)"
+  cmake --build "$BUILD" -j "$JOBS" >> "$OUT/build.log" 2>&1 || phase_fails "building the tests"
+  CUDA_VISIBLE_DEVICES= ctest --test-dir "$BUILD" -LE cuda -j "$JOBS" --timeout 300 \
+    >> "$OUT/tests.log" 2>&1 || phase_fails
+  tail -3 "$OUT/tests.log"
+  phase_end
 fi
-command -v nvcc >/dev/null && nvcc --version | tail -1 || echo "warning: no nvcc found; Torch's CMake config may fail"
-[[ -d "$CARRY/root/usr/include" ]] || { fail "no carried headers in $CARRY (run tools/prepare_gpu_carry.sh)"; exit 1; }
 
-step "configure + build"
-start=$(date +%s)
-cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOOM_USE_CCACHE=OFF \
-  -DCMAKE_PREFIX_PATH="$TORCH_PREFIX;$CARRY/root/usr" -DGTEST_ROOT="$CARRY/root/usr" \
-  -DLOOM_PYTHON="$(command -v "$PYTHON")" \
-  > "$OUT/configure.log" 2>&1 || { tail -50 "$OUT/configure.log"; fail "configure"; exit 1; }
-cmake --build "$BUILD" -j "$JOBS" > "$OUT/build.log" 2>&1 || { tail -80 "$OUT/build.log"; fail "build"; exit 1; }
-echo "build took $(($(date +%s) - start)) s"
-export LD_LIBRARY_PATH="$CARRY/root/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-"$BUILD/bin/loom" --version | tee "$OUT/version.txt" || fail "loom --version"
-
-step "CUDA tests"
-ctest --test-dir "$BUILD" -L cuda --output-on-failure --no-tests=error --output-junit "$OUT/cuda_tests.xml" \
-  || fail "cuda tests"
-
-step "all other tests"
-ctest --test-dir "$BUILD" -LE cuda --output-on-failure -j "$JOBS" --output-junit "$OUT/tests.xml" \
-  || fail "tests"
-
-step "benchmarks"
-# Training on the GPU: bf16 autocast (training.mixed_precision_param), tokens/s and MFU from
-# metrics.jsonl. The 100M flavor with long sequences, then the debug model.
-for flavor in 100M debugmodel; do
-  timeout 240 "$BUILD/bin/loom" train --model.flavor "$flavor" --training.dataset synthetic \
-    --training.device cuda --training.local_batch_size 16 --training.seq_len 2048 \
-    --training.steps 40 --metrics.log_freq 10 --debug.seed 0 --activation_checkpoint.mode none \
-    --job.dump_folder "$OUT/train_${flavor}_cuda" || fail "cuda training ($flavor)"
-  tail -1 "$OUT/train_${flavor}_cuda/metrics.jsonl" 2>/dev/null
-done
-# FSDP's code paths on the one GPU (debug.force_fsdp: a one-rank shard group), bf16 all-gather
-# and compute, float32 masters and reduce-scatter.
-timeout 240 "$BUILD/bin/loom" train --model.flavor 100M --training.dataset synthetic \
-  --training.device cuda --training.local_batch_size 16 --training.seq_len 2048 \
-  --training.steps 40 --metrics.log_freq 10 --debug.seed 0 --debug.force_fsdp true \
-  --job.dump_folder "$OUT/train_100M_cuda_fsdp" || fail "cuda FSDP training (100M)"
-tail -1 "$OUT/train_100M_cuda_fsdp/metrics.jsonl" 2>/dev/null
-# CPU side-by-side with eager PyTorch (16 cores there).
-"$PYTHON" tools/bench_train.py --loom "$BUILD/bin/loom" --python "$PYTHON" --rounds 2 --steps 6 \
-  --json "$OUT/bench_train_cpu.json" || fail "bench_train.py"
-
-step "done: status $status"
-exit $status
+finish

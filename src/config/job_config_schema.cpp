@@ -79,7 +79,8 @@ void add_model_sections(Schema& s) {
                                      [](JobConfig& c) -> ModelSection& { return c.model; });
   model.field("name", &ModelSection::name, "Model family in the model registry.");
   model.field("flavor", &ModelSection::flavor,
-              "Size of the model family (debugmodel, 8B, 70B, 405B for llama3).");
+              "Size of the model family (debugmodel, 100M, 8B, 8B_4layers, 70B, 405B for "
+              "llama3).");
   model.field("hf_assets_path", &ModelSection::hf_assets_path,
               "Folder with Hugging Face assets: tokenizer files, config.json, safetensors.");
   model.field("tokenizer_path", &ModelSection::tokenizer_path,

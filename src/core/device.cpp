@@ -1,6 +1,7 @@
 #include "loom/core/device.h"
 
 #include "loom/core/build_info.h"
+#include "loom/core/check.h"
 
 namespace loom::device {
 
@@ -16,6 +17,18 @@ AcceleratorInfo query_accelerators() {
   fill_cuda_info(info);
 #endif
   return info;
+}
+
+void check_gpu_per_local_rank(const std::string& setting, int local_world_size, int gpu_count) {
+  LOOM_CHECK_AS(InputError, gpu_count > 0, "training.device = '", setting,
+                "' trains on CUDA, but no CUDA device is available (this node runs ",
+                local_world_size, " local rank(s)); train on CPU with --training.device cpu");
+  LOOM_CHECK_AS(InputError, gpu_count >= local_world_size, "training.device = '", setting,
+                "' trains on CUDA with one GPU per local rank (local rank i uses cuda:i), but this "
+                "node runs ", local_world_size, " local ranks and sees ", gpu_count,
+                " GPU(s). Start at most ", gpu_count, " rank(s) per node (loom launch --nproc-per-node ",
+                gpu_count, "), make more GPUs visible "
+                "(CUDA_VISIBLE_DEVICES), or train on CPU with --training.device cpu");
 }
 
 }  // namespace loom::device

@@ -2,6 +2,7 @@
 
 #include <chrono>
 
+#include "loom/core/device.h"
 #include "loom/core/env.h"
 #include "loom/core/logging.h"
 
@@ -34,6 +35,11 @@ ParallelRuntime::ParallelRuntime(const config::JobConfig& config, WorldInfo worl
     : world_(std::move(world)),
       dims_(ParallelDims::from_config(config.parallelism, world_.world_size)),
       mesh_(dims_) {
+  // Before the rendezvous: a rank without a GPU of its own must stop here, not hang in NCCL.
+  if (with_cuda) {
+    device::check_gpu_per_local_rank(config.training.device, world_.local_world_size,
+                                     device::query_accelerators().device_count);
+  }
   groups_owner_ = std::make_unique<ProcessGroups>(comm_init(world_, config.comm, with_cuda));
   for (MeshGroup kind : kAllMeshGroups) {
     groups_[static_cast<size_t>(kind)] =

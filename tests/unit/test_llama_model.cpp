@@ -47,6 +47,8 @@ TEST(LlamaArgs, FlavorParameterCountsOnMeta) {
     return spec.build(options)->summary(8192).total_params;
   };
   EXPECT_EQ(count("8B"), 8030261248);
+  // 8B less 28 of its layers (218112000 parameters each).
+  EXPECT_EQ(count("8B_4layers"), 8030261248 - 28 * 218112000LL);
   EXPECT_EQ(count("70B"), 70553706496);
   EXPECT_EQ(count("405B"), 405853388800);
 }

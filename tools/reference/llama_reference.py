@@ -10,7 +10,6 @@ import time
 _T0 = time.perf_counter()  # before importing torch, so bench can report startup cost
 
 import argparse
-import ctypes
 import dataclasses
 import json
 import math
@@ -24,8 +23,9 @@ warnings.filterwarnings("ignore", message=".*Failed to initialize NumPy.*")
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-# Low-level API on purpose: safetensors.torch needs `packaging`, which the venv lacks.
-from safetensors import safe_open, serialize_file
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import safetensors_io  # noqa: E402  (next to this file; speaks both serialize_file APIs)
 
 IGNORE_INDEX = -100
 
@@ -110,23 +110,15 @@ def load_model_args(path):
 
 # ----------------------------------------------------------------------------- safetensors io
 def save_tensors(path, tensors, metadata=None):
-    entries = {}
-    for name, t in tensors.items():
-        t = t.detach().cpu().contiguous().clone()  # clone: storage holds exactly this tensor
-        entries[name] = {"dtype": str(t.dtype).removeprefix("torch."),
-                         "shape": list(t.shape),
-                         # one memory copy (iterating the storage in Python takes seconds per MB)
-                         "data": ctypes.string_at(t.data_ptr(), t.numel() * t.element_size())}
     try:
-        serialize_file(entries, path, metadata=metadata)
+        safetensors_io.save_tensors(path, tensors, metadata)
     except Exception as e:
         raise RefError(f"cannot write safetensors file {path}: {e}")
 
 
 def load_tensors(path):
     try:
-        with safe_open(path, framework="pt") as f:
-            return {k: f.get_tensor(k) for k in f.keys()}
+        return safetensors_io.load_tensors(path)
     except Exception as e:  # safetensors raises several types; all mean "bad file"
         raise RefError(f"cannot read safetensors file {path}: {e}")
 

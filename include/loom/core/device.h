@@ -17,4 +17,10 @@ struct AcceleratorInfo {
 
 AcceleratorInfo query_accelerators();
 
+// Training on CUDA gives local rank i the GPU cuda:i, so a node needs one GPU per local rank.
+// Throws InputError naming training.device (`setting`, which resolved to CUDA) and both counts
+// when `gpu_count` < `local_world_size`: ranks would otherwise fail late on a device that does
+// not exist, or share one, which NCCL refuses or hangs on.
+void check_gpu_per_local_rank(const std::string& setting, int local_world_size, int gpu_count);
+
 }  // namespace loom::device

@@ -59,6 +59,8 @@ const std::map<std::string, LlamaArgs>& llama3_flavors() {
       // loom's benchmark size: GPT-2 small's shape with Llama 3 blocks, ~100M parameters.
       {"100M", args_of({768, 12, 12, std::nullopt, 256, std::nullopt, 8192})},
       {"8B", args_of({4096, 32, 32, 8, 1024, 1.3, 128256})},
+      // 4 of 8B's 32 layers with its vocabulary: its per-layer throughput on one GPU.
+      {"8B_4layers", args_of({4096, 4, 32, 8, 1024, 1.3, 128256})},
       {"70B", args_of({8192, 80, 64, 8, 4096, 1.3, 128256})},
       {"405B", args_of({16384, 126, 128, 8, 4096, 1.2, 128256})},
   };

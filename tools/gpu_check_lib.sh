@@ -1,0 +1,264 @@
+# Functions of tools/gpu_check.sh (sourced; it sets ROOT, CARRY, OUT, WORK, BUILD, PYTHON, JOBS,
+# TRAIN_TIMEOUT and DRY_RUN first).
+
+# ------------------------------------------------------------------------------ phases, results
+CHECK_START=$(date +%s.%N)
+PHASE=""
+PHASE_OPEN=0
+PHASE_STATUS_LAST=""
+OVERALL=0
+seconds_since() { awk -v s="$1" -v e="$(date +%s.%N)" 'BEGIN { printf "%.1f", e - s }'; }
+
+phase() {
+  PHASE="$1" PHASE_OPEN=1 PHASE_START=$(date +%s.%N) PHASE_NOTES=() PHASE_FAILURES=()
+  printf '\n=== %s (%s)\n' "$PHASE" "$(date -u +%T)"
+}
+note() { echo "  $*"; PHASE_NOTES+=("$*"); }
+phase_fails() { echo "  FAILED: ${1:-see the log above}"; PHASE_FAILURES+=("${1:-failed}"); }
+
+phase_end() {
+  local status=ok secs details
+  secs="$(seconds_since "$PHASE_START")"
+  if ((${#PHASE_FAILURES[@]})); then status=FAILED OVERALL=1; fi
+  PHASE_STATUS_LAST=$status PHASE_OPEN=0
+  printf -- '--- %s: %s in %s s\n' "$PHASE" "$status" "$secs"
+  details="$(printf '%s; ' "${PHASE_FAILURES[@]}" "${PHASE_NOTES[@]}")"
+  details="${details%; }"
+  printf '%s\t%s\t%s\t%s\n' "$PHASE" "$status" "$secs" "${details//|//}" >> "$WORK/phases.tsv"
+  write_results
+}
+
+# results.md, rewritten after every phase so that a run stopped at its time limit still reports.
+write_results() {
+  {
+    printf '# loom GPU check%s\n\n' "$( ((DRY_RUN)) && echo ' (dry run: no GPU; trainings shrunk to CPU)')"
+    printf '%s, %s s so far, %s. Logs: gpu_check.log (all), configure.log, build.log, tests.log, ' \
+      "$(date -u +%FT%TZ)" "$(seconds_since "$CHECK_START")" \
+      "$( ((OVERALL)) && echo "**some phases FAILED**" || echo "no failure so far")"
+    printf 'train.log; every logged step in metrics.jsonl.\n\n| phase | status | seconds | notes |\n'
+    printf '| --- | --- | --- | --- |\n'
+    awk -F'\t' '{ printf "| %s | %s | %s | %s |\n", $1, $2, $3, $4 }' "$WORK/phases.tsv"
+  } > "$OUT/results.md"
+  if [[ -s "$OUT/metrics.jsonl" ]]; then
+    "$PYTHON" "$ROOT/tools/gpu_check_report.py" summary "$OUT/metrics.jsonl" >> "$OUT/results.md" 2>&1
+  fi
+}
+
+finish() {
+  ((PHASE_OPEN)) && phase_end
+  check_outputs
+  write_results
+  printf '\n=== done in %s s: %s; %s\n' "$(seconds_since "$CHECK_START")" \
+    "$( ((OVERALL)) && echo "SOME PHASES FAILED" || echo "every phase ok")" "$OUT/results.md"
+  exit "$OVERALL"
+}
+
+# The device tool returns at most 8 files of $OUT, 16 MiB each, no more than 2 folders down.
+check_outputs() {
+  phase "outputs"
+  local files
+  files="$(find "$OUT" -type f | wc -l)"
+  note "$files files, $(du -sh "$OUT" | cut -f1)"
+  ((files <= 8)) || phase_fails "$files files in \$OUT: the device tool returns 8"
+  [[ -z "$(find "$OUT" -mindepth 1 -type d)" ]] || phase_fails "folders in \$OUT"
+  [[ -z "$(find "$OUT" -type f -size +15M)" ]] || phase_fails "a file in \$OUT over 15 MiB"
+  phase_end
+}
+
+# ------------------------------------------------------------------------------ toolchain, carry
+# cmake, ninja and a compiler are in the image; nvcc (for Torch's CMake config) is looked for on
+# PATH, in the usual folders, and in the toolkit PyPI's nvidia packages put next to torch.
+find_build_tools() {
+  local tool missing=0 candidate
+  for tool in cmake ninja c++; do
+    command -v "$tool" > /dev/null || { echo "  missing: $tool"; missing=1; }
+  done
+  ((missing == 0)) || return 1
+  echo "  $(cmake --version | head -1); ninja $(ninja --version); $(c++ --version | head -1)"
+  if ! command -v nvcc > /dev/null; then
+    while IFS= read -r candidate; do
+      if [[ -n "$candidate" && -x "$candidate/bin/nvcc" ]]; then
+        export CUDAToolkit_ROOT="$candidate" CUDA_HOME="$candidate" PATH="$candidate/bin:$PATH"
+        echo "  no nvcc on PATH: using the toolkit in $candidate"
+        break
+      fi
+    done < <(printf '%s\n' /usr/local/cuda /usr/local/cuda-13.0
+             "$PYTHON" -c 'import nvidia; print("\n".join(p + "/cu13" for p in nvidia.__path__))' \
+               2> /dev/null)
+  fi
+  command -v nvcc > /dev/null || { echo "  no nvcc: Torch's CMake config needs a CUDA toolkit"; return 1; }
+  CUDA_ROOT="$(dirname "$(dirname "$(command -v nvcc)")")"
+  echo "  nvcc: $(command -v nvcc) ($(nvcc --version | grep -o 'release [0-9.]*'))"
+}
+
+# .gpu_carry/manifest (tools/prepare_gpu_carry.sh) names the prefix, library folder and zlib.
+read_carry_manifest() {
+  local manifest="$CARRY/manifest" path
+  [[ -f "$manifest" ]] || {
+    echo "  no $manifest: run tools/prepare_gpu_carry.sh here and carry .gpu_carry"
+    return 1
+  }
+  CARRY_PREFIX="$CARRY/$(sed -n 's/^prefix=//p' "$manifest")"
+  CARRY_LIBDIR="$CARRY/$(sed -n 's/^libdir=//p' "$manifest")"
+  CARRY_ZLIB="$CARRY/$(sed -n 's/^zlib=//p' "$manifest")"
+  for path in "$CARRY_PREFIX/include" "$CARRY_LIBDIR" "$CARRY_ZLIB"; do
+    [[ -e "$path" ]] || { echo "  the carry lacks $path"; return 1; }
+  done
+  echo "  carry: $(grep -c '^package=' "$manifest") Debian packages; libraries in $CARRY_LIBDIR"
+  export LD_LIBRARY_PATH="$CARRY_LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+}
+
+# Dry run, in a private mount namespace: this machine's copies of what the carry provides (the
+# -dev packages' headers, libraries and CMake packages) and the CUDA toolkit's nccl.h are hidden,
+# as on the GPU machine, which has none of them.
+hide_host_extras() {
+  if [[ -z "${LOOM_GPU_CHECK_NAMESPACE:-}" ]]; then
+    note "this machine's packages are NOT hidden (needs root and unshare -m); environment cleared"
+    return
+  fi
+  local entry host hidden=0 error_header="$WORK/hidden_header.h"
+  echo '#error "hidden by tools/gpu_check.sh --dry-run: the GPU machine lacks this header"' \
+    > "$error_header"
+  for entry in "$CARRY_PREFIX"/include/* "$CARRY_LIBDIR"/* "$CARRY_LIBDIR"/cmake/* \
+               "$CARRY_PREFIX"/share/cmake/*; do
+    host="/${entry#"$CARRY/root/"}"
+    case "${host##*/}" in
+      cmake | pkgconfig | libpcre2-8.so.0* | libz.so.1*) continue ;;  # folders; grep's runtime
+    esac
+    [[ -e "$host" ]] || continue
+    if [[ -d "$host" ]]; then
+      mount -t tmpfs none "$host"
+    elif [[ "$host" == /usr/include/* ]]; then
+      mount --bind "$error_header" "$host"
+    else
+      mount --bind /dev/null "$host"  # a library: "file format not recognized", "file too short"
+    fi && hidden=$((hidden + 1))
+  done
+  note "hid $hidden of this machine's files and folders that the carry provides"
+  # Proof: the compiler's default folders no longer hold them.
+  local header
+  for header in fmt/core.h spdlog/spdlog.h nlohmann/json.hpp toml++/toml.h CLI/CLI.hpp zlib.h; do
+    if printf '#include <%s>\n' "$header" | c++ -fsyntax-only -x c++ - 2> /dev/null; then
+      phase_fails "<$header> is still visible"
+    fi
+  done
+  # nccl.h: in every folder where this machine's toolkit or compiler would find a copy.
+  local folder seen=" "
+  for folder in "$CUDA_ROOT/include" /usr/local/cuda*/include /usr/local/include /usr/include; do
+    folder="$(realpath -q "$folder")" || continue
+    [[ "$seen" != *" $folder "* ]] && compgen -G "$folder/nccl*" > /dev/null || continue
+    seen+="$folder "
+    hide_nccl_in "$folder"
+  done
+  if printf '#include <nccl.h>\n' | c++ -fsyntax-only -x c++ -isystem "$CUDA_ROOT/include" \
+       -isystem /usr/local/cuda/include - 2> /dev/null; then
+    phase_fails "<nccl.h> is still visible outside the torch wheel"
+  fi
+}
+
+# Bind over `folder` a folder of links to everything in it but nccl*. (The real folder stays
+# mounted under $WORK/hidden while the namespace lives: never delete $WORK from inside it.)
+hide_nccl_in() {
+  local folder="$1" file
+  local real="$WORK/hidden/${1//\//_}" shadow="$WORK/shadow/${1//\//_}"
+  mkdir -p "$real" "$shadow"
+  mount --bind "$folder" "$real"
+  for file in "$real"/*; do
+    [[ "${file##*/}" == nccl* ]] || ln -s "$file" "$shadow/"
+  done
+  mount --bind "$shadow" "$folder" && note "hid nccl.h in $folder"
+}
+
+# ------------------------------------------------------------------------------ configure
+configure_loom() {
+  local torch_prefix dir package_dirs=()
+  torch_prefix="$("$PYTHON" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')" || return 1
+  # The carried CMake packages by name (fmt_DIR=...), not by the multiarch search layout.
+  for dir in "$CARRY_LIBDIR"/cmake/* "$CARRY_PREFIX"/share/cmake/*; do
+    package_dirs+=("-D${dir##*/}_DIR=$dir")
+  done
+  rm -f "$BUILD/CMakeCache.txt"
+  set -x
+  cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOOM_USE_CCACHE=OFF \
+    -DLOOM_PYTHON="$PYTHON" -DCMAKE_PREFIX_PATH="$torch_prefix;$CARRY_PREFIX" \
+    -DCMAKE_INCLUDE_PATH="$CARRY_PREFIX/include" -DCMAKE_LIBRARY_PATH="$CARRY_LIBDIR" \
+    -DZLIB_INCLUDE_DIR="$CARRY_PREFIX/include" -DZLIB_LIBRARY="$CARRY_ZLIB" "${package_dirs[@]}"
+  { local rc=$?; set +x; } 2> /dev/null
+  return $rc
+}
+
+# Where each dependency was found; all but LibTorch and NCCL must come from the carry.
+report_dependencies() {
+  local cache="$BUILD/CMakeCache.txt" line key value
+  [[ -f "$cache" ]] || return
+  while IFS= read -r line; do
+    key="${line%%:*}" value="${line#*=}"
+    echo "  $key = $value"
+    case "$key" in
+      LOOM_WITH_CUDA) [[ "$value" == ON ]] || phase_fails "LibTorch without CUDA" ;;
+      LOOM_NCCL_INCLUDE_DIR) note "nccl.h from $value" ;;
+      LOOM_WITH_NCCL) ;;
+      *) [[ "$value" == "$CARRY"/* ]] || phase_fails "$key is not from the carry: $value" ;;
+    esac
+  done < <(grep -E '^((fmt|spdlog|nlohmann_json|tomlplusplus|CLI11|GTest)_DIR|ZLIB_LIBRARY|LOOM_PCRE2_(LIBRARY|INCLUDE_DIR)|LOOM_NCCL_INCLUDE_DIR|LOOM_WITH_(CUDA|NCCL)):' "$cache")
+}
+
+# ------------------------------------------------------------------------------ checks on the GPU
+# More local ranks than GPUs with training.device = cuda must be refused at start, never hang.
+check_more_ranks_than_gpus() {
+  local gpus ranks rc expected log="$WORK/device_check.log"
+  gpus="$("$PYTHON" -c 'import torch; print(torch.cuda.device_count())')" || { phase_fails; return; }
+  ranks=$((gpus + 1))
+  ((ranks >= 2)) || ranks=2  # the dry run (no GPU) still starts several ranks
+  expected="local ranks and sees $gpus GPU"
+  ((gpus > 0)) || expected="no CUDA device is available"
+  timeout 90 "$LOOM" launch --nproc-per-node "$ranks" -- train --training.device cuda \
+    --training.dataset synthetic --training.steps 1 --job.dump_folder "$WORK/device_check" \
+    > "$log" 2>&1
+  rc=$?
+  { echo "\$ loom launch --nproc-per-node $ranks -- train --training.device cuda ..."; cat "$log"; } \
+    >> "$OUT/train.log"
+  if ((rc == 124)); then
+    phase_fails "$ranks ranks on $gpus GPU(s): no answer in 90 s (a hang)"
+  elif ((rc == 0)); then
+    phase_fails "$ranks ranks on $gpus GPU(s) trained instead of being refused"
+  elif ! grep -q "$expected" "$log"; then
+    tail -5 "$log"
+    phase_fails "$ranks ranks on $gpus GPU(s): exit $rc without '$expected'"
+  else
+    note "$ranks ranks on $gpus GPU(s) refused at start in $(seconds_since "$PHASE_START") s (exit $rc)"
+  fi
+}
+
+# run_training NAME FLAVOR BATCH SEQ STEPS [overrides...]: a timed training on the GPU. The dry
+# run validates that exact config, then trains the debug model for a few CPU steps with the same
+# overrides.
+run_training() {
+  local name="$1" flavor="$2" batch="$3" seq="$4" steps="$5" rc
+  shift 5
+  local dump="$WORK/train_${name//[^A-Za-z0-9]/_}"
+  local common=(--training.dataset synthetic --debug.seed 0 --activation_checkpoint.mode none
+                --validation.enable false --checkpoint.enable false --job.dump_folder "$dump" "$@")
+  local size=(--training.device cuda --model.flavor "$flavor" --training.local_batch_size "$batch"
+              --training.seq_len "$seq" --training.steps "$steps" --metrics.log_freq 5)
+  phase "train $name"
+  if ((DRY_RUN)); then
+    "$LOOM" config validate "${size[@]}" "${common[@]}" >> "$OUT/train.log" 2>&1 \
+      || phase_fails "the GPU run's config is invalid (train.log)"
+    size=(--training.device cpu --model.flavor debugmodel --training.local_batch_size 2
+          --training.seq_len 64 --training.steps 4 --metrics.log_freq 2)
+  fi
+  echo "\$ loom train ${size[*]} ${common[*]}" >> "$OUT/train.log"
+  timeout "$TRAIN_TIMEOUT" "$LOOM" train "${size[@]}" "${common[@]}" >> "$OUT/train.log" 2>&1
+  rc=$?
+  if ((rc == 124)); then
+    phase_fails "stopped after $TRAIN_TIMEOUT s"
+  elif ((rc != 0)); then
+    tail -5 "$OUT/train.log"
+    phase_fails "exit $rc (train.log)"
+  fi
+  "$PYTHON" "$ROOT/tools/gpu_check_report.py" collect "$name" "$dump/metrics.jsonl" \
+    >> "$OUT/metrics.jsonl" || phase_fails "no metrics"
+  tail -1 "$OUT/metrics.jsonl" | cut -c1-200
+  phase_end
+}

@@ -1,0 +1,82 @@
+#!/usr/bin/env python3
+"""The training figures of tools/gpu_check.sh.
+
+  gpu_check_report.py collect RUN METRICS_JSONL   print the run's logged steps, each with "run"
+  gpu_check_report.py summary ALL_METRICS_JSONL   Markdown: one row per run, bf16 vs fp32 losses
+
+A run's throughput is the median over its logged steps after the first (which includes start-up
+and the allocator's warm-up). The bf16/fp32 comparison pairs the runs named "X bf16" and "X fp32"
+and compares their losses step by step (same seed, same data).
+"""
+import json
+import statistics
+import sys
+
+
+def collect(run, path):
+    with open(path) as f:
+        for line in f:
+            if line.strip():
+                record = json.loads(line)
+                if "loss" in record and "tps" in record:  # training steps, not validation lines
+                    print(json.dumps({"run": run, **record}))
+    return 0
+
+
+def load(path):
+    runs = {}
+    with open(path) as f:
+        for line in f:
+            if line.strip():
+                record = json.loads(line)
+                runs.setdefault(record["run"], []).append(record)
+    return runs
+
+
+def median_after_first(steps, key):
+    values = [s[key] for s in (steps[1:] or steps) if s.get(key) is not None]
+    return statistics.median(values) if values else float("nan")
+
+
+def summary(path):
+    runs = load(path)
+    print("\n## Trainings\n")
+    print("| run | last step | loss first -> last | tokens/s per GPU | TFLOP/s | MFU % | "
+          "step s | peak GiB |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for run, steps in runs.items():
+        first, last = steps[0], steps[-1]
+        print(f"| {run} | {last['step']} | {first['loss']:.4f} -> {last['loss']:.4f} | "
+              f"{median_after_first(steps, 'tps'):,.0f} | "
+              f"{median_after_first(steps, 'tflops'):.1f} | "
+              f"{median_after_first(steps, 'mfu_pct'):.1f} | "
+              f"{median_after_first(steps, 'step_time_s'):.3f} | "
+              f"{max(s.get('mem_peak_gib') or 0 for s in steps):.1f} |")
+    for run in runs:
+        if run.endswith(" bf16") and run[:-5] + " fp32" in runs:
+            compare(run, runs[run], run[:-5] + " fp32", runs[run[:-5] + " fp32"])
+    return 0
+
+
+def compare(name_a, steps_a, name_b, steps_b):
+    losses_b = {s["step"]: s["loss"] for s in steps_b}
+    pairs = [(s["step"], s["loss"], losses_b[s["step"]]) for s in steps_a if s["step"] in losses_b]
+    if not pairs:
+        return
+    step, a, b = max(pairs, key=lambda p: abs(p[1] - p[2]))
+    print(f"\n{name_a} vs {name_b}: {len(pairs)} logged steps compared; largest loss difference "
+          f"{abs(a - b):.4f} at step {step} ({a:.4f} vs {b:.4f}, {abs(a - b) / abs(b):.2%}); "
+          f"final {pairs[-1][1]:.4f} vs {pairs[-1][2]:.4f}.")
+
+
+def main(argv):
+    if len(argv) == 4 and argv[1] == "collect":
+        return collect(argv[2], argv[3])
+    if len(argv) == 3 and argv[1] == "summary":
+        return summary(argv[2])
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
