@@ -160,7 +160,7 @@ int run_eval(const EvalArgs& args) {
   out["dtype"] = args.source.dtype;
   out["elapsed_s"] =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::cout << out.dump() << "\n";
+  std::cout << out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   return 0;
 }
 

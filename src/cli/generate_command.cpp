@@ -37,6 +37,12 @@ nlohmann::json completion_json(const generate::Prompt& prompt, size_t index,
   return j;
 }
 
+// Generated text may hold invalid UTF-8 (a model can emit any bytes, or stop inside a
+// character): JSON output replaces such bytes with U+FFFD instead of failing.
+std::string json_line(const nlohmann::json& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 int run_generate(GenerateArgs& args) {
   std::vector<generate::Prompt> prompts =
       args.prompts_file ? generate::read_prompts(*args.prompts_file)
@@ -68,7 +74,7 @@ int run_generate(GenerateArgs& args) {
       sink = [](size_t, const std::string& piece) { std::cout << piece << std::flush; };
     } else if (json && args.stream_json) {
       sink = [first](size_t row, const std::string& piece) {
-        std::cout << nlohmann::json({{"index", first + row}, {"delta", piece}}).dump() << "\n"
+        std::cout << json_line({{"index", first + row}, {"delta", piece}}) << "\n"
                   << std::flush;
       };
     }
@@ -76,7 +82,7 @@ int run_generate(GenerateArgs& args) {
     for (size_t i = 0; i < completions.size(); ++i) {
       const auto& prompt = prompts[first + i];
       if (json) {
-        std::cout << completion_json(prompt, first + i, completions[i]).dump() << "\n";
+        std::cout << json_line(completion_json(prompt, first + i, completions[i])) << "\n";
       } else if (stream_text) {
         std::cout << "\n";
       } else {

@@ -12,8 +12,13 @@ Face format in float32 and checks, against transformers' LlamaForCausalLM (eager
   * loading the Hugging Face folder itself gives the same tokens as the native checkpoint.
 Exit 77 (skipped) when transformers is not installed (scripts/setup.sh installs it).
 
-Usage: test_generate_eval.py LOOM_BINARY WORK_DIR
+Usage: test_generate_eval.py LOOM_BINARY WORK_DIR [--checkpoint STEP_DIR] [--texts FILE.jsonl]
+                             [--prompts FILE.jsonl]
+--checkpoint checks an existing native step folder instead of training one (its config.toml
+names the tokenizer; brown_bpe is assumed for the special-token ids); --texts / --prompts replace
+the built-in texts and prompts ({"text": ...} / {"prompt": ...} lines).
 """
+import argparse
 import json
 import math
 import os
@@ -66,24 +71,51 @@ def loom_windows(n, seq_len, stride):
 
 def main():
     try:
-        import torch
-        import torch.nn.functional as F
-        from transformers import LlamaForCausalLM
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
     except ImportError as e:
         print(f"SKIPPED: {e} (scripts/setup.sh installs transformers into .venv)")
         return 77
-    loom, work = sys.argv[1], sys.argv[2]
+    p = argparse.ArgumentParser()
+    p.add_argument("loom")
+    p.add_argument("work")
+    p.add_argument("--checkpoint")
+    p.add_argument("--texts")
+    p.add_argument("--prompts")
+    a = p.parse_args()
+    loom, work = a.loom, a.work
+    texts = [json.loads(l)["text"] for l in open(a.texts) if l.strip()] if a.texts else TEXTS
+    prompt_list = ([json.loads(l)["prompt"] for l in open(a.prompts) if l.strip()]
+                   if a.prompts else PROMPTS)
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
+    step = a.checkpoint or train(loom, work)
+    failures = check(loom, work, step, texts, prompt_list)
+    if failures:
+        print("FAILED:\n  " + "\n  ".join(failures))
+        return 1
+    print("OK: loom eval and generate match transformers")
+    return 0
+
+
+def train(loom, work):
+    """24 steps of the debug model on 2 FSDP ranks: the checkpoint is two ranks' shards."""
     run(loom, "launch", "--nproc-per-node", "2", "--master-port", str(free_port()), "--",
         "train", "--config", f"{ROOT}/configs/llama3_debug.toml", "--job.dump_folder", work,
-        "--training.steps", "8", "--training.seq_len", "64", "--training.local_batch_size", "2",
+        "--training.steps", "24", "--training.seq_len", "64", "--training.local_batch_size", "2",
         "--training.global_batch_size", "4", "--parallelism.data_parallel_shard_degree", "2",
         "--validation.enable", "false", "--metrics.peak_tflops", "1", "--debug.seed", "5",
-        "--checkpoint.enable", "true", "--checkpoint.interval", "8")
-    step = f"{work}/checkpoint/step-8"
+        "--checkpoint.enable", "true", "--checkpoint.interval", "24")
+    step = f"{work}/checkpoint/step-24"
     index = json.load(open(f"{step}/index.json"))
     assert index["world_size"] == 2, index["world_size"]
+    return step
+
+
+def check(loom, work, step, texts, prompt_list):
+    import torch
+    import torch.nn.functional as F
+    from transformers import LlamaForCausalLM
     hf = f"{work}/hf"
     run(loom, "checkpoint", "export", "--to", "hf", step, hf, "--dtype", "float32")
     bos, eos, pad = special_ids()
@@ -94,7 +126,7 @@ def main():
     # Perplexity over sliding windows, each document alone.
     docs = f"{work}/texts.jsonl"
     with open(docs, "w") as f:
-        for t in TEXTS:
+        for t in texts:
             f.write(json.dumps({"text": t}) + "\n")
     seq_len, stride = 12, 5
     result = json.loads(run(loom, "eval", "--checkpoint", step, "--dataset", docs, "--seq-len",
@@ -102,7 +134,7 @@ def main():
                             "--batch-size", "3"))
     nll, count = 0.0, 0
     with torch.no_grad():
-        for text in TEXTS:
+        for text in texts:
             ids = [bos] + json.loads(run(loom, "tokenize", "--tokenizer", "brown_bpe", "--text",
                                          text, "--format", "json")) + [eos]
             for begin, end, first in loom_windows(len(ids), seq_len, stride):
@@ -122,7 +154,7 @@ def main():
     # Greedy generation: batched (prompts of different lengths) and one by one.
     prompts = f"{work}/prompts.jsonl"
     with open(prompts, "w") as f:
-        for p in PROMPTS:
+        for p in prompt_list:
             f.write(json.dumps({"prompt": p}) + "\n")
     common = ["generate", "--prompts", prompts, "--format", "json", "--max-new-tokens",
               str(NEW_TOKENS)]
@@ -132,7 +164,7 @@ def main():
                                          "--batch-size", "1").splitlines()]
     from_hf = [json.loads(l) for l in run(loom, *common, "--checkpoint", hf, "--tokenizer",
                                           "brown_bpe", "--batch-size", "2").splitlines()]
-    for i, p in enumerate(PROMPTS):
+    for i, p in enumerate(prompt_list):
         ids = batched[i]["prompt_ids"]
         with torch.no_grad():
             out = model.generate(torch.tensor([ids]), do_sample=False,
@@ -150,11 +182,7 @@ def main():
             failures.append(f"batched differs from one by one for {p!r}")
         if from_hf[i]["tokens"] != batched[i]["tokens"]:
             failures.append(f"the Hugging Face folder generates differently for {p!r}")
-    if failures:
-        print("FAILED:\n  " + "\n  ".join(failures))
-        return 1
-    print("OK: loom eval and generate match transformers")
-    return 0
+    return failures
 
 
 if __name__ == "__main__":
