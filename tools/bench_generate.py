@@ -55,14 +55,14 @@ def prompt_text(tokens):
     return " ".join(WORDS[j % len(WORDS)] for j in range(int(tokens * 0.8)))
 
 
-def run_loom(loom, run, text, batch, new_tokens, threads, work):
+def run_loom(loom, run, text, batch, new_tokens, threads, work, device):
     path = os.path.join(work, f"prompts_{batch}.jsonl")
     with open(path, "w") as f:
         for _ in range(batch):
             f.write(json.dumps({"prompt": text}) + "\n")
     r = subprocess.run([loom, "generate", "--checkpoint", run, "--prompts", path, "--format",
                         "json", "--batch-size", str(batch), "--max-new-tokens", str(new_tokens),
-                        "--ignore-eos", "--device", "cpu"],
+                        "--ignore-eos", "--device", device],
                        check=True, capture_output=True, text=True, env=loom_env(threads))
     lines = [json.loads(line) for line in r.stdout.splitlines()]
     assert len(lines) == batch and all(len(line["tokens"]) == new_tokens for line in lines)
@@ -71,8 +71,8 @@ def run_loom(loom, run, text, batch, new_tokens, threads, work):
                                     "prefill_tokens_per_s": stats["prefill_tokens_per_s"]}
 
 
-def run_transformers(model, torch, ids, batch, new_tokens):
-    input_ids = torch.tensor([ids] * batch)
+def run_transformers(model, torch, ids, batch, new_tokens, device):
+    input_ids = torch.tensor([ids] * batch, device=device)
 
     def timed(n):
         start = time.perf_counter()
@@ -81,6 +81,8 @@ def run_transformers(model, torch, ids, batch, new_tokens):
                                  do_sample=False, max_new_tokens=n, min_new_tokens=n,
                                  pad_token_id=0, use_cache=True)
         assert out.shape[1] == input_ids.shape[1] + n
+        if device != "cpu":
+            torch.cuda.synchronize()
         return time.perf_counter() - start
 
     timed(2)  # warm-up
@@ -99,6 +101,7 @@ def main():
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--device", default="cpu", help="cpu or cuda (both loom and transformers)")
     p.add_argument("--loom", default=os.path.join(ROOT, "build/bin/loom"))
     p.add_argument("--json", help="write the results here too")
     args = p.parse_args()
@@ -111,17 +114,18 @@ def main():
         model = LlamaForCausalLM.from_pretrained(hf, dtype=torch.float32,
                                                  attn_implementation="eager")
         model.eval()
+        model.to(args.device)
         text = prompt_text(args.prompt_tokens)
         results = {b: {"loom": [], "transformers": []} for b in batches}
         prompt_tokens = 0
         for round_index in range(args.rounds):
             for b in batches:
                 ids, loom_result = run_loom(args.loom, run, text, b, args.new_tokens,
-                                            args.threads, work)
+                                            args.threads, work, args.device)
                 prompt_tokens = len(ids)
                 results[b]["loom"].append(loom_result)
                 results[b]["transformers"].append(run_transformers(model, torch, ids, b,
-                                                                   args.new_tokens))
+                                                                   args.new_tokens, args.device))
                 print(f"round {round_index + 1} batch {b}: loom {results[b]['loom'][-1]}, "
                       f"transformers {results[b]['transformers'][-1]}", file=sys.stderr)
     summary = {}
@@ -134,7 +138,7 @@ def main():
             row[kind] = {"loom": round(loom_v, 1), "transformers": round(hf_v, 1),
                          "ratio_median": round(statistics.median(ratios), 2)}
         summary[f"batch_{b}"] = row
-    out = {"flavor": args.flavor, "threads": args.threads, "prompt_tokens": prompt_tokens,
+    out = {"flavor": args.flavor, "device": args.device, "threads": args.threads, "prompt_tokens": prompt_tokens,
            "new_tokens": args.new_tokens, "rounds": args.rounds, "results": summary}
     print(json.dumps(out, indent=1))
     if args.json:

@@ -91,6 +91,31 @@ timeout 240 "$BUILD/bin/loom" train --model.flavor 100M --training.dataset synth
   --training.steps 40 --metrics.log_freq 10 --debug.seed 0 --debug.force_fsdp true \
   --job.dump_folder "$OUT/train_100M_cuda_fsdp" || fail "cuda FSDP training (100M)"
 tail -1 "$OUT/train_100M_cuda_fsdp/metrics.jsonl" 2>/dev/null
+# Generation and evaluation on the GPU (docs/generate_eval.md): a short checkpoint, greedy tokens
+# and eval loss in float32 on CUDA against the CPU, bfloat16 runs, and generation speed against
+# transformers on CUDA.
+GEN="$OUT/generate_cuda"
+timeout 120 "$BUILD/bin/loom" train --config configs/llama3_debug.toml --training.device cuda \
+  --training.steps 40 --training.seq_len 256 --validation.enable false --checkpoint.enable true \
+  --checkpoint.interval 40 --metrics.peak_tflops 1 --job.dump_folder "$GEN" > "$GEN.train.log" 2>&1 \
+  || fail "training the generation checkpoint"
+for device in cpu cuda; do
+  timeout 60 "$BUILD/bin/loom" generate --checkpoint "$GEN" --device "$device" --format json \
+    --prompt "The jury said" --max-new-tokens 40 > "$GEN.greedy_$device.jsonl" || fail "generate $device"
+  timeout 120 "$BUILD/bin/loom" eval --checkpoint "$GEN" --device "$device" --dataset brown_validation \
+    --seq-len 256 > "$GEN.eval_$device.json" || fail "eval $device"
+done
+cmp -s "$GEN.greedy_cpu.jsonl" "$GEN.greedy_cuda.jsonl" && echo "greedy tokens: CUDA == CPU" \
+  || echo "greedy tokens differ between CUDA and CPU (float32 kernels differ; see $GEN.greedy_*.jsonl)"
+cat "$GEN.eval_cpu.json" "$GEN.eval_cuda.json"
+timeout 60 "$BUILD/bin/loom" generate --checkpoint "$GEN" --device cuda --dtype bfloat16 \
+  --prompt "The jury said" --max-new-tokens 40 || fail "generate cuda bfloat16"
+if "$PYTHON" -c 'import transformers' 2>/dev/null; then
+  timeout 240 "$PYTHON" tools/bench_generate.py --loom "$BUILD/bin/loom" --device cuda --rounds 2 \
+    --flavor 100M --json "$OUT/bench_generate_cuda.json" || fail "bench_generate.py (cuda)"
+else
+  echo "no transformers in $PYTHON: generation speed against transformers not measured"
+fi
 # CPU side-by-side with eager PyTorch (16 cores there).
 "$PYTHON" tools/bench_train.py --loom "$BUILD/bin/loom" --python "$PYTHON" --rounds 2 --steps 6 \
   --json "$OUT/bench_train_cpu.json" || fail "bench_train.py"

@@ -20,6 +20,7 @@
 #include "loom/data/prefetch.h"
 #include "loom/data/synthetic.h"
 #include "loom/data/tokenizer.h"
+#include "loom/eval/loss.h"
 #include "loom/train/loss.h"
 #include "loom/train/lr_scheduler.h"
 #include "loom/train/mixed_precision.h"
@@ -313,9 +314,10 @@ double Trainer::validate() {
     data::Batch batch =
         validation_source_->next(config_.validation.local_batch_size, config_.validation.seq_len);
     AutocastGuard autocast_guard(device_.type(), autocast());
-    loss_sum +=
-        cross_entropy_sum(model_->forward(batch.inputs.to(device_)), batch.labels.to(device_))
-            .item<double>();
+    // The scoring of `loom eval` (eval/loss.h): per-token losses summed in float64.
+    loss_sum += eval::target_nll_sums(model_->forward(batch.inputs.to(device_)), batch.labels)
+                    .sum()
+                    .item<double>();
     tokens += count_valid_tokens(batch.labels);
   }
   // Every rank validated its slice of each global batch.

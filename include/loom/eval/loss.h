@@ -1,5 +1,6 @@
 // Mean loss and perplexity of a model over text, scored window by window (windows.h), and the
-// building blocks `loom eval` shares with multiple-choice scoring: per-token negative
+// building blocks `loom eval` shares with multiple-choice scoring and with training's validation
+// (Trainer::validate scores its batches with target_nll_sums): per-token negative
 // log-likelihoods of a batch and right-padded batches of token rows.
 #pragma once
 
