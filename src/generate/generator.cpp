@@ -18,8 +18,10 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
+}  // namespace
+
 // One prompt in flight.
-struct Row {
+struct Generator::Row {
   size_t index;  // position in the caller's batch
   std::vector<int32_t> sequence;
   size_t prompt_length;
@@ -28,6 +30,8 @@ struct Row {
   std::optional<std::string> finished;
 };
 
+namespace {
+using Row = Generator::Row;
 }  // namespace
 
 void GenerationOptions::validate() const {
@@ -102,108 +106,123 @@ void Generator::check_fits(const std::vector<int32_t>& prompt, const std::string
                 model_.context(), " (at least one token must remain for generation)");
 }
 
+namespace {
+
+// The prompts right-aligned in one [rows, longest] batch; `padding` gets each row's pad slots.
+at::Tensor left_padded(const std::vector<std::vector<int32_t>>& prompts,
+                       std::vector<int64_t>& padding) {
+  size_t longest = 0;
+  for (const auto& p : prompts) longest = std::max(longest, p.size());
+  at::Tensor batch = at::zeros({static_cast<int64_t>(prompts.size()), static_cast<int64_t>(longest)},
+                               at::kLong);
+  auto ids = batch.accessor<int64_t, 2>();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const size_t pad = longest - prompts[i].size();
+    padding.push_back(static_cast<int64_t>(pad));
+    for (size_t j = 0; j < prompts[i].size(); ++j) {
+      ids[static_cast<int64_t>(i)][static_cast<int64_t>(pad + j)] = prompts[i][j];
+    }
+  }
+  return batch;
+}
+
+// The next token of every live row from its logits [live, vocab].
+std::vector<int32_t> next_tokens(const at::Tensor& logits, const std::vector<Row*>& live,
+                                 const SamplingOptions& sampling) {
+  std::vector<int32_t> next(live.size());
+  if (sampling.greedy() && sampling.repetition_penalty == 1.0) {
+    at::Tensor ids = logits.argmax(1).cpu();  // one transfer for the whole batch
+    auto id = ids.accessor<int64_t, 1>();
+    for (size_t r = 0; r < live.size(); ++r) next[r] = static_cast<int32_t>(id[static_cast<int64_t>(r)]);
+    return next;
+  }
+  for (size_t r = 0; r < live.size(); ++r) {
+    next[r] = sample_token(logits[static_cast<int64_t>(r)], live[r]->sequence, sampling,
+                           live[r]->generator);
+  }
+  return next;
+}
+
+Completion completion_of(const Row& row) {
+  Completion c;
+  const auto split = row.sequence.begin() + static_cast<int64_t>(row.prompt_length);
+  c.prompt_tokens.assign(row.sequence.begin(), split);
+  c.tokens.assign(split, row.sequence.end());
+  c.text = row.text.text();
+  c.finish_reason = row.finished.value_or("");
+  return c;
+}
+
+}  // namespace
+
+bool Generator::append(Row& row, int32_t token, const TextSink& sink) {
+  row.sequence.push_back(token);
+  if (options_.stop_at_eos && token == model_.tokenizer->eos_id()) {
+    row.finished = "eos";
+  } else {
+    std::string piece = row.text.push(token);
+    if (sink && !piece.empty()) sink(row.index, piece);
+    if (row.text.stopped()) row.finished = "stop";
+  }
+  const auto generated = static_cast<int64_t>(row.sequence.size() - row.prompt_length);
+  if (!row.finished && (generated >= options_.max_new_tokens ||
+                        static_cast<int64_t>(row.sequence.size()) >= model_.context())) {
+    row.finished = "length";
+  }
+  if (!row.finished) return false;
+  std::string rest = row.text.finish();
+  if (sink && !rest.empty()) sink(row.index, rest);
+  return true;
+}
+
 std::vector<Completion> Generator::generate(const std::vector<std::vector<int32_t>>& prompts,
                                             uint64_t first_index, const TextSink& sink) {
   at::NoGradGuard no_grad;
   if (prompts.empty()) return {};
   auto& model = *model_.model;
   const at::Device device = model_.device();
-  const auto& tokenizer = *model_.tokenizer;
-  const int64_t vocab = std::min<int64_t>(tokenizer.vocab_size(), model.args.vocab_size);
-  int64_t longest = 0;
+  const int64_t vocab = std::min<int64_t>(model_.tokenizer->vocab_size(), model.args.vocab_size);
+  std::vector<Row> rows;
   for (size_t i = 0; i < prompts.size(); ++i) {
     check_fits(prompts[i], "prompt " + std::to_string(first_index + i));
-    longest = std::max<int64_t>(longest, static_cast<int64_t>(prompts[i].size()));
+    rows.push_back({i, prompts[i], prompts[i].size(),
+                    sequence_generator(options_.sampling.seed, first_index + i),
+                    StreamingText(*model_.tokenizer, options_.stop), std::nullopt});
+    stats_.prompt_tokens += static_cast<int64_t>(prompts[i].size());
   }
-  std::vector<Row> rows;
   std::vector<int64_t> padding;
-  at::Tensor batch = at::zeros({static_cast<int64_t>(prompts.size()), longest}, at::kLong);
-  auto batch_ids = batch.accessor<int64_t, 2>();
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    const auto& p = prompts[i];
-    const int64_t pad = longest - static_cast<int64_t>(p.size());
-    padding.push_back(pad);
-    for (size_t j = 0; j < p.size(); ++j) batch_ids[static_cast<int64_t>(i)][pad + static_cast<int64_t>(j)] = p[j];
-    rows.push_back({i, p, p.size(), sequence_generator(options_.sampling.seed, first_index + i),
-                    StreamingText(tokenizer, options_.stop), std::nullopt});
-    stats_.prompt_tokens += static_cast<int64_t>(p.size());
-  }
-  const auto options = model.tok_embeddings->weight.options();
-  models::llama::KVCache cache(model.args, static_cast<int64_t>(rows.size()),
-                               longest + options_.max_new_tokens, options, padding);
-  std::vector<Completion> out(prompts.size());
-  std::vector<size_t> live(rows.size());  // rows in the cache, in cache order
-  for (size_t i = 0; i < live.size(); ++i) live[i] = i;
+  const at::Tensor batch = left_padded(prompts, padding);
+  models::llama::KVCache cache(model.args, batch.size(0), batch.size(1) + options_.max_new_tokens,
+                               model.tok_embeddings->weight.options(), padding);
+  std::vector<Row*> live;  // the rows in the cache, in cache order
+  for (auto& row : rows) live.push_back(&row);
 
   auto start = Clock::now();
   at::Tensor logits = models::llama::forward_cached(model, batch.to(device), cache, true);
-  bool first = true;
-  const bool batched_argmax =
-      options_.sampling.greedy() && options_.sampling.repetition_penalty == 1.0;
-  while (!live.empty()) {
-    at::Tensor last = logits.select(1, 0).slice(1, 0, vocab);  // [live, vocab]
-    std::vector<int32_t> next(live.size());
-    if (batched_argmax) {
-      at::Tensor ids = last.argmax(1).cpu();
-      auto id = ids.accessor<int64_t, 1>();
-      for (size_t r = 0; r < live.size(); ++r) next[r] = static_cast<int32_t>(id[static_cast<int64_t>(r)]);
-    } else {
-      for (size_t r = 0; r < live.size(); ++r) {
-        Row& row = rows[live[r]];
-        next[r] = sample_token(last[static_cast<int64_t>(r)], row.sequence, options_.sampling,
-                               row.generator);
-      }
-    }
+  for (bool prefill = true;; prefill = false) {
+    const auto next = next_tokens(logits.select(1, 0).slice(1, 0, vocab), live,
+                                  options_.sampling);
     std::vector<int64_t> keep;
-    std::vector<size_t> still_live;
+    std::vector<Row*> still_live;
     for (size_t r = 0; r < live.size(); ++r) {
-      Row& row = rows[live[r]];
-      const int32_t token = next[r];
-      row.sequence.push_back(token);
-      const auto generated = static_cast<int64_t>(row.sequence.size() - row.prompt_length);
-      if (options_.stop_at_eos && token == tokenizer.eos_id()) {
-        row.finished = "eos";
-      } else {
-        std::string piece = row.text.push(token);
-        if (sink && !piece.empty()) sink(row.index, piece);
-        if (row.text.stopped()) row.finished = "stop";
-      }
-      if (!row.finished && (generated >= options_.max_new_tokens ||
-                            static_cast<int64_t>(row.sequence.size()) >= model_.context())) {
-        row.finished = "length";
-      }
-      if (row.finished) {
-        std::string rest = row.text.finish();
-        if (sink && !rest.empty()) sink(row.index, rest);
-        Completion& c = out[row.index];
-        c.prompt_tokens.assign(row.sequence.begin(),
-                               row.sequence.begin() + static_cast<int64_t>(row.prompt_length));
-        c.tokens.assign(row.sequence.begin() + static_cast<int64_t>(row.prompt_length),
-                        row.sequence.end());
-        c.text = row.text.text();
-        c.finish_reason = *row.finished;
-      } else {
-        keep.push_back(static_cast<int64_t>(r));
-        still_live.push_back(live[r]);
-      }
+      if (append(*live[r], next[r], sink)) continue;
+      keep.push_back(static_cast<int64_t>(r));
+      still_live.push_back(live[r]);
     }
     stats_.generated_tokens += static_cast<int64_t>(live.size());
-    if (first) {
-      stats_.prefill_s += seconds_since(start);
-      start = Clock::now();
-    } else {
-      stats_.decoded_tokens += static_cast<int64_t>(live.size());
-    }
-    first = false;
+    if (!prefill) stats_.decoded_tokens += static_cast<int64_t>(live.size());
+    (prefill ? stats_.prefill_s : stats_.decode_s) += seconds_since(start);
+    start = Clock::now();
     if (still_live.empty()) break;
-    if (still_live.size() < live.size()) cache.keep_rows(keep);
-    std::vector<int64_t> step_ids;
-    for (size_t r : still_live) step_ids.push_back(rows[r].sequence.back());
-    at::Tensor step = at::tensor(step_ids, at::kLong).view({-1, 1});
+    if (still_live.size() < live.size()) cache.keep_rows(keep);  // finished rows leave
+    std::vector<int64_t> step;
+    for (const Row* row : still_live) step.push_back(row->sequence.back());
     live = std::move(still_live);
-    logits = models::llama::forward_cached(model, step.to(device), cache, true);
+    logits = models::llama::forward_cached(
+        model, at::tensor(step, at::kLong).view({-1, 1}).to(device), cache, true);
   }
-  if (!first) stats_.decode_s += seconds_since(start);
+  std::vector<Completion> out;
+  for (const auto& row : rows) out.push_back(completion_of(row));
   return out;
 }
 

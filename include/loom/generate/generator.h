@@ -83,7 +83,12 @@ class Generator {
                                    uint64_t first_index, const TextSink& sink = {});
   const GenerationStats& stats() const { return stats_; }
 
+  struct Row;
+
  private:
+  // Adds a generated token to a row, passes final text to `sink`; true when the row ended.
+  bool append(Row& row, int32_t token, const TextSink& sink);
+
   InferenceModel& model_;
   GenerationOptions options_;
   GenerationStats stats_;
