@@ -155,7 +155,8 @@ void add_generate_command(CLI::App& app, CommandRun& run) {
   command->add_option("--seed", g.sampling.seed, "Sampling seed (each prompt draws its own "
                                                  "stream, so batching does not change results)")
       ->capture_default_str();
-  command->add_option("--stop", g.stop, "Stop string (repeatable); the text ends before it");
+  command->add_option("--stop", g.stop, "Stop string (repeatable); the text ends before it")
+      ->allow_extra_args(false);
   command->add_flag("--ignore-eos", args->ignore_eos, "Do not stop at the end-of-text token");
   command->add_flag("--no-bos", args->no_bos, "Do not start prompts with the BOS token");
   command->add_option("--batch-size", args->batch_size, "Prompts decoded together")

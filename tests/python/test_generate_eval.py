@@ -9,7 +9,8 @@ Face format in float32 and checks, against transformers' LlamaForCausalLM (eager
   * greedy generation with the KV cache emits exactly transformers' greedy tokens for several
     prompts (transformers' generate with its own cache);
   * batched prompts of different lengths give the same tokens as one by one;
-  * loading the Hugging Face folder itself gives the same tokens as the native checkpoint.
+  * loading the Hugging Face folder itself gives the same tokens and perplexity as the native
+    checkpoint.
 Exit 77 (skipped) when transformers is not installed (scripts/setup.sh installs it).
 
 Usage: test_generate_eval.py LOOM_BINARY WORK_DIR [--checkpoint STEP_DIR] [--texts FILE.jsonl]
@@ -150,6 +151,13 @@ def check(loom, work, step, texts, prompt_list):
           f"({count} tokens; loom {result['tokens']}), relative difference {rel:.2e}")
     if result["tokens"] != count or rel > 1e-4:
         failures.append("perplexity differs from transformers'")
+    from_hf_folder = json.loads(run(loom, "eval", "--checkpoint", hf, "--tokenizer", "brown_bpe",
+                                    "--dataset", docs, "--seq-len", str(seq_len), "--stride",
+                                    str(stride), "--per-document"))
+    if abs(from_hf_folder["perplexity"] - result["perplexity"]) > 1e-6 * ppl:
+        failures.append(f"eval of the Hugging Face folder gives perplexity "
+                        f"{from_hf_folder['perplexity']}, the native checkpoint "
+                        f"{result['perplexity']}")
 
     # Greedy generation: batched (prompts of different lengths) and one by one.
     prompts = f"{work}/prompts.jsonl"
