@@ -192,7 +192,11 @@ std::vector<Completion> Generator::generate(const std::vector<std::vector<int32_
   }
   std::vector<int64_t> padding;
   const at::Tensor batch = left_padded(prompts, padding);
-  models::llama::KVCache cache(model.args, batch.size(0), batch.size(1) + options_.max_new_tokens,
+  // A row never goes past the context, whatever max_new_tokens asks: no slot beyond that.
+  const int64_t most_padding = *std::max_element(padding.begin(), padding.end());
+  const int64_t capacity = std::min(batch.size(1) + options_.max_new_tokens,
+                                    most_padding + model_.context());
+  models::llama::KVCache cache(model.args, batch.size(0), capacity,
                                model.tok_embeddings->weight.options(), padding);
   std::vector<Row*> live;  // the rows in the cache, in cache order
   for (auto& row : rows) live.push_back(&row);

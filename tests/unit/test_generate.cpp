@@ -240,6 +240,7 @@ TEST(Generator, PromptsMustLeaveRoomInTheContext) {
   auto m = byte_model();
   generate::GenerationOptions options;
   options.stop_at_eos = false;
+  options.max_new_tokens = int64_t{1} << 40;  // the cache is sized by the context, not this
   generate::Generator generator(m, options);
   const auto prompt = generator.encode_prompt(std::string(47, 'a'));  // BOS + 47 = 48 = context
   EXPECT_THROW(generator.check_fits(prompt, "--prompt"), InputError);
@@ -249,10 +250,15 @@ TEST(Generator, PromptsMustLeaveRoomInTheContext) {
     EXPECT_NE(e.message().find("p.jsonl:3"), std::string::npos) << e.message();
     EXPECT_NE(e.message().find("48 tokens"), std::string::npos) << e.message();
   }
-  // Generation stops at the context: 47 prompt tokens leave one.
-  const auto out = generator.generate({generator.encode_prompt(std::string(46, 'a'))}, 0);
+  // Generation stops at the context: 47 prompt tokens leave one; 40 leave 8, also when batched
+  // with a longer prompt.
+  const auto out = generator.generate({generator.encode_prompt(std::string(46, 'a')),
+                                       generator.encode_prompt(std::string(39, 'b'))},
+                                      0);
   EXPECT_EQ(out[0].tokens.size(), 1u);
   EXPECT_EQ(out[0].finish_reason, "length");
+  EXPECT_EQ(out[1].tokens.size(), 8u);
+  EXPECT_EQ(out[1].finish_reason, "length");
 }
 
 TEST(Prompts, BadLinesAreNamedByLine) {
