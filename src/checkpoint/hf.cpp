@@ -181,7 +181,66 @@ void export_to_hf(const std::string& step_path, const std::string& output, const
   files::write_atomic(output + "/config.json", hf_config(args, dtype).dump(2));
 }
 
-void import_from_hf(const std::string& hf_folder, const std::string& checkpoint_folder) {
+bool is_hf_folder(const std::string& folder) {
+  return fs::exists(folder + "/config.json") &&
+         (fs::exists(folder + "/model.safetensors") ||
+          fs::exists(folder + "/model.safetensors.index.json"));
+}
+
+models::llama::LlamaArgs llama_args_from_hf_config(const nlohmann::json& config,
+                                                   const std::string& source) {
+  models::llama::LlamaArgs args;
+  try {
+    const auto model_type = config.value("model_type", std::string("llama"));
+    LOOM_CHECK_AS(InputError, model_type == "llama", source, ": model_type '", model_type,
+                  "' is not a Llama model");
+    LOOM_CHECK_AS(InputError, config.value("hidden_act", std::string("silu")) == "silu", source,
+                  ": hidden_act must be silu");
+    LOOM_CHECK_AS(InputError,
+                  !config.value("attention_bias", false) && !config.value("mlp_bias", false),
+                  source, ": attention_bias and mlp_bias are not supported");
+    args.dim = config.at("hidden_size").get<int64_t>();
+    args.n_layers = config.at("num_hidden_layers").get<int64_t>();
+    args.n_heads = config.at("num_attention_heads").get<int64_t>();
+    args.n_kv_heads = config.value("num_key_value_heads", args.n_heads);
+    args.vocab_size = config.at("vocab_size").get<int64_t>();
+    args.max_seq_len = config.value("max_position_embeddings", int64_t{2048});
+    args.norm_eps = config.value("rms_norm_eps", 1e-6);
+    args.rope_theta = config.value("rope_theta", 10000.0);
+    if (config.contains("head_dim") && !config["head_dim"].is_null()) {
+      LOOM_CHECK_AS(InputError, config["head_dim"].get<int64_t>() == args.dim / args.n_heads,
+                    source, ": head_dim ", config["head_dim"].get<int64_t>(),
+                    " differs from hidden_size / num_attention_heads");
+    }
+    // loom derives the SwiGLU width from multiple_of and a multiplier: a multiplier a hair above
+    // intermediate / (8 dim / 3), rounded to multiples of 1, gives exactly intermediate_size.
+    const int64_t intermediate = config.at("intermediate_size").get<int64_t>();
+    args.multiple_of = 1;
+    args.ffn_dim_multiplier = (static_cast<double>(intermediate) + 0.5) /
+                              static_cast<double>(2 * (4 * args.dim) / 3);
+    args.use_scaled_rope = false;
+    if (config.contains("rope_scaling") && !config["rope_scaling"].is_null()) {
+      const auto& r = config["rope_scaling"];
+      const auto type = r.value("rope_type", r.value("type", std::string()));
+      LOOM_CHECK_AS(InputError, type == "llama3", source, ": rope_scaling type '", type,
+                    "' is not supported (only llama3)");
+      args.use_scaled_rope = true;
+      args.rope_scaling.factor = r.at("factor").get<double>();
+      args.rope_scaling.low_freq_factor = r.at("low_freq_factor").get<double>();
+      args.rope_scaling.high_freq_factor = r.at("high_freq_factor").get<double>();
+      args.rope_scaling.original_max_position_embeddings =
+          r.at("original_max_position_embeddings").get<int64_t>();
+    }
+  } catch (const nlohmann::json::exception& error) {
+    LOOM_THROW(InputError, source, ": ", error.what());
+  }
+  LOOM_CHECK_AS(InputError, args.ffn_hidden_dim() == config.at("intermediate_size").get<int64_t>(),
+                source, ": cannot represent intermediate_size");
+  args.validate();
+  return args;
+}
+
+std::vector<LocalChunk> read_hf_weights(const std::string& hf_folder) {
   const auto config = detail::read_json(hf_folder + "/config.json");
   int64_t heads = 0, kv_heads = 0;
   try {
@@ -213,12 +272,18 @@ void import_from_hf(const std::string& hf_folder, const std::string& checkpoint_
         t = permute_rotary_rows(t, kv_heads, false);
       if (loom == "tok_embeddings.weight") embedding = t;
       has_head = has_head || loom == "output.weight";
-      chunks.push_back(whole_chunk("model." + loom, t));
+      chunks.push_back(whole_chunk(loom, t));
     }
   }
   if (!has_head && config.value("tie_word_embeddings", false) && embedding.defined()) {
-    chunks.push_back(whole_chunk("model.output.weight", embedding.clone()));
+    chunks.push_back(whole_chunk("output.weight", embedding.clone()));
   }
+  return chunks;
+}
+
+void import_from_hf(const std::string& hf_folder, const std::string& checkpoint_folder) {
+  std::vector<LocalChunk> chunks = read_hf_weights(hf_folder);
+  for (auto& chunk : chunks) chunk.fqn = "model." + chunk.fqn;
   const std::string step = checkpoint_folder + "/step-0";
   const std::string temp = step + ".tmp";
   fs::remove_all(temp);

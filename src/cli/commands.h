@@ -11,6 +11,10 @@
 
 #include "loom/config/loader.h"
 
+namespace loom::generate {
+struct ModelSource;
+}
+
 namespace loom::cli {
 
 // What a command's run function returns: the process exit code.
@@ -24,6 +28,11 @@ void add_tokenize_command(CLI::App& app, CommandRun& run);
 void add_prepare_data_command(CLI::App& app, CommandRun& run);
 void add_launch_command(CLI::App& app, CommandRun& run);
 void add_checkpoint_command(CLI::App& app, CommandRun& run);
+void add_generate_command(CLI::App& app, CommandRun& run);
+void add_eval_command(CLI::App& app, CommandRun& run);
+
+// --checkpoint, --device, --dtype, --flavor, --tokenizer, --max-seq-len (generate and eval).
+void add_model_source_options(CLI::App& command, generate::ModelSource& source);
 
 // The config sources shared by every command that reads a job config.
 struct ConfigArgs {

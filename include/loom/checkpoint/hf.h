@@ -7,8 +7,14 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include <cstdint>
 #include <string>
+#include <vector>
+
+#include "loom/checkpoint/chunks.h"
+#include "loom/models/llama/args.h"
 
 namespace loom::checkpoint {
 
@@ -31,5 +37,19 @@ void export_to_hf(const std::string& step_folder, const std::string& output,
 // writes a complete model-only loom checkpoint `checkpoint_folder`/step-0, loadable with
 // checkpoint.initial_load_path.
 void import_from_hf(const std::string& hf_folder, const std::string& checkpoint_folder);
+
+// Whether `folder` looks like a Hugging Face model folder (config.json + safetensors weights).
+bool is_hf_folder(const std::string& folder);
+
+// The Llama arguments of a Hugging Face LlamaForCausalLM config.json (`source` names it in
+// errors). Throws InputError for another architecture or an unsupported field (a rope_scaling
+// type other than llama3, biases, an activation other than silu).
+models::llama::LlamaArgs llama_args_from_hf_config(const nlohmann::json& config,
+                                                   const std::string& source);
+
+// The weights of a Hugging Face Llama folder under loom's names (without the "model." prefix of
+// checkpoints), q/k rows permuted back to loom's rotary layout, CPU tensors as stored. A tied
+// output projection becomes a copy of the embedding.
+std::vector<LocalChunk> read_hf_weights(const std::string& hf_folder);
 
 }  // namespace loom::checkpoint

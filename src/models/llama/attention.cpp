@@ -39,4 +39,28 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& freqs_c
   return wo->forward(out.transpose(1, 2).contiguous().view({bs, seq, n_heads * head_dim}));
 }
 
+at::Tensor AttentionImpl::forward_cached(const at::Tensor& x, const at::Tensor& rotations,
+                                         at::Tensor& keys, at::Tensor& values, int64_t start,
+                                         const at::Tensor& mask) {
+  const auto bs = x.size(0), seq = x.size(1);
+  at::Tensor q = apply_rotary_emb_at(wq->forward(x).view({bs, seq, n_heads, head_dim}), rotations);
+  at::Tensor k = apply_rotary_emb_at(wk->forward(x).view({bs, seq, n_kv_heads, head_dim}), rotations);
+  at::Tensor v = wv->forward(x).view({bs, seq, n_kv_heads, head_dim});
+  keys.slice(2, start, start + seq).copy_(k.transpose(1, 2));
+  values.slice(2, start, start + seq).copy_(v.transpose(1, 2));
+  const int64_t used = start + seq, n_rep = n_heads / n_kv_heads;
+  auto expand_heads = [&](const at::Tensor& cached) {
+    at::Tensor t = cached.slice(2, 0, used);
+    if (n_rep == 1) return t;
+    return t.unsqueeze(2)
+        .expand({bs, n_kv_heads, n_rep, used, head_dim})
+        .reshape({bs, n_heads, used, head_dim});
+  };
+  const bool causal = !mask.defined() && start == 0 && seq > 1;
+  at::Tensor out = at::scaled_dot_product_attention(
+      q.transpose(1, 2), expand_heads(keys), expand_heads(values),
+      mask.defined() ? std::optional<at::Tensor>(mask) : std::nullopt, 0.0, causal);
+  return wo->forward(out.transpose(1, 2).contiguous().view({bs, seq, n_heads * head_dim}));
+}
+
 }  // namespace loom::models::llama

@@ -44,4 +44,13 @@ at::Tensor apply_rotary_emb(const at::Tensor& x, const at::Tensor& freqs_cis) {
   return at::view_as_real(as_complex * rotation).flatten(3).to(x.scalar_type());
 }
 
+at::Tensor apply_rotary_emb_at(const at::Tensor& x, const at::Tensor& rotations) {
+  const int64_t bs = x.size(0), seq_len = x.size(1), pairs = x.size(-1) / 2;
+  at::Tensor as_complex =
+      at::view_as_complex(x.to(at::kFloat).reshape({bs, seq_len, x.size(2), pairs, 2}));
+  return at::view_as_real(as_complex * rotations.view({bs, seq_len, 1, pairs}))
+      .flatten(3)
+      .to(x.scalar_type());
+}
+
 }  // namespace loom::models::llama

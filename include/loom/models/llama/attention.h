@@ -11,6 +11,13 @@ class AttentionImpl : public torch::nn::Module {
   AttentionImpl(const LlamaArgs& args, const at::TensorOptions& options);
   // x [bs, seq, dim], freqs_cis [>= seq, head_dim / 2] -> [bs, seq, dim]
   at::Tensor forward(const at::Tensor& x, const at::Tensor& freqs_cis);
+  // Inference with a key/value cache (kv_cache.h): x [bs, q, dim] are the tokens of cache slots
+  // [start, start + q), rotations [bs, q, head_dim / 2] their RoPE rows. Writes their keys and
+  // values into `keys`/`values` [bs, kv_heads, capacity, head_dim] and attends over slots
+  // [0, start + q) under `mask` (bool [bs, 1, q, start + q], true = may attend; undefined: every
+  // slot, or causal when start == 0).
+  at::Tensor forward_cached(const at::Tensor& x, const at::Tensor& rotations, at::Tensor& keys,
+                            at::Tensor& values, int64_t start, const at::Tensor& mask);
 
   Linear wq{nullptr}, wk{nullptr}, wv{nullptr}, wo{nullptr};
   int64_t n_heads;

@@ -19,4 +19,8 @@ at::Tensor precompute_freqs_cis(const LlamaArgs& args, int64_t seq_len, const at
 // Rotates q [bs, seq, heads, head_dim] (or k) by freqs_cis [seq, head_dim / 2].
 at::Tensor apply_rotary_emb(const at::Tensor& x, const at::Tensor& freqs_cis);
 
+// Rotates x [bs, seq, heads, head_dim] by per-token rotations [bs, seq, head_dim / 2] (rows of
+// freqs_cis gathered at each token's own position: left-padded batches, incremental decoding).
+at::Tensor apply_rotary_emb_at(const at::Tensor& x, const at::Tensor& rotations);
+
 }  // namespace loom::models::llama

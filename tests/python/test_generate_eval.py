@@ -1,0 +1,197 @@
+#!/usr/bin/env python3
+"""`loom eval` and `loom generate` agree with transformers on the Hugging Face export of the same
+checkpoint.
+
+Trains the debug model on 2 ranks with FSDP (so the checkpoint is sharded), exports it to Hugging
+Face format in float32 and checks, against transformers' LlamaForCausalLM (eager attention):
+  * perplexity over sliding windows of new texts (the windows of docs/generate_eval.md,
+    computed here independently) within 1e-4 relative;
+  * greedy generation with the KV cache emits exactly transformers' greedy tokens for several
+    prompts (transformers' generate with its own cache);
+  * batched prompts of different lengths give the same tokens as one by one;
+  * loading the Hugging Face folder itself gives the same tokens and perplexity as the native
+    checkpoint.
+Exit 77 (skipped) when transformers is not installed (scripts/setup.sh installs it).
+
+Usage: test_generate_eval.py LOOM_BINARY WORK_DIR [--checkpoint STEP_DIR] [--texts FILE.jsonl]
+                             [--prompts FILE.jsonl]
+--checkpoint checks an existing native step folder instead of training one (its config.toml
+names the tokenizer; brown_bpe is assumed for the special-token ids); --texts / --prompts replace
+the built-in texts and prompts ({"text": ...} / {"prompt": ...} lines).
+"""
+import argparse
+import json
+import math
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import warnings
+
+warnings.filterwarnings("ignore")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TEXTS = [
+    "The harbor master wrote down every ship that entered the bay before the storm.",
+    "Farmers in the valley argued about the new road, and the council voted twice.",
+    "She opened the old piano and played a tune nobody in the house had heard.",
+]
+PROMPTS = ["The governor said", "In the first week of the trial", "Water", "Most of the men"]
+NEW_TOKENS = 20
+
+
+def run(*args):
+    r = subprocess.run(args, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"FAILED: {' '.join(args)}\n{r.stdout}\n{r.stderr}")
+    return r.stdout
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def special_ids():
+    added = json.load(open(f"{ROOT}/assets/tokenizer/brown_bpe_4k.json"))["added_tokens"]
+    ids = {t["content"]: t["id"] for t in added}
+    return ids["<|begin_of_text|>"], ids["<|end_of_text|>"], ids["<|pad|>"]
+
+
+def loom_windows(n, seq_len, stride):
+    """(begin, end, first_scored) as docs/generate_eval.md defines sliding windows."""
+    windows, predicted, begin = [], 0, 0
+    while predicted < n - 1:
+        end = min(begin + seq_len, n - 1)
+        windows.append((begin, end, max(predicted + 1, begin + 1)))
+        predicted = end
+        begin += stride
+    return windows
+
+
+def main():
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as e:
+        print(f"SKIPPED: {e} (scripts/setup.sh installs transformers into .venv)")
+        return 77
+    p = argparse.ArgumentParser()
+    p.add_argument("loom")
+    p.add_argument("work")
+    p.add_argument("--checkpoint")
+    p.add_argument("--texts")
+    p.add_argument("--prompts")
+    a = p.parse_args()
+    loom, work = a.loom, a.work
+    texts = [json.loads(l)["text"] for l in open(a.texts) if l.strip()] if a.texts else TEXTS
+    prompt_list = ([json.loads(l)["prompt"] for l in open(a.prompts) if l.strip()]
+                   if a.prompts else PROMPTS)
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    step = a.checkpoint or train(loom, work)
+    failures = check(loom, work, step, texts, prompt_list)
+    if failures:
+        print("FAILED:\n  " + "\n  ".join(failures))
+        return 1
+    print("OK: loom eval and generate match transformers")
+    return 0
+
+
+def train(loom, work):
+    """24 steps of the debug model on 2 FSDP ranks: the checkpoint is two ranks' shards."""
+    run(loom, "launch", "--nproc-per-node", "2", "--master-port", str(free_port()), "--",
+        "train", "--config", f"{ROOT}/configs/llama3_debug.toml", "--job.dump_folder", work,
+        "--training.steps", "24", "--training.seq_len", "64", "--training.local_batch_size", "2",
+        "--training.global_batch_size", "4", "--parallelism.data_parallel_shard_degree", "2",
+        "--validation.enable", "false", "--metrics.peak_tflops", "1", "--debug.seed", "5",
+        "--checkpoint.enable", "true", "--checkpoint.interval", "24")
+    step = f"{work}/checkpoint/step-24"
+    index = json.load(open(f"{step}/index.json"))
+    assert index["world_size"] == 2, index["world_size"]
+    return step
+
+
+def check(loom, work, step, texts, prompt_list):
+    import torch
+    import torch.nn.functional as F
+    from transformers import LlamaForCausalLM
+    hf = f"{work}/hf"
+    run(loom, "checkpoint", "export", "--to", "hf", step, hf, "--dtype", "float32")
+    bos, eos, pad = special_ids()
+    model = LlamaForCausalLM.from_pretrained(hf, dtype=torch.float32, attn_implementation="eager")
+    model.eval()
+    failures = []
+
+    # Perplexity over sliding windows, each document alone.
+    docs = f"{work}/texts.jsonl"
+    with open(docs, "w") as f:
+        for t in texts:
+            f.write(json.dumps({"text": t}) + "\n")
+    seq_len, stride = 12, 5
+    result = json.loads(run(loom, "eval", "--checkpoint", step, "--dataset", docs, "--seq-len",
+                            str(seq_len), "--stride", str(stride), "--per-document",
+                            "--batch-size", "3"))
+    nll, count = 0.0, 0
+    with torch.no_grad():
+        for text in texts:
+            ids = [bos] + json.loads(run(loom, "tokenize", "--tokenizer", "brown_bpe", "--text",
+                                         text, "--format", "json")) + [eos]
+            for begin, end, first in loom_windows(len(ids), seq_len, stride):
+                logits = model(torch.tensor([ids[begin:end]])).logits[0].double()
+                targets = torch.tensor(ids[begin + 1:end + 1])
+                losses = F.cross_entropy(logits, targets, reduction="none")
+                keep = first - (begin + 1)
+                nll += losses[keep:].sum().item()
+                count += len(targets) - keep
+    ppl = math.exp(nll / count)
+    rel = abs(result["perplexity"] - ppl) / ppl
+    print(f"perplexity: loom {result['perplexity']:.6f}, transformers {ppl:.6f} "
+          f"({count} tokens; loom {result['tokens']}), relative difference {rel:.2e}")
+    if result["tokens"] != count or rel > 1e-4:
+        failures.append("perplexity differs from transformers'")
+    from_hf_folder = json.loads(run(loom, "eval", "--checkpoint", hf, "--tokenizer", "brown_bpe",
+                                    "--dataset", docs, "--seq-len", str(seq_len), "--stride",
+                                    str(stride), "--per-document"))
+    if abs(from_hf_folder["perplexity"] - result["perplexity"]) > 1e-6 * ppl:
+        failures.append(f"eval of the Hugging Face folder gives perplexity "
+                        f"{from_hf_folder['perplexity']}, the native checkpoint "
+                        f"{result['perplexity']}")
+
+    # Greedy generation: batched (prompts of different lengths) and one by one.
+    prompts = f"{work}/prompts.jsonl"
+    with open(prompts, "w") as f:
+        for p in prompt_list:
+            f.write(json.dumps({"prompt": p}) + "\n")
+    common = ["generate", "--prompts", prompts, "--format", "json", "--max-new-tokens",
+              str(NEW_TOKENS)]
+    batched = [json.loads(l) for l in run(loom, *common, "--checkpoint", step,
+                                          "--batch-size", "4").splitlines()]
+    single = [json.loads(l) for l in run(loom, *common, "--checkpoint", step,
+                                         "--batch-size", "1").splitlines()]
+    from_hf = [json.loads(l) for l in run(loom, *common, "--checkpoint", hf, "--tokenizer",
+                                          "brown_bpe", "--batch-size", "2").splitlines()]
+    for i, p in enumerate(prompt_list):
+        ids = batched[i]["prompt_ids"]
+        with torch.no_grad():
+            out = model.generate(torch.tensor([ids]), do_sample=False,
+                                 max_new_tokens=NEW_TOKENS, eos_token_id=eos, pad_token_id=pad,
+                                 use_cache=True)
+        reference = out[0, len(ids):].tolist()
+        same = batched[i]["tokens"] == reference
+        print(f"prompt {p!r}: {len(reference)} tokens, loom == transformers: {same}; "
+              f"batched == one by one: {batched[i]['tokens'] == single[i]['tokens']}; "
+              f"HF folder == native: {from_hf[i]['tokens'] == batched[i]['tokens']}")
+        if not same:
+            failures.append(f"greedy tokens differ for {p!r}: loom {batched[i]['tokens']} "
+                            f"transformers {reference}")
+        if batched[i]["tokens"] != single[i]["tokens"]:
+            failures.append(f"batched differs from one by one for {p!r}")
+        if from_hf[i]["tokens"] != batched[i]["tokens"]:
+            failures.append(f"the Hugging Face folder generates differently for {p!r}")
+    return failures
+
+
+if __name__ == "__main__":
+    sys.exit(main())
