@@ -14,15 +14,16 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
 TORCH_VERSION="2.11.0"   # pinned: reproducible builds, and the version on the GPU machine
-# transformers: the Hugging Face export test (tests/python/test_hf_export.py).
-PYTHON_PACKAGES=("safetensors==0.6.2" "transformers==4.57.1")  # 5.x needs safetensors>=0.8, whose
-# serialize_file API tools/reference does not speak
+# transformers: the Hugging Face export test (tests/python/test_hf_export.py); 5.x needs
+# safetensors>=0.8, whose serialize_file API tools/reference does not speak.
+# tensorboard: reads loom's event files back in tests (EventAccumulator).
+PYTHON_PACKAGES=("safetensors==0.6.2" "transformers==4.57.1" "tensorboard==2.21.0")
 BUILD_TYPE="${LOOM_BUILD_TYPE:-Release}"
 BUILD_DIR="${LOOM_BUILD_DIR:-build}"
 APT_PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git python3 python3-venv
   nlohmann-json3-dev libtomlplusplus-dev libspdlog-dev libfmt-dev libcli11-dev libgtest-dev
-  zlib1g-dev libpcre2-dev
+  zlib1g-dev libpcre2-dev libprotobuf-dev protobuf-compiler librsvg2-bin tmux
 )
 
 say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }

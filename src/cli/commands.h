@@ -24,6 +24,8 @@ void add_tokenize_command(CLI::App& app, CommandRun& run);
 void add_prepare_data_command(CLI::App& app, CommandRun& run);
 void add_launch_command(CLI::App& app, CommandRun& run);
 void add_checkpoint_command(CLI::App& app, CommandRun& run);
+void add_metrics_command(CLI::App& app, CommandRun& run);
+void add_debug_command(CLI::App& app, CommandRun& run);
 
 // The config sources shared by every command that reads a job config.
 struct ConfigArgs {

@@ -20,6 +20,8 @@
 #include "loom/data/prefetch.h"
 #include "loom/data/synthetic.h"
 #include "loom/data/tokenizer.h"
+#include "loom/metrics/grad_norms.h"
+#include "loom/metrics/memory_estimate.h"
 #include "loom/train/loss.h"
 #include "loom/train/lr_scheduler.h"
 #include "loom/train/mixed_precision.h"
@@ -162,6 +164,14 @@ void Trainer::build_model() {
                     config_.lr_scheduler.total_steps.value_or(config_.training.steps));
   summary_ = model_->summary(config_.training.seq_len);
   log::get("trainer")->info("model {}", models::format_summary(summary_, false));
+  const auto param_dtype = fsdp_ ? at::kFloat : parameter_dtype(config_.training);
+  const auto compute_dtype = autocast_dtype(config_.training, device_).value_or(param_dtype);
+  const auto memory = metrics::estimate_memory(
+      summary_, config_,
+      {fsdp_ ? runtime_->group(distributed::MeshGroup::fsdp).size() : 1,
+       static_cast<int>(c10::elementSize(param_dtype)),
+       static_cast<int>(c10::elementSize(compute_dtype))});
+  log::get("trainer")->info("estimated peak memory per rank: {}", memory.describe());
 }
 
 // FSDP (dp_shard > 1; HSDP when dp_replicate > 1 too) or DDP (dp_replicate > 1 alone). The
@@ -282,12 +292,35 @@ double Trainer::train_step(int64_t step, metrics::StepMetrics& m) {
   }
   if (data_parallel_) data_parallel_->finish_gradient_sync();
   if (fsdp_) fsdp_->finish_gradient_sync();
+  if (config_.metrics.log_layer_grad_norms && is_log_step(step)) {
+    m.block_grad_norms = metrics::block_grad_norms(
+        named_local_parameters(), fsdp_ ? &runtime_->group(distributed::MeshGroup::fsdp) : nullptr);
+  }
   m.grad_norm = fsdp_ ? fsdp_->clip_grad_norm(t.max_norm) : clip_grad_norm(parameters_, t.max_norm);
   m.lr = config_.optimizer.lr * schedule_->factor(step - 1 - lr_step_offset_);
   set_learning_rate(*optimizer_, m.lr);
   optimizer_->step();
   m.loss = sum_over(loss_group, loss_sum);
   return data_time;
+}
+
+bool Trainer::is_log_step(int64_t step) const {
+  return step % config_.metrics.log_freq == 0 || step == 1 || step == config_.training.steps;
+}
+
+// What this rank holds of each parameter: FSDP's shards, or the model's whole tensors.
+std::vector<std::pair<std::string, at::Tensor>> Trainer::named_local_parameters() {
+  std::vector<std::pair<std::string, at::Tensor>> named;
+  if (fsdp_) {
+    for (size_t i = 0; i < fsdp_->parameter_names().size(); ++i) {
+      named.emplace_back(fsdp_->parameter_names()[i], fsdp_->sharded_parameters()[i]);
+    }
+    return named;
+  }
+  for (const auto& item : model_->module().named_parameters()) {
+    named.emplace_back(item.key(), item.value());
+  }
+  return named;
 }
 
 bool Trainer::uses_fsdp() const {
@@ -342,8 +375,9 @@ TrainResult Trainer::train() {
   const bool color = !config_.metrics.disable_color_printing && ::isatty(STDERR_FILENO) == 1;
   // Every rank prints its console line; rank 0 alone writes metrics.jsonl.
   metrics_ = std::make_unique<metrics::MetricsLogger>(
-      runtime_->is_main_rank() ? config_.job.dump_folder + "/metrics.jsonl" : std::string(), color);
+      metrics::metrics_sinks(config_, runtime_->rank(), color));
   peak_flops_ = metrics::peak_flops(device_, config_.metrics.peak_tflops);
+  profiler_ = std::make_unique<metrics::StepProfiler>(config_, runtime_->rank(), device_);
   log->info("training {} steps; peak {:.3g} TFLOP/s per device for MFU", t.steps,
             peak_flops_ / 1e12);
   TrainResult result;
@@ -360,13 +394,20 @@ TrainResult Trainer::train() {
   }
   const auto resume = checkpoint_->load();
   lr_step_offset_ = resume.step - resume.lr_step;
+  metrics_->start_run(resume.step + 1);
   int64_t tokens_seen = resume.tokens_seen;
   uint64_t window_comm_start = runtime_->total_wire_bytes();
   for (int64_t step = resume.step + 1; step <= t.steps; ++step) {
     metrics::StepMetrics m;
+    profiler_->step_begin(step);
     const auto step_start = Clock::now();
-    window_data += train_step(step, m);
+    try {
+      window_data += train_step(step, m);
+    } catch (const c10::OutOfMemoryError& e) {
+      profiler_->out_of_memory(step, e.what_without_backtrace());  // throws, naming a snapshot
+    }
     window_time += seconds_since(step_start);
+    profiler_->step_end(step);
     ++window_steps;
     if (step == resume.step + 1) runtime_->use_train_timeout();
     result.losses.push_back(m.loss);
@@ -375,7 +416,7 @@ TrainResult Trainer::train() {
     tokens_seen += global_tokens_per_step;
     LOOM_CHECK_AS(InputError, std::isfinite(m.loss), "step ", step, ": loss is ", m.loss,
                   " (diverged; lower optimizer.lr or check the data)");
-    if (step % config_.metrics.log_freq == 0 || step == 1 || step == t.steps) {
+    if (is_log_step(step)) {
       m.step = step;
       m.step_time_s = window_time / window_steps;
       m.tps = static_cast<double>(tokens_per_step) / m.step_time_s;
@@ -407,6 +448,7 @@ TrainResult Trainer::train() {
     }
   }
   checkpoint_->wait();
+  metrics_->finish_run(result.stopped_by_signal ? "stopped" : "finished", result.steps_completed);
   result.peak_memory_gib = metrics::peak_memory_gib(device_);
   result.comm_wire_bytes = runtime_->total_wire_bytes();
   log->info(

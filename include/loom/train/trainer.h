@@ -14,6 +14,7 @@
 #include "loom/data/tokenizer.h"
 #include "loom/distributed/runtime.h"
 #include "loom/metrics/metrics.h"
+#include "loom/metrics/profiler.h"
 #include "loom/models/model_spec.h"
 #include "loom/parallel/data_parallel.h"
 #include "loom/parallel/fsdp.h"
@@ -64,6 +65,8 @@ class Trainer {
   double validate();
   std::optional<at::ScalarType> autocast() const;
   bool uses_fsdp() const;  // dp_shard > 1, or debug.force_fsdp
+  bool is_log_step(int64_t step) const;
+  std::vector<std::pair<std::string, at::Tensor>> named_local_parameters();
   // True on every rank once any rank was asked to stop (all ranks leave after the same step).
   bool any_rank_stopping();
 
@@ -83,6 +86,7 @@ class Trainer {
   std::unique_ptr<data::BatchSource> source_;
   std::unique_ptr<data::BatchSource> validation_source_;
   std::unique_ptr<metrics::MetricsLogger> metrics_;
+  std::unique_ptr<metrics::StepProfiler> profiler_;  // profiling.* traces and memory snapshots
   std::unique_ptr<checkpoint::CheckpointManager> checkpoint_;
   double peak_flops_ = 0;
   models::ModelSummary summary_;
