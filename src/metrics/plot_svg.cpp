@@ -9,8 +9,8 @@
 namespace loom::metrics {
 namespace {
 
-constexpr double kWidth = 1000, kHeight = 720;
-constexpr double kPanelW = 440, kPanelH = 260;
+constexpr double kWidth = 1000, kHeight = 740;
+constexpr double kPanelW = 410, kPanelH = 260;
 constexpr const char* kPalette[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e",
                                     "#9467bd", "#8c564b", "#e377c2", "#17becf"};
 
@@ -98,6 +98,9 @@ std::string panel(double x0, double y0, const std::string& title, const std::str
   }
   xs.widen();
   ys.widen();
+  const double margin = (ys.hi - ys.lo) * 0.05;  // curves clear of the frame
+  ys.lo -= margin;
+  ys.hi += margin;
   auto px = [&](double x) { return x0 + (x - xs.lo) / (xs.hi - xs.lo) * kPanelW; };
   auto py = [&](double y) { return y0 + kPanelH - (y - ys.lo) / (ys.hi - ys.lo) * kPanelH; };
   for (double t : ticks(ys.lo, ys.hi)) {
@@ -173,8 +176,8 @@ std::string plot_svg(const std::vector<RunLog>& runs, const PlotOptions& options
         lines.push_back({series(runs[i].validation, "val_loss", options.by_tokens), color, true});
       }
     }
-    const double x0 = 80 + static_cast<double>(p % 2) * (kPanelW + 60);
-    const double y0 = 100 + static_cast<double>(p / 2) * (kPanelH + 70);
+    const double x0 = 70 + static_cast<double>(p % 2) * (kPanelW + 90);
+    const double y0 = 95 + static_cast<double>(p / 2) * (kPanelH + 80);
     svg += panel(x0, y0, specs[p].title, x_name, lines);
   }
   return svg + "</svg>\n";

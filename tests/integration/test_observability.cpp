@@ -57,17 +57,18 @@ std::vector<json> read_jsonl(const std::string& path) {
 // {tag: {step: value}} as TensorBoard's EventAccumulator reads the folder; fails the test (and
 // names the reason) when a step appears twice.
 std::map<std::string, std::map<int64_t, double>> read_tensorboard(const std::string& folder) {
+  const std::string out = folder + "/../tensorboard_scalars.json";
   auto result = run_command(std::string(LOOM_PYTHON) + " " LOOM_SOURCE_DIR
-                            "/tests/python/read_tensorboard.py " + folder + " 2>&1");
+                            "/tests/python/read_tensorboard.py " + folder + " " + out + " 2>&1");
   EXPECT_EQ(result.exit_code, 0) << result.output;
-  const std::string text = result.output.substr(result.output.rfind("\n{") + 1);
+  const json all = json::parse(read_text(out));
   std::map<std::string, std::map<int64_t, double>> tags;
-  const json all = json::parse(text.substr(text.find('{')));
-  for (const auto& [tag, points] : all.items()) {
-    for (const auto& p : points) {
-      const auto step = p[0].get<int64_t>();
-      EXPECT_EQ(tags[tag].count(step), 0u) << tag << " has step " << step << " twice";
-      tags[tag][step] = p[1].get<double>();
+  for (auto it = all.begin(); it != all.end(); ++it) {
+    auto& points = tags[it.key()];
+    for (const auto& p : it.value()) {
+      const auto step = p.at(0).get<int64_t>();
+      EXPECT_EQ(points.count(step), 0u) << it.key() << " has step " << step << " twice";
+      points[step] = p.at(1).get<double>();
     }
   }
   return tags;
@@ -162,7 +163,8 @@ TEST(Profiler, TraceOfTheRecordedStepHoldsTheModelOps) {
   auto result = run_loom(
       "train --job.dump_folder " + dump +
       " --training.steps 4 --training.seq_len 32 --training.local_batch_size 2 --training.device "
-      "cpu --metrics.peak_tflops 1 --validation.enable false --profiling.enable_profiling true "
+      "cpu --training.dataset synthetic --metrics.peak_tflops 1 --validation.enable false "
+      "--profiling.enable_profiling true "
       "--profiling.profile_freq 2 --profiling.profiler_warmup 0 --profiling.profiler_active 1 "
       "--profiling.enable_memory_snapshot true");
   ASSERT_EQ(result.exit_code, 0) << result.output;
@@ -269,7 +271,8 @@ TEST(MetricsTools, WatchShowsARunningJobInTmux) {
   const std::string train =
       std::string(LOOM_BINARY) + " train --job.dump_folder " + dump +
       " --training.steps 100000 --training.seq_len 32 --training.local_batch_size 2"
-      " --training.device cpu --metrics.log_freq 1 --metrics.peak_tflops 1"
+      " --training.device cpu --training.dataset synthetic --metrics.log_freq 1"
+      " --metrics.peak_tflops 1"
       " --validation.enable false";
   ASSERT_EQ(run_command("tmux new-session -d -s " + session + " -x 150 -y 40 '" + train + "'")
                 .exit_code,
@@ -309,7 +312,8 @@ TEST(FlightRecorderDumps, SigUsr1ToTheLauncherDumpsEveryRank) {
       std::string(LOOM_BINARY) + " launch --nproc-per-node 2 --master-port " +
       std::to_string(loom::testing::free_port()) + " -- train --job.dump_folder " + dump +
       " --training.steps 100000 --training.seq_len 32 --training.local_batch_size 2"
-      " --training.device cpu --metrics.log_freq 1 --metrics.peak_tflops 1"
+      " --training.device cpu --training.dataset synthetic --metrics.log_freq 1"
+      " --metrics.peak_tflops 1"
       " --validation.enable false --parallelism.data_parallel_replicate_degree 2";
   auto started = run_command(command + " > " + log + " 2>&1 & echo $!");
   const std::string pid = started.output.substr(0, started.output.find('\n'));

@@ -1,4 +1,5 @@
-"""Prints the scalars TensorBoard reads from an event-file folder, as JSON {tag: [[step, value]]}.
+"""Writes the scalars TensorBoard reads from an event-file folder (argv[1]) to a JSON file
+(argv[2]): {tag: [[step, value], ...]}.
 
 Uses TensorBoard's own EventAccumulator (what the TensorBoard UI loads), so the test of loom's
 event files checks the real reader: TFRecord framing, CRC-32C, protobuf records, and the purge
@@ -17,7 +18,8 @@ def main() -> None:
         tag: [[event.step, event.value] for event in accumulator.Scalars(tag)]
         for tag in accumulator.Tags()["scalars"]
     }
-    print(json.dumps(scalars))
+    with open(sys.argv[2], "w", encoding="utf-8") as out:
+        json.dump(scalars, out)
 
 
 if __name__ == "__main__":
