@@ -214,15 +214,18 @@ void DumpWatcher::run() {
   if (store_alive) {
     if (auto first = poll_()) requests_seen = first->count;
   }
+  // The store is asked every fifth tick: every rank polls it, so keep the load on its host low.
+  int tick = 0;
   std::unique_lock<std::mutex> lock(mutex_);
   while (!wake_.wait_for(lock, interval_, [this] { return stop_; })) {
     lock.unlock();
+    const bool poll_store = store_alive && ++tick % 5 == 0;
     const uint64_t signals = dump_signals_received();
     if (signals != signals_seen) {
       signals_seen = signals;
       recorder_->dump("SIGUSR1", false);
     }
-    if (store_alive) {
+    if (poll_store) {
       // The store goes away when its host (rank 0) exits: stop asking.
       auto request = poll_();
       if (!request) {

@@ -159,7 +159,7 @@ void StepProfiler::out_of_memory(int64_t step, const std::string& message) {
     } catch (const std::exception& e) {
       where = std::string("; the memory snapshot failed: ") + e.what();
     }
-  } else {
+  } else if (device_.is_cuda()) {
     where = "; set profiling.enable_memory_snapshot = true for a snapshot of the allocator";
   }
   LOOM_THROW(Error, "step ", step, ": out of memory on ", device_.str(), ": ", message, where);

@@ -13,6 +13,9 @@
 #include <map>
 #include <thread>
 
+#include "loom/core/check.h"
+#include "loom/metrics/memory_estimate.h"
+#include "loom/metrics/profiler.h"
 #include "loom/train/trainer.h"
 #include "support/process.h"
 
@@ -191,6 +194,38 @@ TEST(Profiler, TraceOfTheRecordedStepHoldsTheModelOps) {
   EXPECT_FALSE(fs::exists(dump + "/profile_traces/iteration_1"));
 }
 
+TEST(Profiler, OutOfMemoryErrorNamesTheStepAndDevice) {
+  auto job = small_job("oom");
+  loom::metrics::StepProfiler profiler(job, 0, at::Device(at::kCPU));
+  try {
+    profiler.out_of_memory(7, "DefaultCPUAllocator: not enough memory");
+    FAIL() << "no exception";
+  } catch (const loom::Error& e) {
+    EXPECT_EQ(e.message(), "step 7: out of memory on cpu: DefaultCPUAllocator: not enough memory");
+  }
+}
+
+TEST(MemoryEstimate, ComponentsFollowTheModelShapesAndLayout) {
+  auto job = small_job("memory");
+  auto model = loom::models::build_model(job, 0, at::TensorOptions().device(at::kMeta));
+  const auto summary = model->summary(job.training.seq_len);
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  const auto plain = loom::metrics::estimate_memory(summary, job, {1, 4, 4});
+  EXPECT_NEAR(plain.parameters_gib, summary.total_params * 4 / gib, 1e-12);
+  EXPECT_NEAR(plain.optimizer_gib, 2 * plain.parameters_gib, 1e-12);
+  // debugmodel: dim 256, 16 heads of 16 (q = kv = 256), ffn 768, 6 blocks, vocab 2048;
+  // 4 x 32 tokens, float32.
+  const double per_token = 6 * (4 * 256 + 3 * 256 + 3 * 256 + 4 * 768) + 2 * 256 + 2048 * 2;
+  EXPECT_NEAR(plain.activations_gib, 4 * 32 * per_token * 4 / gib, 1e-9);
+  job.activation_checkpoint.mode = "full";
+  const auto full = loom::metrics::estimate_memory(summary, job, {1, 4, 4});
+  EXPECT_LT(full.activations_gib, plain.activations_gib / 3);
+  const auto sharded = loom::metrics::estimate_memory(summary, job, {4, 4, 2});
+  EXPECT_NEAR(sharded.optimizer_gib, plain.optimizer_gib / 4, 1e-12);
+  EXPECT_GT(sharded.parameters_gib, plain.parameters_gib / 4);  // + two gathered blocks
+  EXPECT_NE(plain.describe().find("activations"), std::string::npos);
+}
+
 namespace {
 
 // A finished 6-step run with validation, shared by the metrics-tool tests.
@@ -314,7 +349,8 @@ TEST(FlightRecorderDumps, SigUsr1ToTheLauncherDumpsEveryRank) {
       " --training.steps 100000 --training.seq_len 32 --training.local_batch_size 2"
       " --training.device cpu --training.dataset synthetic --metrics.log_freq 1"
       " --metrics.peak_tflops 1"
-      " --validation.enable false --parallelism.data_parallel_replicate_degree 2";
+      " --validation.enable false --parallelism.data_parallel_replicate_degree 2"
+      " --metrics.enable_tensorboard true --metrics.save_for_all_ranks true";
   auto started = run_command(command + " > " + log + " 2>&1 & echo $!");
   const std::string pid = started.output.substr(0, started.output.find('\n'));
   ASSERT_FALSE(pid.empty());
@@ -336,6 +372,9 @@ TEST(FlightRecorderDumps, SigUsr1ToTheLauncherDumpsEveryRank) {
   EXPECT_EQ(rank1["reason"], "SIGUSR1");
   EXPECT_EQ(rank1["rank"], 1);
   EXPECT_GT(rank1["entries"].size(), 3u);
+  for (const char* rank : {"rank_0", "rank_1"}) {  // metrics.save_for_all_ranks
+    EXPECT_FALSE(fs::is_empty(dump + "/tb/" + rank)) << rank;
+  }
   auto report = run_loom("debug hang " + dump);
   EXPECT_EQ(report.exit_code, 0) << report.output;
   EXPECT_NE(report.output.find("ranks 0-1"), std::string::npos) << report.output;

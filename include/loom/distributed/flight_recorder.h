@@ -90,8 +90,8 @@ class FlightRecorder {
 void install_dump_signal_handler();
 uint64_t dump_signals_received();
 
-// One rank's watcher thread: dumps on SIGUSR1, and on a request another rank posted to the
-// job's store (`poll_requests` returns the store's request counter and reason, or nothing once
+// One rank's watcher thread: dumps on SIGUSR1 (checked every `interval`), and on a request
+// another rank posted to the job's store (asked every 5 intervals) (`poll_requests` returns the store's request counter and reason, or nothing once
 // the store is gone); `acknowledge` then tells the store this rank has dumped.
 class DumpWatcher {
  public:
