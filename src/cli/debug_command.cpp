@@ -39,7 +39,8 @@ void add_debug_command(CLI::App& app, CommandRun& run) {
       ->required();
   hang->add_option("--format", state->format, "text or json")
       ->check(CLI::IsMember({"text", "json"}));
-  hang->callback([state, &run] { run = [state] { return debug_hang(state->folder, state->format); }; });
+  hang->callback(
+      [state, &run] { run = [state] { return debug_hang(state->folder, state->format); }; });
 }
 
 }  // namespace loom::cli

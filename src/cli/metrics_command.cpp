@@ -38,8 +38,8 @@ struct WatchArgs {
   bool once = false;
 };
 
-// Redraws until Ctrl-C, or until every run has ended (finished, stopped or failed) when the
-// output is not a terminal.
+// Redraws until Ctrl-C (SIGINT/SIGTERM), or prints once with --once. Colors and screen clearing
+// only on a terminal.
 int watch(const WatchArgs& args) {
   signals::install_shutdown_handlers();
   std::vector<std::string> folders{args.folder};
@@ -51,8 +51,8 @@ int watch(const WatchArgs& args) {
   while (true) {
     const auto runs = read_runs(folders);
     const std::string screen = metrics::render_watch(runs, now_unix(), options);
-    std::cout << (tty ? "\033[H\033[2J" : "")
-              << "loom metrics watch (every " << args.interval_s << " s; Ctrl-C quits)\n\n"
+    std::cout << (tty ? "\033[H\033[2J" : "") << "loom metrics watch (every " << args.interval_s
+              << " s; Ctrl-C quits)\n\n"
               << screen << std::flush;
     if (args.once || signals::shutdown_requested()) return 0;
     const auto deadline =
@@ -102,8 +102,9 @@ void add_metrics_command(CLI::App& app, CommandRun& run) {
   watch_command->add_option("--compare", w->compare, "More runs to show beside it");
   watch_command->add_option("--interval", w->interval_s, "Seconds between redraws")
       ->check(CLI::Range(0.05, 3600.0));
-  watch_command->add_option("--stall-factor", w->stall_factor,
-                            "Stalled after this many median step intervals without a new step")
+  watch_command
+      ->add_option("--stall-factor", w->stall_factor,
+                   "Stalled after this many median step intervals without a new step")
       ->check(CLI::Range(1.0, 1e6));
   watch_command->add_flag("--once", w->once, "Print one screen and exit");
   watch_command->callback([w, &run] { run = [w] { return watch(*w); }; });

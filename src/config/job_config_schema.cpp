@@ -31,7 +31,7 @@ void add_job_sections(Schema& s) {
   prof.field("enable_profiling", &ProfilingSection::enable_profiling,
              "Record Kineto profiler traces (Chrome/Perfetto JSON, CPU and CUDA activity).");
   prof.field("save_traces_folder", &ProfilingSection::save_traces_folder,
-             "Trace folder under dump_folder: iteration_<step>/rank<r>_trace.json.");
+             "Trace folder under dump_folder: `iteration_<step>/rank<r>_trace.json`.");
   prof.field("profile_freq", &ProfilingSection::profile_freq,
              "Record one profiling cycle every this many steps (ends at multiples of it).")
       .min(1);
@@ -41,8 +41,7 @@ void add_job_sections(Schema& s) {
   prof.field("profiler_warmup", &ProfilingSection::profiler_warmup,
              "Warm-up steps before the recorded ones in each cycle.")
       .min(0);
-  prof.field("ranks", &ProfilingSection::ranks,
-             "loom: the ranks that record profiler traces.")
+  prof.field("ranks", &ProfilingSection::ranks, "loom: the ranks that record profiler traces.")
       .min(0);
   prof.field("enable_memory_snapshot", &ProfilingSection::enable_memory_snapshot,
              "CUDA: record allocator history and dump snapshots (PyTorch memory_viz pickle) at "
@@ -60,14 +59,15 @@ void add_job_sections(Schema& s) {
   met.field("save_tb_folder", &MetricsSection::save_tb_folder,
             "TensorBoard folder under dump_folder.");
   met.field("save_for_all_ranks", &MetricsSection::save_for_all_ranks,
-            "TensorBoard files from every rank (<save_tb_folder>/rank_<r>), not only rank 0.");
+            "TensorBoard files from every rank (`<save_tb_folder>/rank_<r>`), not only rank 0.");
   met.field("peak_tflops", &MetricsSection::peak_tflops,
             "loom: peak TFLOP/s of one device for MFU; unset: a table of GPUs (bf16 dense), or on "
             "CPU a float32 GEMM measured at start.")
       .min(0);
-  met.field("log_layer_grad_norms", &MetricsSection::log_layer_grad_norms,
-            "loom: also log each block's gradient norm (grad_norm/layers.<i>, grad_norm/output, ...) "
-            "before clipping, to find the layer behind a loss spike.");
+  met.field(
+      "log_layer_grad_norms", &MetricsSection::log_layer_grad_norms,
+      "loom: also log each block's gradient norm (`grad_norm/layers.<i>`, `grad_norm/output`, ...) "
+      "before clipping, to find the layer behind a loss spike.");
   met.field("enable_wandb", &MetricsSection::enable_wandb, "Send metrics to Weights & Biases.")
       .unimplemented();
 }
@@ -440,7 +440,7 @@ void add_runtime_sections(Schema& s) {
   comm.field("save_traces_folder", &CommSection::save_traces_folder,
              "Flight-recorder dump folder under dump_folder.");
   comm.field("save_traces_file_prefix", &CommSection::save_traces_file_prefix,
-             "Flight-recorder file prefix: <prefix><rank>.json.");
+             "Flight-recorder file prefix: `<prefix><rank>.json`.");
   comm.field("mode", &CommSection::mode, "default, or simulated communication for dry runs.")
       .choices({"default", "fake_backend", "local_tensor"})
       .unimplemented();

@@ -106,8 +106,8 @@ void FlightRecorder::failed(uint64_t id, const std::string& error) {
       r->ended_at = now_unix();
       r->state = CollectiveState::kFailed;
       r->error = error;
-      what = r->op + " #" + std::to_string(r->seq) + " on group '" + r->group + "' failed on rank " +
-             std::to_string(rank_);
+      what = r->op + " #" + std::to_string(r->seq) + " on group '" + r->group +
+             "' failed on rank " + std::to_string(rank_);
     }
     callback = on_failure_;
   }
@@ -158,9 +158,10 @@ bool FlightRecorder::dump(const std::string& reason, bool automatic) {
     const auto folder = std::filesystem::path(path).parent_path();
     if (!folder.empty()) files::create_directories(folder.string());
     files::write_atomic(path, to_json(reason) + "\n");
-    log::get("comm")->warn("flight recorder: {} collectives dumped to {} ({}); read with `loom "
-                           "debug hang {}`",
-                           records().size(), path, reason, folder.parent_path().string());
+    log::get("comm")->warn(
+        "flight recorder: {} collectives dumped to {} ({}); read with `loom "
+        "debug hang {}`",
+        records().size(), path, reason, folder.parent_path().string());
     return true;
   } catch (const std::exception& e) {
     log::get("comm")->error("flight recorder: cannot dump to {}: {}", path, e.what());

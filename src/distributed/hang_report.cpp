@@ -72,16 +72,16 @@ std::string last_activity(const RankDump& dump) {
   }
   if (!last) return fmt::format("rank {}: no collective recorded", dump.rank);
   Entry e{dump.rank, last};
-  const std::string where = fmt::format("{} #{} on group '{}'", e.op(), e.seq(),
-                                        (*last)["group"].get<std::string>());
+  const std::string where =
+      fmt::format("{} #{} on group '{}'", e.op(), e.seq(), (*last)["group"].get<std::string>());
   if (e.state() == "completed") {
     const double ago = dump.dumped_at - (*last)["ended_at"].get<double>();
     return fmt::format("rank {}: last collective {} completed {:.1f} s before its dump ({})",
                        dump.rank, where, ago, dump.reason);
   }
   return fmt::format("rank {}: {} in {} for {:.1f} s ({})", dump.rank,
-                     e.state() == "failed" ? "failed" : "waiting", where,
-                     waited(e, dump.dumped_at), dump.reason);
+                     e.state() == "failed" ? "failed" : "waiting", where, waited(e, dump.dumped_at),
+                     dump.reason);
 }
 
 struct Candidate {
@@ -136,10 +136,9 @@ std::optional<Candidate> scan_group(const GroupView& g, const std::map<int, Rank
     f.seq = s;
     if (by_signature.size() > 1) {
       // The majority is what the program meant; the others diverged.
-      auto majority = std::max_element(by_signature.begin(), by_signature.end(),
-                                       [](const auto& a, const auto& b) {
-                                         return a.second.size() < b.second.size();
-                                       });
+      auto majority = std::max_element(
+          by_signature.begin(), by_signature.end(),
+          [](const auto& a, const auto& b) { return a.second.size() < b.second.size(); });
       f.kind = HangFinding::Kind::kMismatch;
       f.waiting = majority->second;
       std::vector<std::string> others;
@@ -261,8 +260,9 @@ HangReport analyze_hang(const std::vector<json>& dumps) {
     if (auto c = scan_group(g, by_rank)) candidates.push_back(*c);
   }
   // The collective that went wrong first is the cause; later ones are its consequences.
-  std::stable_sort(candidates.begin(), candidates.end(),
-                   [](const Candidate& a, const Candidate& b) { return a.first_time < b.first_time; });
+  std::stable_sort(
+      candidates.begin(), candidates.end(),
+      [](const Candidate& a, const Candidate& b) { return a.first_time < b.first_time; });
   for (auto& c : candidates) {
     for (int r : c.finding.culprits) {
       if (by_rank.count(r)) c.finding.details.push_back(last_activity(by_rank.at(r)));

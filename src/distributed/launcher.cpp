@@ -11,10 +11,10 @@
 
 #include <cerrno>
 #include <csignal>
-#include <utility>
 #include <cstring>
 #include <map>
 #include <thread>
+#include <utility>
 
 #include "loom/core/check.h"
 #include "loom/core/env.h"

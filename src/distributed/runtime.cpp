@@ -38,7 +38,8 @@ ParallelRuntime::ParallelRuntime(const config::JobConfig& config, WorldInfo worl
     : world_(std::move(world)),
       dims_(ParallelDims::from_config(config.parallelism, world_.world_size)),
       mesh_(dims_) {
-  groups_owner_ = std::make_unique<ProcessGroups>(comm_init(world_, config.comm, config.job.dump_folder, with_cuda));
+  groups_owner_ = std::make_unique<ProcessGroups>(
+      comm_init(world_, config.comm, config.job.dump_folder, with_cuda));
   for (MeshGroup kind : kAllMeshGroups) {
     groups_[static_cast<size_t>(kind)] =
         groups_owner_->new_group(to_string(kind), to_int(mesh_.group_ranks(kind, world_.rank)));

@@ -75,7 +75,7 @@ MemoryEstimate estimate_memory(const models::ModelSummary& model, const config::
                       (checkpointed > 0 ? per_block : 0.0);
   const double tokens =
       static_cast<double>(config.training.local_batch_size * config.training.seq_len);
-  const double output = 2.0 * static_cast<double>(dim) * in.compute_bytes +  // final norm
+  const double output = 2.0 * static_cast<double>(dim) * in.compute_bytes +     // final norm
                         static_cast<double>(vocab) * (in.compute_bytes + 4.0);  // logits, fp32 loss
   e.activations_gib = tokens * (kept * in.compute_bytes + output) / kGiB;
   return e;

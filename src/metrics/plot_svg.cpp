@@ -77,8 +77,8 @@ struct Range {
 std::string panel(double x0, double y0, const std::string& title, const std::string& x_name,
                   const std::vector<Line>& lines) {
   std::string svg = fmt::format(
-      "<g><text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"15\" font-weight=\"bold\">{}</text>\n",
-      x0, y0 - 10, escape(title));
+      "<g><text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"15\" font-weight=\"bold\">{}</text>\n", x0,
+      y0 - 10, escape(title));
   Range xs, ys;
   for (const auto& line : lines) {
     for (const auto& [x, y] : line.points) {
@@ -92,9 +92,10 @@ std::string panel(double x0, double y0, const std::string& title, const std::str
       "stroke=\"#444444\"/>\n",
       x0, y0, kPanelW, kPanelH);
   if (!(xs.lo <= xs.hi)) {
-    return svg + fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"13\" fill=\"#888888\" "
-                             "text-anchor=\"middle\">no data</text></g>\n",
-                             x0 + kPanelW / 2, y0 + kPanelH / 2);
+    return svg + fmt::format(
+                     "<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"13\" fill=\"#888888\" "
+                     "text-anchor=\"middle\">no data</text></g>\n",
+                     x0 + kPanelW / 2, y0 + kPanelH / 2);
   }
   xs.widen();
   ys.widen();
@@ -121,11 +122,13 @@ std::string panel(double x0, double y0, const std::string& title, const std::str
   for (const auto& line : lines) {
     std::string points;
     for (const auto& [x, y] : line.points) {
-      if (std::isfinite(x) && std::isfinite(y)) points += fmt::format("{:.1f},{:.1f} ", px(x), py(y));
+      if (std::isfinite(x) && std::isfinite(y))
+        points += fmt::format("{:.1f},{:.1f} ", px(x), py(y));
     }
     if (points.empty()) continue;
-    svg += fmt::format("<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"1.8\"{} points=\"{}\"/>\n",
-                       line.color, line.dashed ? " stroke-dasharray=\"6,4\"" : "", points);
+    svg += fmt::format(
+        "<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"1.8\"{} points=\"{}\"/>\n",
+        line.color, line.dashed ? " stroke-dasharray=\"6,4\"" : "", points);
     if (line.points.size() == 1) {  // a single point has no length: mark it
       svg += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3\" fill=\"{}\"/>\n",
                          px(line.points[0].first), py(line.points[0].second), line.color);
@@ -162,7 +165,8 @@ std::string plot_svg(const std::vector<RunLog>& runs, const PlotOptions& options
   for (size_t i = 0; i < runs.size(); ++i) {
     const char* color = kPalette[i % std::size(kPalette)];
     svg += fmt::format(
-        "<line x1=\"{0:.1f}\" y1=\"52\" x2=\"{1:.1f}\" y2=\"52\" stroke=\"{2}\" stroke-width=\"3\"/>"
+        "<line x1=\"{0:.1f}\" y1=\"52\" x2=\"{1:.1f}\" y2=\"52\" stroke=\"{2}\" "
+        "stroke-width=\"3\"/>"
         "<text x=\"{3:.1f}\" y=\"56\" font-size=\"13\">{4}</text>\n",
         lx, lx + 24, color, lx + 30, escape(runs[i].name));
     lx += 50 + 8.0 * static_cast<double>(runs[i].name.size());

@@ -129,8 +129,9 @@ void StepProfiler::stop_and_save(int64_t step) {
   const std::string path = folder + "/rank" + std::to_string(rank_) + "_trace.json";
   result->save(path);
   written_.push_back(path);
-  log::get("profiler")->info("profiler trace of steps {}-{} written to {}",
-                             step - options_.profiler_active + 1, step, path);
+  log::get("profiler")
+      ->info("profiler trace of steps {}-{} written to {}", step - options_.profiler_active + 1,
+             step, path);
 }
 
 std::string StepProfiler::save_memory_snapshot(const std::string& folder_name) {
@@ -141,8 +142,8 @@ std::string StepProfiler::save_memory_snapshot(const std::string& folder_name) {
   const std::string path = folder + "/rank" + std::to_string(rank_) + "_memory_snapshot.pickle";
   files::write_atomic(path, torch::cuda::_memory_snapshot_pickled());
   written_.push_back(path);
-  log::get("profiler")->info("memory snapshot written to {} (open it at pytorch.org/memory_viz)",
-                             path);
+  log::get("profiler")
+      ->info("memory snapshot written to {} (open it at pytorch.org/memory_viz)", path);
   return path;
 #else
   (void)folder_name;
@@ -154,8 +155,8 @@ void StepProfiler::out_of_memory(int64_t step, const std::string& message) {
   std::string where;
   if (snapshots_) {
     try {
-      where = "; memory snapshot: " + save_memory_snapshot("iteration_" + std::to_string(step) +
-                                                            "_exit");
+      where = "; memory snapshot: " +
+              save_memory_snapshot("iteration_" + std::to_string(step) + "_exit");
     } catch (const std::exception& e) {
       where = std::string("; the memory snapshot failed: ") + e.what();
     }

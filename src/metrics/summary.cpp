@@ -11,8 +11,8 @@ namespace {
 
 // +1: higher is better, -1: lower is better, 0: neither.
 int direction(const std::string& key) {
-  static const char* lower[] = {"loss", "val_loss", "grad_norm", "step_time_s", "data_time_pct",
-                                "mem_peak_gib", "data_skipped", "comm_mb"};
+  static const char* lower[] = {"loss",          "val_loss",     "grad_norm",    "step_time_s",
+                                "data_time_pct", "mem_peak_gib", "data_skipped", "comm_mb"};
   static const char* higher[] = {"tps", "tflops", "mfu_pct"};
   for (const char* k : lower) {
     if (key == k) return -1;
@@ -80,13 +80,13 @@ std::string format_summary(const nlohmann::json& s) {
   std::string out = fmt::format("run {} ({}): {} logged steps", s["run"].get<std::string>(),
                                 s["folder"].get<std::string>(), s["logged_steps"].get<size_t>());
   if (s.contains("first_step")) {
-    out += fmt::format(", steps {}-{}", s["first_step"].get<int64_t>(),
-                       s["last_step"].get<int64_t>());
+    out +=
+        fmt::format(", steps {}-{}", s["first_step"].get<int64_t>(), s["last_step"].get<int64_t>());
   }
   if (s.contains("state")) out += ", " + s["state"].get<std::string>();
   out += "\n";
-  out += fmt::format("  {:<24} {:>11} {:>11} {:>8} {:>11} {:>11} {:>11}\n", "metric", "last", "best",
-                     "@step", "mean", "min", "max");
+  out += fmt::format("  {:<24} {:>11} {:>11} {:>8} {:>11} {:>11} {:>11}\n", "metric", "last",
+                     "best", "@step", "mean", "min", "max");
   for (const auto& [key, m] : s["metrics"].items()) {
     const bool has_best = m.contains("best");
     out += fmt::format("  {:<24} {:>11} {:>11} {:>8} {:>11} {:>11} {:>11}\n", key,

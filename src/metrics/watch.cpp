@@ -88,7 +88,8 @@ RunState run_state(const RunLog& run, double now, const WatchOptions& options) {
   if (state == "finished") return {"FINISHED", fmt::format("FINISHED at step {}", step)};
   if (state == "stopped") {
     return {"STOPPED", fmt::format("STOPPED by a signal after step {} (resume from its last "
-                                   "checkpoint)", step)};
+                                   "checkpoint)",
+                                   step)};
   }
   if (state == "failed") {
     return {"FAILED", fmt::format("FAILED after step {} (the run's log says why)", step)};
@@ -101,9 +102,7 @@ RunState run_state(const RunLog& run, double now, const WatchOptions& options) {
   const double since = now - run.train.back().value("wall_time", now);
   const double interval = median_step_interval(run);
   const int64_t log_gap =
-      run.train.size() > 1
-          ? step - run.train[run.train.size() - 2]["step"].get<int64_t>()
-          : 1;
+      run.train.size() > 1 ? step - run.train[run.train.size() - 2]["step"].get<int64_t>() : 1;
   // Expected time to the next logged line: log_freq steps of the median step time.
   const double expected = interval * static_cast<double>(std::max<int64_t>(log_gap, 1));
   if (expected > 0 && since > options.stall_factor * expected) {
@@ -122,13 +121,15 @@ std::string render_watch(const std::vector<RunLog>& runs, double now, const Watc
   std::string out;
   for (const auto& run : runs) {
     const RunState state = run_state(run, now, options);
-    const char* tint = !c ? "" : state.word == "RUNNING" || state.word == "FINISHED" ? "\033[32m"
-                                                                                       : "\033[31m";
+    const char* tint = !c                                                    ? ""
+                       : state.word == "RUNNING" || state.word == "FINISHED" ? "\033[32m"
+                                                                             : "\033[31m";
     const int64_t step = run.train.empty() ? 0 : run.train.back()["step"].get<int64_t>();
     const int64_t total = total_steps(run);
     out += fmt::format("{}{}{}  ({})\n", bold, run.name, reset, run.folder);
     if (total > 0) {
-      const double fraction = std::clamp(static_cast<double>(step) / static_cast<double>(total), 0.0, 1.0);
+      const double fraction =
+          std::clamp(static_cast<double>(step) / static_cast<double>(total), 0.0, 1.0);
       const int filled = static_cast<int>(fraction * 30);
       std::string bar = std::string(static_cast<size_t>(filled), '#') +
                         std::string(static_cast<size_t>(30 - filled), '.');
@@ -164,7 +165,8 @@ std::string render_watch(const std::vector<RunLog>& runs, double now, const Watc
   if (runs.size() > 1) {
     int64_t common = INT64_MAX;
     for (const auto& run : runs) {
-      common = std::min<int64_t>(common, run.train.empty() ? 0 : run.train.back()["step"].get<int64_t>());
+      common = std::min<int64_t>(common,
+                                 run.train.empty() ? 0 : run.train.back()["step"].get<int64_t>());
     }
     std::string line = fmt::format("compare at step {}:", common);
     for (const auto& run : runs) {

@@ -166,11 +166,11 @@ void Trainer::build_model() {
   log::get("trainer")->info("model {}", models::format_summary(summary_, false));
   const auto param_dtype = fsdp_ ? at::kFloat : parameter_dtype(config_.training);
   const auto compute_dtype = autocast_dtype(config_.training, device_).value_or(param_dtype);
-  const auto memory = metrics::estimate_memory(
-      summary_, config_,
-      {fsdp_ ? runtime_->group(distributed::MeshGroup::fsdp).size() : 1,
-       static_cast<int>(c10::elementSize(param_dtype)),
-       static_cast<int>(c10::elementSize(compute_dtype))});
+  const auto memory =
+      metrics::estimate_memory(summary_, config_,
+                               {fsdp_ ? runtime_->group(distributed::MeshGroup::fsdp).size() : 1,
+                                static_cast<int>(c10::elementSize(param_dtype)),
+                                static_cast<int>(c10::elementSize(compute_dtype))});
   log::get("trainer")->info("estimated peak memory per rank: {}", memory.describe());
 }
 

@@ -61,8 +61,9 @@ std::vector<json> read_jsonl(const std::string& path) {
 // names the reason) when a step appears twice.
 std::map<std::string, std::map<int64_t, double>> read_tensorboard(const std::string& folder) {
   const std::string out = folder + "/../tensorboard_scalars.json";
-  auto result = run_command(std::string(LOOM_PYTHON) + " " LOOM_SOURCE_DIR
-                            "/tests/python/read_tensorboard.py " + folder + " " + out + " 2>&1");
+  auto result = run_command(std::string(LOOM_PYTHON) +
+                            " " LOOM_SOURCE_DIR "/tests/python/read_tensorboard.py " + folder +
+                            " " + out + " 2>&1");
   EXPECT_EQ(result.exit_code, 0) << result.output;
   const json all = json::parse(read_text(out));
   std::map<std::string, std::map<int64_t, double>> tags;
@@ -172,8 +173,7 @@ TEST(Profiler, TraceOfTheRecordedStepHoldsTheModelOps) {
       "--profiling.enable_memory_snapshot true");
   ASSERT_EQ(result.exit_code, 0) << result.output;
   // CPU: the memory snapshot key says why there is none.
-  EXPECT_NE(result.output.find("snapshots come from the CUDA caching allocator"),
-            std::string::npos)
+  EXPECT_NE(result.output.find("snapshots come from the CUDA caching allocator"), std::string::npos)
       << result.output;
   EXPECT_NE(result.output.find("estimated peak memory per rank"), std::string::npos);
   for (int step : {2, 4}) {
@@ -186,8 +186,8 @@ TEST(Profiler, TraceOfTheRecordedStepHoldsTheModelOps) {
       if (event.contains("name")) names[event["name"].get<std::string>()]++;
     }
     EXPECT_TRUE(names.count("ProfilerStep#" + std::to_string(step)));
-    for (const char* op : {"aten::embedding", "aten::mm", "aten::_scaled_dot_product_flash_attention_for_cpu",
-                           "aten::rms_norm"}) {
+    for (const char* op : {"aten::embedding", "aten::mm",
+                           "aten::_scaled_dot_product_flash_attention_for_cpu", "aten::rms_norm"}) {
       EXPECT_TRUE(names.count(op)) << op << " not in the trace of step " << step;
     }
   }
@@ -282,9 +282,10 @@ TEST(MetricsTools, PlotRendersSummaryAndWatchReadTheRun) {
   EXPECT_EQ(s["last_step"], 6);
   EXPECT_EQ(s["state"], "finished");
   EXPECT_DOUBLE_EQ(s["metrics"]["loss"]["best"].get<double>(), lowest);
-  EXPECT_DOUBLE_EQ(s["metrics"]["loss"]["last"].get<double>(), lines[lines.size() - 1].contains("loss")
-                                                                    ? lines.back()["loss"].get<double>()
-                                                                    : lines[lines.size() - 2]["loss"].get<double>());
+  EXPECT_DOUBLE_EQ(s["metrics"]["loss"]["last"].get<double>(),
+                   lines[lines.size() - 1].contains("loss")
+                       ? lines.back()["loss"].get<double>()
+                       : lines[lines.size() - 2]["loss"].get<double>());
   EXPECT_TRUE(s["metrics"].contains("val_loss"));
   EXPECT_FALSE(s["metrics"]["lr"].contains("best"));
   auto table = run_loom("metrics summary " + a);
@@ -309,9 +310,9 @@ TEST(MetricsTools, WatchShowsARunningJobInTmux) {
       " --training.device cpu --training.dataset synthetic --metrics.log_freq 1"
       " --metrics.peak_tflops 1"
       " --validation.enable false";
-  ASSERT_EQ(run_command("tmux new-session -d -s " + session + " -x 150 -y 40 '" + train + "'")
-                .exit_code,
-            0);
+  ASSERT_EQ(
+      run_command("tmux new-session -d -s " + session + " -x 150 -y 40 '" + train + "'").exit_code,
+      0);
   auto cleanup = [&] { run_command("tmux kill-session -t " + session + " 2>/dev/null"); };
   const bool started = wait_until([&] { return fs::exists(dump + "/metrics.jsonl"); }, 60);
   if (!started) cleanup();
@@ -323,8 +324,8 @@ TEST(MetricsTools, WatchShowsARunningJobInTmux) {
     screen = run_command("tmux capture-pane -p -t " + session + ":1").output;
     return screen;
   };
-  const bool running = wait_until(
-      [&] { return capture().find("RUNNING: last step") != std::string::npos; }, 30);
+  const bool running =
+      wait_until([&] { return capture().find("RUNNING: last step") != std::string::npos; }, 30);
   EXPECT_TRUE(running) << screen;
   EXPECT_NE(screen.find("step "), std::string::npos) << screen;
   EXPECT_NE(screen.find("/100000 ["), std::string::npos) << screen;
@@ -332,8 +333,8 @@ TEST(MetricsTools, WatchShowsARunningJobInTmux) {
   EXPECT_NE(screen.find("loss"), std::string::npos) << screen;
   // Ctrl-C to the trainer: it finishes its step and stops; the view says so.
   run_command("tmux send-keys -t " + session + ":0 C-c");
-  const bool stopped = wait_until(
-      [&] { return capture().find("STOPPED by a signal") != std::string::npos; }, 30);
+  const bool stopped =
+      wait_until([&] { return capture().find("STOPPED by a signal") != std::string::npos; }, 30);
   EXPECT_TRUE(stopped) << screen;
   cleanup();
 }
@@ -361,10 +362,12 @@ TEST(FlightRecorderDumps, SigUsr1ToTheLauncherDumpsEveryRank) {
   if (!training) kill("KILL");
   ASSERT_TRUE(training) << read_text(log);
   kill("USR1");
-  const bool dumped = wait_until([&] {
-    return fs::exists(dump + "/comm_traces/rank_0.json") &&
-           fs::exists(dump + "/comm_traces/rank_1.json");
-  }, 30);
+  const bool dumped = wait_until(
+      [&] {
+        return fs::exists(dump + "/comm_traces/rank_0.json") &&
+               fs::exists(dump + "/comm_traces/rank_1.json");
+      },
+      30);
   kill("TERM");
   wait_until([&] { return run_command("kill -0 " + pid + " 2>/dev/null").exit_code != 0; }, 60);
   ASSERT_TRUE(dumped) << read_text(log);

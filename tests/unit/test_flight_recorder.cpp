@@ -35,6 +35,10 @@ CollectiveRecord op(const std::string& name, int64_t seq) {
   return r;
 }
 
+// Collective timeout once training started: long enough that a healthy all-reduce of 8 floats
+// never hits it on a loaded 2-core machine, short enough for a fast test.
+constexpr double kTimeoutS = 3.0;
+
 bool wait_for_file(const std::string& path, double seconds) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
   while (!std::filesystem::exists(path)) {
@@ -146,7 +150,7 @@ TEST(FlightRecorder, AnalysisOfSyntheticDumps) {
 TEST(FlightRecorder, RankThatSkipsACollectiveIsNamed) {
   const std::string dir = loom::testing::fresh_temp_dir("fr_skip");
   const int culprit = 2;
-  run_ranks_with_recorder(4, dir, 1.5, [&](int rank, ProcessGroups& groups) {
+  run_ranks_with_recorder(4, dir, kTimeoutS, [&](int rank, ProcessGroups& groups) {
     at::Tensor t = at::ones({8});
     groups.world().all_reduce(t);  // #1
     groups.use_train_timeout();
@@ -165,13 +169,13 @@ TEST(FlightRecorder, RankThatSkipsACollectiveIsNamed) {
   EXPECT_EQ(f.op, "all_reduce");
   EXPECT_EQ(f.seq, 4) << report.summary;
   EXPECT_EQ(f.waiting, (std::vector<int>{0, 1, 3}));
-  EXPECT_GT(f.waited_s, 1.0);
+  EXPECT_GT(f.waited_s, kTimeoutS * 0.9);
 }
 
 TEST(FlightRecorder, RankThatSleepsIsNamed) {
   const std::string dir = loom::testing::fresh_temp_dir("fr_sleep");
   const int culprit = 1;
-  run_ranks_with_recorder(4, dir, 1.5, [&](int rank, ProcessGroups& groups) {
+  run_ranks_with_recorder(4, dir, kTimeoutS, [&](int rank, ProcessGroups& groups) {
     at::Tensor t = at::ones({8});
     groups.world().all_reduce(t);  // #1
     groups.use_train_timeout();
@@ -196,7 +200,7 @@ TEST(FlightRecorder, RankThatSleepsIsNamed) {
 TEST(FlightRecorder, RankThatCallsADifferentCollectiveIsNamed) {
   const std::string dir = loom::testing::fresh_temp_dir("fr_mismatch");
   const int culprit = 3;
-  run_ranks_with_recorder(4, dir, 1.5, [&](int rank, ProcessGroups& groups) {
+  run_ranks_with_recorder(4, dir, kTimeoutS, [&](int rank, ProcessGroups& groups) {
     at::Tensor t = at::ones({8});
     groups.world().all_reduce(t);  // #1
     groups.use_train_timeout();

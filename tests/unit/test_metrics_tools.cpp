@@ -69,9 +69,9 @@ std::string train_line(int step, double loss, double wall) {
 }  // namespace
 
 TEST(RunLog, ResumedStepsCountOnceAndPartialLinesAreSkipped) {
-  const auto dir = write_run("runlog", {train_line(1, 5, 100), train_line(2, 4, 101),
-                                        train_line(2, 3.5, 105), "{\"step\":2,\"val_loss\":4.2}",
-                                        "{\"step\":3,\"lo"},
+  const auto dir = write_run("runlog",
+                             {train_line(1, 5, 100), train_line(2, 4, 101), train_line(2, 3.5, 105),
+                              "{\"step\":2,\"val_loss\":4.2}", "{\"step\":3,\"lo"},
                              "");
   const auto run = read_run(dir);
   ASSERT_EQ(run.train.size(), 2u);

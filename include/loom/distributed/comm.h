@@ -166,8 +166,8 @@ class Comm {
  private:
   Backend& backend_for(const at::Tensor& tensor, const char* what);
   std::string describe(const char* what, const at::Tensor& tensor) const;
-  Work launch(const char* what, const at::Tensor& tensor,
-              const std::function<Work(Backend&)>& call, bool p2p = false);
+  Work launch(const char* what, const at::Tensor& tensor, const std::function<Work(Backend&)>& call,
+              bool p2p = false);
   std::optional<uint64_t> record(const char* what, const at::Tensor& tensor, bool p2p);
   c10::intrusive_ptr<c10d::Work> all_reduce_native(Backend& b, at::Tensor& tensor, ReduceOp op);
   Work reduce_scatter_by_all_to_all(Backend& b, at::Tensor& output, const at::Tensor& input,

@@ -26,17 +26,17 @@ enum class CollectiveState { kScheduled, kStarted, kCompleted, kFailed };
 const char* to_string(CollectiveState state);
 
 struct CollectiveRecord {
-  uint64_t id = 0;         // order on this rank, over every group
-  std::string group;       // "world", "dp_shard", ...
+  uint64_t id = 0;               // order on this rank, over every group
+  std::string group;             // "world", "dp_shard", ...
   std::vector<int> group_ranks;  // global ranks of the group
-  int64_t seq = 0;         // the group's n-th collective (1-based); point-to-point ops count apart
+  int64_t seq = 0;  // the group's n-th collective (1-based); point-to-point ops count apart
   bool p2p = false;
-  std::string op;          // "all_reduce", "broadcast", ...
+  std::string op;  // "all_reduce", "broadcast", ...
   std::vector<int64_t> shape;
   std::string dtype;
   double enqueued_at = 0;
-  double started_at = 0;   // 0: not yet
-  double ended_at = 0;     // 0: not yet
+  double started_at = 0;  // 0: not yet
+  double ended_at = 0;    // 0: not yet
   CollectiveState state = CollectiveState::kScheduled;
   std::string error;
 };
@@ -91,8 +91,9 @@ void install_dump_signal_handler();
 uint64_t dump_signals_received();
 
 // One rank's watcher thread: dumps on SIGUSR1 (checked every `interval`), and on a request
-// another rank posted to the job's store (asked every 5 intervals) (`poll_requests` returns the store's request counter and reason, or nothing once
-// the store is gone); `acknowledge` then tells the store this rank has dumped.
+// another rank posted to the job's store (asked every 5 intervals) (`poll_requests` returns the
+// store's request counter and reason, or nothing once the store is gone); `acknowledge` then tells
+// the store this rank has dumped.
 class DumpWatcher {
  public:
   struct Request {

@@ -21,12 +21,12 @@ struct HangFinding {
   Kind kind = Kind::kNeverEntered;
   std::string group;
   int64_t seq = 0;
-  std::string op;               // the collective the majority (or the waiting ranks) issued
-  std::vector<int> culprits;    // global ranks
-  std::vector<int> waiting;     // global ranks stuck in (or that completed) the collective
-  double waited_s = 0;          // longest wait of a waiting rank, up to its dump
-  std::string culprit_op;       // kMismatch: what the culprits issued instead
-  std::string message;          // one line for people
+  std::string op;                    // the collective the majority (or the waiting ranks) issued
+  std::vector<int> culprits;         // global ranks
+  std::vector<int> waiting;          // global ranks stuck in (or that completed) the collective
+  double waited_s = 0;               // longest wait of a waiting rank, up to its dump
+  std::string culprit_op;            // kMismatch: what the culprits issued instead
+  std::string message;               // one line for people
   std::vector<std::string> details;  // what each culprit did last
 };
 

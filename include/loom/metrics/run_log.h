@@ -13,9 +13,9 @@ namespace loom::metrics {
 
 struct RunLog {
   std::string folder;
-  std::string name;                    // the folder's last component
-  std::vector<nlohmann::json> train;   // training lines, one per step (a resumed run's
-                                       // recomputed steps replace the earlier ones), by step
+  std::string name;                        // the folder's last component
+  std::vector<nlohmann::json> train;       // training lines, one per step (a resumed run's
+                                           // recomputed steps replace the earlier ones), by step
   std::vector<nlohmann::json> validation;  // lines with val_loss, by step
   std::optional<nlohmann::json> status;    // run_status.json, when the run wrote one
 };

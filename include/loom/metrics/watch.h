@@ -13,7 +13,7 @@
 namespace loom::metrics {
 
 struct WatchOptions {
-  double stall_factor = 5;   // stalled after this many median intervals without a new step
+  double stall_factor = 5;  // stalled after this many median intervals without a new step
   int sparkline_width = 40;
   bool color = false;
 };
