@@ -216,7 +216,7 @@ Work Comm::launch(const char* what, const at::Tensor& tensor,
     }
     return work;
   } catch (const Error& e) {
-    if (id) options_.recorder->failed(*id, e.what());
+    if (id) options_.recorder->failed(*id, e.what(), dynamic_cast<const CommError*>(&e) != nullptr);
     throw;
   } catch (const std::exception& e) {
     if (id) options_.recorder->failed(*id, e.what());

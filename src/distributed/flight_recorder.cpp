@@ -97,7 +97,7 @@ void FlightRecorder::completed(uint64_t id) {
   }
 }
 
-void FlightRecorder::failed(uint64_t id, const std::string& error) {
+void FlightRecorder::failed(uint64_t id, const std::string& error, bool notify) {
   std::function<void(const std::string&)> callback;
   std::string what = error;
   {
@@ -109,7 +109,7 @@ void FlightRecorder::failed(uint64_t id, const std::string& error) {
       what = r->op + " #" + std::to_string(r->seq) + " on group '" + r->group +
              "' failed on rank " + std::to_string(rank_);
     }
-    callback = on_failure_;
+    if (notify) callback = on_failure_;
   }
   if (callback) callback(what);
 }

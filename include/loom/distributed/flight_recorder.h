@@ -52,8 +52,9 @@ class FlightRecorder {
   uint64_t record(CollectiveRecord record);
   void started(uint64_t id);
   void completed(uint64_t id);
-  // Marks it failed and runs the failure callback (dump, and ask the other ranks to dump).
-  void failed(uint64_t id, const std::string& error);
+  // Marks it failed; a communication failure (`notify`) runs the failure callback (dump, and ask
+  // the other ranks to dump). Bad arguments refused before anything was sent do not.
+  void failed(uint64_t id, const std::string& error, bool notify = true);
 
   // Oldest first; at most capacity() entries.
   std::vector<CollectiveRecord> records() const;
