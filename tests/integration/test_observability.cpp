@@ -270,6 +270,9 @@ TEST(MetricsTools, PlotRendersSummaryAndWatchReadTheRun) {
   EXPECT_GT(fs::file_size(a + "/plot.png"), 20000u);
   EXPECT_NE(run_loom("metrics plot " + a + " -o " + a + "/plot.png").exit_code, 0);
   EXPECT_EQ(run_loom("metrics plot /nonexistent -o " + svg).exit_code, 2);
+  auto by_tokens = run_loom("metrics plot " + a + " -o " + a + "/tokens.svg --x tokens");
+  ASSERT_EQ(by_tokens.exit_code, 0) << by_tokens.output;
+  EXPECT_NE(read_text(a + "/tokens.svg").find(">tokens</text>"), std::string::npos);
 
   auto summary = run_loom("metrics summary " + a + " --format json");
   ASSERT_EQ(summary.exit_code, 0) << summary.output;
