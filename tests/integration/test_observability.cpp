@@ -343,7 +343,8 @@ TEST(MetricsTools, WatchShowsARunningJobInTmux) {
 }
 
 // SIGUSR1 to `loom launch` reaches every worker: each dumps its flight recorder, and `loom debug
-// hang` finds nothing wrong with a healthy job.
+// hang` finds nothing wrong with a healthy job. The job is FSDP over 2 ranks, which also checks
+// that per-block gradient norms sum their shards over the ranks, and TensorBoard for all ranks.
 TEST(FlightRecorderDumps, SigUsr1ToTheLauncherDumpsEveryRank) {
   const std::string dump = fresh_temp_dir("obs_sigusr1");
   const std::string log = dump + "/launch.log";
@@ -353,8 +354,9 @@ TEST(FlightRecorderDumps, SigUsr1ToTheLauncherDumpsEveryRank) {
       " --training.steps 100000 --training.seq_len 32 --training.local_batch_size 2"
       " --training.device cpu --training.dataset synthetic --metrics.log_freq 1"
       " --metrics.peak_tflops 1"
-      " --validation.enable false --parallelism.data_parallel_replicate_degree 2"
-      " --metrics.enable_tensorboard true --metrics.save_for_all_ranks true";
+      " --validation.enable false --parallelism.data_parallel_shard_degree 2"
+      " --metrics.enable_tensorboard true --metrics.save_for_all_ranks true"
+      " --metrics.log_layer_grad_norms true";
   auto started = run_command(command + " > " + log + " 2>&1 & echo $!");
   const std::string pid = started.output.substr(0, started.output.find('\n'));
   ASSERT_FALSE(pid.empty());
@@ -380,6 +382,18 @@ TEST(FlightRecorderDumps, SigUsr1ToTheLauncherDumpsEveryRank) {
   EXPECT_GT(rank1["entries"].size(), 3u);
   for (const char* rank : {"rank_0", "rank_1"}) {  // metrics.save_for_all_ranks
     EXPECT_FALSE(fs::is_empty(dump + "/tb/" + rank)) << rank;
+  }
+  // Each rank holds half of every parameter: the block norms are whole only once summed.
+  const auto lines = read_jsonl(dump + "/metrics.jsonl");
+  ASSERT_GE(lines.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    double squares = 0;
+    for (const auto& [key, value] : lines[i].items()) {
+      if (key.rfind("grad_norm/", 0) == 0) squares += value.get<double>() * value.get<double>();
+    }
+    EXPECT_NEAR(std::sqrt(squares), lines[i]["grad_norm"].get<double>(),
+                1e-6 * lines[i]["grad_norm"].get<double>())
+        << lines[i].dump();
   }
   auto report = run_loom("debug hang " + dump);
   EXPECT_EQ(report.exit_code, 0) << report.output;
