@@ -8,6 +8,11 @@ find_package(fmt 9 REQUIRED)
 find_package(spdlog 1.10 REQUIRED)
 find_package(CLI11 2.1 REQUIRED)
 find_package(ZLIB REQUIRED)
+# TensorBoard event records (libprotobuf-dev, protobuf-compiler).
+find_package(Protobuf 3.12 REQUIRED)
+if(NOT TARGET protobuf::libprotobuf-lite OR NOT Protobuf_PROTOC_EXECUTABLE)
+  message(FATAL_ERROR "protobuf (libprotobuf-dev, protobuf-compiler) not found: ${_loom_missing_hint}")
+endif()
 
 # PCRE2 (8-bit, with JIT) for tokenizer split patterns; found by file so no pkg-config is needed.
 find_path(LOOM_PCRE2_INCLUDE_DIR pcre2.h)

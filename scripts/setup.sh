@@ -17,13 +17,14 @@ TORCH_VERSION="2.11.0"   # pinned: reproducible builds, and the version on the G
 # transformers: the Hugging Face export test (tests/python/test_hf_export.py).
 # tools/reference speaks both safetensors serialize_file APIs (0.6's dicts, 0.8's TensorSpec, which
 # the GPU machine has); CI pins 0.6.2 and the transformers that goes with it.
-PYTHON_PACKAGES=("safetensors==0.6.2" "transformers==4.57.1")
+PYTHON_PACKAGES=("safetensors==0.6.2" "transformers==4.57.1" "tensorboard==2.21.0")
+# tensorboard: reads loom's event files back in tests (EventAccumulator).
 BUILD_TYPE="${LOOM_BUILD_TYPE:-Release}"
 BUILD_DIR="${LOOM_BUILD_DIR:-build}"
 APT_PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git python3 python3-venv
   nlohmann-json3-dev libtomlplusplus-dev libspdlog-dev libfmt-dev libcli11-dev libgtest-dev
-  zlib1g-dev libpcre2-dev
+  zlib1g-dev libpcre2-dev libprotobuf-dev protobuf-compiler librsvg2-bin tmux
 )
 
 say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }

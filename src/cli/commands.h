@@ -33,6 +33,8 @@ void add_eval_command(CLI::App& app, CommandRun& run);
 
 // --checkpoint, --device, --dtype, --flavor, --tokenizer, --max-seq-len (generate and eval).
 void add_model_source_options(CLI::App& command, generate::ModelSource& source);
+void add_metrics_command(CLI::App& app, CommandRun& run);
+void add_debug_command(CLI::App& app, CommandRun& run);
 
 // The config sources shared by every command that reads a job config.
 struct ConfigArgs {

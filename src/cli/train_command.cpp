@@ -8,6 +8,7 @@
 #include "loom/core/files.h"
 #include "loom/core/logging.h"
 #include "loom/core/signals.h"
+#include "loom/distributed/flight_recorder.h"
 #include "loom/distributed/world_info.h"
 #include "loom/train/trainer.h"
 
@@ -28,6 +29,8 @@ void prepare_dump_folder(const config::JobConfig& config) {
 
 int run_train(const CLI::App& command, ConfigArgs& args) {
   signals::install_shutdown_handlers();
+  // SIGUSR1 asks for flight-recorder dumps (never the default action: terminate).
+  distributed::install_dump_signal_handler();
   // torchrun's RANK, or SLURM's SLURM_PROCID under srun.
   const int rank = distributed::read_world_info().rank;
   log::init(rank);

@@ -28,48 +28,46 @@ void add_job_sections(Schema& s) {
   SectionBuilder<ProfilingSection> prof(
       s, "profiling", "Profiler traces and memory snapshots.",
       [](JobConfig& c) -> ProfilingSection& { return c.profiling; });
-  prof.field("enable_profiling", &ProfilingSection::enable_profiling, "Record profiler traces.")
-      .unimplemented();
+  prof.field("enable_profiling", &ProfilingSection::enable_profiling,
+             "Record Kineto profiler traces (Chrome/Perfetto JSON, CPU and CUDA activity).");
   prof.field("save_traces_folder", &ProfilingSection::save_traces_folder,
-             "Trace folder under dump_folder.")
-      .unimplemented();
+             "Trace folder under dump_folder: `iteration_<step>/rank<r>_trace.json`.");
   prof.field("profile_freq", &ProfilingSection::profile_freq,
-             "Record one profiling cycle every this many steps.")
-      .min(1)
-      .unimplemented();
+             "Record one profiling cycle every this many steps (ends at multiples of it).")
+      .min(1);
   prof.field("profiler_active", &ProfilingSection::profiler_active,
              "Steps recorded per profiling cycle.")
-      .min(1)
-      .unimplemented();
+      .min(1);
   prof.field("profiler_warmup", &ProfilingSection::profiler_warmup,
              "Warm-up steps before the recorded ones in each cycle.")
-      .min(0)
-      .unimplemented();
+      .min(0);
+  prof.field("ranks", &ProfilingSection::ranks, "loom: the ranks that record profiler traces.")
+      .min(0);
   prof.field("enable_memory_snapshot", &ProfilingSection::enable_memory_snapshot,
-             "Dump CUDA memory snapshots.")
-      .unimplemented();
+             "CUDA: record allocator history and dump snapshots (PyTorch memory_viz pickle) at "
+             "the end of each profiling cycle and on out-of-memory; a note on CPU.");
   prof.field("save_memory_snapshot_folder", &ProfilingSection::save_memory_snapshot_folder,
-             "Memory snapshot folder under dump_folder.")
-      .unimplemented();
+             "Memory snapshot folder under dump_folder.");
 
   SectionBuilder<MetricsSection> met(s, "metrics", "Console and metrics.jsonl logging.",
                                      [](JobConfig& c) -> MetricsSection& { return c.metrics; });
   met.field("log_freq", &MetricsSection::log_freq, "Log metrics every this many steps.").min(1);
   met.field("enable_tensorboard", &MetricsSection::enable_tensorboard,
-            "Also write TensorBoard event files.")
-      .unimplemented();
+            "Also write every metrics.jsonl scalar to TensorBoard event files.");
   met.field("disable_color_printing", &MetricsSection::disable_color_printing,
             "Plain console lines without ANSI colors.");
   met.field("save_tb_folder", &MetricsSection::save_tb_folder,
-            "TensorBoard folder under dump_folder.")
-      .unimplemented();
+            "TensorBoard folder under dump_folder.");
   met.field("save_for_all_ranks", &MetricsSection::save_for_all_ranks,
-            "Write metrics from every rank, not only rank 0.")
-      .unimplemented();
+            "TensorBoard files from every rank (`<save_tb_folder>/rank_<r>`), not only rank 0.");
   met.field("peak_tflops", &MetricsSection::peak_tflops,
             "loom: peak TFLOP/s of one device for MFU; unset: a table of GPUs (bf16 dense), or on "
             "CPU a float32 GEMM measured at start.")
       .min(0);
+  met.field(
+      "log_layer_grad_norms", &MetricsSection::log_layer_grad_norms,
+      "loom: also log each block's gradient norm (`grad_norm/layers.<i>`, `grad_norm/output`, ...) "
+      "before clipping, to find the layer behind a loss spike.");
   met.field("enable_wandb", &MetricsSection::enable_wandb, "Send metrics to Weights & Biases.")
       .unimplemented();
 }
@@ -461,14 +459,13 @@ void add_runtime_sections(Schema& s) {
              "Timeout of collectives after the first step.")
       .min(1);
   comm.field("trace_buf_size", &CommSection::trace_buf_size,
-             "Flight-recorder entries (0 disables).")
-      .min(0)
-      .unimplemented();
-  comm.field("save_traces_folder", &CommSection::save_traces_folder, "Flight-recorder dump folder.")
-      .unimplemented();
+             "Flight recorder: the last collectives each rank remembers (0 disables); dumped on "
+             "a collective timeout or SIGUSR1, read with `loom debug hang`.")
+      .min(0);
+  comm.field("save_traces_folder", &CommSection::save_traces_folder,
+             "Flight-recorder dump folder under dump_folder.");
   comm.field("save_traces_file_prefix", &CommSection::save_traces_file_prefix,
-             "Flight-recorder file prefix.")
-      .unimplemented();
+             "Flight-recorder file prefix: `<prefix><rank>.json`.");
   comm.field("mode", &CommSection::mode, "default, or simulated communication for dry runs.")
       .choices({"default", "fake_backend", "local_tensor"})
       .unimplemented();

@@ -41,6 +41,8 @@ class Checker {
       check_choice(field, *s);
     } else if (auto list = std::get_if<std::vector<std::string>>(&value)) {
       for (const auto& item : *list) check_choice(field, item);
+    } else if (auto ints = std::get_if<std::vector<int64_t>>(&value)) {
+      for (int64_t item : *ints) check_range(field, static_cast<double>(item), item);
     }
   }
 
@@ -104,6 +106,15 @@ void check_mixture(const std::vector<std::string>& mixture,
 void check_combinations(const JobConfig& c, Checker& check) {
   const auto& p = c.parallelism;
   const auto& t = c.training;
+
+  // Each profiling cycle waits, warms up, then records, within profile_freq steps.
+  const auto& prof = c.profiling;
+  if (prof.enable_profiling && prof.profiler_warmup + prof.profiler_active > prof.profile_freq) {
+    check.fail("profiling.profile_freq",
+               "must be >= profiling.profiler_warmup + profiling.profiler_active (" +
+                   std::to_string(prof.profiler_warmup + prof.profiler_active) + "), got " +
+                   std::to_string(prof.profile_freq));
+  }
 
   // The data-parallel degree is known here only when every degree is explicit.
   if (t.global_batch_size > 0 && t.global_batch_size % t.local_batch_size != 0) {

@@ -35,9 +35,13 @@ class Work::Impl {
       : what_(std::move(what)), work_(std::move(work)), finish_(std::move(finish)) {}
   void wait();
   bool completed() const;
+  // The flight recorder's entry: completed or failed when wait() returns or throws.
+  void track(std::shared_ptr<FlightRecorder> recorder, uint64_t id);
 
  private:
   std::string what_;
+  std::shared_ptr<FlightRecorder> recorder_;
+  uint64_t record_id_ = 0;
   c10::intrusive_ptr<c10d::Work> work_;  // null: completed locally
   std::function<void()> finish_;
   std::mutex mutex_;

@@ -101,17 +101,23 @@ void CommCounters::reset() {
   }
 }
 
+void Work::Impl::track(std::shared_ptr<FlightRecorder> recorder, uint64_t id) {
+  recorder_ = std::move(recorder);
+  record_id_ = id;
+}
+
 void Work::Impl::wait() {
   std::lock_guard<std::mutex> lock(mutex_);
   if (done_) return;
-  if (work_) {
-    try {
-      work_->wait();
-    } catch (const std::exception& e) {
-      LOOM_THROW(CommError, what_, " failed: ", e.what(), kPeerHint);
-    }
+  try {
+    if (work_) work_->wait();
+    if (finish_) finish_();
+  } catch (const std::exception& e) {
+    if (recorder_) recorder_->failed(record_id_, e.what());
+    if (dynamic_cast<const Error*>(&e) != nullptr) throw;
+    LOOM_THROW(CommError, what_, " failed: ", e.what(), kPeerHint);
   }
-  if (finish_) finish_();
+  if (recorder_) recorder_->completed(record_id_);
   done_ = true;
 }
 
@@ -176,16 +182,44 @@ Backend& Comm::backend_for(const at::Tensor& tensor, const char* what) {
   return *cpu_backend_;
 }
 
+std::optional<uint64_t> Comm::record(const char* what, const at::Tensor& tensor, bool p2p) {
+  const int64_t seq = p2p ? ++p2p_seq_ : ++seq_;
+  if (!options_.recorder) return std::nullopt;
+  CollectiveRecord r;
+  r.group = name_;
+  r.group_ranks = global_ranks_;
+  r.seq = seq;
+  r.p2p = p2p;
+  r.op = what;
+  if (tensor.defined()) {
+    r.shape = tensor.sizes().vec();
+    r.dtype = c10::toString(tensor.scalar_type());
+  }
+  return options_.recorder->record(std::move(r));
+}
+
 // Runs a c10d call; a synchronous failure (bad arguments, a broken connection noticed at once)
-// becomes a CommError naming the collective.
+// becomes a CommError naming the collective. The flight recorder sees every collective.
 Work Comm::launch(const char* what, const at::Tensor& tensor,
-                  const std::function<Work(Backend&)>& call) {
+                  const std::function<Work(Backend&)>& call, bool p2p) {
   Backend& b = backend_for(tensor, what);
+  const auto id = record(what, tensor, p2p);
   try {
-    return call(b);
-  } catch (const Error&) {
+    Work work = call(b);
+    if (id) {
+      options_.recorder->started(*id);
+      if (work.impl_) {
+        work.impl_->track(options_.recorder, *id);
+      } else {
+        options_.recorder->completed(*id);
+      }
+    }
+    return work;
+  } catch (const Error& e) {
+    if (id) options_.recorder->failed(*id, e.what(), dynamic_cast<const CommError*>(&e) != nullptr);
     throw;
   } catch (const std::exception& e) {
+    if (id) options_.recorder->failed(*id, e.what());
     LOOM_THROW(CommError, describe(what, tensor), " failed: ", e.what(), kPeerHint);
   }
 }
@@ -447,11 +481,14 @@ std::vector<Work> Comm::batch_send_recv(const std::vector<P2POp>& ops) {
                   send ? nbytes(op.tensor) : 0);
     const std::string what =
         describe(what_name, op.tensor) + " (peer " + std::to_string(op.peer) + ")";
-    works.push_back(launch(what_name, op.tensor, [&](Backend& b) {
-      std::vector<at::Tensor> tensors{op.tensor};
-      auto w = send ? b.get().send(tensors, op.peer, 0) : b.get().recv(tensors, op.peer, 0);
-      return Work(std::make_shared<Work::Impl>(what, w, nullptr));
-    }));
+    works.push_back(launch(
+        what_name, op.tensor,
+        [&](Backend& b) {
+          std::vector<at::Tensor> tensors{op.tensor};
+          auto w = send ? b.get().send(tensors, op.peer, 0) : b.get().recv(tensors, op.peer, 0);
+          return Work(std::make_shared<Work::Impl>(what, w, nullptr));
+        },
+        /*p2p=*/true));
   }
   return works;
 }

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <map>
 #include <thread>
+#include <utility>
 
 #include "loom/core/check.h"
 #include "loom/core/env.h"
@@ -66,13 +67,15 @@ class SignalPipe {
     action.sa_handler = on_agent_signal;
     sigemptyset(&action.sa_mask);
     action.sa_flags = SA_RESTART | SA_NOCLDSTOP;
-    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) ::sigaction(sig, &action, &previous_[sig]);
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGUSR1}) {
+      ::sigaction(sig, &action, &previous_[sig]);
+    }
     struct sigaction ignore {};
     ignore.sa_handler = SIG_IGN;
     ::sigaction(SIGPIPE, &ignore, &previous_[SIGPIPE]);
   }
   ~SignalPipe() {
-    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGPIPE}) {
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGPIPE, SIGUSR1}) {
       ::sigaction(sig, &previous_[sig], nullptr);
     }
     g_signal_pipe_write = -1;
@@ -83,21 +86,28 @@ class SignalPipe {
   SignalPipe& operator=(const SignalPipe&) = delete;
 
   int fd() const { return fds_[0]; }
-  // The first terminating signal read from the pipe since the last call, 0 if none.
+  // The first terminating signal read from the pipe since the last call, 0 if none. SIGUSR1 (a
+  // flight-recorder dump request) is remembered for take_dump_request().
   int take_terminating() {
     int found = 0;
     unsigned char bytes[64];
     ssize_t n = 0;
     while ((n = ::read(fds_[0], bytes, sizeof(bytes))) > 0) {
       for (ssize_t i = 0; i < n; ++i) {
-        if (bytes[i] != SIGCHLD && found == 0) found = bytes[i];
+        if (bytes[i] == SIGUSR1) {
+          dump_requested_ = true;
+        } else if (bytes[i] != SIGCHLD && found == 0) {
+          found = bytes[i];
+        }
       }
     }
     return found;
   }
+  bool take_dump_request() { return std::exchange(dump_requested_, false); }
 
  private:
   int fds_[2] = {-1, -1};
+  bool dump_requested_ = false;
   struct sigaction previous_[NSIG] = {};
 };
 
@@ -308,6 +318,10 @@ int LocalAgent::run() {
     int signal = 0;
     while (group.first_failure() == nullptr && !group.all_exited()) {
       if (group.poll(interval_ms, signals.fd())) signal = signals.take_terminating();
+      if (signals.take_dump_request()) {
+        logger->warn("received SIGUSR1: forwarding it to the workers (flight-recorder dumps)");
+        group.signal_workers(SIGUSR1);
+      }
       if (signal != 0) break;
     }
     if (signal != 0) {

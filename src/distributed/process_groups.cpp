@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <thread>
 
 #include "backend.h"
 #include "loom/core/logging.h"
@@ -51,6 +52,7 @@ ProcessGroups::ProcessGroups(const CommInit& init) : init_(init) {
                ". Check MASTER_ADDR/MASTER_PORT, that every rank started, and "
                "comm.init_timeout_seconds");
   }
+  start_flight_recorder();
   std::vector<int> all(init.world_size);
   for (int r = 0; r < init.world_size; ++r) all[r] = r;
   world_ = new_group("world", all);
@@ -61,8 +63,67 @@ ProcessGroups::ProcessGroups(const CommInit& init) : init_(init) {
                          init.with_cuda ? " + nccl" : "");
 }
 
+namespace {
+// Keys of the store every rank polls for dump requests.
+constexpr const char* kDumpRequests = "loom/flight_recorder/requests";
+constexpr const char* kDumpReason = "loom/flight_recorder/reason";
+constexpr const char* kDumped = "loom/flight_recorder/dumped";
+// How long a rank whose collective failed waits for the others to dump before it goes on to
+// fail (and perhaps exit, taking the store down if it hosts it).
+constexpr auto kWaitForDumps = std::chrono::seconds(10);
+}  // namespace
+
+void ProcessGroups::start_flight_recorder() {
+  if (init_.trace_buffer_size == 0 || init_.options.recorder) return;
+  auto recorder =
+      std::make_shared<FlightRecorder>(init_.rank, init_.world_size, init_.trace_buffer_size);
+  init_.options.recorder = recorder;
+  if (init_.trace_dump_path.empty()) return;
+  recorder->set_dump_path(init_.trace_dump_path);
+  c10::intrusive_ptr<c10d::Store> store = store_->store;
+  // A failed collective: dump here, ask every rank to dump too, and give them time to.
+  const int world = init_.world_size;
+  recorder->set_failure_callback([recorder, store, world](const std::string& what) {
+    if (!recorder->dump(what, true)) return;  // this rank already took part in a dump
+    try {
+      store->add(kDumped, 1);
+      store->set(kDumpReason, what);
+      store->add(kDumpRequests, 1);
+      const auto deadline = std::chrono::steady_clock::now() + kWaitForDumps;
+      while (store->add(kDumped, 0) < world && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+    } catch (const std::exception& e) {
+      log::get("comm")->warn("flight recorder: cannot ask the other ranks to dump: {}", e.what());
+    }
+  });
+  auto poll = [store]() -> std::optional<DumpWatcher::Request> {
+    try {
+      DumpWatcher::Request request;
+      request.count = static_cast<uint64_t>(store->add(kDumpRequests, 0));
+      if (request.count > 0) {
+        const auto reason = store->get(kDumpReason);
+        request.reason = "requested by another rank: " + std::string(reason.begin(), reason.end());
+      }
+      return request;
+    } catch (const std::exception&) {
+      return std::nullopt;
+    }
+  };
+  auto acknowledge = [store] {
+    try {
+      store->add(kDumped, 1);
+    } catch (const std::exception&) {
+      // The requester is gone; nothing waits for the count.
+    }
+  };
+  dump_watcher_ = std::make_unique<DumpWatcher>(recorder, poll, acknowledge);
+}
+
 ProcessGroups::~ProcessGroups() {
-  // Groups before the store they rendezvoused through.
+  // The watcher polls the store: it stops first. Groups before the store they rendezvoused
+  // through.
+  dump_watcher_.reset();
   groups_.clear();
   world_.reset();
 }

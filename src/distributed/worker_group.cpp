@@ -67,6 +67,12 @@ std::vector<char*> c_strings(std::vector<std::string>& items) {
 
 }  // namespace
 
+void WorkerGroup::signal_workers(int signal) {
+  for (const auto& worker : workers_) {
+    if (worker.pid > 0 && !worker.exited()) ::kill(worker.pid, signal);
+  }
+}
+
 std::string signal_name(int signal) {
   switch (signal) {
     case SIGHUP: return "SIGHUP";

@@ -5,12 +5,16 @@
 #include <sys/resource.h>
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstring>
 
 #include "loom/core/check.h"
+#include "loom/core/files.h"
 #include "loom/core/logging.h"
+#include "loom/metrics/tensorboard.h"
 
 #if LOOM_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -46,16 +50,87 @@ std::optional<double> gpu_table_flops(const std::string& name) {
 
 }  // namespace
 
-MetricsLogger::MetricsLogger(const std::string& jsonl_path, bool color) : color_(color) {
-  if (!jsonl_path.empty()) {
-    file_ = std::fopen(jsonl_path.c_str(), "a");
-    LOOM_CHECK_AS(IoError, file_ != nullptr, "cannot open metrics file '", jsonl_path,
+MetricsSinks metrics_sinks(const config::JobConfig& config, int rank, bool color) {
+  MetricsSinks sinks;
+  const std::string& dump = config.job.dump_folder;
+  const bool main_rank = rank == 0;
+  if (main_rank) {
+    sinks.jsonl_path = dump + "/metrics.jsonl";
+    sinks.status_path = dump + "/run_status.json";
+  }
+  if (config.metrics.enable_tensorboard && (main_rank || config.metrics.save_for_all_ranks)) {
+    sinks.tensorboard_folder = dump + "/" + config.metrics.save_tb_folder;
+    if (config.metrics.save_for_all_ranks) {
+      sinks.tensorboard_folder += "/rank_" + std::to_string(rank);
+    }
+  }
+  sinks.total_steps = config.training.steps;
+  sinks.color = color;
+  return sinks;
+}
+
+MetricsLogger::MetricsLogger(MetricsSinks sinks) : sinks_(std::move(sinks)) {
+  if (!sinks_.jsonl_path.empty()) {
+    file_ = std::fopen(sinks_.jsonl_path.c_str(), "a");
+    LOOM_CHECK_AS(IoError, file_ != nullptr, "cannot open metrics file '", sinks_.jsonl_path,
                   "': ", std::strerror(errno));
   }
 }
 
+MetricsLogger::MetricsLogger(const std::string& jsonl_path, bool color)
+    : MetricsLogger(MetricsSinks{jsonl_path, "", "", 0, color}) {}
+
 MetricsLogger::~MetricsLogger() {
+  if (!finished_ && last_step_ > 0) {
+    try {
+      write_status("failed", last_step_);
+    } catch (const std::exception&) {
+      // Already unwinding from the failure the status would report.
+    }
+  }
   if (file_) std::fclose(file_);
+}
+
+void MetricsLogger::start_run(int64_t first_step) {
+  first_step_ = first_step;
+  last_step_ = first_step - 1;
+  if (!sinks_.tensorboard_folder.empty()) {
+    tensorboard_ = std::make_unique<TensorBoardWriter>(sinks_.tensorboard_folder, first_step);
+    log::get("metrics")->info("TensorBoard events in {}", tensorboard_->path());
+  }
+  write_status("running", last_step_);
+}
+
+void MetricsLogger::finish_run(const std::string& state, int64_t step) {
+  finished_ = true;
+  write_status(state, step);
+}
+
+// Small enough to rewrite whole each time; atomic so `loom metrics watch` never reads half.
+void MetricsLogger::write_status(const std::string& state, int64_t step) {
+  if (sinks_.status_path.empty()) return;
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  nlohmann::json j = {{"state", state},
+                      {"step", step},
+                      {"first_step", first_step_},
+                      {"total_steps", sinks_.total_steps},
+                      {"pid", static_cast<int64_t>(::getpid())},
+                      {"host", std::string(host)},
+                      {"wall_time", now_unix()}};
+  files::write_atomic(sinks_.status_path, j.dump() + "\n");
+}
+
+// Every number of the JSON line except the step itself and the wall time (the event's own).
+void MetricsLogger::write_scalars(int64_t step, double wall_time, const std::string& json) {
+  if (!tensorboard_) return;
+  std::vector<std::pair<std::string, double>> scalars;
+  const auto parsed = nlohmann::json::parse(json);  // alive for the loop (items() refers to it)
+  for (const auto& [key, value] : parsed.items()) {
+    if (key == "step" || key == "wall_time" || !value.is_number()) continue;
+    scalars.emplace_back(key, value.get<double>());
+  }
+  tensorboard_->add_scalars(step, wall_time, scalars);
 }
 
 std::string MetricsLogger::to_json_line(const StepMetrics& m, double wall_time) {
@@ -76,6 +151,7 @@ std::string MetricsLogger::to_json_line(const StepMetrics& m, double wall_time) 
                       {"comm_mb", m.comm_mb},
                       {"wall_time", wall_time}};
   if (m.val_loss) j["val_loss"] = *m.val_loss;
+  for (const auto& [block, norm] : m.block_grad_norms) j["grad_norm/" + block] = norm;
   return j.dump();
 }
 
@@ -89,30 +165,42 @@ void MetricsLogger::append_line(const std::string& json) {
 
 void MetricsLogger::log_step(const StepMetrics& m) {
   // Colors as torchtitan: step cyan, loss green, memory yellow, throughput blue, mfu magenta.
-  const char* cyan = color_ ? "\033[36m" : "";
-  const char* green = color_ ? "\033[32m" : "";
-  const char* yellow = color_ ? "\033[33m" : "";
-  const char* blue = color_ ? "\033[34m" : "";
-  const char* magenta = color_ ? "\033[35m" : "";
-  const char* reset = color_ ? "\033[39m" : "";
+  const bool color = sinks_.color;
+  const char* cyan = color ? "\033[36m" : "";
+  const char* green = color ? "\033[32m" : "";
+  const char* yellow = color ? "\033[33m" : "";
+  const char* blue = color ? "\033[34m" : "";
+  const char* magenta = color ? "\033[35m" : "";
+  const char* reset = color ? "\033[39m" : "";
   log::get("metrics")->info(
       "{}step: {:>5}  {}loss: {:8.4f}  {}grad_norm: {:7.4f}  {}memory: {:6.2f}GiB  {}tps: {:.0f}  "
       "{}tflops: {:.3f}  {}mfu: {:.2f}%{}",
       cyan, m.step, green, m.loss, reset, m.grad_norm, yellow, m.mem_peak_gib, blue, m.tps, reset,
       m.tflops, magenta, m.mfu_pct, reset);
-  append_line(to_json_line(m, now_unix()));
+  const double wall_time = now_unix();
+  const std::string json = to_json_line(m, wall_time);
+  append_line(json);
+  write_scalars(m.step, wall_time, json);
+  if (m.step > last_step_) {
+    last_step_ = m.step;
+    write_status("running", m.step);
+  }
 }
 
 void MetricsLogger::log_validation(int64_t step, double val_loss, int64_t tokens_seen,
                                    double elapsed_s) {
-  log::get("metrics")->info("{}validate step: {:>5}  val_loss: {:8.4f}{}", color_ ? "\033[33m" : "",
-                            step, val_loss, color_ ? "\033[39m" : "");
+  const bool color = sinks_.color;
+  log::get("metrics")->info("{}validate step: {:>5}  val_loss: {:8.4f}{}", color ? "\033[33m" : "",
+                            step, val_loss, color ? "\033[39m" : "");
+  const double wall_time = now_unix();
   nlohmann::json j = {{"step", step},
                       {"val_loss", val_loss},
                       {"tokens_seen", tokens_seen},
                       {"elapsed_s", elapsed_s},
-                      {"wall_time", now_unix()}};
+                      {"wall_time", wall_time}};
   append_line(j.dump());
+  // TensorBoard gets val_loss only: tokens_seen and elapsed_s are the training line's tags.
+  if (tensorboard_) tensorboard_->add_scalars(step, wall_time, {{"val_loss", val_loss}});
 }
 
 double seconds_since_process_start() {

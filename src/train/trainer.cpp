@@ -20,6 +20,8 @@
 #include "loom/data/prefetch.h"
 #include "loom/data/synthetic.h"
 #include "loom/data/tokenizer.h"
+#include "loom/metrics/grad_norms.h"
+#include "loom/metrics/memory_estimate.h"
 #include "loom/train/grad_clip.h"
 #include "loom/train/loss.h"
 #include "loom/train/lr_scheduler.h"
@@ -183,6 +185,25 @@ void Trainer::build_model() {
   auto log = log::get("trainer");
   log->info("model {}", models::format_summary(summary_, false));
   log->info("parallelism: {}", parallel_.description);
+  // FSDP keeps float32 masters and computes in mixed_precision_param.
+  distributed::Comm* shards = shard_group();
+  const auto param_dtype = shards ? at::kFloat : parameter_dtype(config_.training);
+  const auto compute_dtype = autocast_dtype(config_.training, device_).value_or(param_dtype);
+  const auto memory = metrics::estimate_memory(
+      summary_, config_,
+      {shards ? shards->size() : 1, static_cast<int>(c10::elementSize(param_dtype)),
+       static_cast<int>(c10::elementSize(compute_dtype))});
+  log->info("estimated peak memory per rank: {}", memory.describe());
+}
+
+bool Trainer::is_log_step(int64_t step) const {
+  return step % config_.metrics.log_freq == 0 || step == 1 || step == config_.training.steps;
+}
+
+distributed::Comm* Trainer::shard_group() {
+  const auto& dims = runtime_->dims();
+  const bool sharded = dims.dp_shard * dims.cp > 1 || config_.debug.force_fsdp;
+  return sharded ? &runtime_->group(distributed::MeshGroup::fsdp) : nullptr;
 }
 
 void Trainer::build_data(std::unique_ptr<data::BatchSource> source,
@@ -227,7 +248,7 @@ void Trainer::build_checkpointer() {
 
 // One optimizer step over the step's microbatches. Nothing here waits for the device: the loss
 // and the gradient norm stay tensors until a logging step reads them.
-double Trainer::train_step(int64_t step, PendingStep& pending, double& lr) {
+double Trainer::train_step(int64_t step, PendingStep& pending, metrics::StepMetrics& m) {
   const auto& t = config_.training;
   auto data_start = Clock::now();
   std::vector<data::Batch> micro;
@@ -259,12 +280,17 @@ double Trainer::train_step(int64_t step, PendingStep& pending, double& lr) {
     loss_sum = loss_sum.defined() ? loss_sum + loss.detach() : loss.detach();
   }
   parallel_.gradient_sync->finish();
+  if (config_.metrics.log_layer_grad_norms && is_log_step(step)) {
+    std::vector<std::pair<std::string, at::Tensor>> named;
+    for (const auto& p : parallel_.parameters) named.emplace_back(p.name, p.tensor);
+    m.block_grad_norms = metrics::block_grad_norms(named, shard_group());
+  }
   pending.step = step;
   pending.loss = loss_sum.to(at::kDouble);
   pending.grad_norm = clip_grad_norm(parallel_.tensors(), parallel_.placements(), t.max_norm,
                                      &runtime_->world_group());
-  lr = config_.optimizer.lr * schedule_->factor(step - 1 - lr_step_offset_);
-  set_learning_rate(*optimizer_, lr);
+  m.lr = config_.optimizer.lr * schedule_->factor(step - 1 - lr_step_offset_);
+  set_learning_rate(*optimizer_, m.lr);
   optimizer_->step();
   return data_time;
 }
@@ -335,8 +361,9 @@ TrainResult Trainer::train() {
   const bool color = !config_.metrics.disable_color_printing && ::isatty(STDERR_FILENO) == 1;
   // Every rank prints its console line; rank 0 alone writes metrics.jsonl.
   metrics_ = std::make_unique<metrics::MetricsLogger>(
-      runtime_->is_main_rank() ? config_.job.dump_folder + "/metrics.jsonl" : std::string(), color);
+      metrics::metrics_sinks(config_, runtime_->rank(), color));
   peak_flops_ = metrics::peak_flops(device_, config_.metrics.peak_tflops);
+  profiler_ = std::make_unique<metrics::StepProfiler>(config_, runtime_->rank(), device_);
   log->info("training {} steps; peak {:.3g} TFLOP/s per device for MFU", t.steps,
             peak_flops_ / 1e12);
   TrainResult result;
@@ -359,22 +386,28 @@ TrainResult Trainer::train() {
   }
   const auto resume = checkpoint_->load();
   lr_step_offset_ = resume.step - resume.lr_step;
+  metrics_->start_run(resume.step + 1);
   int64_t tokens_seen = resume.tokens_seen;
   uint64_t window_comm_start = runtime_->total_wire_bytes();
   for (int64_t step = resume.step + 1; step <= t.steps; ++step) {
     metrics::StepMetrics m;
+    profiler_->step_begin(step);
     const auto step_start = Clock::now();
     pending_.emplace_back();
-    window_data += train_step(step, pending_.back(), m.lr);
+    try {
+      window_data += train_step(step, pending_.back(), m);
+    } catch (const c10::OutOfMemoryError& e) {
+      profiler_->out_of_memory(step, e.what_without_backtrace());  // throws, naming a snapshot
+    }
     window_time += seconds_since(step_start);
+    profiler_->step_end(step);
     ++window_steps;
     if (step == resume.step + 1) runtime_->use_train_timeout();
     result.steps_completed = step;
     tokens_seen += global_tokens_per_step;
     const bool stopping = any_rank_stopping();
     // Losses are read (one host sync, one all-reduce) only when they are logged.
-    if (step % config_.metrics.log_freq == 0 || step == resume.step + 1 || step == t.steps ||
-        stopping) {
+    if (is_log_step(step) || step == resume.step + 1 || stopping) {
       flush_pending(result, m);
       m.step = step;
       m.step_time_s = window_time / window_steps;
@@ -406,6 +439,7 @@ TrainResult Trainer::train() {
     }
   }
   checkpoint_->wait();
+  metrics_->finish_run(result.stopped_by_signal ? "stopped" : "finished", result.steps_completed);
   result.peak_memory_gib = metrics::peak_memory_gib(device_);
   result.comm_wire_bytes = runtime_->total_wire_bytes();
   log->info(

@@ -132,11 +132,16 @@ TEST(Cli, TrainSavesTheEffectiveConfigInTheDumpFolder) {
 }
 
 TEST(Cli, PlanModelPrintsTheSummaryWithoutAllocating) {
-  auto result = run_loom("plan model --model.flavor 8B --training.seq_len 8192 --no-shapes");
+  // Synthetic data keeps the flavor's vocabulary (128256 for 8B).
+  auto result = run_loom(
+      "plan model --model.flavor 8B --training.seq_len 8192 --training.dataset synthetic "
+      "--no-shapes");
   ASSERT_EQ(result.exit_code, 0) << result.output;
   EXPECT_TRUE(contains(result.output, "parameters: 8030261248 (8.03B)")) << result.output;
   EXPECT_TRUE(contains(result.output, "training FLOPs per token at seq_len 8192")) << result.output;
   auto shapes = run_loom("plan model --config '" + kDebugConfig + "'");
+  // Sized as training sizes it: the debug config's brown_bpe tokenizer has 4096 tokens.
+  EXPECT_TRUE(contains(shapes.output, "vocab 4096,")) << shapes.output;
   EXPECT_TRUE(contains(shapes.output, "layers.5.feed_forward.w2.weight [256, 768]"))
       << shapes.output;
   auto bad = run_loom("plan model --model.flavor 9B");

@@ -27,7 +27,7 @@ Transformer tiny_model(int64_t vocab = 97, uint64_t seed = 7) {
   args.max_seq_len = 48;
   Transformer model(args, at::TensorOptions().dtype(at::kFloat));
   models::llama::init_weights(model, seed);
-  model->init_freqs_cis();
+  model->init_freqs_cis(at::kCPU);
   return model;
 }
 

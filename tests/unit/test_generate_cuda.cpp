@@ -19,12 +19,12 @@ models::llama::Transformer cuda_model(at::ScalarType dtype, models::llama::Trans
   args.max_seq_len = 48;
   models::llama::Transformer cpu(args, at::TensorOptions().dtype(at::kFloat));
   models::llama::init_weights(cpu, 3);
-  cpu->init_freqs_cis();
+  cpu->init_freqs_cis(at::kCPU);
   models::llama::Transformer gpu(args, at::TensorOptions().dtype(dtype).device(at::kCUDA));
   at::NoGradGuard no_grad;
   auto src = cpu->named_parameters();
   for (auto& item : gpu->named_parameters()) item.value().copy_(src[item.key()]);
-  gpu->init_freqs_cis();
+  gpu->init_freqs_cis(at::kCUDA);
   if (cpu_copy) *cpu_copy = cpu;
   return gpu;
 }

@@ -29,6 +29,8 @@ struct ProfilingSection {
   int64_t profiler_warmup = 3;
   bool enable_memory_snapshot = false;
   std::string save_memory_snapshot_folder = "memory_snapshot";
+  // loom: the ranks that record profiler traces (torchtitan traces every rank).
+  std::vector<int64_t> ranks{0};
 };
 
 struct MetricsSection {
@@ -38,6 +40,8 @@ struct MetricsSection {
   std::string save_tb_folder = "tb";
   bool save_for_all_ranks = false;
   bool enable_wandb = false;
+  // loom: log the gradient norm of each block ("grad_norm/layers.<i>", ...).
+  bool log_layer_grad_norms = false;
   // loom: peak TFLOP/s of one device for MFU; unset means the GPU table or a measured CPU GEMM.
   std::optional<double> peak_tflops;
 };

@@ -18,10 +18,12 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "loom/core/check.h"
+#include "loom/distributed/flight_recorder.h"
 
 namespace c10d {
 class Work;
@@ -100,6 +102,7 @@ class Work {
   bool completed() const;
 
  private:
+  friend class Comm;  // attaches the flight recorder's entry
   std::shared_ptr<Impl> impl_;
 };
 
@@ -114,6 +117,8 @@ struct CommOptions {
   std::chrono::milliseconds init_timeout{std::chrono::seconds(300)};
   std::chrono::milliseconds train_timeout{std::chrono::seconds(100)};
   CommCapabilities capabilities;  // false forces a collective's fallback (tests)
+  // This rank's ring buffer of collectives (hang forensics); null: nothing recorded.
+  std::shared_ptr<FlightRecorder> recorder;
 };
 
 class Backend;  // the c10d side, private to src/distributed
@@ -161,8 +166,9 @@ class Comm {
  private:
   Backend& backend_for(const at::Tensor& tensor, const char* what);
   std::string describe(const char* what, const at::Tensor& tensor) const;
-  Work launch(const char* what, const at::Tensor& tensor,
-              const std::function<Work(Backend&)>& call);
+  Work launch(const char* what, const at::Tensor& tensor, const std::function<Work(Backend&)>& call,
+              bool p2p = false);
+  std::optional<uint64_t> record(const char* what, const at::Tensor& tensor, bool p2p);
   c10::intrusive_ptr<c10d::Work> all_reduce_native(Backend& b, at::Tensor& tensor, ReduceOp op);
   Work reduce_scatter_by_all_to_all(Backend& b, at::Tensor& output, const at::Tensor& input,
                                     ReduceOp op, const std::string& what);
@@ -176,6 +182,8 @@ class Comm {
   std::chrono::milliseconds timeout_;
   CommCounters counters_;
   CommCapabilities capabilities_;
+  int64_t seq_ = 0;      // collectives issued on this group (the flight recorder's numbering)
+  int64_t p2p_seq_ = 0;  // point-to-point operations, numbered apart
 };
 
 }  // namespace loom::distributed

@@ -24,6 +24,11 @@ struct CommInit {
   // Create the store and c10d backends even for a world of one rank (tests of the NCCL path on
   // a single GPU); otherwise one rank is the local path.
   bool backends_for_single_rank = false;
+  // Flight recorder (comm.trace_buf_size entries per rank; 0: off) and the file this rank dumps
+  // it to (empty: no dumps). With both, a watcher thread dumps on SIGUSR1 and whenever any rank
+  // asks through the store (a collective of its failed or timed out).
+  size_t trace_buffer_size = 2000;
+  std::string trace_dump_path;
 };
 
 class ProcessGroups {
@@ -50,11 +55,16 @@ class ProcessGroups {
   // Sum of every group's counters (wire bytes sent by this rank).
   uint64_t total_wire_bytes() const;
   const std::vector<std::shared_ptr<Comm>>& groups() const { return groups_; }
+  // This rank's flight recorder; null when comm.trace_buf_size = 0 or the world has one rank.
+  FlightRecorder* recorder() { return init_.options.recorder.get(); }
 
  private:
   struct StoreHolder;
+  void start_flight_recorder();
+
   CommInit init_;
   std::unique_ptr<StoreHolder> store_;
+  std::unique_ptr<DumpWatcher> dump_watcher_;
   std::shared_ptr<Comm> world_;
   std::vector<std::shared_ptr<Comm>> groups_;  // world first
 };

@@ -73,6 +73,10 @@ class WorkerGroup {
   // leftover child holds a pipe open) and flushes partial lines.
   void drain_output(int max_ms);
 
+  // Sends `signal` to each running worker process itself (not its process group: helpers it
+  // started keep their default action). SIGUSR1 asks loom workers for flight-recorder dumps.
+  void signal_workers(int signal);
+
   bool all_exited() const;
   bool all_succeeded() const;
   // The worker that failed first, if any.

@@ -16,6 +16,7 @@
 #include "loom/data/tokenizer.h"
 #include "loom/distributed/runtime.h"
 #include "loom/metrics/metrics.h"
+#include "loom/metrics/profiler.h"
 #include "loom/models/model_spec.h"
 #include "loom/parallel/parallelize.h"
 #include "loom/train/lr_scheduler.h"
@@ -70,10 +71,13 @@ class Trainer {
   void build_data(std::unique_ptr<data::BatchSource> source,
                   std::unique_ptr<data::BatchSource> validation_source);
   void build_checkpointer();
-  double train_step(int64_t step, PendingStep& pending, double& lr);
+  double train_step(int64_t step, PendingStep& pending, metrics::StepMetrics& m);
   // Reduces and reads the pending steps' losses and norms into `result` (a collective).
   void flush_pending(TrainResult& result, metrics::StepMetrics& last);
   double validate();
+  bool is_log_step(int64_t step) const;
+  // The shard group when parameters are sharded by FSDP (per-block norms sum over it), else null.
+  distributed::Comm* shard_group();
   // True on every rank once any rank was asked to stop (all ranks leave after the same step).
   bool any_rank_stopping();
 
@@ -90,6 +94,7 @@ class Trainer {
   std::unique_ptr<data::BatchSource> source_;
   std::unique_ptr<data::BatchSource> validation_source_;
   std::unique_ptr<metrics::MetricsLogger> metrics_;
+  std::unique_ptr<metrics::StepProfiler> profiler_;  // profiling.* traces and memory snapshots
   std::unique_ptr<checkpoint::CheckpointManager> checkpoint_;
   std::vector<PendingStep> pending_;
   double peak_flops_ = 0;

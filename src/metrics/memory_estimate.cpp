@@ -1,0 +1,84 @@
+#include "loom/metrics/memory_estimate.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+
+#include "loom/parallel/activation_checkpoint.h"
+
+namespace loom::metrics {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+// Rows of the parameter named `name` (0 when the model has none).
+int64_t rows_of(const models::ModelSummary& model, const std::string& name) {
+  for (const auto& p : model.parameters) {
+    if (p.name == name && !p.shape.empty()) return p.shape[0];
+  }
+  return 0;
+}
+
+int64_t cols_of(const models::ModelSummary& model, const std::string& name) {
+  for (const auto& p : model.parameters) {
+    if (p.name == name && p.shape.size() > 1) return p.shape[1];
+  }
+  return 0;
+}
+
+}  // namespace
+
+std::string MemoryEstimate::describe() const {
+  return fmt::format(
+      "{:.3f} GiB = parameters {:.3f} + gradients {:.3f} + optimizer state {:.3f} + activations "
+      "{:.3f}",
+      total_gib(), parameters_gib, gradients_gib, optimizer_gib, activations_gib);
+}
+
+MemoryEstimate estimate_memory(const models::ModelSummary& model, const config::JobConfig& config,
+                               const MemoryInputs& in) {
+  MemoryEstimate e;
+  const double shard = static_cast<double>(std::max<int64_t>(in.shard_degree, 1));
+  const double local_params = static_cast<double>(model.total_params) / shard;
+  e.parameters_gib = local_params * in.param_bytes / kGiB;
+  e.gradients_gib = local_params * in.param_bytes / kGiB;
+  e.optimizer_gib = 2 * local_params * in.param_bytes / kGiB;
+  // Blocks: "layers.<i>.*"; sizes from the first block.
+  std::map<std::string, int64_t> block_numel;
+  for (const auto& p : model.parameters) {
+    if (p.name.rfind("layers.", 0) != 0) continue;
+    block_numel[p.name.substr(0, p.name.find('.', 7))] += p.numel;
+  }
+  if (in.shard_degree > 1 && !block_numel.empty()) {
+    // FSDP gathers a unit (and prefetches the next) in the compute dtype.
+    int64_t largest = 0;
+    for (const auto& [name, numel] : block_numel) largest = std::max(largest, numel);
+    e.parameters_gib += 2.0 * static_cast<double>(largest) * in.compute_bytes / kGiB;
+  }
+  const int64_t n_blocks = static_cast<int64_t>(block_numel.size());
+  const int64_t vocab = rows_of(model, "tok_embeddings.weight");
+  const int64_t dim = cols_of(model, "tok_embeddings.weight");
+  const int64_t q = rows_of(model, "layers.0.attention.wq.weight");
+  const int64_t kv = rows_of(model, "layers.0.attention.wk.weight");
+  const int64_t hidden = rows_of(model, "layers.0.feed_forward.w1.weight");
+  const double per_block = static_cast<double>(4 * dim + 3 * q + 3 * kv + 4 * hidden);
+  const auto& ac = config.activation_checkpoint;
+  int64_t checkpointed = 0;
+  if (n_blocks > 0) {
+    for (bool wrap : parallel::blocks_to_checkpoint(ac.mode, ac.selective_ac_option, n_blocks)) {
+      checkpointed += wrap ? 1 : 0;
+    }
+  }
+  const double kept = static_cast<double>(n_blocks - checkpointed) * per_block +
+                      static_cast<double>(checkpointed) * static_cast<double>(dim) +
+                      (checkpointed > 0 ? per_block : 0.0);
+  const double tokens =
+      static_cast<double>(config.training.local_batch_size * config.training.seq_len);
+  const double output = 2.0 * static_cast<double>(dim) * in.compute_bytes +     // final norm
+                        static_cast<double>(vocab) * (in.compute_bytes + 4.0);  // logits, fp32 loss
+  e.activations_gib = tokens * (kept * in.compute_bytes + output) / kGiB;
+  return e;
+}
+
+}  // namespace loom::metrics

@@ -1,0 +1,88 @@
+#include "loom/metrics/run_log.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "loom/core/check.h"
+
+namespace loom::metrics {
+namespace {
+
+namespace fs = std::filesystem;
+
+// One line per step, the last written winning (a resumed run recomputes steps), sorted by step.
+std::vector<nlohmann::json> by_step(const std::vector<nlohmann::json>& lines) {
+  std::map<int64_t, nlohmann::json> latest;
+  for (const auto& line : lines) latest[line["step"].get<int64_t>()] = line;
+  std::vector<nlohmann::json> out;
+  out.reserve(latest.size());
+  for (auto& [step, line] : latest) out.push_back(std::move(line));
+  return out;
+}
+
+}  // namespace
+
+RunLog read_run(const std::string& folder) {
+  const std::string path = folder + "/metrics.jsonl";
+  LOOM_CHECK_AS(InputError, fs::is_regular_file(path), "'", folder,
+                "' has no metrics.jsonl (is it a run's job.dump_folder?)");
+  RunLog run;
+  run.folder = folder;
+  run.name = fs::path(folder).lexically_normal().filename().string();
+  if (run.name.empty() || run.name == ".") {
+    run.name = fs::absolute(folder).lexically_normal().parent_path().filename().string();
+  }
+  std::ifstream in(path);
+  std::vector<nlohmann::json> train, validation;
+  std::string text;
+  while (std::getline(in, text)) {
+    auto line = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    // A line being written right now (live run) or foreign text: skipped.
+    if (line.is_discarded() || !line.is_object() || !line.contains("step")) continue;
+    (line.contains("loss") ? train : validation).push_back(std::move(line));
+  }
+  run.train = by_step(train);
+  run.validation = by_step(validation);
+  std::ifstream status(folder + "/run_status.json");
+  if (status) {
+    auto j = nlohmann::json::parse(status, nullptr, false);
+    if (!j.is_discarded() && j.is_object()) run.status = std::move(j);
+  }
+  return run;
+}
+
+std::vector<std::pair<double, double>> series(const std::vector<nlohmann::json>& lines,
+                                              const std::string& key, bool by_tokens) {
+  std::vector<std::pair<double, double>> points;
+  const char* x_key = by_tokens ? "tokens_seen" : "step";
+  for (const auto& line : lines) {
+    auto value = line.find(key);
+    auto x = line.find(x_key);
+    if (value == line.end() || x == line.end() || !value->is_number() || !x->is_number()) continue;
+    points.emplace_back(x->get<double>(), value->get<double>());
+  }
+  return points;
+}
+
+std::vector<std::string> numeric_keys(const std::vector<nlohmann::json>& lines) {
+  std::vector<std::string> keys;
+  for (const auto& line : lines) {
+    for (const auto& [key, value] : line.items()) {
+      if (value.is_number() && std::find(keys.begin(), keys.end(), key) == keys.end()) {
+        keys.push_back(key);
+      }
+    }
+  }
+  return keys;
+}
+
+double median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  const size_t mid = values.size() / 2;
+  std::nth_element(values.begin(), values.begin() + static_cast<long>(mid), values.end());
+  return values[mid];
+}
+
+}  // namespace loom::metrics

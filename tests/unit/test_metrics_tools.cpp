@@ -1,0 +1,124 @@
+// The pieces of observability without LibTorch: CRC-32C and TFRecord framing of TensorBoard
+// event files, reading runs, sparklines, the watch status line, summary and SVG plot.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <fstream>
+
+#include "loom/core/check.h"
+#include "loom/metrics/crc32c.h"
+#include "loom/metrics/plot.h"
+#include "loom/metrics/run_log.h"
+#include "loom/metrics/summary.h"
+#include "loom/metrics/tensorboard.h"
+#include "loom/metrics/watch.h"
+#include "support/process.h"
+
+using namespace loom::metrics;
+
+TEST(Crc32c, StandardVectors) {
+  // RFC 3720 (iSCSI) appendix B.4 and the common check value.
+  EXPECT_EQ(crc32c("123456789", 9), 0xE3069283u);
+  const std::string zeros(32, '\0');
+  EXPECT_EQ(crc32c(zeros.data(), zeros.size()), 0x8A9136AAu);
+  const std::string ones(32, '\xff');
+  EXPECT_EQ(crc32c(ones.data(), ones.size()), 0x62A8AB43u);
+  EXPECT_EQ(crc32c("", 0), 0u);
+}
+
+TEST(TensorBoardWriter, RecordFramingAndFileName) {
+  const std::string record = TensorBoardWriter::frame_record("abc");
+  ASSERT_EQ(record.size(), 8u + 4u + 3u + 4u);
+  EXPECT_EQ(static_cast<unsigned char>(record[0]), 3);  // little-endian length
+  for (int i = 1; i < 8; ++i) EXPECT_EQ(record[i], 0);
+  uint32_t length_crc = 0, data_crc = 0;
+  std::memcpy(&length_crc, record.data() + 8, 4);
+  std::memcpy(&data_crc, record.data() + 15, 4);
+  EXPECT_EQ(length_crc, masked_crc32c(record.data(), 8));
+  EXPECT_EQ(data_crc, masked_crc32c("abc", 3));
+  const std::string dir = loom::testing::fresh_temp_dir("tb_writer");
+  std::string path;
+  {
+    TensorBoardWriter writer(dir + "/tb", 1);
+    writer.add_scalars(1, 1.0, {{"loss", 2.5}});
+    path = writer.path();
+  }
+  EXPECT_NE(path.find("/tb/events.out.tfevents."), std::string::npos);
+  EXPECT_GT(loom::testing::read_text(path).size(), 3 * 16u);
+  EXPECT_THROW(TensorBoardWriter("/proc/no_such_folder/tb", 1), loom::Error);
+}
+
+namespace {
+
+std::string write_run(const std::string& name, const std::vector<std::string>& lines,
+                      const std::string& status) {
+  const std::string dir = loom::testing::fresh_temp_dir(name);
+  std::ofstream out(dir + "/metrics.jsonl");
+  for (const auto& l : lines) out << l << "\n";
+  if (!status.empty()) std::ofstream(dir + "/run_status.json") << status;
+  return dir;
+}
+
+std::string train_line(int step, double loss, double wall) {
+  return "{\"step\":" + std::to_string(step) + ",\"loss\":" + std::to_string(loss) +
+         ",\"lr\":0.001,\"tps\":100,\"mem_peak_gib\":1.5,\"tokens_seen\":" +
+         std::to_string(step * 64) + ",\"step_time_s\":1.0,\"wall_time\":" + std::to_string(wall) +
+         "}";
+}
+
+}  // namespace
+
+TEST(RunLog, ResumedStepsCountOnceAndPartialLinesAreSkipped) {
+  const auto dir = write_run("runlog",
+                             {train_line(1, 5, 100), train_line(2, 4, 101), train_line(2, 3.5, 105),
+                              "{\"step\":2,\"val_loss\":4.2}", "{\"step\":3,\"lo"},
+                             "");
+  const auto run = read_run(dir);
+  ASSERT_EQ(run.train.size(), 2u);
+  EXPECT_DOUBLE_EQ(run.train[1]["loss"].get<double>(), 3.5);  // the resumed run's value
+  ASSERT_EQ(run.validation.size(), 1u);
+  EXPECT_EQ(series(run.train, "loss", true).back().first, 128);
+  EXPECT_THROW(read_run(dir + "/nothing"), loom::InputError);
+  const auto s = summarize(run);
+  EXPECT_DOUBLE_EQ(s["metrics"]["loss"]["best"].get<double>(), 3.5);
+  EXPECT_DOUBLE_EQ(s["metrics"]["loss"]["mean"].get<double>(), 4.25);
+  EXPECT_DOUBLE_EQ(s["metrics"]["tps"]["best"].get<double>(), 100);
+  EXPECT_FALSE(s["metrics"]["lr"].contains("best"));
+  EXPECT_NE(format_summary(s).find("val_loss"), std::string::npos);
+}
+
+TEST(Watch, StatusLineSaysRunningStalledFinishedOrGone) {
+  std::vector<std::string> lines;
+  for (int i = 1; i <= 10; ++i) lines.push_back(train_line(i, 10.0 - i * 0.5, 1000 + 2 * i));
+  // Another host: whether its process lives cannot be checked from here.
+  const std::string running =
+      "{\"state\":\"running\",\"total_steps\":20,\"pid\":1,\"host\":\"elsewhere\"}";
+  const auto dir = write_run("watch_state", lines, running);
+  const auto run = read_run(dir);
+  WatchOptions options;
+  EXPECT_EQ(run_state(run, 1021, options).word, "RUNNING");
+  // The median is 2 s between steps: 5 x 2 s without a step is a stall.
+  const auto stalled = run_state(run, 1020 + 11, options);
+  EXPECT_EQ(stalled.word, "STALLED") << stalled.line;
+  EXPECT_NE(stalled.line.find("no new step for 11s"), std::string::npos) << stalled.line;
+  const std::string screen = render_watch({run}, 1021, options);
+  EXPECT_NE(screen.find("step 10/20"), std::string::npos) << screen;
+  EXPECT_NE(screen.find("ETA 20s"), std::string::npos) << screen;
+  const auto finished = read_run(write_run("watch_done", lines, "{\"state\":\"finished\"}"));
+  EXPECT_EQ(run_state(finished, 5000, options).word, "FINISHED");
+  EXPECT_EQ(sparkline({1, 2, 3, 4, 5, 6, 7, 8}, 8), "▁▂▃▄▅▆▇█");
+  EXPECT_EQ(sparkline({1, 2, 3}, 2), "▁█");
+}
+
+TEST(Plot, SvgHasAPanelPerMetricAndALegendEntryPerRun) {
+  const auto a = read_run(write_run("plot_a", {train_line(1, 5, 1), train_line(2, 4, 2)}, ""));
+  auto b = a;
+  b.name = "second <run>";
+  const std::string svg = plot_svg({a, b}, {});
+  for (const char* title : {"loss (dashed: val_loss)", "learning rate", "throughput", "memory"}) {
+    EXPECT_NE(svg.find(title), std::string::npos) << title;
+  }
+  EXPECT_NE(svg.find("second &lt;run&gt;"), std::string::npos);  // escaped
+  EXPECT_EQ(svg.find("<script"), std::string::npos);
+  EXPECT_EQ(svg.rfind("</svg>\n"), svg.size() - 7);
+}
