@@ -10,6 +10,7 @@
 #include <random>
 
 #include "loom/checkpoint/manager.h"
+#include "loom/train/memory_check.h"
 #include "loom/config/dataset_mixture.h"
 #include "loom/core/check.h"
 #include "loom/core/files.h"
@@ -108,8 +109,11 @@ Trainer::Trainer(config::JobConfig config, std::unique_ptr<data::BatchSource> so
   const auto& v = config_.validation;
   if (!is_synthetic(t.dataset, t.dataset_path, t.dataset_mixture) ||
       (v.enable && !is_synthetic(v.dataset, v.dataset_path, v.dataset_mixture))) {
-    tokenizer_ = data::load_tokenizer(config_.model.tokenizer_path.value_or("byte"));
+    tokenizer_ = data::load_tokenizer(
+        data::tokenizer_location(config_.model.tokenizer_path, config_.model.hf_assets_path));
   }
+  check_memory_fits(config_, tokenizer_ ? tokenizer_->vocab_size() : 0,
+                    uses_fsdp() ? runtime_->dims().dp_shard : 1, device_);
   build_model();
   build_data(std::move(source), std::move(validation_source));
   build_checkpointer();
