@@ -24,7 +24,7 @@ bool contains(const std::string& text, const std::string& part) {
 }
 
 // `loom <args>` under a 120 s timeout (exit 124 if it hung).
-loom::testing::CommandResult loom(const std::string& args) {
+loom::testing::CommandResult run_timed(const std::string& args) {
   return loom::testing::run_command(std::string("timeout 120 '") + LOOM_BINARY + "' " + args);
 }
 
@@ -54,38 +54,40 @@ void edit_json(const std::string& path, const std::function<void(nlohmann::json&
 
 TEST(HostileInputs, CheckpointWithAlteredDtypeFallsBackAndIsRefusedByTheTools) {
   const std::string dir = fresh_temp_dir("hostile_ckpt_cli");
-  auto first = loom(train_args(dir, 4));
+  auto first = run_timed(train_args(dir, 4));
   ASSERT_EQ(first.exit_code, 0) << first.output;
   const std::string step4 = dir + "/checkpoint/step-4";
   // The dtype of one tensor widened: reading it used to run past its chunk (SIGSEGV).
   edit_json(step4 + "/index.json",
             [](nlohmann::json& j) { j["tensors"]["model.norm.weight"]["dtype"] = "F64"; });
-  expect_refused(loom("checkpoint inspect '" + step4 + "'"), step4 + "/index.json");
-  expect_refused(loom("checkpoint export --to hf '" + step4 + "' '" + dir + "/hf'"),
+  expect_refused(run_timed("checkpoint inspect '" + step4 + "'"), step4 + "/index.json");
+  expect_refused(run_timed("checkpoint export --to hf '" + step4 + "' '" + dir + "/hf'"),
                  "model.norm.weight");
+  // initial_load_path at the altered step (before the resume below re-writes step 4): refused
+  // by name, no crash.
+  auto initial = run_timed(train_args(dir + "/other", 2) + " --checkpoint.initial_load_path '" +
+                      step4 + "'");
+  expect_refused(initial, "index.json");
   // Resuming: step 4 is refused with a warning, step 2 loads, training goes on to step 6.
-  auto resumed = loom(train_args(dir, 6));
+  auto resumed = run_timed(train_args(dir, 6));
   EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_TRUE(contains(resumed.output, "falling back to")) << resumed.output;
   EXPECT_TRUE(contains(resumed.output, "step-2 (step 2")) << resumed.output;
-  // initial_load_path at the altered step: refused by name, no crash.
-  auto initial = loom(train_args(dir + "/other", 2) + " --checkpoint.initial_load_path '" +
-                      step4 + "'");
-  expect_refused(initial, "index.json");
 }
 
 TEST(HostileInputs, FifoSocketAndFolderAreRefusedByTypeWithoutHanging) {
   const std::string dir = fresh_temp_dir("hostile_types");
   const std::string fifo = dir + "/job.toml";
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
-  expect_refused(loom("config validate --config '" + fifo + "'"), "FIFO");
-  expect_refused(loom("config validate --config '" + dir + "'"), "is a folder");
+  expect_refused(run_timed("config validate --config '" + fifo + "'"), "FIFO");
+  fs::create_directories(dir + "/folder.toml");
+  expect_refused(run_timed("config validate --config '" + dir + "/folder.toml'"), "is a folder");
   const std::string tokenizer_fifo = dir + "/tokenizer.json";
   ASSERT_EQ(::mkfifo(tokenizer_fifo.c_str(), 0644), 0);
-  expect_refused(loom("tokenize --tokenizer '" + tokenizer_fifo + "' --text x"), "FIFO");
+  expect_refused(run_timed("tokenize --tokenizer '" + tokenizer_fifo + "' --text x"), "FIFO");
   const std::string data_fifo = dir + "/data.jsonl";
   ASSERT_EQ(::mkfifo(data_fifo.c_str(), 0644), 0);
-  expect_refused(loom("prepare-data --tokenizer byte --input '" + data_fifo + "' --output '" + dir +
+  expect_refused(run_timed("prepare-data --tokenizer byte --input '" + data_fifo + "' --output '" + dir +
                       "/out'"),
                  "FIFO");
   EXPECT_FALSE(fs::exists(dir + "/out"));
@@ -106,7 +108,7 @@ TEST(HostileInputs, HuggingFaceTokenizerIdsOutOfRangeAreErrorsNamingTheToken) {
     altered["model"]["vocab"][token] = id;
     const std::string path = dir + "/" + name + ".json";
     std::ofstream(path) << altered.dump();
-    auto r = loom("tokenize --tokenizer '" + path + "' --text 'the cat'");
+    auto r = run_timed("tokenize --tokenizer '" + path + "' --text 'the cat'");
     expect_refused(r, "id of token '" + token + "'");
     EXPECT_TRUE(contains(r.output, path)) << r.output;
   }
@@ -130,10 +132,10 @@ TEST(HostileInputs, TruncatedGzipIsAnErrorNamingTheFile) {
   std::ofstream(no_trailer, std::ios::binary) << bytes.substr(0, bytes.size() - 8);
   const std::string half = dir + "/half.jsonl.gz";
   std::ofstream(half, std::ios::binary) << bytes.substr(0, bytes.size() / 2);
-  auto ok = loom("prepare-data --tokenizer byte --input '" + whole + "' --output '" + dir + "/ok'");
+  auto ok = run_timed("prepare-data --tokenizer byte --input '" + whole + "' --output '" + dir + "/ok'");
   EXPECT_EQ(ok.exit_code, 0) << ok.output;
   for (const auto& path : {no_trailer, half}) {
-    auto r = loom("prepare-data --tokenizer byte --input '" + path + "' --output '" + dir +
+    auto r = run_timed("prepare-data --tokenizer byte --input '" + path + "' --output '" + dir +
                   "/cut'");
     expect_refused(r, path);
     EXPECT_TRUE(contains(r.output, "truncated")) << r.output;
@@ -149,23 +151,23 @@ TEST(HostileInputs, OverwriteReplacesOnlyALoomPreparedDataset) {
   // A folder of someone's files: refused, and every file is still there.
   fs::create_directories(dir + "/photos");
   std::ofstream(dir + "/photos/cat.jpg") << "meow";
-  expect_refused(loom(prepare + "'" + dir + "/photos'"), "refusing to replace");
+  expect_refused(run_timed(prepare + "'" + dir + "/photos'"), "refusing to replace");
   EXPECT_EQ(read_text(dir + "/photos/cat.jpg"), "meow");
   // A file: refused.
   std::ofstream(dir + "/notes.txt") << "keep";
-  expect_refused(loom(prepare + "'" + dir + "/notes.txt'"), "not a folder");
+  expect_refused(run_timed(prepare + "'" + dir + "/notes.txt'"), "not a folder");
   EXPECT_EQ(read_text(dir + "/notes.txt"), "keep");
   // A folder that only pretends (an index.json of another format): refused.
   fs::create_directories(dir + "/fake");
   std::ofstream(dir + "/fake/index.json") << "{\"format\": \"other\"}";
-  expect_refused(loom(prepare + "'" + dir + "/fake'"), "not a loom prepared dataset");
+  expect_refused(run_timed(prepare + "'" + dir + "/fake'"), "not a loom prepared dataset");
   // A real prepared dataset: replaced; with a stranger file beside its shards: refused.
-  auto made = loom(prepare + "'" + dir + "/data'");
+  auto made = run_timed(prepare + "'" + dir + "/data'");
   ASSERT_EQ(made.exit_code, 0) << made.output;
-  auto again = loom(prepare + "'" + dir + "/data'");
+  auto again = run_timed(prepare + "'" + dir + "/data'");
   EXPECT_EQ(again.exit_code, 0) << again.output;
   std::ofstream(dir + "/data/README") << "mine";
-  expect_refused(loom(prepare + "'" + dir + "/data'"), "'README' in it");
+  expect_refused(run_timed(prepare + "'" + dir + "/data'"), "'README' in it");
   EXPECT_EQ(read_text(dir + "/data/README"), "mine");
   // Nothing else was left beside the outputs (temporary folders are removed).
   for (const auto& entry : fs::directory_iterator(dir)) {
@@ -177,7 +179,7 @@ TEST(HostileInputs, PreparedIndexPathsOutsideTheFolderAreRefused) {
   const std::string dir = fresh_temp_dir("hostile_prepared");
   const std::string corpus = dir + "/corpus.jsonl";
   std::ofstream(corpus) << "{\"text\": \"hello there\"}\n";
-  ASSERT_EQ(loom("prepare-data --tokenizer byte --input '" + corpus + "' --output '" + dir +
+  ASSERT_EQ(run_timed("prepare-data --tokenizer byte --input '" + corpus + "' --output '" + dir +
                  "/data'")
                 .exit_code,
             0);
@@ -189,11 +191,11 @@ TEST(HostileInputs, PreparedIndexPathsOutsideTheFolderAreRefused) {
   for (const std::string escape : {"../corpus.jsonl", "/etc/passwd", ""}) {
     edit_json(dir + "/data/index.json",
               [&](nlohmann::json& j) { j["shards"][0]["tokens_file"] = escape; });
-    expect_refused(loom(common), "outside the dataset folder");
+    expect_refused(run_timed(common), "outside the dataset folder");
   }
   edit_json(dir + "/data/index.json",
             [](nlohmann::json& j) { j["shards"][0]["tokens_file"] = 12; });
-  expect_refused(loom(common), "key 'tokens_file' must be a string");
+  expect_refused(run_timed(common), "key 'tokens_file' must be a string");
 }
 
 TEST(HostileInputs, FailingFinalCheckpointMakesTheRunExitNonZeroAfterTraining) {
@@ -201,7 +203,7 @@ TEST(HostileInputs, FailingFinalCheckpointMakesTheRunExitNonZeroAfterTraining) {
   // The checkpoint folder's path is taken by a file: every save fails.
   fs::create_directories(dir + "/run");
   std::ofstream(dir + "/run/checkpoint") << "not a folder";
-  auto r = loom(train_args(dir + "/run", 3));
+  auto r = run_timed(train_args(dir + "/run", 3));
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_TRUE(contains(r.output, "finished 3 steps")) << r.output;  // training ran to the end
   EXPECT_TRUE(contains(r.output, "2 of 2 checkpoint saves failed")) << r.output;
@@ -210,7 +212,7 @@ TEST(HostileInputs, FailingFinalCheckpointMakesTheRunExitNonZeroAfterTraining) {
 
 TEST(HostileInputs, SizesThatCannotFitAreRefusedAtStartWithAnEstimate) {
   const std::string dir = fresh_temp_dir("hostile_sizes");
-  auto r = loom("train --training.dataset synthetic --training.device cpu --training.steps 1 "
+  auto r = run_timed("train --training.dataset synthetic --training.device cpu --training.steps 1 "
                 "--training.seq_len 1048576 --training.local_batch_size 4096 "
                 "--model.flavor debugmodel --job.dump_folder '" +
                 dir + "'");
@@ -228,9 +230,9 @@ TEST(HostileInputs, HfAssetsPathTokenizerIsLoadedAndAMissingOneIsAnError) {
                              "--training.seq_len 16 --training.local_batch_size 1 "
                              "--metrics.log_freq 1 --job.dump_folder '" +
                              dir + "/run' --model.hf_assets_path '";
-  auto loaded = loom(common + dir + "/assets'");
+  auto loaded = run_timed(common + dir + "/assets'");
   EXPECT_EQ(loaded.exit_code, 0) << loaded.output;
   EXPECT_TRUE(contains(loaded.output, "4096")) << loaded.output;  // the BPE's vocabulary
   fs::create_directories(dir + "/empty");
-  expect_refused(loom(common + dir + "/empty'"), "holds no tokenizer.json");
+  expect_refused(run_timed(common + dir + "/empty'"), "holds no tokenizer.json");
 }
