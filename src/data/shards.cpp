@@ -291,8 +291,8 @@ void ShardWriter::finish() {
 namespace {
 
 uint64_t file_size(const std::string& path, const std::string& what) {
-  files::require_regular_file(path, "prepared dataset " + what);
   std::error_code error;
+  if (fs::exists(path, error)) files::require_regular_file(path, "prepared dataset " + what);
   const auto size = fs::file_size(path, error);
   LOOM_CHECK_AS(InputError, !error, "prepared dataset: ", what, " '", path,
                 "' is missing or unreadable (", error.message(), ")");
