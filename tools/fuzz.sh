@@ -23,7 +23,7 @@ say() { printf '\033[1m[fuzz]\033[0m %s\n' "$*"; }
 die() { printf '\033[1;31m[fuzz] error:\033[0m %s\n' "$*" >&2; exit 1; }
 
 command -v clang++ >/dev/null || die "clang++ not found: apt-get install clang libclang-rt-dev"
-echo 'int LLVMFuzzerTestOneInput(const char*, unsigned long) { return 0; }' > /tmp/loom_fuzz_probe.cpp
+echo 'extern "C" int LLVMFuzzerTestOneInput(const char*, unsigned long) { return 0; }' > /tmp/loom_fuzz_probe.cpp
 clang++ -fsanitize=fuzzer /tmp/loom_fuzz_probe.cpp -o /tmp/loom_fuzz_probe 2>/dev/null ||
   die "clang cannot link -fsanitize=fuzzer: apt-get install libclang-rt-dev"
 
