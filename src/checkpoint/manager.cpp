@@ -38,7 +38,7 @@ std::vector<std::pair<int64_t, std::string>> complete_steps(const std::string& f
   std::vector<std::pair<int64_t, std::string>> steps;
   std::error_code error;
   if (!fs::is_directory(folder, error)) return steps;
-  static const std::regex pattern("step-([0-9]+)");
+  static const std::regex pattern("step-([0-9]{1,18})");
   for (const auto& entry : fs::directory_iterator(folder, error)) {
     std::smatch match;
     const std::string name = entry.path().filename().string();
