@@ -68,13 +68,12 @@ void check_tiling(const std::string& fqn, const SavedTensor& t, const std::strin
     if (n == 0) continue;
     covered += n;
     for (size_t b = a + 1; b < t.chunks.size(); ++b) {
-      LOOM_CHECK_AS(InputError, !boxes_overlap(t.chunks[a], t.chunks[b]), source, ": tensor '",
-                    fqn, "': chunks ", a, " and ", b, " overlap");
+      LOOM_CHECK_AS(InputError, !boxes_overlap(t.chunks[a], t.chunks[b]), source, ": tensor '", fqn,
+                    "': chunks ", a, " and ", b, " overlap");
     }
   }
   LOOM_CHECK_AS(InputError, covered == checked_numel(t.shape), source, ": tensor '", fqn,
-                "': its chunks cover ", covered, " of its ", checked_numel(t.shape),
-                " elements");
+                "': its chunks cover ", covered, " of its ", checked_numel(t.shape), " elements");
 }
 
 // No two chunks read the same bytes of a file.
@@ -88,9 +87,9 @@ void check_byte_ranges(const CheckpointIndex& index, const std::string& source) 
   for (auto& [file, list] : ranges) {
     std::sort(list.begin(), list.end());
     for (size_t i = 1; i < list.size(); ++i) {
-      LOOM_CHECK_AS(InputError, list[i].first >= list[i - 1].second, source, ": two chunks share bytes ",
-                    list[i].first, "-", std::min(list[i].second, list[i - 1].second), " of '",
-                    file, "'");
+      LOOM_CHECK_AS(InputError, list[i].first >= list[i - 1].second, source,
+                    ": two chunks share bytes ", list[i].first, "-",
+                    std::min(list[i].second, list[i - 1].second), " of '", file, "'");
     }
   }
 }
@@ -98,12 +97,12 @@ void check_byte_ranges(const CheckpointIndex& index, const std::string& source) 
 }  // namespace
 
 CheckpointIndex parse_checkpoint_index(const nlohmann::json& j, const std::string& source) {
-  LOOM_CHECK_AS(InputError, j.is_object() && j.contains("format") &&
-                                j["format"] == "loom.checkpoint",
-                source, ": not a loom checkpoint index (\"format\" is not \"loom.checkpoint\")");
+  LOOM_CHECK_AS(InputError,
+                j.is_object() && j.contains("format") && j["format"] == "loom.checkpoint", source,
+                ": not a loom checkpoint index (\"format\" is not \"loom.checkpoint\")");
   const int64_t version = json::int_field(j, "version", source);
-  LOOM_CHECK_AS(InputError, version == kCheckpointIndexVersion, source, ": index version ",
-                version, "; this loom reads version ", kCheckpointIndexVersion,
+  LOOM_CHECK_AS(InputError, version == kCheckpointIndexVersion, source, ": index version ", version,
+                "; this loom reads version ", kCheckpointIndexVersion,
                 " (written by another loom release?)");
   CheckpointIndex index;
   index.step = json::int_field(j, "step", source, -1);
@@ -113,10 +112,10 @@ CheckpointIndex parse_checkpoint_index(const nlohmann::json& j, const std::strin
   const auto& files = json::object_field(j, "files", source);
   for (auto it = files.begin(); it != files.end(); ++it) {
     const std::string where = source + ": files['" + it.key() + "']";
-    LOOM_CHECK_AS(InputError,
-                  files::is_contained_relative_path(it.key()) &&
-                      it.key().find('/') == std::string::npos,
-                  where, ": a file name must be a plain name inside the step folder");
+    LOOM_CHECK_AS(
+        InputError,
+        files::is_contained_relative_path(it.key()) && it.key().find('/') == std::string::npos,
+        where, ": a file name must be a plain name inside the step folder");
     SavedFile file;
     file.bytes = json::as_uint(json::field(it.value(), "bytes", where), where + " bytes");
     file.header_crc32 = static_cast<uint32_t>(json::as_uint(

@@ -74,8 +74,8 @@ class MappedFile {
     LOOM_CHECK_AS(InputError, fd_ >= 0, "cannot open checkpoint file '", path,
                   "': ", std::strerror(errno));
     struct stat st {};
-    LOOM_CHECK_AS(InputError, ::fstat(fd_, &st) == 0 && S_ISREG(st.st_mode),
-                  "checkpoint file '", path, "' is not a regular file");
+    LOOM_CHECK_AS(InputError, ::fstat(fd_, &st) == 0 && S_ISREG(st.st_mode), "checkpoint file '",
+                  path, "' is not a regular file");
     size_ = static_cast<uint64_t>(st.st_size);
     if (size_ > 0) {
       void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd_, 0);
@@ -324,10 +324,9 @@ const char* CheckpointReader::verified_chunk(const SavedChunk& chunk) {
     const uint32_t actual = crc32_of(data, chunk.end - chunk.begin);
     if (chunk.crc32 != actual) {
       verified_.erase({chunk.file, chunk.begin});
-      LOOM_THROW(InputError, "checkpoint file '", folder_, "/", chunk.file, "': chunk '",
-                 chunk.key, "' (bytes ", chunk.begin, "-", chunk.end,
-                 ") fails its CRC-32 check (stored ", chunk.crc32, ", computed ", actual,
-                 "): the file is corrupt");
+      LOOM_THROW(InputError, "checkpoint file '", folder_, "/", chunk.file, "': chunk '", chunk.key,
+                 "' (bytes ", chunk.begin, "-", chunk.end, ") fails its CRC-32 check (stored ",
+                 chunk.crc32, ", computed ", actual, "): the file is corrupt");
     }
   }
   return data;

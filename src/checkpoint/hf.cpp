@@ -222,8 +222,8 @@ void import_from_hf(const std::string& hf_folder, const std::string& checkpoint_
     for (auto& [name, tensor] : loaded.tensors) {
       if (strings::ends_with(name, "rotary_emb.inv_freq")) continue;  // a buffer, not a weight
       std::string loom = loom_name(name);
-      LOOM_CHECK_AS(InputError, imported.insert(loom).second, hf_folder, "/", file,
-                    ": tensor '", name, "' is also in another file of the folder");
+      LOOM_CHECK_AS(InputError, imported.insert(loom).second, hf_folder, "/", file, ": tensor '",
+                    name, "' is also in another file of the folder");
       at::Tensor t = tensor;
       if (strings::ends_with(loom, "attention.wq.weight")) t = permute_rotary_rows(t, heads, false);
       if (strings::ends_with(loom, "attention.wk.weight"))

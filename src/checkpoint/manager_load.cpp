@@ -52,8 +52,7 @@ void CheckpointManager::remove_incomplete() {
     if (!std::regex_match(name, incomplete)) continue;
     std::string why;
     if (!is_loom_step_folder(entry.path().string(), &why)) {
-      log::get("checkpoint")
-          ->warn("leaving {} alone: {}", entry.path().string(), why);
+      log::get("checkpoint")->warn("leaving {} alone: {}", entry.path().string(), why);
       continue;
     }
     log::get("checkpoint")->warn("removing the incomplete checkpoint {}", entry.path().string());

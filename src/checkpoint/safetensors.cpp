@@ -8,9 +8,9 @@
 #include <set>
 #include <sstream>
 
+#include "loom/checkpoint/safetensors_header.h"
 #include "loom/core/check.h"
 #include "loom/core/files.h"
-#include "loom/checkpoint/safetensors_header.h"
 
 namespace loom::checkpoint {
 namespace {
@@ -75,8 +75,8 @@ SafetensorsFile load_safetensors(const std::string& path) {
   file.metadata = header.metadata;
   for (const auto& entry : header.tensors) {
     // The header check guarantees shape x element size == end - begin, inside the data.
-    at::Tensor tensor = at::empty(entry.shape, at::TensorOptions().dtype(
-                                                   scalar_type_from_safetensors(entry.dtype)));
+    at::Tensor tensor = at::empty(
+        entry.shape, at::TensorOptions().dtype(scalar_type_from_safetensors(entry.dtype)));
     if (entry.end > entry.begin) {
       std::memcpy(tensor.data_ptr(), content.data() + header.data_start + entry.begin,
                   entry.end - entry.begin);

@@ -73,7 +73,8 @@ SafetensorsHeader parse_safetensors_header(const char* data, uint64_t size,
     entry.dtype = json::string_field(it.value(), "dtype", entry_where);
     const size_t element = safetensors_element_size(entry.dtype);
     LOOM_CHECK_AS(InputError, element > 0, entry_where, ": unsupported dtype '", entry.dtype, "'");
-    entry.shape = json::int_array(json::field(it.value(), "shape", entry_where), entry_where + " shape");
+    entry.shape =
+        json::int_array(json::field(it.value(), "shape", entry_where), entry_where + " shape");
     LOOM_CHECK_AS(InputError, entry.shape.size() <= kMaxRank, entry_where, ": shape of rank ",
                   entry.shape.size());
     const int64_t numel = checked_numel(entry.shape);
@@ -88,12 +89,14 @@ SafetensorsHeader parse_safetensors_header(const char* data, uint64_t size,
                   ": data_offsets [", entry.begin, ", ", entry.end,
                   "] lie outside the data section of ", data_size, " bytes");
     const uint64_t bytes = static_cast<uint64_t>(numel) * element;
-    LOOM_CHECK_AS(InputError, entry.end - entry.begin == bytes, entry_where, ": shape and dtype need ",
-                  bytes, " bytes, data_offsets give ", entry.end - entry.begin);
+    LOOM_CHECK_AS(InputError, entry.end - entry.begin == bytes, entry_where,
+                  ": shape and dtype need ", bytes, " bytes, data_offsets give ",
+                  entry.end - entry.begin);
     out.tensors.push_back(std::move(entry));
   }
-  std::sort(out.tensors.begin(), out.tensors.end(),
-            [](const auto& a, const auto& b) { return a.begin < b.begin || (a.begin == b.begin && a.end < b.end); });
+  std::sort(out.tensors.begin(), out.tensors.end(), [](const auto& a, const auto& b) {
+    return a.begin < b.begin || (a.begin == b.begin && a.end < b.end);
+  });
   // Sorted by start, a non-empty tensor overlaps an earlier one iff it starts before the
   // furthest end seen so far.
   uint64_t furthest = 0;

@@ -170,8 +170,8 @@ void restore_generator(const std::vector<uint8_t>& bytes, const std::string& sou
   auto gen = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(gen.mutex());
   const int64_t expected = gen.get_state().numel();
-  LOOM_CHECK_AS(InputError, static_cast<int64_t>(bytes.size()) == expected, source, ": rng.cpu holds ",
-                bytes.size(), " bytes, a CPU generator state is ", expected);
+  LOOM_CHECK_AS(InputError, static_cast<int64_t>(bytes.size()) == expected, source,
+                ": rng.cpu holds ", bytes.size(), " bytes, a CPU generator state is ", expected);
   at::Tensor t = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
   std::copy(bytes.begin(), bytes.end(), t.data_ptr<uint8_t>());
   at::Tensor previous = gen.get_state();

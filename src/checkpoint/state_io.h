@@ -7,10 +7,10 @@
 
 #include <chrono>
 #include <map>
-#include <vector>
 #include <optional>
 #include <set>
 #include <string>
+#include <vector>
 
 namespace torch::optim {
 class Optimizer;
@@ -32,7 +32,7 @@ struct RankState {
   std::string path;
   int64_t dp_rank = -1;
   std::map<std::string, int64_t> optimizer_steps;
-  nlohmann::json dataloader;  // null when absent
+  nlohmann::json dataloader;     // null when absent
   std::vector<uint8_t> rng_cpu;  // empty when absent
 };
 RankState read_rank_state(const std::string& path);

@@ -51,8 +51,8 @@ std::vector<int32_t> parse_ids(const std::string& text) {
   std::string token;
   while (in >> token) {
     auto id = strings::parse_int(token);
-    LOOM_CHECK_AS(InputError, id.has_value() && *id >= 0 && *id <= INT32_MAX, "--decode: '",
-                  token, "' is not a token id");
+    LOOM_CHECK_AS(InputError, id.has_value() && *id >= 0 && *id <= INT32_MAX, "--decode: '", token,
+                  "' is not a token id");
     ids.push_back(static_cast<int32_t>(*id));
   }
   return ids;

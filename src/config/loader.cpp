@@ -90,7 +90,7 @@ class DocumentApplier {
     nlohmann::json root;
     try {
       root = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::parse_error& error) {
+    } catch (const nlohmann::json::exception& error) {  // parse_error, or out_of_range (1e999)
       // nlohmann's message already says "at line L, column C".
       std::string what = error.what();
       auto pos = what.find("parse error");

@@ -89,7 +89,8 @@ void require_regular_file(const std::string& path, const std::string& role) {
 std::string read_file(const std::string& path, const std::string& role, uint64_t max_bytes) {
   require_regular_file(path, role);
   std::ifstream in(path, std::ios::binary | std::ios::ate);
-  LOOM_CHECK_AS(InputError, in.good(), "cannot open ", role, " '", path, "': ", std::strerror(errno));
+  LOOM_CHECK_AS(InputError, in.good(), "cannot open ", role, " '", path,
+                "': ", std::strerror(errno));
   const auto size = static_cast<uint64_t>(in.tellg());
   LOOM_CHECK_AS(InputError, size <= max_bytes, role, " '", path, "' is ", size,
                 " bytes, more than the ", max_bytes, " loom reads for it");

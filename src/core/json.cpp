@@ -94,8 +94,7 @@ const nlohmann::json& array_field(const nlohmann::json& object, const std::strin
 
 std::string string_field(const nlohmann::json& object, const std::string& key,
                          const std::string& where) {
-  return typed(object, key, where, nlohmann::json::value_t::string, "a string")
-      .get<std::string>();
+  return typed(object, key, where, nlohmann::json::value_t::string, "a string").get<std::string>();
 }
 
 bool bool_field(const nlohmann::json& object, const std::string& key, const std::string& where) {
@@ -115,8 +114,8 @@ int64_t as_int(const nlohmann::json& value, const std::string& what, int64_t min
   }
   LOOM_CHECK_AS(InputError, ok, what, " must be an integer, found ",
                 value.is_number() ? value.dump() : type_name(value));
-  LOOM_CHECK_AS(InputError, result >= min && result <= max, what, " is ", result,
-                ", outside [", min, ", ", max, "]");
+  LOOM_CHECK_AS(InputError, result >= min && result <= max, what, " is ", result, ", outside [",
+                min, ", ", max, "]");
   return result;
 }
 

@@ -132,8 +132,8 @@ BpeSpec bpe_spec_for(const std::string& ranks_path) {
   if (fs::exists(sibling)) {
     const nlohmann::json j =
         json::parse_strict(files::read_file(sibling.string(), "tokenizer file"), sibling.string());
-    LOOM_CHECK_AS(InputError, j.is_object() && j.contains("pat_str") && j["pat_str"].is_string(), sibling.string(),
-                  ": needs a \"pat_str\" string (the split regex)");
+    LOOM_CHECK_AS(InputError, j.is_object() && j.contains("pat_str") && j["pat_str"].is_string(),
+                  sibling.string(), ": needs a \"pat_str\" string (the split regex)");
     BpeSpec spec;
     spec.name = path.stem().string();
     spec.pattern = j["pat_str"].get<std::string>();
@@ -181,8 +181,9 @@ BpeTokenizer::BpeTokenizer(const std::string& ranks_path, BpeSpec spec) : spec_(
                      ? std::nullopt
                      : decode_base64(std::string_view(line).substr(0, space));
     int32_t rank = -1;
-    if (bytes && space + 1 < line.size()) rank = parse_rank(std::string_view(line).substr(space + 1));
-      LOOM_CHECK_AS(InputError, bytes && !bytes->empty() && rank >= 0, ranks_path, ":", line_number,
+    if (bytes && space + 1 < line.size())
+      rank = parse_rank(std::string_view(line).substr(space + 1));
+    LOOM_CHECK_AS(InputError, bytes && !bytes->empty() && rank >= 0, ranks_path, ":", line_number,
                   ": expected \"<base64 token> <rank>\" with a rank in [0, ", kMaxTokenId, "]");
     total_bytes += bytes->size();
     entries.emplace_back(std::move(*bytes), rank);

@@ -45,8 +45,8 @@ std::string read_maybe_gzip(const std::string& path) {
   // trailer, or cut at a block boundary): what was read is only part of the file.
   int code = Z_OK;
   const char* message = gzerror(file.get(), &code);
-  LOOM_CHECK_AS(InputError, code == Z_OK, "dataset file '", path,
-                "' is truncated or corrupt (", message,
+  LOOM_CHECK_AS(InputError, code == Z_OK, "dataset file '", path, "' is truncated or corrupt (",
+                message,
                 "): the gzip stream ends before its trailer; refusing to train on part of it");
   return content;
 }
@@ -120,7 +120,7 @@ std::string record_text(const std::string& line, const std::string& path, int64_
   nlohmann::json record;
   try {
     record = nlohmann::json::parse(line);
-  } catch (const nlohmann::json::parse_error& error) {
+  } catch (const nlohmann::json::exception& error) {  // parse_error, or out_of_range (1e999)
     LOOM_THROW(InputError, path, ":", line_number, ": invalid JSON: ", error.what());
   }
   LOOM_CHECK_AS(InputError, record.is_object() && record.contains(text_field), path, ":",

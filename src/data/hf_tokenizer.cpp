@@ -170,9 +170,9 @@ HfBpeTokenizer::HfBpeTokenizer(const std::string& path) : path_(path) {
     std::vector<std::pair<std::string, int32_t>> added;
     for (const auto& token : added_tokens) {
       const std::string content = json::string_field(token, "content", path + ": added token");
-      const auto id = static_cast<int32_t>(json::as_int(
-          json::field(token, "id", path + ": added token '" + content + "'"),
-          path + ": id of added token '" + content + "'", 0, declared - 1));
+      const auto id = static_cast<int32_t>(
+          json::as_int(json::field(token, "id", path + ": added token '" + content + "'"),
+                       path + ": id of added token '" + content + "'", 0, declared - 1));
       auto [slot, fresh] = owner.emplace(id, content);
       LOOM_CHECK_AS(InputError, fresh || slot->second == content, path, ": added token '", content,
                     "' takes id ", id, " of token '", slot->second, "'");

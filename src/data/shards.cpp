@@ -71,8 +71,8 @@ void check_replaceable(const std::string& output) {
     LOOM_THROW(InputError, refuse, "it holds no readable loom index.json (", e.message(),
                "); remove it yourself if it should go");
   }
-  LOOM_CHECK_AS(InputError, index.is_object() && index.value("format", "") == kShardFormat,
-                refuse, "its index.json is not a loom prepared dataset's");
+  LOOM_CHECK_AS(InputError, index.is_object() && index.value("format", "") == kShardFormat, refuse,
+                "its index.json is not a loom prepared dataset's");
   std::set<std::string> ours = {"index.json"};
   if (index.contains("shards") && index["shards"].is_array()) {
     for (const auto& shard : index["shards"]) {
@@ -266,7 +266,7 @@ void ShardWriter::finish() {
   if (fs::exists(output_)) {
     LOOM_CHECK_AS(InputError, overwrite_, "output folder '", output_, "' appeared while writing");
     check_replaceable(output_);  // again: it may have changed while this run was writing
-    old = temp_ + ".old";  // beside the unique temp folder: a name nobody else uses
+    old = temp_ + ".old";        // beside the unique temp folder: a name nobody else uses
     std::error_code error;
     fs::rename(output_, old, error);
     LOOM_CHECK_AS(IoError, !error, "cannot move '", output_, "' aside: ", error.message());
@@ -345,8 +345,8 @@ ShardedTokenStream::ShardedTokenStream(const std::string& path, const Tokenizer&
                   " or set model.tokenizer_path to the tokenizer the data was prepared with");
     int64_t first = 0;
     const auto& shards = json::array_field(index, "shards", index_path);
-    LOOM_CHECK_AS(InputError, shards.size() <= (size_t{1} << 20), index_path, ": ",
-                  shards.size(), " shards, more than loom reads (2^20)");
+    LOOM_CHECK_AS(InputError, shards.size() <= (size_t{1} << 20), index_path, ": ", shards.size(),
+                  " shards, more than loom reads (2^20)");
     std::set<std::string> names;
     for (size_t i = 0; i < shards.size(); ++i) {
       open_shard(shards[i], first, index_path + ": shards[" + std::to_string(i) + "]", names);
@@ -411,13 +411,13 @@ void ShardedTokenStream::open_shard(const nlohmann::json& entry, int64_t first,
                 documents + 1, " uint64 offsets)");
 
   // Offsets are small (8 bytes a document): read, checksum and check them now.
-  const std::string offsets = files::read_file(offsets_path, "prepared dataset offsets file",
-                                              expected_offsets);
+  const std::string offsets =
+      files::read_file(offsets_path, "prepared dataset offsets file", expected_offsets);
   LOOM_CHECK_AS(InputError, offsets.size() == expected_offsets, offsets_path,
                 ": changed size while being read");
   const auto* raw = reinterpret_cast<const unsigned char*>(offsets.data());
-  LOOM_CHECK_AS(InputError, hex32(crc32_of(raw, offsets.size())) == offsets_crc,
-                offsets_path, ": checksum mismatch (corrupt file)");
+  LOOM_CHECK_AS(InputError, hex32(crc32_of(raw, offsets.size())) == offsets_crc, offsets_path,
+                ": checksum mismatch (corrupt file)");
   std::vector<uint64_t> starts(static_cast<size_t>(documents + 1));
   std::memcpy(starts.data(), offsets.data(), offsets.size());
   bool ordered = starts.front() == 0 && starts.back() == static_cast<uint64_t>(shard.tokens);

@@ -92,7 +92,8 @@ std::string tokenizer_location(const std::optional<std::string>& tokenizer_path,
   std::error_code error;
   if (fs::exists(candidate, error)) return candidate;
   const bool is_default = hf_assets_path == config::ModelSection{}.hf_assets_path;
-  LOOM_CHECK_AS(InputError, hf_assets_path.empty() || (is_default && !fs::exists(hf_assets_path, error)),
+  LOOM_CHECK_AS(InputError,
+                hf_assets_path.empty() || (is_default && !fs::exists(hf_assets_path, error)),
                 "model.hf_assets_path = '", hf_assets_path,
                 "' holds no tokenizer.json; set model.tokenizer_path to the tokenizer to use "
                 "('byte' for the byte-level one)");

@@ -197,11 +197,15 @@ int resolve_nproc_per_node(const std::string& value) {
   // Oversubscribing works but rarely helps: ranks share devices or cores and run slower.
   const int gpus = visible_gpu_count();
   if (gpus > 0 && *parsed > gpus) {
-    log::get("launch")->warn("--nproc-per-node {} is more than the {} visible GPU(s): ranks will "
-                             "share GPUs", *parsed, gpus);
+    log::get("launch")->warn(
+        "--nproc-per-node {} is more than the {} visible GPU(s): ranks will "
+        "share GPUs",
+        *parsed, gpus);
   } else if (gpus == 0 && *parsed > cpus) {
-    log::get("launch")->warn("--nproc-per-node {} is more than the {} CPU core(s): ranks will "
-                             "share cores", *parsed, cpus);
+    log::get("launch")->warn(
+        "--nproc-per-node {} is more than the {} CPU core(s): ranks will "
+        "share cores",
+        *parsed, cpus);
   }
   return static_cast<int>(*parsed);
 }

@@ -45,7 +45,8 @@ ProcessGroups::ProcessGroups(const CommInit& init) : init_(init) {
   options.waitWorkers = true;
   options.timeout = init.options.init_timeout;
   // The store is unauthenticated: listen on MASTER_ADDR's interface only (loopback for one node).
-  if (options.isServer) options.masterListenFd = bind_store_socket(init.master_addr, init.master_port);
+  if (options.isServer)
+    options.masterListenFd = bind_store_socket(init.master_addr, init.master_port);
   try {
     store_->store = c10::make_intrusive<c10d::TCPStore>(init.master_addr, options);
   } catch (const std::exception& e) {

@@ -28,8 +28,8 @@ std::optional<int> bind_store_socket(const std::string& host, int port) {
   addrinfo* found = nullptr;
   const std::string service = std::to_string(port);
   const int resolved = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &found);
-  LOOM_CHECK_AS(IoError, resolved == 0, "MASTER_ADDR '", host, "' does not resolve: ",
-                ::gai_strerror(resolved));
+  LOOM_CHECK_AS(IoError, resolved == 0, "MASTER_ADDR '", host,
+                "' does not resolve: ", ::gai_strerror(resolved));
   std::string why;
   for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
     const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
@@ -44,8 +44,8 @@ std::optional<int> bind_store_socket(const std::string& host, int port) {
     ::close(fd);
   }
   ::freeaddrinfo(found);
-  LOOM_CHECK_AS(IoError, !is_loopback_host(host), "cannot bind the rendezvous store to ", host,
-                ":", port, ": ", why);
+  LOOM_CHECK_AS(IoError, !is_loopback_host(host), "cannot bind the rendezvous store to ", host, ":",
+                port, ": ", why);
   log::get("comm")->warn(
       "MASTER_ADDR {} is not an address of this machine ({}): the rendezvous store listens on "
       "every interface; keep port {} on a private network",

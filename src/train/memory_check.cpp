@@ -7,6 +7,7 @@
 
 #include "loom/core/check.h"
 #include "loom/models/model_spec.h"
+#include "loom/train/mixed_precision.h"
 #if LOOM_WITH_CUDA
 #include <cuda_runtime_api.h>
 #endif
@@ -20,8 +21,8 @@ double gib(double bytes) {
 
 // cgroup v2 (or v1) memory limit, when one is set.
 double cgroup_limit_bytes() {
-  for (const char* path : {"/sys/fs/cgroup/memory.max",
-                           "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+  for (const char* path :
+       {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
     std::ifstream in(path);
     std::string text;
     if (in >> text && text != "max") {
@@ -37,7 +38,7 @@ double cgroup_limit_bytes() {
 }  // namespace
 
 MemoryEstimate estimate_memory(const config::JobConfig& config, int64_t vocab_size,
-                               int64_t shard_degree) {
+                               int64_t shard_degree, const at::Device& device) {
   const auto model = models::build_model(config, vocab_size, at::TensorOptions().device(at::kMeta));
   const auto summary = model->summary(config.training.seq_len);
   int64_t dim = 0, vocab = 0, blocks = 0;
@@ -53,14 +54,20 @@ MemoryEstimate estimate_memory(const config::JobConfig& config, int64_t vocab_si
   // One microbatch (local_batch_size sequences; accumulation repeats it).
   const double tokens = static_cast<double>(t.local_batch_size) * static_cast<double>(t.seq_len);
   MemoryEstimate e;
-  e.model_state_bytes = 16.0 * static_cast<double>(summary.total_params) /
+  // Weights, gradients and both moments in the parameters' dtype (FSDP keeps float32 shards:
+  // more, so this stays a lower bound); activations and logits in the compute dtype.
+  const double param_bytes = static_cast<double>(c10::elementSize(parameter_dtype(t)));
+  const auto compute = autocast_dtype(t, device);
+  const double act_bytes =
+      static_cast<double>(c10::elementSize(compute.value_or(parameter_dtype(t))));
+  e.model_state_bytes = 4.0 * param_bytes * static_cast<double>(summary.total_params) /
                         static_cast<double>(std::max<int64_t>(1, shard_degree));
   const bool checkpointed = config.activation_checkpoint.mode == "full";
   // Per block: its input (kept even under full checkpointing); without it at least the
   // attention and feed-forward inputs and outputs too (a far lower bound than reality).
-  e.activation_bytes = 4.0 * tokens * static_cast<double>(dim) *
-                       static_cast<double>(blocks) * (checkpointed ? 1.0 : 4.0);
-  e.logits_bytes = 2.0 * 4.0 * tokens * static_cast<double>(vocab);
+  e.activation_bytes = act_bytes * tokens * static_cast<double>(dim) * static_cast<double>(blocks) *
+                       (checkpointed ? 1.0 : 4.0);
+  e.logits_bytes = 2.0 * act_bytes * tokens * static_cast<double>(vocab);
   return e;
 }
 
@@ -86,13 +93,13 @@ void check_memory_fits(const config::JobConfig& config, int64_t vocab_size, int6
                        const at::Device& device) {
   const double available = device_memory_bytes(device);
   if (available <= 0) return;  // unknown: nothing to compare with
-  const MemoryEstimate e = estimate_memory(config, vocab_size, shard_degree);
+  const MemoryEstimate e = estimate_memory(config, vocab_size, shard_degree, device);
   LOOM_CHECK_AS(
-      InputError, e.total() <= available, "this job needs at least ", gib(e.total()),
-      " GiB on ", device.str(), ", which has ", gib(available), " GiB: model state ",
-      gib(e.model_state_bytes), " GiB (float32 weights, gradients, Adam moments; FSDP degree ",
-      shard_degree, "), activations ", gib(e.activation_bytes), " GiB and logits ",
-      gib(e.logits_bytes), " GiB for training.local_batch_size = ", config.training.local_batch_size,
+      InputError, e.total() <= available, "this job needs at least ", gib(e.total()), " GiB on ",
+      device.str(), ", which has ", gib(available), " GiB: model state ", gib(e.model_state_bytes),
+      " GiB (weights, gradients, Adam moments; FSDP degree ", shard_degree, "), activations ",
+      gib(e.activation_bytes), " GiB and logits ", gib(e.logits_bytes),
+      " GiB for training.local_batch_size = ", config.training.local_batch_size,
       " x training.seq_len = ", config.training.seq_len, " (model.flavor = ", config.model.flavor,
       "). Lower the batch, seq_len or model size, or shard over more ranks");
 }

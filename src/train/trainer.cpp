@@ -10,7 +10,6 @@
 #include <random>
 
 #include "loom/checkpoint/manager.h"
-#include "loom/train/memory_check.h"
 #include "loom/config/dataset_mixture.h"
 #include "loom/core/check.h"
 #include "loom/core/files.h"
@@ -23,6 +22,7 @@
 #include "loom/data/tokenizer.h"
 #include "loom/train/loss.h"
 #include "loom/train/lr_scheduler.h"
+#include "loom/train/memory_check.h"
 #include "loom/train/mixed_precision.h"
 #include "loom/train/optimizer.h"
 

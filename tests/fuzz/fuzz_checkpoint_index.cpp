@@ -17,8 +17,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (const auto& [fqn, t] : index.tensors) {
       for (const auto& c : t.chunks) {
         const auto& file = index.files.at(c.file);
-        const auto bytes = static_cast<uint64_t>(loom::checkpoint::checked_numel(c.lengths)) *
-                           t.element_size;
+        const auto bytes =
+            static_cast<uint64_t>(loom::checkpoint::checked_numel(c.lengths)) * t.element_size;
         if (c.end > file.bytes || c.end - c.begin != bytes) __builtin_trap();
       }
     }

@@ -36,7 +36,8 @@ std::string make_step_folder() {
   loom::files::write_atomic(folder + "/seed-index.json", index.dump(1));
   if (const char* out = std::getenv("LOOM_FUZZ_SEED_OUT")) {
     std::filesystem::create_directories(out);
-    for (const char* name : {"seed-index.json", "rank-00000.safetensors", "rank-00001.safetensors"}) {
+    for (const char* name :
+         {"seed-index.json", "rank-00000.safetensors", "rank-00001.safetensors"}) {
       std::filesystem::copy_file(folder + "/" + name, std::string(out) + "/" + name,
                                  std::filesystem::copy_options::overwrite_existing);
     }

@@ -65,8 +65,8 @@ TEST(HostileInputs, CheckpointWithAlteredDtypeFallsBackAndIsRefusedByTheTools) {
                  "model.norm.weight");
   // initial_load_path at the altered step (before the resume below re-writes step 4): refused
   // by name, no crash.
-  auto initial = run_timed(train_args(dir + "/other", 2) + " --checkpoint.initial_load_path '" +
-                      step4 + "'");
+  auto initial =
+      run_timed(train_args(dir + "/other", 2) + " --checkpoint.initial_load_path '" + step4 + "'");
   expect_refused(initial, "index.json");
   // Resuming: step 4 is refused with a warning, step 2 loads, training goes on to step 6.
   auto resumed = run_timed(train_args(dir, 6));
@@ -87,8 +87,8 @@ TEST(HostileInputs, FifoSocketAndFolderAreRefusedByTypeWithoutHanging) {
   expect_refused(run_timed("tokenize --tokenizer '" + tokenizer_fifo + "' --text x"), "FIFO");
   const std::string data_fifo = dir + "/data.jsonl";
   ASSERT_EQ(::mkfifo(data_fifo.c_str(), 0644), 0);
-  expect_refused(run_timed("prepare-data --tokenizer byte --input '" + data_fifo + "' --output '" + dir +
-                      "/out'"),
+  expect_refused(run_timed("prepare-data --tokenizer byte --input '" + data_fifo + "' --output '" +
+                           dir + "/out'"),
                  "FIFO");
   EXPECT_FALSE(fs::exists(dir + "/out"));
 }
@@ -100,10 +100,8 @@ TEST(HostileInputs, HuggingFaceTokenizerIdsOutOfRangeAreErrorsNamingTheToken) {
   ASSERT_FALSE(source.empty());
   auto j = nlohmann::json::parse(source);
   const std::string token = j["model"]["vocab"].begin().key();
-  for (const auto& [name, id] :
-       std::vector<std::pair<std::string, nlohmann::json>>{{"negative", -3},
-                                                            {"wrapping", 4294967303ull},
-                                                            {"beyond", 1 << 30}}) {
+  for (const auto& [name, id] : std::vector<std::pair<std::string, nlohmann::json>>{
+           {"negative", -3}, {"wrapping", 4294967303ull}, {"beyond", 1 << 30}}) {
     auto altered = j;
     altered["model"]["vocab"][token] = id;
     const std::string path = dir + "/" + name + ".json";
@@ -132,11 +130,12 @@ TEST(HostileInputs, TruncatedGzipIsAnErrorNamingTheFile) {
   std::ofstream(no_trailer, std::ios::binary) << bytes.substr(0, bytes.size() - 8);
   const std::string half = dir + "/half.jsonl.gz";
   std::ofstream(half, std::ios::binary) << bytes.substr(0, bytes.size() / 2);
-  auto ok = run_timed("prepare-data --tokenizer byte --input '" + whole + "' --output '" + dir + "/ok'");
+  auto ok =
+      run_timed("prepare-data --tokenizer byte --input '" + whole + "' --output '" + dir + "/ok'");
   EXPECT_EQ(ok.exit_code, 0) << ok.output;
   for (const auto& path : {no_trailer, half}) {
     auto r = run_timed("prepare-data --tokenizer byte --input '" + path + "' --output '" + dir +
-                  "/cut'");
+                       "/cut'");
     expect_refused(r, path);
     EXPECT_TRUE(contains(r.output, "truncated")) << r.output;
   }
@@ -180,14 +179,15 @@ TEST(HostileInputs, PreparedIndexPathsOutsideTheFolderAreRefused) {
   const std::string corpus = dir + "/corpus.jsonl";
   std::ofstream(corpus) << "{\"text\": \"hello there\"}\n";
   ASSERT_EQ(run_timed("prepare-data --tokenizer byte --input '" + corpus + "' --output '" + dir +
-                 "/data'")
+                      "/data'")
                 .exit_code,
             0);
-  const std::string common = "train --training.device cpu --training.steps 1 "
-                             "--validation.enable false "
-                             "--training.seq_len 8 --training.local_batch_size 1 "
-                             "--model.tokenizer_path byte --job.dump_folder '" +
-                             dir + "/run' --training.dataset_path '" + dir + "/data'";
+  const std::string common =
+      "train --training.device cpu --training.steps 1 "
+      "--validation.enable false "
+      "--training.seq_len 8 --training.local_batch_size 1 "
+      "--model.tokenizer_path byte --job.dump_folder '" +
+      dir + "/run' --training.dataset_path '" + dir + "/data'";
   for (const std::string escape : {"../corpus.jsonl", "/etc/passwd", ""}) {
     edit_json(dir + "/data/index.json",
               [&](nlohmann::json& j) { j["shards"][0]["tokens_file"] = escape; });
@@ -212,10 +212,11 @@ TEST(HostileInputs, FailingFinalCheckpointMakesTheRunExitNonZeroAfterTraining) {
 
 TEST(HostileInputs, SizesThatCannotFitAreRefusedAtStartWithAnEstimate) {
   const std::string dir = fresh_temp_dir("hostile_sizes");
-  auto r = run_timed("train --training.dataset synthetic --training.device cpu --training.steps 1 "
-                "--training.seq_len 1048576 --training.local_batch_size 4096 "
-                "--model.flavor debugmodel --job.dump_folder '" +
-                dir + "'");
+  auto r = run_timed(
+      "train --training.dataset synthetic --training.device cpu --training.steps 1 "
+      "--training.seq_len 1048576 --training.local_batch_size 4096 "
+      "--model.flavor debugmodel --job.dump_folder '" +
+      dir + "'");
   expect_refused(r, "training.local_batch_size = 4096");
   EXPECT_TRUE(contains(r.output, "GiB")) << r.output;
 }
@@ -225,11 +226,12 @@ TEST(HostileInputs, HfAssetsPathTokenizerIsLoadedAndAMissingOneIsAnError) {
   fs::create_directories(dir + "/assets");
   fs::copy_file(std::string(LOOM_SOURCE_DIR) + "/assets/tokenizer/brown_bpe_4k.json",
                 dir + "/assets/tokenizer.json");
-  const std::string common = "train --training.device cpu --training.steps 1 "
-                             "--training.dataset brown --validation.enable false "
-                             "--training.seq_len 16 --training.local_batch_size 1 "
-                             "--metrics.log_freq 1 --job.dump_folder '" +
-                             dir + "/run' --model.hf_assets_path '";
+  const std::string common =
+      "train --training.device cpu --training.steps 1 "
+      "--training.dataset brown --validation.enable false "
+      "--training.seq_len 16 --training.local_batch_size 1 "
+      "--metrics.log_freq 1 --job.dump_folder '" +
+      dir + "/run' --model.hf_assets_path '";
   auto loaded = run_timed(common + dir + "/assets'");
   EXPECT_EQ(loaded.exit_code, 0) << loaded.output;
   EXPECT_TRUE(contains(loaded.output, "4096")) << loaded.output;  // the BPE's vocabulary

@@ -87,8 +87,8 @@ TEST(HostileCheckpoints, UnalteredStepReadsBack) {
 
 TEST(HostileCheckpoints, IndexAlterationsAreRefusedBeforeAnyRead) {
   // Used to read past the chunk (SIGSEGV): a wider dtype than the bytes hold.
-  expect_refused("hostile_f64", [](json& i) { i["tensors"]["w"]["dtype"] = "F64"; },
-                 "need 96 bytes");
+  expect_refused(
+      "hostile_f64", [](json& i) { i["tensors"]["w"]["dtype"] = "F64"; }, "need 96 bytes");
   // A shortened byte range whose CRC matches the shorter bytes: used to read past it too.
   expect_refused(
       "hostile_short_range",
@@ -97,61 +97,89 @@ TEST(HostileCheckpoints, IndexAlterationsAreRefusedBeforeAnyRead) {
         c["byte_range"][1] = c["byte_range"][1].get<uint64_t>() - 8;
       },
       "need 48 bytes");
-  expect_refused("hostile_rank", [](json& i) { chunk(i, "w", 0)["offsets"] = {0}; },
-                 "tensor's rank 2");
-  expect_refused("hostile_outside", [](json& i) { chunk(i, "w", 1)["offsets"] = {5, 0}; },
-                 "outside the tensor");
-  expect_refused("hostile_lengths", [](json& i) { chunk(i, "w", 0)["lengths"] = {7, 4}; },
-                 "outside the tensor");
-  expect_refused("hostile_negative", [](json& i) { chunk(i, "w", 0)["offsets"] = {-3, 0}; },
-                 "outside [0,");
-  expect_refused("hostile_overlap",
-                 [](json& i) {
-                   chunk(i, "w", 1)["offsets"] = {2, 0};
-                 },
-                 "overlap");
-  expect_refused("hostile_gap", [](json& i) { i["tensors"]["w"]["chunks"].erase(1); },
-                 "cover 12 of its 24");
-  expect_refused("hostile_range_outside",
-                 [](json& i) {
-                   auto& c = chunk(i, "b", 0);
-                   c["byte_range"] = {1u << 30, (1u << 30) + 10};
-                 },
-                 "outside 'rank-00000.safetensors'");
-  expect_refused("hostile_shared_bytes",
-                 [](json& i) {
-                   // "b" (10 bytes) moved onto the first bytes of "w"'s chunk in the same file.
-                   chunk(i, "b", 0)["byte_range"] = {chunk(i, "w", 0)["byte_range"][0],
-                                                     chunk(i, "w", 0)["byte_range"][0].get<uint64_t>() + 10};
-                 },
-                 "share bytes");
-  expect_refused("hostile_version", [](json& i) { i["version"] = 2; }, "index version 2");
-  expect_refused("hostile_no_version", [](json& i) { i.erase("version"); }, "'version' is missing");
-  expect_refused("hostile_dtype", [](json& i) { i["tensors"]["b"]["dtype"] = "C64"; },
-                 "unsupported dtype");
-  expect_refused("hostile_type", [](json& i) { chunk(i, "w", 0)["crc32"] = "abc"; },
-                 "crc32 must be an integer");
-  expect_refused("hostile_crc_range", [](json& i) { chunk(i, "w", 0)["crc32"] = 1ull << 33; },
-                 "crc32 is");
-  expect_refused("hostile_fraction", [](json& i) { chunk(i, "w", 0)["lengths"] = {3.5, 4}; },
-                 "must be an integer, found 3.5");
-  expect_refused("hostile_escape",
-                 [](json& i) {
-                   i["files"]["../rank-00000.safetensors"] = i["files"]["rank-00000.safetensors"];
-                 },
-                 "plain name inside the step folder");
-  expect_refused("hostile_unknown_file", [](json& i) { chunk(i, "w", 1)["file"] = "other"; },
-                 "not listed under \"files\"");
-  expect_refused("hostile_huge_shape",
-                 [](json& i) { i["tensors"]["w"]["shape"] = {1ll << 40, 1ll << 40}; },
-                 "shape too large");
-  expect_refused("hostile_unaligned",
-                 [](json& i) {
-                   auto& c = chunk(i, "w", 0);
-                   c["byte_range"] = {c["byte_range"][0].get<uint64_t>() + 2,
-                                      c["byte_range"][1].get<uint64_t>() + 2};
-                 },
-                 "not aligned");
+  expect_refused(
+      "hostile_rank", [](json& i) { chunk(i, "w", 0)["offsets"] = {0}; }, "tensor's rank 2");
+  expect_refused(
+      "hostile_outside",
+      [](json& i) {
+        chunk(i, "w", 1)["offsets"] = {5, 0};
+      },
+      "outside the tensor");
+  expect_refused(
+      "hostile_lengths",
+      [](json& i) {
+        chunk(i, "w", 0)["lengths"] = {7, 4};
+      },
+      "outside the tensor");
+  expect_refused(
+      "hostile_negative",
+      [](json& i) {
+        chunk(i, "w", 0)["offsets"] = {-3, 0};
+      },
+      "outside [0,");
+  expect_refused(
+      "hostile_overlap",
+      [](json& i) {
+        chunk(i, "w", 1)["offsets"] = {2, 0};
+      },
+      "overlap");
+  expect_refused(
+      "hostile_gap", [](json& i) { i["tensors"]["w"]["chunks"].erase(1); }, "cover 12 of its 24");
+  expect_refused(
+      "hostile_range_outside",
+      [](json& i) {
+        auto& c = chunk(i, "b", 0);
+        c["byte_range"] = {1u << 30, (1u << 30) + 10};
+      },
+      "outside 'rank-00000.safetensors'");
+  expect_refused(
+      "hostile_shared_bytes",
+      [](json& i) {
+        // "b" (10 bytes) moved onto the first bytes of "w"'s chunk in the same file.
+        chunk(i, "b", 0)["byte_range"] = {chunk(i, "w", 0)["byte_range"][0],
+                                          chunk(i, "w", 0)["byte_range"][0].get<uint64_t>() + 10};
+      },
+      "share bytes");
+  expect_refused(
+      "hostile_version", [](json& i) { i["version"] = 2; }, "index version 2");
+  expect_refused(
+      "hostile_no_version", [](json& i) { i.erase("version"); }, "'version' is missing");
+  expect_refused(
+      "hostile_dtype", [](json& i) { i["tensors"]["b"]["dtype"] = "C64"; }, "unsupported dtype");
+  expect_refused(
+      "hostile_type", [](json& i) { chunk(i, "w", 0)["crc32"] = "abc"; },
+      "crc32 must be an integer");
+  expect_refused(
+      "hostile_crc_range", [](json& i) { chunk(i, "w", 0)["crc32"] = 1ull << 33; }, "crc32 is");
+  expect_refused(
+      "hostile_fraction",
+      [](json& i) {
+        chunk(i, "w", 0)["lengths"] = {3.5, 4};
+      },
+      "must be an integer, found 3.5");
+  expect_refused(
+      "hostile_escape",
+      [](json& i) {
+        i["files"]["../rank-00000.safetensors"] = i["files"]["rank-00000.safetensors"];
+      },
+      "plain name inside the step folder");
+  expect_refused(
+      "hostile_unknown_file", [](json& i) { chunk(i, "w", 1)["file"] = "other"; },
+      "not listed under \"files\"");
+  expect_refused(
+      "hostile_huge_shape",
+      [](json& i) {
+        i["tensors"]["w"]["shape"] = {1ll << 40, 1ll << 40};
+      },
+      "shape too large");
+  expect_refused(
+      "hostile_unaligned",
+      [](json& i) {
+        auto& c = chunk(i, "w", 0);
+        c["byte_range"] = {c["byte_range"][0].get<uint64_t>() + 2,
+                           c["byte_range"][1].get<uint64_t>() + 2};
+      },
+      "not aligned");
 }
 
 TEST(HostileCheckpoints, DuplicateKeysAreRefused) {
@@ -226,11 +254,12 @@ TEST(HostileSafetensors, HeaderAlterationsAreRefused) {
                       R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
                       16),
           "overlapping data_offsets");
-  refused(header_file("negative.st", R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8),
-          "outside [0,");
-  refused(header_file("huge.st",
-                      R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})",
-                      8),
+  refused(
+      header_file("negative.st", R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8),
+      "outside [0,");
+  refused(header_file(
+              "huge.st",
+              R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})", 8),
           "more bytes than the file holds");
   refused(header_file("past.st", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 8),
           "outside the data section");
@@ -248,19 +277,30 @@ TEST(HostileCheckpointState, TrainStateAndRngStateAreChecked) {
     std::ofstream(folder + "/" + name) << text;
     return folder + "/" + name;
   };
-  EXPECT_EQ(read_train_state(write("ok.json", R"({"step":4,"tokens_seen":10,"lr_scheduler":{"step":4}})"), 4).step, 4);
-  EXPECT_THROW(read_train_state(write("neg.json", R"({"step":-4,"tokens_seen":10,"lr_scheduler":{"step":0}})"), -1),
+  EXPECT_EQ(read_train_state(
+                write("ok.json", R"({"step":4,"tokens_seen":10,"lr_scheduler":{"step":4}})"), 4)
+                .step,
+            4);
+  EXPECT_THROW(
+      read_train_state(
+          write("neg.json", R"({"step":-4,"tokens_seen":10,"lr_scheduler":{"step":0}})"), -1),
+      loom::InputError);
+  EXPECT_THROW(
+      read_train_state(
+          write("other.json", R"({"step":9,"tokens_seen":10,"lr_scheduler":{"step":0}})"), 4),
+      loom::InputError);
+  EXPECT_THROW(read_train_state(
+                   write("lr.json", R"({"step":4,"tokens_seen":10,"lr_scheduler":{"step":5}})"), 4),
                loom::InputError);
-  EXPECT_THROW(read_train_state(write("other.json", R"({"step":9,"tokens_seen":10,"lr_scheduler":{"step":0}})"), 4),
-               loom::InputError);
-  EXPECT_THROW(read_train_state(write("lr.json", R"({"step":4,"tokens_seen":10,"lr_scheduler":{"step":5}})"), 4),
-               loom::InputError);
-  EXPECT_THROW(read_train_state(write("type.json", R"({"step":"4","tokens_seen":10,"lr_scheduler":{"step":0}})"), 4),
-               loom::InputError);
+  EXPECT_THROW(
+      read_train_state(
+          write("type.json", R"({"step":"4","tokens_seen":10,"lr_scheduler":{"step":0}})"), 4),
+      loom::InputError);
   // The RNG state: wrong length, bytes outside 0..255, or an invalid Mersenne Twister position.
   EXPECT_THROW(restore_generator(std::vector<uint8_t>(7, 0), "x"), loom::InputError);
-  EXPECT_THROW(read_rank_state(write("rng.json", R"({"state":{"dp_rank":0,"rng":{"cpu":[1,300]}}})")),
-               loom::InputError);
+  EXPECT_THROW(
+      read_rank_state(write("rng.json", R"({"state":{"dp_rank":0,"rng":{"cpu":[1,300]}}})")),
+      loom::InputError);
   const auto good = generator_state()["cpu"].get<std::vector<uint8_t>>();
   auto bad = good;
   // The position ("left", an int after the 8-byte seed) far beyond the 624-word state.

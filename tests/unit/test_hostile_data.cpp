@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "loom/config/job_config.h"
+#include "loom/config/loader.h"
 #include "loom/core/check.h"
 #include "loom/core/json.h"
 #include "loom/data/documents.h"
@@ -50,11 +51,11 @@ TEST(HostileTokenizers, HfIdsMustBeIntegersInsideTheVocabulary) {
     EXPECT_NE(what.find("'" + token + "'"), std::string::npos) << what;
     return what;
   };
-  try_vocab_value("negative", -3);            // wrote out of bounds before
-  try_vocab_value("wrap", 4294967303ull);     // 2^32 + 7 silently became 7 before
+  try_vocab_value("negative", -3);         // wrote out of bounds before
+  try_vocab_value("wrap", 4294967303ull);  // 2^32 + 7 silently became 7 before
   try_vocab_value("fraction", 2.5);
   try_vocab_value("text", "12");
-  try_vocab_value("beyond", 1 << 30);         // far beyond the tokens the file declares
+  try_vocab_value("beyond", 1 << 30);  // far beyond the tokens the file declares
   // Two tokens sharing one id, and an added token taking an ordinary token's id.
   auto j = original;
   auto it = j["model"]["vocab"].begin();
@@ -62,21 +63,23 @@ TEST(HostileTokenizers, HfIdsMustBeIntegersInsideTheVocabulary) {
   ++it;
   it.value() = id;
   std::ofstream(dir + "/shared.json") << j.dump();
-  EXPECT_NE(expect_input_error([&] { loom::data::load_tokenizer(dir + "/shared.json"); })
-                .find("share id"),
+  EXPECT_NE(expect_input_error([&] {
+              loom::data::load_tokenizer(dir + "/shared.json");
+            }).find("share id"),
             std::string::npos);
   j = original;
   j["added_tokens"][0]["id"] = j["model"]["vocab"].begin().value();
   std::ofstream(dir + "/added.json") << j.dump();
-  EXPECT_NE(expect_input_error([&] { loom::data::load_tokenizer(dir + "/added.json"); })
-                .find("takes id"),
-            std::string::npos);
+  EXPECT_NE(
+      expect_input_error([&] { loom::data::load_tokenizer(dir + "/added.json"); }).find("takes id"),
+      std::string::npos);
   // A duplicate key in the vocabulary.
   std::string text = original.dump();
   text.insert(text.find("\"vocab\":{") + 9, "\"x\":1,\"x\":2,");
   std::ofstream(dir + "/dupkey.json") << text;
-  EXPECT_NE(expect_input_error([&] { loom::data::load_tokenizer(dir + "/dupkey.json"); })
-                .find("appears twice"),
+  EXPECT_NE(expect_input_error([&] {
+              loom::data::load_tokenizer(dir + "/dupkey.json");
+            }).find("appears twice"),
             std::string::npos);
 }
 
@@ -84,7 +87,8 @@ TEST(HostileTokenizers, TiktokenRanksAreUniqueDecimalAndBounded) {
   const std::string dir = loom::testing::fresh_temp_dir("hostile_tiktoken");
   auto load = [&](const std::string& ranks) {
     std::ofstream(dir + "/t.tiktoken") << ranks;
-    std::ofstream(dir + "/t.json") << R"({"pat_str": "\\S+|\\s+", "special_tokens": {"<|endoftext|>": 3}})";
+    std::ofstream(dir + "/t.json")
+        << R"({"pat_str": "\\S+|\\s+", "special_tokens": {"<|endoftext|>": 3}})";
     return loom::data::load_tokenizer(dir + "/t.tiktoken");
   };
   EXPECT_EQ(load("IQ== 0\nIg== 1\nIw== 2\n")->vocab_size(), 4);
@@ -99,7 +103,8 @@ TEST(HostileTokenizers, TiktokenRanksAreUniqueDecimalAndBounded) {
   EXPECT_THROW(load("IQ== -1\n"), loom::InputError);
   // A special token on an ordinary token's rank, or beyond any vocabulary.
   std::ofstream(dir + "/s.tiktoken") << "IQ== 0\nIg== 1\n";
-  std::ofstream(dir + "/s.json") << R"({"pat_str": "\\S+", "special_tokens": {"<|endoftext|>": 1}})";
+  std::ofstream(dir + "/s.json")
+      << R"({"pat_str": "\\S+", "special_tokens": {"<|endoftext|>": 1}})";
   EXPECT_THROW(loom::data::load_tokenizer(dir + "/s.tiktoken"), loom::InputError);
   std::ofstream(dir + "/s.json")
       << R"({"pat_str": "\\S+", "special_tokens": {"<|endoftext|>": 4294967303}})";
@@ -128,14 +133,17 @@ TEST(HostileData, TruncatedGzipIsRefusedAndAWholeOneReads) {
 }
 
 TEST(HostileData, StrictJsonNamesTheKey) {
-  EXPECT_NE(expect_input_error([] { loom::json::parse_strict(R"({"a":1,"b":{"c":1,"c":2}})", "f"); })
-                .find("'c' appears twice"),
+  EXPECT_NE(expect_input_error([] {
+              loom::json::parse_strict(R"({"a":1,"b":{"c":1,"c":2}})", "f");
+            }).find("'c' appears twice"),
             std::string::npos);
   // The same key in two different objects is fine.
   EXPECT_NO_THROW(loom::json::parse_strict(R"({"a":{"c":1},"b":{"c":2}})", "f"));
-  const auto j = loom::json::parse_strict(R"({"n": 5, "s": "x", "big": 18446744073709551615})", "f");
-  EXPECT_NE(expect_input_error([&] { loom::json::int_field(j, "s", "f.json"); })
-                .find("f.json: key 's' must be an integer"),
+  const auto j =
+      loom::json::parse_strict(R"({"n": 5, "s": "x", "big": 18446744073709551615})", "f");
+  EXPECT_NE(expect_input_error([&] {
+              loom::json::int_field(j, "s", "f.json");
+            }).find("f.json: key 's' must be an integer"),
             std::string::npos);
   EXPECT_THROW(loom::json::int_field(j, "big", "f"), loom::InputError);
   EXPECT_THROW(loom::json::int_field(j, "n", "f", 0, 4), loom::InputError);
@@ -160,17 +168,32 @@ TEST(StartChecks, MemoryEstimateRefusesWhatCannotFitAndPassesTheDebugJob) {
   c.model.flavor = "debugmodel";
   c.training.local_batch_size = 4;
   c.training.seq_len = 256;
-  const auto small = loom::train::estimate_memory(c, 0, 1);
+  const auto small = loom::train::estimate_memory(c, 0, 1, at::Device(at::kCPU));
   EXPECT_GT(small.model_state_bytes, 0);
   EXPECT_LT(small.total(), 4e9);
   EXPECT_NO_THROW(loom::train::check_memory_fits(c, 0, 1, at::Device(at::kCPU)));
   // FSDP shards the model state.
-  EXPECT_NEAR(loom::train::estimate_memory(c, 0, 4).model_state_bytes,
+  EXPECT_NEAR(loom::train::estimate_memory(c, 0, 4, at::Device(at::kCPU)).model_state_bytes,
               small.model_state_bytes / 4, 1.0);
   c.training.seq_len = 1 << 20;
   c.training.local_batch_size = 4096;
-  const std::string what = expect_input_error(
-      [&] { loom::train::check_memory_fits(c, 0, 1, at::Device(at::kCPU)); });
+  const std::string what =
+      expect_input_error([&] { loom::train::check_memory_fits(c, 0, 1, at::Device(at::kCPU)); });
   EXPECT_NE(what.find("training.seq_len = 1048576"), std::string::npos) << what;
   EXPECT_NE(what.find("GiB"), std::string::npos) << what;
+}
+
+// Found by tools/fuzz.sh (fuzz_config): a number too large for a double made nlohmann throw
+// out_of_range, which escaped the JSON readers' parse_error handlers and terminated loom.
+TEST(FuzzFindings, JsonNumberOverflowIsAnInputError) {
+  const std::string config = R"({"job": {"dump_folder": "tb"}, "model": 999E999999999999999})";
+  const std::string what =
+      expect_input_error([&] { loom::config::load_job_config_text(config, "fuzz.json", {}); });
+  EXPECT_NE(what.find("fuzz.json"), std::string::npos) << what;
+  const std::string dir = loom::testing::fresh_temp_dir("fuzz_number_overflow");
+  std::ofstream(dir + "/d.jsonl") << "{\"text\": \"fine\"}\n{\"text\": \"x\", \"n\": 1e999}\n";
+  const std::string record =
+      expect_input_error([&] { loom::data::read_documents(dir + "/d.jsonl"); });
+  EXPECT_NE(record.find("d.jsonl:2"), std::string::npos) << record;
+  EXPECT_THROW(loom::json::parse_strict("[1e999]", "f"), loom::InputError);
 }

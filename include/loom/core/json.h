@@ -43,8 +43,7 @@ uint64_t as_uint(const nlohmann::json& value, const std::string& what,
                  uint64_t max = std::numeric_limits<uint64_t>::max());
 // A JSON array of integers in [min, max].
 std::vector<int64_t> int_array(const nlohmann::json& value, const std::string& what,
-                               int64_t min = 0,
-                               int64_t max = std::numeric_limits<int64_t>::max());
+                               int64_t min = 0, int64_t max = std::numeric_limits<int64_t>::max());
 
 // "an object", "a string", ... for messages.
 const char* type_name(const nlohmann::json& value);

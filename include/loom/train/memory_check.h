@@ -1,9 +1,10 @@
 // A job whose model, batch and sequence cannot fit in the device's memory is refused before
 // anything is allocated, with the estimate that says why (instead of "can't allocate N bytes"
 // after validation passed). The estimate is a lower bound, so no job that fits is refused:
-// float32 weights, gradients and the two Adam moments (sharded over the FSDP degree), the
-// logits and their gradient, and one saved input per block (more without activation
-// checkpointing).
+// weights, gradients and the two Adam moments in training.dtype (sharded over the FSDP
+// degree), the logits and their gradient in the compute dtype, and one saved input per block (more
+// without activation checkpointing). Tensor and pipeline parallelism, when they land, must divide
+// the model state and activations here too, or this bound stops being one.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -24,7 +25,7 @@ struct MemoryEstimate {
 
 // From the model built on the meta device (nothing allocated).
 MemoryEstimate estimate_memory(const config::JobConfig& config, int64_t vocab_size,
-                               int64_t shard_degree);
+                               int64_t shard_degree, const at::Device& device);
 
 // Bytes of memory the device has: CUDA's total memory, or on CPU the physical memory (or the
 // cgroup's limit when lower).
