@@ -101,6 +101,13 @@ std::string pre_tokenizer_pattern(const nlohmann::json& pre, const std::string& 
   return split["pattern"]["Regex"].get<std::string>();
 }
 
+// `object[key]` on a const object is undefined behaviour when the key is missing (found by
+// tools/fuzz.sh: a tokenizer.json without "continuing_subword_prefix" read past a map node).
+bool absent_or_null(const nlohmann::json& object, const char* key) {
+  auto it = object.find(key);
+  return it == object.end() || it->is_null();
+}
+
 }  // namespace
 
 std::string byte_level_text(std::string_view bytes) {
@@ -119,12 +126,13 @@ HfBpeTokenizer::HfBpeTokenizer(const std::string& path) : path_(path) {
                   model.value("type", ""), "' is not supported (only byte-level BPE)");
     LOOM_CHECK_AS(InputError,
                   !model.value("byte_fallback", false) &&
-                      model["continuing_subword_prefix"].is_null() &&
-                      model["end_of_word_suffix"].is_null(),
+                      absent_or_null(model, "continuing_subword_prefix") &&
+                      absent_or_null(model, "end_of_word_suffix"),
                   path,
                   ": BPE options byte_fallback / continuing_subword_prefix / end_of_word_suffix "
                   "are not supported");
-    LOOM_CHECK_AS(InputError, j["normalizer"].is_null(), path, ": normalizers are not supported");
+    LOOM_CHECK_AS(InputError, absent_or_null(j, "normalizer"), path,
+                  ": normalizers are not supported");
     ignore_merges_ = model.value("ignore_merges", false);
     const auto& vocab = json::object_field(model, "vocab", path + ": model");
     const auto& added_tokens = j.value("added_tokens", nlohmann::json::array());

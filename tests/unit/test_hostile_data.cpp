@@ -197,3 +197,20 @@ TEST(FuzzFindings, JsonNumberOverflowIsAnInputError) {
   EXPECT_NE(record.find("d.jsonl:2"), std::string::npos) << record;
   EXPECT_THROW(loom::json::parse_strict("[1e999]", "f"), loom::InputError);
 }
+
+// Found by tools/fuzz.sh (fuzz_hf_tokenizer, AddressSanitizer): a tokenizer.json whose model has
+// no "continuing_subword_prefix" / "end_of_word_suffix" key read past a map node (operator[] on a
+// const object with a missing key). Such a file loads like one with the keys set to null.
+TEST(FuzzFindings, HfTokenizerWithoutOptionalModelKeysLoads) {
+  const std::string dir = loom::testing::fresh_temp_dir("fuzz_hf_optional_keys");
+  auto j = nlohmann::json::parse(std::ifstream(kFixtures + "/hf_gpt2_style.json"));
+  j["model"].erase("continuing_subword_prefix");
+  j["model"].erase("end_of_word_suffix");
+  j.erase("normalizer");
+  std::ofstream(dir + "/tokenizer.json") << j.dump();
+  auto tokenizer = loom::data::load_tokenizer(dir + "/tokenizer.json");
+  EXPECT_EQ(tokenizer->decode(tokenizer->encode("hello world")), "hello world");
+  j["model"]["end_of_word_suffix"] = "</w>";
+  std::ofstream(dir + "/tokenizer.json") << j.dump();
+  EXPECT_THROW(loom::data::load_tokenizer(dir + "/tokenizer.json"), loom::InputError);
+}
