@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Setup (idempotent), build, then the whole test suite through ctest.
 # Tests labelled "cuda" need a GPU; on a machine without one they are excluded, and this script
-# says so (tools/gpu_check.sh runs them on a GPU machine).
+# says so (tools/gpu_check.sh runs them on a GPU machine). Tests labelled "fuzz" (tools/fuzz.sh)
+# are always excluded: run them with ctest -L fuzz.
 #
 # Extra arguments go to ctest, e.g. scripts/test.sh -R Config
 set -euo pipefail
@@ -16,12 +17,13 @@ start=$(date +%s)
 scripts/setup.sh
 built=$(date +%s)
 
-label_args=()
+# The "fuzz" label (tools/fuzz.sh, minutes) is never part of the default suite: ctest -L fuzz.
+label_args=(-LE fuzz)
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-  say "GPU found: running every test, the cuda label included"
+  say "GPU found: running every test but the fuzz label, the cuda label included"
 else
   say "no GPU on this machine: excluding tests labelled 'cuda' (run tools/gpu_check.sh on a GPU machine)"
-  label_args=(-LE cuda)
+  label_args=(-LE 'cuda|fuzz')
 fi
 
 say "running ctest in $BUILD_DIR"

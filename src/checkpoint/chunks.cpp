@@ -18,6 +18,7 @@
 #include "loom/checkpoint/safetensors.h"
 #include "loom/core/check.h"
 #include "loom/core/files.h"
+#include "loom/core/json.h"
 
 namespace loom::checkpoint {
 namespace {
@@ -68,11 +69,13 @@ void check_chunk(const LocalChunk& chunk) {
 class MappedFile {
  public:
   explicit MappedFile(const std::string& path) : path_(path) {
+    files::require_regular_file(path, "checkpoint file");
     fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     LOOM_CHECK_AS(InputError, fd_ >= 0, "cannot open checkpoint file '", path,
                   "': ", std::strerror(errno));
     struct stat st {};
-    ::fstat(fd_, &st);
+    LOOM_CHECK_AS(InputError, ::fstat(fd_, &st) == 0 && S_ISREG(st.st_mode), "checkpoint file '",
+                  path, "' is not a regular file");
     size_ = static_cast<uint64_t>(st.st_size);
     if (size_ > 0) {
       void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd_, 0);
@@ -85,6 +88,8 @@ class MappedFile {
     if (data_) ::munmap(const_cast<char*>(data_), size_);
     if (fd_ >= 0) ::close(fd_);
   }
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
   const char* data() const { return data_; }
   uint64_t size() const { return size_; }
 
@@ -272,100 +277,88 @@ nlohmann::json merge_index(const std::vector<nlohmann::json>& rank_entries) {
 
 CheckpointReader::CheckpointReader(std::string step_folder) : folder_(std::move(step_folder)) {
   const std::string path = folder_ + "/index.json";
-  std::ifstream in(path);
-  LOOM_CHECK_AS(InputError, in.good(), "checkpoint '", folder_, "' has no readable index.json");
-  try {
-    index_ = nlohmann::json::parse(in);
-    LOOM_CHECK_AS(InputError, index_.at("format") == "loom.checkpoint", "not a loom checkpoint");
-    (void)index_.at("tensors").items();
-    (void)index_.at("files").items();
-  } catch (const nlohmann::json::exception& error) {
-    LOOM_THROW(InputError, path, ": malformed checkpoint index: ", error.what());
-  }
+  index_ = json::read_file_strict(path, "checkpoint index", uint64_t{1} << 30);
+  checked_ = parse_checkpoint_index(index_, path);
 }
 
 CheckpointReader::~CheckpointReader() = default;
 
 bool CheckpointReader::has(const std::string& fqn) const {
-  return index_.at("tensors").contains(fqn);
+  return checked_.tensors.count(fqn) > 0;
 }
 
 std::vector<std::string> CheckpointReader::tensor_names() const {
   std::vector<std::string> names;
-  for (auto it = index_.at("tensors").begin(); it != index_.at("tensors").end(); ++it) {
-    names.push_back(it.key());
-  }
+  for (const auto& [name, t] : checked_.tensors) names.push_back(name);
   return names;
 }
 
+const SavedTensor& CheckpointReader::tensor(const std::string& fqn) const {
+  auto it = checked_.tensors.find(fqn);
+  LOOM_CHECK_AS(InputError, it != checked_.tensors.end(), "checkpoint '", folder_,
+                "' has no tensor '", fqn, "'");
+  return it->second;
+}
+
 std::vector<int64_t> CheckpointReader::global_shape(const std::string& fqn) const {
-  LOOM_CHECK_AS(InputError, has(fqn), "checkpoint '", folder_, "' has no tensor '", fqn, "'");
-  return index_.at("tensors").at(fqn).at("shape").get<std::vector<int64_t>>();
+  return tensor(fqn).shape;
 }
 
 at::ScalarType CheckpointReader::dtype(const std::string& fqn) const {
-  LOOM_CHECK_AS(InputError, has(fqn), "checkpoint '", folder_, "' has no tensor '", fqn, "'");
-  return scalar_type_from_safetensors(index_.at("tensors").at(fqn).at("dtype"));
+  return scalar_type_from_safetensors(tensor(fqn).dtype);
 }
 
 const MappedFile& CheckpointReader::file(const std::string& name) {
   auto it = files_.find(name);
   if (it != files_.end()) return *it->second;
-  LOOM_CHECK_AS(InputError, name.find('/') == std::string::npos && index_["files"].contains(name),
-                "checkpoint index of '", folder_, "' names an unknown file '", name, "'");
+  const SavedFile& entry = checked_.files.at(name);  // the index check made sure it is listed
   const std::string path = folder_ + "/" + name;
   auto mapped = std::make_unique<MappedFile>(path);
-  const auto& entry = index_["files"][name];
-  const auto expected = entry.at("bytes").get<uint64_t>();
-  LOOM_CHECK_AS(InputError, mapped->size() == expected, "checkpoint file '", path, "' is ",
-                mapped->size(), " bytes, the index records ", expected,
+  LOOM_CHECK_AS(InputError, mapped->size() == entry.bytes, "checkpoint file '", path, "' is ",
+                mapped->size(), " bytes, the index records ", entry.bytes,
                 " (truncated or replaced): refusing to load it");
-  const uint64_t header_bytes = 8 + (expected >= 8 ? le64(mapped->data()) : 0);
+  LOOM_CHECK_AS(InputError, entry.bytes >= 8, "checkpoint file '", path,
+                "' is too short for a safetensors header");
+  const uint64_t header_size = le64(mapped->data());
   LOOM_CHECK_AS(InputError,
-                header_bytes <= expected && crc32_of(mapped->data(), header_bytes) ==
-                                                entry.at("header_crc32").get<uint32_t>(),
+                header_size <= entry.bytes - 8 &&
+                    crc32_of(mapped->data(), 8 + header_size) == entry.header_crc32,
                 "checkpoint file '", path,
-                "': its safetensors header fails its CRC-32 check: the "
-                "file is corrupt");
+                "': its safetensors header fails its CRC-32 check: the file is corrupt");
   return *files_.emplace(name, std::move(mapped)).first->second;
 }
 
-const char* CheckpointReader::verified_chunk(const nlohmann::json& chunk) {
-  const std::string name = chunk.at("file");
-  const MappedFile& f = file(name);
-  const auto range = chunk.at("byte_range").get<std::vector<uint64_t>>();
-  LOOM_CHECK_AS(InputError, range.size() == 2 && range[0] <= range[1] && range[1] <= f.size(),
-                "checkpoint file '", folder_, "/", name, "': byte range outside the file");
-  const char* data = f.data() + range[0];
-  if (verified_.insert({name, range[0]}).second) {
-    const uint32_t stored = chunk.at("crc32").get<uint32_t>();
-    const uint32_t actual = crc32_of(data, range[1] - range[0]);
-    if (stored != actual) {
-      verified_.erase({name, range[0]});
-      LOOM_THROW(InputError, "checkpoint file '", folder_, "/", name, "': chunk '",
-                 chunk.at("key").get<std::string>(), "' (bytes ", range[0], "-", range[1],
-                 ") fails its CRC-32 check (stored ", stored, ", computed ", actual,
-                 "): the file is corrupt");
+const char* CheckpointReader::verified_chunk(const SavedChunk& chunk) {
+  const MappedFile& f = file(chunk.file);
+  // parse_checkpoint_index checked the range against the recorded size, file() the actual one.
+  const char* data = f.data() + chunk.begin;
+  if (verified_.insert({chunk.file, chunk.begin}).second) {
+    const uint32_t actual = crc32_of(data, chunk.end - chunk.begin);
+    if (chunk.crc32 != actual) {
+      verified_.erase({chunk.file, chunk.begin});
+      LOOM_THROW(InputError, "checkpoint file '", folder_, "/", chunk.file, "': chunk '", chunk.key,
+                 "' (bytes ", chunk.begin, "-", chunk.end, ") fails its CRC-32 check (stored ",
+                 chunk.crc32, ", computed ", actual, "): the file is corrupt");
     }
   }
   return data;
 }
 
 void CheckpointReader::read(const LocalChunk& request) {
-  LOOM_CHECK_AS(InputError, has(request.fqn), "checkpoint '", folder_, "' has no tensor '",
-                request.fqn, "'");
-  const auto& saved = index_["tensors"][request.fqn];
-  const auto shape = saved.at("shape").get<std::vector<int64_t>>();
+  const SavedTensor& saved = tensor(request.fqn);
+  const auto& shape = saved.shape;
   LOOM_CHECK_AS(InputError, shape == request.global_shape, "checkpoint '", folder_, "': tensor '",
                 request.fqn, "' has shape ", nlohmann::json(shape).dump(), ", the model expects ",
                 nlohmann::json(request.global_shape).dump());
-  const auto type = scalar_type_from_safetensors(saved.at("dtype"));
   const auto lengths = request.tensor.sizes().vec();
+  LOOM_CHECK(request.offsets.size() == shape.size() && lengths.size() == shape.size(),
+             "checkpoint read of '", request.fqn, "': request of the wrong rank");
+  const auto type = scalar_type_from_safetensors(saved.dtype);
   at::NoGradGuard no_grad;
   int64_t covered = 0;
-  for (const auto& chunk : saved.at("chunks")) {
-    const auto so = chunk.at("offsets").get<std::vector<int64_t>>();
-    const auto sl = chunk.at("lengths").get<std::vector<int64_t>>();
+  for (const auto& chunk : saved.chunks) {
+    const auto& so = chunk.offsets;
+    const auto& sl = chunk.lengths;
     std::vector<int64_t> lo(shape.size()), hi(shape.size());
     bool overlaps = true;
     for (size_t d = 0; d < shape.size(); ++d) {
@@ -374,7 +367,8 @@ void CheckpointReader::read(const LocalChunk& request) {
       overlaps = overlaps && lo[d] < hi[d];
     }
     if (!overlaps) continue;
-    // The saved chunk viewed in place in the mapping; only the overlap is copied.
+    // The saved chunk viewed in place in the mapping (its byte range holds exactly lengths x
+    // element size bytes, aligned: parse_checkpoint_index); only the overlap is copied.
     auto* data = const_cast<char*>(verified_chunk(chunk));
     at::Tensor source = at::from_blob(data, sl, at::TensorOptions().dtype(type));
     at::Tensor target = request.tensor;

@@ -14,6 +14,7 @@
 #include "loom/config/loader.h"
 #include "loom/core/check.h"
 #include "loom/core/files.h"
+#include "loom/core/json.h"
 #include "loom/core/strings.h"
 #include "loom/models/llama/args.h"
 #include "state_io.h"
@@ -108,6 +109,8 @@ std::string resolve_step(const std::string& path) {
 }  // namespace
 
 at::Tensor permute_rotary_rows(const at::Tensor& weight, int64_t heads, bool to_hf) {
+  LOOM_CHECK_AS(InputError, weight.dim() == 2 && heads >= 1, "a q/k projection must be a matrix ",
+                "of at least one head, got shape ", weight.sizes(), " and ", heads, " heads");
   const int64_t rows = weight.size(0);
   LOOM_CHECK_AS(InputError, rows % (2 * heads) == 0, "a q/k projection of ", rows,
                 " rows cannot hold ", heads, " heads of even size");
@@ -242,30 +245,44 @@ models::llama::LlamaArgs llama_args_from_hf_config(const nlohmann::json& config,
 
 std::vector<LocalChunk> read_hf_weights(const std::string& hf_folder) {
   const auto config = detail::read_json(hf_folder + "/config.json");
-  int64_t heads = 0, kv_heads = 0;
-  try {
-    heads = config.at("num_attention_heads").get<int64_t>();
-    kv_heads = config.value("num_key_value_heads", heads);
-  } catch (const nlohmann::json::exception& error) {
-    LOOM_THROW(InputError, hf_folder, "/config.json: ", error.what());
-  }
+  const std::string config_path = hf_folder + "/config.json";
+  const int64_t heads = json::int_field(config, "num_attention_heads", config_path, 1, 1 << 20);
+  const int64_t kv_heads =
+      config.contains("num_key_value_heads")
+          ? json::int_field(config, "num_key_value_heads", config_path, 1, heads)
+          : heads;
+  const bool tied = config.contains("tie_word_embeddings") &&
+                    json::bool_field(config, "tie_word_embeddings", config_path);
   std::vector<std::string> files;
   if (fs::exists(hf_folder + "/model.safetensors")) {
     files.push_back("model.safetensors");
   } else {
-    const auto index = detail::read_json(hf_folder + "/model.safetensors.index.json");
+    const std::string index_path = hf_folder + "/model.safetensors.index.json";
+    const auto index = detail::read_json(index_path);
     std::set<std::string> unique;
-    for (const auto& [tensor, file] : index.at("weight_map").items()) unique.insert(file);
+    const auto& weight_map = json::object_field(index, "weight_map", index_path);
+    for (auto it = weight_map.begin(); it != weight_map.end(); ++it) {
+      LOOM_CHECK_AS(InputError, it.value().is_string(), index_path, ": weight_map['", it.key(),
+                    "'] must be a file name");
+      const auto file = it.value().get<std::string>();
+      LOOM_CHECK_AS(InputError, files::is_contained_relative_path(file), index_path,
+                    ": weight_map['", it.key(), "'] = '", file,
+                    "' lies outside the folder (absolute, empty or with '..')");
+      unique.insert(file);
+    }
     files.assign(unique.begin(), unique.end());
   }
   std::vector<LocalChunk> chunks;
   at::Tensor embedding;
   bool has_head = false;
+  std::set<std::string> imported;
   for (const auto& file : files) {
     auto loaded = load_safetensors(hf_folder + "/" + file);
     for (auto& [name, tensor] : loaded.tensors) {
       if (strings::ends_with(name, "rotary_emb.inv_freq")) continue;  // a buffer, not a weight
       std::string loom = loom_name(name);
+      LOOM_CHECK_AS(InputError, imported.insert(loom).second, hf_folder, "/", file, ": tensor '",
+                    name, "' is also in another file of the folder");
       at::Tensor t = tensor;
       if (strings::ends_with(loom, "attention.wq.weight")) t = permute_rotary_rows(t, heads, false);
       if (strings::ends_with(loom, "attention.wk.weight"))
@@ -275,7 +292,7 @@ std::vector<LocalChunk> read_hf_weights(const std::string& hf_folder) {
       chunks.push_back(whole_chunk(loom, t));
     }
   }
-  if (!has_head && config.value("tie_word_embeddings", false) && embedding.defined()) {
+  if (!has_head && tied && embedding.defined()) {
     chunks.push_back(whole_chunk("output.weight", embedding.clone()));
   }
   return chunks;
@@ -286,7 +303,7 @@ void import_from_hf(const std::string& hf_folder, const std::string& checkpoint_
   for (auto& chunk : chunks) chunk.fqn = "model." + chunk.fqn;
   const std::string step = checkpoint_folder + "/step-0";
   const std::string temp = step + ".tmp";
-  fs::remove_all(temp);
+  detail::remove_step_folder(temp);  // a leftover of an import that failed
   files::create_directories(temp);
   nlohmann::json part = write_chunk_file(temp + "/rank-00000.safetensors", chunks);
   part["state"] = {{"rank", 0}, {"world_size", 1}, {"dp_rank", 0}, {"dp_size", 1}};
@@ -302,8 +319,10 @@ void import_from_hf(const std::string& hf_folder, const std::string& checkpoint_
   files::write_atomic(temp + "/index.json", index.dump(1));
   files::write_atomic(temp + "/train_state.json",
                       R"({"step": 0, "tokens_seen": 0, "lr_scheduler": {"step": 0}})");
-  fs::remove_all(step);
-  fs::rename(temp, step);
+  detail::remove_step_folder(step);
+  std::error_code error;
+  fs::rename(temp, step, error);
+  LOOM_CHECK_AS(IoError, !error, "cannot rename '", temp, "' to '", step, "': ", error.message());
   files::sync_folder(checkpoint_folder);
   files::write_atomic(step + "/COMPLETE", "step 0\n");
 }

@@ -38,7 +38,7 @@ std::vector<std::pair<int64_t, std::string>> complete_steps(const std::string& f
   std::vector<std::pair<int64_t, std::string>> steps;
   std::error_code error;
   if (!fs::is_directory(folder, error)) return steps;
-  static const std::regex pattern("step-([0-9]+)");
+  static const std::regex pattern("step-([0-9]{1,18})");
   for (const auto& entry : fs::directory_iterator(folder, error)) {
     std::smatch match;
     const std::string name = entry.path().filename().string();
@@ -181,6 +181,7 @@ void CheckpointManager::save(int64_t step, int64_t tokens_seen, bool model_only)
   wait();
   const double waited = seconds_since(wait_start);
   std::shared_ptr<Snapshot> s = snapshot(step, tokens_seen, model_only);
+  ++tally_.started;
   s->blocked_s += waited;
   auto run = [this, s] {
     const auto start = Clock::now();
@@ -195,6 +196,8 @@ void CheckpointManager::save(int64_t step, int64_t tokens_seen, bool model_only)
                  runtime_.is_main_rank() ? "; complete in " + folder_ : std::string());
     } catch (const std::exception& error) {
       last_save_ok_ = false;
+      ++tally_.failed;
+      tally_.last_error = error.what();
       log::get("checkpoint")
           ->error(
               "checkpoint of step {} failed, the step stays incomplete and training goes "
@@ -292,8 +295,8 @@ void CheckpointManager::finalize(const Snapshot& s, const std::string& temp) {
           .dump(1));
   files::write_atomic(temp + "/config.toml", config::to_toml(config_));
   const std::string final_folder = step_folder(s.step);
+  remove_step_folder(final_folder);  // a step of an earlier run that this run re-did
   std::error_code error;
-  fs::remove_all(final_folder, error);  // a step of an earlier run that this run re-did
   fs::rename(temp, final_folder, error);
   LOOM_CHECK_AS(IoError, !error, "cannot rename '", temp, "' to '", final_folder,
                 "': ", error.message());
@@ -308,13 +311,10 @@ void CheckpointManager::finalize(const Snapshot& s, const std::string& temp) {
 void CheckpointManager::purge_old() {
   const auto steps = complete_steps(folder_);
   for (size_t i = static_cast<size_t>(config_.checkpoint.keep_latest_k); i < steps.size(); ++i) {
-    std::error_code error;
-    // The marker goes first, so a half-deleted folder is never taken for a complete step.
-    fs::remove(steps[i].second + "/COMPLETE", error);
-    fs::remove_all(steps[i].second, error);
-    if (error) {
-      log::get("checkpoint")
-          ->warn("cannot remove old checkpoint {}: {}", steps[i].second, error.message());
+    try {
+      remove_step_folder(steps[i].second);
+    } catch (const Error& e) {
+      log::get("checkpoint")->warn("keep_latest_k: {}", e.message());
     }
   }
 }

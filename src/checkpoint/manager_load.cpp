@@ -5,6 +5,7 @@
 #include <ATen/core/grad_mode.h>
 
 #include <filesystem>
+#include <regex>
 
 #include "loom/checkpoint/hf.h"
 #include "loom/checkpoint/manager.h"
@@ -47,9 +48,18 @@ void CheckpointManager::remove_incomplete() {
   std::error_code error;
   for (const auto& entry : fs::directory_iterator(folder_, error)) {
     const std::string name = entry.path().filename().string();
-    if (name.rfind("step-", 0) == 0 && strings::ends_with(name, ".tmp")) {
-      log::get("checkpoint")->warn("removing the incomplete checkpoint {}", entry.path().string());
-      fs::remove_all(entry.path(), error);
+    static const std::regex incomplete("step-[0-9]+\\.tmp");
+    if (!std::regex_match(name, incomplete)) continue;
+    std::string why;
+    if (!is_loom_step_folder(entry.path().string(), &why)) {
+      log::get("checkpoint")->warn("leaving {} alone: {}", entry.path().string(), why);
+      continue;
+    }
+    log::get("checkpoint")->warn("removing the incomplete checkpoint {}", entry.path().string());
+    try {
+      remove_step_folder(entry.path().string());
+    } catch (const Error& e) {
+      log::get("checkpoint")->warn("{}", e.message());
     }
   }
 }
@@ -146,17 +156,17 @@ ResumePoint CheckpointManager::load_from(const std::string& step_folder, bool mo
   if (!excluded("model")) {
     for (const auto& chunk : parameter_chunks("model.", params)) reader.read(chunk);
   }
-  model_only = model_only || reader.index().value("model_only", false);
+  model_only = model_only || reader.checked_index().model_only;
   if (model_only) return point;
   // The per-rank parts: the optimizer's step counts (any rank's), data and RNG state (by dp rank).
-  const int saved_world = reader.index().at("world_size").get<int>();
-  std::vector<nlohmann::json> states;
+  const int saved_world = reader.checked_index().world_size;
+  std::vector<RankState> states;
   for (int r = 0; r < saved_world; ++r) {
-    states.push_back(read_json(step_folder + "/" + rank_name(r, ".json")).at("state"));
+    states.push_back(read_rank_state(step_folder + "/" + rank_name(r, ".json")));
   }
-  const nlohmann::json* mine = &states.front();
+  const RankState* mine = &states.front();
   for (const auto& s : states) {
-    if (s.value("dp_rank", -1) == runtime_.dp_rank()) {
+    if (s.dp_rank == runtime_.dp_rank()) {
       mine = &s;
       break;
     }
@@ -173,8 +183,8 @@ ResumePoint CheckpointManager::load_from(const std::string& step_folder, bool mo
       const std::string& name = targets_.parameters[i].name;
       int64_t step = -1;
       for (const auto& s : states) {
-        if (s.contains("optimizer_step") && s["optimizer_step"].contains(name)) {
-          step = s["optimizer_step"][name].get<int64_t>();
+        if (auto it = s.optimizer_steps.find(name); it != s.optimizer_steps.end()) {
+          step = it->second;
         }
       }
       LOOM_CHECK_AS(InputError, step >= 0, "checkpoint '", step_folder,
@@ -184,16 +194,21 @@ ResumePoint CheckpointManager::load_from(const std::string& step_folder, bool mo
                   MomentState{step, avg[i], avg_sq[i], at::Tensor()});
     }
   }
-  const auto train_state = read_json(step_folder + "/train_state.json");
+  const TrainState train_state =
+      read_train_state(step_folder + "/train_state.json", reader.checked_index().step);
   if (!excluded("train_state")) {
-    point.step = train_state.at("step").get<int64_t>();
-    point.tokens_seen = train_state.at("tokens_seen").get<int64_t>();
+    point.step = train_state.step;
+    point.tokens_seen = train_state.tokens_seen;
   }
-  if (!excluded("lr_scheduler")) point.lr_step = train_state.at("lr_scheduler").at("step");
-  if (!excluded("dataloader") && targets_.data && mine->contains("dataloader")) {
-    targets_.data->load_state(mine->at("dataloader"));
+  if (!excluded("lr_scheduler")) point.lr_step = train_state.lr_step;
+  if (!excluded("dataloader") && targets_.data && !mine->dataloader.is_null()) {
+    try {
+      targets_.data->load_state(mine->dataloader);
+    } catch (const Error& e) {
+      LOOM_THROW(InputError, mine->path, ": dataloader: ", e.message());
+    }
   }
-  if (mine->contains("rng")) restore_generator(mine->at("rng"));
+  if (!mine->rng_cpu.empty()) restore_generator(mine->rng_cpu, mine->path);
   return point;
 }
 

@@ -8,6 +8,7 @@
 #include <set>
 #include <sstream>
 
+#include "loom/checkpoint/safetensors_header.h"
 #include "loom/core/check.h"
 #include "loom/core/files.h"
 
@@ -20,12 +21,6 @@ const std::vector<std::pair<at::ScalarType, const char*>>& dtype_names() {
       {at::kLong, "I64"},  {at::kInt, "I32"},    {at::kShort, "I16"}, {at::kChar, "I8"},
       {at::kByte, "U8"},   {at::kBool, "BOOL"}};
   return names;
-}
-
-uint64_t read_le64(const unsigned char* bytes) {
-  uint64_t value = 0;
-  for (int i = 7; i >= 0; --i) value = (value << 8) | bytes[i];
-  return value;
 }
 
 }  // namespace
@@ -74,55 +69,20 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
 }
 
 SafetensorsFile load_safetensors(const std::string& path) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  LOOM_CHECK_AS(InputError, in.good(), "cannot open safetensors file '", path,
-                "': ", std::strerror(errno));
-  std::string content(static_cast<size_t>(in.tellg()), '\0');
-  in.seekg(0);
-  in.read(content.data(), static_cast<std::streamsize>(content.size()));
-  LOOM_CHECK_AS(InputError, in.good(), "cannot read safetensors file '", path, "'");
-  LOOM_CHECK_AS(InputError, content.size() >= 8, path, ": not a safetensors file (", content.size(),
-                " bytes)");
-  const uint64_t header_size = read_le64(reinterpret_cast<const unsigned char*>(content.data()));
-  LOOM_CHECK_AS(InputError, header_size <= content.size() - 8, path, ": header of ", header_size,
-                " bytes does not fit in a file of ", content.size(), " bytes (truncated?)");
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(content.substr(8, header_size));
-  } catch (const nlohmann::json::exception& error) {
-    LOOM_THROW(InputError, path, ": header is not valid JSON: ", error.what());
-  }
-  LOOM_CHECK_AS(InputError, header.is_object(), path, ": header is not a JSON object");
-  const uint64_t data_start = 8 + header_size;
-  const uint64_t data_size = content.size() - data_start;
+  const std::string content = files::read_file(path, "safetensors file", uint64_t{1} << 40);
+  const SafetensorsHeader header = parse_safetensors_header(content.data(), content.size(), path);
   SafetensorsFile file;
-  for (auto it = header.begin(); it != header.end(); ++it) {
-    if (it.key() == "__metadata__") {
-      for (auto m = it.value().begin(); m != it.value().end(); ++m) {
-        file.metadata[m.key()] =
-            m.value().is_string() ? m.value().get<std::string>() : m.value().dump();
-      }
-      continue;
+  file.metadata = header.metadata;
+  for (const auto& entry : header.tensors) {
+    // The header check guarantees shape x element size == end - begin, inside the data.
+    at::Tensor tensor = at::empty(
+        entry.shape, at::TensorOptions().dtype(scalar_type_from_safetensors(entry.dtype)));
+    if (entry.end > entry.begin) {
+      std::memcpy(tensor.data_ptr(), content.data() + header.data_start + entry.begin,
+                  entry.end - entry.begin);
     }
-    const auto& entry = it.value();
-    try {
-      at::ScalarType type = scalar_type_from_safetensors(entry.at("dtype").get<std::string>());
-      std::vector<int64_t> shape = entry.at("shape").get<std::vector<int64_t>>();
-      auto offsets = entry.at("data_offsets").get<std::vector<uint64_t>>();
-      LOOM_CHECK_AS(InputError,
-                    offsets.size() == 2 && offsets[0] <= offsets[1] && offsets[1] <= data_size,
-                    "data_offsets out of range");
-      at::Tensor tensor = at::empty(shape, at::TensorOptions().dtype(type));
-      LOOM_CHECK_AS(InputError, static_cast<uint64_t>(tensor.nbytes()) == offsets[1] - offsets[0],
-                    "shape and dtype need ", tensor.nbytes(), " bytes, data_offsets give ",
-                    offsets[1] - offsets[0]);
-      std::memcpy(tensor.data_ptr(), content.data() + data_start + offsets[0], tensor.nbytes());
-      file.tensors.emplace(it.key(), std::move(tensor));
-    } catch (const nlohmann::json::exception& error) {
-      LOOM_THROW(InputError, path, ": tensor '", it.key(), "': malformed entry: ", error.what());
-    } catch (const InputError& error) {
-      LOOM_THROW(InputError, path, ": tensor '", it.key(), "': ", error.message());
-    }
+    LOOM_CHECK_AS(InputError, file.tensors.emplace(entry.name, std::move(tensor)).second, path,
+                  ": tensor '", entry.name, "' appears twice");
   }
   return file;
 }

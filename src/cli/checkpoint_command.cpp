@@ -66,7 +66,7 @@ int inspect(const std::string& dir, bool verify) {
     print_step(dir, verify);
     return 0;
   }
-  static const std::regex pattern("step-([0-9]+)(\\.tmp)?");
+  static const std::regex pattern("step-([0-9]{1,18})(\\.tmp)?");
   std::vector<std::pair<int64_t, std::string>> steps;
   for (const auto& entry : fs::directory_iterator(dir)) {
     std::smatch match;

@@ -2,6 +2,7 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <climits>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -9,6 +10,7 @@
 
 #include "commands.h"
 #include "loom/core/check.h"
+#include "loom/core/json.h"
 #include "loom/core/strings.h"
 #include "loom/data/tokenizer.h"
 
@@ -38,11 +40,9 @@ std::vector<int32_t> parse_ids(const std::string& text) {
   std::vector<int32_t> ids;
   std::string trimmed(strings::trim(text));
   if (!trimmed.empty() && trimmed.front() == '[') {
-    try {
-      return nlohmann::json::parse(trimmed).get<std::vector<int32_t>>();
-    } catch (const nlohmann::json::exception& error) {
-      LOOM_THROW(InputError, "--decode: input is not a JSON array of integers: ", error.what());
-    }
+    const auto values = json::int_array(json::parse_strict(trimmed, "--decode input"),
+                                        "--decode input", 0, INT32_MAX);
+    return std::vector<int32_t>(values.begin(), values.end());
   }
   for (char& c : trimmed) {
     if (c == ',') c = ' ';
@@ -51,7 +51,8 @@ std::vector<int32_t> parse_ids(const std::string& text) {
   std::string token;
   while (in >> token) {
     auto id = strings::parse_int(token);
-    LOOM_CHECK_AS(InputError, id.has_value(), "--decode: '", token, "' is not a token id");
+    LOOM_CHECK_AS(InputError, id.has_value() && *id >= 0 && *id <= INT32_MAX, "--decode: '", token,
+                  "' is not a token id");
     ids.push_back(static_cast<int32_t>(*id));
   }
   return ids;

@@ -3,7 +3,9 @@
 #include <memory>
 
 #include "commands.h"
+#include "loom/checkpoint/manager.h"
 #include "loom/config/dump.h"
+#include "loom/core/check.h"
 #include "loom/core/env.h"
 #include "loom/core/files.h"
 #include "loom/core/logging.h"
@@ -51,6 +53,17 @@ int run_train(const CLI::App& command, ConfigArgs& args) {
     logger->warn("stopped early by signal after {} of {} steps", result.steps_completed,
                  config.training.steps);
   }
+  // Interval saves that failed were warnings; a run whose last save failed has lost its final
+  // state, and says so with its exit status.
+  auto& checkpoints = trainer.checkpointer();
+  const bool final_saved = checkpoints.wait();
+  const auto& tally = checkpoints.tally();
+  if (tally.failed > 0) {
+    logger->warn("{} of {} checkpoint saves failed; the last error: {}", tally.failed,
+                 tally.started, tally.last_error);
+  }
+  LOOM_CHECK_AS(IoError, final_saved, "the final checkpoint could not be written (",
+                tally.last_error, "): training finished, but its last state is not saved");
   return 0;
 }
 

@@ -81,8 +81,10 @@ void add_model_sections(Schema& s) {
               "llama3).");
   model.field("hf_assets_path", &ModelSection::hf_assets_path,
               "Folder with Hugging Face assets: tokenizer files, config.json, safetensors.");
-  model.field("tokenizer_path", &ModelSection::tokenizer_path,
-              "Tokenizer file; when unset, the tokenizer is looked up in hf_assets_path.");
+  model.field(
+      "tokenizer_path", &ModelSection::tokenizer_path,
+      "Tokenizer file; when unset: hf_assets_path/tokenizer.json (an error when hf_assets_path was "
+      "set and has none; the byte tokenizer when the default folder does not exist).");
   model
       .field("converters", &ModelSection::converters,
              "Model converters applied after building (e.g. float8).")

@@ -12,6 +12,8 @@
 
 #include "loom/config/schema.h"
 #include "loom/config/validate.h"
+#include "loom/core/files.h"
+#include "loom/core/json.h"
 #include "loom/core/logging.h"
 #include "loom/core/strings.h"
 #include "value_parsing.h"
@@ -88,13 +90,19 @@ class DocumentApplier {
     nlohmann::json root;
     try {
       root = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::parse_error& error) {
+    } catch (const nlohmann::json::exception& error) {  // parse_error, or out_of_range (1e999)
       // nlohmann's message already says "at line L, column C".
       std::string what = error.what();
       auto pos = what.find("parse error");
       diagnostics_.add(
           {source}, "",
           "JSON syntax error: " + (pos == std::string::npos ? what : what.substr(pos)));
+      return;
+    }
+    try {
+      json::parse_strict(text, source);  // a key twice, or nesting too deep
+    } catch (const InputError& error) {
+      diagnostics_.add({source}, "", error.message());
       return;
     }
     if (!root.is_object()) {
@@ -211,13 +219,8 @@ void apply_overrides(const Schema& schema, const std::vector<Override>& override
 }
 
 std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  LOOM_CHECK_AS(InputError, in.good(), "cannot open config file '", path,
-                "': ", std::strerror(errno));
-  std::ostringstream text;
-  text << in.rdbuf();
-  LOOM_CHECK_AS(InputError, !in.bad(), "cannot read config file '", path, "'");
-  return text.str();
+  // A folder, FIFO or device is refused before it is opened (a FIFO would block forever).
+  return files::read_file(path, "config file", 64u << 20);
 }
 
 LoadedConfig load(const std::optional<std::string>& text, const std::string& source,

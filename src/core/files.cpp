@@ -1,11 +1,14 @@
 #include "loom/core/files.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "loom/core/check.h"
 
@@ -59,6 +62,52 @@ void write_atomic(const std::string& path, const std::string& content) {
   }
   std::string folder = std::filesystem::path(path).parent_path().string();
   fsync_path(folder.empty() ? "." : folder, O_RDONLY | O_DIRECTORY);
+}
+
+namespace {
+
+const char* kind_of(mode_t mode) {
+  if (S_ISDIR(mode)) return "a folder";
+  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  return "not a regular file";
+}
+
+}  // namespace
+
+void require_regular_file(const std::string& path, const std::string& role) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    LOOM_THROW(InputError, role, " '", path, "': ", std::strerror(errno));
+  }
+  LOOM_CHECK_AS(InputError, S_ISREG(st.st_mode), role, " '", path, "' is ", kind_of(st.st_mode),
+                ", not a regular file");
+}
+
+std::string read_file(const std::string& path, const std::string& role, uint64_t max_bytes) {
+  require_regular_file(path, role);
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  LOOM_CHECK_AS(InputError, in.good(), "cannot open ", role, " '", path,
+                "': ", std::strerror(errno));
+  const auto size = static_cast<uint64_t>(in.tellg());
+  LOOM_CHECK_AS(InputError, size <= max_bytes, role, " '", path, "' is ", size,
+                " bytes, more than the ", max_bytes, " loom reads for it");
+  std::string content(static_cast<size_t>(size), '\0');
+  in.seekg(0);
+  in.read(content.data(), static_cast<std::streamsize>(size));
+  LOOM_CHECK_AS(InputError, static_cast<uint64_t>(in.gcount()) == size, "cannot read ", role, " '",
+                path, "' (it changed while being read?)");
+  return content;
+}
+
+bool is_contained_relative_path(const std::string& name) {
+  if (name.empty() || name.front() == '/' || name.find('\0') != std::string::npos) return false;
+  for (const auto& part : std::filesystem::path(name)) {
+    if (part == "..") return false;
+  }
+  return true;
 }
 
 }  // namespace loom::files

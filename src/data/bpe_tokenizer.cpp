@@ -7,11 +7,17 @@
 #include <climits>
 #include <filesystem>
 #include <fstream>
+#include <unordered_map>
 
 #include "loom/core/check.h"
+#include "loom/core/files.h"
+#include "loom/core/json.h"
 
 namespace loom::data {
 namespace {
+
+// Ids index the embedding table; 2^24 is 64x the largest vocabulary in use.
+constexpr int32_t kMaxTokenId = (1 << 24) - 1;
 
 // Standard base64 (RFC 4648) decoding of one rank-file token; nullopt when malformed.
 std::optional<std::string> decode_base64(std::string_view text) {
@@ -76,6 +82,17 @@ std::map<std::string, int32_t> llama3_specials() {
   return specials;
 }
 
+// A rank: decimal digits only, at most kMaxTokenId; -1 otherwise.
+int32_t parse_rank(std::string_view text) {
+  if (text.empty() || text.size() > 9) return -1;
+  int64_t value = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') return -1;
+    value = value * 10 + (c - '0');
+  }
+  return value <= kMaxTokenId ? static_cast<int32_t>(value) : -1;
+}
+
 }  // namespace
 
 std::optional<BpeSpec> builtin_bpe_spec(const std::string& name) {
@@ -113,15 +130,10 @@ BpeSpec bpe_spec_for(const std::string& ranks_path) {
   const fs::path path(ranks_path);
   const fs::path sibling = fs::path(path).replace_extension(".json");
   if (fs::exists(sibling)) {
-    std::ifstream in(sibling);
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(in);
-    } catch (const nlohmann::json::exception& error) {
-      LOOM_THROW(InputError, sibling.string(), ": not valid JSON: ", error.what());
-    }
-    LOOM_CHECK_AS(InputError, j.contains("pat_str") && j["pat_str"].is_string(), sibling.string(),
-                  ": needs a \"pat_str\" string (the split regex)");
+    const nlohmann::json j =
+        json::parse_strict(files::read_file(sibling.string(), "tokenizer file"), sibling.string());
+    LOOM_CHECK_AS(InputError, j.is_object() && j.contains("pat_str") && j["pat_str"].is_string(),
+                  sibling.string(), ": needs a \"pat_str\" string (the split regex)");
     BpeSpec spec;
     spec.name = path.stem().string();
     spec.pattern = j["pat_str"].get<std::string>();
@@ -129,9 +141,9 @@ BpeSpec bpe_spec_for(const std::string& ranks_path) {
       LOOM_CHECK_AS(InputError, j["special_tokens"].is_object(), sibling.string(),
                     ": \"special_tokens\" must map token text to id");
       for (auto it = j["special_tokens"].begin(); it != j["special_tokens"].end(); ++it) {
-        LOOM_CHECK_AS(InputError, it.value().is_number_integer(), sibling.string(),
-                      ": special token ", it.key(), " needs an integer id");
-        spec.specials[it.key()] = it.value().get<int32_t>();
+        spec.specials[it.key()] = static_cast<int32_t>(
+            json::as_int(it.value(), sibling.string() + ": id of special token '" + it.key() + "'",
+                         0, kMaxTokenId));
       }
     }
     auto builtin = builtin_bpe_spec(spec.name);
@@ -153,6 +165,7 @@ BpeSpec bpe_spec_for(const std::string& ranks_path) {
 }
 
 BpeTokenizer::BpeTokenizer(const std::string& ranks_path, BpeSpec spec) : spec_(std::move(spec)) {
+  files::require_regular_file(ranks_path, "tokenizer file");
   std::ifstream in(ranks_path);
   LOOM_CHECK_AS(InputError, in.good(), "cannot open tokenizer file '", ranks_path, "'");
   std::vector<std::pair<std::string, int32_t>> entries;
@@ -161,20 +174,17 @@ BpeTokenizer::BpeTokenizer(const std::string& ranks_path, BpeSpec spec) : spec_(
   size_t total_bytes = 0;
   while (std::getline(in, line)) {
     ++line_number;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.empty()) continue;
     const size_t space = line.find(' ');
     auto bytes = space == std::string::npos
                      ? std::nullopt
                      : decode_base64(std::string_view(line).substr(0, space));
     int32_t rank = -1;
-    if (bytes && space + 1 < line.size()) {
-      try {
-        rank = std::stoi(line.substr(space + 1));
-      } catch (const std::exception&) {
-      }
-    }
+    if (bytes && space + 1 < line.size())
+      rank = parse_rank(std::string_view(line).substr(space + 1));
     LOOM_CHECK_AS(InputError, bytes && !bytes->empty() && rank >= 0, ranks_path, ":", line_number,
-                  ": expected \"<base64 token> <rank>\"");
+                  ": expected \"<base64 token> <rank>\" with a rank in [0, ", kMaxTokenId, "]");
     total_bytes += bytes->size();
     entries.emplace_back(std::move(*bytes), rank);
   }
@@ -186,13 +196,22 @@ BpeTokenizer::BpeTokenizer(const std::string& ranks_path, BpeSpec spec) : spec_(
     arena_ += bytes;
   }
   int32_t max_id = 0;
+  std::unordered_map<int32_t, size_t> rank_line;  // rank -> entry
   for (size_t i = 0; i < entries.size(); ++i) {
     std::string_view key(arena_.data() + spans[i].first, spans[i].second);
     LOOM_CHECK_AS(InputError, ranks_.emplace(key, entries[i].second).second, ranks_path,
-                  ": token of rank ", entries[i].second, " appears twice");
+                  ": the token of rank ", entries[i].second, " appears twice");
+    auto [slot, fresh] = rank_line.emplace(entries[i].second, i);
+    LOOM_CHECK_AS(InputError, fresh, ranks_path, ": rank ", entries[i].second,
+                  " is given to two tokens (entries ", slot->second + 1, " and ", i + 1, ")");
     max_id = std::max(max_id, entries[i].second);
   }
-  for (const auto& [text, id] : spec_.specials) max_id = std::max(max_id, id);
+  for (const auto& [text, id] : spec_.specials) {
+    LOOM_CHECK_AS(InputError, id >= 0 && id <= kMaxTokenId && !rank_line.count(id), ranks_path,
+                  ": special token ", text, " has id ", id,
+                  ", which is out of range or the rank of an ordinary token");
+    max_id = std::max(max_id, id);
+  }
   vocab_size_ = max_id + 1;
   id_to_bytes_.assign(static_cast<size_t>(vocab_size_), std::string_view());
   for (const auto& [key, rank] : ranks_) id_to_bytes_[static_cast<size_t>(rank)] = key;

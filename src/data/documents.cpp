@@ -11,6 +11,7 @@
 #include <memory>
 
 #include "loom/core/check.h"
+#include "loom/core/files.h"
 #include "loom/core/logging.h"
 #include "loom/core/strings.h"
 
@@ -19,6 +20,7 @@ namespace {
 
 // The whole file, decompressed when gzip (zlib reads plain files through the same call).
 std::string read_maybe_gzip(const std::string& path) {
+  files::require_regular_file(path, "dataset file");
   std::unique_ptr<gzFile_s, int (*)(gzFile)> file(gzopen(path.c_str(), "rb"), gzclose);
   LOOM_CHECK_AS(InputError, file != nullptr, "cannot open dataset file '", path,
                 "': ", std::strerror(errno));
@@ -32,8 +34,20 @@ std::string read_maybe_gzip(const std::string& path) {
       LOOM_THROW(InputError, "cannot read dataset file '", path, "': ", message);
     }
     if (n == 0) break;
-    content.append(buffer, static_cast<size_t>(n));
+    try {
+      content.append(buffer, static_cast<size_t>(n));
+    } catch (const std::bad_alloc&) {
+      LOOM_THROW(InputError, "dataset file '", path, "': out of memory after ", content.size(),
+                 " bytes (decompressed); split it into smaller files");
+    }
   }
+  // At the end of the input zlib says Z_BUF_ERROR when a gzip stream stopped in the middle (no
+  // trailer, or cut at a block boundary): what was read is only part of the file.
+  int code = Z_OK;
+  const char* message = gzerror(file.get(), &code);
+  LOOM_CHECK_AS(InputError, code == Z_OK, "dataset file '", path, "' is truncated or corrupt (",
+                message,
+                "): the gzip stream ends before its trailer; refusing to train on part of it");
   return content;
 }
 
@@ -106,7 +120,7 @@ std::string record_text(const std::string& line, const std::string& path, int64_
   nlohmann::json record;
   try {
     record = nlohmann::json::parse(line);
-  } catch (const nlohmann::json::parse_error& error) {
+  } catch (const nlohmann::json::exception& error) {  // parse_error, or out_of_range (1e999)
     LOOM_THROW(InputError, path, ":", line_number, ": invalid JSON: ", error.what());
   }
   LOOM_CHECK_AS(InputError, record.is_object() && record.contains(text_field), path, ":",
@@ -144,7 +158,12 @@ std::vector<std::string> read_documents(const std::string& path, const std::stri
     start = end + 1;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     try {
-      documents.push_back(record_text(line, path, line_number, text_field));
+      try {
+        documents.push_back(record_text(line, path, line_number, text_field));
+      } catch (const std::bad_alloc&) {
+        LOOM_THROW(InputError, path, ":", line_number, ": out of memory reading a record of ",
+                   line.size(), " bytes");
+      }
     } catch (const InputError& error) {
       if (!skip_bad_records) throw;
       if (skipped++ == 0) {

@@ -5,8 +5,11 @@
 #include <array>
 #include <climits>
 #include <fstream>
+#include <unordered_map>
 
 #include "loom/core/check.h"
+#include "loom/core/files.h"
+#include "loom/core/json.h"
 
 namespace loom::data {
 namespace {
@@ -98,6 +101,13 @@ std::string pre_tokenizer_pattern(const nlohmann::json& pre, const std::string& 
   return split["pattern"]["Regex"].get<std::string>();
 }
 
+// `object[key]` on a const object is undefined behaviour when the key is missing (found by
+// tools/fuzz.sh: a tokenizer.json without "continuing_subword_prefix" read past a map node).
+bool absent_or_null(const nlohmann::json& object, const char* key) {
+  auto it = object.find(key);
+  return it == object.end() || it->is_null();
+}
+
 }  // namespace
 
 std::string byte_level_text(std::string_view bytes) {
@@ -108,25 +118,35 @@ std::string byte_level_text(std::string_view bytes) {
 }
 
 HfBpeTokenizer::HfBpeTokenizer(const std::string& path) : path_(path) {
-  std::ifstream in(path);
-  LOOM_CHECK_AS(InputError, in.good(), "cannot open tokenizer file '", path, "'");
-  nlohmann::json j;
+  nlohmann::json j = json::parse_strict(files::read_file(path, "tokenizer file"), path);
+  LOOM_CHECK_AS(InputError, j.is_object(), path, ": a tokenizer.json holds a JSON object");
   try {
-    j = nlohmann::json::parse(in);
     const auto& model = j.at("model");
     LOOM_CHECK_AS(InputError, model.value("type", "BPE") == "BPE", path, ": model type '",
                   model.value("type", ""), "' is not supported (only byte-level BPE)");
     LOOM_CHECK_AS(InputError,
                   !model.value("byte_fallback", false) &&
-                      model["continuing_subword_prefix"].is_null() &&
-                      model["end_of_word_suffix"].is_null(),
+                      absent_or_null(model, "continuing_subword_prefix") &&
+                      absent_or_null(model, "end_of_word_suffix"),
                   path,
                   ": BPE options byte_fallback / continuing_subword_prefix / end_of_word_suffix "
                   "are not supported");
-    LOOM_CHECK_AS(InputError, j["normalizer"].is_null(), path, ": normalizers are not supported");
+    LOOM_CHECK_AS(InputError, absent_or_null(j, "normalizer"), path,
+                  ": normalizers are not supported");
     ignore_merges_ = model.value("ignore_merges", false);
-    for (auto it = model.at("vocab").begin(); it != model.at("vocab").end(); ++it) {
-      vocab_[it.key()] = it.value().get<int32_t>();
+    const auto& vocab = json::object_field(model, "vocab", path + ": model");
+    const auto& added_tokens = j.value("added_tokens", nlohmann::json::array());
+    LOOM_CHECK_AS(InputError, added_tokens.is_array(), path, ": added_tokens must be an array");
+    // Ids index the embedding table: each must lie in [0, number of tokens the file declares).
+    const auto declared = static_cast<int64_t>(vocab.size() + added_tokens.size());
+    std::unordered_map<int32_t, std::string> owner;
+    for (auto it = vocab.begin(); it != vocab.end(); ++it) {
+      const auto id = static_cast<int32_t>(
+          json::as_int(it.value(), path + ": id of token '" + it.key() + "'", 0, declared - 1));
+      auto [slot, fresh] = owner.emplace(id, it.key());
+      LOOM_CHECK_AS(InputError, fresh, path, ": tokens '", slot->second, "' and '", it.key(),
+                    "' share id ", id);
+      vocab_[it.key()] = id;
     }
     auto id_of = [&](const std::string& token) {
       auto it = vocab_.find(token);
@@ -156,9 +176,16 @@ HfBpeTokenizer::HfBpeTokenizer(const std::string& path) : path_(path) {
     int32_t max_id = -1;
     for (const auto& [token, id] : vocab_) max_id = std::max(max_id, id);
     std::vector<std::pair<std::string, int32_t>> added;
-    for (const auto& token : j.value("added_tokens", nlohmann::json::array())) {
-      added.emplace_back(token.at("content").get<std::string>(), token.at("id").get<int32_t>());
-      max_id = std::max(max_id, added.back().second);
+    for (const auto& token : added_tokens) {
+      const std::string content = json::string_field(token, "content", path + ": added token");
+      const auto id = static_cast<int32_t>(
+          json::as_int(json::field(token, "id", path + ": added token '" + content + "'"),
+                       path + ": id of added token '" + content + "'", 0, declared - 1));
+      auto [slot, fresh] = owner.emplace(id, content);
+      LOOM_CHECK_AS(InputError, fresh || slot->second == content, path, ": added token '", content,
+                    "' takes id ", id, " of token '", slot->second, "'");
+      added.emplace_back(content, id);
+      max_id = std::max(max_id, id);
     }
     id_to_token_.assign(static_cast<size_t>(max_id + 1), std::string());
     is_added_.assign(static_cast<size_t>(max_id + 1), false);

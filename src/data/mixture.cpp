@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
+#include <climits>
 #include <cmath>
 #include <filesystem>
 
@@ -122,7 +123,8 @@ void MixtureSource::load_state(const nlohmann::json& state) {
     int64_t total = 0;
     for (const auto& part : parts) {
       drawn.push_back(part.at("samples_drawn").get<int64_t>());
-      LOOM_CHECK_AS(InputError, drawn.back() >= 0, "negative samples_drawn in mixture state");
+      LOOM_CHECK_AS(InputError, drawn.back() >= 0 && drawn.back() <= INT64_MAX - total,
+                    "samples_drawn ", drawn.back(), " in mixture state is negative or too large");
       total += drawn.back();
     }
     const int64_t consumed = state.at("samples_consumed").get<int64_t>();

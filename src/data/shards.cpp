@@ -13,9 +13,11 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "loom/core/check.h"
 #include "loom/core/files.h"
+#include "loom/core/json.h"
 
 // The files are little-endian and read by plain loads; a big-endian host would need byte swaps.
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
@@ -48,6 +50,46 @@ std::string shard_name(size_t index, const char* suffix) {
 std::string index_path_of(const std::string& path) {
   if (fs::path(path).filename() == "index.json") return path;
   return (fs::path(path) / "index.json").string();
+}
+
+// --overwrite replaces only what loom prepare-data made: a folder whose index.json is a loom
+// prepared-dataset index and whose every entry is that index or a file it lists. Anything else
+// (a file, a folder of other things, a dataset with extra files beside it) is refused, and
+// nothing is removed.
+void check_replaceable(const std::string& output) {
+  std::error_code error;
+  const auto status = fs::symlink_status(output, error);
+  if (!fs::exists(status)) return;
+  const std::string refuse = "--overwrite: refusing to replace '" + output + "': ";
+  LOOM_CHECK_AS(InputError, fs::is_directory(status), refuse,
+                "it is not a folder (loom replaces only a folder it prepared)");
+  const std::string index_path = output + "/index.json";
+  nlohmann::json index;
+  try {
+    index = json::read_file_strict(index_path, "prepared dataset index", uint64_t{1} << 30);
+  } catch (const InputError& e) {
+    LOOM_THROW(InputError, refuse, "it holds no readable loom index.json (", e.message(),
+               "); remove it yourself if it should go");
+  }
+  LOOM_CHECK_AS(InputError, index.is_object() && index.value("format", "") == kShardFormat, refuse,
+                "its index.json is not a loom prepared dataset's");
+  std::set<std::string> ours = {"index.json"};
+  if (index.contains("shards") && index["shards"].is_array()) {
+    for (const auto& shard : index["shards"]) {
+      for (const char* key : {"tokens_file", "offsets_file"}) {
+        if (shard.is_object() && shard.contains(key) && shard[key].is_string()) {
+          ours.insert(shard[key].get<std::string>());
+        }
+      }
+    }
+  }
+  for (const auto& entry : fs::directory_iterator(output, error)) {
+    const std::string name = entry.path().filename().string();
+    LOOM_CHECK_AS(InputError, ours.count(name) && entry.is_regular_file(), refuse, "'", name,
+                  "' in it is not part of the prepared dataset; move it out or remove the folder "
+                  "yourself");
+  }
+  LOOM_CHECK_AS(InputError, !error, refuse, "cannot list it: ", error.message());
 }
 
 }  // namespace
@@ -124,15 +166,20 @@ ShardWriter::ShardWriter(std::string output, const Tokenizer& tokenizer, int64_t
   while (output_.size() > 1 && output_.back() == '/') output_.pop_back();
   LOOM_CHECK_AS(InputError, shard_tokens_ >= 1, "--shard-tokens must be at least 1, got ",
                 shard_tokens_);
-  LOOM_CHECK_AS(InputError, overwrite_ || !fs::exists(output_), "output folder '", output_,
+  LOOM_CHECK_AS(InputError, overwrite_ || !fs::exists(fs::symlink_status(output_)),
+                "output folder '", output_,
                 "' already exists; choose another --output or pass --overwrite");
+  if (overwrite_) check_replaceable(output_);
   LOOM_CHECK_AS(InputError, tokenizer.vocab_size() <= (int64_t{1} << 32), "vocabulary of ",
                 tokenizer.vocab_size(), " does not fit uint32 token ids");
   dtype_ = tokenizer.vocab_size() <= 65536 ? "uint16" : "uint32";
-  temp_ = output_ + ".tmp-" + std::to_string(::getpid());
-  std::error_code ignored;
-  fs::remove_all(temp_, ignored);  // a leftover of an earlier run with the same pid
-  files::create_directories(temp_);
+  // A fresh, uniquely named folder: nothing that exists is ever reused or removed.
+  const std::string parent = fs::path(output_).parent_path().string();
+  if (!parent.empty()) files::create_directories(parent);
+  std::string pattern = output_ + ".tmp-" + std::to_string(::getpid()) + "-XXXXXX";
+  LOOM_CHECK_AS(IoError, ::mkdtemp(pattern.data()) != nullptr, "cannot create a folder '", pattern,
+                "': ", std::strerror(errno));
+  temp_ = pattern;
 }
 
 ShardWriter::~ShardWriter() {
@@ -218,8 +265,11 @@ void ShardWriter::finish() {
   std::string old;
   if (fs::exists(output_)) {
     LOOM_CHECK_AS(InputError, overwrite_, "output folder '", output_, "' appeared while writing");
-    old = output_ + ".old-" + std::to_string(::getpid());
-    fs::rename(output_, old);
+    check_replaceable(output_);  // again: it may have changed while this run was writing
+    old = temp_ + ".old";        // beside the unique temp folder: a name nobody else uses
+    std::error_code error;
+    fs::rename(output_, old, error);
+    LOOM_CHECK_AS(IoError, !error, "cannot move '", output_, "' aside: ", error.message());
   }
   if (::rename(temp_.c_str(), output_.c_str()) != 0) {
     const int saved = errno;
@@ -240,16 +290,9 @@ void ShardWriter::finish() {
 
 namespace {
 
-// The whole (small) content of a file.
-std::string read_small_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  LOOM_CHECK_AS(InputError, in.good(), "prepared dataset: cannot read '", path,
-                "': ", std::strerror(errno));
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
 uint64_t file_size(const std::string& path, const std::string& what) {
   std::error_code error;
+  if (fs::exists(path, error)) files::require_regular_file(path, "prepared dataset " + what);
   const auto size = fs::file_size(path, error);
   LOOM_CHECK_AS(InputError, !error, "prepared dataset: ", what, " '", path,
                 "' is missing or unreadable (", error.message(), ")");
@@ -264,26 +307,23 @@ ShardedTokenStream::ShardedTokenStream(const std::string& path, const Tokenizer&
   if (folder_.empty()) folder_ = ".";
   LOOM_CHECK_AS(InputError, fs::exists(index_path), "'", index_path,
                 "' does not exist: not a prepared dataset, or loom prepare-data did not finish "
-                "(an interrupted run leaves only a '<output>.tmp-<pid>' folder)");
-  nlohmann::json index;
-  try {
-    index = nlohmann::json::parse(read_small_file(index_path));
-  } catch (const nlohmann::json::parse_error& error) {
-    LOOM_THROW(InputError, index_path, ": invalid JSON: ", error.what());
-  }
+                "(an interrupted run leaves only a '<output>.tmp-<pid>-XXXXXX' folder)");
+  const nlohmann::json index =
+      json::read_file_strict(index_path, "prepared dataset index", uint64_t{1} << 30);
+  LOOM_CHECK_AS(InputError, index.is_object(), index_path, ": expected a JSON object");
   try {
     LOOM_CHECK_AS(InputError, index.at("format") == kShardFormat, index_path, ": format ",
                   index.at("format").dump(), ", expected \"", kShardFormat, "\"");
-    const int version = index.at("version").get<int>();
+    const int64_t version = json::int_field(index, "version", index_path);
     LOOM_CHECK_AS(InputError, version == kShardFormatVersion, index_path, ": format version ",
                   version, "; this loom reads version ", kShardFormatVersion);
-    dtype_ = index.at("dtype").get<std::string>();
+    dtype_ = json::string_field(index, "dtype", index_path);
     LOOM_CHECK_AS(InputError, dtype_ == "uint16" || dtype_ == "uint32", index_path, ": dtype \"",
                   dtype_, "\", expected \"uint16\" or \"uint32\"");
     width_ = dtype_ == "uint16" ? 2 : 4;
     LOOM_CHECK_AS(InputError, index.at("byte_order") == "little", index_path,
                   ": byte_order must be \"little\"");
-    vocab_size_ = index.at("vocab_size").get<int64_t>();
+    vocab_size_ = json::int_field(index, "vocab_size", index_path);
     LOOM_CHECK_AS(InputError, vocab_size_ >= 1 && (dtype_ == "uint32" || vocab_size_ <= 65536),
                   index_path, ": vocab_size ", vocab_size_, " does not fit dtype ", dtype_);
     const auto& recorded = index.at("tokenizer");
@@ -304,18 +344,22 @@ ShardedTokenStream::ShardedTokenStream(const std::string& path, const Tokenizer&
                   "); prepare the data again with --tokenizer ", current.path,
                   " or set model.tokenizer_path to the tokenizer the data was prepared with");
     int64_t first = 0;
-    for (const auto& entry : index.at("shards")) {
-      open_shard(entry, first);
+    const auto& shards = json::array_field(index, "shards", index_path);
+    LOOM_CHECK_AS(InputError, shards.size() <= (size_t{1} << 20), index_path, ": ", shards.size(),
+                  " shards, more than loom reads (2^20)");
+    std::set<std::string> names;
+    for (size_t i = 0; i < shards.size(); ++i) {
+      open_shard(shards[i], first, index_path + ": shards[" + std::to_string(i) + "]", names);
+      // At most 2^20 shards of 2^40 tokens: the sums cannot overflow.
       first += shards_.back().tokens;
-      documents_ += entry.at("documents").get<int64_t>();
+      documents_ += shards_.back().documents;
     }
     total_tokens_ = first;
-    LOOM_CHECK_AS(InputError,
-                  total_tokens_ == index.at("tokens").get<int64_t>() &&
-                      documents_ == index.at("documents").get<int64_t>(),
-                  index_path, ": the shards hold ", total_tokens_, " tokens in ", documents_,
-                  " documents, the index totals say ", index.at("tokens").get<int64_t>(), " in ",
-                  index.at("documents").get<int64_t>());
+    const int64_t tokens = json::int_field(index, "tokens", index_path, 0);
+    const int64_t documents = json::int_field(index, "documents", index_path, 0);
+    LOOM_CHECK_AS(InputError, total_tokens_ == tokens && documents_ == documents, index_path,
+                  ": the shards hold ", total_tokens_, " tokens in ", documents_,
+                  " documents, the index totals say ", tokens, " in ", documents);
     LOOM_CHECK_AS(InputError, !shards_.empty(), index_path, ": no shard");
   } catch (const nlohmann::json::exception& error) {
     LOOM_THROW(InputError, index_path, ": malformed index: ", error.what());
@@ -323,23 +367,31 @@ ShardedTokenStream::ShardedTokenStream(const std::string& path, const Tokenizer&
   verified_.reset(new std::atomic<bool>[shards_.size()]());
 }
 
-void ShardedTokenStream::open_shard(const nlohmann::json& entry, int64_t first) {
+void ShardedTokenStream::open_shard(const nlohmann::json& entry, int64_t first,
+                                    const std::string& where, std::set<std::string>& names) {
   Shard shard;
-  const auto tokens_file = entry.at("tokens_file").get<std::string>();
-  const auto offsets_file = entry.at("offsets_file").get<std::string>();
+  const auto tokens_file = json::string_field(entry, "tokens_file", where);
+  const auto offsets_file = json::string_field(entry, "offsets_file", where);
+  for (const auto& name : {tokens_file, offsets_file}) {
+    LOOM_CHECK_AS(InputError, files::is_contained_relative_path(name), where, ": file '", name,
+                  "' lies outside the dataset folder (absolute, empty or with '..')");
+    LOOM_CHECK_AS(InputError, names.insert(name).second, where, ": file '", name,
+                  "' is listed twice");
+  }
   shard.tokens_path = folder_ + "/" + tokens_file;
   const std::string offsets_path = folder_ + "/" + offsets_file;
-  shard.tokens = entry.at("tokens").get<int64_t>();
+  // Bounds that keep every size and sum in range: at most 2^40 tokens a shard, 2^20 shards.
+  constexpr int64_t kMaxCount = int64_t{1} << 40;
+  shard.tokens = json::int_field(entry, "tokens", where, 1, kMaxCount);
   shard.first = first;
-  const int64_t documents = entry.at("documents").get<int64_t>();
-  LOOM_CHECK_AS(InputError, shard.tokens > 0 && documents > 0, shard.tokens_path,
-                ": the index lists ", shard.tokens, " tokens in ", documents,
-                " documents; a shard holds at least one");
-  const auto crc_text = entry.at("tokens_crc32").get<std::string>();
-  char* end = nullptr;
-  shard.crc32 = static_cast<uint32_t>(std::strtoul(crc_text.c_str(), &end, 16));
-  LOOM_CHECK_AS(InputError, crc_text.size() == 8 && end == crc_text.c_str() + 8, shard.tokens_path,
-                ": tokens_crc32 \"", crc_text, "\" is not 8 hex digits");
+  const int64_t documents = json::int_field(entry, "documents", where, 1, shard.tokens);
+  shard.documents = documents;
+  const auto crc_text = json::string_field(entry, "tokens_crc32", where);
+  const bool hex = crc_text.size() == 8 &&
+                   crc_text.find_first_not_of("0123456789abcdefABCDEF") == std::string::npos;
+  LOOM_CHECK_AS(InputError, hex, where, ": tokens_crc32 \"", crc_text, "\" is not 8 hex digits");
+  shard.crc32 = static_cast<uint32_t>(std::strtoul(crc_text.c_str(), nullptr, 16));
+  const auto offsets_crc = json::string_field(entry, "offsets_crc32", where);
 
   // Sizes first: a truncated or padded file is named before anything is mapped.
   const uint64_t expected = static_cast<uint64_t>(shard.tokens) * width_;
@@ -359,10 +411,13 @@ void ShardedTokenStream::open_shard(const nlohmann::json& entry, int64_t first) 
                 documents + 1, " uint64 offsets)");
 
   // Offsets are small (8 bytes a document): read, checksum and check them now.
-  const std::string offsets = read_small_file(offsets_path);
+  const std::string offsets =
+      files::read_file(offsets_path, "prepared dataset offsets file", expected_offsets);
+  LOOM_CHECK_AS(InputError, offsets.size() == expected_offsets, offsets_path,
+                ": changed size while being read");
   const auto* raw = reinterpret_cast<const unsigned char*>(offsets.data());
-  LOOM_CHECK_AS(InputError, hex32(crc32_of(raw, offsets.size())) == entry.at("offsets_crc32"),
-                offsets_path, ": checksum mismatch (corrupt file)");
+  LOOM_CHECK_AS(InputError, hex32(crc32_of(raw, offsets.size())) == offsets_crc, offsets_path,
+                ": checksum mismatch (corrupt file)");
   std::vector<uint64_t> starts(static_cast<size_t>(documents + 1));
   std::memcpy(starts.data(), offsets.data(), offsets.size());
   bool ordered = starts.front() == 0 && starts.back() == static_cast<uint64_t>(shard.tokens);
@@ -370,6 +425,7 @@ void ShardedTokenStream::open_shard(const nlohmann::json& entry, int64_t first) 
   LOOM_CHECK_AS(InputError, ordered, offsets_path,
                 ": document offsets must rise from 0 to the token count ", shard.tokens);
 
+  files::require_regular_file(shard.tokens_path, "token shard");
   const int fd = ::open(shard.tokens_path.c_str(), O_RDONLY | O_CLOEXEC);
   LOOM_CHECK_AS(InputError, fd >= 0, "cannot open '", shard.tokens_path,
                 "': ", std::strerror(errno));

@@ -5,8 +5,10 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 
+#include "loom/config/job_config.h"
 #include "loom/core/check.h"
 #include "loom/core/strings.h"
 #include "loom/data/assets.h"
@@ -80,6 +82,22 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
   auto tokenizer = make_tokenizer(path, &file);
   if (!file.empty()) tokenizer->set_identity({path, file_content_hash(file)});
   return tokenizer;
+}
+
+std::string tokenizer_location(const std::optional<std::string>& tokenizer_path,
+                               const std::string& hf_assets_path) {
+  namespace fs = std::filesystem;
+  if (tokenizer_path) return *tokenizer_path;
+  const std::string candidate = (fs::path(hf_assets_path) / "tokenizer.json").string();
+  std::error_code error;
+  if (fs::exists(candidate, error)) return candidate;
+  const bool is_default = hf_assets_path == config::ModelSection{}.hf_assets_path;
+  LOOM_CHECK_AS(InputError,
+                hf_assets_path.empty() || (is_default && !fs::exists(hf_assets_path, error)),
+                "model.hf_assets_path = '", hf_assets_path,
+                "' holds no tokenizer.json; set model.tokenizer_path to the tokenizer to use "
+                "('byte' for the byte-level one)");
+  return "byte";
 }
 
 }  // namespace loom::data

@@ -19,6 +19,7 @@
 #include "loom/core/check.h"
 #include "loom/core/env.h"
 #include "loom/core/files.h"
+#include "loom/core/logging.h"
 #include "loom/core/strings.h"
 #include "loom/distributed/worker_group.h"
 
@@ -203,6 +204,19 @@ int resolve_nproc_per_node(const std::string& value) {
   LOOM_CHECK_AS(InputError, parsed.has_value() && *parsed >= 1 && *parsed <= 4096,
                 "--nproc-per-node must be a positive integer, 'cpu', 'gpu' or 'auto', got '", value,
                 "'");
+  // Oversubscribing works but rarely helps: ranks share devices or cores and run slower.
+  const int gpus = visible_gpu_count();
+  if (gpus > 0 && *parsed > gpus) {
+    log::get("launch")->warn(
+        "--nproc-per-node {} is more than the {} visible GPU(s): ranks will "
+        "share GPUs",
+        *parsed, gpus);
+  } else if (gpus == 0 && *parsed > cpus) {
+    log::get("launch")->warn(
+        "--nproc-per-node {} is more than the {} CPU core(s): ranks will "
+        "share cores",
+        *parsed, cpus);
+  }
   return static_cast<int>(*parsed);
 }
 

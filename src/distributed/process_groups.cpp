@@ -9,6 +9,7 @@
 
 #include "backend.h"
 #include "loom/core/logging.h"
+#include "loom/distributed/store_socket.h"
 
 namespace loom::distributed {
 
@@ -44,6 +45,9 @@ ProcessGroups::ProcessGroups(const CommInit& init) : init_(init) {
   options.numWorkers = init.world_size;
   options.waitWorkers = true;
   options.timeout = init.options.init_timeout;
+  // The store is unauthenticated: listen on MASTER_ADDR's interface only (loopback for one node).
+  if (options.isServer)
+    options.masterListenFd = bind_store_socket(init.master_addr, init.master_port);
   try {
     store_->store = c10::make_intrusive<c10d::TCPStore>(init.master_addr, options);
   } catch (const std::exception& e) {

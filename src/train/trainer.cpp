@@ -25,6 +25,7 @@
 #include "loom/train/grad_clip.h"
 #include "loom/train/loss.h"
 #include "loom/train/lr_scheduler.h"
+#include "loom/train/memory_check.h"
 #include "loom/train/mixed_precision.h"
 #include "loom/train/optimizer.h"
 
@@ -118,7 +119,8 @@ std::unique_ptr<data::Tokenizer> load_job_tokenizer(const config::JobConfig& con
   const auto& v = config.validation;
   if (!is_synthetic(t.dataset, t.dataset_path, t.dataset_mixture) ||
       (v.enable && !is_synthetic(v.dataset, v.dataset_path, v.dataset_mixture))) {
-    return data::load_tokenizer(config.model.tokenizer_path.value_or("byte"));
+    return data::load_tokenizer(
+        data::tokenizer_location(config.model.tokenizer_path, config.model.hf_assets_path));
   }
   return nullptr;
 }
@@ -128,6 +130,8 @@ Trainer::Trainer(config::JobConfig config, std::unique_ptr<data::BatchSource> so
     : config_(std::move(config)) {
   setup_runtime();
   tokenizer_ = load_job_tokenizer(config_);
+  check_memory_fits(config_, tokenizer_ ? tokenizer_->vocab_size() : 0,
+                    shard_group() ? shard_group()->size() : 1, device_);
   build_model();
   build_data(std::move(source), std::move(validation_source));
   build_checkpointer();

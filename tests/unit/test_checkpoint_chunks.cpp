@@ -53,6 +53,11 @@ std::string save_sharded(const std::string& name,
   }
   nlohmann::json index = loom::checkpoint::merge_index(parts);
   index["format"] = "loom.checkpoint";
+  index["version"] = 1;
+  index["step"] = 1;
+  index["world_size"] = ranks;
+  index["dp_size"] = ranks;
+  index["model_only"] = false;
   loom::files::write_atomic(folder + "/index.json", index.dump());
   return folder;
 }

@@ -10,6 +10,8 @@
 #include <ATen/core/Tensor.h>
 #include <nlohmann/json.hpp>
 
+#include "loom/checkpoint/chunk_index.h"
+
 #include <map>
 #include <memory>
 #include <set>
@@ -54,15 +56,19 @@ uint32_t crc32_of(const void* data, size_t bytes);
 
 class MappedFile;
 
-// Reads a step folder's chunks by overlap. Every saved chunk that is read is checked against its
-// CRC-32 once (in full, also when only part of it is needed); a file whose size differs from the
-// index is refused before any read. Errors are loom::InputError naming the file.
+// Reads a step folder's chunks by overlap. The index is checked in full when the reader is made
+// (chunk_index.h: nothing it names is read out of bounds); every saved chunk that is read is
+// checked against its CRC-32 once (in full, also when only part of it is needed); a file whose
+// size differs from the index is refused before any read. Errors are loom::InputError naming
+// the file.
 class CheckpointReader {
  public:
   explicit CheckpointReader(std::string step_folder);
   ~CheckpointReader();
 
+  // The raw index (already checked) and its parsed, checked form.
   const nlohmann::json& index() const { return index_; }
+  const CheckpointIndex& checked_index() const { return checked_; }
   bool has(const std::string& fqn) const;
   std::vector<std::string> tensor_names() const;
   std::vector<int64_t> global_shape(const std::string& fqn) const;
@@ -77,10 +83,12 @@ class CheckpointReader {
 
  private:
   const MappedFile& file(const std::string& name);
-  const char* verified_chunk(const nlohmann::json& chunk);
+  const char* verified_chunk(const SavedChunk& chunk);
+  const SavedTensor& tensor(const std::string& fqn) const;
 
   std::string folder_;
   nlohmann::json index_;
+  CheckpointIndex checked_;
   std::map<std::string, std::unique_ptr<MappedFile>> files_;
   std::set<std::pair<std::string, uint64_t>> verified_;
 };

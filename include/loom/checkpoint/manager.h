@@ -97,6 +97,14 @@ class CheckpointManager {
   };
   const SaveStats& last_save_stats() const { return stats_; }
 
+  // Saves started and failed so far, and the last failure's reason (complete after wait()).
+  struct SaveTally {
+    int started = 0;
+    int failed = 0;
+    std::string last_error;
+  };
+  const SaveTally& tally() const { return tally_; }
+
   // Test hook: the writer throws this (as an IoError) instead of writing the next save.
   void inject_write_failure(std::string message) { injected_failure_ = std::move(message); }
 
@@ -124,6 +132,7 @@ class CheckpointManager {
   std::thread writer_;
   bool last_save_ok_ = true;
   SaveStats stats_;
+  SaveTally tally_;
   std::thread purger_;
   std::string injected_failure_;
   std::vector<at::Tensor> pinned_;  // reused host buffers (async_with_pinned_mem on CUDA)

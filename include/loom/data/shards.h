@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -29,7 +30,7 @@ inline constexpr int kShardFormatVersion = 1;
 // Whether `path` is a prepared dataset (a folder holding index.json, or that index.json).
 bool is_prepared_dataset(const std::string& path);
 
-// Writes a prepared dataset into a temporary folder beside `output` (output.tmp-<pid>) and
+// Writes a prepared dataset into a temporary folder beside `output` (output.tmp-<pid>-XXXXXX) and
 // renames it into place in finish(), so an interrupted run never leaves a folder that looks
 // complete. The destructor removes the temporary folder when finish() was not reached.
 class ShardWriter {
@@ -98,12 +99,14 @@ class ShardedTokenStream : public TokenStream {
   struct Shard {
     std::string tokens_path;
     int64_t tokens = 0;
+    int64_t documents = 0;
     int64_t first = 0;  // position of its first token in the stream
     uint32_t crc32 = 0;
     const unsigned char* data = nullptr;
     size_t bytes = 0;
   };
-  void open_shard(const nlohmann::json& entry, int64_t first);
+  void open_shard(const nlohmann::json& entry, int64_t first, const std::string& where,
+                  std::set<std::string>& names);
   void verify(size_t shard) const;
 
   std::string folder_;

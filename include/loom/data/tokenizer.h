@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -52,6 +53,13 @@ class ByteTokenizer : public Tokenizer {
 // model.tokenizer_path: "byte" (or unset): byte-level; "brown_bpe": the BPE trained on the
 // embedded corpus; a path: tokenizer.json (Hugging Face) or .tiktoken / tokenizer.model.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path);
+
+// Which tokenizer a job uses (torchtitan's rule): model.tokenizer_path when set; else the
+// tokenizer.json in model.hf_assets_path; else, when hf_assets_path is still its default and
+// that folder does not exist, "byte". An hf_assets_path that was set but holds no
+// tokenizer.json is an error (never a silent fall back to the byte tokenizer).
+std::string tokenizer_location(const std::optional<std::string>& tokenizer_path,
+                               const std::string& hf_assets_path);
 
 // "crc32:<8 hex digits>:<size>" of a file's bytes; throws loom::InputError when unreadable.
 std::string file_content_hash(const std::string& path);

@@ -1,0 +1,51 @@
+// Reading JSON that comes from files loom did not necessarily write (checkpoint indexes, shard
+// indexes, tokenizers, safetensors headers): strict parsing (a key twice in one object is an
+// error, not "last one wins"; nesting is bounded) and typed field access whose errors name the
+// file and the key. Every error is a loom::InputError.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace loom::json {
+
+// Parses `text`; `source` (a path, "path: header", ...) starts every error message.
+nlohmann::json parse_strict(std::string_view text, const std::string& source);
+
+// files::read_file (regular files only) + parse_strict.
+nlohmann::json read_file_strict(const std::string& path, const std::string& role,
+                                uint64_t max_bytes = uint64_t{1} << 32);
+
+// `object[key]`, which must exist (and be an object/array/string when asked below). `where`
+// names the file (and the object inside it) in the error.
+const nlohmann::json& field(const nlohmann::json& object, const std::string& key,
+                            const std::string& where);
+const nlohmann::json& object_field(const nlohmann::json& object, const std::string& key,
+                                   const std::string& where);
+const nlohmann::json& array_field(const nlohmann::json& object, const std::string& key,
+                                  const std::string& where);
+std::string string_field(const nlohmann::json& object, const std::string& key,
+                         const std::string& where);
+bool bool_field(const nlohmann::json& object, const std::string& key, const std::string& where);
+
+// An integer in [min, max] (JSON integers only: 1.5, "3" or 2^64 are refused, never truncated).
+int64_t int_field(const nlohmann::json& object, const std::string& key, const std::string& where,
+                  int64_t min = std::numeric_limits<int64_t>::min(),
+                  int64_t max = std::numeric_limits<int64_t>::max());
+int64_t as_int(const nlohmann::json& value, const std::string& what, int64_t min = 0,
+               int64_t max = std::numeric_limits<int64_t>::max());
+uint64_t as_uint(const nlohmann::json& value, const std::string& what,
+                 uint64_t max = std::numeric_limits<uint64_t>::max());
+// A JSON array of integers in [min, max].
+std::vector<int64_t> int_array(const nlohmann::json& value, const std::string& what,
+                               int64_t min = 0, int64_t max = std::numeric_limits<int64_t>::max());
+
+// "an object", "a string", ... for messages.
+const char* type_name(const nlohmann::json& value);
+
+}  // namespace loom::json
