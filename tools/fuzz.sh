@@ -56,10 +56,10 @@ if [ ! -f "$SEEDS/.done" ]; then
     "$BUILD/bin/fuzz_checkpoint_reader" -runs=0 >/dev/null 2>&1 || true
   cp "$SEEDS"/checkpoint/*.safetensors "$SEEDS/safetensors/" 2>/dev/null || true
   cp "$SEEDS"/checkpoint/seed-index.json "$SEEDS/index/" 2>/dev/null || true
-  for f in ../shared/data/tokenizers/*.tiktoken /work/shared/data/tokenizers/*.tiktoken; do
+  for f in tests/data/tokenizers/*.tiktoken; do
     [ -f "$f" ] && head -n 64 "$f" > "$SEEDS/tiktoken/$(basename "$f")"
   done
-  cp ../shared/data/tokenizers/*.json "$SEEDS/tiktoken/" 2>/dev/null || true
+  cp tests/data/tokenizers/cl100k_base.json tests/data/tokenizers/gpt2.json "$SEEDS/tiktoken/" 2>/dev/null || true
   cp tests/data/tokenizers/hf_*_style.json assets/tokenizer/*.json "$SEEDS/hf/"
   # Small documents of the Brown corpus, plain and gzip (whole files stay under -max_len).
   zcat assets/brown/validation.jsonl.gz | python3 -c '
