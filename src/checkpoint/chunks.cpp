@@ -226,6 +226,18 @@ nlohmann::json write_chunk_file(const std::string& path, const std::vector<Local
           {"header_crc32", crc32_of(head.data(), head.size())}};
 }
 
+nlohmann::json step_index(const std::vector<nlohmann::json>& rank_entries,
+                          const StepHeader& header) {
+  nlohmann::json index = merge_index(rank_entries);
+  index["format"] = "loom.checkpoint";
+  index["version"] = 1;
+  index["step"] = header.step;
+  index["world_size"] = header.world_size;
+  index["dp_size"] = header.dp_size;
+  index["model_only"] = header.model_only;
+  return index;
+}
+
 nlohmann::json merge_index(const std::vector<nlohmann::json>& rank_entries) {
   nlohmann::json tensors = nlohmann::json::object();
   nlohmann::json file_sizes = nlohmann::json::object();

@@ -308,13 +308,7 @@ void import_from_hf(const std::string& hf_folder, const std::string& checkpoint_
   nlohmann::json part = write_chunk_file(temp + "/rank-00000.safetensors", chunks);
   part["state"] = {{"rank", 0}, {"world_size", 1}, {"dp_rank", 0}, {"dp_size", 1}};
   files::write_atomic(temp + "/rank-00000.json", part.dump());
-  nlohmann::json index = merge_index({part});
-  index["format"] = "loom.checkpoint";
-  index["version"] = 1;
-  index["step"] = 0;
-  index["world_size"] = 1;
-  index["dp_size"] = 1;
-  index["model_only"] = true;
+  nlohmann::json index = step_index({part}, {0, 1, 1, true});
   index["source"] = "huggingface:" + hf_folder;
   files::write_atomic(temp + "/index.json", index.dump(1));
   files::write_atomic(temp + "/train_state.json",

@@ -280,13 +280,7 @@ void CheckpointManager::finalize(const Snapshot& s, const std::string& temp) {
     }
     parts[static_cast<size_t>(r)] = read_json(path);
   }
-  nlohmann::json index = merge_index(parts);
-  index["format"] = "loom.checkpoint";
-  index["version"] = 1;
-  index["step"] = s.step;
-  index["world_size"] = world;
-  index["dp_size"] = runtime_.dp_size();
-  index["model_only"] = s.model_only;
+  nlohmann::json index = step_index(parts, {s.step, world, runtime_.dp_size(), s.model_only});
   files::write_atomic(temp + "/index.json", index.dump(1));
   files::write_atomic(
       temp + "/train_state.json",

@@ -26,13 +26,7 @@ std::string make_step_folder() {
   auto n = loom::checkpoint::whole_chunk("n", at::arange(3, at::kLong));
   auto part0 = loom::checkpoint::write_chunk_file(folder + "/rank-00000.safetensors", {top, b});
   auto part1 = loom::checkpoint::write_chunk_file(folder + "/rank-00001.safetensors", {bottom, n});
-  auto index = loom::checkpoint::merge_index({part0, part1});
-  index["format"] = "loom.checkpoint";
-  index["version"] = 1;
-  index["step"] = 2;
-  index["world_size"] = 2;
-  index["dp_size"] = 2;
-  index["model_only"] = false;
+  auto index = loom::checkpoint::step_index({part0, part1}, {2, 2, 2, false});
   loom::files::write_atomic(folder + "/seed-index.json", index.dump(1));
   if (const char* out = std::getenv("LOOM_FUZZ_SEED_OUT")) {
     std::filesystem::create_directories(out);

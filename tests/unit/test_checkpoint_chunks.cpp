@@ -51,13 +51,7 @@ std::string save_sharded(const std::string& name,
     parts.push_back(loom::checkpoint::write_chunk_file(
         folder + "/rank-" + std::to_string(r) + ".safetensors", chunks));
   }
-  nlohmann::json index = loom::checkpoint::merge_index(parts);
-  index["format"] = "loom.checkpoint";
-  index["version"] = 1;
-  index["step"] = 1;
-  index["world_size"] = ranks;
-  index["dp_size"] = ranks;
-  index["model_only"] = false;
+  nlohmann::json index = loom::checkpoint::step_index(parts, {1, ranks, ranks, false});
   loom::files::write_atomic(folder + "/index.json", index.dump());
   return folder;
 }

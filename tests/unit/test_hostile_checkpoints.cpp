@@ -37,13 +37,7 @@ std::string save_step(const std::string& name) {
   auto part0 = loom::checkpoint::write_chunk_file(folder + "/rank-00000.safetensors",
                                                   {top, loom::checkpoint::whole_chunk("b", b)});
   auto part1 = loom::checkpoint::write_chunk_file(folder + "/rank-00001.safetensors", {bottom});
-  json index = loom::checkpoint::merge_index({part0, part1});
-  index["format"] = "loom.checkpoint";
-  index["version"] = 1;
-  index["step"] = 3;
-  index["world_size"] = 2;
-  index["dp_size"] = 2;
-  index["model_only"] = false;
+  json index = loom::checkpoint::step_index({part0, part1}, {3, 2, 2, false});
   loom::files::write_atomic(folder + "/index.json", index.dump(1));
   return folder;
 }

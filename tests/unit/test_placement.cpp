@@ -101,13 +101,7 @@ TEST(Placement, CheckpointWritesEachReplicatedBoxOnceAndReshardsTo124Ranks) {
         folder + "/rank-" + std::to_string(rank) + ".safetensors", mine));
   }
   // merge_index refuses overlapping chunks: a box saved twice fails here.
-  nlohmann::json index = loom::checkpoint::merge_index(parts);
-  index["format"] = "loom.checkpoint";
-  index["version"] = 1;
-  index["step"] = 1;
-  index["world_size"] = 4;
-  index["dp_size"] = 2;
-  index["model_only"] = false;
+  nlohmann::json index = loom::checkpoint::step_index(parts, {1, 4, 2, false});
   loom::files::write_atomic(folder + "/index.json", index.dump());
   int64_t total = 0;
   for (const auto& [name, t] : layout.global) total += t.numel();

@@ -52,6 +52,18 @@ nlohmann::json write_chunk_file(const std::string& path, const std::vector<Local
 // saved chunks of a tensor overlap and that they agree on dtype and global shape.
 nlohmann::json merge_index(const std::vector<nlohmann::json>& rank_entries);
 
+// What index.json says about its step beside the chunks (checked by every reader).
+struct StepHeader {
+  int64_t step = 0;
+  int64_t world_size = 1;  // ranks that wrote the step
+  int64_t dp_size = 1;
+  bool model_only = false;
+};
+// A step folder's index.json: the merged per-rank entries (merge_index) with the format,
+// version and step header.
+nlohmann::json step_index(const std::vector<nlohmann::json>& rank_entries,
+                          const StepHeader& header);
+
 uint32_t crc32_of(const void* data, size_t bytes);
 
 class MappedFile;
