@@ -183,7 +183,9 @@ void Trainer::build_model() {
                                     parameter_dtype(config_.training),
                                     autocast_dtype(config_.training, device_)};
   parallel_ = spec.parallelize(models::build_model(config_, vocab, meta), context);
-  optimizer_ = build_optimizer(config_.optimizer, parallel_.tensors());
+  local_tensors_ = parallel_.tensors();
+  placements_ = parallel_.placements();
+  optimizer_ = build_optimizer(config_.optimizer, local_tensors_);
   schedule_.emplace(config_.lr_scheduler,
                     config_.lr_scheduler.total_steps.value_or(config_.training.steps));
   auto log = log::get("trainer");
@@ -291,7 +293,7 @@ double Trainer::train_step(int64_t step, PendingStep& pending, metrics::StepMetr
   }
   pending.step = step;
   pending.loss = loss_sum.to(at::kDouble);
-  pending.grad_norm = clip_grad_norm(parallel_.tensors(), parallel_.placements(), t.max_norm,
+  pending.grad_norm = clip_grad_norm(local_tensors_, placements_, t.max_norm,
                                      &runtime_->world_group());
   m.lr = config_.optimizer.lr * schedule_->factor(step - 1 - lr_step_offset_);
   set_learning_rate(*optimizer_, m.lr);

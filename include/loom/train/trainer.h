@@ -88,6 +88,9 @@ class Trainer {
   int64_t accumulation_steps_ = 1;
   std::unique_ptr<data::Tokenizer> tokenizer_;
   parallel::ParallelModel parallel_;
+  // parallel_.parameters' tensors and placements, gathered once (clipping reads them every step).
+  std::vector<at::Tensor> local_tensors_;
+  std::vector<parallel::Placement> placements_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::optional<LRSchedule> schedule_;
   int64_t lr_step_offset_ = 0;  // training step minus schedule step (lr_scheduler not resumed)
