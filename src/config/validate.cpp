@@ -138,6 +138,22 @@ void check_combinations(const JobConfig& c, Checker& check) {
                "must divide training.local_batch_size (" + std::to_string(t.local_batch_size) +
                    "), got " + std::to_string(p.pipeline_parallel_microbatch_size));
   }
+  // Sequence parallelism splits every sequence (training and validation) over the tp ranks.
+  if (p.tensor_parallel_degree > 1) {
+    const int64_t tp = p.tensor_parallel_degree;
+    if (t.seq_len % tp != 0) {
+      check.fail("training.seq_len", "must be a multiple of parallelism.tensor_parallel_degree (" +
+                                         std::to_string(tp) + "): sequence parallelism splits "
+                                         "each sequence over the tensor-parallel ranks, got " +
+                                         std::to_string(t.seq_len));
+    }
+    if (c.validation.enable && c.validation.seq_len % tp != 0) {
+      check.fail("validation.seq_len",
+                 "must be a multiple of parallelism.tensor_parallel_degree (" +
+                     std::to_string(tp) + ") with tensor parallelism, got " +
+                     std::to_string(c.validation.seq_len));
+    }
+  }
   if (p.expert_tensor_parallel_degree != 1 &&
       p.expert_tensor_parallel_degree != p.tensor_parallel_degree) {
     check.fail("parallelism.expert_tensor_parallel_degree",

@@ -60,4 +60,9 @@ std::unique_ptr<ParallelRuntime> ParallelRuntime::single(const config::JobConfig
   return std::unique_ptr<ParallelRuntime>(new ParallelRuntime(config, WorldInfo{}, false));
 }
 
+std::unique_ptr<ParallelRuntime> ParallelRuntime::for_world(const config::JobConfig& config,
+                                                            WorldInfo world) {
+  return std::unique_ptr<ParallelRuntime>(new ParallelRuntime(config, std::move(world), false));
+}
+
 }  // namespace loom::distributed

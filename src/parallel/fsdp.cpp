@@ -170,7 +170,7 @@ void FullyShardedDataParallel::install_hooks(const std::vector<FsdpUnit>& units)
   }
   for (auto& [module, h] : hooks) {
     hooked_modules_.push_back(module);
-    model_.set_forward_hooks(module, std::move(h));
+    model_.set_forward_hooks(module, "fsdp", std::move(h));
   }
 }
 
@@ -215,7 +215,7 @@ FullyShardedDataParallel::Param FullyShardedDataParallel::shard_parameter(
 }
 
 FullyShardedDataParallel::~FullyShardedDataParallel() {
-  for (const auto& module : hooked_modules_) model_.set_forward_hooks(module, {});
+  for (const auto& module : hooked_modules_) model_.set_forward_hooks(module, "fsdp", {});
   for (auto& unit : units_) {
     for (auto& p : unit->params) remove_gradient_ready_hooks(p.unsharded, this);
     try {

@@ -27,6 +27,7 @@
 #include "loom/train/lr_scheduler.h"
 #include "loom/train/memory_check.h"
 #include "loom/train/mixed_precision.h"
+#include "loom/train/supported_features.h"
 #include "loom/train/optimizer.h"
 
 namespace loom::train {
@@ -55,17 +56,6 @@ bool wants_cuda(const std::string& setting) {
 }
 
 // The layouts this build trains; the others are refused before the rendezvous, on every rank.
-void check_supported_layout(const config::ParallelismSection& p) {
-  LOOM_CHECK_AS(InputError,
-                p.tensor_parallel_degree == 1 && p.pipeline_parallel_degree == 1 &&
-                    p.context_parallel_degree == 1,
-                "parallelism: tensor, pipeline and context parallel degrees other than 1 are not "
-                "implemented yet (tensor_parallel_degree = ",
-                p.tensor_parallel_degree, ", pipeline_parallel_degree = ",
-                p.pipeline_parallel_degree, ", context_parallel_degree = ",
-                p.context_parallel_degree, ")");
-}
-
 // A number summed over a group (the step's valid tokens).
 double sum_over(distributed::Comm& group, double value) {
   if (group.size() == 1) return value;
@@ -141,7 +131,7 @@ Trainer::~Trainer() = default;
 
 void Trainer::setup_runtime() {
   auto log = log::get("trainer");
-  check_supported_layout(config_.parallelism);
+  check_supported_features(config_);
   runtime_ =
       std::make_unique<distributed::ParallelRuntime>(config_, wants_cuda(config_.training.device));
   device_ = choose_device(config_.training.device, runtime_->world().local_rank);

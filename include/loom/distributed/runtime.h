@@ -22,6 +22,10 @@ class ParallelRuntime {
   ParallelRuntime(const config::JobConfig& config, bool with_cuda);
   // A one-rank runtime without environment or rendezvous (tests, tools).
   static std::unique_ptr<ParallelRuntime> single(const config::JobConfig& config);
+  // The runtime of one rank of `world` without reading the environment (thread-rank tests: each
+  // thread joins the rendezvous at world.master_addr:master_port).
+  static std::unique_ptr<ParallelRuntime> for_world(const config::JobConfig& config,
+                                                    WorldInfo world);
 
   const WorldInfo& world() const { return world_; }
   const ParallelDims& dims() const { return dims_; }

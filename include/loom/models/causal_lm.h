@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "loom/config/job_config.h"
+#include "loom/models/forward_hooks.h"
 
 namespace loom::models {
 
@@ -40,13 +41,6 @@ struct ModelPart {
   bool head = true;
 };
 
-// Called around one submodule's forward (parallel wrappers use them the way FSDP2 uses module
-// hooks). `after` returns the module's output, possibly with autograd hooks registered on it.
-struct ForwardHooks {
-  std::function<void()> before;
-  std::function<at::Tensor(const at::Tensor& output)> after;
-};
-
 class CausalLM {
  public:
   virtual ~CausalLM() = default;
@@ -61,10 +55,15 @@ class CausalLM {
   // activation_checkpoint.mode / selective_ac_option, per transformer block of this part.
   virtual void apply_activation_checkpointing(const config::ActivationCheckpointSection& ac) = 0;
 
-  // Submodules that accept forward hooks, in forward order ("tok_embeddings", "layers.3",
-  // "norm", "output"); set_forward_hooks with empty hooks removes them.
+  // The top-level submodules, in forward order ("tok_embeddings", "layers.3", "norm", "output"):
+  // FSDP's units are built from them.
   virtual std::vector<std::string> hookable_modules() const = 0;
-  virtual void set_forward_hooks(const std::string& module, ForwardHooks hooks) = 0;
+  // Every submodule that accepts forward hooks: the top-level ones and those inside a block
+  // ("layers.3.attention", "layers.3.feed_forward"), in forward order.
+  virtual std::vector<std::string> hook_points() const = 0;
+  // Hooks of `owner` ("fsdp", "tp") around `module`; empty hooks remove them.
+  virtual void set_forward_hooks(const std::string& module, const std::string& owner,
+                                 ForwardHooks hooks) = 0;
 
   // Materialization: the model is built on the meta device; each parameter is then replaced by
   // a real tensor (its whole value, or this rank's box of it), drawn by init_parameter.

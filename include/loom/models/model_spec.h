@@ -30,6 +30,10 @@ struct ModelSpec {
   std::function<parallel::ParallelModel(std::unique_ptr<CausalLM> model,
                                         const parallel::ParallelContext& context)>
       parallelize;
+  // Throws InputError naming the keys where the job's parallel degrees do not fit the flavor
+  // (e.g. heads that do not divide by tensor_parallel_degree); runs before the rendezvous. May
+  // be empty.
+  std::function<void(const config::JobConfig& config)> check_parallelism;
 };
 
 // Registered families; throws loom::InputError naming the known ones for an unknown name or

@@ -24,19 +24,22 @@ at::Tensor repeat_kv(const at::Tensor& x, int64_t n_rep) {
 
 at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& freqs_cis) {
   const auto bs = x.size(0), seq = x.size(1);
-  at::Tensor q = wq->forward(x).view({bs, seq, n_heads, head_dim});
-  at::Tensor k = wk->forward(x).view({bs, seq, n_kv_heads, head_dim});
-  at::Tensor v = wv->forward(x).view({bs, seq, n_kv_heads, head_dim});
+  // Head counts come from the projections' shapes: under tensor parallelism wq/wk/wv hold a
+  // contiguous range of this rank's heads (query heads and their kv heads together).
+  at::Tensor q = wq->forward(x).view({bs, seq, -1, head_dim});
+  at::Tensor k = wk->forward(x).view({bs, seq, -1, head_dim});
+  at::Tensor v = wv->forward(x).view({bs, seq, -1, head_dim});
+  const int64_t local_heads = q.size(2);
   q = apply_rotary_emb(q, freqs_cis);
   k = apply_rotary_emb(k, freqs_cis);
-  const int64_t n_rep = n_heads / n_kv_heads;
+  const int64_t n_rep = local_heads / k.size(2);
   k = repeat_kv(k, n_rep);
   v = repeat_kv(v, n_rep);
   // SDPA wants [bs, heads, seq, head_dim]; on CUDA it picks flash / memory-efficient kernels.
   at::Tensor out = at::scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
                                                     v.transpose(1, 2), /*attn_mask=*/{},
                                                     /*dropout_p=*/0.0, /*is_causal=*/true);
-  return wo->forward(out.transpose(1, 2).contiguous().view({bs, seq, n_heads * head_dim}));
+  return wo->forward(out.transpose(1, 2).contiguous().view({bs, seq, local_heads * head_dim}));
 }
 
 at::Tensor AttentionImpl::forward_cached(const at::Tensor& x, const at::Tensor& rotations,

@@ -13,6 +13,7 @@ namespace loom::models::llama {
 
 parallel::ParallelModel parallelize_llama(std::unique_ptr<CausalLM> model,
                                           const parallel::ParallelContext& context);
+void check_llama_parallelism(const config::JobConfig& config);
 
 namespace {
 
@@ -31,8 +32,10 @@ class Llama3Model : public CausalLM {
   std::vector<std::string> hookable_modules() const override {
     return model_->hookable_modules();
   }
-  void set_forward_hooks(const std::string& module, ForwardHooks hooks) override {
-    model_->set_forward_hooks(module, std::move(hooks));
+  std::vector<std::string> hook_points() const override { return model_->hook_points(); }
+  void set_forward_hooks(const std::string& module, const std::string& owner,
+                         ForwardHooks hooks) override {
+    model_->set_forward_hooks(module, owner, std::move(hooks));
   }
   void replace_parameter(const std::string& name, const at::Tensor& value) override {
     models::replace_parameter(*model_, name, value);
@@ -111,6 +114,7 @@ ModelSpec llama3_spec() {
   };
   spec.build = build_llama3;
   spec.parallelize = parallelize_llama;
+  spec.check_parallelism = check_llama_parallelism;
   return spec;
 }
 

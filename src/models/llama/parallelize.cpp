@@ -6,7 +6,10 @@
 
 #include "loom/core/check.h"
 #include "loom/distributed/runtime.h"
+#include "loom/models/llama/args.h"
 #include "loom/parallel/data_parallel.h"
+#include "loom/parallel/loss_parallel.h"
+#include "loom/parallel/tensor_parallel.h"
 #include "loom/train/loss.h"
 
 namespace loom::models::llama {
@@ -22,13 +25,37 @@ bool uses_fsdp(const parallel::ParallelContext& context) {
   return dims.dp_shard * dims.cp > 1 || context.config.debug.force_fsdp;
 }
 
-// Every parameter's box before the data-parallel wrappers (whole until TP splits some).
+// Every parameter's box before the data-parallel wrappers: whole until TP splits some.
 std::map<std::string, Placement> initial_placements(CausalLM& model) {
   std::map<std::string, Placement> placements;
   for (const auto& item : model.module().named_parameters()) {
     placements.emplace(item.key(), Placement::whole(item.value().sizes()));
   }
   return placements;
+}
+
+// 1. Tensor parallelism: the plan splits the boxes and hooks the region changes in; the loss
+// is vocab-parallel over the output's columns unless parallelism.disable_loss_parallel.
+std::map<std::string, Placement> apply_tp(ParallelModel& out, CausalLM& model,
+                                          const parallel::ParallelContext& context) {
+  auto boxes = initial_placements(model);
+  const auto& dims = context.runtime.dims();
+  out.loss = [](const at::Tensor& logits, const at::Tensor& labels) {
+    return train::cross_entropy_sum(logits, labels);
+  };
+  if (!dims.tp_enabled()) return boxes;
+  // Named after the mesh dimension even where the tp group is the whole world.
+  auto tp = parallel::MeshAxis::of(context.runtime.group_ptr(MeshGroup::tp));
+  tp.name = "tp";
+  boxes = parallel::apply_tensor_parallel(model, tensor_parallel_plan(dims.loss_parallel_enabled()),
+                                          tp, std::move(boxes));
+  if (dims.loss_parallel_enabled() && model.part().head) {
+    const int64_t first = boxes.at("output.weight").offsets[0];
+    out.loss = [comm = tp.comm, first](const at::Tensor& logits, const at::Tensor& labels) {
+      return parallel::vocab_parallel_cross_entropy_sum(logits, labels, first, *comm);
+    };
+  }
+  return boxes;
 }
 
 // FSDP (HSDP with dp_replicate > 1): the shards become the optimizer's parameters, the
@@ -79,6 +106,44 @@ void materialize_and_replicate(ParallelModel& out, CausalLM& model,
 
 }  // namespace
 
+std::vector<parallel::TpRule> tensor_parallel_plan(bool loss_parallel) {
+  using namespace parallel;
+  // The head gathers the sequence and keeps its vocabulary columns for the vocab-parallel loss,
+  // or gathers them too.
+  TpRule output = colwise("output");
+  output.input = InputLayout::kGatherSequence;
+  output.output = loss_parallel ? OutputLayout::kAsIs : OutputLayout::kGatherVocab;
+  return {
+      vocab_parallel_embedding("tok_embeddings"),
+      sequence_parallel("layers.*.attention_norm"),
+      sequence_region("layers.*.attention"),
+      colwise("layers.*.attention.wq"),
+      colwise("layers.*.attention.wk"),
+      colwise("layers.*.attention.wv"),
+      rowwise("layers.*.attention.wo"),
+      sequence_parallel("layers.*.ffn_norm"),
+      sequence_region("layers.*.feed_forward"),
+      colwise("layers.*.feed_forward.w1"),
+      rowwise("layers.*.feed_forward.w2"),
+      colwise("layers.*.feed_forward.w3"),
+      sequence_parallel("norm"),
+      output,
+  };
+}
+
+void check_llama_parallelism(const config::JobConfig& config) {
+  const int64_t tp = config.parallelism.tensor_parallel_degree;
+  if (tp <= 1) return;
+  const auto& flavors = llama3_flavors();
+  auto it = flavors.find(config.model.flavor);
+  if (it == flavors.end()) return;  // reported by the model lookup, naming the flavors
+  const LlamaArgs& args = it->second;
+  LOOM_CHECK_AS(InputError, args.n_heads % tp == 0 && args.kv_heads() % tp == 0,
+                "parallelism.tensor_parallel_degree = ", tp, " must divide the attention heads "
+                "of model.flavor '", config.model.flavor, "' (n_heads ", args.n_heads,
+                ", n_kv_heads ", args.kv_heads(), "): tensor parallelism splits whole heads");
+}
+
 std::vector<parallel::FsdpUnit> fsdp_units(CausalLM& model) {
   std::map<std::string, std::vector<std::string>> params_of;
   for (const auto& item : model.module().named_parameters()) {
@@ -107,15 +172,15 @@ std::vector<parallel::FsdpUnit> fsdp_units(CausalLM& model) {
 parallel::ParallelModel parallelize_llama(std::unique_ptr<CausalLM> model,
                                           const parallel::ParallelContext& context) {
   const auto& dims = context.runtime.dims();
-  LOOM_CHECK_AS(InputError, dims.tp == 1 && dims.pp == 1 && dims.cp == 1,
-                "parallelism: tensor, pipeline and context parallel degrees other than 1 are not "
+  LOOM_CHECK_AS(InputError, dims.pp == 1 && dims.cp == 1,
+                "parallelism: pipeline and context parallel degrees other than 1 are not "
                 "implemented yet (",
                 dims.describe(), ")");
   LOOM_CHECK(model->module().parameters().front().is_meta(),
              "parallelize_llama expects a model built on the meta device");
   ParallelModel out;
-  // 1. Tensor parallelism: not yet (every box is whole).
-  const auto boxes = initial_placements(*model);
+  // 1. Tensor and sequence parallelism: boxes, region hooks, the loss.
+  const auto boxes = apply_tp(out, *model, context);
   // 2. Activation checkpointing, inside the data-parallel wrappers' unit hooks.
   model->apply_activation_checkpointing(context.config.activation_checkpoint);
   // 3. FSDP/HSDP or DDP, which also materialize the local parameters.
@@ -124,13 +189,15 @@ parallel::ParallelModel parallelize_llama(std::unique_ptr<CausalLM> model,
   } else {
     materialize_and_replicate(out, *model, boxes, context);
   }
+  // 4. TP's all-reduce of the norms' gradients, after the data-parallel reductions.
+  if (dims.tp_enabled()) {
+    out.wrappers.push_back(std::make_unique<parallel::TensorParallelGradientSync>(
+        out.parameters, context.runtime.group_ptr(MeshGroup::tp)));
+  }
   auto chain = std::make_unique<parallel::GradientSyncChain>();
   for (const auto& wrapper : out.wrappers) chain->add(wrapper.get());
   out.description = chain->describe();
   out.gradient_sync = std::move(chain);
-  out.loss = [](const at::Tensor& logits, const at::Tensor& labels) {
-    return train::cross_entropy_sum(logits, labels);
-  };
   out.parts.push_back(std::move(model));
   return out;
 }

@@ -8,8 +8,12 @@
 namespace loom::models::llama {
 
 TransformerBlockImpl::TransformerBlockImpl(int64_t id, const LlamaArgs& args,
-                                           const at::TensorOptions& options)
-    : layer_id(id) {
+                                           const at::TensorOptions& options,
+                                           const ForwardHookTable* hooks)
+    : layer_id(id),
+      hooks_(hooks),
+      attention_name_("layers." + std::to_string(id) + ".attention"),
+      feed_forward_name_("layers." + std::to_string(id) + ".feed_forward") {
   attention = register_module("attention", Attention(args, options));
   feed_forward = register_module("feed_forward", FeedForward(args, options));
   attention_norm = register_module("attention_norm", RMSNorm(args.dim, args.norm_eps, options));
@@ -17,8 +21,14 @@ TransformerBlockImpl::TransformerBlockImpl(int64_t id, const LlamaArgs& args,
 }
 
 at::Tensor TransformerBlockImpl::forward(const at::Tensor& x, const at::Tensor& freqs_cis) {
-  at::Tensor h = x + attention->forward(attention_norm->forward(x), freqs_cis);
-  return h + feed_forward->forward(ffn_norm->forward(h));
+  auto attend = [&](const at::Tensor& in) { return attention->forward(in, freqs_cis); };
+  auto feed = [&](const at::Tensor& in) { return feed_forward->forward(in); };
+  if (hooks_ == nullptr) {
+    at::Tensor h = x + attend(attention_norm->forward(x));
+    return h + feed(ffn_norm->forward(h));
+  }
+  at::Tensor h = x + hooks_->run(attention_name_, attention_norm->forward(x), attend);
+  return h + hooks_->run(feed_forward_name_, ffn_norm->forward(h), feed);
 }
 
 TransformerImpl::TransformerImpl(const LlamaArgs& model_args, const at::TensorOptions& options,
@@ -36,7 +46,7 @@ TransformerImpl::TransformerImpl(const LlamaArgs& model_args, const at::TensorOp
   }
   layers = register_module("layers", std::make_shared<torch::nn::Module>("layers"));
   for (int64_t i = part.first_layer; i < part.end_layer; ++i) {
-    blocks.emplace_back(i, args, options);
+    blocks.emplace_back(i, args, options, &hooks_);
     layers->register_module(std::to_string(i), blocks.back());
   }
   if (part.head) {
@@ -44,6 +54,7 @@ TransformerImpl::TransformerImpl(const LlamaArgs& model_args, const at::TensorOp
     output = register_module("output", Linear(args.dim, args.vocab_size, options));
   }
   runners_.resize(blocks.size());
+  for (const auto& block : blocks) block_names_.push_back("layers." + std::to_string(block->layer_id));
 }
 
 void TransformerImpl::init_freqs_cis(const at::Device& device) {
@@ -61,24 +72,24 @@ std::vector<std::string> TransformerImpl::hookable_modules() const {
   return names;
 }
 
-void TransformerImpl::set_forward_hooks(const std::string& module, ForwardHooks hooks) {
-  const auto known = hookable_modules();
-  LOOM_CHECK(std::find(known.begin(), known.end(), module) != known.end(),
-             "no hookable module '", module, "' in this model part");
-  if (!hooks.before && !hooks.after) {
-    hooks_.erase(module);
-  } else {
-    hooks_[module] = std::move(hooks);
+std::vector<std::string> TransformerImpl::hook_points() const {
+  std::vector<std::string> names;
+  for (const std::string& module : hookable_modules()) {
+    names.push_back(module);
+    if (module.rfind("layers.", 0) == 0) {
+      names.push_back(module + ".attention");
+      names.push_back(module + ".feed_forward");
+    }
   }
+  return names;
 }
 
-at::Tensor TransformerImpl::hooked(const std::string& module,
-                                   const std::function<at::Tensor()>& body) {
-  auto it = hooks_.find(module);
-  if (it == hooks_.end()) return body();
-  if (it->second.before) it->second.before();
-  at::Tensor out = body();
-  return it->second.after ? it->second.after(out) : out;
+void TransformerImpl::set_forward_hooks(const std::string& module, const std::string& owner,
+                                        ForwardHooks hooks) {
+  const auto known = hook_points();
+  LOOM_CHECK(std::find(known.begin(), known.end(), module) != known.end(),
+             "no hookable module '", module, "' in this model part");
+  hooks_.set(module, owner, std::move(hooks));
 }
 
 void TransformerImpl::set_block_runner(int64_t layer_id, BlockRunner runner) {
@@ -96,17 +107,19 @@ at::Tensor TransformerImpl::forward(const at::Tensor& input) {
   const int64_t seq = input.size(1);
   LOOM_CHECK_AS(InputError, seq <= args.max_seq_len, "sequence of ", seq,
                 " tokens is longer than max_seq_len ", args.max_seq_len);
-  at::Tensor h = part.embedding
-                     ? hooked("tok_embeddings", [&] { return tok_embeddings->forward(input); })
-                     : input;
+  at::Tensor h = part.embedding ? hooks_.run("tok_embeddings", input,
+                                              [&](const at::Tensor& ids) {
+                                                return tok_embeddings->forward(ids);
+                                              })
+                                : input;
   for (size_t i = 0; i < blocks.size(); ++i) {
-    h = hooked("layers." + std::to_string(blocks[i]->layer_id), [&] {
-      return runners_[i] ? runners_[i](blocks[i], h, freqs_cis) : blocks[i]->forward(h, freqs_cis);
+    h = hooks_.run(block_names_[i], h, [&](const at::Tensor& x) {
+      return runners_[i] ? runners_[i](blocks[i], x, freqs_cis) : blocks[i]->forward(x, freqs_cis);
     });
   }
   if (!part.head) return h;
-  h = hooked("norm", [&] { return norm->forward(h); });
-  h = hooked("output", [&] { return output->forward(h); });
+  h = hooks_.run("norm", h, [&](const at::Tensor& x) { return norm->forward(x); });
+  h = hooks_.run("output", h, [&](const at::Tensor& x) { return output->forward(x); });
   return h.to(at::kFloat);
 }
 

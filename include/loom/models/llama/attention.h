@@ -20,7 +20,7 @@ class AttentionImpl : public torch::nn::Module {
                             at::Tensor& values, int64_t start, const at::Tensor& mask);
 
   Linear wq{nullptr}, wk{nullptr}, wv{nullptr}, wo{nullptr};
-  int64_t n_heads;
+  int64_t n_heads;     // of the whole model (forward() reads this rank's from wq's shape)
   int64_t n_kv_heads;
   int64_t head_dim;
 };

@@ -5,7 +5,7 @@
 #pragma once
 
 #include <functional>
-#include <map>
+#include <string>
 
 #include "loom/models/causal_lm.h"
 #include "loom/models/llama/attention.h"
@@ -15,13 +15,20 @@ namespace loom::models::llama {
 
 class TransformerBlockImpl : public torch::nn::Module {
  public:
-  TransformerBlockImpl(int64_t layer_id, const LlamaArgs& args, const at::TensorOptions& options);
+  // `hooks`: the model's hook table (its "layers.N.attention" and "layers.N.feed_forward"
+  // entries run around those submodules); null for a block used on its own.
+  TransformerBlockImpl(int64_t layer_id, const LlamaArgs& args, const at::TensorOptions& options,
+                       const ForwardHookTable* hooks = nullptr);
   at::Tensor forward(const at::Tensor& x, const at::Tensor& freqs_cis);
 
   int64_t layer_id;
   Attention attention{nullptr};
   FeedForward feed_forward{nullptr};
   RMSNorm attention_norm{nullptr}, ffn_norm{nullptr};
+
+ private:
+  const ForwardHookTable* hooks_;
+  std::string attention_name_, feed_forward_name_;
 };
 TORCH_MODULE(TransformerBlock);
 
@@ -42,7 +49,8 @@ class TransformerImpl : public torch::nn::Module {
   // Per-block wrappers (activation checkpointing); an empty runner runs the block directly.
   void set_block_runner(int64_t layer_id, BlockRunner runner);
   std::vector<std::string> hookable_modules() const;
-  void set_forward_hooks(const std::string& module, ForwardHooks hooks);
+  std::vector<std::string> hook_points() const;
+  void set_forward_hooks(const std::string& module, const std::string& owner, ForwardHooks hooks);
 
   LlamaArgs args;
   ModelPart part;  // end_layer resolved
@@ -54,9 +62,11 @@ class TransformerImpl : public torch::nn::Module {
   at::Tensor freqs_cis;  // not a parameter: never saved, recomputed from args
 
  private:
-  at::Tensor hooked(const std::string& module, const std::function<at::Tensor()>& body);
-  std::vector<BlockRunner> runners_;  // per block of this part
-  std::map<std::string, ForwardHooks> hooks_;
+  std::vector<BlockRunner> runners_;     // per block of this part
+  std::vector<std::string> block_names_;  // "layers.N", per block of this part
+  // Shared with the blocks, which hold a pointer to it: never moved (the module is held by
+  // pointer in its ModuleHolder).
+  ForwardHookTable hooks_;
 };
 TORCH_MODULE(Transformer);
 
