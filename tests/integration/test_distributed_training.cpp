@@ -20,13 +20,17 @@ using loom::testing::run_command;
 using loom::testing::run_loom;
 
 // The debug model on the embedded corpus, small enough for 20 steps in seconds.
-std::string job_args(const std::string& folder, int steps) {
-  return "train --config " LOOM_SOURCE_DIR "/configs/llama3_debug.toml --job.dump_folder " +
-         folder + " --training.steps " + std::to_string(steps) +
+std::string job_args(int steps) {
+  return "train --config " LOOM_SOURCE_DIR "/configs/llama3_debug.toml --training.steps " +
+         std::to_string(steps) +
          " --training.seq_len 64 --training.local_batch_size 4 --validation.enable false"
          " --metrics.log_freq 1 --metrics.peak_tflops 1 --debug.seed 7"
          " --lr_scheduler.warmup_steps 2 --comm.init_timeout_seconds 60"
          " --comm.train_timeout_seconds 30";
+}
+
+std::string job_args(const std::string& folder, int steps) {
+  return job_args(steps) + " --job.dump_folder " + folder;
 }
 
 std::vector<double> losses(const std::string& folder) {
@@ -37,13 +41,11 @@ void expect_same_losses(const std::vector<double>& want, const std::vector<doubl
   loom::testing::expect_losses_close(want, got, 1e-5, "data parallel vs 1 rank");
 }
 
-// Global batch 8 = 2 microbatches of 4 on one rank, as 2 ranks x 4 do in the tests. Each test
-// runs its own (ctest runs tests as separate processes, side by side).
-std::vector<double> single_rank_losses(const std::string& name) {
-  const std::string folder = fresh_temp_dir(name + "_single");
-  auto result = run_loom(job_args(folder, 20) + " --training.global_batch_size 8");
-  EXPECT_EQ(result.exit_code, 0) << result.output;
-  return losses(folder);
+// Global batch 8 = 2 microbatches of 4 on one rank, as 2 ranks x 4 do in the tests. Run once
+// for all the tests (ctest runs them as separate processes, side by side).
+std::vector<double> single_rank_losses(const std::string& /*name*/) {
+  return losses(loom::testing::shared_run("dp_one_rank",
+                                          job_args(20) + " --training.global_batch_size 8"));
 }
 
 TEST(DistributedTraining, TwoRankDataParallelMatchesOneRank) {

@@ -1,6 +1,8 @@
 #include "support/process.h"
 
+#include <fcntl.h>
 #include <netinet/in.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -39,6 +41,38 @@ std::string fresh_temp_dir(const std::string& name) {
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir.string();
+}
+
+std::string shared_run(const std::string& name, const std::string& args) {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::path(LOOM_TEST_TMPDIR) / "shared";
+  fs::create_directories(root);
+  const fs::path folder = root / name;
+  // What identifies a run: its args and the binary it ran (rebuilt loom, new reference).
+  const std::string identity =
+      args + "\n" + std::to_string(fs::last_write_time(LOOM_BINARY).time_since_epoch().count());
+  const int lock = ::open((root / (name + ".lock")).c_str(), O_CREAT | O_RDWR, 0644);
+  if (lock < 0 || ::flock(lock, LOCK_EX) != 0) {
+    throw std::runtime_error("shared_run: cannot lock " + (root / name).string());
+  }
+  struct Unlock {
+    int fd;
+    ~Unlock() { ::close(fd); }  // releases the flock
+  } unlock{lock};
+  if (read_text((folder / "identity").string()) == identity) return folder.string();
+  fs::remove_all(folder);
+  fs::create_directories(folder);
+  std::string command = args;
+  for (size_t at = command.find("{port}"); at != std::string::npos; at = command.find("{port}")) {
+    command.replace(at, 6, std::to_string(free_port()));
+  }
+  CommandResult result = run_loom(command + " --job.dump_folder " + folder.string());
+  if (result.exit_code != 0) {
+    throw std::runtime_error("shared run " + name + " failed (exit " +
+                             std::to_string(result.exit_code) + "):\n" + result.output);
+  }
+  std::ofstream(folder / "identity") << identity;
+  return folder.string();
 }
 
 std::string read_text(const std::string& path) {

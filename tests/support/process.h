@@ -22,6 +22,14 @@ std::string fresh_temp_dir(const std::string& name);
 // A TCP port on 127.0.0.1 nothing listens on right now (the kernel picks it).
 int free_port();
 
+// The dump folder of `loom <args> --job.dump_folder FOLDER`, run once for every test process
+// that asks with the same `name` and args (a reference run several tests compare against, e.g.
+// one rank with the global batch): the first caller runs it under a file lock while the others
+// wait, later callers reuse it. A different build of loom or other args run it again. A
+// "{port}" in args becomes a free port when it runs (and is not part of the identity). Throws
+// std::runtime_error with the output when the run fails.
+std::string shared_run(const std::string& name, const std::string& args);
+
 // The whole content of a file; empty when it does not exist.
 std::string read_text(const std::string& path);
 

@@ -1,0 +1,191 @@
+// Tensor parallelism end to end through `loom launch` (real processes over Gloo): tp 2 (loss
+// parallel on and off), tp 4, dp_shard 2 x tp 2 and dp_replicate 2 x tp 2 train like one rank
+// with the same global batch for 20 steps, validation included; a tp 2 checkpoint resumes
+// bitwise on tp 2, and within 1e-5 on one rank and on dp_shard 2; its Hugging Face export
+// equals the one-rank export of the same step. The one-rank reference runs once for all tests.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+#include "support/metrics_log.h"
+#include "support/process.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using loom::testing::fresh_temp_dir;
+using loom::testing::logged_losses;
+using loom::testing::run_loom;
+using loom::testing::shared_run;
+
+// Global batch 8: one rank runs 2 microbatches of 4, tp-only layouts too (one data-parallel
+// rank), dp 2 layouts one microbatch of 4 per data-parallel rank. Validation every 10 steps.
+std::string job(int steps, const std::string& extra = "") {
+  return "train --config " LOOM_SOURCE_DIR "/configs/llama3_debug.toml --training.steps " +
+         std::to_string(steps) +
+         " --training.seq_len 64 --training.local_batch_size 4 --training.global_batch_size 8"
+         " --validation.enable true --validation.freq 10 --validation.steps 2"
+         " --validation.seq_len 64 --validation.local_batch_size 4"
+         " --metrics.log_freq 1 --metrics.peak_tflops 1 --debug.seed 7"
+         " --lr_scheduler.warmup_steps 2 --lr_scheduler.total_steps 20"
+         " --comm.init_timeout_seconds 60 --comm.train_timeout_seconds 60"
+         " --checkpoint.interval 10 --checkpoint.keep_latest_k 0"
+         " --checkpoint.last_save_model_only false " +
+         extra;
+}
+
+// `port`: a number, or "{port}" for shared_run to fill in.
+std::string launch(int ranks, const std::string& job_args,
+                   const std::string& port = std::to_string(loom::testing::free_port())) {
+  return "launch --nproc-per-node " + std::to_string(ranks) + " --master-port " + port + " -- " +
+         job_args;
+}
+
+std::vector<double> val_losses(const std::string& folder) {
+  std::vector<double> out;
+  std::ifstream in(folder + "/metrics.jsonl");
+  std::string line;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.contains("val_loss")) out.push_back(j["val_loss"].get<double>());
+  }
+  return out;
+}
+
+const std::string& one_rank() {
+  static const std::string folder =
+      shared_run("tp_one_rank", job(20, "--checkpoint.enable true"));
+  return folder;
+}
+
+// Validation is compared where the data-parallel degree is 1: with validation.steps N every
+// data-parallel rank scores N batches of its own slice, so dp 2 scores other windows.
+void expect_matches_one_rank(const std::string& folder, const std::string& what,
+                             bool same_validation = true) {
+  const auto want = logged_losses(one_rank());
+  ASSERT_EQ(want.size(), 20u);
+  loom::testing::expect_losses_close(want, logged_losses(folder), 1e-5, what);
+  if (!same_validation) {
+    EXPECT_EQ(val_losses(folder).size(), 2u);
+    return;
+  }
+  const auto want_val = val_losses(one_rank());
+  ASSERT_EQ(want_val.size(), 2u);
+  loom::testing::expect_losses_close(want_val, val_losses(folder), 1e-5, what + " validation");
+}
+
+void run_ok(const std::string& args, const std::string& expect_in_log = "") {
+  auto result = run_loom(args);
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  if (!expect_in_log.empty()) {
+    EXPECT_NE(result.output.find(expect_in_log), std::string::npos) << result.output;
+  }
+}
+
+// tp 2 with checkpoints at steps 10 and 20: the straight run other tests resume against.
+const std::string& tp2_run() {
+  static const std::string folder = shared_run(
+      "tp2", launch(2, job(20, "--checkpoint.enable true --parallelism.tensor_parallel_degree 2"),
+                    "{port}"));
+  return folder;
+}
+
+// A copy of `from`'s step-10 checkpoint in a fresh dump folder, to resume from.
+std::string resume_folder(const std::string& from, const std::string& name) {
+  const std::string folder = fresh_temp_dir(name);
+  fs::create_directories(folder + "/checkpoint");
+  fs::copy(from + "/checkpoint/step-10", folder + "/checkpoint/step-10",
+           fs::copy_options::recursive);
+  return folder;
+}
+
+}  // namespace
+
+TEST(TensorParallelTraining, TwoRanksMatchOneRankWithLossParallel) {
+  expect_matches_one_rank(tp2_run(), "tp 2");
+}
+
+TEST(TensorParallelTraining, LossParallelOffGivesTheSameLosses) {
+  const std::string folder = fresh_temp_dir("tp2_no_loss_parallel");
+  run_ok(launch(2, job(20, "--job.dump_folder " + folder +
+                               " --parallelism.tensor_parallel_degree 2"
+                               " --parallelism.disable_loss_parallel true")),
+         "TP over group");
+  expect_matches_one_rank(folder, "tp 2, loss parallel off");
+}
+
+TEST(TensorParallelTraining, FourRanksMatchOneRank) {
+  const std::string folder = fresh_temp_dir("tp4");
+  run_ok(launch(4, job(20, "--job.dump_folder " + folder +
+                               " --parallelism.tensor_parallel_degree 4")));
+  expect_matches_one_rank(folder, "tp 4");
+}
+
+TEST(TensorParallelTraining, FsdpTimesTpMatchesOneRank) {
+  const std::string folder = fresh_temp_dir("fsdp2_tp2");
+  run_ok(launch(4, job(20, "--job.dump_folder " + folder +
+                               " --parallelism.tensor_parallel_degree 2"
+                               " --parallelism.data_parallel_shard_degree 2")),
+         "sharded over group 'fsdp'");
+  expect_matches_one_rank(folder, "dp_shard 2 x tp 2", false);
+}
+
+TEST(TensorParallelTraining, DdpTimesTpMatchesOneRank) {
+  const std::string folder = fresh_temp_dir("ddp2_tp2");
+  run_ok(launch(4, job(20, "--job.dump_folder " + folder +
+                               " --parallelism.tensor_parallel_degree 2"
+                               " --parallelism.data_parallel_replicate_degree 2"
+                               " --parallelism.data_parallel_shard_degree 1")));
+  expect_matches_one_rank(folder, "dp_replicate 2 x tp 2", false);
+}
+
+// Resumed on the same layout: bitwise; on one rank and on FSDP x2: the tp boxes are read by
+// overlap into whole tensors and row shards.
+TEST(TensorParallelTraining, CheckpointResumesOnTpBitwiseAndReshardsToOneRankAndFsdp) {
+  const std::string straight = tp2_run();
+  const auto want = logged_losses(straight);
+  ASSERT_EQ(want.size(), 20u);
+  const std::string same = resume_folder(straight, "tp2_resume_tp2");
+  run_ok(launch(2, job(20, "--checkpoint.enable true --job.dump_folder " + same +
+                               " --parallelism.tensor_parallel_degree 2")));
+  const std::vector<double> tail(want.begin() + 10, want.end());
+  loom::testing::expect_losses_close(tail, logged_losses(same), 0.0, "tp 2 -> tp 2");
+  const auto one = logged_losses(one_rank());
+  const std::vector<double> one_tail(one.begin() + 10, one.end());
+  const std::string single = resume_folder(straight, "tp2_resume_one");
+  run_ok(job(20, "--checkpoint.enable true --job.dump_folder " + single));
+  loom::testing::expect_losses_close(one_tail, logged_losses(single), 1e-5, "tp 2 -> 1 rank");
+  const std::string fsdp = resume_folder(straight, "tp2_resume_fsdp");
+  run_ok(launch(2, job(20, "--checkpoint.enable true --job.dump_folder " + fsdp)));
+  loom::testing::expect_losses_close(one_tail, logged_losses(fsdp), 1e-5, "tp 2 -> dp_shard 2");
+}
+
+// The export reads the tp boxes back into whole tensors: the same model as the one-rank
+// export of step 20 (the runs agree to 1e-5 in loss; the weights to float32 training noise).
+TEST(TensorParallelTraining, HuggingFaceExportOfTpCheckpointEqualsOneRankExport) {
+  const std::string out = fresh_temp_dir("tp2_export");
+  run_ok("checkpoint export --to hf --dtype float32 " + tp2_run() + "/checkpoint/step-20 " + out + "/tp2");
+  run_ok("checkpoint export --to hf --dtype float32 " + one_rank() + "/checkpoint/step-20 " + out + "/one");
+  const std::string compare =
+      std::string(LOOM_PYTHON_BIN_DIR) +
+      "/python -c \"import sys, json\n"
+      "from safetensors.torch import load_file\n"
+      "import glob\n"
+      "def load(d):\n"
+      "  t = {}\n"
+      "  for f in sorted(glob.glob(d + '/*.safetensors')): t.update(load_file(f))\n"
+      "  return t\n"
+      "a, b = load(sys.argv[1]), load(sys.argv[2])\n"
+      "assert a.keys() == b.keys(), (sorted(a), sorted(b))\n"
+      "worst = max(float((a[k] - b[k]).abs().max() / b[k].abs().max()) for k in a)\n"
+      "print('tensors', len(a), 'worst relative difference', worst)\n"
+      "assert worst < 1e-4, worst\n"
+      "ca = json.load(open(sys.argv[1] + '/config.json'))\n"
+      "cb = json.load(open(sys.argv[2] + '/config.json'))\n"
+      "assert ca == cb, (ca, cb)\n\" " +
+      out + "/tp2 " + out + "/one";
+  auto result = loom::testing::run_command(compare);
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+}
