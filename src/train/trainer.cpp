@@ -120,8 +120,10 @@ Trainer::Trainer(config::JobConfig config, std::unique_ptr<data::BatchSource> so
     : config_(std::move(config)) {
   setup_runtime();
   tokenizer_ = load_job_tokenizer(config_);
+  // Parameter state is split over FSDP's shards and the tp ranks (activations are estimated
+  // whole: conservative under sequence parallelism).
   check_memory_fits(config_, tokenizer_ ? tokenizer_->vocab_size() : 0,
-                    shard_group() ? shard_group()->size() : 1, device_);
+                    (shard_group() ? shard_group()->size() : 1) * runtime_->dims().tp, device_);
   build_model();
   build_data(std::move(source), std::move(validation_source));
   build_checkpointer();
