@@ -111,6 +111,21 @@ selective_ac_option = "every-other"
   EXPECT_TRUE(contains(error, "local_batch_size x data-parallel degree = 4 x 4, got 8")) << error;
 }
 
+// Sequence parallelism splits every sequence over the tp ranks.
+TEST(ConfigErrors, SequenceLengthsMustSplitOverTensorParallelRanks) {
+  std::string error = load_error(
+      "[training]\nseq_len = 100\n[validation]\nenable = true\nseq_len = 30\n"
+      "[parallelism]\ntensor_parallel_degree = 8\n");
+  EXPECT_TRUE(contains(error, "training.seq_len: must be a multiple of "
+                              "parallelism.tensor_parallel_degree (8)"))
+      << error;
+  EXPECT_TRUE(contains(error, "validation.seq_len: must be a multiple of "
+                              "parallelism.tensor_parallel_degree (8)"))
+      << error;
+  EXPECT_EQ(load_error("[training]\nseq_len = 128\n[parallelism]\ntensor_parallel_degree = 8\n"),
+            "<loaded without error>");
+}
+
 TEST(ConfigErrors, CommandLineProblemsJoinFileProblems) {
   std::string error = load_error(
       "[training]\nseq_len = 0\n",
