@@ -35,8 +35,8 @@ std::string formula(const pp::Schedule& s, const std::string& name) {
     return text;
   }
   if (name == "Interleaved1F1B") {
-    std::snprintf(text, sizeof text, "(P-1)/(V*M) = %d/(%d*%d) = %.4f", s.pp - 1,
-                  s.stages_per_rank, s.microbatches,
+    std::snprintf(text, sizeof text, "(P-1)/(V*M) = %d/(%d*%d) = %.4f", s.pp - 1, s.stages_per_rank,
+                  s.microbatches,
                   static_cast<double>(s.pp - 1) / (s.stages_per_rank * s.microbatches));
     return text;
   }

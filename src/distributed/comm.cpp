@@ -478,8 +478,8 @@ std::vector<Work> Comm::batch_send_recv(const std::vector<P2POp>& ops) {
     LOOM_CHECK(op.peer >= 0 && op.peer < size() && op.peer != rank_, what_name, " on '", name_,
                "': peer ", op.peer, " must be another rank of the group (size ", size(), ")");
     LOOM_CHECK(op.tensor.device().type() == ops.front().tensor.device().type(),
-               "batch_send_recv on '", name_, "': every message of a batch must be on the same "
-               "kind of device");
+               "batch_send_recv on '", name_,
+               "': every message of a batch must be on the same kind of device");
     counters_.add(send ? Collective::kSend : Collective::kRecv, nbytes(op.tensor),
                   send ? nbytes(op.tensor) : 0);
   }
@@ -490,7 +490,8 @@ std::vector<Work> Comm::batch_send_recv(const std::vector<P2POp>& ops) {
   };
   // NCCL: one coalesced group (batch_isend_irecv). Its sends and receives start together, so two
   // ranks that send to each other before they receive cannot wait on each other's send.
-  if (ops.size() > 1 && backend_for(ops.front().tensor, "batch_send_recv").get().supportsCoalescing()) {
+  if (ops.size() > 1 &&
+      backend_for(ops.front().tensor, "batch_send_recv").get().supportsCoalescing()) {
     const std::string what = describe("batch_send_recv", ops.front().tensor) + " (" +
                              std::to_string(ops.size()) + " messages)";
     return {launch(

@@ -154,8 +154,8 @@ TEST(Cli, PlanModelPrintsTheSummaryWithoutAllocating) {
 TEST(Cli, PlanScheduleTimelineAndBubble) {
   auto one_f_one_b = run_loom("plan schedule --pp 4 --microbatches 8 --schedule 1F1B");
   ASSERT_EQ(one_f_one_b.exit_code, 0) << one_f_one_b.output;
-  EXPECT_TRUE(contains(one_f_one_b.output,
-                       "rank 3  | .  .  .  F0 B0 B0 F1 B1 B1 F2 B2 B2 F3 B3 B3 F4"))
+  EXPECT_TRUE(
+      contains(one_f_one_b.output, "rank 3  | .  .  .  F0 B0 B0 F1 B1 B1 F2 B2 B2 F3 B3 B3 F4"))
       << one_f_one_b.output;
   EXPECT_TRUE(contains(one_f_one_b.output, "bubble fraction (idle / busy): 0.3750"));
   EXPECT_TRUE(contains(one_f_one_b.output, "closed form: (P-1)/M = 3/8 = 0.3750"));
@@ -164,8 +164,10 @@ TEST(Cli, PlanScheduleTimelineAndBubble) {
   EXPECT_TRUE(contains(interleaved.output, "bubble fraction (idle / busy): 0.1875"))
       << interleaved.output;  // 3 / (2 x 8)
   auto dir = fresh_temp_dir("plan_schedule");
-  auto zb = run_loom("plan schedule --pp 4 --microbatches 8 --schedule InterleavedZeroBubble "
-                     "--virtual-stages 1 --save-csv '" + dir + "/zb.csv'");
+  auto zb = run_loom(
+      "plan schedule --pp 4 --microbatches 8 --schedule InterleavedZeroBubble "
+      "--virtual-stages 1 --save-csv '" +
+      dir + "/zb.csv'");
   ASSERT_EQ(zb.exit_code, 0) << zb.output;
   EXPECT_TRUE(contains(zb.output, "bubble fraction (idle / busy): 0.2500")) << zb.output;
   auto from_csv = run_loom("plan schedule --csv '" + dir + "/zb.csv'");
@@ -187,21 +189,21 @@ TEST(Cli, PlanScheduleTimelineAndBubble) {
                        "parallelism.pipeline_parallel_microbatch_size: 1F1B with 4 pipeline ranks "
                        "needs at least 4 microbatches, got 2"))
       << validate.output;
-  auto layers = run_loom(
-      "config validate --config '" + kDebugConfig +
-      "' --parallelism.pipeline_parallel_degree 2 --training.local_batch_size 8 "
-      "--parallelism.pipeline_parallel_layers_per_stage 2 --parallelism.data_parallel_shard_degree 1");
+  auto layers = run_loom("config validate --config '" + kDebugConfig +
+                         "' --parallelism.pipeline_parallel_degree 2 --training.local_batch_size 8 "
+                         "--parallelism.pipeline_parallel_layers_per_stage 2 "
+                         "--parallelism.data_parallel_shard_degree 1");
   EXPECT_EQ(layers.exit_code, 2);  // 6 layers + 2 = 8 layers: 4 stages, 2 per rank for 1F1B
   EXPECT_TRUE(contains(layers.output, "parallelism.pipeline_parallel_layers_per_stage:"))
       << layers.output;
-  auto good = run_loom(
-      "config validate --config '" + kDebugConfig +
-      "' --parallelism.pipeline_parallel_degree 2 --training.local_batch_size 8 "
-      "--parallelism.pipeline_parallel_schedule Interleaved1F1B "
-      "--parallelism.data_parallel_shard_degree 1");
+  auto good = run_loom("config validate --config '" + kDebugConfig +
+                       "' --parallelism.pipeline_parallel_degree 2 --training.local_batch_size 8 "
+                       "--parallelism.pipeline_parallel_schedule Interleaved1F1B "
+                       "--parallelism.data_parallel_shard_degree 1");
   EXPECT_EQ(good.exit_code, 0) << good.output;
-  EXPECT_TRUE(contains(good.output, "pipeline: Interleaved1F1B, 4 stages (2 per rank), 8 "
-                                    "microbatches"))
+  EXPECT_TRUE(contains(good.output,
+                       "pipeline: Interleaved1F1B, 4 stages (2 per rank), 8 "
+                       "microbatches"))
       << good.output;
 }
 

@@ -75,7 +75,9 @@ class LinearStage : public PipelineStage {
     }
     return out;
   }
-  const Layer& layer(int64_t global) const { return layers_.at(static_cast<size_t>(global - first_)); }
+  const Layer& layer(int64_t global) const {
+    return layers_.at(static_cast<size_t>(global - first_));
+  }
 
  private:
   int64_t first_;
@@ -194,8 +196,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{ScheduleKind::kInterleaved1F1B, 1, 2, 2}),
     [](const ::testing::TestParamInfo<Case>& param_info) {
       const Case& c = param_info.param;
-      return to_string(c.kind) + "_pp" + std::to_string(c.pp) + "_v" + std::to_string(c.v) +
-             "_m" + std::to_string(c.microbatches);
+      return to_string(c.kind) + "_pp" + std::to_string(c.pp) + "_v" + std::to_string(c.v) + "_m" +
+             std::to_string(c.microbatches);
     });
 
 }  // namespace

@@ -128,7 +128,9 @@ TEST(PipelineSchedule, ActionStrings) {
 }
 
 // Each check of the validator, on a schedule broken in exactly that way.
-Schedule two_rank_gpipe() { return make_schedule(ScheduleKind::kGPipe, 2, 1, 2); }
+Schedule two_rank_gpipe() {
+  return make_schedule(ScheduleKind::kGPipe, 2, 1, 2);
+}
 
 std::vector<Action>::iterator find(Schedule& s, int rank, const std::string& action) {
   auto& list = s.actions[static_cast<size_t>(rank)];
@@ -193,11 +195,13 @@ TEST(PipelineValidator, Deadlock) {
   Schedule s;
   s.pp = 2;
   s.microbatches = 2;
-  for (const char* a : {"0F0", "0SEND_F0", "0F1", "0RECV_B0", "0B0", "0SEND_F1", "0RECV_B1", "0B1"}) {
+  for (const char* a :
+       {"0F0", "0SEND_F0", "0F1", "0RECV_B0", "0B0", "0SEND_F1", "0RECV_B1", "0B1"}) {
     s.actions.resize(2);
     s.actions[0].push_back(parse_action(a, "test"));
   }
-  for (const char* a : {"1RECV_F0", "1F0", "1RECV_F1", "1F1", "1B0", "1SEND_B0", "1B1", "1SEND_B1"}) {
+  for (const char* a :
+       {"1RECV_F0", "1F0", "1RECV_F1", "1F1", "1B0", "1SEND_B0", "1B1", "1SEND_B1"}) {
     s.actions[1].push_back(parse_action(a, "test"));
   }
   const auto e = error_of([&] { validate_schedule(s); });
@@ -216,14 +220,14 @@ TEST(PipelineValidator, CommunicationPlacementPairsBatches) {
   EXPECT_EQ(r0, (std::vector<std::string>{"0F0", "0SEND_F0", "0F1", "0SEND_F1", "0RECV_B0", "0B0",
                                           "0RECV_B1", "0B1"}));
   // Rank 0's F1 (step 1) travels at the end of step 1, while rank 1 runs F0.
-  EXPECT_EQ(r1, (std::vector<std::string>{"1RECV_F0", "1F0", "1RECV_F1", "1B0", "1SEND_B0",
-                                          "1F1", "1B1", "1SEND_B1"}));
+  EXPECT_EQ(r1, (std::vector<std::string>{"1RECV_F0", "1F0", "1RECV_F1", "1B0", "1SEND_B0", "1F1",
+                                          "1B1", "1SEND_B1"}));
 }
 
 class PipelineCsv : public ::testing::Test {
  protected:
-  std::filesystem::path dir_ = std::filesystem::temp_directory_path() /
-                               ("loom_pp_csv_" + std::to_string(::getpid()));
+  std::filesystem::path dir_ =
+      std::filesystem::temp_directory_path() / ("loom_pp_csv_" + std::to_string(::getpid()));
   void SetUp() override { std::filesystem::create_directories(dir_); }
   void TearDown() override { std::filesystem::remove_all(dir_); }
   std::string write(const std::string& name, const std::string& text) {

@@ -43,9 +43,8 @@ TEST(PipelineSplit, EmbeddingAndHeadCountAsLayers) {
   auto parts = generate_stage_parts(2, 8, 1, 1);
   EXPECT_EQ(ranges(parts), (std::vector<std::pair<int64_t, int64_t>>{{0, 4}, {4, 8}}));
   EXPECT_TRUE(parts[0].embedding && !parts[0].head && !parts[1].embedding && parts[1].head);
-  EXPECT_EQ(parts[0].modules(),
-            (std::vector<std::string>{"tok_embeddings", "layers.0", "layers.1", "layers.2",
-                                      "layers.3"}));
+  EXPECT_EQ(parts[0].modules(), (std::vector<std::string>{"tok_embeddings", "layers.0", "layers.1",
+                                                          "layers.2", "layers.3"}));
   EXPECT_EQ(parts[1].modules().back(), "output");
   // torchtitan's docstring example: 3 layers, weights 2 and 2 over 2 stages (7 = 4 + 3).
   EXPECT_EQ(ranges(generate_stage_parts(2, 3, 2, 2)),
@@ -114,8 +113,7 @@ TEST(PipelineSplit, LayersThatDoNotSplitNameTheKeys) {
   p = pp_section(4, "Interleaved1F1B");
   p.pipeline_parallel_layers_per_stage = 3;  // ceil(16 / 3) = 6 stages, not a multiple of 4
   e = error_of([&] { split_stages(p, 14); });
-  EXPECT_NE(e.find("not a multiple of parallelism.pipeline_parallel_degree = 4"),
-            std::string::npos)
+  EXPECT_NE(e.find("not a multiple of parallelism.pipeline_parallel_degree = 4"), std::string::npos)
       << e;
   p = pp_section(8, "1F1B");
   e = error_of([&] { split_stages(p, 4); });  // 8 stages, 6 effective layers

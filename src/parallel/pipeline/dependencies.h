@@ -25,17 +25,14 @@ class Progress {
   // (the last stage: the loss, computed by its forward); W its own I.
   int ready(const Action& a) const {
     switch (a.type) {
-      case ActionType::kForward:
-        return a.stage == 0 ? 0 : forward(a.stage - 1, a.microbatch);
+      case ActionType::kForward: return a.stage == 0 ? 0 : forward(a.stage - 1, a.microbatch);
       case ActionType::kBackwardInput:
       case ActionType::kFullBackward:
         return a.stage == stages_ - 1
                    ? forward(a.stage, a.microbatch)
                    : std::max(forward(a.stage, a.microbatch), grad(a.stage + 1, a.microbatch));
-      case ActionType::kBackwardWeight:
-        return grad(a.stage, a.microbatch);
-      default:
-        return 0;
+      case ActionType::kBackwardWeight: return grad(a.stage, a.microbatch);
+      default: return 0;
     }
   }
   void finish(const Action& a, int end) {

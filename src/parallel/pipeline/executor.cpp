@@ -50,8 +50,7 @@ struct PipelineExecutor::Impl {
   std::vector<at::Tensor> losses;
   ExecutorStats stats;
 
-  Impl(Schedule s, int r, std::map<int, PipelineStage*> st, distributed::Comm& c,
-       ExecutorOptions o)
+  Impl(Schedule s, int r, std::map<int, PipelineStage*> st, distributed::Comm& c, ExecutorOptions o)
       : schedule(std::move(s)), rank(r), stages(std::move(st)), comm(c), options(std::move(o)) {}
 
   int last() const { return schedule.stages() - 1; }
@@ -59,8 +58,8 @@ struct PipelineExecutor::Impl {
 
   PipelineStage& stage_of(const Action& a) {
     auto it = stages.find(a.stage);
-    LOOM_CHECK(it != stages.end() && it->second, "rank ", rank, " has no stage ", a.stage,
-               " for ", to_string(a));
+    LOOM_CHECK(it != stages.end() && it->second, "rank ", rank, " has no stage ", a.stage, " for ",
+               to_string(a));
     return *it->second;
   }
 
@@ -147,18 +146,17 @@ struct PipelineExecutor::Impl {
         }
         case ActionType::kRecvF:
           inputs[key] = boundary_buffer();
-          ops.push_back({distributed::P2POp::Kind::kRecv, inputs[key],
-                         schedule.rank_of_stage(a.stage - 1)});
+          ops.push_back(
+              {distributed::P2POp::Kind::kRecv, inputs[key], schedule.rank_of_stage(a.stage - 1)});
           any_recv = true;
           break;
         case ActionType::kRecvB:
           grads[key] = boundary_buffer();
-          ops.push_back({distributed::P2POp::Kind::kRecv, grads[key],
-                         schedule.rank_of_stage(a.stage + 1)});
+          ops.push_back(
+              {distributed::P2POp::Kind::kRecv, grads[key], schedule.rank_of_stage(a.stage + 1)});
           any_recv = true;
           break;
-        default:
-          LOOM_THROW(InternalError, "not a communication action: ", to_string(a));
+        default: LOOM_THROW(InternalError, "not a communication action: ", to_string(a));
       }
     }
     auto works = comm.batch_send_recv(ops);
@@ -222,7 +220,8 @@ struct PipelineExecutor::Impl {
     in_flight.clear();
     LOOM_CHECK(inputs.empty() && outputs.empty() && grads.empty() && input_grads.empty() &&
                    pending_w.empty(),
-               "rank ", rank, " ended the step with tensors left over: its action list is not a "
+               "rank ", rank,
+               " ended the step with tensors left over: its action list is not a "
                "complete schedule");
     StepResult result;
     if (local(last())) result.losses = losses;

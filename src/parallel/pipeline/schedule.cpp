@@ -6,12 +6,12 @@
 #include <cctype>
 #include <deque>
 #include <limits>
-#include <tuple>
 #include <optional>
+#include <tuple>
 
+#include "dependencies.h"
 #include "loom/core/check.h"
 #include "loom/core/strings.h"
-#include "dependencies.h"
 
 namespace loom::parallel::pipeline {
 
@@ -20,10 +20,8 @@ bool Action::is_compute() const {
     case ActionType::kForward:
     case ActionType::kBackwardInput:
     case ActionType::kBackwardWeight:
-    case ActionType::kFullBackward:
-      return true;
-    default:
-      return false;
+    case ActionType::kFullBackward: return true;
+    default: return false;
   }
 }
 
@@ -58,7 +56,9 @@ struct Slot {
   int local_stage;
   int microbatch;
 };
-Slot forward_slot(int k, int pp, int v) { return {(k / pp) % v, (k / (pp * v)) * pp + k % pp}; }
+Slot forward_slot(int k, int pp, int v) {
+  return {(k / pp) % v, (k / (pp * v)) * pp + k % pp};
+}
 Slot backward_slot(int k, int pp, int v) {
   Slot s = forward_slot(k, pp, v);
   s.local_stage = v - 1 - s.local_stage;
@@ -87,7 +87,9 @@ std::vector<Action> warmup_then_alternate(int rank, int pp, int v, int microbatc
   return out;
 }
 
-int interleaved_warmup(int rank, int pp, int v) { return (pp - rank - 1) * 2 + (v - 1) * pp; }
+int interleaved_warmup(int rank, int pp, int v) {
+  return (pp - rank - 1) * 2 + (v - 1) * pp;
+}
 
 // Zero bubble by list scheduling in unit time slots (F, I and W one slot each): a free rank runs
 // a forced W when too many wait, else the next backward-input when its gradient has arrived,
@@ -191,9 +193,13 @@ bool is_single_stage(ScheduleKind kind) {
   return kind == ScheduleKind::kGPipe || kind == ScheduleKind::k1F1B;
 }
 
-int min_microbatches(ScheduleKind kind, int pp) { return kind == ScheduleKind::kGPipe ? 1 : pp; }
+int min_microbatches(ScheduleKind kind, int pp) {
+  return kind == ScheduleKind::kGPipe ? 1 : pp;
+}
 
-bool needs_microbatches_multiple_of_pp(ScheduleKind kind) { return !is_single_stage(kind); }
+bool needs_microbatches_multiple_of_pp(ScheduleKind kind) {
+  return !is_single_stage(kind);
+}
 
 Schedule make_schedule(ScheduleKind kind, int pp, int stages_per_rank, int microbatches) {
   LOOM_CHECK_AS(InputError, pp >= 1, "parallelism.pipeline_parallel_degree must be >= 1, got ", pp);
@@ -265,8 +271,9 @@ void add_communication(Schedule& schedule) {
       steps[r].emplace_back();
       if (next[r] == schedule.actions[r].size()) continue;
       const Action& a = schedule.actions[r][next[r]];
-      LOOM_CHECK_AS(InputError, a.stage >= 0 && a.stage <= last && a.microbatch >= 0 &&
-                                    a.microbatch < schedule.microbatches,
+      LOOM_CHECK_AS(InputError,
+                    a.stage >= 0 && a.stage <= last && a.microbatch >= 0 &&
+                        a.microbatch < schedule.microbatches,
                     "rank ", r, " action ", next[r], " (", to_string(a),
                     "): stage or microbatch out of range");
       if (progress.ready(a) > t) continue;
@@ -275,12 +282,12 @@ void add_communication(Schedule& schedule) {
       ++next[r];
     }
     // Nothing started: nothing new finishes, so nothing ever will.
-    LOOM_CHECK_AS(InputError, !started.empty(),
-                  "the pipeline schedule cannot run: every rank's next compute waits for a "
-                  "result that comes later in some rank's list (rank 0 waits at ",
-                  next[0] < schedule.actions[0].size() ? to_string(schedule.actions[0][next[0]])
-                                                       : "its end",
-                  ")");
+    LOOM_CHECK_AS(
+        InputError, !started.empty(),
+        "the pipeline schedule cannot run: every rank's next compute waits for a "
+        "result that comes later in some rank's list (rank 0 waits at ",
+        next[0] < schedule.actions[0].size() ? to_string(schedule.actions[0][next[0]]) : "its end",
+        ")");
     for (const Action& a : started) progress.finish(a, t + 1);
     // What the computes of step t produce for other ranks travels at the end of step t.
     for (const Action& a : started) {

@@ -19,10 +19,10 @@ struct TypeName {
 };
 // Longest names first, so that "RECV_B" is not read as "RECV_" + "B".
 constexpr TypeName kTypeNames[] = {
-    {ActionType::kSendF, "SEND_F"},       {ActionType::kRecvF, "RECV_F"},
-    {ActionType::kSendB, "SEND_B"},       {ActionType::kRecvB, "RECV_B"},
-    {ActionType::kForward, "F"},          {ActionType::kBackwardInput, "I"},
-    {ActionType::kBackwardWeight, "W"},   {ActionType::kFullBackward, "B"},
+    {ActionType::kSendF, "SEND_F"},     {ActionType::kRecvF, "RECV_F"},
+    {ActionType::kSendB, "SEND_B"},     {ActionType::kRecvB, "RECV_B"},
+    {ActionType::kForward, "F"},        {ActionType::kBackwardInput, "I"},
+    {ActionType::kBackwardWeight, "W"}, {ActionType::kFullBackward, "B"},
 };
 
 // Leading decimal digits of `text` from `pos` (at most 9, so the value fits an int).
@@ -110,8 +110,8 @@ Schedule load_schedule_csv(const std::string& path) {
       ++column;
       const std::string text(strings::trim(cell));
       if (text.empty()) continue;
-      const std::string where = path + ":" + std::to_string(row) + " column " +
-                                std::to_string(column) + " (" + key + ")";
+      const std::string where =
+          path + ":" + std::to_string(row) + " column " + std::to_string(column) + " (" + key + ")";
       Action a = parse_action(text, where);
       max_stage = std::max(max_stage, a.stage);
       max_microbatch = std::max(max_microbatch, a.microbatch);
@@ -119,8 +119,8 @@ Schedule load_schedule_csv(const std::string& path) {
     }
     s.actions.push_back(std::move(list));
   }
-  LOOM_CHECK_AS(InputError, !s.actions.empty() && max_stage >= 0, key, ": ",
-                strings::quote(path), " holds no actions; expected one row of actions per rank");
+  LOOM_CHECK_AS(InputError, !s.actions.empty() && max_stage >= 0, key, ": ", strings::quote(path),
+                " holds no actions; expected one row of actions per rank");
   s.pp = static_cast<int>(s.actions.size());
   LOOM_CHECK_AS(InputError, (max_stage + 1) % s.pp == 0, key, ": ", strings::quote(path),
                 " names stages 0..", max_stage, " over ", s.pp,

@@ -6,23 +6,18 @@
 #include <map>
 #include <tuple>
 
-#include "loom/core/check.h"
 #include "dependencies.h"
+#include "loom/core/check.h"
 
 namespace loom::parallel::pipeline {
 
 int CostModel::cost(ActionType type) const {
   switch (type) {
-    case ActionType::kForward:
-      return forward;
-    case ActionType::kBackwardInput:
-      return backward_input;
-    case ActionType::kBackwardWeight:
-      return backward_weight;
-    case ActionType::kFullBackward:
-      return backward_input + backward_weight;
-    default:
-      return 0;
+    case ActionType::kForward: return forward;
+    case ActionType::kBackwardInput: return backward_input;
+    case ActionType::kBackwardWeight: return backward_weight;
+    case ActionType::kFullBackward: return backward_input + backward_weight;
+    default: return 0;
   }
 }
 
@@ -42,7 +37,9 @@ double Timeline::rank_bubble_fraction(int rank) const {
 
 namespace {
 
-bool is_send(ActionType t) { return t == ActionType::kSendF || t == ActionType::kSendB; }
+bool is_send(ActionType t) {
+  return t == ActionType::kSendF || t == ActionType::kSendB;
+}
 
 // The stage on the other end of a communication action.
 int peer_stage(const Action& a) {
@@ -57,13 +54,13 @@ Message message_of(const Action& a) {
 }
 std::string describe(const Message& m) {
   const auto& [forward, stage, mb] = m;
-  return std::string(forward ? "activations" : "gradients") + " of stage " +
-         std::to_string(stage) + " microbatch " + std::to_string(mb);
+  return std::string(forward ? "activations" : "gradients") + " of stage " + std::to_string(stage) +
+         " microbatch " + std::to_string(mb);
 }
 
 std::string at(int rank, size_t index, const Action& a) {
-  return "rank " + std::to_string(rank) + " action " + std::to_string(index) + " (" +
-         to_string(a) + ")";
+  return "rank " + std::to_string(rank) + " action " + std::to_string(index) + " (" + to_string(a) +
+         ")";
 }
 
 // Ranges, ownership and the order of every rank's own list.
@@ -79,8 +76,8 @@ void check_rank_lists(const Schedule& s) {
     for (size_t i = 0; i < s.actions[r].size(); ++i) {
       const Action& a = s.actions[r][i];
       const std::string where = at(r, i, a);
-      LOOM_CHECK_AS(InputError, a.stage >= 0 && a.stage < stages, where, ": stage out of range [0, ",
-                    stages, ")");
+      LOOM_CHECK_AS(InputError, a.stage >= 0 && a.stage < stages, where,
+                    ": stage out of range [0, ", stages, ")");
       LOOM_CHECK_AS(InputError, a.microbatch >= 0 && a.microbatch < s.microbatches, where,
                     ": microbatch out of range [0, ", s.microbatches, ")");
       LOOM_CHECK_AS(InputError, s.rank_of_stage(a.stage) == r, where, ": stage ", a.stage,
@@ -108,10 +105,9 @@ void check_rank_lists(const Schedule& s) {
           LOOM_CHECK_AS(InputError, has(a.stage, m, ActionType::kForward), where,
                         ": comes before the forward of the same stage and microbatch");
           const bool grad_ready =
-              a.stage == last ||
-              (remote_grad ? has(a.stage, m, ActionType::kRecvB)
-                           : has(a.stage + 1, m, ActionType::kBackwardInput) ||
-                                 has(a.stage + 1, m, ActionType::kFullBackward));
+              a.stage == last || (remote_grad ? has(a.stage, m, ActionType::kRecvB)
+                                              : has(a.stage + 1, m, ActionType::kBackwardInput) ||
+                                                    has(a.stage + 1, m, ActionType::kFullBackward));
           LOOM_CHECK_AS(InputError, grad_ready, where,
                         ": the gradient of its output has not arrived (backward of stage ",
                         a.stage + 1, remote_grad ? " and its receive" : "", " must come first)");
@@ -131,8 +127,7 @@ void check_rank_lists(const Schedule& s) {
                             has(a.stage, m, ActionType::kFullBackward),
                         where, ": sends a gradient before the backward that makes it");
           break;
-        default:
-          break;
+        default: break;
       }
       done[{a.stage, m, a.type}] = true;
       ++count[{a.stage, m, a.type}];
@@ -151,18 +146,19 @@ void check_rank_lists(const Schedule& s) {
       const int b = n(stage, m, ActionType::kFullBackward);
       const int i = n(stage, m, ActionType::kBackwardInput);
       const int w = n(stage, m, ActionType::kBackwardWeight);
-      LOOM_CHECK_AS(InputError, (b == 1 && i == 0 && w == 0) || (b == 0 && i == 1 && w == 1),
-                    what, " has ", b, " full backward(s), ", i, " input-gradient and ", w,
+      LOOM_CHECK_AS(InputError, (b == 1 && i == 0 && w == 0) || (b == 0 && i == 1 && w == 1), what,
+                    " has ", b, " full backward(s), ", i, " input-gradient and ", w,
                     " weight-gradient actions; expected one B, or one I and one W");
-      const bool remote_next = stage < stages - 1 && s.rank_of_stage(stage + 1) != s.rank_of_stage(stage);
+      const bool remote_next =
+          stage < stages - 1 && s.rank_of_stage(stage + 1) != s.rank_of_stage(stage);
       if (remote_next) {
         for (ActionType t : {ActionType::kSendF, ActionType::kRecvB}) {
           LOOM_CHECK_AS(InputError, n(stage, m, t) == 1, what, " has ", n(stage, m, t), " ",
                         to_string(t), " actions; expected 1");
         }
         for (ActionType t : {ActionType::kRecvF, ActionType::kSendB}) {
-          LOOM_CHECK_AS(InputError, n(stage + 1, m, t) == 1, "stage ", stage + 1, " microbatch ",
-                        m, " has ", n(stage + 1, m, t), " ", to_string(t), " actions; expected 1");
+          LOOM_CHECK_AS(InputError, n(stage + 1, m, t) == 1, "stage ", stage + 1, " microbatch ", m,
+                        " has ", n(stage + 1, m, t), " ", to_string(t), " actions; expected 1");
         }
       }
     }
@@ -274,11 +270,13 @@ Timeline run(const Schedule& s, const CostModel& costs) {
 
 }  // namespace
 
-void validate_schedule(const Schedule& schedule) { simulate(schedule); }
+void validate_schedule(const Schedule& schedule) {
+  simulate(schedule);
+}
 
 Timeline simulate(const Schedule& schedule, const CostModel& costs) {
-  LOOM_CHECK_AS(InputError, schedule.pp >= 1 && schedule.stages_per_rank >= 1 &&
-                                schedule.microbatches >= 1,
+  LOOM_CHECK_AS(InputError,
+                schedule.pp >= 1 && schedule.stages_per_rank >= 1 && schedule.microbatches >= 1,
                 "a pipeline schedule needs pp, stages per rank and microbatches >= 1");
   check_rank_lists(schedule);
   check_message_order(schedule);

@@ -15,15 +15,18 @@ constexpr const char* kFirstLess = "parallelism.pipeline_parallel_first_stage_le
 constexpr const char* kLastLess = "parallelism.pipeline_parallel_last_stage_less_layers";
 constexpr const char* kModules = "parallelism.module_fqns_per_model_part";
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
 
 // The number of stages the keys ask for (checked against the schedule's stages per rank).
 int stage_count(const config::ParallelismSection& p, int64_t n_layers, bool single_stage,
                 std::optional<int> csv_stages) {
   const int64_t pp = p.pipeline_parallel_degree;
   int64_t stages = pp * (single_stage ? 1 : 2);
-  std::string source = single_stage ? "one stage per rank for parallelism.pipeline_parallel_schedule"
-                                    : "two stages per rank by default for an interleaved schedule";
+  std::string source = single_stage
+                           ? "one stage per rank for parallelism.pipeline_parallel_schedule"
+                           : "two stages per rank by default for an interleaved schedule";
   if (csv_stages) {
     stages = *csv_stages;
     source = "parallelism.pipeline_parallel_schedule_csv names " + std::to_string(stages);
@@ -43,16 +46,18 @@ int stage_count(const config::ParallelismSection& p, int64_t n_layers, bool sing
              std::to_string(n_layers) + " layers + " + kFirstLess + " + " + kLastLess + ") / " +
              std::to_string(lps) + ") = " + std::to_string(stages);
   }
-  LOOM_CHECK_AS(InputError, stages % pp == 0, source, " stages, not a multiple of ", kDegree,
-                " = ", pp);
+  LOOM_CHECK_AS(InputError, stages % pp == 0, source, " stages, not a multiple of ", kDegree, " = ",
+                pp);
   const int64_t per_rank = stages / pp;
   if (csv_stages) return static_cast<int>(stages);  // a CSV schedule runs any stage count
-  LOOM_CHECK_AS(InputError, !single_stage || per_rank == 1, source, " stages, ", per_rank,
-                " per rank, but parallelism.pipeline_parallel_schedule = ", p.pipeline_parallel_schedule,
-                " runs one stage per rank (use an interleaved schedule, or fewer stages)");
-  LOOM_CHECK_AS(InputError, single_stage || per_rank >= 2, source, " stages, ", per_rank,
-                " per rank, but parallelism.pipeline_parallel_schedule = ", p.pipeline_parallel_schedule,
-                " interleaves at least 2 stages per rank (use 1F1B, or more stages)");
+  LOOM_CHECK_AS(
+      InputError, !single_stage || per_rank == 1, source, " stages, ", per_rank,
+      " per rank, but parallelism.pipeline_parallel_schedule = ", p.pipeline_parallel_schedule,
+      " runs one stage per rank (use an interleaved schedule, or fewer stages)");
+  LOOM_CHECK_AS(
+      InputError, single_stage || per_rank >= 2, source, " stages, ", per_rank,
+      " per rank, but parallelism.pipeline_parallel_schedule = ", p.pipeline_parallel_schedule,
+      " interleaves at least 2 stages per rank (use 1F1B, or more stages)");
   return static_cast<int>(stages);
 }
 
@@ -71,7 +76,8 @@ std::vector<std::string> StagePart::modules() const {
 
 std::vector<StagePart> StageSplit::parts_of_rank(int rank) const {
   std::vector<StagePart> out;
-  for (int v = 0; v < stages_per_rank; ++v) out.push_back(stages.at(static_cast<size_t>(rank + v * pp)));
+  for (int v = 0; v < stages_per_rank; ++v)
+    out.push_back(stages.at(static_cast<size_t>(rank + v * pp)));
   return out;
 }
 
@@ -108,7 +114,8 @@ std::vector<StagePart> generate_stage_parts(int stages, int64_t n_layers, int64_
 
 std::vector<StagePart> parse_stage_modules(const std::vector<std::vector<std::string>>& modules,
                                            int64_t n_layers) {
-  LOOM_CHECK_AS(InputError, !modules.empty(), kModules, " is empty; list the modules of each stage");
+  LOOM_CHECK_AS(InputError, !modules.empty(), kModules,
+                " is empty; list the modules of each stage");
   std::vector<StagePart> parts;
   int64_t next = 0;
   const int last = static_cast<int>(modules.size()) - 1;
@@ -129,7 +136,8 @@ std::vector<StagePart> parse_stage_modules(const std::vector<std::vector<std::st
       } else if (name.rfind("layers.", 0) == 0) {
         auto index = strings::parse_int(name.substr(7));
         LOOM_CHECK_AS(InputError, index && *index >= 0 && *index < n_layers, where, ": ",
-                      strings::quote(name), " is not a layer of a model with ", n_layers, " layers");
+                      strings::quote(name), " is not a layer of a model with ", n_layers,
+                      " layers");
         LOOM_CHECK_AS(InputError, *index == part.end_layer && !norm && !output, where, ": ",
                       strings::quote(name), " is out of order; expected layers.", part.end_layer,
                       " next (each layer once, in order, before norm and output)");
@@ -144,8 +152,10 @@ std::vector<StagePart> parse_stage_modules(const std::vector<std::vector<std::st
     next = part.end_layer;
     parts.push_back(part);
   }
-  LOOM_CHECK_AS(InputError, parts.front().embedding, kModules, ": the first part must start with tok_embeddings");
-  LOOM_CHECK_AS(InputError, parts.back().head, kModules, ": the last part must end with norm and output");
+  LOOM_CHECK_AS(InputError, parts.front().embedding, kModules,
+                ": the first part must start with tok_embeddings");
+  LOOM_CHECK_AS(InputError, parts.back().head, kModules,
+                ": the last part must end with norm and output");
   LOOM_CHECK_AS(InputError, next == n_layers, kModules, " covers layers 0..", next - 1,
                 " but the model has ", n_layers, " layers");
   return parts;
@@ -160,11 +170,11 @@ StageSplit split_stages(const config::ParallelismSection& p, int64_t n_layers,
   split.pp = static_cast<int>(p.pipeline_parallel_degree);
   const int stages = stage_count(p, n_layers, single_stage, csv_stages);
   split.stages_per_rank = stages / split.pp;
-  split.stages = p.module_fqns_per_model_part
-                     ? parse_stage_modules(*p.module_fqns_per_model_part, n_layers)
-                     : generate_stage_parts(stages, n_layers,
-                                            p.pipeline_parallel_first_stage_less_layers,
-                                            p.pipeline_parallel_last_stage_less_layers);
+  split.stages =
+      p.module_fqns_per_model_part
+          ? parse_stage_modules(*p.module_fqns_per_model_part, n_layers)
+          : generate_stage_parts(stages, n_layers, p.pipeline_parallel_first_stage_less_layers,
+                                 p.pipeline_parallel_last_stage_less_layers);
   return split;
 }
 

@@ -50,8 +50,8 @@ struct ExecutorOptions {
 };
 
 struct ExecutorStats {
-  double compute_seconds = 0;  // in F, I, W, B
-  double wait_seconds = 0;     // waiting for receives: this rank's measured bubble
+  double compute_seconds = 0;    // in F, I, W, B
+  double wait_seconds = 0;       // waiting for receives: this rank's measured bubble
   double send_wait_seconds = 0;  // waiting for the step's sends at its end
   int64_t computes = 0;
   int64_t batches = 0;

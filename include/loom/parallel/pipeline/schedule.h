@@ -44,7 +44,7 @@ struct Action {
   bool operator!=(const Action& o) const { return !(*this == o); }
 };
 
-std::string to_string(ActionType type);  // "F", "I", "W", "B", "SEND_F", ...
+std::string to_string(ActionType type);       // "F", "I", "W", "B", "SEND_F", ...
 std::string to_string(const Action& action);  // "2F5"
 // Parses "2F5"; throws InputError naming `where` (a file and cell, ...) for anything else.
 Action parse_action(const std::string& text, const std::string& where);
@@ -65,7 +65,7 @@ bool needs_microbatches_multiple_of_pp(ScheduleKind kind);
 
 struct Schedule {
   std::string name;
-  int pp = 1;              // pipeline ranks
+  int pp = 1;               // pipeline ranks
   int stages_per_rank = 1;  // virtual stages V
   int microbatches = 1;
   std::vector<std::vector<Action>> actions;  // per rank, in execution order
