@@ -40,8 +40,8 @@ loom::config::JobConfig debug_config(int pp, const std::string& schedule) {
 
 std::unique_ptr<loom::models::CausalLM> build(const loom::config::JobConfig& c,
                                               const StagePart& part) {
-  auto model = loom::models::build_model(c, 0, at::TensorOptions().dtype(at::kFloat),
-                                         to_model_part(part));
+  auto model =
+      loom::models::build_model(c, 0, at::TensorOptions().dtype(at::kFloat), to_model_part(part));
   model->init_weights(kSeed);
   model->init_buffers(at::kCPU);
   return model;
@@ -68,8 +68,8 @@ std::map<std::string, at::Tensor> grads_of(loom::models::CausalLM& m) {
 void run_llama(int pp, const std::string& schedule_name, int microbatches) {
   const auto config = debug_config(pp, schedule_name);
   const StageSplit split = split_stages(config.parallelism, 6);
-  const Schedule schedule = make_schedule(parse_schedule_kind(schedule_name), pp,
-                                          split.stages_per_rank, microbatches);
+  const Schedule schedule =
+      make_schedule(parse_schedule_kind(schedule_name), pp, split.stages_per_rank, microbatches);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
   const int64_t vocab = build(config, StagePart{0, 0, 6, true, true})->vocab_size();
   std::vector<at::Tensor> tokens, targets;
@@ -79,8 +79,7 @@ void run_llama(int pp, const std::string& schedule_name, int microbatches) {
   }
   const double tokens_per_step = static_cast<double>(microbatches * kMicrobatchSize * kSeq);
   auto loss = [tokens_per_step](const at::Tensor& logits, const at::Tensor& target) {
-    return at::cross_entropy_loss(logits.flatten(0, 1), target.flatten(), {},
-                                  at::Reduction::Sum) /
+    return at::cross_entropy_loss(logits.flatten(0, 1), target.flatten(), {}, at::Reduction::Sum) /
            tokens_per_step;
   };
   loom::distributed::CommOptions options;
@@ -125,8 +124,8 @@ void run_llama(int pp, const std::string& schedule_name, int microbatches) {
             const at::Tensor& want = reference.at(name);
             const double err = (grad - want).abs().max().item<double>();
             const double scale = want.abs().max().item<double>();
-            LOOM_CHECK(err <= 1e-5 * scale + 1e-9, name, ": gradient differs by ", err,
-                       " (scale ", scale, ")");
+            LOOM_CHECK(err <= 1e-5 * scale + 1e-9, name, ": gradient differs by ", err, " (scale ",
+                       scale, ")");
             seen.insert(name);
           }
         }
@@ -167,8 +166,12 @@ TEST(PipelineLlama, PartsCoverTheModelOnce) {
   EXPECT_EQ(checked, 6);
 }
 
-TEST(PipelineLlama, OneFOneBOnTwoRanksMatchesOneProcess) { run_llama(2, "1F1B", 4); }
-TEST(PipelineLlama, InterleavedOnTwoRanksMatchesOneProcess) { run_llama(2, "Interleaved1F1B", 4); }
+TEST(PipelineLlama, OneFOneBOnTwoRanksMatchesOneProcess) {
+  run_llama(2, "1F1B", 4);
+}
+TEST(PipelineLlama, InterleavedOnTwoRanksMatchesOneProcess) {
+  run_llama(2, "Interleaved1F1B", 4);
+}
 TEST(PipelineLlama, ZeroBubbleOnTwoRanksMatchesOneProcess) {
   run_llama(2, "InterleavedZeroBubble", 4);
 }
