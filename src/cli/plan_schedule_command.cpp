@@ -1,11 +1,14 @@
 // loom plan schedule --pp P --microbatches M --schedule NAME [--virtual-stages V]
-//                    | --csv FILE: a pipeline schedule's timeline (a row per rank, a column per
-// time slot) and its bubble, simulated from the very action lists the executor runs.
+//                    | --csv FILE | --config FILE [--section.key value ...]: a pipeline
+// schedule's timeline (a row per rank, a column per time slot) and its bubble, simulated from the
+// very action lists the executor runs; with a job config, also the stage split the job would use.
 #include <cstdio>
 #include <iostream>
 #include <memory>
 
 #include "commands.h"
+#include "loom/core/strings.h"
+#include "loom/parallel/pipeline/plan.h"
 #include "loom/parallel/pipeline/schedule.h"
 #include "loom/parallel/pipeline/simulate.h"
 
@@ -24,7 +27,45 @@ struct ScheduleArgs {
   std::string save_csv;
   bool actions = false;
   pp::CostModel costs;
+  ConfigArgs config;  // --config and --section.key: the job's own pipeline
 };
+
+// "tok_embeddings, layers.0-3, norm, output"
+std::string describe_modules(const pp::StagePart& part) {
+  std::string out = part.embedding ? "tok_embeddings" : "";
+  auto add = [&](const std::string& m) { out += (out.empty() ? "" : ", ") + m; };
+  if (part.layers() == 1) add("layers." + std::to_string(part.first_layer));
+  if (part.layers() > 1) {
+    add("layers." + std::to_string(part.first_layer) + "-" + std::to_string(part.end_layer - 1));
+  }
+  if (part.head) add("norm, output");
+  return out;
+}
+
+// The job's split and schedule, as `loom train` would check them.
+pp::Schedule schedule_of_job(CLI::App& cmd, ScheduleArgs& a) {
+  const bool explicit_config = a.config.config_path || !a.config.overrides.empty();
+  for (const char* flag : {"--pp", "--microbatches", "--schedule", "--virtual-stages", "--csv"}) {
+    if (cmd.count(flag) == 0) continue;
+    LOOM_CHECK_AS(InputError, explicit_config, "unknown option(s) ",
+                  strings::join(cmd.remaining(), " "),
+                  " for loom plan schedule (see loom plan schedule --help)");
+    LOOM_THROW(InputError, flag,
+               " cannot be combined with a job config (--config or --section.key): the job's "
+               "parallelism.pipeline_parallel_* keys decide it");
+  }
+  config::LoadedConfig loaded = load_config(cmd, a.config);
+  const auto plan =
+      pp::plan_pipeline(loaded.config, model_layer_count(loaded.config), loaded.provenance);
+  std::cout << "stage split of " << loaded.config.model.name << " " << loaded.config.model.flavor
+            << ":\n";
+  for (const auto& part : plan.split.stages) {
+    std::cout << "  stage " << part.stage << " (rank " << part.stage % plan.split.pp
+              << "): " << describe_modules(part) << "\n";
+  }
+  std::cout << "\n";
+  return plan.schedule;
+}
 
 // The closed form of the bubble where one exists, to print beside the simulated value.
 std::string formula(const pp::Schedule& s, const std::string& name) {
@@ -43,9 +84,12 @@ std::string formula(const pp::Schedule& s, const std::string& name) {
   return "";
 }
 
-int run_plan_schedule(const ScheduleArgs& a) {
+int run_plan_schedule(CLI::App& cmd, ScheduleArgs& a) {
   pp::Schedule s;
-  if (!a.csv.empty()) {
+  // Unrecognized options are config overrides (load_config reports unknown keys).
+  if (a.config.config_path || !a.config.overrides.empty() || !cmd.remaining().empty()) {
+    s = schedule_of_job(cmd, a);
+  } else if (!a.csv.empty()) {
     s = pp::load_schedule_csv(a.csv);
   } else {
     LOOM_CHECK_AS(InputError, a.pp >= 1, "--pp is required (pipeline ranks, >= 1)");
@@ -101,7 +145,9 @@ void add_plan_schedule_command(CLI::App& plan, CommandRun& run) {
                   "Slots per weight-gradient backward (W)")
       ->check(CLI::Range(1, 100))
       ->capture_default_str();
-  cmd->callback([args, &run] { run = [args] { return run_plan_schedule(*args); }; });
+  add_config_options(*cmd, args->config);
+  cmd->callback(
+      [cmd, args, &run] { run = [cmd, args] { return run_plan_schedule(*cmd, *args); }; });
 }
 
 }  // namespace loom::cli

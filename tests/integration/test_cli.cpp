@@ -181,6 +181,25 @@ TEST(Cli, PlanScheduleTimelineAndBubble) {
   EXPECT_EQ(unknown.exit_code, 2);
   EXPECT_TRUE(contains(unknown.output, "loom implements GPipe, 1F1B")) << unknown.output;
 
+  // The job's own pipeline: its split (6 layers + embedding + head over 4 stages) and schedule.
+  auto job = run_loom("plan schedule --config '" + kDebugConfig +
+                      "' --parallelism.pipeline_parallel_degree 2 --training.local_batch_size 4 "
+                      "--parallelism.pipeline_parallel_schedule Interleaved1F1B "
+                      "--parallelism.data_parallel_shard_degree 1");
+  ASSERT_EQ(job.exit_code, 0) << job.output;
+  EXPECT_TRUE(contains(job.output, "  stage 0 (rank 0): tok_embeddings, layers.0\n"
+                                   "  stage 1 (rank 1): layers.1-2\n"
+                                   "  stage 2 (rank 0): layers.3-4\n"
+                                   "  stage 3 (rank 1): layers.5, norm, output\n"))
+      << job.output;
+  EXPECT_TRUE(contains(job.output, "bubble fraction (idle / busy): 0.1250")) << job.output;
+  auto mixed = run_loom("plan schedule --config '" + kDebugConfig + "' --pp 2");
+  EXPECT_EQ(mixed.exit_code, 2);
+  EXPECT_TRUE(contains(mixed.output, "--pp cannot be combined with a job config")) << mixed.output;
+  auto typo = run_loom("plan schedule --pp 2 --microbatchs 4");
+  EXPECT_EQ(typo.exit_code, 2);
+  EXPECT_TRUE(contains(typo.output, "unknown option(s) --microbatchs 4")) << typo.output;
+
   auto validate = run_loom(
       "config validate --parallelism.pipeline_parallel_degree 4 --training.local_batch_size 2 "
       "--parallelism.data_parallel_shard_degree 1");
