@@ -187,10 +187,11 @@ TEST(Cli, PlanScheduleTimelineAndBubble) {
                       "--parallelism.pipeline_parallel_schedule Interleaved1F1B "
                       "--parallelism.data_parallel_shard_degree 1");
   ASSERT_EQ(job.exit_code, 0) << job.output;
-  EXPECT_TRUE(contains(job.output, "  stage 0 (rank 0): tok_embeddings, layers.0\n"
-                                   "  stage 1 (rank 1): layers.1-2\n"
-                                   "  stage 2 (rank 0): layers.3-4\n"
-                                   "  stage 3 (rank 1): layers.5, norm, output\n"))
+  EXPECT_TRUE(contains(job.output,
+                       "  stage 0 (rank 0): tok_embeddings, layers.0\n"
+                       "  stage 1 (rank 1): layers.1-2\n"
+                       "  stage 2 (rank 0): layers.3-4\n"
+                       "  stage 3 (rank 1): layers.5, norm, output\n"))
       << job.output;
   EXPECT_TRUE(contains(job.output, "bubble fraction (idle / busy): 0.1250")) << job.output;
   auto mixed = run_loom("plan schedule --config '" + kDebugConfig + "' --pp 2");
