@@ -170,6 +170,43 @@ void run_case(ScheduleKind kind, int pp, int v, int microbatches) {
   LOOM_EXPECT_RANKS_OK(errors);
 }
 
+// I computes no weight gradient and W does, later: the weights' gradient hooks fire only in W
+// (2 ranks, zero bubble, each W of a microbatch well after its I).
+TEST(PipelineExecutor, WeightGradientsAreDeferredToW) {
+  const Schedule schedule = make_schedule(ScheduleKind::kInterleavedZeroBubble, 2, 1, 4);
+  const Batch batch = make_batch(4);
+  auto errors = run_ranks(2, [&](ProcessGroups& groups) {
+    const int rank = groups.rank();
+    LinearStage stage(rank * kLayers / 2, (rank + 1) * kLayers / 2);
+    int weight_grads = 0;  // gradient hooks fired on this stage's weights
+    for (auto& p : stage.parameters()) {
+      p.register_hook([&weight_grads](const at::Tensor& g) {
+        ++weight_grads;
+        return g;
+      });
+    }
+    const int per_w = static_cast<int>(stage.parameters().size());
+    int expected = 0, inputs = 0, weights = 0;
+    ExecutorOptions eo;
+    eo.boundary_shape = {kMicrobatchSize, kDim};
+    eo.boundary_dtype = at::kDouble;
+    eo.loss = loss_of;
+    eo.after_action = [&](const Action& a) {
+      if (a.type == ActionType::kBackwardWeight) {
+        expected += per_w;
+        ++weights;
+      }
+      inputs += a.type == ActionType::kBackwardInput;
+      LOOM_CHECK(weight_grads == expected, "after ", to_string(a), ": ", weight_grads,
+                 " weight gradients computed, expected ", expected);
+    };
+    PipelineExecutor executor(schedule, rank, {{rank, &stage}}, groups.world(), eo);
+    executor.run_step(batch.inputs, batch.targets);
+    LOOM_CHECK(inputs == 4 && weights == 4, "I and W per microbatch");
+  });
+  LOOM_EXPECT_RANKS_OK(errors);
+}
+
 struct Case {
   ScheduleKind kind;
   int pp, v, microbatches;

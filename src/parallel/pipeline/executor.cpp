@@ -206,12 +206,17 @@ struct PipelineExecutor::Impl {
     const auto& actions = schedule.actions.at(static_cast<size_t>(rank));
     for (size_t i = 0; i < actions.size();) {
       if (actions[i].is_compute()) {
-        compute(actions[i++], data, targets);
+        compute(actions[i], data, targets);
+        if (options.after_action) options.after_action(actions[i]);
+        ++i;
         continue;
       }
       std::vector<Action> batch;
       while (i < actions.size() && actions[i].is_communication()) batch.push_back(actions[i++]);
       communicate(batch);
+      for (const Action& a : batch) {
+        if (options.after_action) options.after_action(a);
+      }
     }
     const auto start = Clock::now();
     for (auto& w : sends) w.wait();

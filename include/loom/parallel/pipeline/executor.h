@@ -47,6 +47,8 @@ struct ExecutorOptions {
   // The last stage's output and the microbatch's target -> scalar loss of the microbatch. The
   // step's loss is the sum over microbatches (scale inside when a mean over the step is wanted).
   std::function<at::Tensor(const at::Tensor& output, const at::Tensor& target)> loss;
+  // Called after each action this rank runs (tracing, profiler ranges, tests); may be empty.
+  std::function<void(const Action&)> after_action;
 };
 
 struct ExecutorStats {
