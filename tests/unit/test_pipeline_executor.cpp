@@ -191,7 +191,12 @@ TEST(PipelineExecutor, WeightGradientsAreDeferredToW) {
     eo.boundary_shape = {kMicrobatchSize, kDim};
     eo.boundary_dtype = at::kDouble;
     eo.loss = loss_of;
+    std::vector<std::string> seen;
+    eo.before_action = [&](const Action& a) { seen.push_back(to_string(a)); };
     eo.after_action = [&](const Action& a) {
+      // A compute's before comes right before its after; a batch's befores all come first.
+      LOOM_CHECK(a.is_communication() || (!seen.empty() && seen.back() == to_string(a)),
+                 "after_action without its before_action: ", to_string(a));
       if (a.type == ActionType::kBackwardWeight) {
         expected += per_w;
         ++weights;
@@ -203,6 +208,7 @@ TEST(PipelineExecutor, WeightGradientsAreDeferredToW) {
     PipelineExecutor executor(schedule, rank, {{rank, &stage}}, groups.world(), eo);
     executor.run_step(batch.inputs, batch.targets);
     LOOM_CHECK(inputs == 4 && weights == 4, "I and W per microbatch");
+    LOOM_CHECK(seen.size() == schedule.actions[rank].size(), "before_action on every action");
   });
   LOOM_EXPECT_RANKS_OK(errors);
 }

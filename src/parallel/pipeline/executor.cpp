@@ -206,6 +206,7 @@ struct PipelineExecutor::Impl {
     const auto& actions = schedule.actions.at(static_cast<size_t>(rank));
     for (size_t i = 0; i < actions.size();) {
       if (actions[i].is_compute()) {
+        if (options.before_action) options.before_action(actions[i]);
         compute(actions[i], data, targets);
         if (options.after_action) options.after_action(actions[i]);
         ++i;
@@ -213,6 +214,9 @@ struct PipelineExecutor::Impl {
       }
       std::vector<Action> batch;
       while (i < actions.size() && actions[i].is_communication()) batch.push_back(actions[i++]);
+      for (const Action& a : batch) {
+        if (options.before_action) options.before_action(a);
+      }
       communicate(batch);
       for (const Action& a : batch) {
         if (options.after_action) options.after_action(a);

@@ -47,7 +47,11 @@ struct ExecutorOptions {
   // The last stage's output and the microbatch's target -> scalar loss of the microbatch. The
   // step's loss is the sum over microbatches (scale inside when a mean over the step is wanted).
   std::function<at::Tensor(const at::Tensor& output, const at::Tensor& target)> loss;
-  // Called after each action this rank runs (tracing, profiler ranges, tests); may be empty.
+  // Called around each action this rank runs (a batch's communication actions: before the batch
+  // is posted, after its receives arrived); may be empty. For tracing, profiler ranges, tests,
+  // and for wrappers that act per stage and microbatch (e.g. FSDP arming its gradient
+  // reduce-scatter before a stage's last backward).
+  std::function<void(const Action&)> before_action;
   std::function<void(const Action&)> after_action;
 };
 
