@@ -169,10 +169,10 @@ TEST(Cli, PlanScheduleTimelineAndBubble) {
       "--virtual-stages 1 --save-csv '" +
       dir + "/zb.csv'");
   ASSERT_EQ(zb.exit_code, 0) << zb.output;
-  EXPECT_TRUE(contains(zb.output, "bubble fraction (idle / busy): 0.2500")) << zb.output;
+  EXPECT_TRUE(contains(zb.output, "bubble fraction (idle / busy): 0.1250")) << zb.output;  // 0.375 / 3
   auto from_csv = run_loom("plan schedule --csv '" + dir + "/zb.csv'");
   ASSERT_EQ(from_csv.exit_code, 0) << from_csv.output;
-  EXPECT_TRUE(contains(from_csv.output, "bubble fraction (idle / busy): 0.2500"));
+  EXPECT_TRUE(contains(from_csv.output, "bubble fraction (idle / busy): 0.1250"));
 
   auto too_few = run_loom("plan schedule --pp 4 --microbatches 3 --schedule 1F1B");
   EXPECT_EQ(too_few.exit_code, 2);

@@ -61,12 +61,13 @@ TEST(PipelineSchedule, ZeroBubbleBeats1F1BAndInterleaved) {
       const double one_f_one_b = bubble(ScheduleKind::k1F1B, pp, 1, m);
       const double zb_h1 = bubble(ScheduleKind::kInterleavedZeroBubble, pp, 1, m);
       EXPECT_LT(zb_h1, one_f_one_b) << pp << " " << m;
-      // ZB-H1's bubble is (P-1)(F + I - W): 2/3 of 1F1B's (P-1)(F + I + W) when all are 1 slot.
-      EXPECT_NEAR(zb_h1, one_f_one_b * 2 / 3, 1e-12) << pp << " " << m;
+      // ZB-H1's bubble is (P-1)(F + I - W): 1/3 of 1F1B's (P-1)(F + I + W) when all are 1 slot.
+      EXPECT_NEAR(zb_h1, one_f_one_b / 3, 1e-12) << pp << " " << m;
       for (int v : {2, 3}) {
-        EXPECT_LT(bubble(ScheduleKind::kInterleavedZeroBubble, pp, v, m),
-                  bubble(ScheduleKind::kInterleaved1F1B, pp, v, m))
-            << pp << " " << v << " " << m;
+        const double zb = bubble(ScheduleKind::kInterleavedZeroBubble, pp, v, m);
+        const double interleaved = bubble(ScheduleKind::kInterleaved1F1B, pp, v, m);
+        EXPECT_LT(zb, interleaved) << pp << " " << v << " " << m;
+        EXPECT_NEAR(zb, interleaved / 3, 1e-12) << pp << " " << v << " " << m;
       }
     }
   }

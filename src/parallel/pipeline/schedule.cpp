@@ -95,10 +95,12 @@ int interleaved_warmup(int rank, int pp, int v) {
 // a forced W when too many wait, else the next backward-input when its gradient has arrived,
 // else the next forward when its input has arrived and fewer than the 1F1B (or interleaved 1F1B)
 // number of microbatches await their backward, else a deferred W, else idles. Deferred weight
-// gradients thus fill the slots 1F1B leaves idle while a rank waits for gradients. Rank r defers
-// at most pp-1-r of them with one stage per rank (ZB-H1: the last rank none; its bubble is
-// (pp-1)(F+I-W), 2/3 of 1F1B's when F = I = W), (V-1)·pp more with V stages per rank (a third of
-// interleaved 1F1B's bubble then). The bound caps the activations kept alive for W.
+// gradients thus fill the slots 1F1B leaves idle while a rank waits for gradients. Every rank
+// defers at most pp-1 of them with one stage per rank, (V-1)·pp more with V stages per rank:
+// the last rank too, so that its final input gradients reach the first rank early. This gives
+// ZB-H1's bubble, (pp-1)(F+I-W): a third of 1F1B's when F = I = W, and a third of interleaved
+// 1F1B's with virtual stages. The price: a deferred W keeps its microbatch's activations alive,
+// up to pp-1 (+ (V-1)·pp) microbatches more than 1F1B holds on the rank.
 std::vector<std::vector<Action>> zero_bubble_order(int pp, int v, int microbatches) {
   const int stages = pp * v, n = microbatches * v;
   constexpr int kNever = std::numeric_limits<int>::max();
@@ -113,11 +115,10 @@ std::vector<std::vector<Action>> zero_bubble_order(int pp, int v, int microbatch
   auto done = [&](const RankState& r) {
     return r.next_forward == n && r.next_input_grad == n && r.deferred.empty();
   };
-  // ZB-H1's bound for one stage per rank; the interleaved warmup's extra (V-1)·pp beyond it.
-  auto deferred_cap = [&](int r) { return (pp - 1 - r) + (v - 1) * pp; };
+  const auto deferred_cap = static_cast<size_t>((pp - 1) + (v - 1) * pp);
   auto zero_bubble_pick = [&](const RankState& st, int r, int t) -> std::optional<Action> {
     const int in_flight_limit = v == 1 ? pp - r : interleaved_warmup(r, pp, v) + 1;
-    if (st.deferred.size() > static_cast<size_t>(deferred_cap(r))) return st.deferred.front();
+    if (st.deferred.size() > deferred_cap) return st.deferred.front();
     if (st.next_input_grad < n) {
       Slot s = backward_slot(st.next_input_grad, pp, v);
       const int stage = r + s.local_stage * pp;
