@@ -242,39 +242,53 @@ Schedule make_schedule(ScheduleKind kind, int pp, int stages_per_rank, int micro
   return s;
 }
 
-void add_communication(Schedule& schedule) {
-  for (const auto& list : schedule.actions) {
-    for (const auto& a : list) {
-      if (a.is_communication()) return;  // the caller's own communication: keep it
-    }
+namespace {
+
+// One time step of one rank in the lockstep layout: its compute (if any), then the batch of
+// what crosses ranks at the end of the step.
+struct StepActions {
+  std::optional<Action> compute;
+  std::vector<Action> batch;
+};
+using Layout = std::vector<std::vector<StepActions>>;  // [rank][step]
+
+// What a compute of step t produces for another rank: a send on its rank and the matching
+// receive on the other, both in the batches of step t.
+void add_transfers(const Schedule& s, const Action& a, int t, Layout& steps) {
+  const int r = s.rank_of_stage(a.stage), last = s.stages() - 1;
+  const bool grad = a.type == ActionType::kBackwardInput || a.type == ActionType::kFullBackward;
+  if (a.type == ActionType::kForward && a.stage < last && s.rank_of_stage(a.stage + 1) != r) {
+    steps[r][t].batch.push_back({a.stage, ActionType::kSendF, a.microbatch});
+    steps[s.rank_of_stage(a.stage + 1)][t].batch.push_back(
+        {a.stage + 1, ActionType::kRecvF, a.microbatch});
   }
-  const int pp = schedule.pp, last = schedule.stages() - 1;
-  LOOM_CHECK_AS(InputError, static_cast<int>(schedule.actions.size()) == pp, "the schedule has ",
-                schedule.actions.size(), " action lists for ", pp, " pipeline ranks");
-  // Lockstep: every compute takes one step, as early as its inputs and its rank allow.
-  detail::Progress progress(schedule.stages(), schedule.microbatches);
-  std::vector<size_t> next(pp, 0);
-  // Per rank, per step: the compute (if any) and the batch after it.
-  struct StepActions {
-    std::optional<Action> compute;
-    std::vector<Action> batch;
-  };
-  std::vector<std::vector<StepActions>> steps(pp);
+  if (grad && a.stage > 0 && s.rank_of_stage(a.stage - 1) != r) {
+    steps[r][t].batch.push_back({a.stage, ActionType::kSendB, a.microbatch});
+    steps[s.rank_of_stage(a.stage - 1)][t].batch.push_back(
+        {a.stage - 1, ActionType::kRecvB, a.microbatch});
+  }
+}
+
+// Every compute one step, as early as its inputs and its rank's order allow.
+Layout lockstep_layout(const Schedule& s) {
+  detail::Progress progress(s.stages(), s.microbatches);
+  std::vector<size_t> next(s.pp, 0);
+  Layout steps(s.pp);
   auto finished = [&] {
-    for (int r = 0; r < pp; ++r) {
-      if (next[r] < schedule.actions[r].size()) return false;
+    for (int r = 0; r < s.pp; ++r) {
+      if (next[r] < s.actions[r].size()) return false;
     }
     return true;
   };
   for (int t = 0; !finished(); ++t) {
     std::vector<Action> started;
-    for (int r = 0; r < pp; ++r) {
+    for (int r = 0; r < s.pp; ++r) {
       steps[r].emplace_back();
-      if (next[r] == schedule.actions[r].size()) continue;
-      const Action& a = schedule.actions[r][next[r]];
+      if (next[r] == s.actions[r].size()) continue;
+      const Action& a = s.actions[r][next[r]];
       LOOM_CHECK_AS(InputError,
-                    a.stage >= 0 && a.stage <= last && a.microbatch >= 0 &&
-                        a.microbatch < schedule.microbatches,
+                    a.stage >= 0 && a.stage < s.stages() && a.microbatch >= 0 &&
+                        a.microbatch < s.microbatches,
                     "rank ", r, " action ", next[r], " (", to_string(a),
                     "): stage or microbatch out of range");
       if (progress.ready(a) > t) continue;
@@ -283,42 +297,40 @@ void add_communication(Schedule& schedule) {
       ++next[r];
     }
     // Nothing started: nothing new finishes, so nothing ever will.
-    LOOM_CHECK_AS(
-        InputError, !started.empty(),
-        "the pipeline schedule cannot run: every rank's next compute waits for a "
-        "result that comes later in some rank's list (rank 0 waits at ",
-        next[0] < schedule.actions[0].size() ? to_string(schedule.actions[0][next[0]]) : "its end",
-        ")");
+    LOOM_CHECK_AS(InputError, !started.empty(),
+                  "the pipeline schedule cannot run: every rank's next compute waits for a "
+                  "result that comes later in some rank's list (rank 0 waits at ",
+                  next[0] < s.actions[0].size() ? to_string(s.actions[0][next[0]]) : "its end",
+                  ")");
     for (const Action& a : started) progress.finish(a, t + 1);
-    // What the computes of step t produce for other ranks travels at the end of step t.
-    for (const Action& a : started) {
-      const int r = schedule.rank_of_stage(a.stage);
-      const bool grad = a.type == ActionType::kBackwardInput || a.type == ActionType::kFullBackward;
-      if (a.type == ActionType::kForward && a.stage < last &&
-          schedule.rank_of_stage(a.stage + 1) != r) {
-        steps[r][t].batch.push_back({a.stage, ActionType::kSendF, a.microbatch});
-        steps[schedule.rank_of_stage(a.stage + 1)][t].batch.push_back(
-            {a.stage + 1, ActionType::kRecvF, a.microbatch});
-      }
-      if (grad && a.stage > 0 && schedule.rank_of_stage(a.stage - 1) != r) {
-        steps[r][t].batch.push_back({a.stage, ActionType::kSendB, a.microbatch});
-        steps[schedule.rank_of_stage(a.stage - 1)][t].batch.push_back(
-            {a.stage - 1, ActionType::kRecvB, a.microbatch});
-      }
+    for (const Action& a : started) add_transfers(s, a, t, steps);
+  }
+  return steps;
+}
+
+}  // namespace
+
+void add_communication(Schedule& schedule) {
+  for (const auto& list : schedule.actions) {
+    for (const auto& a : list) {
+      if (a.is_communication()) return;  // the caller's own communication: keep it
     }
   }
-  for (int r = 0; r < pp; ++r) {
+  LOOM_CHECK_AS(InputError, static_cast<int>(schedule.actions.size()) == schedule.pp,
+                "the schedule has ", schedule.actions.size(), " action lists for ", schedule.pp,
+                " pipeline ranks");
+  Layout steps = lockstep_layout(schedule);
+  // One order on both ends of every pair: sends before receives, then by type, stage, microbatch.
+  auto key = [](const Action& a) {
+    const bool send = a.type == ActionType::kSendF || a.type == ActionType::kSendB;
+    return std::make_tuple(!send, static_cast<int>(a.type), a.stage, a.microbatch);
+  };
+  for (int r = 0; r < schedule.pp; ++r) {
     std::vector<Action> out;
     for (auto& st : steps[r]) {
       if (st.compute) out.push_back(*st.compute);
-      // One order on both ends of every pair: sends before receives, then by stage, microbatch.
-      std::sort(st.batch.begin(), st.batch.end(), [](const Action& x, const Action& y) {
-        auto key = [](const Action& a) {
-          const bool send = a.type == ActionType::kSendF || a.type == ActionType::kSendB;
-          return std::make_tuple(!send, static_cast<int>(a.type), a.stage, a.microbatch);
-        };
-        return key(x) < key(y);
-      });
+      std::sort(st.batch.begin(), st.batch.end(),
+                [&](const Action& x, const Action& y) { return key(x) < key(y); });
       out.insert(out.end(), st.batch.begin(), st.batch.end());
     }
     schedule.actions[r] = std::move(out);

@@ -63,81 +63,78 @@ std::string at(int rank, size_t index, const Action& a) {
          ")";
 }
 
-// Ranges, ownership and the order of every rank's own list.
-void check_rank_lists(const Schedule& s) {
-  LOOM_CHECK_AS(InputError, static_cast<int>(s.actions.size()) == s.pp, "the schedule has ",
-                s.actions.size(), " action lists for ", s.pp, " pipeline ranks");
-  const int stages = s.stages(), last = stages - 1;
-  // (stage, microbatch) -> count of each action type, over all ranks.
-  std::map<std::tuple<int, int, ActionType>, int> count;
-  for (int r = 0; r < s.pp; ++r) {
-    std::map<std::tuple<int, int, ActionType>, bool> done;  // on this rank, so far
-    auto has = [&](int stage, int mb, ActionType t) { return done.count({stage, mb, t}) > 0; };
-    for (size_t i = 0; i < s.actions[r].size(); ++i) {
-      const Action& a = s.actions[r][i];
-      const std::string where = at(r, i, a);
-      LOOM_CHECK_AS(InputError, a.stage >= 0 && a.stage < stages, where,
-                    ": stage out of range [0, ", stages, ")");
-      LOOM_CHECK_AS(InputError, a.microbatch >= 0 && a.microbatch < s.microbatches, where,
-                    ": microbatch out of range [0, ", s.microbatches, ")");
-      LOOM_CHECK_AS(InputError, s.rank_of_stage(a.stage) == r, where, ": stage ", a.stage,
-                    " runs on rank ", s.rank_of_stage(a.stage));
-      if (a.is_communication()) {
-        const int peer = peer_stage(a);
-        LOOM_CHECK_AS(InputError, peer >= 0 && peer <= last, where, ": stage ", a.stage,
-                      " has no neighbour to ", is_send(a.type) ? "send to" : "receive from");
-        LOOM_CHECK_AS(InputError, s.rank_of_stage(peer) != r, where, ": stage ", peer,
-                      " is on the same rank; nothing to send");
-      }
-      const int m = a.microbatch;
-      const bool remote_input = a.stage > 0 && s.rank_of_stage(a.stage - 1) != r;
-      const bool remote_grad = a.stage < last && s.rank_of_stage(a.stage + 1) != r;
-      switch (a.type) {
-        case ActionType::kForward:
-          LOOM_CHECK_AS(InputError,
-                        a.stage == 0 || (remote_input ? has(a.stage, m, ActionType::kRecvF)
-                                                      : has(a.stage - 1, m, ActionType::kForward)),
-                        where, ": its input has not arrived (forward of stage ", a.stage - 1,
-                        remote_input ? " and its receive" : "", " must come first)");
-          break;
-        case ActionType::kBackwardInput:
-        case ActionType::kFullBackward: {
-          LOOM_CHECK_AS(InputError, has(a.stage, m, ActionType::kForward), where,
-                        ": comes before the forward of the same stage and microbatch");
-          const bool grad_ready =
-              a.stage == last || (remote_grad ? has(a.stage, m, ActionType::kRecvB)
-                                              : has(a.stage + 1, m, ActionType::kBackwardInput) ||
-                                                    has(a.stage + 1, m, ActionType::kFullBackward));
-          LOOM_CHECK_AS(InputError, grad_ready, where,
-                        ": the gradient of its output has not arrived (backward of stage ",
-                        a.stage + 1, remote_grad ? " and its receive" : "", " must come first)");
-          break;
-        }
-        case ActionType::kBackwardWeight:
-          LOOM_CHECK_AS(InputError, has(a.stage, m, ActionType::kBackwardInput), where,
-                        ": a weight gradient (W) needs the input gradient (I) before it");
-          break;
-        case ActionType::kSendF:
-          LOOM_CHECK_AS(InputError, has(a.stage, m, ActionType::kForward), where,
-                        ": sends activations before the forward that makes them");
-          break;
-        case ActionType::kSendB:
-          LOOM_CHECK_AS(InputError,
-                        has(a.stage, m, ActionType::kBackwardInput) ||
-                            has(a.stage, m, ActionType::kFullBackward),
-                        where, ": sends a gradient before the backward that makes it");
-          break;
-        default: break;
-      }
-      done[{a.stage, m, a.type}] = true;
-      ++count[{a.stage, m, a.type}];
-    }
+// (stage, microbatch, type) -> how many such actions were seen.
+using ActionCounts = std::map<std::tuple<int, int, ActionType>, int>;
+
+// One action of rank r's list: in range, on its rank, after the tensors it needs (`done`: the
+// actions before it on the same rank).
+void check_action(const Schedule& s, int r, size_t index, const ActionCounts& done) {
+  const Action& a = s.actions[r][index];
+  const int last = s.stages() - 1, m = a.microbatch;
+  const std::string where = at(r, index, a);
+  auto has = [&](int stage, ActionType t) { return done.count({stage, m, t}) > 0; };
+  LOOM_CHECK_AS(InputError, a.stage >= 0 && a.stage <= last, where, ": stage out of range [0, ",
+                last + 1, ")");
+  LOOM_CHECK_AS(InputError, m >= 0 && m < s.microbatches, where, ": microbatch out of range [0, ",
+                s.microbatches, ")");
+  LOOM_CHECK_AS(InputError, s.rank_of_stage(a.stage) == r, where, ": stage ", a.stage,
+                " runs on rank ", s.rank_of_stage(a.stage));
+  if (a.is_communication()) {
+    const int peer = peer_stage(a);
+    LOOM_CHECK_AS(InputError, peer >= 0 && peer <= last, where, ": stage ", a.stage,
+                  " has no neighbour to ", is_send(a.type) ? "send to" : "receive from");
+    LOOM_CHECK_AS(InputError, s.rank_of_stage(peer) != r, where, ": stage ", peer,
+                  " is on the same rank; nothing to send");
   }
+  const bool remote_input = a.stage > 0 && s.rank_of_stage(a.stage - 1) != r;
+  const bool remote_grad = a.stage < last && s.rank_of_stage(a.stage + 1) != r;
+  const bool backwarded =
+      has(a.stage, ActionType::kBackwardInput) || has(a.stage, ActionType::kFullBackward);
+  switch (a.type) {
+    case ActionType::kForward:
+      LOOM_CHECK_AS(InputError,
+                    a.stage == 0 || (remote_input ? has(a.stage, ActionType::kRecvF)
+                                                  : has(a.stage - 1, ActionType::kForward)),
+                    where, ": its input has not arrived (forward of stage ", a.stage - 1,
+                    remote_input ? " and its receive" : "", " must come first)");
+      break;
+    case ActionType::kBackwardInput:
+    case ActionType::kFullBackward: {
+      LOOM_CHECK_AS(InputError, has(a.stage, ActionType::kForward), where,
+                    ": comes before the forward of the same stage and microbatch");
+      const bool grad_ready =
+          a.stage == last || (remote_grad ? has(a.stage, ActionType::kRecvB)
+                                          : has(a.stage + 1, ActionType::kBackwardInput) ||
+                                                has(a.stage + 1, ActionType::kFullBackward));
+      LOOM_CHECK_AS(InputError, grad_ready, where,
+                    ": the gradient of its output has not arrived (backward of stage ", a.stage + 1,
+                    remote_grad ? " and its receive" : "", " must come first)");
+      break;
+    }
+    case ActionType::kBackwardWeight:
+      LOOM_CHECK_AS(InputError, has(a.stage, ActionType::kBackwardInput), where,
+                    ": a weight gradient (W) needs the input gradient (I) before it");
+      break;
+    case ActionType::kSendF:
+      LOOM_CHECK_AS(InputError, has(a.stage, ActionType::kForward), where,
+                    ": sends activations before the forward that makes them");
+      break;
+    case ActionType::kSendB:
+      LOOM_CHECK_AS(InputError, backwarded, where,
+                    ": sends a gradient before the backward that makes it");
+      break;
+    default: break;
+  }
+}
+
+// Every (stage, microbatch) forwarded once, backwarded once (B, or I and W), and each tensor that
+// crosses ranks sent and received once.
+void check_counts(const Schedule& s, const ActionCounts& count) {
   auto n = [&](int stage, int m, ActionType t) {
     auto it = count.find({stage, m, t});
     return it == count.end() ? 0 : it->second;
   };
-  for (int stage = 0; stage < stages; ++stage) {
+  for (int stage = 0; stage < s.stages(); ++stage) {
     for (int m = 0; m < s.microbatches; ++m) {
       const std::string what =
           "stage " + std::to_string(stage) + " microbatch " + std::to_string(m);
@@ -149,20 +146,35 @@ void check_rank_lists(const Schedule& s) {
       LOOM_CHECK_AS(InputError, (b == 1 && i == 0 && w == 0) || (b == 0 && i == 1 && w == 1), what,
                     " has ", b, " full backward(s), ", i, " input-gradient and ", w,
                     " weight-gradient actions; expected one B, or one I and one W");
-      const bool remote_next =
-          stage < stages - 1 && s.rank_of_stage(stage + 1) != s.rank_of_stage(stage);
-      if (remote_next) {
-        for (ActionType t : {ActionType::kSendF, ActionType::kRecvB}) {
-          LOOM_CHECK_AS(InputError, n(stage, m, t) == 1, what, " has ", n(stage, m, t), " ",
-                        to_string(t), " actions; expected 1");
-        }
-        for (ActionType t : {ActionType::kRecvF, ActionType::kSendB}) {
-          LOOM_CHECK_AS(InputError, n(stage + 1, m, t) == 1, "stage ", stage + 1, " microbatch ", m,
-                        " has ", n(stage + 1, m, t), " ", to_string(t), " actions; expected 1");
-        }
+      if (stage == s.stages() - 1 || s.rank_of_stage(stage + 1) == s.rank_of_stage(stage)) {
+        continue;
+      }
+      for (ActionType t : {ActionType::kSendF, ActionType::kRecvB}) {
+        LOOM_CHECK_AS(InputError, n(stage, m, t) == 1, what, " has ", n(stage, m, t), " ",
+                      to_string(t), " actions; expected 1");
+      }
+      for (ActionType t : {ActionType::kRecvF, ActionType::kSendB}) {
+        LOOM_CHECK_AS(InputError, n(stage + 1, m, t) == 1, "stage ", stage + 1, " microbatch ", m,
+                      " has ", n(stage + 1, m, t), " ", to_string(t), " actions; expected 1");
       }
     }
   }
+}
+
+void check_rank_lists(const Schedule& s) {
+  LOOM_CHECK_AS(InputError, static_cast<int>(s.actions.size()) == s.pp, "the schedule has ",
+                s.actions.size(), " action lists for ", s.pp, " pipeline ranks");
+  ActionCounts count;  // over all ranks
+  for (int r = 0; r < s.pp; ++r) {
+    ActionCounts done;  // on this rank, so far
+    for (size_t i = 0; i < s.actions[r].size(); ++i) {
+      check_action(s, r, i, done);
+      const Action& a = s.actions[r][i];
+      ++done[{a.stage, a.microbatch, a.type}];
+      ++count[{a.stage, a.microbatch, a.type}];
+    }
+  }
+  check_counts(s, count);
 }
 
 // Between every two ranks, the messages one sends must be the ones the other receives, in the
