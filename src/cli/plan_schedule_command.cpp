@@ -67,21 +67,24 @@ pp::Schedule schedule_of_job(CLI::App& cmd, ScheduleArgs& a) {
   return plan.schedule;
 }
 
-// The closed form of the bubble where one exists, to print beside the simulated value.
+// The closed form of the bubble where one exists (for one slot per F, I and W).
 std::string formula(const pp::Schedule& s, const std::string& name) {
-  char text[128];
+  char text[160];
+  const int p = s.pp, v = s.stages_per_rank, m = s.microbatches;
   if (name == "GPipe" || name == "1F1B") {
-    std::snprintf(text, sizeof text, "(P-1)/M = %d/%d = %.4f", s.pp - 1, s.microbatches,
-                  static_cast<double>(s.pp - 1) / s.microbatches);
-    return text;
+    std::snprintf(text, sizeof text, "(P-1)/M = %d/%d = %.4f", p - 1, m,
+                  static_cast<double>(p - 1) / m);
+  } else if (name == "Interleaved1F1B") {
+    std::snprintf(text, sizeof text, "(P-1)/(V*M) = %d/(%d*%d) = %.4f", p - 1, v, m,
+                  static_cast<double>(p - 1) / (v * m));
+  } else if (name == "InterleavedZeroBubble") {
+    std::snprintf(text, sizeof text,
+                  "(P-1)(F+I-W)/(V*M*(F+I+W)) = %d/(%d*%d*3) = %.4f (ZB-H1's bubble)", p - 1, v, m,
+                  static_cast<double>(p - 1) / (3.0 * v * m));
+  } else {
+    return "";
   }
-  if (name == "Interleaved1F1B") {
-    std::snprintf(text, sizeof text, "(P-1)/(V*M) = %d/(%d*%d) = %.4f", s.pp - 1, s.stages_per_rank,
-                  s.microbatches,
-                  static_cast<double>(s.pp - 1) / (s.stages_per_rank * s.microbatches));
-    return text;
-  }
-  return "";
+  return text;
 }
 
 int run_plan_schedule(CLI::App& cmd, ScheduleArgs& a) {
@@ -105,7 +108,11 @@ int run_plan_schedule(CLI::App& cmd, ScheduleArgs& a) {
             << "slots per action: F " << a.costs.forward << ", I " << a.costs.backward_input
             << ", W " << a.costs.backward_weight << ", B = I + W; communication free\n\n"
             << pp::format_timeline(s, tl);
-  if (const auto f = formula(s, s.name); !f.empty()) std::cout << "closed form: " << f << "\n";
+  const bool unit_costs =
+      a.costs.forward == 1 && a.costs.backward_input == 1 && a.costs.backward_weight == 1;
+  if (const auto f = formula(s, s.name); unit_costs && !f.empty()) {
+    std::cout << "closed form: " << f << "\n";
+  }
   if (a.actions) std::cout << "\nactions (CSV, a row per rank):\n" << pp::schedule_to_csv(s);
   if (!a.save_csv.empty()) {
     pp::save_schedule_csv(s, a.save_csv);

@@ -210,6 +210,38 @@ TEST(PipelineValidator, Deadlock) {
   EXPECT_NE(e.find("rank 0 waits at 0RECV_B0"), std::string::npos) << e;
 }
 
+// Why the communication is placed in lockstep: with "receive right before the compute, send right
+// after", interleaved 1F1B's batches wait for each other around the ring of ranks under the
+// coalesced (rendezvous) semantics of NCCL groups. The validator must see that deadlock.
+TEST(PipelineValidator, NaivePlacementOfInterleavedDeadlocks) {
+  Schedule s = make_schedule(ScheduleKind::kInterleaved1F1B, 2, 2, 4);
+  const int last = s.stages() - 1;
+  for (int r = 0; r < s.pp; ++r) {
+    std::vector<Action> naive;
+    auto remote = [&](int stage) { return s.rank_of_stage(stage) != r; };
+    for (const Action& a : s.actions[r]) {
+      if (a.is_communication()) continue;
+      const bool grad = a.type == ActionType::kFullBackward;
+      if (a.type == ActionType::kForward && a.stage > 0 && remote(a.stage - 1)) {
+        naive.push_back({a.stage, ActionType::kRecvF, a.microbatch});
+      }
+      if (grad && a.stage < last && remote(a.stage + 1)) {
+        naive.push_back({a.stage, ActionType::kRecvB, a.microbatch});
+      }
+      naive.push_back(a);
+      if (a.type == ActionType::kForward && a.stage < last && remote(a.stage + 1)) {
+        naive.push_back({a.stage, ActionType::kSendF, a.microbatch});
+      }
+      if (grad && a.stage > 0 && remote(a.stage - 1)) {
+        naive.push_back({a.stage, ActionType::kSendB, a.microbatch});
+      }
+    }
+    s.actions[r] = naive;
+  }
+  const auto e = error_of([&] { validate_schedule(s); });
+  EXPECT_NE(e.find("deadlocks"), std::string::npos) << e;
+}
+
 TEST(PipelineValidator, CommunicationPlacementPairsBatches) {
   // Every batch of a generated schedule pairs with batches its peers post at the same step, so
   // a rank's k-th batch with a peer meets that peer's matching batch; checked by the simulator's
