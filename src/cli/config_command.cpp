@@ -4,6 +4,7 @@
 
 #include "commands.h"
 #include "loom/config/dump.h"
+#include "loom/parallel/pipeline/plan.h"
 
 namespace loom::cli {
 
@@ -40,6 +41,14 @@ void add_config_command(CLI::App& app, CommandRun& run) {
     run = [validate, validate_args] {
       config::LoadedConfig loaded = load_config(*validate, *validate_args);
       config::warn_unimplemented(loaded);
+      if (loaded.config.parallelism.pipeline_parallel_degree > 1) {
+        // The stage split, microbatch count and schedule, checked as training would start.
+        const auto plan = parallel::pipeline::plan_pipeline(
+            loaded.config, model_layer_count(loaded.config), loaded.provenance);
+        std::cout << "pipeline: " << plan.schedule.name << ", " << plan.split.stages.size()
+                  << " stages (" << plan.split.stages_per_rank << " per rank), "
+                  << plan.microbatches << " microbatches\n";
+      }
       std::cout << "config is valid: "
                 << (loaded.config.job.config_file ? *loaded.config.job.config_file : "defaults")
                 << "\n";

@@ -280,10 +280,12 @@ void add_parallelism_section(Schema& s) {
       .min(1)
       .unimplemented();
   p.field("pipeline_parallel_schedule", &ParallelismSection::pipeline_parallel_schedule,
-          "Pipeline schedule name (1F1B, GPipe, Interleaved1F1B, ...).")
+          "Pipeline schedule: GPipe, 1F1B, Interleaved1F1B or InterleavedZeroBubble "
+          "(case-insensitive; `loom plan schedule` shows each).")
       .unimplemented();
   p.field("pipeline_parallel_schedule_csv", &ParallelismSection::pipeline_parallel_schedule_csv,
-          "CSV file with a custom pipeline schedule.")
+          "CSV file with a custom pipeline schedule (a row of actions per rank, e.g. 0F1,0I1,0W1; "
+          "torch.distributed.pipelining's format); replaces pipeline_parallel_schedule.")
       .unimplemented();
   p.field("pipeline_parallel_microbatch_size",
           &ParallelismSection::pipeline_parallel_microbatch_size,

@@ -470,24 +470,56 @@ Work Comm::all_to_all_single(at::Tensor& output, const at::Tensor& input,
 }
 
 std::vector<Work> Comm::batch_send_recv(const std::vector<P2POp>& ops) {
-  std::vector<Work> works;
+  if (ops.empty()) return {};
   for (const auto& op : ops) {
     const bool send = op.kind == P2POp::Kind::kSend;
     const char* what_name = send ? "send" : "recv";
     check_contiguous(op.tensor, what_name, "message");
     LOOM_CHECK(op.peer >= 0 && op.peer < size() && op.peer != rank_, what_name, " on '", name_,
                "': peer ", op.peer, " must be another rank of the group (size ", size(), ")");
+    LOOM_CHECK(op.tensor.device().type() == ops.front().tensor.device().type(),
+               "batch_send_recv on '", name_,
+               "': every message of a batch must be on the same kind of device");
     counters_.add(send ? Collective::kSend : Collective::kRecv, nbytes(op.tensor),
                   send ? nbytes(op.tensor) : 0);
+  }
+  auto issue = [&](Backend& b, const P2POp& op) {
+    std::vector<at::Tensor> tensors{op.tensor};
+    return op.kind == P2POp::Kind::kSend ? b.get().send(tensors, op.peer, 0)
+                                         : b.get().recv(tensors, op.peer, 0);
+  };
+  // NCCL: one coalesced group (batch_isend_irecv). Its sends and receives start together, so two
+  // ranks that send to each other before they receive cannot wait on each other's send.
+  if (ops.size() > 1 &&
+      backend_for(ops.front().tensor, "batch_send_recv").get().supportsCoalescing()) {
+    const std::string what = describe("batch_send_recv", ops.front().tensor) + " (" +
+                             std::to_string(ops.size()) + " messages)";
+    return {launch(
+        "batch_send_recv", ops.front().tensor,
+        [&](Backend& b) {
+          b.get().startCoalescing();
+          try {
+            for (const auto& op : ops) issue(b, op);
+          } catch (...) {
+            try {
+              b.get().endCoalescing();
+            } catch (...) {  // the first error is the one to report
+            }
+            throw;
+          }
+          return Work(std::make_shared<Work::Impl>(what, b.get().endCoalescing(), nullptr));
+        },
+        /*p2p=*/true)};
+  }
+  // Gloo (and single messages): each operation is posted at once and progresses on its own.
+  std::vector<Work> works;
+  for (const auto& op : ops) {
+    const char* what_name = op.kind == P2POp::Kind::kSend ? "send" : "recv";
     const std::string what =
         describe(what_name, op.tensor) + " (peer " + std::to_string(op.peer) + ")";
     works.push_back(launch(
         what_name, op.tensor,
-        [&](Backend& b) {
-          std::vector<at::Tensor> tensors{op.tensor};
-          auto w = send ? b.get().send(tensors, op.peer, 0) : b.get().recv(tensors, op.peer, 0);
-          return Work(std::make_shared<Work::Impl>(what, w, nullptr));
-        },
+        [&](Backend& b) { return Work(std::make_shared<Work::Impl>(what, issue(b, op), nullptr)); },
         /*p2p=*/true));
   }
   return works;

@@ -149,6 +149,84 @@ TEST(Cli, PlanModelPrintsTheSummaryWithoutAllocating) {
   EXPECT_TRUE(contains(bad.output, "unknown llama3 flavor '9B'")) << bad.output;
 }
 
+// The bubble `loom plan schedule` prints against the closed forms, a CSV round trip through the
+// binary, and bad pipeline combinations failing with the keys named (plan and config validate).
+TEST(Cli, PlanScheduleTimelineAndBubble) {
+  auto one_f_one_b = run_loom("plan schedule --pp 4 --microbatches 8 --schedule 1F1B");
+  ASSERT_EQ(one_f_one_b.exit_code, 0) << one_f_one_b.output;
+  EXPECT_TRUE(
+      contains(one_f_one_b.output, "rank 3  | .  .  .  F0 B0 B0 F1 B1 B1 F2 B2 B2 F3 B3 B3 F4"))
+      << one_f_one_b.output;
+  EXPECT_TRUE(contains(one_f_one_b.output, "bubble fraction (idle / busy): 0.3750"));
+  EXPECT_TRUE(contains(one_f_one_b.output, "closed form: (P-1)/M = 3/8 = 0.3750"));
+  auto interleaved = run_loom(
+      "plan schedule --pp 4 --microbatches 8 --schedule Interleaved1F1B --virtual-stages 2");
+  EXPECT_TRUE(contains(interleaved.output, "bubble fraction (idle / busy): 0.1875"))
+      << interleaved.output;  // 3 / (2 x 8)
+  auto dir = fresh_temp_dir("plan_schedule");
+  auto zb = run_loom(
+      "plan schedule --pp 4 --microbatches 8 --schedule InterleavedZeroBubble "
+      "--virtual-stages 1 --save-csv '" +
+      dir + "/zb.csv'");
+  ASSERT_EQ(zb.exit_code, 0) << zb.output;
+  EXPECT_TRUE(contains(zb.output, "bubble fraction (idle / busy): 0.1250")) << zb.output;  // 0.375 / 3
+  auto from_csv = run_loom("plan schedule --csv '" + dir + "/zb.csv'");
+  ASSERT_EQ(from_csv.exit_code, 0) << from_csv.output;
+  EXPECT_TRUE(contains(from_csv.output, "bubble fraction (idle / busy): 0.1250"));
+
+  auto too_few = run_loom("plan schedule --pp 4 --microbatches 3 --schedule 1F1B");
+  EXPECT_EQ(too_few.exit_code, 2);
+  EXPECT_TRUE(contains(too_few.output, "needs at least 4 microbatches, got 3")) << too_few.output;
+  auto unknown = run_loom("plan schedule --pp 2 --microbatches 4 --schedule DualPipeV");
+  EXPECT_EQ(unknown.exit_code, 2);
+  EXPECT_TRUE(contains(unknown.output, "loom implements GPipe, 1F1B")) << unknown.output;
+
+  // The job's own pipeline: its split (6 layers + embedding + head over 4 stages) and schedule.
+  auto job = run_loom("plan schedule --config '" + kDebugConfig +
+                      "' --parallelism.pipeline_parallel_degree 2 --training.local_batch_size 4 "
+                      "--parallelism.pipeline_parallel_schedule Interleaved1F1B "
+                      "--parallelism.data_parallel_shard_degree 1");
+  ASSERT_EQ(job.exit_code, 0) << job.output;
+  EXPECT_TRUE(contains(job.output,
+                       "  stage 0 (rank 0): tok_embeddings, layers.0\n"
+                       "  stage 1 (rank 1): layers.1-2\n"
+                       "  stage 2 (rank 0): layers.3-4\n"
+                       "  stage 3 (rank 1): layers.5, norm, output\n"))
+      << job.output;
+  EXPECT_TRUE(contains(job.output, "bubble fraction (idle / busy): 0.1250")) << job.output;
+  auto mixed = run_loom("plan schedule --config '" + kDebugConfig + "' --pp 2");
+  EXPECT_EQ(mixed.exit_code, 2);
+  EXPECT_TRUE(contains(mixed.output, "--pp cannot be combined with a job config")) << mixed.output;
+  auto typo = run_loom("plan schedule --pp 2 --microbatchs 4");
+  EXPECT_EQ(typo.exit_code, 2);
+  EXPECT_TRUE(contains(typo.output, "unknown option(s) --microbatchs 4")) << typo.output;
+
+  auto validate = run_loom(
+      "config validate --parallelism.pipeline_parallel_degree 4 --training.local_batch_size 2 "
+      "--parallelism.data_parallel_shard_degree 1");
+  EXPECT_EQ(validate.exit_code, 2);
+  EXPECT_TRUE(contains(validate.output,
+                       "parallelism.pipeline_parallel_microbatch_size: 1F1B with 4 pipeline ranks "
+                       "needs at least 4 microbatches, got 2"))
+      << validate.output;
+  auto layers = run_loom("config validate --config '" + kDebugConfig +
+                         "' --parallelism.pipeline_parallel_degree 2 --training.local_batch_size 8 "
+                         "--parallelism.pipeline_parallel_layers_per_stage 2 "
+                         "--parallelism.data_parallel_shard_degree 1");
+  EXPECT_EQ(layers.exit_code, 2);  // 6 layers + 2 = 8 layers: 4 stages, 2 per rank for 1F1B
+  EXPECT_TRUE(contains(layers.output, "parallelism.pipeline_parallel_layers_per_stage:"))
+      << layers.output;
+  auto good = run_loom("config validate --config '" + kDebugConfig +
+                       "' --parallelism.pipeline_parallel_degree 2 --training.local_batch_size 8 "
+                       "--parallelism.pipeline_parallel_schedule Interleaved1F1B "
+                       "--parallelism.data_parallel_shard_degree 1");
+  EXPECT_EQ(good.exit_code, 0) << good.output;
+  EXPECT_TRUE(contains(good.output,
+                       "pipeline: Interleaved1F1B, 4 stages (2 per rank), 8 "
+                       "microbatches"))
+      << good.output;
+}
+
 TEST(Cli, TokenizeEncodesAndDecodes) {
   auto encoded = run_loom("tokenize --tokenizer byte --text 'Hi!' --format json");
   ASSERT_EQ(encoded.exit_code, 0) << encoded.output;

@@ -152,7 +152,13 @@ class Comm {
   Work all_to_all_single(at::Tensor& output, const at::Tensor& input,
                          std::vector<int64_t> output_splits = {},
                          std::vector<int64_t> input_splits = {}, bool async_op = false);
-  // Sends and receives issued together (the pipeline-parallel exchange); always async.
+  // Sends and receives issued together (the pipeline-parallel exchange); always async: wait on
+  // the returned works (one per message, or one for the whole batch on NCCL, whose batch is one
+  // coalesced group as batch_isend_irecv makes it). Messages between two ranks are matched in
+  // the order they are issued. A batch cannot deadlock against the peers' batches as long as
+  // each rank's k-th batch with a peer holds the messages of the peer's k-th batch with it
+  // (pipeline::add_communication places them so; pipeline::validate_schedule checks it).
+  // Counted as kSend (payload = wire = the message) and kRecv (payload, no wire) per message.
   std::vector<Work> batch_send_recv(const std::vector<P2POp>& ops);
   void barrier();
 

@@ -1,0 +1,263 @@
+// The pipeline executor (executor.h).
+#include "loom/parallel/pipeline/executor.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <chrono>
+#include <utility>
+
+#include "loom/core/check.h"
+
+namespace loom::parallel::pipeline {
+
+namespace {
+
+using Key = std::pair<int, int>;  // (stage, microbatch)
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+template <typename Map>
+at::Tensor take(Map& map, const Key& key, const char* what, const Action& action) {
+  auto it = map.find(key);
+  LOOM_CHECK(it != map.end(), to_string(action), " needs the ", what, " of stage ", key.first,
+             " microbatch ", key.second, ", which this rank does not have");
+  at::Tensor t = it->second;
+  map.erase(it);
+  return t;
+}
+
+}  // namespace
+
+struct PipelineExecutor::Impl {
+  Schedule schedule;
+  int rank;
+  std::map<int, PipelineStage*> stages;
+  distributed::Comm& comm;
+  ExecutorOptions options;
+
+  // One step's tensors, by (stage, microbatch).
+  std::map<Key, at::Tensor> inputs;       // the stage's input (a leaf with grad after stage 0)
+  std::map<Key, at::Tensor> outputs;      // the stage's output; the loss on the last stage
+  std::map<Key, at::Tensor> grads;        // the gradient of the stage's output
+  std::map<Key, at::Tensor> input_grads;  // the gradient of the stage's input, to send
+  std::map<Key, at::Tensor> pending_w;    // the output gradient an I used, kept for its W
+  std::vector<distributed::Work> sends;
+  std::vector<at::Tensor> in_flight;  // send buffers, alive until the sends complete
+  std::vector<at::Tensor> losses;
+  ExecutorStats stats;
+
+  Impl(Schedule s, int r, std::map<int, PipelineStage*> st, distributed::Comm& c, ExecutorOptions o)
+      : schedule(std::move(s)), rank(r), stages(std::move(st)), comm(c), options(std::move(o)) {}
+
+  int last() const { return schedule.stages() - 1; }
+  bool local(int stage) const { return schedule.rank_of_stage(stage) == rank; }
+
+  PipelineStage& stage_of(const Action& a) {
+    auto it = stages.find(a.stage);
+    LOOM_CHECK(it != stages.end() && it->second, "rank ", rank, " has no stage ", a.stage, " for ",
+               to_string(a));
+    return *it->second;
+  }
+
+  at::Tensor boundary_buffer() const {
+    return at::empty(options.boundary_shape,
+                     at::TensorOptions().dtype(options.boundary_dtype).device(options.device));
+  }
+
+  void forward(const Action& a, const std::vector<at::Tensor>& data,
+               const std::vector<at::Tensor>& targets) {
+    const Key key{a.stage, a.microbatch};
+    at::Tensor input = a.stage == 0 ? data.at(static_cast<size_t>(a.microbatch))
+                                    : inputs.at(key).requires_grad_(true);
+    at::Tensor out = stage_of(a).forward(input);
+    if (a.stage == last()) {
+      out = options.loss(out, targets.at(static_cast<size_t>(a.microbatch)));
+      losses.at(static_cast<size_t>(a.microbatch)) = out.detach();
+    } else if (local(a.stage + 1)) {
+      inputs[{a.stage + 1, a.microbatch}] = out.detach();
+    }
+    outputs[key] = out;
+  }
+
+  // The gradient flowing into the stage's output: none for the loss (autograd seeds it with 1).
+  std::vector<at::Tensor> output_grad(const Action& a) {
+    if (a.stage == last()) return {};
+    return {take(grads, {a.stage, a.microbatch}, "output gradient", a)};
+  }
+
+  void hand_back(const Action& a, at::Tensor grad_input) {
+    if (a.stage == 0) return;
+    if (local(a.stage - 1)) {
+      grads[{a.stage - 1, a.microbatch}] = std::move(grad_input);
+    } else {
+      input_grads[{a.stage, a.microbatch}] = std::move(grad_input);
+    }
+  }
+
+  void full_backward(const Action& a) {
+    const Key key{a.stage, a.microbatch};
+    at::Tensor out = take(outputs, key, "output", a);
+    torch::autograd::backward({out}, output_grad(a));
+    if (a.stage > 0) hand_back(a, take(inputs, key, "input", a).grad());
+  }
+
+  void backward_input(const Action& a) {
+    const Key key{a.stage, a.microbatch};
+    std::vector<at::Tensor> grad = output_grad(a);
+    if (a.stage > 0) {
+      at::Tensor input = inputs.at(key);
+      auto g = torch::autograd::grad({outputs.at(key)}, {input}, grad, /*retain_graph=*/true);
+      hand_back(a, g.at(0));
+    }
+    if (!grad.empty()) pending_w[key] = grad.front();
+  }
+
+  void backward_weight(const Action& a) {
+    const Key key{a.stage, a.microbatch};
+    at::Tensor out = take(outputs, key, "output", a);
+    std::vector<at::Tensor> grad;
+    if (a.stage != last()) grad.push_back(take(pending_w, key, "output gradient", a));
+    torch::autograd::backward({out}, grad, /*retain_graph=*/false, /*create_graph=*/false,
+                              stage_of(a).parameters());
+    if (a.stage > 0) take(inputs, key, "input", a);
+  }
+
+  void communicate(const std::vector<Action>& batch) {
+    std::vector<distributed::P2POp> ops;
+    bool any_recv = false;
+    for (const Action& a : batch) {
+      const Key key{a.stage, a.microbatch};
+      switch (a.type) {
+        case ActionType::kSendF: {
+          at::Tensor t = outputs.at(key).detach().contiguous();
+          in_flight.push_back(t);
+          ops.push_back({distributed::P2POp::Kind::kSend, t, schedule.rank_of_stage(a.stage + 1)});
+          break;
+        }
+        case ActionType::kSendB: {
+          at::Tensor t = take(input_grads, key, "input gradient", a).contiguous();
+          in_flight.push_back(t);
+          ops.push_back({distributed::P2POp::Kind::kSend, t, schedule.rank_of_stage(a.stage - 1)});
+          break;
+        }
+        case ActionType::kRecvF:
+          inputs[key] = boundary_buffer();
+          ops.push_back(
+              {distributed::P2POp::Kind::kRecv, inputs[key], schedule.rank_of_stage(a.stage - 1)});
+          any_recv = true;
+          break;
+        case ActionType::kRecvB:
+          grads[key] = boundary_buffer();
+          ops.push_back(
+              {distributed::P2POp::Kind::kRecv, grads[key], schedule.rank_of_stage(a.stage + 1)});
+          any_recv = true;
+          break;
+        default: LOOM_THROW(InternalError, "not a communication action: ", to_string(a));
+      }
+    }
+    auto works = comm.batch_send_recv(ops);
+    ++stats.batches;
+    const auto start = Clock::now();
+    if (works.size() == ops.size()) {  // one work per message: wait for the receives only
+      for (size_t i = 0; i < ops.size(); ++i) {
+        if (ops[i].kind == distributed::P2POp::Kind::kRecv) {
+          works[i].wait();
+        } else {
+          sends.push_back(works[i]);
+        }
+      }
+    } else {  // one coalesced work for the batch
+      for (auto& w : works) any_recv ? w.wait() : sends.push_back(w);
+    }
+    stats.wait_seconds += seconds_since(start);
+  }
+
+  void compute(const Action& a, const std::vector<at::Tensor>& data,
+               const std::vector<at::Tensor>& targets) {
+    const auto start = Clock::now();
+    switch (a.type) {
+      case ActionType::kForward: forward(a, data, targets); break;
+      case ActionType::kFullBackward: full_backward(a); break;
+      case ActionType::kBackwardInput: backward_input(a); break;
+      case ActionType::kBackwardWeight: backward_weight(a); break;
+      default: LOOM_THROW(InternalError, "not a compute action: ", to_string(a));
+    }
+    stats.compute_seconds += seconds_since(start);
+    ++stats.computes;
+  }
+
+  StepResult run(const std::vector<at::Tensor>& data, const std::vector<at::Tensor>& targets) {
+    stats = {};
+    losses.assign(static_cast<size_t>(schedule.microbatches), at::Tensor());
+    if (local(0)) {
+      LOOM_CHECK_AS(InputError, static_cast<int>(data.size()) == schedule.microbatches,
+                    "the pipeline's first stage needs ", schedule.microbatches,
+                    " microbatches, got ", data.size());
+    }
+    if (local(last())) {
+      LOOM_CHECK_AS(InputError, static_cast<int>(targets.size()) == schedule.microbatches,
+                    "the pipeline's last stage needs ", schedule.microbatches,
+                    " microbatch targets, got ", targets.size());
+    }
+    const auto& actions = schedule.actions.at(static_cast<size_t>(rank));
+    for (size_t i = 0; i < actions.size();) {
+      if (actions[i].is_compute()) {
+        if (options.before_action) options.before_action(actions[i]);
+        compute(actions[i], data, targets);
+        if (options.after_action) options.after_action(actions[i]);
+        ++i;
+        continue;
+      }
+      std::vector<Action> batch;
+      while (i < actions.size() && actions[i].is_communication()) batch.push_back(actions[i++]);
+      for (const Action& a : batch) {
+        if (options.before_action) options.before_action(a);
+      }
+      communicate(batch);
+      for (const Action& a : batch) {
+        if (options.after_action) options.after_action(a);
+      }
+    }
+    const auto start = Clock::now();
+    for (auto& w : sends) w.wait();
+    stats.send_wait_seconds = seconds_since(start);
+    sends.clear();
+    in_flight.clear();
+    LOOM_CHECK(inputs.empty() && outputs.empty() && grads.empty() && input_grads.empty() &&
+                   pending_w.empty(),
+               "rank ", rank,
+               " ended the step with tensors left over: its action list is not a "
+               "complete schedule");
+    StepResult result;
+    if (local(last())) result.losses = losses;
+    result.stats = stats;
+    return result;
+  }
+};
+
+PipelineExecutor::PipelineExecutor(Schedule schedule, int rank,
+                                   std::map<int, PipelineStage*> stages, distributed::Comm& comm,
+                                   ExecutorOptions options) {
+  LOOM_CHECK_AS(InputError, comm.size() == schedule.pp, "the pipeline schedule has ", schedule.pp,
+                " ranks but its group '", comm.name(), "' has ", comm.size());
+  LOOM_CHECK_AS(InputError, rank >= 0 && rank < schedule.pp, "pipeline rank ", rank,
+                " out of range [0, ", schedule.pp, ")");
+  for (int s : schedule.stages_of_rank(rank)) {
+    LOOM_CHECK_AS(InputError, stages.count(s) && stages[s], "pipeline rank ", rank,
+                  " must hold stage ", s);
+  }
+  LOOM_CHECK_AS(InputError, static_cast<bool>(options.loss), "the pipeline executor needs a loss");
+  impl_ = std::make_shared<Impl>(std::move(schedule), rank, std::move(stages), comm,
+                                 std::move(options));
+}
+
+StepResult PipelineExecutor::run_step(const std::vector<at::Tensor>& inputs,
+                                      const std::vector<at::Tensor>& targets) {
+  return impl_->run(inputs, targets);
+}
+
+}  // namespace loom::parallel::pipeline

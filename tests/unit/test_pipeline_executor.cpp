@@ -1,0 +1,246 @@
+// The pipeline executor on thread ranks over Gloo: tiny stages (Linear + tanh layers) split over
+// 2 and 4 ranks, every schedule, against one process running the whole model on every
+// microbatch: the same losses and the same gradients. The Gloo timeout turns a hang into a
+// failure. float64 keeps the comparison about the schedule, not about summation order.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm_test_util.h"
+#include "loom/core/check.h"
+#include "loom/parallel/pipeline/executor.h"
+#include "loom/parallel/pipeline/simulate.h"
+
+namespace {
+
+using namespace loom::parallel::pipeline;
+using loom::distributed::Collective;
+using loom::distributed::ProcessGroups;
+using loom::testing::run_ranks;
+
+constexpr int64_t kDim = 6, kLayers = 8, kMicrobatchSize = 3;
+const auto f64 = at::TensorOptions().dtype(at::kDouble);
+
+struct Layer {
+  at::Tensor weight, bias;
+};
+
+// Layer l's parameters from its own seed: the same on every rank, whatever the split.
+Layer make_layer(int l) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(1000 + l);
+  Layer layer{at::randn({kDim, kDim}, gen, f64) * 0.5, at::randn({kDim}, gen, f64) * 0.1};
+  layer.weight.requires_grad_(true);
+  layer.bias.requires_grad_(true);
+  return layer;
+}
+
+at::Tensor run_layers(std::vector<Layer>& layers, at::Tensor x) {
+  for (auto& l : layers) x = at::tanh(at::linear(x, l.weight, l.bias));
+  return x;
+}
+
+at::Tensor loss_of(const at::Tensor& out, const at::Tensor& target) {
+  return (out - target).pow(2).sum();
+}
+
+struct Batch {
+  std::vector<at::Tensor> inputs, targets;
+};
+Batch make_batch(int microbatches) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
+  Batch b;
+  for (int m = 0; m < microbatches; ++m) {
+    b.inputs.push_back(at::randn({kMicrobatchSize, kDim}, gen, f64));
+    b.targets.push_back(at::randn({kMicrobatchSize, kDim}, gen, f64));
+  }
+  return b;
+}
+
+class LinearStage : public PipelineStage {
+ public:
+  LinearStage(int64_t first, int64_t end) : first_(first) {
+    for (int64_t l = first; l < end; ++l) layers_.push_back(make_layer(static_cast<int>(l)));
+  }
+  at::Tensor forward(const at::Tensor& input) override { return run_layers(layers_, input); }
+  std::vector<at::Tensor> parameters() override {
+    std::vector<at::Tensor> out;
+    for (auto& l : layers_) {
+      out.push_back(l.weight);
+      out.push_back(l.bias);
+    }
+    return out;
+  }
+  const Layer& layer(int64_t global) const {
+    return layers_.at(static_cast<size_t>(global - first_));
+  }
+
+ private:
+  int64_t first_;
+  std::vector<Layer> layers_;
+};
+
+void expect_close(const at::Tensor& got, const at::Tensor& want, const std::string& what) {
+  LOOM_CHECK(got.defined(), what, ": no value");
+  const double err = (got - want).abs().max().item<double>();
+  const double scale = std::max(1.0, want.abs().max().item<double>());
+  LOOM_CHECK(err <= 1e-6 * scale, what, ": differs by ", err);
+}
+
+void run_case(ScheduleKind kind, int pp, int v, int microbatches) {
+  const Schedule schedule = make_schedule(kind, pp, v, microbatches);
+  const int stages = schedule.stages();
+  ASSERT_EQ(kLayers % stages, 0);
+  const Batch batch = make_batch(microbatches);
+  // The number of activation and gradient messages this schedule sends, from its action lists.
+  std::vector<uint64_t> expected_sends(static_cast<size_t>(pp), 0);
+  for (int r = 0; r < pp; ++r) {
+    for (const auto& a : schedule.actions[r]) {
+      expected_sends[r] += a.type == ActionType::kSendF || a.type == ActionType::kSendB;
+    }
+  }
+  loom::distributed::CommOptions options;
+  options.train_timeout = std::chrono::seconds(30);
+  auto errors = run_ranks(
+      pp,
+      [&](ProcessGroups& groups) {
+        const int rank = groups.rank();
+        std::vector<std::unique_ptr<LinearStage>> owned;
+        std::map<int, PipelineStage*> mine;
+        const int64_t per_stage = kLayers / stages;
+        for (int s : schedule.stages_of_rank(rank)) {
+          owned.push_back(std::make_unique<LinearStage>(s * per_stage, (s + 1) * per_stage));
+          mine[s] = owned.back().get();
+        }
+        ExecutorOptions eo;
+        eo.boundary_shape = {kMicrobatchSize, kDim};
+        eo.boundary_dtype = at::kDouble;
+        eo.loss = loss_of;
+        PipelineExecutor executor(schedule, rank, mine, groups.world(), eo);
+        groups.world().counters().reset();
+        StepResult result = executor.run_step(batch.inputs, batch.targets);
+
+        // One process, the whole model, every microbatch, one backward.
+        std::vector<Layer> reference;
+        for (int l = 0; l < kLayers; ++l) reference.push_back(make_layer(l));
+        at::Tensor total = at::zeros({}, f64);
+        std::vector<at::Tensor> reference_losses;
+        for (int m = 0; m < microbatches; ++m) {
+          at::Tensor loss = loss_of(run_layers(reference, batch.inputs[m]), batch.targets[m]);
+          reference_losses.push_back(loss.detach());
+          total = total + loss;
+        }
+        total.backward();
+
+        if (schedule.rank_of_stage(stages - 1) == rank) {
+          LOOM_CHECK(result.losses.size() == static_cast<size_t>(microbatches), "losses");
+          for (int m = 0; m < microbatches; ++m) {
+            expect_close(result.losses[m], reference_losses[m], "loss " + std::to_string(m));
+          }
+        } else {
+          LOOM_CHECK(result.losses.empty(), "losses off the last stage");
+        }
+        for (size_t i = 0; i < owned.size(); ++i) {
+          const int s = schedule.stages_of_rank(rank)[i];
+          for (int64_t l = s * per_stage; l < (s + 1) * per_stage; ++l) {
+            const auto& got = owned[i]->layer(l);
+            const auto name = "layer " + std::to_string(l);
+            expect_close(got.weight.grad(), reference[l].weight.grad(), name + " weight grad");
+            expect_close(got.bias.grad(), reference[l].bias.grad(), name + " bias grad");
+          }
+        }
+        const auto& counters = groups.world().counters();
+        const uint64_t message = kMicrobatchSize * kDim * sizeof(double);
+        LOOM_CHECK(counters[Collective::kSend].calls == expected_sends[rank], "send calls ",
+                   counters[Collective::kSend].calls.load());
+        LOOM_CHECK(counters[Collective::kSend].wire_bytes == expected_sends[rank] * message,
+                   "send bytes");
+        LOOM_CHECK(result.stats.computes ==
+                       static_cast<int64_t>(std::count_if(
+                           schedule.actions[rank].begin(), schedule.actions[rank].end(),
+                           [](const Action& a) { return a.is_compute(); })),
+                   "compute count");
+        LOOM_CHECK(result.stats.wait_seconds >= 0 && result.stats.compute_seconds > 0, "stats");
+      },
+      options);
+  LOOM_EXPECT_RANKS_OK(errors);
+}
+
+// I computes no weight gradient and W does, later: the weights' gradient hooks fire only in W
+// (2 ranks, zero bubble, each W of a microbatch well after its I).
+TEST(PipelineExecutor, WeightGradientsAreDeferredToW) {
+  const Schedule schedule = make_schedule(ScheduleKind::kInterleavedZeroBubble, 2, 1, 4);
+  const Batch batch = make_batch(4);
+  auto errors = run_ranks(2, [&](ProcessGroups& groups) {
+    const int rank = groups.rank();
+    LinearStage stage(rank * kLayers / 2, (rank + 1) * kLayers / 2);
+    int weight_grads = 0;  // gradient hooks fired on this stage's weights
+    for (auto& p : stage.parameters()) {
+      p.register_hook([&weight_grads](const at::Tensor& g) {
+        ++weight_grads;
+        return g;
+      });
+    }
+    const int per_w = static_cast<int>(stage.parameters().size());
+    int expected = 0, inputs = 0, weights = 0;
+    ExecutorOptions eo;
+    eo.boundary_shape = {kMicrobatchSize, kDim};
+    eo.boundary_dtype = at::kDouble;
+    eo.loss = loss_of;
+    std::vector<std::string> seen;
+    eo.before_action = [&](const Action& a) { seen.push_back(to_string(a)); };
+    eo.after_action = [&](const Action& a) {
+      // A compute's before comes right before its after; a batch's befores all come first.
+      LOOM_CHECK(a.is_communication() || (!seen.empty() && seen.back() == to_string(a)),
+                 "after_action without its before_action: ", to_string(a));
+      if (a.type == ActionType::kBackwardWeight) {
+        expected += per_w;
+        ++weights;
+      }
+      inputs += a.type == ActionType::kBackwardInput;
+      LOOM_CHECK(weight_grads == expected, "after ", to_string(a), ": ", weight_grads,
+                 " weight gradients computed, expected ", expected);
+    };
+    PipelineExecutor executor(schedule, rank, {{rank, &stage}}, groups.world(), eo);
+    executor.run_step(batch.inputs, batch.targets);
+    LOOM_CHECK(inputs == 4 && weights == 4, "I and W per microbatch");
+    LOOM_CHECK(seen.size() == schedule.actions[rank].size(), "before_action on every action");
+  });
+  LOOM_EXPECT_RANKS_OK(errors);
+}
+
+struct Case {
+  ScheduleKind kind;
+  int pp, v, microbatches;
+};
+
+class PipelineExecutorSchedules : public ::testing::TestWithParam<Case> {};
+
+TEST_P(PipelineExecutorSchedules, MatchesOneProcess) {
+  const Case c = GetParam();
+  run_case(c.kind, c.pp, c.v, c.microbatches);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    GlooRanks, PipelineExecutorSchedules,
+    ::testing::Values(Case{ScheduleKind::kGPipe, 2, 1, 4}, Case{ScheduleKind::k1F1B, 2, 1, 4},
+                      Case{ScheduleKind::kInterleaved1F1B, 2, 2, 4},
+                      Case{ScheduleKind::kInterleavedZeroBubble, 2, 1, 4},
+                      Case{ScheduleKind::kInterleavedZeroBubble, 2, 2, 4},
+                      Case{ScheduleKind::kGPipe, 4, 1, 4}, Case{ScheduleKind::k1F1B, 4, 1, 8},
+                      Case{ScheduleKind::kInterleaved1F1B, 4, 2, 8},
+                      Case{ScheduleKind::kInterleavedZeroBubble, 4, 1, 4},
+                      Case{ScheduleKind::kInterleavedZeroBubble, 4, 2, 8},
+                      // One rank, two local stages: hand-offs without communication.
+                      Case{ScheduleKind::kInterleaved1F1B, 1, 2, 2}),
+    [](const ::testing::TestParamInfo<Case>& param_info) {
+      const Case& c = param_info.param;
+      return to_string(c.kind) + "_pp" + std::to_string(c.pp) + "_v" + std::to_string(c.v) + "_m" +
+             std::to_string(c.microbatches);
+    });
+
+}  // namespace
