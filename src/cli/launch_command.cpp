@@ -28,6 +28,7 @@ struct LaunchArgs {
   bool no_python = false;
   double monitor_interval = 0.1;
   double grace_period = 30.0;
+  double heartbeat_timeout = 30.0;
   std::string role = "rank";
   std::vector<std::string> command;
 };
@@ -105,6 +106,7 @@ distributed::LaunchOptions to_options(const LaunchArgs& args) {
   options.log_dir = args.log_dir;
   options.monitor_interval_s = args.monitor_interval;
   options.grace_period_s = args.grace_period;
+  options.heartbeat_timeout_s = args.heartbeat_timeout;
   options.role = args.role;
   options.program = args.command;
   if (!args.no_python && !options.program.empty()) {
@@ -172,8 +174,14 @@ void add_launch_command(CLI::App& app, CommandRun& run) {
                    "Seconds between worker health checks")
       ->capture_default_str();
   command
-      ->add_option("--grace-period", args->grace_period,
-                   "Seconds workers get between SIGTERM and SIGKILL when stopped")
+      ->add_option("--grace-period,--term-timeout,--term_timeout", args->grace_period,
+                   "Seconds workers get between SIGTERM and SIGKILL when stopped (preemption: "
+                   "time to finish the step and save)")
+      ->capture_default_str();
+  command
+      ->add_option("--heartbeat-timeout,--heartbeat_timeout", args->heartbeat_timeout,
+                   "Seconds without a heartbeat after which a loom worker is hung (SIGSTOP, "
+                   "wedged): killed and the group restarted; 0: off")
       ->capture_default_str();
   command->add_option("--role", args->role, "Console prefix name: [<role><rank>]:")
       ->capture_default_str();

@@ -21,6 +21,7 @@
 #include "loom/core/files.h"
 #include "loom/core/logging.h"
 #include "loom/core/strings.h"
+#include "loom/distributed/heartbeat.h"
 #include "loom/distributed/worker_group.h"
 
 extern char** environ;
@@ -137,6 +138,21 @@ std::string describe_worker(const Worker& worker, int node_rank) {
 
 }  // namespace
 
+void LocalAgent::kill_silent_workers(WorkerGroup& group, int node_rank,
+                                     spdlog::logger& logger) const {
+  if (options_.heartbeat_timeout_s <= 0) return;
+  const auto timeout =
+      std::chrono::milliseconds(static_cast<int64_t>(options_.heartbeat_timeout_s * 1000));
+  for (Worker* worker : group.silent_workers(timeout)) {
+    logger.error(
+        "rank {} (local rank {} on node {}, pid {}) sent no heartbeat for more than {} s: it is "
+        "hung (stopped by SIGSTOP or a debugger, or wedged); killing it and stopping the group",
+        worker->spec.global_rank, worker->spec.local_rank, node_rank, worker->pid,
+        options_.heartbeat_timeout_s);
+    group.kill_hung(*worker);
+  }
+}
+
 void validate(const LaunchOptions& o) {
   LOOM_CHECK_AS(InputError, o.nproc_per_node >= 1, "--nproc-per-node must be at least 1, got ",
                 o.nproc_per_node);
@@ -154,8 +170,10 @@ void validate(const LaunchOptions& o) {
                 o.max_restarts);
   LOOM_CHECK_AS(InputError, o.monitor_interval_s > 0 && o.monitor_interval_s <= 60,
                 "--monitor-interval must be in (0, 60] seconds, got ", o.monitor_interval_s);
-  LOOM_CHECK_AS(InputError, o.grace_period_s >= 0, "--grace-period must be >= 0 seconds, got ",
-                o.grace_period_s);
+  LOOM_CHECK_AS(InputError, o.grace_period_s >= 0,
+                "--grace-period (--term-timeout) must be >= 0 seconds, got ", o.grace_period_s);
+  LOOM_CHECK_AS(InputError, o.heartbeat_timeout_s >= 0,
+                "--heartbeat-timeout must be >= 0 seconds (0: off), got ", o.heartbeat_timeout_s);
   LOOM_CHECK_AS(InputError, !o.program.empty() && !o.program.front().empty(),
                 "missing the command to run: loom launch [options] -- <subcommand> [args...]");
   if (o.local_ranks_filter) {
@@ -291,6 +309,8 @@ std::vector<WorkerSpec> LocalAgent::make_specs(const RendezvousResult& round,
     spec.env = worker_env(round, local, restart_count);
     spec.console_prefix = "[" + options_.role + std::to_string(spec.global_rank) + "]: ";
     spec.to_console = !options_.local_ranks_filter || options_.local_ranks_filter->count(local);
+    spec.heartbeat = options_.heartbeat_timeout_s > 0;
+    spec.heartbeat_interval = heartbeat_interval_for(options_.heartbeat_timeout_s);
     if (options_.log_dir) {
       spec.log_path = attempt_dir + "/rank_" + std::to_string(spec.global_rank) + ".log";
     }
@@ -332,6 +352,7 @@ int LocalAgent::run() {
     int signal = 0;
     while (group.first_failure() == nullptr && !group.all_exited()) {
       if (group.poll(interval_ms, signals.fd())) signal = signals.take_terminating();
+      kill_silent_workers(group, round.group_rank, *logger);
       if (signals.take_dump_request()) {
         logger->warn("received SIGUSR1: forwarding it to the workers (flight-recorder dumps)");
         group.signal_workers(SIGUSR1);

@@ -15,9 +15,14 @@
 #include <string>
 #include <vector>
 
+namespace spdlog {
+class logger;
+}
+
 namespace loom::distributed {
 
 struct WorkerSpec;
+class WorkerGroup;
 
 struct LaunchOptions {
   int nproc_per_node = 1;
@@ -29,7 +34,10 @@ struct LaunchOptions {
   std::optional<std::set<int>> local_ranks_filter;  // local ranks shown on the console
   std::optional<std::string> log_dir;               // <log_dir>/attempt_<k>/rank_<r>.log
   double monitor_interval_s = 0.1;
-  double grace_period_s = 30.0;      // SIGTERM -> SIGKILL
+  double grace_period_s = 30.0;      // SIGTERM -> SIGKILL (--grace-period, --term-timeout)
+  // A worker that beat once and then stays silent this long is hung (SIGSTOP, wedged): the
+  // agent kills it and restarts the group. 0: heartbeats off.
+  double heartbeat_timeout_s = 30.0;
   std::string role = "rank";         // console prefix "[<role><rank>]: "
   std::vector<std::string> program;  // each worker's argv
 };
@@ -85,6 +93,8 @@ class LocalAgent {
   std::vector<WorkerSpec> make_specs(const RendezvousResult& round, int restart_count) const;
   std::vector<std::string> worker_env(const RendezvousResult& round, int local_rank,
                                       int restart_count) const;
+  // Heartbeats: kills the workers silent past --heartbeat-timeout, naming them.
+  void kill_silent_workers(WorkerGroup& group, int node_rank, spdlog::logger& logger) const;
 
   LaunchOptions options_;
   std::unique_ptr<RendezvousHandler> rendezvous_;
