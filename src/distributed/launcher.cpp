@@ -29,24 +29,6 @@ extern char** environ;
 namespace loom::distributed {
 namespace {
 
-// A port the kernel says is free now; the workers bind it moments later (a small race that
-// torchrun's standalone mode accepts too).
-int pick_free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  LOOM_CHECK_AS(IoError, fd >= 0, "cannot open a socket to pick a port: ", std::strerror(errno));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_ANY);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
-  const int saved = errno;
-  ::close(fd);
-  LOOM_CHECK_AS(IoError, ok, "cannot pick a free port: ", std::strerror(saved));
-  return ntohs(addr.sin_port);
-}
-
 // Signals arrive through a pipe the agent polls together with the workers' output, so none is
 // missed between two checks. SIGCHLD only wakes the loop up.
 int g_signal_pipe_write = -1;
@@ -137,6 +119,24 @@ std::string describe_worker(const Worker& worker, int node_rank) {
 }
 
 }  // namespace
+
+// A port the kernel says is free now; the workers bind it moments later (a small race that
+// torchrun's standalone mode accepts too).
+int pick_free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  LOOM_CHECK_AS(IoError, fd >= 0, "cannot open a socket to pick a port: ", std::strerror(errno));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+  const int saved = errno;
+  ::close(fd);
+  LOOM_CHECK_AS(IoError, ok, "cannot pick a free port: ", std::strerror(saved));
+  return ntohs(addr.sin_port);
+}
 
 void LocalAgent::kill_silent_workers(WorkerGroup& group, int node_rank,
                                      spdlog::logger& logger) const {
@@ -338,18 +338,25 @@ int LocalAgent::run() {
   };
   const int interval_ms = std::max(1, static_cast<int>(options_.monitor_interval_s * 1000));
 
-  for (int restart_count = 0;; ++restart_count) {
-    const RendezvousResult round = rendezvous_->next_rendezvous(restart_count);
+  // Failures count against --max-restarts; re-forming the group for a membership change does not.
+  int failures = 0;
+  for (int attempt = 0;; ++attempt) {
+    const RendezvousResult round = rendezvous_->next_rendezvous(attempt);
+    if (round.job_done) {
+      logger->info("the job finished before this node was admitted: nothing to do");
+      return 0;
+    }
     logger->info(
         "starting {} worker(s): ranks {}-{} of world size {} (node {} of {}), master "
         "{}:{}, {} rendezvous, restart {} of at most {}",
         round.local_world_size, round.global_ranks.front(), round.global_ranks.back(),
         round.world_size, round.group_rank, round.group_world_size, round.master_addr,
-        round.master_port, rendezvous_->name(), restart_count, options_.max_restarts);
+        round.master_port, rendezvous_->name(), failures, options_.max_restarts);
 
-    WorkerGroup group(make_specs(round, restart_count));
+    WorkerGroup group(make_specs(round, attempt));
     group.start();
     int signal = 0;
+    Membership change = Membership::kStable;
     while (group.first_failure() == nullptr && !group.all_exited()) {
       if (group.poll(interval_ms, signals.fd())) signal = signals.take_terminating();
       kill_silent_workers(group, round.group_rank, *logger);
@@ -358,6 +365,8 @@ int LocalAgent::run() {
         group.signal_workers(SIGUSR1);
       }
       if (signal != 0) break;
+      change = rendezvous_->poll_membership();
+      if (change != Membership::kStable) break;
     }
     if (signal != 0) {
       logger->warn("received {}: forwarding it to the workers, waiting up to {} s for them",
@@ -365,18 +374,39 @@ int LocalAgent::run() {
       group.stop(signal, options_.grace_period_s, signals.fd(), escalate);
       return 128 + signal;
     }
+    if (change != Membership::kStable) {
+      if (change == Membership::kNodeWaiting) {
+        // Ended first, so the other nodes know their workers' coming stop is no job end.
+        rendezvous_->end_round("a node asks to join");
+      }
+      logger->warn(
+          "re-forming the group ({}): SIGTERM to the workers, which finish their step, save a "
+          "checkpoint and exit (up to {} s)",
+          change == Membership::kNodeWaiting ? "a node asks to join" : "another node left",
+          options_.grace_period_s);
+      group.stop(SIGTERM, options_.grace_period_s, signals.fd(), escalate);
+      if (pending_signal != 0) return 128 + pending_signal;
+      continue;
+    }
     if (group.all_succeeded()) {
       group.drain_output(2000);
+      if (rendezvous_->round_ended()) {
+        logger->info("the workers stopped for a membership change: re-forming the group");
+        continue;
+      }
+      rendezvous_->job_finished();
       logger->info("all {} worker(s) finished successfully", round.local_world_size);
       return 0;
     }
     // Workers stopped below exit later, so this stays the first failure.
     const Worker& failed = *group.first_failure();
     logger->error("{}; stopping the other workers", describe_worker(failed, round.group_rank));
+    rendezvous_->end_round("rank " + std::to_string(failed.spec.global_rank) + " failed");
     group.stop(SIGTERM, options_.grace_period_s, signals.fd(), escalate);
     if (pending_signal != 0) return 128 + pending_signal;
-    if (restart_count < options_.max_restarts) {
-      logger->warn("restarting the worker group ({} of at most {} restarts)", restart_count + 1,
+    if (failures < options_.max_restarts) {
+      ++failures;
+      logger->warn("restarting the worker group ({} of at most {} restarts)", failures,
                    options_.max_restarts);
       continue;
     }

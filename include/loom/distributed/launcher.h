@@ -52,6 +52,10 @@ int resolve_nproc_per_node(const std::string& value);
 // /proc/driver/nvidia/gpus entries.
 int visible_gpu_count();
 
+// A TCP port the kernel says is free now (the workers bind it moments later: a small race that
+// torchrun's standalone mode accepts too).
+int pick_free_port();
+
 // One rendezvous round's outcome for this node.
 struct RendezvousResult {
   int world_size = 1;
@@ -61,6 +65,14 @@ struct RendezvousResult {
   std::vector<int> global_ranks;  // by local rank
   std::string master_addr;
   int master_port = 0;
+  bool job_done = false;  // elastic: the job finished while this node waited to be admitted
+};
+
+// What the agent learns about the group while its workers run (elastic rendezvous only).
+enum class Membership {
+  kStable,
+  kNodeWaiting,  // a node asks to join: stop at the next step boundary and re-form the group
+  kRoundEnded,   // another node failed, left or was lost: stop and re-form the group
 };
 
 class RendezvousHandler {
@@ -69,6 +81,14 @@ class RendezvousHandler {
   // Called before each (re)start of the worker group; `round` counts from 0.
   virtual RendezvousResult next_rendezvous(int round) = 0;
   virtual std::string name() const = 0;
+  // Called every monitor interval while the workers run; cheap (throttled store reads).
+  virtual Membership poll_membership() { return Membership::kStable; }
+  // This node ends the round for everyone (its workers failed, or it admits a waiting node).
+  virtual void end_round(const std::string& /*reason*/) {}
+  // Whether some node ended the current round (the workers' exit was not the job's end).
+  virtual bool round_ended() { return false; }
+  // Every worker of this node finished training: the job is done.
+  virtual void job_finished() {}
 };
 
 // Fixed membership: every node is told its rank and the job size up front.
