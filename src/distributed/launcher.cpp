@@ -95,11 +95,11 @@ class SignalPipe {
   struct sigaction previous_[NSIG] = {};
 };
 
-std::shared_ptr<spdlog::logger> make_logger(int node_rank) {
+// "[launch node<N>]"; an elastic node's rank changes every round, so it goes by its pid.
+std::shared_ptr<spdlog::logger> make_logger(const std::string& who) {
   auto logger = std::make_shared<spdlog::logger>(
       "launch", std::make_shared<spdlog::sinks::stderr_color_sink_st>());
-  logger->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [launch node" + std::to_string(node_rank) +
-                      "] %^%l%$: %v");
+  logger->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [launch " + who + "] %^%l%$: %v");
   logger->flush_on(spdlog::level::info);
   return logger;
 }
@@ -320,7 +320,9 @@ std::vector<WorkerSpec> LocalAgent::make_specs(const RendezvousResult& round,
 }
 
 int LocalAgent::run() {
-  auto logger = make_logger(options_.node_rank);
+  const bool fixed_rank = dynamic_cast<StaticRendezvous*>(rendezvous_.get()) != nullptr;
+  auto logger = make_logger(fixed_rank ? "node" + std::to_string(options_.node_rank)
+                                       : "pid" + std::to_string(::getpid()));
   if (set_omp_threads_) {
     logger->warn(
         "OMP_NUM_THREADS is not set: setting it to 1 for each worker so {} workers do "

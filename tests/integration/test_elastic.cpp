@@ -16,8 +16,12 @@
 
 #include "support/process.h"
 
+// Distinct suite names: ctest labels go by test name, so the two binaries must not share them.
 #ifndef LOOM_ELASTIC_NPROC
 #define LOOM_ELASTIC_NPROC 1
+#define LOOM_ELASTIC_SUITE Elastic
+#else
+#define LOOM_ELASTIC_SUITE ElasticTwoRankNodes
 #endif
 
 namespace {
@@ -77,7 +81,7 @@ std::string wait_for(const std::string& file, const std::string& pattern) {
 
 }  // namespace
 
-TEST(Elastic, KilledNodeShrinksTheGroupAndTrainingContinues) {
+TEST(LOOM_ELASTIC_SUITE, KilledNodeShrinksTheGroupAndTrainingContinues) {
   const std::string folder = fresh_temp_dir("elastic_shrink");
   const std::string a = folder + "/a.log", b = folder + "/b.log";
   const int port = loom::testing::free_port();
@@ -100,7 +104,7 @@ TEST(Elastic, KilledNodeShrinksTheGroupAndTrainingContinues) {
   expect_losses_match_one_rank("elastic_shrink", folder);
 }
 
-TEST(Elastic, LateNodeIsAdmittedAtTheNextStepBoundary) {
+TEST(LOOM_ELASTIC_SUITE, LateNodeIsAdmittedAtTheNextStepBoundary) {
   const std::string folder = fresh_temp_dir("elastic_grow");
   const std::string a = folder + "/a.log", b = folder + "/b.log";
   const int port = loom::testing::free_port();
