@@ -139,3 +139,21 @@ TEST(CollectiveWatchdog, FiresOnARealGlooCollectiveBeforeTheBackendTimesOut) {
             std::string::npos)
       << message;
 }
+
+// The default action, as `loom train` uses it: the hang is logged with the collective named and
+// the process ends with kCollectiveHangExitCode (the launcher then restarts the group).
+TEST(CollectiveWatchdogDeathTest, DefaultActionNamesTheCollectiveAndEndsTheProcess) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        auto recorder = std::make_shared<FlightRecorder>(3, 4, 8);
+        const auto id = recorder->record(op("reduce_scatter_tensor", 9));
+        recorder->waiting(id);
+        CollectiveWatchdog watchdog(recorder, nullptr, 10ms);
+        watchdog.arm(10ms, 0ms);
+        std::this_thread::sleep_for(20s);
+        std::exit(0);
+      },
+      ::testing::ExitedWithCode(loom::distributed::kCollectiveHangExitCode),
+      "watchdog: reduce_scatter_tensor #9 on group 'world' \\(ranks 0-1\\) has blocked rank 3");
+}
