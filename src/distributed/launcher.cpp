@@ -371,6 +371,9 @@ int LocalAgent::run() {
       if (change != Membership::kStable) break;
     }
     if (signal != 0) {
+      // Elastic: the other nodes re-form the group without this one instead of taking the
+      // workers' clean stop for the end of the job.
+      rendezvous_->end_round("this node received " + signal_name(signal));
       logger->warn("received {}: forwarding it to the workers, waiting up to {} s for them",
                    signal_name(signal), options_.grace_period_s);
       group.stop(signal, options_.grace_period_s, signals.fd(), escalate);

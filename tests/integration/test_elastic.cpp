@@ -123,3 +123,31 @@ TEST(LOOM_ELASTIC_SUITE, LateNodeIsAdmittedAtTheNextStepBoundary) {
   EXPECT_NE(result.output.find("(node 1 of 2)"), std::string::npos) << result.output;
   expect_losses_match_one_rank("elastic_grow", folder);
 }
+
+#if LOOM_ELASTIC_NPROC > 1
+// Preemption of one node (SIGTERM to its launcher): its workers finish the step and save, the
+// launcher exits 143, and the other node re-forms the group alone from that checkpoint, losing
+// nothing. (In the slow label only: the default suite covers SIGTERM and shrinking apart.)
+TEST(LOOM_ELASTIC_SUITE, PreemptedNodeSavesAndTheOthersGoOnWithoutIt) {
+  const std::string folder = fresh_temp_dir("elastic_preempt");
+  const std::string a = folder + "/a.log", b = folder + "/b.log";
+  const int port = loom::testing::free_port();
+  auto result = loom::testing::run_command(
+      node(port) + " -- " + job(folder) + " > " + a + " 2>&1 & pa=$!; " +
+      wait_for(a, "hosting the store") + node(port) + " -- " + job(folder) + " > " + b +
+      " 2>&1 & pb=$!; " + wait_for(a, "step: *4 ") +
+      "kill -TERM $pb; wait $pb; rb=$?; wait $pa; ra=$?; cat " + a + "; echo \"b: $rb\"; exit $ra");
+  ASSERT_EQ(result.exit_code, 0) << result.output << loom::testing::read_text(b);
+  EXPECT_NE(result.output.find("b: 143"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("re-forming the group (another node left)"), std::string::npos)
+      << result.output;
+  EXPECT_NE(result.output.find("world size " + std::to_string(kNproc) + " (node 0 of 1)"),
+            std::string::npos)
+      << result.output;
+  // The restart resumed from the step the preempted workers saved when they stopped (> 3).
+  EXPECT_EQ(result.output.find("resumed from " + folder + "/checkpoint/step-3 "),
+            std::string::npos)
+      << result.output;
+  expect_losses_match_one_rank("elastic_preempt", folder);
+}
+#endif
