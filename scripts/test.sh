@@ -2,7 +2,8 @@
 # Setup (idempotent), build, then the whole test suite through ctest.
 # Tests labelled "cuda" need a GPU; on a machine without one they are excluded, and this script
 # says so (tools/gpu_check.sh runs them on a GPU machine). Tests labelled "fuzz" (tools/fuzz.sh)
-# are always excluded: run them with ctest -L fuzz.
+# are always excluded: run them with ctest -L fuzz; so are tests labelled "slow" (the 4-rank
+# elastic variants): ctest -L slow.
 #
 # Extra arguments go to ctest, e.g. scripts/test.sh -R Config
 set -euo pipefail
@@ -17,13 +18,14 @@ start=$(date +%s)
 scripts/setup.sh
 built=$(date +%s)
 
-# The "fuzz" label (tools/fuzz.sh, minutes) is never part of the default suite: ctest -L fuzz.
-label_args=(-LE fuzz)
+# The "fuzz" label (tools/fuzz.sh, minutes) and the "slow" label are never part of the default
+# suite: ctest -L fuzz, ctest -L slow.
+label_args=(-LE 'fuzz|slow')
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   say "GPU found: running every test but the fuzz label, the cuda label included"
 else
   say "no GPU on this machine: excluding tests labelled 'cuda' (run tools/gpu_check.sh on a GPU machine)"
-  label_args=(-LE 'cuda|fuzz')
+  label_args=(-LE 'cuda|fuzz|slow')
 fi
 
 say "running ctest in $BUILD_DIR"

@@ -4,6 +4,7 @@
 #include <ATen/core/grad_mode.h>
 
 #include <chrono>
+#include <exception>
 #include <filesystem>
 #include <regex>
 #include <set>
@@ -81,6 +82,7 @@ LocalChunk placed_chunk(const std::string& fqn, const at::Tensor& local,
 }
 
 CheckpointManager::~CheckpointManager() {
+  if (std::uncaught_exceptions() > 0) abandoned_ = true;
   wait();
   if (purger_.joinable()) purger_.join();
 }
@@ -274,6 +276,8 @@ void CheckpointManager::finalize(const Snapshot& s, const std::string& temp) {
       LOOM_CHECK_AS(IoError, !fs::exists(temp + "/" + rank_name(r, ".failed")), "rank ", r,
                     " could not write its part of step ", s.step, ": ",
                     read_text(temp + "/" + rank_name(r, ".failed")));
+      LOOM_CHECK_AS(IoError, !abandoned_, "step ", s.step,
+                    " abandoned: training failed before rank ", r, " wrote its part");
       LOOM_CHECK_AS(IoError, seconds_since(start) < timeout, "rank ", r,
                     " did not write its part of step ", s.step, " within ", timeout, " s");
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -284,8 +288,14 @@ void CheckpointManager::finalize(const Snapshot& s, const std::string& temp) {
   files::write_atomic(temp + "/index.json", index.dump(1));
   files::write_atomic(
       temp + "/train_state.json",
-      nlohmann::json(
-          {{"step", s.step}, {"tokens_seen", s.tokens_seen}, {"lr_scheduler", {{"step", s.step}}}})
+      nlohmann::json({{"step", s.step},
+                      {"tokens_seen", s.tokens_seen},
+                      // Elastic resume on another world size keeps it (resume_batch.h).
+                      {"global_batch_size", config_.training.global_batch_size > 0
+                                                ? config_.training.global_batch_size
+                                                : config_.training.local_batch_size *
+                                                      runtime_.dp_size()},
+                      {"lr_scheduler", {{"step", s.step}}}})
           .dump(1));
   files::write_atomic(temp + "/config.toml", config::to_toml(config_));
   const std::string final_folder = step_folder(s.step);

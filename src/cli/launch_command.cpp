@@ -4,10 +4,12 @@
 
 #include <climits>
 #include <memory>
+#include <tuple>
 
 #include "commands.h"
 #include "loom/core/check.h"
 #include "loom/core/strings.h"
+#include "loom/distributed/elastic_rendezvous.h"
 #include "loom/distributed/launcher.h"
 
 namespace loom::cli {
@@ -28,7 +30,10 @@ struct LaunchArgs {
   bool no_python = false;
   double monitor_interval = 0.1;
   double grace_period = 30.0;
+  double heartbeat_timeout = 30.0;
   std::string role = "rank";
+  std::string rdzv_conf;
+  std::optional<std::string> local_addr;
   std::vector<std::string> command;
 };
 
@@ -39,16 +44,15 @@ std::string self_executable() {
   return std::string(path, static_cast<size_t>(n));
 }
 
-// "N" or torchrun's "MIN:MAX"; membership changes need a dynamic rendezvous loom lacks so far.
-int parse_nnodes(const std::string& text) {
+// "N" or torchrun's "MIN:MAX" (elastic membership when MIN < MAX).
+std::pair<int, int> parse_nnodes(const std::string& text) {
   const size_t colon = text.find(':');
   auto low = strings::parse_int(text.substr(0, colon));
   auto high = colon == std::string::npos ? low : strings::parse_int(text.substr(colon + 1));
-  LOOM_CHECK_AS(InputError, low && high && *low >= 1 && *low <= 100000,
-                "--nnodes must be a positive integer (or MIN:MAX), got '", text, "'");
-  LOOM_CHECK_AS(InputError, *low == *high, "--nnodes ", text,
-                ": elastic membership (MIN < MAX) is not supported yet; give one node count");
-  return static_cast<int>(*low);
+  LOOM_CHECK_AS(InputError, low && high && *low >= 1 && *high <= 100000 && *low <= *high,
+                "--nnodes must be a positive integer or MIN:MAX with 1 <= MIN <= MAX, got '",
+                text, "'");
+  return {static_cast<int>(*low), static_cast<int>(*high)};
 }
 
 // host:port, with [v6 address]:port accepted.
@@ -82,17 +86,13 @@ std::set<int> parse_rank_list(const std::string& text) {
 distributed::LaunchOptions to_options(const LaunchArgs& args) {
   distributed::LaunchOptions options;
   options.nproc_per_node = distributed::resolve_nproc_per_node(args.nproc_per_node);
-  options.nnodes = parse_nnodes(args.nnodes);
+  const auto [min_nodes, max_nodes] = parse_nnodes(args.nnodes);
+  options.nnodes = max_nodes;
   options.node_rank = args.node_rank;
   options.master_addr = args.master_addr;
   options.master_port = args.master_port;
   LOOM_CHECK_AS(InputError, args.rdzv_backend == "static" || args.rdzv_backend == "c10d",
                 "--rdzv-backend must be 'static' or 'c10d', got '", args.rdzv_backend, "'");
-  // With one node every rendezvous gives the same answer; several nodes need --node-rank.
-  LOOM_CHECK_AS(InputError, args.rdzv_backend == "static" || options.nnodes == 1,
-                "--rdzv-backend c10d with --nnodes > 1 is not supported yet: use the static "
-                "rendezvous (--node-rank per node, --master-addr/--master-port or "
-                "--rdzv-endpoint)");
   if (args.rdzv_endpoint) apply_endpoint(*args.rdzv_endpoint, options);
   if (args.standalone) {
     LOOM_CHECK_AS(InputError, options.nnodes == 1, "--standalone runs one node; drop --nnodes");
@@ -105,6 +105,7 @@ distributed::LaunchOptions to_options(const LaunchArgs& args) {
   options.log_dir = args.log_dir;
   options.monitor_interval_s = args.monitor_interval;
   options.grace_period_s = args.grace_period;
+  options.heartbeat_timeout_s = args.heartbeat_timeout;
   options.role = args.role;
   options.program = args.command;
   if (!args.no_python && !options.program.empty()) {
@@ -114,9 +115,36 @@ distributed::LaunchOptions to_options(const LaunchArgs& args) {
   return options;
 }
 
+// MIN < MAX, or the c10d backend with several nodes: the elastic rendezvous (node ranks are
+// assigned in join order, --node-rank is ignored).
+bool is_elastic(const LaunchArgs& args) {
+  const auto [min_nodes, max_nodes] = parse_nnodes(args.nnodes);
+  return min_nodes < max_nodes || (args.rdzv_backend == "c10d" && max_nodes > 1);
+}
+
+std::unique_ptr<distributed::RendezvousHandler> make_rendezvous(
+    const LaunchArgs& args, const distributed::LaunchOptions& options) {
+  if (!is_elastic(args)) {
+    LOOM_CHECK_AS(InputError, args.rdzv_conf.empty(),
+                  "--rdzv-conf only applies to an elastic rendezvous (--nnodes MIN:MAX)");
+    return std::make_unique<distributed::StaticRendezvous>(options);
+  }
+  LOOM_CHECK_AS(InputError, options.master_port != 0,
+                "--nnodes MIN:MAX needs a fixed rendezvous port (--rdzv-endpoint HOST:PORT)");
+  distributed::ElasticOptions elastic;
+  std::tie(elastic.min_nodes, elastic.max_nodes) = parse_nnodes(args.nnodes);
+  elastic.nproc_per_node = options.nproc_per_node;
+  elastic.endpoint_host = options.master_addr;
+  elastic.endpoint_port = options.master_port;
+  if (args.local_addr) elastic.local_addr = *args.local_addr;
+  distributed::apply_rdzv_conf(args.rdzv_conf, elastic);
+  return std::make_unique<distributed::ElasticRendezvous>(elastic);
+}
+
 int run_launch(const LaunchArgs& args) {
   distributed::LaunchOptions options = to_options(args);
-  distributed::LocalAgent agent(options, std::make_unique<distributed::StaticRendezvous>(options));
+  if (is_elastic(args)) options.node_rank = 0;  // assigned by each round
+  distributed::LocalAgent agent(options, make_rendezvous(args, options));
   return agent.run();
 }
 
@@ -133,7 +161,9 @@ void add_launch_command(CLI::App& app, CommandRun& run) {
       ->add_option("--nproc-per-node,--nproc_per_node", args->nproc_per_node,
                    "Workers on this node: N, cpu, gpu or auto")
       ->capture_default_str();
-  command->add_option("--nnodes", args->nnodes, "Number of nodes (N, or MIN:MAX with MIN == MAX)")
+  command->add_option("--nnodes", args->nnodes,
+                      "Number of nodes: N, or MIN:MAX for an elastic job (c10d store at "
+                      "--rdzv-endpoint; docs/fault_tolerance.md)")
       ->capture_default_str();
   command->add_option("--node-rank,--node_rank", args->node_rank, "This node's rank, 0..nnodes-1")
       ->capture_default_str();
@@ -153,8 +183,14 @@ void add_launch_command(CLI::App& app, CommandRun& run) {
       ->excludes(port);
   command
       ->add_option("--rdzv-backend,--rdzv_backend", args->rdzv_backend,
-                   "static (c10d accepted for one node)")
+                   "static, or c10d (elastic rendezvous, also implied by --nnodes MIN:MAX)")
       ->capture_default_str();
+  command->add_option("--rdzv-conf,--rdzv_conf", args->rdzv_conf,
+                      "Elastic rendezvous settings: join_timeout=600,last_call_timeout=30,"
+                      "keep_alive_interval=5,keep_alive_max_attempt=3 (seconds)");
+  command->add_option("--local-addr,--local_addr", args->local_addr,
+                      "This node's address for the workers' store when it leads an elastic "
+                      "round (default: its host name; 127.0.0.1 for a loopback endpoint)");
   command->add_flag("--standalone", args->standalone,
                     "One node on 127.0.0.1 with a free port (like torchrun --standalone)");
   command
@@ -172,8 +208,14 @@ void add_launch_command(CLI::App& app, CommandRun& run) {
                    "Seconds between worker health checks")
       ->capture_default_str();
   command
-      ->add_option("--grace-period", args->grace_period,
-                   "Seconds workers get between SIGTERM and SIGKILL when stopped")
+      ->add_option("--grace-period,--term-timeout,--term_timeout", args->grace_period,
+                   "Seconds workers get between SIGTERM and SIGKILL when stopped (preemption: "
+                   "time to finish the step and save)")
+      ->capture_default_str();
+  command
+      ->add_option("--heartbeat-timeout,--heartbeat_timeout", args->heartbeat_timeout,
+                   "Seconds without a heartbeat after which a loom worker is hung (SIGSTOP, "
+                   "wedged): killed and the group restarted; 0: off")
       ->capture_default_str();
   command->add_option("--role", args->role, "Console prefix name: [<role><rank>]:")
       ->capture_default_str();

@@ -11,6 +11,7 @@
 #include "loom/core/logging.h"
 #include "loom/core/signals.h"
 #include "loom/distributed/flight_recorder.h"
+#include "loom/distributed/heartbeat.h"
 #include "loom/distributed/world_info.h"
 #include "loom/train/trainer.h"
 
@@ -33,6 +34,8 @@ int run_train(const CLI::App& command, ConfigArgs& args) {
   signals::install_shutdown_handlers();
   // SIGUSR1 asks for flight-recorder dumps (never the default action: terminate).
   distributed::install_dump_signal_handler();
+  // Beats to `loom launch` (when it asked for them), so it can tell a stopped worker from a slow one.
+  const auto heartbeat = distributed::HeartbeatSender::from_environment();
   // torchrun's RANK, or SLURM's SLURM_PROCID under srun.
   const int rank = distributed::read_world_info().rank;
   log::init(rank);

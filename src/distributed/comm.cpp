@@ -109,6 +109,7 @@ void Work::Impl::track(std::shared_ptr<FlightRecorder> recorder, uint64_t id) {
 void Work::Impl::wait() {
   std::lock_guard<std::mutex> lock(mutex_);
   if (done_) return;
+  if (recorder_) recorder_->waiting(record_id_);
   try {
     if (work_) work_->wait();
     if (finish_) finish_();

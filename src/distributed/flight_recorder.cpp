@@ -114,6 +114,24 @@ void FlightRecorder::failed(uint64_t id, const std::string& error, bool notify) 
   if (callback) callback(what);
 }
 
+void FlightRecorder::waiting(uint64_t id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (auto* r = find(id); r && r->ended_at == 0 && r->wait_started_at == 0) {
+    r->wait_started_at = now_unix();
+  }
+}
+
+std::optional<CollectiveRecord> FlightRecorder::longest_wait() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const CollectiveRecord* oldest = nullptr;
+  for (const auto& r : ring_) {
+    if (r.wait_started_at == 0 || r.ended_at != 0) continue;
+    if (!oldest || r.wait_started_at < oldest->wait_started_at) oldest = &r;
+  }
+  if (!oldest) return std::nullopt;
+  return *oldest;
+}
+
 std::vector<CollectiveRecord> FlightRecorder::records() const {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<CollectiveRecord> out;

@@ -21,30 +21,13 @@
 #include "loom/core/files.h"
 #include "loom/core/logging.h"
 #include "loom/core/strings.h"
+#include "loom/distributed/heartbeat.h"
 #include "loom/distributed/worker_group.h"
 
 extern char** environ;
 
 namespace loom::distributed {
 namespace {
-
-// A port the kernel says is free now; the workers bind it moments later (a small race that
-// torchrun's standalone mode accepts too).
-int pick_free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  LOOM_CHECK_AS(IoError, fd >= 0, "cannot open a socket to pick a port: ", std::strerror(errno));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_ANY);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
-  const int saved = errno;
-  ::close(fd);
-  LOOM_CHECK_AS(IoError, ok, "cannot pick a free port: ", std::strerror(saved));
-  return ntohs(addr.sin_port);
-}
 
 // Signals arrive through a pipe the agent polls together with the workers' output, so none is
 // missed between two checks. SIGCHLD only wakes the loop up.
@@ -112,11 +95,11 @@ class SignalPipe {
   struct sigaction previous_[NSIG] = {};
 };
 
-std::shared_ptr<spdlog::logger> make_logger(int node_rank) {
+// "[launch node<N>]"; an elastic node's rank changes every round, so it goes by its pid.
+std::shared_ptr<spdlog::logger> make_logger(const std::string& who) {
   auto logger = std::make_shared<spdlog::logger>(
       "launch", std::make_shared<spdlog::sinks::stderr_color_sink_st>());
-  logger->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [launch node" + std::to_string(node_rank) +
-                      "] %^%l%$: %v");
+  logger->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [launch " + who + "] %^%l%$: %v");
   logger->flush_on(spdlog::level::info);
   return logger;
 }
@@ -137,6 +120,39 @@ std::string describe_worker(const Worker& worker, int node_rank) {
 
 }  // namespace
 
+// A port the kernel says is free now; the workers bind it moments later (a small race that
+// torchrun's standalone mode accepts too).
+int pick_free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  LOOM_CHECK_AS(IoError, fd >= 0, "cannot open a socket to pick a port: ", std::strerror(errno));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+  const int saved = errno;
+  ::close(fd);
+  LOOM_CHECK_AS(IoError, ok, "cannot pick a free port: ", std::strerror(saved));
+  return ntohs(addr.sin_port);
+}
+
+void LocalAgent::kill_silent_workers(WorkerGroup& group, int node_rank,
+                                     spdlog::logger& logger) const {
+  if (options_.heartbeat_timeout_s <= 0) return;
+  const auto timeout =
+      std::chrono::milliseconds(static_cast<int64_t>(options_.heartbeat_timeout_s * 1000));
+  for (Worker* worker : group.silent_workers(timeout)) {
+    logger.error(
+        "rank {} (local rank {} on node {}, pid {}) sent no heartbeat for more than {} s: it is "
+        "hung (stopped by SIGSTOP or a debugger, or wedged); killing it and stopping the group",
+        worker->spec.global_rank, worker->spec.local_rank, node_rank, worker->pid,
+        options_.heartbeat_timeout_s);
+    group.kill_hung(*worker);
+  }
+}
+
 void validate(const LaunchOptions& o) {
   LOOM_CHECK_AS(InputError, o.nproc_per_node >= 1, "--nproc-per-node must be at least 1, got ",
                 o.nproc_per_node);
@@ -154,8 +170,10 @@ void validate(const LaunchOptions& o) {
                 o.max_restarts);
   LOOM_CHECK_AS(InputError, o.monitor_interval_s > 0 && o.monitor_interval_s <= 60,
                 "--monitor-interval must be in (0, 60] seconds, got ", o.monitor_interval_s);
-  LOOM_CHECK_AS(InputError, o.grace_period_s >= 0, "--grace-period must be >= 0 seconds, got ",
-                o.grace_period_s);
+  LOOM_CHECK_AS(InputError, o.grace_period_s >= 0,
+                "--grace-period (--term-timeout) must be >= 0 seconds, got ", o.grace_period_s);
+  LOOM_CHECK_AS(InputError, o.heartbeat_timeout_s >= 0,
+                "--heartbeat-timeout must be >= 0 seconds (0: off), got ", o.heartbeat_timeout_s);
   LOOM_CHECK_AS(InputError, !o.program.empty() && !o.program.front().empty(),
                 "missing the command to run: loom launch [options] -- <subcommand> [args...]");
   if (o.local_ranks_filter) {
@@ -291,6 +309,8 @@ std::vector<WorkerSpec> LocalAgent::make_specs(const RendezvousResult& round,
     spec.env = worker_env(round, local, restart_count);
     spec.console_prefix = "[" + options_.role + std::to_string(spec.global_rank) + "]: ";
     spec.to_console = !options_.local_ranks_filter || options_.local_ranks_filter->count(local);
+    spec.heartbeat = options_.heartbeat_timeout_s > 0;
+    spec.heartbeat_interval = heartbeat_interval_for(options_.heartbeat_timeout_s);
     if (options_.log_dir) {
       spec.log_path = attempt_dir + "/rank_" + std::to_string(spec.global_rank) + ".log";
     }
@@ -300,7 +320,9 @@ std::vector<WorkerSpec> LocalAgent::make_specs(const RendezvousResult& round,
 }
 
 int LocalAgent::run() {
-  auto logger = make_logger(options_.node_rank);
+  const bool fixed_rank = dynamic_cast<StaticRendezvous*>(rendezvous_.get()) != nullptr;
+  auto logger = make_logger(fixed_rank ? "node" + std::to_string(options_.node_rank)
+                                       : "pid" + std::to_string(::getpid()));
   if (set_omp_threads_) {
     logger->warn(
         "OMP_NUM_THREADS is not set: setting it to 1 for each worker so {} workers do "
@@ -318,44 +340,78 @@ int LocalAgent::run() {
   };
   const int interval_ms = std::max(1, static_cast<int>(options_.monitor_interval_s * 1000));
 
-  for (int restart_count = 0;; ++restart_count) {
-    const RendezvousResult round = rendezvous_->next_rendezvous(restart_count);
+  // Failures count against --max-restarts; re-forming the group for a membership change does not.
+  int failures = 0;
+  for (int attempt = 0;; ++attempt) {
+    const RendezvousResult round = rendezvous_->next_rendezvous(attempt);
+    if (round.job_done) {
+      logger->info("the job finished before this node was admitted: nothing to do");
+      return 0;
+    }
     logger->info(
         "starting {} worker(s): ranks {}-{} of world size {} (node {} of {}), master "
         "{}:{}, {} rendezvous, restart {} of at most {}",
         round.local_world_size, round.global_ranks.front(), round.global_ranks.back(),
         round.world_size, round.group_rank, round.group_world_size, round.master_addr,
-        round.master_port, rendezvous_->name(), restart_count, options_.max_restarts);
+        round.master_port, rendezvous_->name(), failures, options_.max_restarts);
 
-    WorkerGroup group(make_specs(round, restart_count));
+    WorkerGroup group(make_specs(round, attempt));
     group.start();
     int signal = 0;
+    Membership change = Membership::kStable;
     while (group.first_failure() == nullptr && !group.all_exited()) {
       if (group.poll(interval_ms, signals.fd())) signal = signals.take_terminating();
+      kill_silent_workers(group, round.group_rank, *logger);
       if (signals.take_dump_request()) {
         logger->warn("received SIGUSR1: forwarding it to the workers (flight-recorder dumps)");
         group.signal_workers(SIGUSR1);
       }
       if (signal != 0) break;
+      change = rendezvous_->poll_membership();
+      if (change != Membership::kStable) break;
     }
     if (signal != 0) {
+      // Elastic: the other nodes re-form the group without this one instead of taking the
+      // workers' clean stop for the end of the job.
+      rendezvous_->end_round("this node received " + signal_name(signal));
       logger->warn("received {}: forwarding it to the workers, waiting up to {} s for them",
                    signal_name(signal), options_.grace_period_s);
       group.stop(signal, options_.grace_period_s, signals.fd(), escalate);
       return 128 + signal;
     }
+    if (change != Membership::kStable) {
+      if (change == Membership::kNodeWaiting) {
+        // Ended first, so the other nodes know their workers' coming stop is no job end.
+        rendezvous_->end_round("a node asks to join");
+      }
+      logger->warn(
+          "re-forming the group ({}): SIGTERM to the workers, which finish their step, save a "
+          "checkpoint and exit (up to {} s)",
+          change == Membership::kNodeWaiting ? "a node asks to join" : "another node left",
+          options_.grace_period_s);
+      group.stop(SIGTERM, options_.grace_period_s, signals.fd(), escalate);
+      if (pending_signal != 0) return 128 + pending_signal;
+      continue;
+    }
     if (group.all_succeeded()) {
       group.drain_output(2000);
+      if (rendezvous_->round_ended()) {
+        logger->info("the workers stopped for a membership change: re-forming the group");
+        continue;
+      }
+      rendezvous_->job_finished();
       logger->info("all {} worker(s) finished successfully", round.local_world_size);
       return 0;
     }
     // Workers stopped below exit later, so this stays the first failure.
     const Worker& failed = *group.first_failure();
     logger->error("{}; stopping the other workers", describe_worker(failed, round.group_rank));
+    rendezvous_->end_round("rank " + std::to_string(failed.spec.global_rank) + " failed");
     group.stop(SIGTERM, options_.grace_period_s, signals.fd(), escalate);
     if (pending_signal != 0) return 128 + pending_signal;
-    if (restart_count < options_.max_restarts) {
-      logger->warn("restarting the worker group ({} of at most {} restarts)", restart_count + 1,
+    if (failures < options_.max_restarts) {
+      ++failures;
+      logger->warn("restarting the worker group ({} of at most {} restarts)", failures,
                    options_.max_restarts);
       continue;
     }

@@ -77,11 +77,25 @@ constexpr const char* kDumped = "loom/flight_recorder/dumped";
 constexpr auto kWaitForDumps = std::chrono::seconds(10);
 }  // namespace
 
+// With comm.trace_buf_size = 0 the watchdog still needs to see the collectives in flight: a
+// small ring that is never dumped.
+constexpr size_t kWatchdogOnlyRing = 64;
+
 void ProcessGroups::start_flight_recorder() {
-  if (init_.trace_buffer_size == 0 || init_.options.recorder) return;
+  if (init_.options.recorder) return;
+  if (init_.trace_buffer_size == 0) {
+    if (!init_.collective_watchdog) return;
+    init_.options.recorder =
+        std::make_shared<FlightRecorder>(init_.rank, init_.world_size, kWatchdogOnlyRing);
+    watchdog_ = std::make_unique<CollectiveWatchdog>(init_.options.recorder, init_.on_hang);
+    return;
+  }
   auto recorder =
       std::make_shared<FlightRecorder>(init_.rank, init_.world_size, init_.trace_buffer_size);
   init_.options.recorder = recorder;
+  if (init_.collective_watchdog) {
+    watchdog_ = std::make_unique<CollectiveWatchdog>(recorder, init_.on_hang);
+  }
   if (init_.trace_dump_path.empty()) return;
   recorder->set_dump_path(init_.trace_dump_path);
   c10::intrusive_ptr<c10d::Store> store = store_->store;
@@ -127,6 +141,7 @@ void ProcessGroups::start_flight_recorder() {
 ProcessGroups::~ProcessGroups() {
   // The watcher polls the store: it stops first. Groups before the store they rendezvoused
   // through.
+  watchdog_.reset();
   dump_watcher_.reset();
   groups_.clear();
   world_.reset();
@@ -169,6 +184,7 @@ std::shared_ptr<Comm> ProcessGroups::new_group(const std::string& name,
 
 void ProcessGroups::use_train_timeout() {
   for (auto& g : groups_) g->use_train_timeout();
+  if (watchdog_) watchdog_->arm(init_.options.train_timeout, init_.watchdog_grace);
 }
 
 uint64_t ProcessGroups::total_wire_bytes() const {

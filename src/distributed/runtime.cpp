@@ -21,6 +21,7 @@ CommInit comm_init(const WorldInfo& world, const config::CommSection& comm,
   init.with_cuda = with_cuda;
   init.store_hosted_by_agent = env::get("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";
   init.trace_buffer_size = static_cast<size_t>(comm.trace_buf_size);
+  init.collective_watchdog = true;
   init.trace_dump_path = dump_folder + "/" + comm.save_traces_folder + "/" +
                          comm.save_traces_file_prefix + std::to_string(world.rank) + ".json";
   return init;

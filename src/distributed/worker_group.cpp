@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "loom/core/check.h"
+#include "loom/distributed/heartbeat.h"
 
 namespace loom::distributed {
 namespace {
@@ -32,7 +33,7 @@ void make_pipe(int fds[2]) {
 
 // Only async-signal-safe calls between fork and exec.
 [[noreturn]] void exec_child(pid_t parent, char* const* argv, char* const* envp, int out_fd,
-                             int err_fd, const std::string& exec_error) {
+                             int err_fd, int heartbeat_fd, const std::string& exec_error) {
   // Signals are blocked since before fork: reset the launcher's handlers (they would write into
   // its signal pipe) and ignored signals (they stay ignored across exec) before unblocking, so a
   // SIGTERM sent to the group now takes its default action.
@@ -47,6 +48,7 @@ void make_pipe(int fds[2]) {
   if (null_fd >= 0) ::dup2(null_fd, STDIN_FILENO);
   ::dup2(out_fd, STDOUT_FILENO);
   ::dup2(err_fd, STDERR_FILENO);
+  if (heartbeat_fd >= 0) ::fcntl(heartbeat_fd, F_SETFD, 0);  // the one pipe end the worker keeps
   ::execvpe(argv[0], argv, envp);
   const int saved = errno;
   ssize_t ignored = ::write(STDERR_FILENO, exec_error.data(), exec_error.size());
@@ -102,6 +104,10 @@ bool Worker::succeeded() const {
 
 std::string Worker::describe_exit() const {
   if (!wait_status) return "running";
+  if (hung_for_s > 0) {
+    return "hung: no heartbeat for " + std::to_string(static_cast<int>(hung_for_s + 0.5)) +
+           " s (stopped by SIGSTOP or a debugger, or wedged), killed by the launcher";
+  }
   if (WIFEXITED(*wait_status))
     return "exited with code " + std::to_string(WEXITSTATUS(*wait_status));
   const int sig = WTERMSIG(*wait_status);
@@ -128,6 +134,7 @@ WorkerGroup::~WorkerGroup() {
       }
     }
     for (int stream : {1, 2}) close_stream(worker, stream);
+    if (worker.heartbeat_fd >= 0) ::close(worker.heartbeat_fd);
   }
 }
 
@@ -150,8 +157,21 @@ void WorkerGroup::spawn(Worker& worker) {
     throw;
   }
   // Everything the child needs is built before fork.
+  int beat_pipe[2] = {-1, -1};
+  std::vector<std::string> env = spec.env;
+  if (spec.heartbeat) {
+    if (::pipe2(beat_pipe, O_CLOEXEC) != 0) {
+      const int saved = errno;
+      for (int fd : {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1]}) ::close(fd);
+      LOOM_THROW(IoError, "cannot create a heartbeat pipe for a worker: ", std::strerror(saved));
+    }
+    ::fcntl(beat_pipe[0], F_SETFL, ::fcntl(beat_pipe[0], F_GETFL) | O_NONBLOCK);
+    env.push_back(std::string(kHeartbeatFdEnv) + "=" + std::to_string(beat_pipe[1]));
+    env.push_back(std::string(kHeartbeatIntervalEnv) + "=" +
+                  std::to_string(spec.heartbeat_interval.count()));
+  }
   std::vector<char*> argv = c_strings(spec.argv);
-  std::vector<char*> envp = c_strings(spec.env);
+  std::vector<char*> envp = c_strings(env);
   const std::string exec_error = "loom launch: cannot run '" + spec.argv.at(0) + "': ";
   const pid_t parent = ::getpid();
   sigset_t all;
@@ -159,13 +179,18 @@ void WorkerGroup::spawn(Worker& worker) {
   sigfillset(&all);
   ::sigprocmask(SIG_BLOCK, &all, &previous);
   const pid_t pid = ::fork();
-  if (pid == 0) exec_child(parent, argv.data(), envp.data(), out_pipe[1], err_pipe[1], exec_error);
+  if (pid == 0) {
+    exec_child(parent, argv.data(), envp.data(), out_pipe[1], err_pipe[1], beat_pipe[1],
+               exec_error);
+  }
   const int fork_errno = errno;
   ::sigprocmask(SIG_SETMASK, &previous, nullptr);
   ::close(out_pipe[1]);
   ::close(err_pipe[1]);
+  if (beat_pipe[1] >= 0) ::close(beat_pipe[1]);
   worker.fds[0] = out_pipe[0];
   worker.fds[1] = err_pipe[0];
+  worker.heartbeat_fd = beat_pipe[0];
   LOOM_CHECK_AS(IoError, pid > 0, "cannot start worker for rank ", spec.global_rank,
                 " (fork failed): ", std::strerror(fork_errno));
   ::setpgid(pid, pid);  // also in the child: whichever runs first, signals find the group
@@ -181,6 +206,10 @@ bool WorkerGroup::poll(int timeout_ms, int wake_fd) {
       fds.push_back({worker.fds[stream - 1], POLLIN, 0});
       owners.emplace_back(&worker, stream);
     }
+    if (worker.heartbeat_fd >= 0) {
+      fds.push_back({worker.heartbeat_fd, POLLIN, 0});
+      owners.emplace_back(&worker, 0);
+    }
   }
   if (wake_fd >= 0) fds.push_back({wake_fd, POLLIN, 0});
   const int ready = ::poll(fds.data(), fds.size(), timeout_ms);
@@ -188,7 +217,12 @@ bool WorkerGroup::poll(int timeout_ms, int wake_fd) {
   bool woke = false;
   if (ready > 0) {
     for (size_t i = 0; i < owners.size(); ++i) {
-      if (fds[i].revents != 0) read_ready(*owners[i].first, owners[i].second);
+      if (fds[i].revents == 0) continue;
+      if (owners[i].second == 0) {
+        read_heartbeats(*owners[i].first);
+      } else {
+        read_ready(*owners[i].first, owners[i].second);
+      }
     }
     woke = wake_fd >= 0 && (fds.back().revents & POLLIN) != 0;
   }
@@ -210,6 +244,41 @@ void WorkerGroup::read_ready(Worker& worker, int stream) {
     close_stream(worker, stream);  // end of stream (or a read error: nothing more will come)
     return;
   }
+}
+
+void WorkerGroup::read_heartbeats(Worker& worker) {
+  char buffer[256];
+  for (;;) {
+    const ssize_t n = ::read(worker.heartbeat_fd, buffer, sizeof(buffer));
+    if (n > 0) {
+      worker.last_beat = Clock::now();
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    // The worker closed it (it exited, or stopped beating on purpose): nothing more to watch.
+    ::close(worker.heartbeat_fd);
+    worker.heartbeat_fd = -1;
+    worker.last_beat.reset();
+    return;
+  }
+}
+
+std::vector<Worker*> WorkerGroup::silent_workers(std::chrono::milliseconds timeout) {
+  std::vector<Worker*> silent;
+  const auto now = Clock::now();
+  for (Worker& worker : workers_) {
+    if (worker.exited() || worker.hung_for_s > 0 || !worker.last_beat) continue;
+    if (now - *worker.last_beat > timeout) silent.push_back(&worker);
+  }
+  return silent;
+}
+
+void WorkerGroup::kill_hung(Worker& worker) {
+  worker.hung_for_s =
+      std::chrono::duration<double>(Clock::now() - worker.last_beat.value_or(Clock::now()))
+          .count();
+  if (worker.pid > 0 && !worker.exited()) ::kill(-worker.pid, SIGKILL);
 }
 
 void WorkerGroup::close_stream(Worker& worker, int stream) {

@@ -10,6 +10,7 @@
 #include <random>
 
 #include "loom/checkpoint/manager.h"
+#include "loom/checkpoint/resume_batch.h"
 #include "loom/config/dataset_mixture.h"
 #include "loom/core/check.h"
 #include "loom/core/files.h"
@@ -144,10 +145,11 @@ void Trainer::setup_runtime() {
   }
   const auto& t = config_.training;
   const int64_t dp = runtime_->dp_size();
-  const int64_t global = t.global_batch_size > 0 ? t.global_batch_size : t.local_batch_size * dp;
-  LOOM_CHECK_AS(InputError, global % (t.local_batch_size * dp) == 0, "training.global_batch_size (",
-                global, ") must be a multiple of local_batch_size x dp (", t.local_batch_size * dp,
-                ")");
+  // Elastic resume: an unset global batch keeps the checkpoint's on a new world size.
+  const int64_t global = checkpoint::resolve_global_batch(config_, dp);
+  if (global != t.global_batch_size && global != t.local_batch_size * dp) {
+    config_.training.global_batch_size = global;  // what this run's checkpoints record
+  }
   accumulation_steps_ = global / (t.local_batch_size * dp);
   LOOM_CHECK_AS(InputError, !config_.validation.enable || config_.validation.seq_len <= t.seq_len,
                 "validation.seq_len (", config_.validation.seq_len, ") exceeds training.seq_len (",

@@ -13,6 +13,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <functional>
+#include <atomic>
 #include <memory>
 #include <optional>
 #include <string>
@@ -130,6 +131,10 @@ class CheckpointManager {
   bool enabled_ = false;
   std::string folder_;
   std::thread writer_;
+  // Set when the manager is destroyed while an exception unwinds (a peer died, a collective
+  // failed): the writer stops waiting for other ranks' parts, which may never come, so the
+  // process exits at once and the launcher can restart the group. The step stays incomplete.
+  std::atomic<bool> abandoned_{false};
   bool last_save_ok_ = true;
   SaveStats stats_;
   SaveTally tally_;

@@ -37,6 +37,7 @@ struct CollectiveRecord {
   double enqueued_at = 0;
   double started_at = 0;  // 0: not yet
   double ended_at = 0;    // 0: not yet
+  double wait_started_at = 0;  // when this rank first blocked on it (Work::wait); 0: not yet
   CollectiveState state = CollectiveState::kScheduled;
   std::string error;
 };
@@ -52,12 +53,17 @@ class FlightRecorder {
   uint64_t record(CollectiveRecord record);
   void started(uint64_t id);
   void completed(uint64_t id);
+  // This rank now blocks on it (the collective watchdog measures hangs from here: an async
+  // collective nobody waits for is not a hang).
+  void waiting(uint64_t id);
   // Marks it failed; a communication failure (`notify`) runs the failure callback (dump, and ask
   // the other ranks to dump). Bad arguments refused before anything was sent do not.
   void failed(uint64_t id, const std::string& error, bool notify = true);
 
   // Oldest first; at most capacity() entries.
   std::vector<CollectiveRecord> records() const;
+  // The collective this rank has been blocked on longest (waiting, not yet ended), if any.
+  std::optional<CollectiveRecord> longest_wait() const;
   // The dump file's content.
   std::string to_json(const std::string& reason) const;
 

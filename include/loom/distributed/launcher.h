@@ -15,9 +15,14 @@
 #include <string>
 #include <vector>
 
+namespace spdlog {
+class logger;
+}
+
 namespace loom::distributed {
 
 struct WorkerSpec;
+class WorkerGroup;
 
 struct LaunchOptions {
   int nproc_per_node = 1;
@@ -29,7 +34,10 @@ struct LaunchOptions {
   std::optional<std::set<int>> local_ranks_filter;  // local ranks shown on the console
   std::optional<std::string> log_dir;               // <log_dir>/attempt_<k>/rank_<r>.log
   double monitor_interval_s = 0.1;
-  double grace_period_s = 30.0;      // SIGTERM -> SIGKILL
+  double grace_period_s = 30.0;      // SIGTERM -> SIGKILL (--grace-period, --term-timeout)
+  // A worker that beat once and then stays silent this long is hung (SIGSTOP, wedged): the
+  // agent kills it and restarts the group. 0: heartbeats off.
+  double heartbeat_timeout_s = 30.0;
   std::string role = "rank";         // console prefix "[<role><rank>]: "
   std::vector<std::string> program;  // each worker's argv
 };
@@ -44,6 +52,10 @@ int resolve_nproc_per_node(const std::string& value);
 // /proc/driver/nvidia/gpus entries.
 int visible_gpu_count();
 
+// A TCP port the kernel says is free now (the workers bind it moments later: a small race that
+// torchrun's standalone mode accepts too).
+int pick_free_port();
+
 // One rendezvous round's outcome for this node.
 struct RendezvousResult {
   int world_size = 1;
@@ -53,6 +65,14 @@ struct RendezvousResult {
   std::vector<int> global_ranks;  // by local rank
   std::string master_addr;
   int master_port = 0;
+  bool job_done = false;  // elastic: the job finished while this node waited to be admitted
+};
+
+// What the agent learns about the group while its workers run (elastic rendezvous only).
+enum class Membership {
+  kStable,
+  kNodeWaiting,  // a node asks to join: stop at the next step boundary and re-form the group
+  kRoundEnded,   // another node failed, left or was lost: stop and re-form the group
 };
 
 class RendezvousHandler {
@@ -61,6 +81,14 @@ class RendezvousHandler {
   // Called before each (re)start of the worker group; `round` counts from 0.
   virtual RendezvousResult next_rendezvous(int round) = 0;
   virtual std::string name() const = 0;
+  // Called every monitor interval while the workers run; cheap (throttled store reads).
+  virtual Membership poll_membership() { return Membership::kStable; }
+  // This node ends the round for everyone (its workers failed, or it admits a waiting node).
+  virtual void end_round(const std::string& /*reason*/) {}
+  // Whether some node ended the current round (the workers' exit was not the job's end).
+  virtual bool round_ended() { return false; }
+  // Every worker of this node finished training: the job is done.
+  virtual void job_finished() {}
 };
 
 // Fixed membership: every node is told its rank and the job size up front.
@@ -85,6 +113,8 @@ class LocalAgent {
   std::vector<WorkerSpec> make_specs(const RendezvousResult& round, int restart_count) const;
   std::vector<std::string> worker_env(const RendezvousResult& round, int local_rank,
                                       int restart_count) const;
+  // Heartbeats: kills the workers silent past --heartbeat-timeout, naming them.
+  void kill_silent_workers(WorkerGroup& group, int node_rank, spdlog::logger& logger) const;
 
   LaunchOptions options_;
   std::unique_ptr<RendezvousHandler> rendezvous_;

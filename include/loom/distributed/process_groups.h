@@ -3,11 +3,14 @@
 // mesh's dimensions). Each group holds Gloo for CPU tensors and, on CUDA jobs, NCCL.
 #pragma once
 
+#include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "loom/distributed/comm.h"
+#include "loom/distributed/watchdog.h"
 
 namespace loom::distributed {
 
@@ -29,6 +32,12 @@ struct CommInit {
   // asks through the store (a collective of its failed or timed out).
   size_t trace_buffer_size = 2000;
   std::string trace_dump_path;
+  // The collective watchdog (watchdog.h), armed by use_train_timeout(): a collective blocked
+  // past train_timeout + watchdog_grace runs `on_hang` (null: name it, dump, end the process).
+  // Off by default: a test whose threads are ranks must not have its process ended.
+  bool collective_watchdog = false;
+  std::chrono::milliseconds watchdog_grace{std::chrono::seconds(3)};
+  std::function<void(const HangInfo&)> on_hang;
 };
 
 class ProcessGroups {
@@ -49,7 +58,8 @@ class ProcessGroups {
   // call it. A one-rank group is local; the world's rank list returns the world group.
   std::shared_ptr<Comm> new_group(const std::string& name, const std::vector<int>& global_ranks);
 
-  // After the first step: every group switches to comm.train_timeout_seconds.
+  // After the first step: every group switches to comm.train_timeout_seconds, and the
+  // collective watchdog (when enabled) is armed.
   void use_train_timeout();
 
   // Sum of every group's counters (wire bytes sent by this rank).
@@ -65,6 +75,7 @@ class ProcessGroups {
   CommInit init_;
   std::unique_ptr<StoreHolder> store_;
   std::unique_ptr<DumpWatcher> dump_watcher_;
+  std::unique_ptr<CollectiveWatchdog> watchdog_;
   std::shared_ptr<Comm> world_;
   std::vector<std::shared_ptr<Comm>> groups_;  // world first
 };

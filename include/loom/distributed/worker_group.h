@@ -9,6 +9,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -27,6 +28,9 @@ struct WorkerSpec {
   std::string console_prefix;     // e.g. "[rank3]: "
   bool to_console = true;
   std::optional<std::string> log_path;
+  // A heartbeat pipe (heartbeat.h): the worker beats every `heartbeat_interval`.
+  bool heartbeat = false;
+  std::chrono::milliseconds heartbeat_interval{1000};
 };
 
 struct Worker {
@@ -36,6 +40,9 @@ struct Worker {
   std::optional<int> wait_status;  // set once reaped
   int exit_order = -1;             // 0 for the first worker seen to exit, 1 for the next, ...
   std::unique_ptr<WorkerOutput> output;
+  int heartbeat_fd = -1;  // read end of its heartbeat pipe, -1 once closed or without one
+  std::optional<std::chrono::steady_clock::time_point> last_beat;  // unset until the first beat
+  double hung_for_s = 0;  // > 0: the agent killed it after this long without a heartbeat
 
   bool exited() const { return wait_status.has_value(); }
   bool succeeded() const;
@@ -77,6 +84,12 @@ class WorkerGroup {
   // started keep their default action). SIGUSR1 asks loom workers for flight-recorder dumps.
   void signal_workers(int signal);
 
+  // Running workers that beat at least once and then fell silent for longer than `timeout`.
+  std::vector<Worker*> silent_workers(std::chrono::milliseconds timeout);
+  // SIGKILL to a hung worker's process group (a stopped process still dies of it); its exit
+  // then reports how long it was silent.
+  void kill_hung(Worker& worker);
+
   bool all_exited() const;
   bool all_succeeded() const;
   // The worker that failed first, if any.
@@ -89,6 +102,7 @@ class WorkerGroup {
   void spawn(Worker& worker);
   void reap();
   void read_ready(Worker& worker, int stream);
+  void read_heartbeats(Worker& worker);
   void close_stream(Worker& worker, int stream);
   void signal_groups(int signal);
 
