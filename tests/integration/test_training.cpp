@@ -165,7 +165,8 @@ TEST(Training, MetricsJsonlHasEveryContractKeyAndValidationLines) {
     ++steps;
     for (const char* key :
          {"step", "loss", "grad_norm", "lr", "tps", "tflops", "mfu_pct", "mem_peak_gib",
-          "step_time_s", "data_time_pct", "tokens_seen", "elapsed_s", "wall_time"}) {
+          "step_time_s", "data_time_pct", "comm_wait_pct", "tokens_seen", "elapsed_s",
+          "wall_time"}) {
       EXPECT_TRUE(line.contains(key)) << key << " missing in " << line.dump();
     }
     EXPECT_GT(line["tps"].get<double>(), 0);
