@@ -10,7 +10,8 @@ enclosing operator, so the work inside a GEMM or an attention kernel counts as t
   gemm        aten::mm / addmm / bmm / baddbmm / addmv / mv (MKL)
   attention   the scaled-dot-product attention kernels, forward and backward
   elementwise every other ATen operator that touches data (norms, RoPE, SwiGLU, loss, copies,
-              casts, reductions, embedding, the gradient accumulation of autograd)
+              casts, reductions, embedding, the gradient accumulation of autograd) and loom's
+              fused kernels (loom::kernel_* scopes)
   optimizer   clipping and the optimizer step (loom::optimizer scope, Optimizer.step in PyTorch)
   comm_wait   time blocked on collectives (loom::comm_wait scopes: FSDP gathers and
               reduce-scatters, DDP buckets, the step's small all-reduces)
@@ -71,7 +72,8 @@ def leaf_category(name):
     """For self time no enclosing operator classified."""
     if name in SHAPE_ONLY:
         return "other"
-    if name.startswith("aten::") or name.startswith("torch::autograd::AccumulateGrad"):
+    if name.startswith("aten::") or name.startswith("loom::kernel") or \
+            name.startswith("torch::autograd::AccumulateGrad"):
         return "elementwise"
     return "other"
 
