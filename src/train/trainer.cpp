@@ -29,6 +29,7 @@
 #include "loom/train/memory_check.h"
 #include "loom/train/mixed_precision.h"
 #include "loom/train/optimizer.h"
+#include "loom/train/threads.h"
 
 namespace loom::train {
 namespace {
@@ -146,6 +147,7 @@ void Trainer::setup_runtime() {
   runtime_ =
       std::make_unique<distributed::ParallelRuntime>(config_, wants_cuda(config_.training.device));
   device_ = choose_device(config_.training.device, runtime_->world().local_rank);
+  if (device_.is_cpu()) check_thread_plan(runtime_->world().local_world_size);
   seed_ = config_.debug.seed ? static_cast<uint64_t>(*config_.debug.seed) : std::random_device{}();
   at::manual_seed(seed_);
   if (config_.debug.deterministic) {
