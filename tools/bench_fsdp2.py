@@ -11,10 +11,12 @@ the summary gives the median of the per-round ratios (PyTorch step time / loom s
 means loom is faster). Timings on a shared 2-core machine are noisy: trust the ratio.
 
   .venv/bin/python tools/bench_fsdp2.py [--flavor debugmodel] [--rounds 3] [--threads 1]
+      [--loom-before OLD_BINARY]   # a third arm: an older loom build, for before/after ratios
 """
 import argparse
 import json
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -33,10 +35,12 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run_loom(ns, workdir):
+def run_loom(ns, workdir, loom):
     dump = os.path.join(workdir, "loom_fsdp")
+    if os.path.exists(dump):
+        shutil.rmtree(dump)
     total = ns.warmup + ns.steps
-    cmd = [ns.loom, "launch", "--nproc-per-node", "2", "--master-port", str(free_port()), "--",
+    cmd = [loom, "launch", "--nproc-per-node", "2", "--master-port", str(free_port()), "--",
            "train", "--model.flavor", ns.flavor, "--training.dataset", "synthetic",
            "--training.device", "cpu", "--training.local_batch_size", str(ns.batch_size),
            "--training.seq_len", str(ns.seq_len), "--training.steps", str(total),
@@ -126,6 +130,7 @@ def main():
     p.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) // 2),
                    help="per rank")
     p.add_argument("--loom", default=os.path.join(ROOT, "build/bin/loom"))
+    p.add_argument("--loom-before", help="an older loom binary run as a third arm of each round")
     p.add_argument("--python", default=sys.executable)
     p.add_argument("--json", help="also write the results here")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -136,18 +141,28 @@ def main():
     rounds = []
     with tempfile.TemporaryDirectory() as workdir:
         for r in range(ns.rounds):
-            lm = run_loom(ns, workdir)
+            lm = run_loom(ns, workdir, ns.loom)
+            before = run_loom(ns, workdir, ns.loom_before) if ns.loom_before else None
             pt = run_torch(ns, workdir)
             rounds.append({"loom": lm, "torch": pt, "ratio": pt["step_time_s"] / lm["step_time_s"]})
-            print(f"round {r + 1}: loom FSDP x2 {lm['step_time_s']:.3f} s/step "
-                  f"(comm wait {lm['comm_wait_pct']:.1f}%), PyTorch FSDP2 x2 "
-                  f"{pt['step_time_s']:.3f} s/step, ratio {rounds[-1]['ratio']:.2f}x", flush=True)
+            line = (f"round {r + 1}: loom FSDP x2 {lm['step_time_s']:.3f} s/step "
+                    f"(comm wait {lm['comm_wait_pct']:.1f}%), PyTorch FSDP2 x2 "
+                    f"{pt['step_time_s']:.3f} s/step, ratio {rounds[-1]['ratio']:.2f}x")
+            if before:
+                rounds[-1]["before"] = before
+                rounds[-1]["before_ratio"] = pt["step_time_s"] / before["step_time_s"]
+                line += (f"; before: {before['step_time_s']:.3f} s/step, "
+                         f"ratio {rounds[-1]['before_ratio']:.2f}x")
+            print(line, flush=True)
     ratios = [r["ratio"] for r in rounds]
     summary = {"flavor": ns.flavor, "batch_size_per_rank": ns.batch_size, "seq_len": ns.seq_len,
                "threads_per_rank": ns.threads, "steps": ns.steps, "warmup": ns.warmup,
                "loom_step_time_s": statistics.median(r["loom"]["step_time_s"] for r in rounds),
                "torch_step_time_s": statistics.median(r["torch"]["step_time_s"] for r in rounds),
                "ratio_median": statistics.median(ratios), "ratios": ratios}
+    if ns.loom_before:
+        summary["before_ratios"] = [r["before_ratio"] for r in rounds]
+        summary["before_ratio_median"] = statistics.median(summary["before_ratios"])
     print(json.dumps(summary, indent=2))
     if ns.json:
         with open(ns.json, "w") as f:
