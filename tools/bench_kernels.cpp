@@ -24,11 +24,19 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-// Seconds of `iters` calls of `fn`.
-double time_it(const std::function<void()>& fn, int iters) {
-  const auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < iters; ++i) fn();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iters;
+// Seconds per call of `fn`, mean over `iters` calls. `cold`: a 256 MB write before each call
+// (not timed) evicts the inputs from the caches, as in training, where each layer's tensors
+// were last touched long before.
+double time_it(const std::function<void()>& fn, int iters, bool cold) {
+  static at::Tensor flush = at::empty({64 << 20});
+  double total = 0;
+  for (int i = 0; i < iters; ++i) {
+    if (cold) flush.fill_(static_cast<float>(i));
+    const auto start = std::chrono::steady_clock::now();
+    fn();
+    total += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  return total / iters;
 }
 
 // SwiGLU's gate forward and backward, as the feed-forward block runs it.
@@ -47,11 +55,13 @@ std::function<void()> swiglu_step(const at::Tensor& a0, const at::Tensor& b0, co
 int main(int argc, char** argv) {
   CLI::App app{"loom_bench_kernels: fused CPU kernels vs the unfused ATen ops (A/B, medians)"};
   int rounds = 7, iters = 20;
+  bool cold = false;
   app.add_option("--rounds", rounds, "alternating rounds")->check(CLI::PositiveNumber);
   app.add_option("--iters", iters, "calls per timing")->check(CLI::PositiveNumber);
+  app.add_flag("--cold", cold, "evict the caches before each call (as in training)");
   CLI11_PARSE(app, argc, argv);
-  std::printf("intra-op threads %d, kernel ISA %s\n", at::get_num_threads(),
-              loom::models::kernels::kernel_cpu_capability().c_str());
+  std::printf("intra-op threads %d, kernel ISA %s, caches %s\n", at::get_num_threads(),
+              loom::models::kernels::kernel_cpu_capability().c_str(), cold ? "cold" : "warm");
   struct Shape {
     const char* name;
     std::vector<int64_t> dims;
@@ -66,8 +76,8 @@ int main(int argc, char** argv) {
     eager();  // warm the allocator
     std::vector<double> tf, te, ratios;
     for (int r = 0; r < rounds; ++r) {
-      tf.push_back(time_it(fused, iters));
-      te.push_back(time_it(eager, iters));
+      tf.push_back(time_it(fused, iters, cold));
+      te.push_back(time_it(eager, iters, cold));
       ratios.push_back(te.back() / tf.back());
     }
     std::printf(
