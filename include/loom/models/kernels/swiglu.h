@@ -9,8 +9,9 @@
 // over LibTorch's intra-op threads with at::parallel_for.
 //
 // The arithmetic is ATen's, operation for operation (silu = a / (1 + exp(-a)); silu's gradient
-// = dy * s * (1 + a * (1 - s))), so results equal the unfused ops bit for bit on the same
-// instruction set. Anything else (not CPU, not float32, shapes or layouts that differ) takes the
+// = dy * s * (1 + a * (1 - s))), so results equal the unfused ops on the same instruction set
+// up to the last bit of elements at vector tails (ATen finishes those in scalar code); training
+// losses measured bitwise equal (docs/performance.md). Anything else (not CPU, not float32, shapes or layouts that differ) takes the
 // unfused ATen composition.
 #pragma once
 
