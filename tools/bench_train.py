@@ -7,6 +7,7 @@ the loom/PyTorch ratio (median over rounds) and the time from process start to t
 finished step. Timings on a shared 2-core machine are noisy: trust the ratio, not the absolutes.
 
   .venv/bin/python tools/bench_train.py [--flavor debugmodel] [--rounds 3] [--json OUT]
+      [--loom-before OLD_BINARY]   # a third arm: an older loom build, for before/after ratios
 """
 import argparse
 import json
@@ -64,14 +65,18 @@ def main():
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--loom", default=os.path.join(ROOT, "build/bin/loom"))
+    p.add_argument("--loom-before", help="an older loom binary run as a third arm of each round")
     p.add_argument("--python", default=sys.executable)
     p.add_argument("--json", help="also write the results here")
     ns = p.parse_args()
 
-    results = {"loom": [], "torch": []}
+    arms = [("loom", run_loom, ns.loom), ("torch", run_torch, ns.python)]
+    if ns.loom_before:
+        arms.insert(1, ("before", run_loom, ns.loom_before))
+    results = {name: [] for name, _, _ in arms}
     with tempfile.TemporaryDirectory() as workdir:
         for r in range(ns.rounds):
-            for name, fn, exe in (("loom", run_loom, ns.loom), ("torch", run_torch, ns.python)):
+            for name, fn, exe in arms:
                 res = fn(exe, ns.flavor, ns.batch_size, ns.seq_len, ns.warmup, ns.steps, ns.threads, workdir)
                 results[name].append(res)
                 print(f"round {r + 1} {name:5s}: {res['tokens_per_s']:9.0f} tokens/s, "
@@ -87,6 +92,16 @@ def main():
         "loom_first_step_s": statistics.median(x["process_start_to_first_step_s"] for x in results["loom"]),
         "torch_first_step_s": statistics.median(x["process_start_to_first_step_s"] for x in results["torch"]),
     }
+    if ns.loom_before:
+        after_before = [a["tokens_per_s"] / b["tokens_per_s"]
+                        for a, b in zip(results["loom"], results["before"])]
+        before_torch = [a["tokens_per_s"] / b["tokens_per_s"]
+                        for a, b in zip(results["before"], results["torch"])]
+        summary.update({"before_tokens_per_s": statistics.median(x["tokens_per_s"] for x in results["before"]),
+                        "before_ratio_median": statistics.median(before_torch),
+                        "before_ratios": before_torch,
+                        "after_over_before_median": statistics.median(after_before),
+                        "after_over_before": after_before})
     print(json.dumps(summary, indent=2))
     if ns.json:
         with open(ns.json, "w") as f:

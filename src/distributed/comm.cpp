@@ -1,7 +1,10 @@
 #include "loom/distributed/comm.h"
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 #include <c10/util/Exception.h>
+
+#include <chrono>
 
 #include "backend.h"
 #include "loom/core/logging.h"
@@ -18,6 +21,24 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
   }
   LOOM_THROW(InternalError, "unknown reduce op");
 }
+
+std::atomic<int64_t> g_wait_ns{0};
+
+// Adds the time from construction to destruction to g_wait_ns (also when the wait throws).
+class WaitTimer {
+ public:
+  WaitTimer() : start_(std::chrono::steady_clock::now()) {}
+  ~WaitTimer() {
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+        std::chrono::steady_clock::now() - start_);
+    g_wait_ns.fetch_add(ns.count(), std::memory_order_relaxed);
+  }
+  WaitTimer(const WaitTimer&) = delete;
+  WaitTimer& operator=(const WaitTimer&) = delete;
+
+ private:
+  std::chrono::steady_clock::time_point start_;
+};
 
 uint64_t nbytes(const at::Tensor& t) {
   return static_cast<uint64_t>(t.numel()) * t.element_size();
@@ -106,10 +127,16 @@ void Work::Impl::track(std::shared_ptr<FlightRecorder> recorder, uint64_t id) {
   record_id_ = id;
 }
 
+double comm_wait_seconds() {
+  return static_cast<double>(g_wait_ns.load(std::memory_order_relaxed)) * 1e-9;
+}
+
 void Work::Impl::wait() {
   std::lock_guard<std::mutex> lock(mutex_);
   if (done_) return;
   if (recorder_) recorder_->waiting(record_id_);
+  RECORD_USER_SCOPE("loom::comm_wait");  // tools/step_breakdown.py's comm_wait
+  const WaitTimer timer;
   try {
     if (work_) work_->wait();
     if (finish_) finish_();

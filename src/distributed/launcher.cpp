@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -185,6 +186,17 @@ void validate(const LaunchOptions& o) {
   }
 }
 
+int available_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+int threads_per_rank(int cpus, int ranks_per_node) {
+  return std::max(1, cpus / std::max(1, ranks_per_node));
+}
+
 int visible_gpu_count() {
   if (const char* visible = std::getenv("CUDA_VISIBLE_DEVICES")) {
     int count = 0;
@@ -259,8 +271,11 @@ RendezvousResult StaticRendezvous::next_rendezvous(int /*round*/) {
 LocalAgent::LocalAgent(LaunchOptions options, std::unique_ptr<RendezvousHandler> rendezvous)
     : options_(std::move(options)), rendezvous_(std::move(rendezvous)) {
   validate(options_);
-  // Like torchrun: many workers each spinning a full OpenMP pool oversubscribe the CPUs.
-  set_omp_threads_ = options_.nproc_per_node > 1 && !env::get("OMP_NUM_THREADS");
+  // Many workers each spinning a full OpenMP pool oversubscribe the CPUs; torchrun gives each
+  // one thread, loom an equal share of the CPUs.
+  if (options_.nproc_per_node > 1 && !env::get("OMP_NUM_THREADS")) {
+    omp_threads_ = threads_per_rank(available_cpus(), options_.nproc_per_node);
+  }
 }
 
 std::vector<std::string> LocalAgent::worker_env(const RendezvousResult& round, int local_rank,
@@ -286,7 +301,7 @@ std::vector<std::string> LocalAgent::worker_env(const RendezvousResult& round, i
   vars["MASTER_PORT"] = std::to_string(round.master_port);
   vars["TORCHELASTIC_RESTART_COUNT"] = std::to_string(restart_count);
   vars["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(options_.max_restarts);
-  if (set_omp_threads_) vars["OMP_NUM_THREADS"] = "1";
+  if (omp_threads_ > 0) vars["OMP_NUM_THREADS"] = std::to_string(omp_threads_);
   std::vector<std::string> env;
   env.reserve(vars.size());
   for (const auto& [key, value] : vars) env.push_back(key + "=" + value);
@@ -323,11 +338,11 @@ int LocalAgent::run() {
   const bool fixed_rank = dynamic_cast<StaticRendezvous*>(rendezvous_.get()) != nullptr;
   auto logger = make_logger(fixed_rank ? "node" + std::to_string(options_.node_rank)
                                        : "pid" + std::to_string(::getpid()));
-  if (set_omp_threads_) {
+  if (omp_threads_ > 0) {
     logger->warn(
-        "OMP_NUM_THREADS is not set: setting it to 1 for each worker so {} workers do "
-        "not oversubscribe the CPUs; set it yourself to tune",
-        options_.nproc_per_node);
+        "OMP_NUM_THREADS is not set: setting it to {} for each worker ({} CPUs shared by {} "
+        "workers) so they do not oversubscribe the CPUs; set it yourself to tune",
+        omp_threads_, available_cpus(), options_.nproc_per_node);
   }
   SignalPipe signals;
   int pending_signal = 0;

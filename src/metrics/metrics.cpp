@@ -144,6 +144,7 @@ std::string MetricsLogger::to_json_line(const StepMetrics& m, double wall_time) 
                       {"mem_peak_gib", m.mem_peak_gib},
                       {"step_time_s", m.step_time_s},
                       {"data_time_pct", m.data_time_pct},
+                      {"comm_wait_pct", m.comm_wait_pct},
                       {"tokens_seen", m.tokens_seen},
                       {"elapsed_s", m.elapsed_s},
                       {"since_start_s", m.since_start_s},

@@ -12,7 +12,8 @@ namespace {
 // +1: higher is better, -1: lower is better, 0: neither.
 int direction(const std::string& key) {
   static const char* lower[] = {"loss",          "val_loss",     "grad_norm",    "step_time_s",
-                                "data_time_pct", "mem_peak_gib", "data_skipped", "comm_mb"};
+                                "data_time_pct", "mem_peak_gib", "data_skipped", "comm_mb",
+                                "comm_wait_pct"};
   static const char* higher[] = {"tps", "tflops", "mfu_pct"};
   for (const char* k : lower) {
     if (key == k) return -1;

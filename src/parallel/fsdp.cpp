@@ -72,14 +72,23 @@ void free_storage(const at::Tensor& t) {
 }
 
 // Between a flat tensor of `numel` elements and its padded per-rank layout `rows` [N, chunk]:
-// rank k's chunk holds elements [k·chunk, (k+1)·chunk) of the flat tensor, padding past numel.
+// rank k's chunk holds elements [k·chunk, (k+1)·chunk) of the flat tensor, zero padding past
+// numel (written here, so `rows` may come uninitialized: zeroing whole buffers first cost a
+// pass over every gradient).
 void copy_flat_to_rows(const at::Tensor& rows, const at::Tensor& flat, int64_t numel) {
   const int64_t chunk = rows.size(1);
   if (chunk == 0) return;
   const int64_t full = numel / chunk;
   if (full > 0) rows.narrow(0, 0, full).copy_(flat.narrow(0, 0, full * chunk).view({full, chunk}));
   const int64_t rest = numel - full * chunk;
-  if (rest > 0) rows[full].narrow(0, 0, rest).copy_(flat.narrow(0, full * chunk, rest));
+  if (rest > 0) {
+    rows[full].narrow(0, 0, rest).copy_(flat.narrow(0, full * chunk, rest));
+    rows[full].narrow(0, rest, chunk - rest).zero_();
+  }
+  const int64_t first_padded_row = full + (rest > 0 ? 1 : 0);
+  if (first_padded_row < rows.size(0)) {
+    rows.narrow(0, first_padded_row, rows.size(0) - first_padded_row).zero_();
+  }
 }
 
 void copy_rows_to_flat(const at::Tensor& flat, const at::Tensor& rows, int64_t numel) {
@@ -231,9 +240,13 @@ void FullyShardedDataParallel::start_unshard(Unit& unit, bool prefetch) {
   if (unit.state != Unit::State::kSharded) return;
   at::NoGradGuard no_grad;
   const auto options = at::TensorOptions().dtype(options_.param_dtype).device(device_);
-  unit.gather_in = at::zeros({unit.chunk}, options);
+  unit.gather_in = at::empty({unit.chunk}, options);
   for (const auto& p : unit.params) {
     unit.gather_in.narrow(0, p.offset, p.local_numel).copy_(p.shard.detach().reshape({-1}));
+    // Only the padding rows need zeros (an earlier zeros() wrote the whole buffer twice).
+    if (p.chunk > p.local_numel) {
+      unit.gather_in.narrow(0, p.offset + p.local_numel, p.chunk - p.local_numel).zero_();
+    }
   }
   unit.gather_out = at::empty({unit.chunk * shard_->size()}, options);
   unit.gather_work = shard_->all_gather_into_tensor(unit.gather_out, unit.gather_in, true);
@@ -312,11 +325,14 @@ void FullyShardedDataParallel::launch_reduce_scatter(Unit& unit) {
   at::NoGradGuard no_grad;
   const int64_t n = shard_->size();
   const auto options = at::TensorOptions().dtype(options_.reduce_dtype).device(device_);
-  unit.reduce_in = at::zeros({n * unit.chunk}, options);
+  unit.reduce_in = at::empty({n * unit.chunk}, options);  // every element written below
   const at::Tensor rows = unit.reduce_in.view({n, unit.chunk});
   for (auto& p : unit.params) {
     at::Tensor grad = p.unsharded.grad();
-    if (!grad.defined()) continue;  // unused: zeros, as DDP does
+    if (!grad.defined()) {  // unused: zeros, as DDP does
+      rows.narrow(1, p.offset, p.chunk).zero_();
+      continue;
+    }
     copy_flat_to_rows(rows.narrow(1, p.offset, p.chunk), grad.reshape({-1}), p.numel);
     p.unsharded.mutable_grad() = at::Tensor();  // the unsharded gradient is no longer needed
   }

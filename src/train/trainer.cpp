@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
 #include <ATen/core/grad_mode.h>
+#include <ATen/record_function.h>
 
 #include <unistd.h>
 
@@ -30,6 +31,7 @@
 #include "loom/train/mixed_precision.h"
 #include "loom/train/supported_features.h"
 #include "loom/train/optimizer.h"
+#include "loom/train/threads.h"
 
 namespace loom::train {
 namespace {
@@ -138,6 +140,7 @@ void Trainer::setup_runtime() {
   runtime_ =
       std::make_unique<distributed::ParallelRuntime>(config_, wants_cuda(config_.training.device));
   device_ = choose_device(config_.training.device, runtime_->world().local_rank);
+  if (device_.is_cpu()) check_thread_plan(runtime_->world().local_world_size);
   seed_ = config_.debug.seed ? static_cast<uint64_t>(*config_.debug.seed) : std::random_device{}();
   at::manual_seed(seed_);
   if (config_.debug.deterministic) {
@@ -254,6 +257,7 @@ double Trainer::train_step(int64_t step, PendingStep& pending, metrics::StepMetr
   std::vector<data::Batch> micro;
   int64_t valid_tokens = 0;
   for (int64_t i = 0; i < accumulation_steps_; ++i) {
+    RECORD_USER_SCOPE("loom::data");  // scopes name tools/step_breakdown.py's categories
     micro.push_back(source_->next(t.local_batch_size, t.seq_len));
     valid_tokens += count_valid_tokens(micro.back().labels);
   }
@@ -285,6 +289,7 @@ double Trainer::train_step(int64_t step, PendingStep& pending, metrics::StepMetr
     for (const auto& p : parallel_.parameters) named.emplace_back(p.name, p.tensor);
     m.block_grad_norms = metrics::block_grad_norms(named, shard_group());
   }
+  RECORD_USER_SCOPE("loom::optimizer");
   pending.step = step;
   pending.loss = loss_sum.to(at::kDouble);
   pending.grad_norm = clip_grad_norm(local_tensors_, placements_, t.max_norm,
@@ -377,7 +382,7 @@ TrainResult Trainer::train() {
   const double device_tokens_per_step =
       static_cast<double>(tokens_per_step) / static_cast<double>(non_data_parallel);
   const int64_t global_tokens_per_step = tokens_per_step * runtime_->dp_size();
-  double window_time = 0, window_data = 0;
+  double window_time = 0, window_data = 0, window_wait = 0;
   int64_t window_steps = 0;
   if (config_.checkpoint.create_seed_checkpoint) {
     checkpoint_->save_seed();
@@ -393,6 +398,7 @@ TrainResult Trainer::train() {
     metrics::StepMetrics m;
     profiler_->step_begin(step);
     const auto step_start = Clock::now();
+    const double wait_start = distributed::comm_wait_seconds();
     pending_.emplace_back();
     try {
       window_data += train_step(step, pending_.back(), m);
@@ -400,6 +406,7 @@ TrainResult Trainer::train() {
       profiler_->out_of_memory(step, e.what_without_backtrace());  // throws, naming a snapshot
     }
     window_time += seconds_since(step_start);
+    window_wait += distributed::comm_wait_seconds() - wait_start;
     profiler_->step_end(step);
     ++window_steps;
     if (step == resume.step + 1) runtime_->use_train_timeout();
@@ -416,6 +423,7 @@ TrainResult Trainer::train() {
       m.mfu_pct = peak_flops_ > 0 ? 100.0 * m.tps * summary_.flops_per_token / peak_flops_ : 0.0;
       m.mem_peak_gib = metrics::peak_memory_gib(device_);
       m.data_time_pct = 100.0 * window_data / window_time;
+      m.comm_wait_pct = 100.0 * window_wait / window_time;
       m.tokens_seen = tokens_seen;
       m.elapsed_s = seconds_since(start);
       m.since_start_s = metrics::seconds_since_process_start();
@@ -423,7 +431,7 @@ TrainResult Trainer::train() {
       const uint64_t comm_now = runtime_->total_wire_bytes();
       m.comm_mb = static_cast<double>(comm_now - window_comm_start) / 1e6 / window_steps;
       metrics_->log_step(m);
-      window_time = window_data = 0;
+      window_time = window_data = window_wait = 0;
       window_steps = 0;
       window_comm_start = comm_now;
     }

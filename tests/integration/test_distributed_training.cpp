@@ -62,6 +62,10 @@ TEST(DistributedTraining, TwoRankDataParallelMatchesOneRank) {
   while (std::getline(metrics, line)) last = line;
   const double comm_mb = nlohmann::json::parse(last)["comm_mb"].get<double>();
   EXPECT_NEAR(comm_mb, 7212288.0 * 4 * 2 * 0.5 / 1e6, 0.001) << last;
+  // Every step waits on its bucket all-reduces: a share of the step, never more than all of it.
+  const double wait = nlohmann::json::parse(last)["comm_wait_pct"].get<double>();
+  EXPECT_GT(wait, 0.0) << last;
+  EXPECT_LE(wait, 100.0) << last;
   const auto want = single_rank_losses("ddp_two");
   ASSERT_EQ(want.size(), 20u);
   expect_same_losses(want, losses(folder));

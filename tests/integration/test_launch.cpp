@@ -3,9 +3,11 @@
 // shell commands (--no-python); every launcher runs under `timeout` so a bug cannot hang ctest.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -103,9 +105,14 @@ TEST(Launch, WorkersGetTheTorchrunEnvironment) {
       "env -u OMP_NUM_THREADS " +
       launch_line("--nproc-per-node 2 --master-port " + std::to_string(port), kPrintEnv));
   ASSERT_EQ(result.exit_code, 0) << result.output;
-  EXPECT_TRUE(contains(result.output, env_line(0, 0, 2, 2, 0, port, "1"))) << result.output;
-  EXPECT_TRUE(contains(result.output, env_line(1, 1, 2, 2, 0, port, "1"))) << result.output;
-  EXPECT_TRUE(contains(result.output, "OMP_NUM_THREADS is not set")) << result.output;
+  // Each of the 2 workers gets half the CPUs this process may use (at least 1).
+  cpu_set_t cpus;
+  ASSERT_EQ(::sched_getaffinity(0, sizeof(cpus), &cpus), 0);
+  const std::string share = std::to_string(std::max(1, CPU_COUNT(&cpus) / 2));
+  EXPECT_TRUE(contains(result.output, env_line(0, 0, 2, 2, 0, port, share))) << result.output;
+  EXPECT_TRUE(contains(result.output, env_line(1, 1, 2, 2, 0, port, share))) << result.output;
+  EXPECT_TRUE(contains(result.output, "OMP_NUM_THREADS is not set: setting it to " + share))
+      << result.output;
 
   // A value the user set is kept.
   auto kept = run_command(

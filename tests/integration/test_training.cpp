@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <nlohmann/json.hpp>
 
 #include <csignal>
@@ -13,6 +14,7 @@
 #include "loom/core/check.h"
 #include "loom/core/signals.h"
 #include "loom/data/synthetic.h"
+#include "loom/train/threads.h"
 #include "loom/train/trainer.h"
 #include "support/process.h"
 
@@ -165,7 +167,8 @@ TEST(Training, MetricsJsonlHasEveryContractKeyAndValidationLines) {
     ++steps;
     for (const char* key :
          {"step", "loss", "grad_norm", "lr", "tps", "tflops", "mfu_pct", "mem_peak_gib",
-          "step_time_s", "data_time_pct", "tokens_seen", "elapsed_s", "wall_time"}) {
+          "step_time_s", "data_time_pct", "comm_wait_pct", "tokens_seen", "elapsed_s",
+          "wall_time"}) {
       EXPECT_TRUE(line.contains(key)) << key << " missing in " << line.dump();
     }
     EXPECT_GT(line["tps"].get<double>(), 0);
@@ -296,4 +299,17 @@ TEST(Training, SyntheticTrainingWithRealValidationSizesTheModelForTheTokenizer) 
   for (const auto& line : read_jsonl(job.job.dump_folder + "/metrics.jsonl"))
     validations += line.contains("val_loss");
   EXPECT_EQ(validations, 1);
+}
+
+TEST(Threads, PlanFlagsMoreComputeThreadsThanCpus) {
+  const int threads = at::get_num_threads();
+  const int cpus = loom::train::check_thread_plan(1).cpus;
+  at::set_num_threads(1);
+  EXPECT_FALSE(loom::train::check_thread_plan(1).oversubscribed());
+  EXPECT_TRUE(loom::train::check_thread_plan(cpus + 1).oversubscribed());  // ranks x 1 > CPUs
+  at::set_num_threads(2 * cpus);
+  const auto plan = loom::train::check_thread_plan(1);
+  EXPECT_EQ(plan.intra_op, 2 * cpus);
+  EXPECT_TRUE(plan.oversubscribed());
+  at::set_num_threads(threads);
 }

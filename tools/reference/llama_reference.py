@@ -324,19 +324,28 @@ def bench(ns):
         opt.zero_grad(set_to_none=True)
         loss = loss_fn(model(data[i, :, :-1]), data[i, :, 1:])
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
-        opt.step()
+        with torch.profiler.record_function("loom::optimizer"):  # tools/step_breakdown.py
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
+            opt.step()
         return loss.item()
 
     first_step = None
     for i in range(ns.warmup):
         step(i)
         first_step = first_step or time.perf_counter() - _T0
+    profiler = None
+    if ns.trace:  # the timed steps under torch.profiler, one ProfilerStep#N scope per step
+        profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+        profiler.__enter__()
     t0 = time.perf_counter()
     for i in range(ns.warmup, ns.warmup + ns.steps):
-        last_loss = step(i)
+        with torch.profiler.record_function(f"ProfilerStep#{i + 1}"):
+            last_loss = step(i)
         first_step = first_step or time.perf_counter() - _T0
     elapsed = time.perf_counter() - t0
+    if profiler is not None:
+        profiler.__exit__(None, None, None)
+        profiler.export_chrome_trace(ns.trace)
     result = {
         "tokens_per_s": ns.batch_size * ns.seq_len * ns.steps / elapsed,
         "step_time_s": elapsed / ns.steps,
@@ -465,6 +474,7 @@ def main(argv=None):
         b.add_argument(flag, type=int, required=True)
     b.add_argument("--lr", type=float, default=8e-4)
     b.add_argument("--json")
+    b.add_argument("--trace", help="profile the timed steps; write a Chrome trace here")
     sub.add_parser("self-test", help="check the reference itself")
     ns = p.parse_args(argv)
     try:

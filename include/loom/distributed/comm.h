@@ -91,6 +91,11 @@ struct CommCapabilities {
   bool all_to_all = true;
 };
 
+// Seconds this process has spent blocked in Work::wait() (every collective, synchronous ones
+// included: they wait too), summed over threads since the start. The trainer logs its share of
+// the step (comm_wait_pct); each wait is also a "loom::comm_wait" profiler scope.
+double comm_wait_seconds();
+
 // An in-flight collective. wait() blocks until it completes (and runs the fallback's local
 // post-processing); a failure surfaces there as CommError. Waiting twice is harmless.
 class Work {

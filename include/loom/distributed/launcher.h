@@ -51,6 +51,11 @@ int resolve_nproc_per_node(const std::string& value);
 // The visible NVIDIA GPUs, without CUDA: CUDA_VISIBLE_DEVICES when set, else the driver's
 // /proc/driver/nvidia/gpus entries.
 int visible_gpu_count();
+// CPUs this process may run on (its affinity mask: taskset, cpusets), at least 1.
+int available_cpus();
+// OMP_NUM_THREADS for each of `ranks_per_node` workers sharing `cpus`: an equal share, at least
+// 1, so the workers' intra-op pools together use every CPU without oversubscribing them.
+int threads_per_rank(int cpus, int ranks_per_node);
 
 // A TCP port the kernel says is free now (the workers bind it moments later: a small race that
 // torchrun's standalone mode accepts too).
@@ -118,7 +123,7 @@ class LocalAgent {
 
   LaunchOptions options_;
   std::unique_ptr<RendezvousHandler> rendezvous_;
-  bool set_omp_threads_ = false;
+  int omp_threads_ = 0;  // OMP_NUM_THREADS given to each worker; 0: left as it is
 };
 
 }  // namespace loom::distributed

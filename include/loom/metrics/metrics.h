@@ -28,6 +28,7 @@ struct StepMetrics {
   double mem_peak_gib = 0;  // CUDA max allocated, or peak RSS on CPU
   double step_time_s = 0;
   double data_time_pct = 0;  // share of the step spent waiting for data
+  double comm_wait_pct = 0;  // share of the step blocked on collectives (distributed::Work)
   int64_t tokens_seen = 0;   // over all ranks
   double elapsed_s = 0;      // since training started
   double since_start_s = 0;  // since the process started (start-up cost included)

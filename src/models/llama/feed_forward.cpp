@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include "loom/models/kernels/swiglu.h"
+
 namespace loom::models::llama {
 
 FeedForwardImpl::FeedForwardImpl(const LlamaArgs& args, const at::TensorOptions& options) {
@@ -12,7 +14,7 @@ FeedForwardImpl::FeedForwardImpl(const LlamaArgs& args, const at::TensorOptions&
 }
 
 at::Tensor FeedForwardImpl::forward(const at::Tensor& x) {
-  return w2->forward(at::silu(w1->forward(x)) * w3->forward(x));
+  return w2->forward(kernels::swiglu(w1->forward(x), w3->forward(x)));
 }
 
 }  // namespace loom::models::llama

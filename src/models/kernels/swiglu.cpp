@@ -1,0 +1,97 @@
+#include "loom/models/kernels/swiglu.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/Version.h>
+#include <ATen/record_function.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "swiglu_kernel.h"
+
+namespace loom::models::kernels {
+namespace {
+
+using ForwardFn = void (*)(const float*, const float*, float*, int64_t);
+using BackwardFn = void (*)(const float*, const float*, const float*, float*, float*, int64_t);
+
+struct SwigluKernels {
+  ForwardFn forward = DEFAULT::swiglu_forward;
+  BackwardFn backward = DEFAULT::swiglu_backward;
+  std::string capability = "DEFAULT";
+};
+
+// Chosen once, as ATen chooses its own kernels (so ATEN_CPU_CAPABILITY lowers both alike).
+const SwigluKernels& kernels() {
+  static const SwigluKernels chosen = [] {
+    SwigluKernels k;
+#if LOOM_KERNELS_X86
+    const std::string aten = at::get_cpu_capability();
+    if (aten == "AVX512") {
+      k = {AVX512::swiglu_forward, AVX512::swiglu_backward, "AVX512"};
+    } else if (aten == "AVX2") {
+      k = {AVX2::swiglu_forward, AVX2::swiglu_backward, "AVX2"};
+    }
+#endif
+    return k;
+  }();
+  return chosen;
+}
+
+// Elements per task: large enough that a thread's share amortizes waking it.
+constexpr int64_t kGrain = 1 << 15;
+
+class SwigluFunction : public torch::autograd::Function<SwigluFunction> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& a,
+                            const at::Tensor& b) {
+    RECORD_FUNCTION("loom::kernel_swiglu", std::vector<c10::IValue>{});  // named in profiles
+    ctx->save_for_backward({a, b});
+    at::Tensor out = at::empty_like(a);
+    const float* pa = a.const_data_ptr<float>();
+    const float* pb = b.const_data_ptr<float>();
+    float* po = out.mutable_data_ptr<float>();
+    const ForwardFn fn = kernels().forward;
+    at::parallel_for(0, a.numel(), kGrain, [&](int64_t begin, int64_t end) {
+      fn(pa + begin, pb + begin, po + begin, end - begin);
+    });
+    return out;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    RECORD_FUNCTION("loom::kernel_swiglu_backward", std::vector<c10::IValue>{});
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& a = saved[0];
+    const at::Tensor& b = saved[1];
+    const at::Tensor grad = grads[0].contiguous();
+    at::Tensor grad_a = at::empty_like(a);
+    at::Tensor grad_b = at::empty_like(b);
+    const float* pg = grad.const_data_ptr<float>();
+    const float* pa = a.const_data_ptr<float>();
+    const float* pb = b.const_data_ptr<float>();
+    float* pga = grad_a.mutable_data_ptr<float>();
+    float* pgb = grad_b.mutable_data_ptr<float>();
+    const BackwardFn fn = kernels().backward;
+    at::parallel_for(0, a.numel(), kGrain, [&](int64_t begin, int64_t end) {
+      fn(pg + begin, pa + begin, pb + begin, pga + begin, pgb + begin, end - begin);
+    });
+    return {grad_a, grad_b};
+  }
+};
+
+}  // namespace
+
+bool swiglu_is_fused(const at::Tensor& a, const at::Tensor& b) {
+  return a.device().is_cpu() && b.device().is_cpu() && a.scalar_type() == at::kFloat &&
+         b.scalar_type() == at::kFloat && a.sizes() == b.sizes() && a.is_contiguous() &&
+         b.is_contiguous() && !a.is_complex();
+}
+
+at::Tensor swiglu(const at::Tensor& a, const at::Tensor& b) {
+  if (!swiglu_is_fused(a, b)) return at::silu(a) * b;
+  return SwigluFunction::apply(a, b);
+}
+
+std::string kernel_cpu_capability() { return kernels().capability; }
+
+}  // namespace loom::models::kernels

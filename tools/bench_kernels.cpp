@@ -1,0 +1,91 @@
+// loom_bench_kernels: each fused CPU kernel (src/models/kernels) against the unfused ATen ops it
+// replaces, forward + backward on the shapes of the debug and 100M models. Runs the two
+// alternately (A B A B ...) and prints the median time of each and the median of the per-round
+// ratios, so load from other work on the machine hits both alike.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <CLI/CLI.hpp>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "loom/models/kernels/swiglu.h"
+
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+// Seconds per call of `fn`, mean over `iters` calls. `cold`: a 256 MB write before each call
+// (not timed) evicts the inputs from the caches, as in training, where each layer's tensors
+// were last touched long before.
+double time_it(const std::function<void()>& fn, int iters, bool cold) {
+  static at::Tensor flush = at::empty({64 << 20});
+  double total = 0;
+  for (int i = 0; i < iters; ++i) {
+    if (cold) flush.fill_(static_cast<float>(i));
+    const auto start = std::chrono::steady_clock::now();
+    fn();
+    total += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  return total / iters;
+}
+
+// SwiGLU's gate forward and backward, as the feed-forward block runs it.
+std::function<void()> swiglu_step(const at::Tensor& a0, const at::Tensor& b0, const at::Tensor& g,
+                                  bool fused) {
+  return [=] {
+    at::Tensor a = a0.detach().requires_grad_(true);
+    at::Tensor b = b0.detach().requires_grad_(true);
+    at::Tensor out = fused ? loom::models::kernels::swiglu(a, b) : at::silu(a) * b;
+    torch::autograd::backward({out}, {g});
+  };
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"loom_bench_kernels: fused CPU kernels vs the unfused ATen ops (A/B, medians)"};
+  int rounds = 7, iters = 20;
+  bool cold = false;
+  app.add_option("--rounds", rounds, "alternating rounds")->check(CLI::PositiveNumber);
+  app.add_option("--iters", iters, "calls per timing")->check(CLI::PositiveNumber);
+  app.add_flag("--cold", cold, "evict the caches before each call (as in training)");
+  CLI11_PARSE(app, argc, argv);
+  std::printf("intra-op threads %d, kernel ISA %s, caches %s\n", at::get_num_threads(),
+              loom::models::kernels::kernel_cpu_capability().c_str(), cold ? "cold" : "warm");
+  struct Shape {
+    const char* name;
+    std::vector<int64_t> dims;
+  };
+  // [batch 8, seq 256, ffn hidden]: debugmodel (768) and 100M (2048).
+  for (const Shape& shape : {Shape{"debugmodel", {8, 256, 768}}, Shape{"100M", {8, 256, 2048}}}) {
+    at::manual_seed(0);
+    at::Tensor a = at::randn(shape.dims), b = at::randn(shape.dims), g = at::randn(shape.dims);
+    auto fused = swiglu_step(a, b, g, true);
+    auto eager = swiglu_step(a, b, g, false);
+    fused();
+    eager();  // warm the allocator
+    std::vector<double> tf, te, ratios;
+    for (int r = 0; r < rounds; ++r) {
+      tf.push_back(time_it(fused, iters, cold));
+      te.push_back(time_it(eager, iters, cold));
+      ratios.push_back(te.back() / tf.back());
+    }
+    std::printf(
+        "swiglu fwd+bwd %-10s eager %.3f ms  fused %.3f ms  speed-up (median of %d rounds) "
+        "%.2fx (range %.2f-%.2f)\n",
+        shape.name, median(te) * 1e3, median(tf) * 1e3, rounds, median(ratios),
+        *std::min_element(ratios.begin(), ratios.end()),
+        *std::max_element(ratios.begin(), ratios.end()));
+  }
+  return 0;
+}
