@@ -254,15 +254,27 @@ namespace {
 
 // The debug job on the embedded corpus (its loader state is global: it reshards when dp
 // changes), one schedule of 20 steps whatever training.steps is.
-std::string corpus_job(const std::string& folder, int steps) {
-  return "train --config " LOOM_SOURCE_DIR "/configs/llama3_debug.toml --job.dump_folder " +
-         folder + " --training.steps " + std::to_string(steps) +
+std::string corpus_job(int steps) {
+  return "train --config " LOOM_SOURCE_DIR "/configs/llama3_debug.toml --training.steps " +
+         std::to_string(steps) +
          " --training.seq_len 64 --training.local_batch_size 4 --validation.enable false"
          " --metrics.log_freq 1 --metrics.peak_tflops 1 --debug.seed 7"
          " --lr_scheduler.warmup_steps 2 --lr_scheduler.total_steps 20"
          " --comm.init_timeout_seconds 60 --comm.train_timeout_seconds 60"
          " --checkpoint.enable true --checkpoint.interval 5 --checkpoint.keep_latest_k 0"
          " --checkpoint.last_save_model_only false --checkpoint.async_mode async";
+}
+
+std::string corpus_job(const std::string& folder, int steps) {
+  return corpus_job(steps) + " --job.dump_folder " + folder;
+}
+
+// One rank with 2 microbatches of 4 (the global batch of 2 ranks x 4), 20 steps without
+// checkpoints: the reference of the resharding tests, run once for all of them.
+std::vector<double> one_rank_global8_losses() {
+  return loom::testing::logged_losses(loom::testing::shared_run(
+      "ckpt_one_rank_global8",
+      corpus_job(20) + " --training.global_batch_size 8 --checkpoint.enable false"));
 }
 
 std::string two_ranks(const std::string& job) {
@@ -300,10 +312,7 @@ TEST(CheckpointTraining, TwoRankDataParallelResumeIsBitwiseTheStraightRun) {
 }
 
 TEST(CheckpointTraining, CheckpointsResumeAcrossOneRankAndTwoRankDataParallel) {
-  // One rank with 2 microbatches of 4 = the global batch of 2 ranks x 4.
-  const std::string straight = loom::testing::fresh_temp_dir("ckpt_1to2_straight");
-  run_ok(corpus_job(straight, 20) + " --training.global_batch_size 8 --checkpoint.enable false");
-  const auto want = logged_losses(straight);
+  const auto want = one_rank_global8_losses();
   ASSERT_EQ(want.size(), 20u);
   auto expect_close = [&](const std::vector<double>& got, const char* what) {
     loom::testing::expect_losses_close(want, got, 1e-5, what);
@@ -386,9 +395,7 @@ TEST(CheckpointTraining, TwoRankFsdpResumeIsBitwiseTheStraightRun) {
 }
 
 TEST(CheckpointTraining, FsdpCheckpointsReshardIntoOneRankAndBack) {
-  const std::string straight = loom::testing::fresh_temp_dir("ckpt_fsdp_1_straight");
-  run_ok(corpus_job(straight, 20) + " --training.global_batch_size 8 --checkpoint.enable false");
-  const auto want = logged_losses(straight);
+  const auto want = one_rank_global8_losses();
   ASSERT_EQ(want.size(), 20u);
   auto expect_close = [&](const std::vector<double>& got, const char* what) {
     loom::testing::expect_losses_close(want, got, 1e-5, what);
