@@ -226,7 +226,10 @@ void CheckpointManager::export_last_in_hf(int64_t step) {
   if (!runtime_.is_main_rank() || !ok) return;
   const std::string output = step_folder(step) + "-hf";
   try {
-    export_to_hf(step_folder(step), output, config_.checkpoint.export_dtype, 5'000'000'000ull);
+    HfExportOptions options;
+    options.dtype = config_.checkpoint.export_dtype;
+    options.overwrite = true;  // its own step-N-hf folder, from an earlier attempt
+    export_to_hf(step_folder(step), output, options);
     log::get("checkpoint")->info("step {}: Hugging Face export in {}", step, output);
   } catch (const Error& e) {
     log::get("checkpoint")

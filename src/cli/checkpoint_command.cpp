@@ -104,10 +104,12 @@ void add_checkpoint_command(CLI::App& app, CommandRun& run) {
     std::string format = "hf";
     std::string source, target, dtype = "bfloat16";
     double max_shard_gb = 5.0;
+    bool overwrite = false;
+    std::string tokenizer;
   };
   auto transfer = std::make_shared<Transfer>();
   CLI::App* export_command = command->add_subcommand(
-      "export", "Write a checkpoint's model as Hugging Face Llama safetensors + config.json");
+      "export", "Write a checkpoint's model and tokenizer as a Hugging Face Llama folder");
   export_command->add_option("--to", transfer->format, "Target format")
       ->check(CLI::IsMember({"hf"}))
       ->required();
@@ -122,11 +124,21 @@ void add_checkpoint_command(CLI::App& app, CommandRun& run) {
                    "Split model.safetensors into shards of at most this size")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  export_command->add_flag("--overwrite", transfer->overwrite,
+                           "Replace an earlier export's files in a non-empty output folder");
+  export_command->add_option("--tokenizer", transfer->tokenizer,
+                             "Tokenizer to ship (tokenizer.json, or brown_bpe); default: the "
+                             "one the checkpoint's config.toml names");
   export_command->callback([transfer, &run] {
     run = [transfer] {
-      checkpoint::export_to_hf(transfer->source, transfer->target, transfer->dtype,
-                               static_cast<uint64_t>(transfer->max_shard_gb * 1e9));
-      std::cout << "wrote " << transfer->target << " (Hugging Face LlamaForCausalLM)\n";
+      checkpoint::HfExportOptions options;
+      options.dtype = transfer->dtype;
+      options.max_shard_bytes = static_cast<uint64_t>(transfer->max_shard_gb * 1e9);
+      options.overwrite = transfer->overwrite;
+      if (!transfer->tokenizer.empty()) options.tokenizer = transfer->tokenizer;
+      checkpoint::export_to_hf(transfer->source, transfer->target, options);
+      std::cout << "wrote " << transfer->target
+                << " (Hugging Face LlamaForCausalLM with its tokenizer)\n";
       return 0;
     };
   });

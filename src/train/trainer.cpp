@@ -4,6 +4,7 @@
 #include <ATen/Context.h>
 #include <ATen/core/grad_mode.h>
 
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -227,17 +228,20 @@ void Trainer::build_data(std::unique_ptr<data::BatchSource> source,
   source_ = std::make_unique<data::PrefetchingSource>(std::move(train_source), t.local_batch_size,
                                                       t.seq_len, 2);
   if (v.enable) {
-    validation_source_ = validation_source
-                             ? std::move(validation_source)
-                             : dataset_source(v.dataset, v.dataset_path, v.dataset_mixture,
-                                              tokenizer_.get(), model().vocab_size(),
-                                              {v.seq_len, seed_ + 1, false, runtime_->dp_rank(),
-                                               runtime_->dp_size(), skip_bad},
-                                              "validation");
-    LOOM_CHECK_AS(InputError, v.steps > 0 || validation_source_->samples_per_epoch(),
+    auto validation = validation_source
+                          ? std::move(validation_source)
+                          : dataset_source(v.dataset, v.dataset_path, v.dataset_mixture,
+                                           tokenizer_.get(), model().vocab_size(),
+                                           {v.seq_len, seed_ + 1, false, runtime_->dp_rank(),
+                                            runtime_->dp_size(), skip_bad},
+                                           "validation");
+    LOOM_CHECK_AS(InputError, v.steps > 0 || validation->samples_per_epoch(),
                   "validation.steps = -1 (the whole set) needs a finite validation dataset; set a "
                   "step count for '",
                   v.dataset, "'");
+    validator_ = std::make_unique<Validator>(
+        std::move(validation), ValidationOptions{v.steps, v.local_batch_size, v.seq_len,
+                                                 runtime_->dp_rank(), runtime_->dp_size()});
   }
 }
 
@@ -325,41 +329,25 @@ void Trainer::flush_pending(TrainResult& result, metrics::StepMetrics& last) {
 }
 
 double Trainer::validate() {
-  at::NoGradGuard no_grad;
-  at::Tensor loss_sum = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(device_));
-  int64_t tokens = 0;
   auto& model = *parallel_.parts.front();
-  // -1: one pass over the whole (finite) validation set.
-  const int64_t steps = config_.validation.steps > 0
-                            ? config_.validation.steps
-                            : std::max<int64_t>(1, *validation_source_->samples_per_epoch() /
-                                                       config_.validation.local_batch_size);
-  for (int64_t i = 0; i < steps; ++i) {
-    data::Batch batch =
-        validation_source_->next(config_.validation.local_batch_size, config_.validation.seq_len);
-    AutocastGuard autocast_guard(device_.type(), parallel_.autocast);
-    loss_sum += parallel_.loss(model.forward(batch.inputs.to(device_)), batch.labels.to(device_))
-                    .to(at::kDouble);
-    tokens += count_valid_tokens(batch.labels);
-  }
-  // Every rank validated its slice of each global batch.
-  auto& loss_group = runtime_->group(distributed::MeshGroup::loss);
-  at::Tensor totals = at::cat({loss_sum.to(at::kCPU), at::full({1}, static_cast<double>(tokens),
-                                                               at::kDouble)});
-  totals = sum_over(loss_group, totals);
-  return totals[0].item<double>() / std::max(totals[1].item<double>(), 1.0);
+  return validator_->run(
+      [&](const at::Tensor& inputs, const at::Tensor& labels) {
+        AutocastGuard autocast_guard(device_.type(), parallel_.autocast);
+        return parallel_.loss(model.forward(inputs.to(device_)), labels.to(device_));
+      },
+      runtime_->group(distributed::MeshGroup::loss));
 }
 
-bool Trainer::any_rank_stopping() {
-  const bool local = signals::shutdown_requested();
+int Trainer::any_rank_stopping() {
+  const int local = signals::shutdown_requested() ? signals::shutdown_signal() : 0;
   auto& world = runtime_->world_group();
   if (world.size() == 1) return local;
-  at::Tensor flag = at::full({1}, local ? 1 : 0, at::kInt);
+  at::Tensor flag = at::full({1}, local, at::kInt);
   world.all_reduce(flag, distributed::ReduceOp::kMax);
-  return flag.item<int>() != 0;
+  return flag.item<int>();
 }
 
-TrainResult Trainer::train() {
+TrainResult Trainer::train(const std::function<void()>& on_started) {
   auto log = log::get("trainer");
   const auto& t = config_.training;
   // Colors only for a terminal: log files and pipes get plain text.
@@ -386,11 +374,13 @@ TrainResult Trainer::train() {
   double window_time = 0, window_data = 0;
   int64_t window_steps = 0;
   if (config_.checkpoint.create_seed_checkpoint) {
+    if (on_started) on_started();
     checkpoint_->save_seed();
     log->info("seed checkpoint written to {}/step-0", checkpoint_->folder());
     return result;
   }
   const auto resume = checkpoint_->load();
+  if (on_started) on_started();
   lr_step_offset_ = resume.step - resume.lr_step;
   metrics_->start_run(resume.step + 1);
   int64_t tokens_seen = resume.tokens_seen;
@@ -411,7 +401,8 @@ TrainResult Trainer::train() {
     if (step == resume.step + 1) runtime_->use_train_timeout();
     result.steps_completed = step;
     tokens_seen += global_tokens_per_step;
-    const bool stopping = any_rank_stopping();
+    const int stop_signal = any_rank_stopping();
+    const bool stopping = stop_signal != 0;
     // Losses are read (one host sync, one all-reduce) only when they are logged.
     if (is_log_step(step) || step == resume.step + 1 || stopping) {
       flush_pending(result, m);
@@ -433,7 +424,7 @@ TrainResult Trainer::train() {
       window_steps = 0;
       window_comm_start = comm_now;
     }
-    if (validation_source_ && step % config_.validation.freq == 0) {
+    if (validator_ && step % config_.validation.freq == 0) {
       metrics_->log_validation(step, validate(), tokens_seen, seconds_since(start));
     }
     checkpoint_->on_step_end(step, tokens_seen, step == t.steps, stopping);
@@ -441,6 +432,7 @@ TrainResult Trainer::train() {
       log->warn("stop requested (signal {} here, or on another rank): stopping after step {}",
                 signals::shutdown_signal(), step);
       result.stopped_by_signal = true;
+      result.stop_signal = stop_signal;
       break;
     }
   }
@@ -448,11 +440,21 @@ TrainResult Trainer::train() {
   metrics_->finish_run(result.stopped_by_signal ? "stopped" : "finished", result.steps_completed);
   result.peak_memory_gib = metrics::peak_memory_gib(device_);
   result.comm_wire_bytes = runtime_->total_wire_bytes();
+  result.first_step = resume.step + 1;
+  result.elapsed_s = seconds_since(start);
+  const int64_t ran = result.steps_completed - resume.step;
   log->info(
-      "finished {} steps in {:.1f} s ({:.2f} MB sent over the process groups by this rank); "
-      "metrics in {}/metrics.jsonl",
-      result.steps_completed, seconds_since(start),
-      static_cast<double>(result.comm_wire_bytes) / 1e6, config_.job.dump_folder);
+      "{} {} step{} ({}) of {} in {:.1f} s ({:.2f} MB sent over the process groups by this "
+      "rank); metrics in {}/metrics.jsonl",
+      result.stopped_by_signal ? "stopped after" : "finished:", std::max<int64_t>(ran, 0),
+      ran == 1 ? "" : "s",
+      ran <= 0 ? "none run"
+               : (resume.step > 0 ? fmt::format("steps {}-{}, resumed from step {}",
+                                                resume.step + 1, result.steps_completed,
+                                                resume.step)
+                                  : fmt::format("steps 1-{}", result.steps_completed)),
+      t.steps, result.elapsed_s, static_cast<double>(result.comm_wire_bytes) / 1e6,
+      config_.job.dump_folder);
   return result;
 }
 
