@@ -23,6 +23,7 @@ using namespace detail;
 struct CheckpointManager::Snapshot {
   int64_t step = 0;
   int64_t tokens_seen = 0;
+  double elapsed_s = 0;
   bool model_only = false;
   std::vector<LocalChunk> chunks;  // what this rank writes, on the CPU
   nlohmann::json rank_state;
@@ -102,6 +103,7 @@ std::unique_ptr<CheckpointManager::Snapshot> CheckpointManager::snapshot(int64_t
   auto s = std::make_unique<Snapshot>();
   s->step = step;
   s->tokens_seen = tokens_seen;
+  s->elapsed_s = targets_.elapsed_s ? targets_.elapsed_s() : 0.0;
   s->model_only = model_only;
   std::vector<at::Tensor> params;
   for (const auto& target : targets_.parameters) params.push_back(target.tensor.detach());
@@ -288,7 +290,10 @@ void CheckpointManager::finalize(const Snapshot& s, const std::string& temp) {
   files::write_atomic(
       temp + "/train_state.json",
       nlohmann::json(
-          {{"step", s.step}, {"tokens_seen", s.tokens_seen}, {"lr_scheduler", {{"step", s.step}}}})
+          {{"step", s.step},
+           {"tokens_seen", s.tokens_seen},
+           {"elapsed_s", s.elapsed_s},
+           {"lr_scheduler", {{"step", s.step}}}})
           .dump(1));
   files::write_atomic(temp + "/config.toml", config::to_toml(config_));
   const std::string final_folder = step_folder(s.step);

@@ -203,6 +203,7 @@ ResumePoint CheckpointManager::load_from(const std::string& step_folder, bool mo
   if (!excluded("train_state")) {
     point.step = train_state.step;
     point.tokens_seen = train_state.tokens_seen;
+    point.elapsed_s = train_state.elapsed_s;
   }
   if (!excluded("lr_scheduler")) point.lr_step = train_state.lr_step;
   if (!excluded("dataloader") && targets_.data && !mine->dataloader.is_null()) {

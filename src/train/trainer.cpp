@@ -111,7 +111,49 @@ std::unique_ptr<data::BatchSource> dataset_source(const std::string& name,
   return data::open_dataset(name, path, *tokenizer, options, section + ".dataset");
 }
 
+// Training on the user's files while validating on the embedded corpus is allowed (a quick
+// check) but rarely meant: the val_loss then measures another distribution.
+void warn_builtin_validation(const config::JobConfig& c) {
+  const auto& t = c.training;
+  const auto& v = c.validation;
+  const bool own_training = t.dataset_path.has_value() || !t.dataset_mixture.empty();
+  const bool builtin_validation = !v.dataset_path && v.dataset_mixture.empty() &&
+                                  (v.dataset == "brown" || v.dataset == "brown_validation");
+  if (v.enable && own_training && builtin_validation) {
+    log::get("data")->warn(
+        "training reads your files but validation still reads the built-in corpus '{}': set "
+        "validation.dataset_path to your held-out files (or validation.enable = false)",
+        v.dataset);
+  }
+}
+
+// metrics.jsonl's start record: which run, resumed from where, with which config and layout.
+metrics::RunStart run_start(const config::JobConfig& config, const distributed::ParallelDims& dims,
+                            const checkpoint::ResumePoint& resume,
+                            const metrics::PeakFlops& peak) {
+  metrics::RunStart start;
+  start.first_step = resume.step + 1;
+  start.total_steps = config.training.steps;
+  start.resumed_from_step = resume.step;
+  start.resumed_from = resume.loaded_from;
+  start.config_hash = metrics::config_hash(config);
+  start.world_size = dims.world_size;
+  start.layout = fmt::format("pp {}, dp_replicate {}, dp_shard {}, cp {}, tp {}", dims.pp,
+                             dims.dp_replicate, dims.dp_shard, dims.cp, dims.tp);
+  start.elapsed_s = resume.elapsed_s;
+  start.peak_source = peak.source;
+  return start;
+}
+
 }  // namespace
+
+void check_layout_supported(const config::ParallelismSection& parallelism) {
+  check_supported_layout(parallelism);
+}
+
+double Trainer::elapsed_s() const {
+  return elapsed_before_ + seconds_since(train_start_);
+}
 
 std::unique_ptr<data::Tokenizer> load_job_tokenizer(const config::JobConfig& config) {
   // The model's vocabulary is the tokenizer's whenever any dataset (training or validation) is
@@ -222,18 +264,21 @@ void Trainer::build_data(std::unique_ptr<data::BatchSource> source,
                              : dataset_source(t.dataset, t.dataset_path, t.dataset_mixture,
                                               tokenizer_.get(), model().vocab_size(),
                                               {t.seq_len, seed_, true, runtime_->dp_rank(),
-                                               runtime_->dp_size(), skip_bad},
+                                               runtime_->dp_size(), skip_bad,
+                                               t.dataset_text_field},
                                               "training");
   // A background thread keeps the next two microbatches ready.
   source_ = std::make_unique<data::PrefetchingSource>(std::move(train_source), t.local_batch_size,
                                                       t.seq_len, 2);
   if (v.enable) {
+    if (!validation_source) warn_builtin_validation(config_);
     auto validation = validation_source
                           ? std::move(validation_source)
                           : dataset_source(v.dataset, v.dataset_path, v.dataset_mixture,
                                            tokenizer_.get(), model().vocab_size(),
                                            {v.seq_len, seed_ + 1, false, runtime_->dp_rank(),
-                                            runtime_->dp_size(), skip_bad},
+                                            runtime_->dp_size(), skip_bad,
+                                            v.dataset_text_field},
                                            "validation");
     LOOM_CHECK_AS(InputError, v.steps > 0 || validation->samples_per_epoch(),
                   "validation.steps = -1 (the whole set) needs a finite validation dataset; set a "
@@ -252,6 +297,7 @@ void Trainer::build_checkpointer() {
   targets.parameters = parallel_.parameters;
   targets.optimizer = optimizer_.get();
   targets.data = source_.get();
+  targets.elapsed_s = [this] { return elapsed_s(); };
   checkpoint_ =
       std::make_unique<checkpoint::CheckpointManager>(config_, *runtime_, std::move(targets));
 }
@@ -356,12 +402,14 @@ TrainResult Trainer::train(const std::function<void()>& on_started) {
   // Every rank prints its console line; rank 0 alone writes metrics.jsonl.
   metrics_ = std::make_unique<metrics::MetricsLogger>(
       metrics::metrics_sinks(config_, runtime_->rank(), color));
-  peak_flops_ = metrics::peak_flops(device_, config_.metrics.peak_tflops);
+  peak_ = metrics::peak_flops(device_, config_.metrics.peak_tflops);
   profiler_ = std::make_unique<metrics::StepProfiler>(config_, runtime_->rank(), device_);
-  log->info("training {} steps; peak {:.3g} TFLOP/s per device for MFU", t.steps,
-            peak_flops_ / 1e12);
+  log->info("training {} steps; peak {:.3g} TFLOP/s per device for MFU ({}{})", t.steps,
+            peak_.flops / 1e12, peak_.source,
+            peak_.estimate ? ": MFU is an estimate; set metrics.peak_tflops for a real one" : "");
   TrainResult result;
   const auto start = Clock::now();
+  train_start_ = start;
   // Tokens this rank's data-parallel slice trains on per step; a model replica spans the
   // non-data-parallel ranks (tp x pp x cp), so tps, tflops and MFU count each replica once per
   // device by dividing by them (torchtitan's convention). tokens_seen counts the global batch.
@@ -382,7 +430,8 @@ TrainResult Trainer::train(const std::function<void()>& on_started) {
   const auto resume = checkpoint_->load();
   if (on_started) on_started();
   lr_step_offset_ = resume.step - resume.lr_step;
-  metrics_->start_run(resume.step + 1);
+  elapsed_before_ = resume.elapsed_s;
+  metrics_->start_run(run_start(config_, runtime_->dims(), resume, peak_));
   int64_t tokens_seen = resume.tokens_seen;
   uint64_t window_comm_start = runtime_->total_wire_bytes();
   for (int64_t step = resume.step + 1; step <= t.steps; ++step) {
@@ -410,11 +459,12 @@ TrainResult Trainer::train(const std::function<void()>& on_started) {
       m.step_time_s = window_time / window_steps;
       m.tps = device_tokens_per_step / m.step_time_s;
       m.tflops = m.tps * summary_.flops_per_token / 1e12;
-      m.mfu_pct = peak_flops_ > 0 ? 100.0 * m.tps * summary_.flops_per_token / peak_flops_ : 0.0;
+      m.mfu_pct = peak_.flops > 0 ? 100.0 * m.tps * summary_.flops_per_token / peak_.flops : 0.0;
+      m.mfu_estimate = peak_.estimate;
       m.mem_peak_gib = metrics::peak_memory_gib(device_);
       m.data_time_pct = 100.0 * window_data / window_time;
       m.tokens_seen = tokens_seen;
-      m.elapsed_s = seconds_since(start);
+      m.elapsed_s = elapsed_s();
       m.since_start_s = metrics::seconds_since_process_start();
       m.data_skipped = source_->records_skipped();
       const uint64_t comm_now = runtime_->total_wire_bytes();
@@ -425,7 +475,7 @@ TrainResult Trainer::train(const std::function<void()>& on_started) {
       window_comm_start = comm_now;
     }
     if (validator_ && step % config_.validation.freq == 0) {
-      metrics_->log_validation(step, validate(), tokens_seen, seconds_since(start));
+      metrics_->log_validation(step, validate(), tokens_seen, elapsed_s());
     }
     checkpoint_->on_step_end(step, tokens_seen, step == t.steps, stopping);
     if (stopping) {

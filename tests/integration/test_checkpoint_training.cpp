@@ -194,7 +194,8 @@ TEST(CheckpointTraining, KeepLatestKPurgesOlderSteps) {
   EXPECT_EQ(steps[0].first, 8);
   EXPECT_EQ(steps[1].first, 6);
   EXPECT_FALSE(fs::exists(folder + "/checkpoint/step-2"));
-  auto inspect = loom::testing::run_loom("checkpoint inspect --verify " + steps[0].second);
+  auto inspect =
+      loom::testing::run_loom("checkpoint inspect --verify --tensors " + steps[0].second);
   EXPECT_EQ(inspect.exit_code, 0) << inspect.output;
   for (const char* want : {"step 8, complete", "model.tok_embeddings.weight", "F32   [2048, 256]",
                            "optimizer.exp_avg_sq.norm.weight", "every chunk matches its CRC-32"}) {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <regex>
@@ -52,9 +53,9 @@ std::string base_args(const std::string& folder) {
          " --comm.train_timeout_seconds 60";
 }
 
-std::string launch(int ranks) {
+std::string launch(int ranks, const std::string& options = "") {
   return "launch --nproc-per-node " + std::to_string(ranks) + " --master-port " +
-         std::to_string(loom::testing::free_port()) + " -- ";
+         std::to_string(loom::testing::free_port()) + " " + options + " -- ";
 }
 
 // validation.steps = -1 over a set of W windows, W divisible by none of the global batches
@@ -131,6 +132,19 @@ TEST(FirstDay, ConfigChangeOnResumeIsNamedNotCalledCorruption) {
   const std::string saved_config = read_text(folder + "/config.toml");
   ASSERT_NE(saved_config.find("seq_len = 32"), std::string::npos) << saved_config;
 
+  // `checkpoint inspect` fits on a screen by default; --tensors lists every tensor.
+  auto summary = run_loom("checkpoint inspect --verify " + folder + "/checkpoint/step-2");
+  ASSERT_EQ(summary.exit_code, 0) << summary.output;
+  EXPECT_LT(std::count(summary.output.begin(), summary.output.end(), '\n'), 15) << summary.output;
+  for (const char* want : {"step 2, complete", "model ", "optimizer.exp_avg_sq", "largest parameter",
+                           "train state: step 2", "every chunk matches its CRC-32", "--tensors"}) {
+    EXPECT_NE(summary.output.find(want), std::string::npos) << want << "\n" << summary.output;
+  }
+  EXPECT_EQ(summary.output.find("model.layers.0.attention.wq.weight"), std::string::npos);
+  auto listing = run_loom("checkpoint inspect --tensors " + folder + "/checkpoint/step-2");
+  ASSERT_EQ(listing.exit_code, 0) << listing.output;
+  EXPECT_NE(listing.output.find("model.layers.0.attention.wq.weight"), std::string::npos);
+
   auto changed = run_loom(base_args(folder) + " --training.steps 4 --training.seq_len 16" +
                           checkpoints);
   EXPECT_EQ(changed.exit_code, 2) << changed.output;
@@ -178,6 +192,149 @@ TEST(FirstDay, SignalStopExitsWithTheSignalsCodeAndSaysWhereToResume) {
                           std::to_string(step + 2) + ", resumed from step " +
                           std::to_string(step) + ") of " + std::to_string(step + 2);
   EXPECT_NE(resumed.output.find(ran), std::string::npos) << resumed.output;
+}
+
+// metrics.jsonl of a run resumed into the same dump folder: a start record per start (fresh,
+// then resumed from step 3), elapsed_s that keeps counting across the resume, and the same time
+// keys on every row (steps, validation, start records).
+TEST(FirstDay, MetricsLogTellsRunsApartAndKeepsCountingTime) {
+  const std::string folder = fresh_temp_dir("firstday_metrics_runs");
+  const std::string job = base_args(folder) +
+                          " --checkpoint.enable true --checkpoint.interval 3"
+                          " --validation.enable true --validation.dataset brown_validation"
+                          " --validation.steps 1 --validation.freq 2 --validation.seq_len 32"
+                          " --training.steps ";
+  auto first = run_loom(job + "3");
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  auto second = run_loom(job + "5");
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  const auto rows = read_jsonl(folder + "/metrics.jsonl");
+  std::vector<nlohmann::json> starts;
+  double last_elapsed = -1;
+  for (const auto& row : rows) {
+    for (const char* key : {"elapsed_s", "since_start_s", "wall_time"}) {
+      EXPECT_TRUE(row.contains(key)) << key << " missing in " << row.dump();
+    }
+    if (row.value("event", "") == "start") {
+      starts.push_back(row);
+      continue;
+    }
+    // Steps and validations of both runs, in order: training time never goes back.
+    EXPECT_GE(row["elapsed_s"].get<double>(), last_elapsed) << row.dump();
+    last_elapsed = row["elapsed_s"].get<double>();
+  }
+  ASSERT_EQ(starts.size(), 2u);
+  EXPECT_EQ(starts[0]["resumed_from_step"], 0);
+  EXPECT_EQ(starts[1]["resumed_from_step"], 3);
+  EXPECT_EQ(starts[1]["first_step"], 4);
+  EXPECT_NE(starts[0]["run_id"], starts[1]["run_id"]);
+  EXPECT_NE(starts[0]["config_hash"], starts[1]["config_hash"]);  // training.steps changed
+  EXPECT_GT(starts[1]["elapsed_s"].get<double>(), 0.0);
+  EXPECT_EQ(starts[1]["layout"], "pp 1, dp_replicate 1, dp_shard 1, cp 1, tp 1");
+}
+
+// `loom config validate` refuses what `loom train` would, without a world: an unimplemented
+// degree (reported before any world-size arithmetic), torchtitan's c4 (with what to do), a
+// missing tokenizer; with --world-size / --nproc-per-node it checks the layout too.
+TEST(FirstDay, ConfigValidateCatchesWhatTrainWouldRefuse) {
+  const std::string config = " --config " LOOM_SOURCE_DIR "/configs/llama3_debug.toml";
+  auto bad = run_loom("config validate" + config +
+                      " --parallelism.context_parallel_degree 2 --world-size 3"
+                      " --training.dataset c4 --model.tokenizer_path /nonexistent/tokenizer.json");
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  const auto unimplemented = bad.output.find("context_parallel_degree = 2");
+  EXPECT_NE(unimplemented, std::string::npos) << bad.output;
+  EXPECT_NE(bad.output.find("not implemented"), std::string::npos) << bad.output;
+  EXPECT_EQ(bad.output.find("world size 3"), std::string::npos) << "arithmetic after "
+                                                                << bad.output;
+  EXPECT_NE(bad.output.find("training.dataset = 'c4'"), std::string::npos) << bad.output;
+  EXPECT_NE(bad.output.find("dataset_path"), std::string::npos) << bad.output;
+  EXPECT_NE(bad.output.find("model.tokenizer_path = '/nonexistent/tokenizer.json'"),
+            std::string::npos)
+      << bad.output;
+
+  // Layouts: 2 replicas x 3 shards cannot run on 4 ranks; -1 shards fit any multiple of 2.
+  auto layout = run_loom("config validate" + config +
+                         " --parallelism.data_parallel_replicate_degree 2"
+                         " --parallelism.data_parallel_shard_degree 3 --training.global_batch_size 24"
+                         " --nproc-per-node 4");
+  EXPECT_EQ(layout.exit_code, 2) << layout.output;
+  EXPECT_NE(layout.output.find("world size"), std::string::npos) << layout.output;
+  auto fits = run_loom("config validate" + config +
+                       " --parallelism.data_parallel_replicate_degree 2"
+                       " --training.global_batch_size 24 --nnodes 2 --nproc-per-node 3");
+  EXPECT_EQ(fits.exit_code, 0) << fits.output;
+  EXPECT_NE(fits.output.find("world size 6: pp 1, dp_replicate 2, dp_shard 3"), std::string::npos)
+      << fits.output;
+  auto any = run_loom("config validate" + config);
+  EXPECT_EQ(any.exit_code, 0) << any.output;
+}
+
+// A user's files are named by their path (not by the config's leftover dataset name), a
+// built-in validation set beside them is warned about, and dataset_text_field reads another field.
+TEST(FirstDay, DataSourcesAreNamedTruthfully) {
+  const std::string data = fresh_temp_dir("firstday_labels_data");
+  const std::string corpus = data + "/articles.jsonl";
+  {
+    std::ifstream in(write_corpus(data, 12));
+    std::ofstream out(corpus);
+    std::string line;
+    while (std::getline(in, line)) {
+      out << nlohmann::json({{"content", nlohmann::json::parse(line)["text"]}}).dump() << "\n";
+    }
+  }
+  const std::string folder = fresh_temp_dir("firstday_labels");
+  const std::string job = base_args(folder) +
+                          " --training.steps 1 --training.dataset brown --training.dataset_path " +
+                          corpus +
+                          " --validation.enable true --validation.dataset brown_validation"
+                          " --validation.steps 1 --validation.seq_len 32";
+  auto missing = run_loom(job);
+  EXPECT_EQ(missing.exit_code, 2) << missing.output;
+  EXPECT_NE(missing.output.find("no \"text\" field"), std::string::npos) << missing.output;
+  EXPECT_NE(missing.output.find("training.dataset_text_field"), std::string::npos)
+      << missing.output;
+
+  auto ok = run_loom(job + " --training.dataset_text_field content");
+  ASSERT_EQ(ok.exit_code, 0) << ok.output;
+  EXPECT_NE(ok.output.find("[data] info: " + corpus + ": 12 documents"), std::string::npos)
+      << ok.output;
+  EXPECT_EQ(ok.output.find("brown (" + corpus), std::string::npos) << ok.output;
+  EXPECT_NE(ok.output.find("validation still reads the built-in corpus 'brown_validation'"),
+            std::string::npos)
+      << ok.output;
+}
+
+// `loom launch` shows rank 0's lines and only the other ranks' warnings and errors by default
+// (--local-ranks-filter all shows everything); `-- /path/to/loom train` is accepted, another
+// program's path is explained.
+TEST(FirstDay, LaunchShowsRankZeroAndOtherRanksWarnings) {
+  const std::string folder = fresh_temp_dir("firstday_launch_output");
+  const std::string job = base_args(folder) +
+                          " --training.steps 2 --validation.enable false"
+                          " --parallelism.data_parallel_replicate_degree 2"
+                          " --training.global_batch_size 4 --lr_scheduler.warmup_steps 1"
+                          " --lr_scheduler.decay_ratio 0.5";
+  auto quiet = run_loom(launch(2) + std::string(LOOM_BINARY) + " " + job);
+  ASSERT_EQ(quiet.exit_code, 0) << quiet.output;
+  EXPECT_NE(quiet.output.find("[rank0]: "), std::string::npos) << quiet.output;
+  EXPECT_NE(quiet.output.find("[metrics] info: step:     2"), std::string::npos) << quiet.output;
+  // Rank 1's info lines (and their indented continuations) stay out of the console.
+  EXPECT_EQ(quiet.output.find("[rank1]: "), std::string::npos) << quiet.output;
+
+  auto all = run_loom(launch(2, "--local-ranks-filter all") + job);
+  ASSERT_EQ(all.exit_code, 0) << all.output;
+  EXPECT_NE(all.output.find("[rank1]: ["), std::string::npos) << all.output;
+
+  // A warning on rank 1 (an accepted torchtitan key loom does not implement) reaches the console.
+  auto warned = run_loom(launch(2) + job + " --compile.enable true");
+  ASSERT_EQ(warned.exit_code, 0) << warned.output;
+  EXPECT_NE(warned.output.find("[rank1]: ["), std::string::npos) << warned.output;
+  EXPECT_NE(warned.output.find("warning"), std::string::npos) << warned.output;
+
+  auto other = run_loom(launch(2) + "/bin/echo hello");
+  EXPECT_EQ(other.exit_code, 2) << other.output;
+  EXPECT_NE(other.output.find("--no-python"), std::string::npos) << other.output;
 }
 
 }  // namespace

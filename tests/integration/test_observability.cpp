@@ -49,11 +49,15 @@ JobConfig small_job(const std::string& name) {
   return c;
 }
 
+// The step and validation rows (each start of a run also writes a start record, without step).
 std::vector<json> read_jsonl(const std::string& path) {
   std::ifstream in(path);
   std::vector<json> lines;
   std::string line;
-  while (std::getline(in, line)) lines.push_back(json::parse(line));
+  while (std::getline(in, line)) {
+    auto row = json::parse(line);
+    if (row.contains("step")) lines.push_back(std::move(row));
+  }
   return lines;
 }
 

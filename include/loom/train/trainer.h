@@ -6,6 +6,7 @@
 // it holds model parts, parameters with placements, one gradient-sync object and a loss.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -46,6 +47,10 @@ struct TrainResult {
 // keeps its flavor's vocabulary). Throws InputError for a bad tokenizer path.
 std::unique_ptr<data::Tokenizer> load_job_tokenizer(const config::JobConfig& config);
 
+// Throws InputError when this build cannot train the configured parallel degrees (what
+// `loom train` checks first; `loom config validate` asks too).
+void check_layout_supported(const config::ParallelismSection& parallelism);
+
 class Trainer {
  public:
   // `source` / `validation_source` null: built from the config (training.dataset, ...).
@@ -83,6 +88,8 @@ class Trainer {
   void flush_pending(TrainResult& result, metrics::StepMetrics& last);
   double validate();
   bool is_log_step(int64_t step) const;
+  // Training time summed over the run's attempts (metrics' elapsed_s, saved in checkpoints).
+  double elapsed_s() const;
   // The shard group when parameters are sharded by FSDP (per-block norms sum over it), else null.
   distributed::Comm* shard_group();
   // The stop signal (SIGTERM, SIGINT) once any rank was asked to stop, on every rank (all ranks
@@ -108,7 +115,10 @@ class Trainer {
   std::unique_ptr<metrics::StepProfiler> profiler_;  // profiling.* traces and memory snapshots
   std::unique_ptr<checkpoint::CheckpointManager> checkpoint_;
   std::vector<PendingStep> pending_;
-  double peak_flops_ = 0;
+  metrics::PeakFlops peak_;
+  // Training time: of the earlier attempts (from the checkpoint) plus this one's.
+  double elapsed_before_ = 0;
+  std::chrono::steady_clock::time_point train_start_ = std::chrono::steady_clock::now();
   models::ModelSummary summary_;
 };
 
