@@ -337,4 +337,21 @@ TEST(FirstDay, LaunchShowsRankZeroAndOtherRanksWarnings) {
   EXPECT_NE(other.output.find("--no-python"), std::string::npos) << other.output;
 }
 
+// Help texts say ranges in words: no CLI11 "INT:INT in [1 - 1099511627776]"; the ranges still
+// hold.
+TEST(FirstDay, HelpTextsAreReadable) {
+  for (const char* command : {"prepare-data", "metrics watch", "launch", "checkpoint inspect",
+                              "checkpoint export", "config validate", "eval", "generate"}) {
+    auto help = run_loom(std::string(command) + " --help");
+    EXPECT_EQ(help.exit_code, 0) << command << "\n" << help.output;
+    EXPECT_EQ(help.output.find("INT:INT"), std::string::npos) << command << "\n" << help.output;
+    EXPECT_EQ(help.output.find(" in ["), std::string::npos) << command << "\n" << help.output;
+  }
+  auto prepare = run_loom("prepare-data --help");
+  EXPECT_NE(prepare.output.find("--shard-tokens TOKENS"), std::string::npos) << prepare.output;
+  auto zero = run_loom("prepare-data --tokenizer byte --input brown --output /nonexistent/x"
+                       " --shard-tokens 0");
+  EXPECT_EQ(zero.exit_code, 2) << zero.output;
+}
+
 }  // namespace
