@@ -125,8 +125,8 @@ distributed::LaunchOptions to_options(const LaunchArgs& args) {
     options.master_port = 0;
   }
   options.max_restarts = args.max_restarts;
-  // Default: rank 0's lines and the other ranks' warnings and errors (one line per step, not one
-  // per rank); "all" shows every rank as torchrun does. Programs run with --no-python are not
+  // Default: local rank 0's lines (rank 0 on the first node) and the other ranks' warnings and
+  // errors (one line per step, not one per rank); "all" shows every rank as torchrun does. Programs run with --no-python are not
   // loom's, so their lines are all shown.
   options.quiet_other_ranks = !args.no_python;
   if (args.local_ranks_filter && *args.local_ranks_filter == "all") {
@@ -195,7 +195,7 @@ void add_launch_command(CLI::App& app, CommandRun& run) {
       ->capture_default_str();
   command->add_option("--local-ranks-filter,--local_ranks_filter", args->local_ranks_filter,
                       "Comma list of local ranks whose output the console shows, or 'all' "
-                      "(default: rank 0's output and the other ranks' warnings and errors)");
+                      "(default: local rank 0's output and the other ranks' warnings and errors)");
   command->add_option("--log-dir,--log_dir", args->log_dir,
                       "Also write each rank's output to DIR/attempt_<k>/rank_<r>.log");
   command->add_flag("--no-python,--no_python", args->no_python,

@@ -295,7 +295,7 @@ std::vector<WorkerSpec> LocalAgent::make_specs(const RendezvousResult& round,
     spec.console_prefix = "[" + options_.role + std::to_string(spec.global_rank) + "]: ";
     spec.to_console = !options_.local_ranks_filter || options_.local_ranks_filter->count(local);
     spec.routine_to_console =
-        options_.local_ranks_filter || !options_.quiet_other_ranks || spec.global_rank == 0;
+        options_.local_ranks_filter || !options_.quiet_other_ranks || local == 0;
     if (options_.log_dir) {
       spec.log_path = attempt_dir + "/rank_" + std::to_string(spec.global_rank) + ".log";
     }

@@ -127,6 +127,21 @@ void warn_builtin_validation(const config::JobConfig& c) {
   }
 }
 
+// What this run trained: "finished: 2 steps (steps 61-62, resumed from step 60) of 62".
+std::string describe_steps_run(const TrainResult& result, int64_t resumed_from, int64_t total) {
+  const int64_t ran = std::max<int64_t>(result.steps_completed - resumed_from, 0);
+  std::string which = "none run";
+  if (ran > 0 && resumed_from > 0) {
+    which = fmt::format("steps {}-{}, resumed from step {}", resumed_from + 1,
+                        result.steps_completed, resumed_from);
+  } else if (ran > 0) {
+    which = fmt::format("steps 1-{}", result.steps_completed);
+  }
+  return fmt::format("{} {} step{} ({}) of {}",
+                     result.stopped_by_signal ? "stopped after" : "finished:", ran,
+                     ran == 1 ? "" : "s", which, total);
+}
+
 // metrics.jsonl's start record: which run, resumed from where, with which config and layout.
 metrics::RunStart run_start(const config::JobConfig& config, const distributed::ParallelDims& dims,
                             const checkpoint::ResumePoint& resume,
@@ -492,19 +507,10 @@ TrainResult Trainer::train(const std::function<void()>& on_started) {
   result.comm_wire_bytes = runtime_->total_wire_bytes();
   result.first_step = resume.step + 1;
   result.elapsed_s = seconds_since(start);
-  const int64_t ran = result.steps_completed - resume.step;
-  log->info(
-      "{} {} step{} ({}) of {} in {:.1f} s ({:.2f} MB sent over the process groups by this "
-      "rank); metrics in {}/metrics.jsonl",
-      result.stopped_by_signal ? "stopped after" : "finished:", std::max<int64_t>(ran, 0),
-      ran == 1 ? "" : "s",
-      ran <= 0 ? "none run"
-               : (resume.step > 0 ? fmt::format("steps {}-{}, resumed from step {}",
-                                                resume.step + 1, result.steps_completed,
-                                                resume.step)
-                                  : fmt::format("steps 1-{}", result.steps_completed)),
-      t.steps, result.elapsed_s, static_cast<double>(result.comm_wire_bytes) / 1e6,
-      config_.job.dump_folder);
+  log->info("{} in {:.1f} s ({:.2f} MB sent over the process groups by this rank); metrics in "
+            "{}/metrics.jsonl",
+            describe_steps_run(result, resume.step, t.steps), result.elapsed_s,
+            static_cast<double>(result.comm_wire_bytes) / 1e6, config_.job.dump_folder);
   return result;
 }
 
