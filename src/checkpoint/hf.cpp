@@ -16,6 +16,7 @@
 #include "loom/core/files.h"
 #include "loom/core/json.h"
 #include "loom/core/strings.h"
+#include "loom/data/tokenizer.h"
 #include "loom/models/llama/args.h"
 #include "state_io.h"
 
@@ -106,6 +107,33 @@ std::string resolve_step(const std::string& path) {
   return steps.front().second;
 }
 
+// The files an export writes (so --overwrite replaces them and nothing else).
+bool is_export_file(const std::string& name) {
+  static const std::regex pattern(
+      "model\\.safetensors|model-[0-9]+-of-[0-9]+\\.safetensors|model\\.safetensors\\.index\\.json|"
+      "config\\.json|generation_config\\.json|tokenizer\\.json|tokenizer_config\\.json|"
+      "special_tokens_map\\.json");
+  return std::regex_match(name, pattern);
+}
+
+// An empty or new folder, or (with overwrite) one whose earlier export files are removed.
+void prepare_export_folder(const std::string& output, bool overwrite) {
+  std::error_code error;
+  if (fs::exists(output, error) && !fs::is_empty(output, error)) {
+    LOOM_CHECK_AS(InputError, fs::is_directory(output), "export: '", output,
+                  "' exists and is not a folder");
+    LOOM_CHECK_AS(InputError, overwrite, "export: '", output,
+                  "' is not empty; pass --overwrite to replace an earlier export there, or "
+                  "choose an empty folder");
+    for (const auto& entry : fs::directory_iterator(output)) {
+      if (entry.is_regular_file() && is_export_file(entry.path().filename().string())) {
+        fs::remove(entry.path());
+      }
+    }
+  }
+  files::create_directories(output);
+}
+
 }  // namespace
 
 at::Tensor permute_rotary_rows(const at::Tensor& weight, int64_t heads, bool to_hf) {
@@ -127,8 +155,10 @@ std::string loom_name(const std::string& name) {
   return map_name(name, false);
 }
 
-void export_to_hf(const std::string& step_path, const std::string& output, const std::string& dtype,
-                  uint64_t max_shard_bytes) {
+void export_to_hf(const std::string& step_path, const std::string& output,
+                  const HfExportOptions& options) {
+  const std::string& dtype = options.dtype;
+  const uint64_t max_shard_bytes = options.max_shard_bytes;
   const std::string step = resolve_step(step_path);
   const auto type = detail::export_type(dtype);
   const std::string config_path = step + "/config.toml";
@@ -144,7 +174,7 @@ void export_to_hf(const std::string& step_path, const std::string& output, const
   CheckpointReader reader(step);
   args.vocab_size = reader.global_shape("model.tok_embeddings.weight").at(0);
 
-  files::create_directories(output);
+  prepare_export_folder(output, options.overwrite);
   std::vector<NamedTensors> shards(1);
   std::vector<uint64_t> shard_bytes(1, 0);
   uint64_t total = 0;
@@ -181,7 +211,12 @@ void export_to_hf(const std::string& step_path, const std::string& output, const
         nlohmann::json({{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}})
             .dump(2));
   }
-  files::write_atomic(output + "/config.json", hf_config(args, dtype).dump(2));
+  nlohmann::json config = hf_config(args, dtype);
+  export_tokenizer_to_hf(
+      options.tokenizer.value_or(
+          data::tokenizer_location(job.model.tokenizer_path, job.model.hf_assets_path)),
+      args.max_seq_len, output, config);
+  files::write_atomic(output + "/config.json", config.dump(2));
 }
 
 bool is_hf_folder(const std::string& folder) {

@@ -24,6 +24,7 @@ using namespace detail;
 struct CheckpointManager::Snapshot {
   int64_t step = 0;
   int64_t tokens_seen = 0;
+  double elapsed_s = 0;
   bool model_only = false;
   std::vector<LocalChunk> chunks;  // what this rank writes, on the CPU
   nlohmann::json rank_state;
@@ -104,6 +105,7 @@ std::unique_ptr<CheckpointManager::Snapshot> CheckpointManager::snapshot(int64_t
   auto s = std::make_unique<Snapshot>();
   s->step = step;
   s->tokens_seen = tokens_seen;
+  s->elapsed_s = targets_.elapsed_s ? targets_.elapsed_s() : 0.0;
   s->model_only = model_only;
   std::vector<at::Tensor> params;
   for (const auto& target : targets_.parameters) params.push_back(target.tensor.detach());
@@ -228,7 +230,10 @@ void CheckpointManager::export_last_in_hf(int64_t step) {
   if (!runtime_.is_main_rank() || !ok) return;
   const std::string output = step_folder(step) + "-hf";
   try {
-    export_to_hf(step_folder(step), output, config_.checkpoint.export_dtype, 5'000'000'000ull);
+    HfExportOptions options;
+    options.dtype = config_.checkpoint.export_dtype;
+    options.overwrite = true;  // its own step-N-hf folder, from an earlier attempt
+    export_to_hf(step_folder(step), output, options);
     log::get("checkpoint")->info("step {}: Hugging Face export in {}", step, output);
   } catch (const Error& e) {
     log::get("checkpoint")
@@ -290,6 +295,7 @@ void CheckpointManager::finalize(const Snapshot& s, const std::string& temp) {
       temp + "/train_state.json",
       nlohmann::json({{"step", s.step},
                       {"tokens_seen", s.tokens_seen},
+                      {"elapsed_s", s.elapsed_s},
                       // Elastic resume on another world size keeps it (resume_batch.h).
                       {"global_batch_size", config_.training.global_batch_size > 0
                                                 ? config_.training.global_batch_size

@@ -9,6 +9,7 @@
 
 #include "loom/checkpoint/hf.h"
 #include "loom/checkpoint/manager.h"
+#include "loom/checkpoint/resume_compat.h"
 #include "loom/core/check.h"
 #include "loom/core/files.h"
 #include "loom/core/logging.h"
@@ -110,6 +111,9 @@ ResumePoint CheckpointManager::load() {
     log->info("no checkpoint in {}: training starts from scratch", folder_);
     return {};
   }
+  // A config change the saved state cannot follow is the same for every candidate: say so once
+  // (every rank reads the same config.toml and throws alike).
+  check_resume_compatible(candidates.front().second, config_, model_only);
   auto& world = runtime_.world_group();
   for (size_t i = 0; i < candidates.size(); ++i) {
     const std::string& path = candidates[i].second;
@@ -199,6 +203,7 @@ ResumePoint CheckpointManager::load_from(const std::string& step_folder, bool mo
   if (!excluded("train_state")) {
     point.step = train_state.step;
     point.tokens_seen = train_state.tokens_seen;
+    point.elapsed_s = train_state.elapsed_s;
   }
   if (!excluded("lr_scheduler")) point.lr_step = train_state.lr_step;
   if (!excluded("dataloader") && targets_.data && !mine->dataloader.is_null()) {

@@ -82,6 +82,11 @@ TrainState read_train_state(const std::string& path, int64_t index_step) {
   LOOM_CHECK_AS(InputError, index_step < 0 || out.step == index_step, path, ": step ", out.step,
                 ", but the index is of step ", index_step);
   out.tokens_seen = json::int_field(j, "tokens_seen", path, 0);
+  if (j.contains("elapsed_s")) {
+    LOOM_CHECK_AS(InputError, j["elapsed_s"].is_number() && j["elapsed_s"].get<double>() >= 0,
+                  path, ": elapsed_s must be a number >= 0");
+    out.elapsed_s = j["elapsed_s"].get<double>();
+  }
   out.lr_step = json::int_field(json::object_field(j, "lr_scheduler", path), "step",
                                 path + ": lr_scheduler", 0, out.step);
   return out;

@@ -41,6 +41,7 @@ RankState read_rank_state(const std::string& path);
 // [0, step].
 struct TrainState {
   int64_t step = 0, tokens_seen = 0, lr_step = 0;
+  double elapsed_s = 0;  // optional (checkpoints before it have none)
 };
 TrainState read_train_state(const std::string& path, int64_t index_step);
 std::string read_text(const std::string& path);

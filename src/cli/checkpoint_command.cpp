@@ -6,7 +6,9 @@
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <regex>
 
@@ -27,7 +29,52 @@ std::string dims(const nlohmann::json& values, const char* separator) {
   return text;
 }
 
-void print_step(const std::string& folder, bool verify) {
+// One screen: the model's parameters and what else the step holds, by group and dtype.
+void print_summary(const std::string& folder, const nlohmann::json& index) {
+  struct Group {
+    int64_t tensors = 0, elements = 0;
+    std::map<std::string, int64_t> dtypes;
+  };
+  std::map<std::string, Group> groups;  // "model", "optimizer.exp_avg", ...
+  std::string largest;
+  int64_t largest_elements = -1;
+  for (const auto& [fqn, t] : index["tensors"].items()) {
+    int64_t elements = 1;
+    for (const auto& d : t["shape"]) elements *= d.get<int64_t>();
+    // "model", "optimizer.exp_avg", "optimizer.exp_avg_sq", ...
+    const size_t first_dot = fqn.find('.');
+    const size_t dot = fqn.rfind("optimizer.", 0) == 0 ? fqn.find('.', first_dot + 1) : first_dot;
+    const std::string group = fqn.substr(0, dot);
+    auto& g = groups[group];
+    ++g.tensors;
+    g.elements += elements;
+    ++g.dtypes[t["dtype"].get<std::string>()];
+    if (group == "model" && elements > largest_elements) {
+      largest_elements = elements;
+      largest = fqn + " [" + dims(t["shape"], ", ") + "]";
+    }
+  }
+  for (const auto& [name, g] : groups) {
+    std::string dtypes;
+    for (const auto& [dtype, n] : g.dtypes) dtypes += (dtypes.empty() ? "" : ", ") + dtype;
+    std::cout << fmt::format("  {:<22} {:>5} tensors, {:>14} elements ({})\n", name, g.tensors,
+                             fmt::format("{:L}", g.elements), dtypes);
+  }
+  if (!largest.empty()) std::cout << "  largest parameter: " << largest << "\n";
+  if (fs::exists(folder + "/train_state.json")) {
+    try {
+      std::ifstream in(folder + "/train_state.json");
+      const auto state = nlohmann::json::parse(in);
+      std::cout << fmt::format("  train state: step {}, {} tokens seen\n", state.value("step", -1),
+                               state.value("tokens_seen", int64_t{-1}));
+    } catch (const nlohmann::json::exception&) {
+      std::cout << "  train state: unreadable train_state.json\n";
+    }
+  }
+  std::cout << "  (--tensors lists every tensor with its chunks)\n";
+}
+
+void print_step(const std::string& folder, bool verify, bool tensors) {
   const bool complete = checkpoint::is_complete_step(folder);
   if (!fs::exists(folder + "/index.json")) {
     std::cout << folder << ": INCOMPLETE (no index.json: a save that never finished)\n";
@@ -45,6 +92,14 @@ void print_step(const std::string& folder, bool verify) {
   for (const auto& [name, file] : index["files"].items()) bytes += file["bytes"].get<uint64_t>();
   std::cout << fmt::format("  {} tensors in {} file(s), {:.1f} MB\n", index["tensors"].size(),
                            index["files"].size(), bytes / 1e6);
+  if (!tensors) {
+    print_summary(folder, index);
+    if (verify) {
+      for (const auto& [fqn, t] : index["tensors"].items()) reader.read_whole(fqn);
+      std::cout << "  every chunk matches its CRC-32\n";
+    }
+    return;
+  }
   for (const auto& [fqn, t] : index["tensors"].items()) {
     std::cout << fmt::format("  {:<52} {:<5} [{}]\n", fqn, t["dtype"].get<std::string>(),
                              dims(t["shape"], ", "));
@@ -59,11 +114,11 @@ void print_step(const std::string& folder, bool verify) {
   if (verify) std::cout << "  every chunk matches its CRC-32\n";
 }
 
-int inspect(const std::string& dir, bool verify) {
+int inspect(const std::string& dir, bool verify, bool tensors) {
   LOOM_CHECK_AS(InputError, fs::is_directory(dir), "checkpoint inspect: '", dir,
                 "' is not a folder");
   if (fs::exists(dir + "/index.json") || fs::exists(dir + "/COMPLETE")) {
-    print_step(dir, verify);
+    print_step(dir, verify, tensors);
     return 0;
   }
   static const std::regex pattern("step-([0-9]{1,18})(\\.tmp)?");
@@ -78,7 +133,7 @@ int inspect(const std::string& dir, bool verify) {
   LOOM_CHECK_AS(InputError, !steps.empty(), "checkpoint inspect: '", dir,
                 "' is neither a step folder nor a folder of step-N checkpoints");
   std::sort(steps.begin(), steps.end());
-  for (const auto& [step, path] : steps) print_step(path, verify);
+  for (const auto& [step, path] : steps) print_step(path, verify, tensors);
   return 0;
 }
 
@@ -90,24 +145,32 @@ void add_checkpoint_command(CLI::App& app, CommandRun& run) {
   struct State {
     std::string dir;
     bool verify = false;
+    bool tensors = false;
   };
   auto state = std::make_shared<State>();
   CLI::App* inspect_command = command->add_subcommand(
-      "inspect", "List a checkpoint's tensors, shapes, dtypes, chunks and completeness");
+      "inspect",
+      "Summarize a checkpoint (completeness, ranks, parameters, optimizer state, train state); "
+      "--tensors lists every tensor with its chunks");
   inspect_command->add_option("dir", state->dir, "A step-N folder or a run's checkpoint folder")
       ->required();
   inspect_command->add_flag("--verify", state->verify, "Read every chunk and check its CRC-32");
-  inspect_command->callback(
-      [state, &run] { run = [state] { return inspect(state->dir, state->verify); }; });
+  inspect_command->add_flag("--tensors", state->tensors,
+                            "List every tensor: dtype, shape and each chunk's place");
+  inspect_command->callback([state, &run] {
+    run = [state] { return inspect(state->dir, state->verify, state->tensors); };
+  });
 
   struct Transfer {
     std::string format = "hf";
     std::string source, target, dtype = "bfloat16";
     double max_shard_gb = 5.0;
+    bool overwrite = false;
+    std::string tokenizer;
   };
   auto transfer = std::make_shared<Transfer>();
   CLI::App* export_command = command->add_subcommand(
-      "export", "Write a checkpoint's model as Hugging Face Llama safetensors + config.json");
+      "export", "Write a checkpoint's model and tokenizer as a Hugging Face Llama folder");
   export_command->add_option("--to", transfer->format, "Target format")
       ->check(CLI::IsMember({"hf"}))
       ->required();
@@ -122,11 +185,21 @@ void add_checkpoint_command(CLI::App& app, CommandRun& run) {
                    "Split model.safetensors into shards of at most this size")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  export_command->add_flag("--overwrite", transfer->overwrite,
+                           "Replace an earlier export's files in a non-empty output folder");
+  export_command->add_option("--tokenizer", transfer->tokenizer,
+                             "Tokenizer to ship (tokenizer.json, or brown_bpe); default: the "
+                             "one the checkpoint's config.toml names");
   export_command->callback([transfer, &run] {
     run = [transfer] {
-      checkpoint::export_to_hf(transfer->source, transfer->target, transfer->dtype,
-                               static_cast<uint64_t>(transfer->max_shard_gb * 1e9));
-      std::cout << "wrote " << transfer->target << " (Hugging Face LlamaForCausalLM)\n";
+      checkpoint::HfExportOptions options;
+      options.dtype = transfer->dtype;
+      options.max_shard_bytes = static_cast<uint64_t>(transfer->max_shard_gb * 1e9);
+      options.overwrite = transfer->overwrite;
+      if (!transfer->tokenizer.empty()) options.tokenizer = transfer->tokenizer;
+      checkpoint::export_to_hf(transfer->source, transfer->target, options);
+      std::cout << "wrote " << transfer->target
+                << " (Hugging Face LlamaForCausalLM with its tokenizer)\n";
       return 0;
     };
   });

@@ -3,10 +3,55 @@
 #include <memory>
 
 #include "commands.h"
+#include "config_preflight.h"
 #include "loom/config/dump.h"
 #include "loom/parallel/pipeline/plan.h"
+#include "loom/core/check.h"
 
 namespace loom::cli {
+
+namespace {
+
+template <typename State>
+int validate_config(const CLI::App& command, State& state) {
+  config::LoadedConfig loaded = load_config(command, state.args);
+  config::warn_unimplemented(loaded);
+  PreflightWorld world;
+  if (state.nproc_per_node > 0) {
+    const int64_t launched = state.nproc_per_node * state.nnodes;
+    LOOM_CHECK_AS(InputError, state.world_size == 0 || state.world_size == launched,
+                  "--world-size ", state.world_size, " differs from --nnodes x --nproc-per-node = ",
+                  launched);
+    world.world_size = launched;
+  } else if (state.world_size > 0) {
+    world.world_size = state.world_size;
+  }
+  auto problems = preflight_problems(loaded.config, world);
+  if (loaded.config.parallelism.pipeline_parallel_degree > 1) {
+    // The stage split, microbatch count and schedule, as training will check them once
+    // pipeline parallelism is wired in.
+    try {
+      parallel::pipeline::plan_pipeline(loaded.config, model_layer_count(loaded.config),
+                                        loaded.provenance);
+    } catch (const config::ConfigError& error) {
+      problems.push_back(error.message());
+    }
+  }
+  if (!problems.empty()) {
+    std::string text = "config " +
+                       (loaded.config.job.config_file ? *loaded.config.job.config_file
+                                                      : std::string("(defaults)")) +
+                       ": `loom train` would refuse it:";
+    for (const auto& problem : problems) text += "\n  - " + problem;
+    LOOM_THROW(InputError, text);
+  }
+  std::cout << "config is valid: "
+            << (loaded.config.job.config_file ? *loaded.config.job.config_file : "defaults")
+            << "; " << describe_world(loaded.config, world) << "\n";
+  return 0;
+}
+
+}  // namespace
 
 void add_config_command(CLI::App& app, CommandRun& run) {
   CLI::App* command = app.add_subcommand("config", "Show, validate or document the job config");
@@ -32,28 +77,29 @@ void add_config_command(CLI::App& app, CommandRun& run) {
     };
   });
 
-  auto validate_args = std::make_shared<ConfigArgs>();
+  struct ValidateState {
+    ConfigArgs args;
+    int64_t world_size = 0, nproc_per_node = 0, nnodes = 1;
+  };
+  auto validate_state = std::make_shared<ValidateState>();
   CLI::App* validate = command->add_subcommand(
       "validate",
-      "Check a config and its overrides; exit 0 when valid, 2 with every problem listed");
-  add_config_options(*validate, *validate_args);
-  validate->callback([validate, validate_args, &run] {
-    run = [validate, validate_args] {
-      config::LoadedConfig loaded = load_config(*validate, *validate_args);
-      config::warn_unimplemented(loaded);
-      if (loaded.config.parallelism.pipeline_parallel_degree > 1) {
-        // The stage split, microbatch count and schedule, checked as training would start.
-        const auto plan = parallel::pipeline::plan_pipeline(
-            loaded.config, model_layer_count(loaded.config), loaded.provenance);
-        std::cout << "pipeline: " << plan.schedule.name << ", " << plan.split.stages.size()
-                  << " stages (" << plan.split.stages_per_rank << " per rank), "
-                  << plan.microbatches << " microbatches\n";
-      }
-      std::cout << "config is valid: "
-                << (loaded.config.job.config_file ? *loaded.config.job.config_file : "defaults")
-                << "\n";
-      return 0;
-    };
+      "Check a config as `loom train` would before its first step (keys, parallel degrees, "
+      "batch sizes, tokenizer, datasets); exit 0 when valid, 2 with every problem listed");
+  validate
+      ->add_option("--world-size", validate_state->world_size,
+                   "Also check the layout for this many ranks")
+      ->check(CLI::PositiveNumber);
+  validate
+      ->add_option("--nproc-per-node", validate_state->nproc_per_node,
+                   "Ranks per node, as for loom launch (world size = nnodes x this)")
+      ->check(CLI::PositiveNumber);
+  validate->add_option("--nnodes", validate_state->nnodes, "Nodes, as for loom launch")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  add_config_options(*validate, validate_state->args);
+  validate->callback([validate, validate_state, &run] {
+    run = [validate, validate_state] { return validate_config(*validate, *validate_state); };
   });
 
   CLI::App* docs =

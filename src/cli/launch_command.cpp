@@ -3,11 +3,13 @@
 #include <unistd.h>
 
 #include <climits>
+#include <filesystem>
 #include <memory>
 #include <tuple>
 
 #include "commands.h"
 #include "loom/core/check.h"
+#include "loom/core/logging.h"
 #include "loom/core/strings.h"
 #include "loom/distributed/elastic_rendezvous.h"
 #include "loom/distributed/launcher.h"
@@ -83,6 +85,29 @@ std::set<int> parse_rank_list(const std::string& text) {
   return ranks;
 }
 
+// torchrun runs `torchrun ... -- script.py`; a torchrun user writes `loom launch -- /path/to/loom
+// train ...`. A first word naming the loom binary itself is dropped (the launcher runs its own
+// binary); another program's path needs --no-python.
+std::vector<std::string> worker_command(const LaunchArgs& args, const std::string& self) {
+  std::vector<std::string> command = args.command;
+  if (args.no_python || command.empty()) return command;
+  const std::string& first = command.front();
+  if (first.find('/') == std::string::npos) return command;  // a subcommand: train, eval, ...
+  std::error_code error;
+  namespace fs = std::filesystem;
+  const bool is_self = fs::exists(first, error) && fs::equivalent(first, self, error);
+  const bool is_loom = is_self || fs::path(first).filename() == "loom";
+  LOOM_CHECK_AS(InputError, is_loom, "loom launch: '", first,
+                "' after -- is a program, not a loom subcommand: the launcher runs loom itself "
+                "(loom launch --nproc-per-node 2 -- train --config job.toml); to run another "
+                "program on every rank, add --no-python");
+  if (!is_self) {
+    log::get("launch")->warn("running this launcher's own loom ({}) for '{}'", self, first);
+  }
+  command.erase(command.begin());
+  return command;
+}
+
 distributed::LaunchOptions to_options(const LaunchArgs& args) {
   distributed::LaunchOptions options;
   options.nproc_per_node = distributed::resolve_nproc_per_node(args.nproc_per_node);
@@ -100,14 +125,21 @@ distributed::LaunchOptions to_options(const LaunchArgs& args) {
     options.master_port = 0;
   }
   options.max_restarts = args.max_restarts;
-  if (args.local_ranks_filter)
+  // Default: local rank 0's lines (rank 0 on the first node) and the other ranks' warnings and
+  // errors (one line per step, not one per rank); "all" shows every rank as torchrun does. Programs run with --no-python are not
+  // loom's, so their lines are all shown.
+  options.quiet_other_ranks = !args.no_python;
+  if (args.local_ranks_filter && *args.local_ranks_filter == "all") {
+    options.quiet_other_ranks = false;
+  } else if (args.local_ranks_filter) {
     options.local_ranks_filter = parse_rank_list(*args.local_ranks_filter);
+  }
   options.log_dir = args.log_dir;
   options.monitor_interval_s = args.monitor_interval;
   options.grace_period_s = args.grace_period;
   options.heartbeat_timeout_s = args.heartbeat_timeout;
   options.role = args.role;
-  options.program = args.command;
+  options.program = args.no_python ? args.command : worker_command(args, self_executable());
   if (!args.no_python && !options.program.empty()) {
     options.program.insert(options.program.begin(), self_executable());
   }
@@ -198,7 +230,8 @@ void add_launch_command(CLI::App& app, CommandRun& run) {
                    "Restarts of the worker group after a failure")
       ->capture_default_str();
   command->add_option("--local-ranks-filter,--local_ranks_filter", args->local_ranks_filter,
-                      "Comma list of local ranks whose output the console shows (default all)");
+                      "Comma list of local ranks whose output the console shows, or 'all' "
+                      "(default: local rank 0's output and the other ranks' warnings and errors)");
   command->add_option("--log-dir,--log_dir", args->log_dir,
                       "Also write each rank's output to DIR/attempt_<k>/rank_<r>.log");
   command->add_flag("--no-python,--no_python", args->no_python,

@@ -100,12 +100,15 @@ void add_metrics_command(CLI::App& app, CommandRun& run) {
       "watch", "Live view of a running job: latest values, sparklines, ETA, stalled/stopped");
   watch_command->add_option("dump_folder", w->folder, "The run's job.dump_folder")->required();
   watch_command->add_option("--compare", w->compare, "More runs to show beside it");
-  watch_command->add_option("--interval", w->interval_s, "Seconds between redraws")
-      ->check(CLI::Range(0.05, 3600.0));
+  watch_command
+      ->add_option("--interval", w->interval_s, "Seconds between redraws, 0.05 to 3600")
+      ->type_name("SECONDS")
+      ->check(CLI::Range(0.05, 3600.0).description(""));
   watch_command
       ->add_option("--stall-factor", w->stall_factor,
-                   "Stalled after this many median step intervals without a new step")
-      ->check(CLI::Range(1.0, 1e6));
+                   "Stalled after this many median step intervals without a new step (>= 1)")
+      ->type_name("FACTOR")
+      ->check(CLI::Range(1.0, 1e6).description(""));
   watch_command->add_flag("--once", w->once, "Print one screen and exit");
   watch_command->callback([w, &run] { run = [w] { return watch(*w); }; });
 

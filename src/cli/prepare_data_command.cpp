@@ -164,9 +164,11 @@ void add_prepare_data_command(CLI::App& app, CommandRun& run) {
                       ".tiktoken/.model file (the same value as model.tokenizer_path)");
   command
       ->add_option("--shard-tokens", args->shard_tokens,
-                   "Tokens per shard (a shard closes after the document that reaches it)")
+                   "Tokens per shard, 1 to 2^40 (a shard closes after the document that "
+                   "reaches it)")
       ->capture_default_str()
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+      ->type_name("TOKENS")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40).description(""));
   command->add_flag("--overwrite", args->overwrite,
                     "Replace an existing --output folder (swapped in only when complete)");
   command
@@ -177,9 +179,11 @@ void add_prepare_data_command(CLI::App& app, CommandRun& run) {
                     "Learn a byte-level BPE and write a Hugging Face tokenizer.json");
   command
       ->add_option("--vocab-size", args->vocab_size,
-                   "With --train-tokenizer: vocabulary size (256 bytes + merges + 3 specials)")
+                   "With --train-tokenizer: vocabulary size, 259 to 2^20 (256 bytes + merges + 3 "
+                   "specials)")
       ->capture_default_str()
-      ->check(CLI::Range(int64_t{259}, int64_t{1} << 20));
+      ->type_name("N")
+      ->check(CLI::Range(int64_t{259}, int64_t{1} << 20).description(""));
   command
       ->add_option("--input", args->inputs,
                    "Text to read: brown, brown_validation, or .jsonl/.txt files (optionally .gz), "

@@ -1,4 +1,6 @@
 // loom train --config FILE [--section.key value ...]
+#include <fmt/format.h>
+
 #include <filesystem>
 #include <memory>
 
@@ -12,14 +14,16 @@
 #include "loom/core/signals.h"
 #include "loom/distributed/flight_recorder.h"
 #include "loom/distributed/heartbeat.h"
+#include "loom/distributed/worker_group.h"
 #include "loom/distributed/world_info.h"
 #include "loom/train/trainer.h"
 
 namespace loom::cli {
 namespace {
 
-// The run's output folder with the effective config, written before anything else happens so a
-// failed run still says what it was asked to do.
+// The run's effective config, written once the run has started (checkpoint loaded): a failed
+// attempt (a bad config, a resume the checkpoint cannot follow) leaves the config of the run it
+// tried to resume in place. A failed attempt's own config is in its log (job.print_config).
 void prepare_dump_folder(const config::JobConfig& config) {
   const std::string& folder = config.job.dump_folder;
   files::create_directories(folder);
@@ -28,6 +32,21 @@ void prepare_dump_folder(const config::JobConfig& config) {
     files::write_atomic(folder + "/" + *config.job.save_config_file,
                         config::to_json(config) + "\n");
   }
+}
+
+// A run stopped by SIGTERM/SIGINT saved and left cleanly, but did not finish: it exits with the
+// shell's (and torchrun's) code for that signal, 128 + signal, so that SLURM and scripts never
+// read it as finished, and its last line says where to resume.
+int report_signal_stop(const train::TrainResult& result, const config::JobConfig& config,
+                       checkpoint::CheckpointManager& checkpoints) {
+  const int64_t step = result.steps_completed;
+  const std::string resumable =
+      checkpoints.enabled()
+          ? fmt::format("resumable from step-{} (in {})", step, checkpoints.folder())
+          : "not resumable: checkpoint.enable is false";
+  log::get("train")->warn("stopped at step {} of {} by {}; {}", step, config.training.steps,
+                          distributed::signal_name(result.stop_signal), resumable);
+  return 128 + result.stop_signal;
 }
 
 int run_train(const CLI::App& command, ConfigArgs& args) {
@@ -46,16 +65,12 @@ int run_train(const CLI::App& command, ConfigArgs& args) {
   if (config.job.print_config) {
     logger->info("effective config:\n{}", config::to_toml(config));
   }
-  if (rank == 0) {
+  train::Trainer trainer(config);
+  train::TrainResult result = trainer.train([&] {
+    if (rank != 0) return;
     prepare_dump_folder(config);
     logger->info("effective config saved to {}/config.toml", config.job.dump_folder);
-  }
-  train::Trainer trainer(config);
-  train::TrainResult result = trainer.train();
-  if (result.stopped_by_signal) {
-    logger->warn("stopped early by signal after {} of {} steps", result.steps_completed,
-                 config.training.steps);
-  }
+  });
   // Interval saves that failed were warnings; a run whose last save failed has lost its final
   // state, and says so with its exit status.
   auto& checkpoints = trainer.checkpointer();
@@ -67,6 +82,7 @@ int run_train(const CLI::App& command, ConfigArgs& args) {
   }
   LOOM_CHECK_AS(IoError, final_saved, "the final checkpoint could not be written (",
                 tally.last_error, "): training finished, but its last state is not saved");
+  if (result.stopped_by_signal) return report_signal_stop(result, config, checkpoints);
   return 0;
 }
 

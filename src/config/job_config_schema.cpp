@@ -150,6 +150,8 @@ void add_training_sections(Schema& s) {
                                      [](JobConfig& c) -> TrainingSection& { return c.training; });
   tr.field("dataset", &TrainingSection::dataset,
            "Dataset name (a registered dataset, or a label when dataset_path is set).");
+  tr.field("dataset_text_field", &TrainingSection::dataset_text_field,
+           "loom: the JSON field holding each record's text in .jsonl dataset files.");
   tr.field("dataset_path", &TrainingSection::dataset_path,
            "Path of the dataset files (file, folder or glob).");
   tr.field("local_batch_size", &TrainingSection::local_batch_size,
@@ -207,6 +209,8 @@ void add_training_sections(Schema& s) {
       [](JobConfig& c) -> ValidationSection& { return c.validation; });
   val.field("enable", &ValidationSection::enable, "Compute the validation loss during training.");
   val.field("dataset", &ValidationSection::dataset, "Validation dataset name.");
+  val.field("dataset_text_field", &ValidationSection::dataset_text_field,
+            "loom: the JSON field holding each record's text in .jsonl dataset files.");
   val.field("dataset_path", &ValidationSection::dataset_path,
             "Path of the validation dataset files.");
   val.field("local_batch_size", &ValidationSection::local_batch_size,

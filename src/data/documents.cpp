@@ -124,7 +124,9 @@ std::string record_text(const std::string& line, const std::string& path, int64_
     LOOM_THROW(InputError, path, ":", line_number, ": invalid JSON: ", error.what());
   }
   LOOM_CHECK_AS(InputError, record.is_object() && record.contains(text_field), path, ":",
-                line_number, ": no \"", text_field, "\" field (set the dataset's text field)");
+                line_number, ": no \"", text_field,
+                "\" field (name the field holding the text with training.dataset_text_field / "
+                "validation.dataset_text_field, or prepare-data's --text-field)");
   LOOM_CHECK_AS(InputError, record[text_field].is_string(), path, ":", line_number, ": \"",
                 text_field, "\" is not a string");
   std::string text = record[text_field].get<std::string>();

@@ -110,11 +110,31 @@ std::string dataset_location(const std::string& name, const std::optional<std::s
   if (path && !path->empty()) return *path;
   if (name == "brown") return assets_dir() + "/brown/train.jsonl.gz";
   if (name == "brown_validation") return assets_dir() + "/brown/validation.jsonl.gz";
+  // torchtitan's dataset names stream from the Hugging Face hub or its test assets; loom reads
+  // local files only.
+  LOOM_CHECK_AS(InputError, name != "c4" && name != "c4_test" && name != "c4_validation", key,
+                " = '", name,
+                "': torchtitan's Hugging Face dataset, which loom does not download; download "
+                "its files (e.g. allenai/c4's en/*.json.gz) and set the matching dataset_path to "
+                "them (a file, folder or glob; `loom prepare-data` pre-tokenizes them), or use "
+                "the built-in brown / brown_validation for a first run");
   LOOM_THROW(InputError, key, " = '", name,
              "': unknown dataset; the built-in ones are brown, brown_validation and synthetic, "
              "or set the matching dataset_path to a .jsonl, .jsonl.gz or .txt file, a folder or "
              "glob of them, or a folder written by loom prepare-data");
 }
+
+namespace {
+
+// How logs name a dataset: a built-in one by name and file; a user's files by their path alone
+// (the config's dataset name is then only a leftover label, e.g. torchtitan's c4).
+std::string dataset_label(const std::string& name, const std::optional<std::string>& path,
+                          const std::string& file) {
+  if (path && !path->empty()) return file;
+  return name + " (" + file + ")";
+}
+
+}  // namespace
 
 std::unique_ptr<PackedLoader> open_dataset(const std::string& name,
                                            const std::optional<std::string>& path,
@@ -125,23 +145,24 @@ std::unique_ptr<PackedLoader> open_dataset(const std::string& name,
     auto stream = std::make_shared<ShardedTokenStream>(file, tokenizer);
     auto loader = std::make_unique<PackedLoader>(stream, options);
     log::get("data")->info(
-        "{} ({}): prepared, {} documents, {} tokens in {} {} shards (mmap), {} samples of {} "
+        "{}: prepared, {} documents, {} tokens in {} {} shards (mmap), {} samples of {} "
         "tokens",
-        name, stream->folder(), stream->documents(), stream->size(), stream->shard_count(),
+        dataset_label(name, path, stream->folder()), stream->documents(), stream->size(), stream->shard_count(),
         stream->dtype(), *loader->samples_per_epoch(), options.seq_len);
     return loader;
   }
   std::vector<std::string> documents;
   int64_t skipped = 0;
   for (const auto& part : expand_dataset_path(file)) {
-    auto part_documents = read_documents(part, "text", options.skip_bad_records, &skipped);
+    auto part_documents =
+        read_documents(part, options.text_field, options.skip_bad_records, &skipped);
     documents.insert(documents.end(), std::make_move_iterator(part_documents.begin()),
                      std::make_move_iterator(part_documents.end()));
   }
   auto loader = std::make_unique<PackedLoader>(documents, tokenizer, options);
   loader->set_records_skipped(skipped);
-  log::get("data")->info("{} ({}): {} documents, {} tokens ({} tokenizer), {} samples of {} tokens",
-                         name, file, documents.size(), loader->total_tokens(), tokenizer.name(),
+  log::get("data")->info("{}: {} documents, {} tokens ({} tokenizer), {} samples of {} tokens",
+                         dataset_label(name, path, file), documents.size(), loader->total_tokens(), tokenizer.name(),
                          *loader->samples_per_epoch(), options.seq_len);
   return loader;
 }

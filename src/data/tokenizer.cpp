@@ -60,11 +60,8 @@ std::unique_ptr<Tokenizer> make_tokenizer(const std::string& path, std::string* 
   if (path.empty() || path == "byte") {
     return std::make_unique<ByteTokenizer>();
   }
-  if (path == "brown_bpe") {  // the embedded corpus' BPE (tools/: loom prepare-data)
-    *file = assets_dir() + "/tokenizer/brown_bpe_4k.json";
-    return std::make_unique<HfBpeTokenizer>(*file);
-  }
-  *file = path;
+  *file = tokenizer_file(path);
+  if (path == "brown_bpe") return std::make_unique<HfBpeTokenizer>(*file);
   if (strings::ends_with(path, ".json")) {
     return std::make_unique<HfBpeTokenizer>(path);
   }
@@ -76,6 +73,13 @@ std::unique_ptr<Tokenizer> make_tokenizer(const std::string& path, std::string* 
 }
 
 }  // namespace
+
+std::string tokenizer_file(const std::string& path) {
+  if (path.empty() || path == "byte") return "";
+  // The embedded corpus' BPE (tools/: loom prepare-data).
+  if (path == "brown_bpe") return assets_dir() + "/tokenizer/brown_bpe_4k.json";
+  return path;
+}
 
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
   std::string file;

@@ -111,6 +111,9 @@ std::string describe_worker(const Worker& worker, int node_rank) {
                      std::to_string(node_rank) + ") " + worker.describe_exit();
   if (worker.spec.log_path) {
     text += "; log: " + *worker.spec.log_path;
+  } else if (worker.spec.to_console && !worker.spec.routine_to_console) {
+    text += "; its warnings and errors are above, prefixed '" + worker.spec.console_prefix +
+            "' (--local-ranks-filter all or --log-dir shows all its output)";
   } else if (worker.spec.to_console) {
     text += "; its output is above, prefixed '" + worker.spec.console_prefix + "'";
   } else {
@@ -326,6 +329,8 @@ std::vector<WorkerSpec> LocalAgent::make_specs(const RendezvousResult& round,
     spec.to_console = !options_.local_ranks_filter || options_.local_ranks_filter->count(local);
     spec.heartbeat = options_.heartbeat_timeout_s > 0;
     spec.heartbeat_interval = heartbeat_interval_for(options_.heartbeat_timeout_s);
+    spec.routine_to_console =
+        options_.local_ranks_filter || !options_.quiet_other_ranks || local == 0;
     if (options_.log_dir) {
       spec.log_path = attempt_dir + "/rank_" + std::to_string(spec.global_rank) + ".log";
     }

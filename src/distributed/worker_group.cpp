@@ -145,7 +145,8 @@ void WorkerGroup::start() {
 void WorkerGroup::spawn(Worker& worker) {
   WorkerSpec& spec = worker.spec;
   worker.output =
-      std::make_unique<WorkerOutput>(spec.console_prefix, spec.to_console, spec.log_path);
+      std::make_unique<WorkerOutput>(spec.console_prefix, spec.to_console, spec.log_path,
+                                     spec.routine_to_console);
   int out_pipe[2];
   int err_pipe[2];
   make_pipe(out_pipe);

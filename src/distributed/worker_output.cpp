@@ -55,9 +55,22 @@ void LineSplitter::finish(const LineFn& on_line) {
   pending_.clear();
 }
 
+bool is_routine_log_line(std::string_view line) {
+  // loom's log pattern (core/logging.cpp): "[date time] [rankN] [component] level: message".
+  if (line.empty() || line.front() != '[') return false;
+  const size_t level_end = line.find(": ");
+  if (level_end == std::string_view::npos) return false;
+  const size_t component_end = line.rfind("] ", level_end);
+  if (component_end == std::string_view::npos) return false;
+  const std::string_view level = line.substr(component_end + 2, level_end - component_end - 2);
+  return level == "info" || level == "debug" || level == "trace";
+}
+
 WorkerOutput::WorkerOutput(std::string console_prefix, bool to_console,
-                           const std::optional<std::string>& log_path)
-    : prefix_(std::move(console_prefix)), to_console_(to_console) {
+                           const std::optional<std::string>& log_path, bool routine_to_console)
+    : prefix_(std::move(console_prefix)),
+      to_console_(to_console),
+      routine_to_console_(routine_to_console) {
   if (log_path) {
     log_fd_ = ::open(log_path->c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_APPEND, 0644);
     LOOM_CHECK_AS(IoError, log_fd_ >= 0, "cannot create log file '", *log_path,
@@ -79,7 +92,12 @@ void WorkerOutput::on_end(int stream) {
 
 void WorkerOutput::emit(int stream, std::string_view line) {
   if (log_fd_ >= 0) write_all(log_fd_, line);
-  if (to_console_) {
+  bool& in_routine = in_routine_[stream - 1];
+  // A multi-line message continues with indented lines (and may end with an empty one).
+  const bool continuation =
+      !line.empty() && (line.front() == ' ' || line.front() == '\t' || line.front() == '\n');
+  in_routine = is_routine_log_line(line) || (in_routine && continuation);
+  if (to_console_ && (routine_to_console_ || !in_routine)) {
     // One write per line keeps lines of different workers from interleaving mid-line.
     std::string prefixed;
     prefixed.reserve(prefix_.size() + line.size());

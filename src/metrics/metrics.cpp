@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <sys/resource.h>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <unistd.h>
@@ -11,9 +12,11 @@
 #include <cmath>
 #include <cstring>
 
+#include "loom/config/dump.h"
 #include "loom/core/check.h"
 #include "loom/core/files.h"
 #include "loom/core/logging.h"
+#include "loom/metrics/crc32c.h"
 #include "loom/metrics/tensorboard.h"
 
 #if LOOM_WITH_CUDA
@@ -26,6 +29,10 @@ namespace {
 
 // Taken while the program loads, before main: the reference for since_start_s.
 const std::chrono::steady_clock::time_point process_start = std::chrono::steady_clock::now();
+
+double seconds_between(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
 
 double now_unix() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -91,9 +98,40 @@ MetricsLogger::~MetricsLogger() {
   if (file_) std::fclose(file_);
 }
 
-void MetricsLogger::start_run(int64_t first_step) {
+std::string config_hash(const config::JobConfig& config) {
+  const std::string toml = config::to_toml(config);
+  return fmt::format("crc32c:{:08x}", crc32c(toml.data(), toml.size()));
+}
+
+std::string MetricsLogger::start_json_line(const RunStart& start, double since_start_s,
+                                           double wall_time) {
+  // A run id that differs between starts: the wall time, the host and the process.
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  const std::string run_id =
+      fmt::format("{}-{}-{}", static_cast<int64_t>(wall_time), host, ::getpid());
+  nlohmann::json j = {{"event", "start"},
+                      {"run_id", run_id},
+                      {"first_step", start.first_step},
+                      {"resumed_from_step", start.resumed_from_step},
+                      {"resumed_from", start.resumed_from},
+                      {"config_hash", start.config_hash},
+                      {"world_size", start.world_size},
+                      {"layout", start.layout},
+                      {"total_steps", start.total_steps},
+                      {"peak_flops_source", start.peak_source},
+                      {"elapsed_s", start.elapsed_s},
+                      {"since_start_s", since_start_s},
+                      {"wall_time", wall_time}};
+  return j.dump();
+}
+
+void MetricsLogger::start_run(const RunStart& start) {
+  const int64_t first_step = start.first_step;
   first_step_ = first_step;
   last_step_ = first_step - 1;
+  peak_source_ = start.peak_source;
+  append_line(start_json_line(start, seconds_since_process_start(), now_unix()));
   if (!sinks_.tensorboard_folder.empty()) {
     tensorboard_ = std::make_unique<TensorBoardWriter>(sinks_.tensorboard_folder, first_step);
     log::get("metrics")->info("TensorBoard events in {}", tensorboard_->path());
@@ -141,6 +179,7 @@ std::string MetricsLogger::to_json_line(const StepMetrics& m, double wall_time) 
                       {"tps", m.tps},
                       {"tflops", m.tflops},
                       {"mfu_pct", m.mfu_pct},
+                      {"mfu_estimate", m.mfu_estimate},
                       {"mem_peak_gib", m.mem_peak_gib},
                       {"step_time_s", m.step_time_s},
                       {"data_time_pct", m.data_time_pct},
@@ -173,11 +212,19 @@ void MetricsLogger::log_step(const StepMetrics& m) {
   const char* blue = color ? "\033[34m" : "";
   const char* magenta = color ? "\033[35m" : "";
   const char* reset = color ? "\033[39m" : "";
+  // An MFU over a peak measured on this machine is an estimate, and says so.
   log::get("metrics")->info(
       "{}step: {:>5}  {}loss: {:8.4f}  {}grad_norm: {:7.4f}  {}memory: {:6.2f}GiB  {}tps: {:.0f}  "
-      "{}tflops: {:.3f}  {}mfu: {:.2f}%{}",
+      "{}tflops: {:.3f}  {}mfu: {}{:.2f}%{}{}",
       cyan, m.step, green, m.loss, reset, m.grad_norm, yellow, m.mem_peak_gib, blue, m.tps, reset,
-      m.tflops, magenta, m.mfu_pct, reset);
+      m.tflops, magenta, m.mfu_estimate ? "~" : "", m.mfu_pct, m.mfu_estimate ? " (est.)" : "",
+      reset);
+  if (!warned_mfu_) {
+    if (auto warning = mfu_warning(m.mfu_pct, {0, peak_source_, m.mfu_estimate})) {
+      log::get("metrics")->warn("{}", *warning);
+      warned_mfu_ = true;
+    }
+  }
   const double wall_time = now_unix();
   const std::string json = to_json_line(m, wall_time);
   append_line(json);
@@ -198,6 +245,7 @@ void MetricsLogger::log_validation(int64_t step, double val_loss, int64_t tokens
                       {"val_loss", val_loss},
                       {"tokens_seen", tokens_seen},
                       {"elapsed_s", elapsed_s},
+                      {"since_start_s", seconds_since_process_start()},
                       {"wall_time", wall_time}};
   append_line(j.dump());
   // TensorBoard gets val_loss only: tokens_seen and elapsed_s are the training line's tags.
@@ -208,43 +256,55 @@ double seconds_since_process_start() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - process_start).count();
 }
 
-double measure_cpu_gemm_flops() {
-  // A square float32 GEMM big enough to reach the BLAS steady state, small enough to take well
-  // under a second on two cores; the best of a few runs.
+double measure_cpu_gemm_flops(int trials, double min_seconds) {
+  // A square float32 GEMM big enough to reach the BLAS steady state. The best of many trials over
+  // a quarter second: a trial slowed by another process only lowers that trial, so on a busy
+  // machine the best one still comes close to what the cores can do.
   at::NoGradGuard no_grad;
   const int64_t n = 1024;
   at::Tensor a = at::randn({n, n});
   at::Tensor b = at::randn({n, n});
   at::Tensor c = at::mm(a, b);  // warm-up
   double best = 0;
-  for (int i = 0; i < 3; ++i) {
+  const auto begin = std::chrono::steady_clock::now();
+  for (int i = 0; i < trials || seconds_between(begin) < min_seconds; ++i) {
+    if (i >= 4 * trials) break;
     auto start = std::chrono::steady_clock::now();
     at::mm_out(c, a, b);
-    double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    best = std::max(best, 2.0 * n * n * n / seconds);
+    best = std::max(best, 2.0 * n * n * n / seconds_between(start));
   }
   return best;
 }
 
-double peak_flops(const at::Device& device, std::optional<double> override_tflops) {
-  if (override_tflops) return *override_tflops * 1e12;
+std::optional<std::string> mfu_warning(double mfu_pct, const PeakFlops& peak) {
+  if (mfu_pct <= 100.0) return std::nullopt;
+  return fmt::format(
+      "MFU {:.0f}% is above 100%: {} is too low{}; set metrics.peak_tflops to the device's real "
+      "peak for a trustworthy MFU",
+      mfu_pct, peak.source.empty() ? "the peak" : peak.source,
+      peak.estimate ? " (measured at start-up on a busy machine)" : "");
+}
+
+PeakFlops peak_flops(const at::Device& device, std::optional<double> override_tflops) {
+  if (override_tflops) return {*override_tflops * 1e12, "metrics.peak_tflops", false};
 #if LOOM_WITH_CUDA
   if (device.is_cuda()) {
     cudaDeviceProp properties{};
     if (cudaGetDeviceProperties(&properties, device.index() < 0 ? 0 : device.index()) ==
         cudaSuccess) {
-      if (auto flops = gpu_table_flops(properties.name)) return *flops;
+      if (auto flops = gpu_table_flops(properties.name)) {
+        return {*flops, std::string("GPU table (") + properties.name + ")", false};
+      }
       log::get("metrics")->warn(
           "no peak FLOP/s known for GPU '{}'; set metrics.peak_tflops for MFU", properties.name);
     }
-    return 0;
+    return {0, "unknown GPU", false};
   }
 #else
   (void)gpu_table_flops;
 #endif
   (void)device;
-  return measure_cpu_gemm_flops();
+  return {measure_cpu_gemm_flops(), "measured CPU GEMM", true};
 }
 
 double peak_memory_gib(const at::Device& device) {

@@ -5,6 +5,7 @@
 #include <ATen/core/grad_mode.h>
 #include <ATen/record_function.h>
 
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -103,7 +104,60 @@ std::unique_ptr<data::BatchSource> dataset_source(const std::string& name,
   return data::open_dataset(name, path, *tokenizer, options, section + ".dataset");
 }
 
+// Training on the user's files while validating on the embedded corpus is allowed (a quick
+// check) but rarely meant: the val_loss then measures another distribution.
+void warn_builtin_validation(const config::JobConfig& c) {
+  const auto& t = c.training;
+  const auto& v = c.validation;
+  const bool own_training = t.dataset_path.has_value() || !t.dataset_mixture.empty();
+  const bool builtin_validation = !v.dataset_path && v.dataset_mixture.empty() &&
+                                  (v.dataset == "brown" || v.dataset == "brown_validation");
+  if (v.enable && own_training && builtin_validation) {
+    log::get("data")->warn(
+        "training reads your files but validation still reads the built-in corpus '{}': set "
+        "validation.dataset_path to your held-out files (or validation.enable = false)",
+        v.dataset);
+  }
+}
+
+// What this run trained: "finished: 2 steps (steps 61-62, resumed from step 60) of 62".
+std::string describe_steps_run(const TrainResult& result, int64_t resumed_from, int64_t total) {
+  const int64_t ran = std::max<int64_t>(result.steps_completed - resumed_from, 0);
+  std::string which = "none run";
+  if (ran > 0 && resumed_from > 0) {
+    which = fmt::format("steps {}-{}, resumed from step {}", resumed_from + 1,
+                        result.steps_completed, resumed_from);
+  } else if (ran > 0) {
+    which = fmt::format("steps 1-{}", result.steps_completed);
+  }
+  return fmt::format("{} {} step{} ({}) of {}",
+                     result.stopped_by_signal ? "stopped after" : "finished:", ran,
+                     ran == 1 ? "" : "s", which, total);
+}
+
+// metrics.jsonl's start record: which run, resumed from where, with which config and layout.
+metrics::RunStart run_start(const config::JobConfig& config, const distributed::ParallelDims& dims,
+                            const checkpoint::ResumePoint& resume,
+                            const metrics::PeakFlops& peak) {
+  metrics::RunStart start;
+  start.first_step = resume.step + 1;
+  start.total_steps = config.training.steps;
+  start.resumed_from_step = resume.step;
+  start.resumed_from = resume.loaded_from;
+  start.config_hash = metrics::config_hash(config);
+  start.world_size = dims.world_size;
+  start.layout = fmt::format("pp {}, dp_replicate {}, dp_shard {}, cp {}, tp {}", dims.pp,
+                             dims.dp_replicate, dims.dp_shard, dims.cp, dims.tp);
+  start.elapsed_s = resume.elapsed_s;
+  start.peak_source = peak.source;
+  return start;
+}
+
 }  // namespace
+
+double Trainer::elapsed_s() const {
+  return elapsed_before_ + seconds_since(train_start_);
+}
 
 std::unique_ptr<data::Tokenizer> load_job_tokenizer(const config::JobConfig& config) {
   // The model's vocabulary is the tokenizer's whenever any dataset (training or validation) is
@@ -218,23 +272,29 @@ void Trainer::build_data(std::unique_ptr<data::BatchSource> source,
                              : dataset_source(t.dataset, t.dataset_path, t.dataset_mixture,
                                               tokenizer_.get(), model().vocab_size(),
                                               {t.seq_len, seed_, true, runtime_->dp_rank(),
-                                               runtime_->dp_size(), skip_bad},
+                                               runtime_->dp_size(), skip_bad,
+                                               t.dataset_text_field},
                                               "training");
   // A background thread keeps the next two microbatches ready.
   source_ = std::make_unique<data::PrefetchingSource>(std::move(train_source), t.local_batch_size,
                                                       t.seq_len, 2);
   if (v.enable) {
-    validation_source_ = validation_source
-                             ? std::move(validation_source)
-                             : dataset_source(v.dataset, v.dataset_path, v.dataset_mixture,
-                                              tokenizer_.get(), model().vocab_size(),
-                                              {v.seq_len, seed_ + 1, false, runtime_->dp_rank(),
-                                               runtime_->dp_size(), skip_bad},
-                                              "validation");
-    LOOM_CHECK_AS(InputError, v.steps > 0 || validation_source_->samples_per_epoch(),
+    if (!validation_source) warn_builtin_validation(config_);
+    auto validation = validation_source
+                          ? std::move(validation_source)
+                          : dataset_source(v.dataset, v.dataset_path, v.dataset_mixture,
+                                           tokenizer_.get(), model().vocab_size(),
+                                           {v.seq_len, seed_ + 1, false, runtime_->dp_rank(),
+                                            runtime_->dp_size(), skip_bad,
+                                            v.dataset_text_field},
+                                           "validation");
+    LOOM_CHECK_AS(InputError, v.steps > 0 || validation->samples_per_epoch(),
                   "validation.steps = -1 (the whole set) needs a finite validation dataset; set a "
                   "step count for '",
                   v.dataset, "'");
+    validator_ = std::make_unique<Validator>(
+        std::move(validation), ValidationOptions{v.steps, v.local_batch_size, v.seq_len,
+                                                 runtime_->dp_rank(), runtime_->dp_size()});
   }
 }
 
@@ -245,6 +305,7 @@ void Trainer::build_checkpointer() {
   targets.parameters = parallel_.parameters;
   targets.optimizer = optimizer_.get();
   targets.data = source_.get();
+  targets.elapsed_s = [this] { return elapsed_s(); };
   checkpoint_ =
       std::make_unique<checkpoint::CheckpointManager>(config_, *runtime_, std::move(targets));
 }
@@ -324,41 +385,25 @@ void Trainer::flush_pending(TrainResult& result, metrics::StepMetrics& last) {
 }
 
 double Trainer::validate() {
-  at::NoGradGuard no_grad;
-  at::Tensor loss_sum = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(device_));
-  int64_t tokens = 0;
   auto& model = *parallel_.parts.front();
-  // -1: one pass over the whole (finite) validation set.
-  const int64_t steps = config_.validation.steps > 0
-                            ? config_.validation.steps
-                            : std::max<int64_t>(1, *validation_source_->samples_per_epoch() /
-                                                       config_.validation.local_batch_size);
-  for (int64_t i = 0; i < steps; ++i) {
-    data::Batch batch =
-        validation_source_->next(config_.validation.local_batch_size, config_.validation.seq_len);
-    AutocastGuard autocast_guard(device_.type(), parallel_.autocast);
-    loss_sum += parallel_.loss(model.forward(batch.inputs.to(device_)), batch.labels.to(device_))
-                    .to(at::kDouble);
-    tokens += count_valid_tokens(batch.labels);
-  }
-  // Every rank validated its slice of each global batch.
-  auto& loss_group = runtime_->group(distributed::MeshGroup::loss);
-  at::Tensor totals = at::cat({loss_sum.to(at::kCPU), at::full({1}, static_cast<double>(tokens),
-                                                               at::kDouble)});
-  totals = sum_over(loss_group, totals);
-  return totals[0].item<double>() / std::max(totals[1].item<double>(), 1.0);
+  return validator_->run(
+      [&](const at::Tensor& inputs, const at::Tensor& labels) {
+        AutocastGuard autocast_guard(device_.type(), parallel_.autocast);
+        return parallel_.loss(model.forward(inputs.to(device_)), labels.to(device_));
+      },
+      runtime_->group(distributed::MeshGroup::loss));
 }
 
-bool Trainer::any_rank_stopping() {
-  const bool local = signals::shutdown_requested();
+int Trainer::any_rank_stopping() {
+  const int local = signals::shutdown_requested() ? signals::shutdown_signal() : 0;
   auto& world = runtime_->world_group();
   if (world.size() == 1) return local;
-  at::Tensor flag = at::full({1}, local ? 1 : 0, at::kInt);
+  at::Tensor flag = at::full({1}, local, at::kInt);
   world.all_reduce(flag, distributed::ReduceOp::kMax);
-  return flag.item<int>() != 0;
+  return flag.item<int>();
 }
 
-TrainResult Trainer::train() {
+TrainResult Trainer::train(const std::function<void()>& on_started) {
   auto log = log::get("trainer");
   const auto& t = config_.training;
   // Colors only for a terminal: log files and pipes get plain text.
@@ -367,12 +412,14 @@ TrainResult Trainer::train() {
   // Every rank prints its console line; rank 0 alone writes metrics.jsonl.
   metrics_ = std::make_unique<metrics::MetricsLogger>(
       metrics::metrics_sinks(config_, runtime_->rank(), color));
-  peak_flops_ = metrics::peak_flops(device_, config_.metrics.peak_tflops);
+  peak_ = metrics::peak_flops(device_, config_.metrics.peak_tflops);
   profiler_ = std::make_unique<metrics::StepProfiler>(config_, runtime_->rank(), device_);
-  log->info("training {} steps; peak {:.3g} TFLOP/s per device for MFU", t.steps,
-            peak_flops_ / 1e12);
+  log->info("training {} steps; peak {:.3g} TFLOP/s per device for MFU ({}{})", t.steps,
+            peak_.flops / 1e12, peak_.source,
+            peak_.estimate ? ": MFU is an estimate; set metrics.peak_tflops for a real one" : "");
   TrainResult result;
   const auto start = Clock::now();
+  train_start_ = start;
   // Tokens this rank's data-parallel slice trains on per step; a model replica spans the
   // non-data-parallel ranks (tp x pp x cp), so tps, tflops and MFU count each replica once per
   // device by dividing by them (torchtitan's convention). tokens_seen counts the global batch.
@@ -385,13 +432,16 @@ TrainResult Trainer::train() {
   double window_time = 0, window_data = 0, window_wait = 0;
   int64_t window_steps = 0;
   if (config_.checkpoint.create_seed_checkpoint) {
+    if (on_started) on_started();
     checkpoint_->save_seed();
     log->info("seed checkpoint written to {}/step-0", checkpoint_->folder());
     return result;
   }
   const auto resume = checkpoint_->load();
+  if (on_started) on_started();
   lr_step_offset_ = resume.step - resume.lr_step;
-  metrics_->start_run(resume.step + 1);
+  elapsed_before_ = resume.elapsed_s;
+  metrics_->start_run(run_start(config_, runtime_->dims(), resume, peak_));
   int64_t tokens_seen = resume.tokens_seen;
   uint64_t window_comm_start = runtime_->total_wire_bytes();
   for (int64_t step = resume.step + 1; step <= t.steps; ++step) {
@@ -412,7 +462,8 @@ TrainResult Trainer::train() {
     if (step == resume.step + 1) runtime_->use_train_timeout();
     result.steps_completed = step;
     tokens_seen += global_tokens_per_step;
-    const bool stopping = any_rank_stopping();
+    const int stop_signal = any_rank_stopping();
+    const bool stopping = stop_signal != 0;
     // Losses are read (one host sync, one all-reduce) only when they are logged.
     if (is_log_step(step) || step == resume.step + 1 || stopping) {
       flush_pending(result, m);
@@ -420,12 +471,13 @@ TrainResult Trainer::train() {
       m.step_time_s = window_time / window_steps;
       m.tps = device_tokens_per_step / m.step_time_s;
       m.tflops = m.tps * summary_.flops_per_token / 1e12;
-      m.mfu_pct = peak_flops_ > 0 ? 100.0 * m.tps * summary_.flops_per_token / peak_flops_ : 0.0;
+      m.mfu_pct = peak_.flops > 0 ? 100.0 * m.tps * summary_.flops_per_token / peak_.flops : 0.0;
+      m.mfu_estimate = peak_.estimate;
       m.mem_peak_gib = metrics::peak_memory_gib(device_);
       m.data_time_pct = 100.0 * window_data / window_time;
       m.comm_wait_pct = 100.0 * window_wait / window_time;
       m.tokens_seen = tokens_seen;
-      m.elapsed_s = seconds_since(start);
+      m.elapsed_s = elapsed_s();
       m.since_start_s = metrics::seconds_since_process_start();
       m.data_skipped = source_->records_skipped();
       const uint64_t comm_now = runtime_->total_wire_bytes();
@@ -435,14 +487,15 @@ TrainResult Trainer::train() {
       window_steps = 0;
       window_comm_start = comm_now;
     }
-    if (validation_source_ && step % config_.validation.freq == 0) {
-      metrics_->log_validation(step, validate(), tokens_seen, seconds_since(start));
+    if (validator_ && step % config_.validation.freq == 0) {
+      metrics_->log_validation(step, validate(), tokens_seen, elapsed_s());
     }
     checkpoint_->on_step_end(step, tokens_seen, step == t.steps, stopping);
     if (stopping) {
       log->warn("stop requested (signal {} here, or on another rank): stopping after step {}",
                 signals::shutdown_signal(), step);
       result.stopped_by_signal = true;
+      result.stop_signal = stop_signal;
       break;
     }
   }
@@ -450,11 +503,12 @@ TrainResult Trainer::train() {
   metrics_->finish_run(result.stopped_by_signal ? "stopped" : "finished", result.steps_completed);
   result.peak_memory_gib = metrics::peak_memory_gib(device_);
   result.comm_wire_bytes = runtime_->total_wire_bytes();
-  log->info(
-      "finished {} steps in {:.1f} s ({:.2f} MB sent over the process groups by this rank); "
-      "metrics in {}/metrics.jsonl",
-      result.steps_completed, seconds_since(start),
-      static_cast<double>(result.comm_wire_bytes) / 1e6, config_.job.dump_folder);
+  result.first_step = resume.step + 1;
+  result.elapsed_s = seconds_since(start);
+  log->info("{} in {:.1f} s ({:.2f} MB sent over the process groups by this rank); metrics in "
+            "{}/metrics.jsonl",
+            describe_steps_run(result, resume.step, t.steps), result.elapsed_s,
+            static_cast<double>(result.comm_wire_bytes) / 1e6, config_.job.dump_folder);
   return result;
 }
 

@@ -50,7 +50,8 @@ std::vector<double> single_rank_losses(const std::string& /*name*/) {
 
 TEST(DistributedTraining, TwoRankDataParallelMatchesOneRank) {
   const std::string folder = fresh_temp_dir("ddp_two");
-  auto result = run_loom("launch --nproc-per-node 2 --master-port " +
+  // Every rank's lines on the console (by default rank 1 shows only warnings and errors).
+  auto result = run_loom("launch --nproc-per-node 2 --local-ranks-filter all --master-port " +
                          std::to_string(loom::testing::free_port()) + " -- " +
                          job_args(folder, 20) + " --parallelism.data_parallel_replicate_degree 2");
   ASSERT_EQ(result.exit_code, 0) << result.output;

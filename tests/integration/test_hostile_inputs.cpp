@@ -205,7 +205,7 @@ TEST(HostileInputs, FailingFinalCheckpointMakesTheRunExitNonZeroAfterTraining) {
   std::ofstream(dir + "/run/checkpoint") << "not a folder";
   auto r = run_timed(train_args(dir + "/run", 3));
   EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_TRUE(contains(r.output, "finished 3 steps")) << r.output;  // training ran to the end
+  EXPECT_TRUE(contains(r.output, "finished: 3 steps")) << r.output;  // training ran to the end
   EXPECT_TRUE(contains(r.output, "2 of 2 checkpoint saves failed")) << r.output;
   EXPECT_TRUE(contains(r.output, "the final checkpoint could not be written")) << r.output;
 }

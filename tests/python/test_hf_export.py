@@ -90,6 +90,23 @@ def main():
         print("FAILED: transformers' logits differ from loom's")
         return 1
 
+    if check_auto_classes(loom, hf, ids) != 0:
+        return 1
+    # export refuses a non-empty folder unless --overwrite, and then replaces its files only.
+    refused = subprocess.run([loom, "checkpoint", "export", "--to", "hf", step, hf],
+                             capture_output=True, text=True)
+    if refused.returncode != 2 or "--overwrite" not in refused.stderr + refused.stdout:
+        print(f"FAILED: export into a non-empty folder: exit {refused.returncode}\n"
+              f"{refused.stdout}{refused.stderr}")
+        return 1
+    open(f"{hf}/README.md", "w").write("mine\n")
+    run(loom, "checkpoint", "export", "--to", "hf", step, hf, "--dtype", "float32", "--overwrite")
+    if (os.path.exists(f"{hf}/model.safetensors.index.json")
+            or not os.path.exists(f"{hf}/model.safetensors")
+            or open(f"{hf}/README.md").read() != "mine\n"):
+        print(f"FAILED: --overwrite left stale shards or removed a user's file: {os.listdir(hf)}")
+        return 1
+
     # Round trip: import the export as a loom checkpoint; the weights come back exactly.
     back = f"{work}/imported"
     run(loom, "checkpoint", "import", "--from", "hf", hf, back)
@@ -103,6 +120,40 @@ def main():
             print("FAILED: the import lost tensors")
             return 1
     print("OK: transformers matches loom; export -> import round-trips exactly")
+    return 0
+
+
+def check_auto_classes(loom, hf, ids):
+    """AutoTokenizer and AutoModelForCausalLM load the folder; generate() knows the end token."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(hf)
+    encoded = tokenizer(TEXT, add_special_tokens=False)["input_ids"]
+    if encoded != ids:
+        print(f"FAILED: AutoTokenizer's ids differ from loom's:\n{encoded}\n{ids}")
+        return 1
+    config = json.load(open(f"{hf}/config.json"))
+    generation = json.load(open(f"{hf}/generation_config.json"))
+    if tokenizer.eos_token != "<|end_of_text|>" or tokenizer.bos_token != "<|begin_of_text|>":
+        print(f"FAILED: special tokens {tokenizer.bos_token!r} {tokenizer.eos_token!r}")
+        return 1
+    if not (config["eos_token_id"] == generation["eos_token_id"] == tokenizer.eos_token_id
+            and config["bos_token_id"] == tokenizer.bos_token_id):
+        print(f"FAILED: end token ids: config {config['eos_token_id']}, generation_config "
+              f"{generation['eos_token_id']}, tokenizer {tokenizer.eos_token_id}")
+        return 1
+    model = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32)
+    if model.generation_config.eos_token_id != tokenizer.eos_token_id:
+        print(f"FAILED: generate() would stop at {model.generation_config.eos_token_id}, "
+              f"not {tokenizer.eos_token_id}")
+        return 1
+    prompt = tokenizer(TEXT[:40], return_tensors="pt")
+    out = model.generate(**prompt, max_new_tokens=8, do_sample=False)
+    text = tokenizer.decode(out[0], skip_special_tokens=True)
+    if out.shape[1] <= prompt["input_ids"].shape[1] or not text.startswith(TEXT[:20]):
+        print(f"FAILED: generate() gave {out.tolist()} = {text!r}")
+        return 1
+    print(f"AutoTokenizer + AutoModelForCausalLM: eos {tokenizer.eos_token_id}, generated {text!r}")
     return 0
 
 

@@ -66,3 +66,15 @@ TEST(WorkerOutput, SignalNames) {
   EXPECT_EQ(loom::distributed::signal_name(15), "SIGTERM");
   EXPECT_EQ(loom::distributed::signal_name(77), "signal 77");
 }
+
+// The default console filter of `loom launch` hides other ranks' routine log lines only.
+TEST(WorkerOutput, RoutineLogLinesAreInfoDebugAndTraceOnly) {
+  using loom::distributed::is_routine_log_line;
+  EXPECT_TRUE(is_routine_log_line("[2026-12-01 10:00:00.000] [rank1] [metrics] info: step: 1\n"));
+  EXPECT_TRUE(is_routine_log_line("[2026-12-01 10:00:00.000] [rank1] [data] debug: x\n"));
+  EXPECT_FALSE(is_routine_log_line("[2026-12-01 10:00:00.000] [rank1] [lr] warning: a: b\n"));
+  EXPECT_FALSE(is_routine_log_line("[2026-12-01 10:00:00.000] [rank1] [trainer] error: x\n"));
+  EXPECT_FALSE(is_routine_log_line("error: invalid job config: 1 problem\n"));
+  EXPECT_FALSE(is_routine_log_line("terminate called after throwing an instance of 'x'\n"));
+  EXPECT_FALSE(is_routine_log_line("\n"));
+}

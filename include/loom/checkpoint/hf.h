@@ -10,6 +10,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,11 +28,31 @@ at::Tensor permute_rotary_rows(const at::Tensor& weight, int64_t heads, bool to_
 std::string hf_name(const std::string& loom_name);
 std::string loom_name(const std::string& hf_name);
 
+struct HfExportOptions {
+  std::string dtype = "bfloat16";  // "float32", "bfloat16" or "float16"
+  uint64_t max_shard_bytes = 5'000'000'000ull;
+  // Replace the files an export writes in a non-empty `output` (others are left alone); without
+  // it a non-empty `output` is refused.
+  bool overwrite = false;
+  // The tokenizer to ship (a tokenizer.json); unset: the one the checkpoint's config.toml names.
+  std::optional<std::string> tokenizer;
+};
+
 // Writes `output`/model.safetensors (or model-0000i-of-0000N.safetensors + index when the
 // weights exceed max_shard_bytes) and config.json from a complete loom checkpoint step (a llama3
-// model; its config.toml gives the flavor). `dtype`: "float32", "bfloat16" or "float16".
+// model; its config.toml gives the flavor), with the tokenizer: tokenizer.json,
+// tokenizer_config.json (special tokens), generation_config.json and bos/eos ids in config.json,
+// so that transformers' AutoTokenizer and AutoModelForCausalLM load the folder and generate()
+// stops at the right end token. A tokenizer with no tokenizer.json form (byte, tiktoken) is
+// named in a warning; its ids still go into the configs.
 void export_to_hf(const std::string& step_folder, const std::string& output,
-                  const std::string& dtype, uint64_t max_shard_bytes);
+                  const HfExportOptions& options);
+
+// The tokenizer part of an export: writes tokenizer.json, tokenizer_config.json and
+// generation_config.json into `output` and adds bos/eos/pad ids to `hf_config`. `location` is a
+// model.tokenizer_path value ("brown_bpe", "byte", a tokenizer.json or tiktoken file).
+void export_tokenizer_to_hf(const std::string& location, int64_t max_seq_len,
+                            const std::string& output, nlohmann::json& hf_config);
 
 // Reads a Hugging Face Llama folder (config.json + model.safetensors or a sharded index) and
 // writes a complete model-only loom checkpoint `checkpoint_folder`/step-0, loadable with

@@ -40,6 +40,8 @@ struct CheckpointTargets {
   std::vector<parallel::ModelParameter> parameters;
   torch::optim::Optimizer* optimizer = nullptr;
   data::BatchSource* data = nullptr;
+  // Training time so far, summed over the run's attempts (train_state.json's elapsed_s).
+  std::function<double()> elapsed_s;
 };
 
 // A local tensor as the chunk of its global tensor that `placement` says it is (box and replica
@@ -54,6 +56,7 @@ struct ResumePoint {
   int64_t step = 0;
   int64_t tokens_seen = 0;
   int64_t lr_step = 0;
+  double elapsed_s = 0;  // training time of the earlier attempts (0 for older checkpoints)
   std::string loaded_from;  // empty when nothing was loaded
 };
 

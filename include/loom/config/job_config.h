@@ -84,6 +84,8 @@ struct DataLoaderSection {
 struct TrainingSection {
   std::string dataset = "c4_test";
   std::optional<std::string> dataset_path;
+  // loom: the JSON field holding each record's text in .jsonl files (.txt files are plain text).
+  std::string dataset_text_field = "text";
   int64_t local_batch_size = 8;
   int64_t global_batch_size = -1;
   int64_t seq_len = 2048;
@@ -238,6 +240,7 @@ struct ValidationSection {
   bool enable = false;
   std::string dataset = "c4_validation";
   std::optional<std::string> dataset_path;
+  std::string dataset_text_field = "text";  // loom: as training.dataset_text_field
   int64_t local_batch_size = 8;
   int64_t seq_len = 2048;
   int64_t freq = 10;

@@ -30,6 +30,7 @@ struct PackedLoaderOptions {
   int64_t dp_rank = 0;
   int64_t dp_world = 1;
   bool skip_bad_records = false;  // training.dataset_on_error = "skip"
+  std::string text_field = "text";  // the JSON field of a record's text (dataset_text_field)
 };
 
 class PackedLoader : public BatchSource {

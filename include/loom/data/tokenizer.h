@@ -54,6 +54,9 @@ class ByteTokenizer : public Tokenizer {
 // embedded corpus; a path: tokenizer.json (Hugging Face) or .tiktoken / tokenizer.model.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path);
 
+// The file a model.tokenizer_path names ("brown_bpe": the embedded one; "byte": none, empty).
+std::string tokenizer_file(const std::string& path);
+
 // Which tokenizer a job uses (torchtitan's rule): model.tokenizer_path when set; else the
 // tokenizer.json in model.hf_assets_path; else, when hf_assets_path is still its default and
 // that folder does not exist, "byte". An hf_assets_path that was set but holds no

@@ -32,6 +32,11 @@ struct LaunchOptions {
   int master_port = 29500;  // 0: pick a free port (single node only)
   int max_restarts = 0;
   std::optional<std::set<int>> local_ranks_filter;  // local ranks shown on the console
+  // Without a filter: local rank 0 (each node's console; rank 0 on the first node) shows
+  // everything, the other ranks only what is not a routine (info) log line, as torchtitan's
+  // LOG_RANK=0 default but keeping their warnings. false: every rank shows everything
+  // (--local-ranks-filter all).
+  bool quiet_other_ranks = true;
   std::optional<std::string> log_dir;               // <log_dir>/attempt_<k>/rank_<r>.log
   double monitor_interval_s = 0.1;
   double grace_period_s = 30.0;      // SIGTERM -> SIGKILL (--grace-period, --term-timeout)

@@ -27,6 +27,7 @@ struct WorkerSpec {
   std::vector<std::string> env;   // the whole environment, "KEY=VALUE"
   std::string console_prefix;     // e.g. "[rank3]: "
   bool to_console = true;
+  bool routine_to_console = true;  // false: the console gets only its warnings, errors, ...
   std::optional<std::string> log_path;
   // A heartbeat pipe (heartbeat.h): the worker beats every `heartbeat_interval`.
   bool heartbeat = false;

@@ -28,12 +28,19 @@ class LineSplitter {
   std::string pending_;
 };
 
+// Whether a worker's line is a loom log line below warning level ("[...] [rankN] [component]
+// info: ..."), which the console leaves out for all ranks but rank 0 by default (with the
+// indented continuation lines of such a message). Anything else (warnings, errors, a crash's
+// message, plain program output) is kept.
+bool is_routine_log_line(std::string_view line);
+
 class WorkerOutput {
  public:
-  // `to_console` false: the console shows nothing of this worker. `log_path`: the file is
-  // created (truncated) now; throws loom::IoError when it cannot be.
+  // `to_console` false: the console shows nothing of this worker; `routine_to_console` false:
+  // it shows all but routine log lines (is_routine_log_line). `log_path`: the file gets every
+  // line; it is created (truncated) now; throws loom::IoError when it cannot be.
   WorkerOutput(std::string console_prefix, bool to_console,
-               const std::optional<std::string>& log_path);
+               const std::optional<std::string>& log_path, bool routine_to_console = true);
   ~WorkerOutput();
   WorkerOutput(const WorkerOutput&) = delete;
   WorkerOutput& operator=(const WorkerOutput&) = delete;
@@ -48,6 +55,8 @@ class WorkerOutput {
 
   std::string prefix_;
   bool to_console_;
+  bool routine_to_console_ = true;
+  bool in_routine_[2] = {false, false};  // the stream's last line was a routine log line
   int log_fd_ = -1;
   LineSplitter splitters_[2];
 };

@@ -25,12 +25,13 @@ struct StepMetrics {
   double tps = 0;           // tokens per second per device
   double tflops = 0;        // achieved TFLOP/s per device
   double mfu_pct = 0;       // model FLOPs utilization, percent of peak
+  bool mfu_estimate = false;  // the peak was measured on this machine (CPU), not known
   double mem_peak_gib = 0;  // CUDA max allocated, or peak RSS on CPU
   double step_time_s = 0;
   double data_time_pct = 0;  // share of the step spent waiting for data
   double comm_wait_pct = 0;  // share of the step blocked on collectives (distributed::Work)
   int64_t tokens_seen = 0;   // over all ranks
-  double elapsed_s = 0;      // since training started
+  double elapsed_s = 0;      // training time since the run first started (summed over resumes)
   double since_start_s = 0;  // since the process started (start-up cost included)
   int64_t data_skipped = 0;  // bad dataset records skipped (training.dataset_on_error = skip)
   double comm_mb = 0;  // MB this rank sent per step over every process group (ring-model bytes)
@@ -39,6 +40,24 @@ struct StepMetrics {
   // "tok_embeddings", "norm", "output"), logged as "grad_norm/<block>".
   std::vector<std::pair<std::string, double>> block_grad_norms;
 };
+
+// The start record metrics.jsonl gets at each start of a run (fresh or resumed), so that runs
+// appended to one dump folder can be told apart. It has no "step" key (readers of step rows skip
+// it) and "event": "start".
+struct RunStart {
+  int64_t first_step = 1;
+  int64_t total_steps = 0;        // training.steps
+  int64_t resumed_from_step = 0;  // 0: a fresh run
+  std::string resumed_from;       // the checkpoint loaded, empty for a fresh run
+  std::string config_hash;        // of the effective config (config_hash())
+  int64_t world_size = 1;
+  std::string layout;             // "pp 1, dp_replicate 1, dp_shard 2, cp 1, tp 1"
+  double elapsed_s = 0;           // training time before this start (from the checkpoint)
+  std::string peak_source;        // where the MFU peak comes from (PeakFlops::source)
+};
+
+// "crc32c:<8 hex>" of the effective config's TOML.
+std::string config_hash(const config::JobConfig& config);
 
 // Where a MetricsLogger writes; each empty path turns its sink off.
 struct MetricsSinks {
@@ -68,14 +87,19 @@ class MetricsLogger {
 
   // Once the first step of this run is known (1, or the resumed step + 1): opens the
   // TensorBoard file (a resumed run adds a new one) and marks the run as running.
-  void start_run(int64_t first_step);
+  // Also appends the start record.
+  void start_run(const RunStart& start);
   // The run ended: "finished" or "stopped" (a signal), at `step`. Without it the destructor
   // records "failed" (an exception ended the run).
   void finish_run(const std::string& state, int64_t step);
 
   void log_step(const StepMetrics& metrics);
   // A validation result (its own JSON line with val_loss).
+  // Same time keys as a step row: elapsed_s, since_start_s, wall_time.
   void log_validation(int64_t step, double val_loss, int64_t tokens_seen, double elapsed_s);
+  // The JSON object of a start record, for tests.
+  static std::string start_json_line(const RunStart& start, double since_start_s,
+                                     double wall_time);
 
   // The JSON object for one step (what log_step appends), for tests.
   static std::string to_json_line(const StepMetrics& metrics, double wall_time);
@@ -91,12 +115,23 @@ class MetricsLogger {
   int64_t first_step_ = 1;
   int64_t last_step_ = 0;
   bool finished_ = false;
+  bool warned_mfu_ = false;
+  std::string peak_source_;
 };
 
-// Peak FLOP/s of one device: the override if set; a table of GPUs (bf16 dense); on CPU a GEMM
-// measured now (float32, all intra-op threads).
-double peak_flops(const at::Device& device, std::optional<double> override_tflops);
-double measure_cpu_gemm_flops();
+// Peak FLOP/s of one device, and how far to trust it.
+struct PeakFlops {
+  double flops = 0;         // 0: unknown (no MFU)
+  std::string source;       // "metrics.peak_tflops", "GPU table (H100)", "measured CPU GEMM"
+  bool estimate = false;    // measured here: MFU is marked as an estimate
+};
+// metrics.peak_tflops if set; a table of GPUs (bf16 dense); on CPU the best of many float32
+// GEMMs measured now over all intra-op threads (an estimate: a busy machine measures low).
+PeakFlops peak_flops(const at::Device& device, std::optional<double> override_tflops);
+// The best of `trials` timed GEMMs (at least `min_seconds` in all), in FLOP/s.
+double measure_cpu_gemm_flops(int trials = 12, double min_seconds = 0.25);
+// The one warning an MFU deserves, if any: above 100% means the peak is wrong.
+std::optional<std::string> mfu_warning(double mfu_pct, const PeakFlops& peak);
 
 // Peak memory so far in GiB: CUDA max allocated on `device`, or the process's peak RSS on CPU.
 double peak_memory_gib(const at::Device& device);

@@ -6,6 +6,8 @@
 // it holds model parts, parameters with placements, one gradient-sync object and a loss.
 #pragma once
 
+#include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -21,6 +23,7 @@
 #include "loom/parallel/parallelize.h"
 #include "loom/train/lr_scheduler.h"
 #include "loom/train/optimizer.h"
+#include "loom/train/validator.h"
 
 namespace loom::checkpoint {
 class CheckpointManager;
@@ -33,6 +36,9 @@ struct TrainResult {
   std::vector<double> losses;  // one per step
   std::vector<double> grad_norms;
   bool stopped_by_signal = false;
+  int stop_signal = 0;      // the signal that stopped the run (any rank's), 0 if none
+  int64_t first_step = 1;   // the first step this run trained (resume step + 1)
+  double elapsed_s = 0;     // this run's training time
   double peak_memory_gib = 0;
   uint64_t comm_wire_bytes = 0;  // sent by this rank over every group
 };
@@ -48,7 +54,9 @@ class Trainer {
                    std::unique_ptr<data::BatchSource> validation_source = nullptr);
   ~Trainer();
 
-  TrainResult train();
+  // `on_started` runs once the run has really started (checkpoint loaded or none to load), so a
+  // failed attempt leaves the dump folder's config.toml of the run it tried to resume.
+  TrainResult train(const std::function<void()>& on_started = {});
 
   // The first model part (the whole model without pipeline parallelism).
   models::CausalLM& model() { return *parallel_.parts.front(); }
@@ -76,10 +84,13 @@ class Trainer {
   void flush_pending(TrainResult& result, metrics::StepMetrics& last);
   double validate();
   bool is_log_step(int64_t step) const;
+  // Training time summed over the run's attempts (metrics' elapsed_s, saved in checkpoints).
+  double elapsed_s() const;
   // The shard group when parameters are sharded by FSDP (per-block norms sum over it), else null.
   distributed::Comm* shard_group();
-  // True on every rank once any rank was asked to stop (all ranks leave after the same step).
-  bool any_rank_stopping();
+  // The stop signal (SIGTERM, SIGINT) once any rank was asked to stop, on every rank (all ranks
+  // leave after the same step); 0 otherwise.
+  int any_rank_stopping();
 
   config::JobConfig config_;
   std::unique_ptr<distributed::ParallelRuntime> runtime_;
@@ -95,12 +106,15 @@ class Trainer {
   std::optional<LRSchedule> schedule_;
   int64_t lr_step_offset_ = 0;  // training step minus schedule step (lr_scheduler not resumed)
   std::unique_ptr<data::BatchSource> source_;
-  std::unique_ptr<data::BatchSource> validation_source_;
+  std::unique_ptr<Validator> validator_;
   std::unique_ptr<metrics::MetricsLogger> metrics_;
   std::unique_ptr<metrics::StepProfiler> profiler_;  // profiling.* traces and memory snapshots
   std::unique_ptr<checkpoint::CheckpointManager> checkpoint_;
   std::vector<PendingStep> pending_;
-  double peak_flops_ = 0;
+  metrics::PeakFlops peak_;
+  // Training time: of the earlier attempts (from the checkpoint) plus this one's.
+  double elapsed_before_ = 0;
+  std::chrono::steady_clock::time_point train_start_ = std::chrono::steady_clock::now();
   models::ModelSummary summary_;
 };
 

@@ -1,0 +1,122 @@
+#include "loom/checkpoint/resume_compat.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <filesystem>
+
+#include "loom/config/dump.h"
+#include "loom/config/loader.h"
+#include "loom/core/check.h"
+#include "loom/core/logging.h"
+
+namespace loom::checkpoint {
+namespace {
+
+void flatten(const nlohmann::json& value, const std::string& prefix,
+             std::map<std::string, std::string>& out) {
+  if (value.is_object()) {
+    for (const auto& [key, child] : value.items()) {
+      flatten(child, prefix.empty() ? key : prefix + "." + key, out);
+    }
+    return;
+  }
+  out[prefix] = value.dump();
+}
+
+// What a changed key means for the part of the checkpoint that depends on it.
+struct Dependency {
+  const char* key;
+  const char* part;  // the exclude_from_loading name of the state that cannot follow
+  const char* meaning;
+};
+
+constexpr Dependency kDependencies[] = {
+    {"model.name", "model", "the saved weights belong to another model"},
+    {"model.flavor", "model", "the saved weights have other shapes"},
+    {"model.tokenizer_path", "dataloader",
+     "the token ids change, so the data loader's position points into another token stream"},
+    {"model.hf_assets_path", "dataloader",
+     "the tokenizer may change, so the data loader's position may point into another token "
+     "stream"},
+    {"training.seq_len", "dataloader",
+     "the data loader's position counts windows of seq_len + 1 tokens and cannot follow a new "
+     "seq_len"},
+    {"training.dataset", "dataloader", "the data loader's position is in another dataset"},
+    {"training.dataset_path", "dataloader", "the data loader's position is in other files"},
+    {"training.dataset_mixture", "dataloader",
+     "the data loader's position is in another mixture"},
+    {"debug.seed", "dataloader", "the data order is drawn from the seed"},
+};
+
+bool excluded(const config::JobConfig& config, const std::string& part) {
+  const auto& list = config.checkpoint.exclude_from_loading;
+  return std::find(list.begin(), list.end(), part) != list.end();
+}
+
+}  // namespace
+
+std::vector<ConfigChange> config_changes(const config::JobConfig& saved,
+                                         const config::JobConfig& current) {
+  std::map<std::string, std::string> before, after;
+  flatten(nlohmann::json::parse(config::to_json(saved)), "", before);
+  flatten(nlohmann::json::parse(config::to_json(current)), "", after);
+  std::vector<ConfigChange> changes;
+  for (const auto& [key, value] : after) {
+    auto it = before.find(key);
+    const std::string old = it == before.end() ? "(unset)" : it->second;
+    if (old != value) changes.push_back({key, old, value});
+  }
+  return changes;
+}
+
+std::vector<std::string> resume_conflicts(const std::vector<ConfigChange>& changes,
+                                          const config::JobConfig& current, bool model_only) {
+  std::vector<std::string> conflicts;
+  for (const auto& change : changes) {
+    for (const auto& dependency : kDependencies) {
+      if (change.key != dependency.key) continue;
+      const std::string part = dependency.part;
+      if (excluded(current, part) || (model_only && part != "model")) continue;
+      std::string what = change.key + " " + change.saved + " -> " + change.current + ": " +
+                         dependency.meaning + "; ";
+      what += part == "model"
+                  ? "resume with the old value, or start the new model in another job.dump_folder"
+                  : "to keep the weights and optimizer but restart the data from its beginning, "
+                    "set checkpoint.exclude_from_loading = [\"dataloader\"] (CLI: "
+                    "--checkpoint.exclude_from_loading dataloader)";
+      conflicts.push_back(what);
+    }
+  }
+  return conflicts;
+}
+
+void check_resume_compatible(const std::string& step_folder, const config::JobConfig& current,
+                             bool model_only) {
+  const std::string path = step_folder + "/config.toml";
+  if (!std::filesystem::exists(path)) return;  // a Hugging Face import or an older checkpoint
+  config::JobConfig saved;
+  try {
+    saved = config::load_job_config(path, {}).config;
+  } catch (const Error& e) {
+    log::get("checkpoint")->warn("cannot compare with the config saved in {} ({}); resuming anyway",
+                                 path, e.message());
+    return;
+  }
+  const auto changes = config_changes(saved, current);
+  const auto conflicts = resume_conflicts(changes, current, model_only);
+  if (!conflicts.empty()) {
+    std::string text;
+    for (const auto& c : conflicts) text += "\n  " + c;
+    LOOM_THROW(InputError, "cannot resume from ", step_folder,
+               ": the config changed in ways the checkpoint cannot follow:", text,
+               "\n(the checkpoint is intact: older checkpoints share the change, so none is tried)");
+  }
+  if (changes.empty()) return;
+  std::string text;
+  for (const auto& c : changes) text += "; " + c.key + " " + c.saved + " -> " + c.current;
+  log::get("checkpoint")->info("config changed since {} (resuming is fine): {}", step_folder,
+                               text.substr(2));
+}
+
+}  // namespace loom::checkpoint
