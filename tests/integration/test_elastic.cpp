@@ -14,6 +14,7 @@
 #include <fstream>
 #include <map>
 
+#include "support/metrics_log.h"
 #include "support/process.h"
 
 // Distinct suite names: ctest labels go by test name, so the two binaries must not share them.
@@ -27,19 +28,24 @@
 namespace {
 
 using loom::testing::fresh_temp_dir;
+using loom::testing::losses_by_step;
 constexpr int kSteps = 8;
 constexpr int kNproc = LOOM_ELASTIC_NPROC;
 
 // Global batch 8, local batch 2: accumulation 4 on 1 rank, 2 on 2 ranks, 1 on 4.
-std::string job(const std::string& folder) {
-  return "train --config " LOOM_SOURCE_DIR "/configs/llama3_debug.toml --job.dump_folder " +
-         folder + " --training.steps " + std::to_string(kSteps) +
+std::string job_without_folder() {
+  return "train --config " LOOM_SOURCE_DIR "/configs/llama3_debug.toml --training.steps " +
+         std::to_string(kSteps) +
          " --training.seq_len 32 --training.local_batch_size 2 --training.global_batch_size 8"
          " --validation.enable false --metrics.log_freq 1 --metrics.peak_tflops 1"
          " --debug.seed 7 --lr_scheduler.warmup_steps 2"
          " --comm.init_timeout_seconds 60 --comm.train_timeout_seconds 30"
          " --comm.trace_buf_size 0 --checkpoint.enable true --checkpoint.interval 3"
          " --checkpoint.keep_latest_k 0 --checkpoint.last_save_model_only false";
+}
+
+std::string job(const std::string& folder) {
+  return job_without_folder() + " --job.dump_folder " + folder;
 }
 
 std::string node(int port) {
@@ -49,22 +55,10 @@ std::string node(int port) {
          " --max-restarts 1 --grace-period 60";
 }
 
-std::map<int64_t, double> losses_by_step(const std::string& folder) {
-  std::ifstream in(folder + "/metrics.jsonl");
-  std::map<int64_t, double> losses;
-  std::string line;
-  while (std::getline(in, line)) {
-    auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_object() && j.contains("loss")) losses[j["step"].get<int64_t>()] = j["loss"];
-  }
-  return losses;
-}
-
-void expect_losses_match_one_rank(const std::string& name, const std::string& elastic) {
-  const std::string straight = fresh_temp_dir(name + "_straight");
-  auto base = loom::testing::run_loom(job(straight) + " --checkpoint.enable false");
-  ASSERT_EQ(base.exit_code, 0) << base.output;
-  const auto want = losses_by_step(straight);
+// One rank with the same global batch, run once for all the tests of this binary.
+void expect_losses_match_one_rank(const std::string& elastic) {
+  const auto want = losses_by_step(loom::testing::shared_run(
+      "elastic_one_rank", job_without_folder() + " --checkpoint.enable false"));
   const auto got = losses_by_step(elastic);
   ASSERT_EQ(want.size(), static_cast<size_t>(kSteps));
   ASSERT_EQ(got.size(), static_cast<size_t>(kSteps));
@@ -101,7 +95,7 @@ TEST(LOOM_ELASTIC_SUITE, KilledNodeShrinksTheGroupAndTrainingContinues) {
   EXPECT_NE(result.output.find("resumed from " + folder + "/checkpoint/step-3 "),
             std::string::npos)
       << result.output;
-  expect_losses_match_one_rank("elastic_shrink", folder);
+  expect_losses_match_one_rank(folder);
 }
 
 TEST(LOOM_ELASTIC_SUITE, LateNodeIsAdmittedAtTheNextStepBoundary) {
@@ -121,7 +115,7 @@ TEST(LOOM_ELASTIC_SUITE, LateNodeIsAdmittedAtTheNextStepBoundary) {
   EXPECT_NE(result.output.find("re-forming the group (a node asks to join)"), std::string::npos)
       << result.output;
   EXPECT_NE(result.output.find("(node 1 of 2)"), std::string::npos) << result.output;
-  expect_losses_match_one_rank("elastic_grow", folder);
+  expect_losses_match_one_rank(folder);
 }
 
 #if LOOM_ELASTIC_NPROC > 1
@@ -148,6 +142,6 @@ TEST(LOOM_ELASTIC_SUITE, PreemptedNodeSavesAndTheOthersGoOnWithoutIt) {
   EXPECT_EQ(result.output.find("resumed from " + folder + "/checkpoint/step-3 "),
             std::string::npos)
       << result.output;
-  expect_losses_match_one_rank("elastic_preempt", folder);
+  expect_losses_match_one_rank(folder);
 }
 #endif

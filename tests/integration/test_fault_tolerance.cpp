@@ -16,9 +16,12 @@
 #include <random>
 #include <sstream>
 
+#include "support/metrics_log.h"
 #include "support/process.h"
 
 namespace {
+
+using loom::testing::losses_by_step;
 
 namespace fs = std::filesystem;
 using loom::testing::fresh_temp_dir;
@@ -43,20 +46,6 @@ std::string two_ranks(const std::string& launcher_flags, const std::string& job_
   return std::string(LOOM_BINARY) + " launch --nproc-per-node 2 --master-port " +
          std::to_string(loom::testing::free_port()) + " " + launcher_flags + " -- " + job_args +
          " --parallelism.data_parallel_replicate_degree 2";
-}
-
-// The last logged loss of each step (a restarted job logs the steps it re-does again).
-std::map<int64_t, double> losses_by_step(const std::string& folder) {
-  std::ifstream in(folder + "/metrics.jsonl");
-  std::map<int64_t, double> losses;
-  std::string line;
-  while (std::getline(in, line)) {
-    auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_object() && j.contains("loss") && j.contains("step")) {
-      losses[j["step"].get<int64_t>()] = j["loss"].get<double>();
-    }
-  }
-  return losses;
 }
 
 std::string file_bytes(const fs::path& path) {

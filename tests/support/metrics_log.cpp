@@ -19,6 +19,19 @@ std::vector<double> logged_losses(const std::string& dump_folder) {
   return out;
 }
 
+std::map<int64_t, double> losses_by_step(const std::string& dump_folder) {
+  std::ifstream in(dump_folder + "/metrics.jsonl");
+  std::map<int64_t, double> losses;
+  std::string line;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.contains("loss") && j.contains("step")) {
+      losses[j["step"].get<int64_t>()] = j["loss"].get<double>();
+    }
+  }
+  return losses;
+}
+
 void expect_losses_close(const std::vector<double>& want, const std::vector<double>& got,
                          double relative, const std::string& what) {
   ASSERT_EQ(want.size(), got.size()) << what;

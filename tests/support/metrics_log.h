@@ -1,6 +1,8 @@
 // Reading what a training run logged, for the end-to-end tests.
 #pragma once
 
+#include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -8,6 +10,10 @@ namespace loom::testing {
 
 // The loss of every training line in <dump_folder>/metrics.jsonl, in order.
 std::vector<double> logged_losses(const std::string& dump_folder);
+
+// The last logged loss of each step (a restarted or resumed run logs the steps it re-does
+// again).
+std::map<int64_t, double> losses_by_step(const std::string& dump_folder);
 
 // Same length, and each loss within `relative` of the reference (0: bitwise equal); failures
 // name `what` and the step.
