@@ -59,6 +59,25 @@ const TpRule* weight_rule(const std::vector<TpRule>& plan, const std::string& mo
   return nullptr;
 }
 
+// A rule that matches no parameter and no hook point of a whole model is a typo in the plan (a
+// pipeline stage's part legitimately lacks the embedding, the head or most layers).
+void check_every_rule_used(const models::CausalLM& model, const std::vector<TpRule>& plan,
+                           const std::map<std::string, Placement>& boxes,
+                           const std::vector<std::string>& points) {
+  const auto& part = model.part();
+  if (!part.embedding || !part.head || part.first_layer != 0) return;
+  for (const auto& rule : plan) {
+    bool used = false;
+    for (const auto& [name, box] : boxes) {
+      used = used || (rule.weight != WeightSplit::kNone &&
+                      matches_module_pattern(rule.module, name.substr(0, name.rfind('.'))));
+    }
+    for (const auto& point : points) used = used || matches_module_pattern(rule.module, point);
+    LOOM_CHECK(used, "tensor-parallel plan: rule '", rule.module,
+               "' matches no parameter or hook point of the model");
+  }
+}
+
 // This rank's box of one weight under `split`.
 Placement split_box(const std::string& name, const Placement& box, WeightSplit split,
                     const MeshAxis& tp) {
@@ -129,7 +148,9 @@ std::map<std::string, Placement> apply_tensor_parallel(models::CausalLM& model,
     LOOM_CHECK(current.is_meta(), "apply_tensor_parallel expects a model on the meta device");
     model.replace_parameter(name, at::empty(box.lengths, current.options()));
   }
-  for (const std::string& point : model.hook_points()) {
+  const auto points = model.hook_points();
+  check_every_rule_used(model, plan, boxes, points);
+  for (const std::string& point : points) {
     for (const auto& rule : plan) {
       if (rule.input == InputLayout::kAsIs && rule.output == OutputLayout::kAsIs) continue;
       if (!matches_module_pattern(rule.module, point)) continue;

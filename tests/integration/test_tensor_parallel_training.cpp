@@ -103,8 +103,26 @@ std::string resume_folder(const std::string& from, const std::string& name) {
 
 }  // namespace
 
+// The first step's traffic proves the tp group carried the region changes (a job that ignored
+// tensor_parallel_degree would send nothing): the formula of docs/parallelism.md for
+// 2 microbatches of b = 4, s = 64, d = 256, L = 6, N = 2, plus 12 bytes of the trainer's own
+// all-reduces (the gradient norm and the stop flag over the world).
 TEST(TensorParallelTraining, TwoRanksMatchOneRankWithLossParallel) {
   expect_matches_one_rank(tp2_run(), "tp 2");
+  std::ifstream in(tp2_run() + "/metrics.jsonl");
+  std::string line;
+  double comm_bytes = -1;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.value("step", 0) == 1 && j.contains("comm_mb")) {
+      comm_bytes = j["comm_mb"].get<double>() * 1e6;
+      break;
+    }
+  }
+  const double b = 4, s = 64, d = 256, layers = 6, ring = 0.5, micro = 2;
+  const double per_micro = (8 * layers + 4) * b * s * d * 4 * ring + 24 * b * s * ring;
+  const double want = micro * per_micro + 8 * (2 * layers + 1) * d * ring + 12;
+  EXPECT_NEAR(comm_bytes, want, 1e-3 * want);
 }
 
 TEST(TensorParallelTraining, LossParallelOffGivesTheSameLosses) {
@@ -119,7 +137,8 @@ TEST(TensorParallelTraining, LossParallelOffGivesTheSameLosses) {
 TEST(TensorParallelTraining, FourRanksMatchOneRank) {
   const std::string folder = fresh_temp_dir("tp4");
   run_ok(launch(4, job(20, "--job.dump_folder " + folder +
-                               " --parallelism.tensor_parallel_degree 4")));
+                               " --parallelism.tensor_parallel_degree 4")),
+         "TP over group");
   expect_matches_one_rank(folder, "tp 4");
 }
 
@@ -128,7 +147,7 @@ TEST(TensorParallelTraining, FsdpTimesTpMatchesOneRank) {
   run_ok(launch(4, job(20, "--job.dump_folder " + folder +
                                " --parallelism.tensor_parallel_degree 2"
                                " --parallelism.data_parallel_shard_degree 2")),
-         "sharded over group 'fsdp'");
+         "reduce-scatter in Float + TP over group 'tp'");
   expect_matches_one_rank(folder, "dp_shard 2 x tp 2", false);
 }
 
@@ -137,7 +156,8 @@ TEST(TensorParallelTraining, DdpTimesTpMatchesOneRank) {
   run_ok(launch(4, job(20, "--job.dump_folder " + folder +
                                " --parallelism.tensor_parallel_degree 2"
                                " --parallelism.data_parallel_replicate_degree 2"
-                               " --parallelism.data_parallel_shard_degree 1")));
+                               " --parallelism.data_parallel_shard_degree 1")),
+         "TP over group 'tp'");
   expect_matches_one_rank(folder, "dp_replicate 2 x tp 2", false);
 }
 

@@ -128,6 +128,46 @@ TEST(TensorParallelPlan, PatternsMatchOneComponentPerStar) {
   EXPECT_TRUE(parallel::matches_module_pattern("norm", "norm"));
 }
 
+// The Llama plan matches the model (every rule is used); a plan with a typo is refused, and a
+// rule naming what a pipeline part lacks is not.
+TEST(TensorParallelPlan, LlamaPlanAppliesAndTyposAreRefused) {
+  auto meta_model = [](models::ModelPart part = {}) {
+    return models::build_model(config::JobConfig{}, 97, at::TensorOptions().device(at::kMeta),
+                               part);
+  };
+  parallel::MeshAxis tp{"tp", 0, 1, distributed::Comm::single("tp")};
+  auto boxes_of = [](models::CausalLM& model) {
+    std::map<std::string, parallel::Placement> boxes;
+    for (const auto& item : model.module().named_parameters()) {
+      boxes.emplace(item.key(), parallel::Placement::whole(item.value().sizes()));
+    }
+    return boxes;
+  };
+  auto model = meta_model();
+  auto boxes = parallel::apply_tensor_parallel(*model, models::llama::tensor_parallel_plan(true),
+                                               tp, boxes_of(*model));
+  // One tp rank: every box whole (the splits are checked on 2 and 4 ranks below).
+  EXPECT_TRUE(boxes.at("layers.0.attention.wq.weight").is_whole());
+  EXPECT_EQ(boxes.size(), model->module().named_parameters().size());
+  auto typo = models::llama::tensor_parallel_plan(true);
+  typo.push_back(parallel::colwise("layers.*.atention.wq"));
+  auto fresh = meta_model();
+  try {
+    parallel::apply_tensor_parallel(*fresh, typo, tp, boxes_of(*fresh));
+    FAIL() << "a plan rule matching nothing was accepted";
+  } catch (const InternalError& e) {
+    EXPECT_NE(std::string(e.what()).find("layers.*.atention.wq"), std::string::npos) << e.what();
+  }
+  models::ModelPart middle;
+  middle.first_layer = 2;
+  middle.end_layer = 4;
+  middle.embedding = false;
+  middle.head = false;
+  auto part = meta_model(middle);
+  EXPECT_NO_THROW(parallel::apply_tensor_parallel(*part, models::llama::tensor_parallel_plan(true),
+                                                  tp, boxes_of(*part)));
+}
+
 // ---- The whole model: one training step of parallelize_llama against one process ----
 
 constexpr uint64_t kSeed = 11;

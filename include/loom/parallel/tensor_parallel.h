@@ -64,8 +64,9 @@ bool matches_module_pattern(const std::string& pattern, const std::string& name)
 
 // Applies `plan` over `tp` (a MeshAxis with its comm) to the meta model. `boxes` holds every
 // parameter's box so far (whole, usually); returns the boxes after the split. Throws
-// InternalError for a rule that matches nothing (a typo in a plan) and InputError for a weight
-// that does not split.
+// InternalError, on a whole model, for a rule that matches nothing (a typo in a plan; a
+// pipeline stage's part may lack what a rule names) and InputError for a weight that leaves a
+// tp rank without a piece.
 std::map<std::string, Placement> apply_tensor_parallel(models::CausalLM& model,
                                                        const std::vector<TpRule>& plan,
                                                        const MeshAxis& tp,
