@@ -26,8 +26,6 @@ void add_config_command(CLI::App& app, CommandRun& run);
 void add_plan_command(CLI::App& app, CommandRun& run);
 // `loom plan schedule`, registered on the plan subcommand.
 void add_plan_schedule_command(CLI::App& plan, CommandRun& run);
-// The job's model's transformer layer count (the model built on the meta device: no memory).
-int64_t model_layer_count(const config::JobConfig& config);
 void add_tokenize_command(CLI::App& app, CommandRun& run);
 void add_prepare_data_command(CLI::App& app, CommandRun& run);
 void add_launch_command(CLI::App& app, CommandRun& run);

@@ -4,6 +4,7 @@
 
 #include "commands.h"
 #include "config_preflight.h"
+#include "loom/models/model_spec.h"
 #include "loom/config/dump.h"
 #include "loom/parallel/pipeline/plan.h"
 #include "loom/core/check.h"
@@ -26,17 +27,7 @@ int validate_config(const CLI::App& command, State& state) {
   } else if (state.world_size > 0) {
     world.world_size = state.world_size;
   }
-  auto problems = preflight_problems(loaded.config, world);
-  if (loaded.config.parallelism.pipeline_parallel_degree > 1) {
-    // The stage split, microbatch count and schedule, as training will check them once
-    // pipeline parallelism is wired in.
-    try {
-      parallel::pipeline::plan_pipeline(loaded.config, model_layer_count(loaded.config),
-                                        loaded.provenance);
-    } catch (const config::ConfigError& error) {
-      problems.push_back(error.message());
-    }
-  }
+  auto problems = preflight_problems(loaded.config, world, loaded.provenance);
   if (!problems.empty()) {
     std::string text = "config " +
                        (loaded.config.job.config_file ? *loaded.config.job.config_file

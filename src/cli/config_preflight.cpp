@@ -48,11 +48,12 @@ void check_dataset(const std::string& name, const std::optional<std::string>& pa
 }  // namespace
 
 std::vector<std::string> preflight_problems(const config::JobConfig& config,
-                                            const PreflightWorld& world) {
+                                            const PreflightWorld& world,
+                                            const config::Provenance& provenance) {
   std::vector<std::string> problems;
   const auto& p = config.parallelism;
   const size_t before = problems.size();
-  collect(problems, [&] { train::check_supported_features(config); });
+  collect(problems, [&] { train::check_supported_features(config, provenance); });
   // The arithmetic only once the degrees themselves are ones train can run.
   if (problems.size() == before) {
     collect(problems, [&] {

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "loom/config/diagnostics.h"
 #include "loom/config/job_config.h"
 
 namespace loom::cli {
@@ -18,7 +19,8 @@ struct PreflightWorld {
 // the layout arithmetic (for `world.world_size`, or for the world sizes the degrees allow), the
 // batch sizes, the tokenizer and the datasets. Empty when train would start.
 std::vector<std::string> preflight_problems(const config::JobConfig& config,
-                                            const PreflightWorld& world);
+                                            const PreflightWorld& world,
+                                            const config::Provenance& provenance = {});
 
 // One line describing the layout a world size gives, or the world sizes the degrees allow.
 std::string describe_world(const config::JobConfig& config, const PreflightWorld& world);

@@ -12,13 +12,6 @@
 
 namespace loom::cli {
 
-int64_t model_layer_count(const config::JobConfig& c) {
-  auto model = models::build_model(c, 0, at::TensorOptions().device(at::kMeta).dtype(at::kFloat));
-  int64_t layers = 0;
-  for (const auto& name : model->hookable_modules()) layers += name.rfind("layers.", 0) == 0;
-  return layers;
-}
-
 void add_plan_command(CLI::App& app, CommandRun& run) {
   CLI::App* plan = app.add_subcommand("plan", "Plan a job without running it");
   plan->require_subcommand(1);

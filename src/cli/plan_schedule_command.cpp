@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "commands.h"
+#include "loom/models/model_spec.h"
 #include "loom/core/strings.h"
 #include "loom/parallel/pipeline/plan.h"
 #include "loom/parallel/pipeline/schedule.h"
@@ -56,7 +57,7 @@ pp::Schedule schedule_of_job(CLI::App& cmd, ScheduleArgs& a) {
   }
   config::LoadedConfig loaded = load_config(cmd, a.config);
   const auto plan =
-      pp::plan_pipeline(loaded.config, model_layer_count(loaded.config), loaded.provenance);
+      pp::plan_pipeline(loaded.config, models::count_layers(loaded.config), loaded.provenance);
   std::cout << "stage split of " << loaded.config.model.name << " " << loaded.config.model.flavor
             << ":\n";
   for (const auto& part : plan.split.stages) {

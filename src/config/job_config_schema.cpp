@@ -266,36 +266,29 @@ void add_parallelism_section(Schema& s) {
       .min(1);
   p.field(
       "module_fqns_per_model_part", &ParallelismSection::module_fqns_per_model_part,
-      "Explicit module names of each pipeline model part (CLI: ';' between parts, ',' within).")
-      .unimplemented();
+      "Explicit module names of each pipeline model part (CLI: ';' between parts, ',' within).");
   p.field("pipeline_parallel_first_stage_less_layers",
           &ParallelismSection::pipeline_parallel_first_stage_less_layers,
           "Layers fewer on the first stage (it also holds the embedding).")
-      .min(0)
-      .unimplemented();
+      .min(0);
   p.field("pipeline_parallel_last_stage_less_layers",
           &ParallelismSection::pipeline_parallel_last_stage_less_layers,
           "Layers fewer on the last stage (it also holds the output projection).")
-      .min(0)
-      .unimplemented();
+      .min(0);
   p.field("pipeline_parallel_layers_per_stage",
           &ParallelismSection::pipeline_parallel_layers_per_stage,
           "Layers per pipeline stage, to derive the split automatically.")
-      .min(1)
-      .unimplemented();
+      .min(1);
   p.field("pipeline_parallel_schedule", &ParallelismSection::pipeline_parallel_schedule,
           "Pipeline schedule: GPipe, 1F1B, Interleaved1F1B or InterleavedZeroBubble "
-          "(case-insensitive; `loom plan schedule` shows each).")
-      .unimplemented();
+          "(case-insensitive; `loom plan schedule` shows each).");
   p.field("pipeline_parallel_schedule_csv", &ParallelismSection::pipeline_parallel_schedule_csv,
           "CSV file with a custom pipeline schedule (a row of actions per rank, e.g. 0F1,0I1,0W1; "
-          "torch.distributed.pipelining's format); replaces pipeline_parallel_schedule.")
-      .unimplemented();
+          "torch.distributed.pipelining's format); replaces pipeline_parallel_schedule.");
   p.field("pipeline_parallel_microbatch_size",
           &ParallelismSection::pipeline_parallel_microbatch_size,
           "Samples per pipeline microbatch.")
-      .min(1)
-      .unimplemented();
+      .min(1);
   p.field("pipeline_parallel_expert_parallel_overlap",
           &ParallelismSection::pipeline_parallel_expert_parallel_overlap,
           "Overlap expert- and pipeline-parallel communication.")

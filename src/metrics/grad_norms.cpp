@@ -18,27 +18,34 @@ std::string block_of(const std::string& parameter_name) {
 }
 
 std::vector<std::pair<std::string, double>> block_grad_norms(
-    const std::vector<std::pair<std::string, at::Tensor>>& parameters,
-    distributed::Comm* shard_group) {
+    const std::vector<std::string>& model_parameters, const std::vector<GradientBox>& local,
+    distributed::Comm* all_ranks) {
   at::NoGradGuard no_grad;
   std::vector<std::string> blocks;
   std::unordered_map<std::string, size_t> index;
-  std::vector<at::Tensor> squares;  // float64 sums of squares, one per block
-  for (const auto& [name, tensor] : parameters) {
+  for (const auto& name : model_parameters) {
     const std::string block = block_of(name);
-    auto [it, inserted] = index.emplace(block, blocks.size());
-    if (inserted) {
-      blocks.push_back(block);
-      squares.push_back(at::zeros({}, tensor.options().dtype(at::kDouble)));
-    }
-    // A shard may be empty (more ranks than rows) or have no gradient (unused parameter).
-    if (tensor.grad().defined() && tensor.grad().numel() > 0) {
-      squares[it->second] += tensor.grad().to(at::kDouble).pow(2).sum();
-    }
+    if (index.emplace(block, blocks.size()).second) blocks.push_back(block);
   }
   if (blocks.empty()) return {};
+  std::vector<at::Tensor> squares(blocks.size());  // float64 sums of squares, one per block
+  at::TensorOptions options = at::TensorOptions().dtype(at::kDouble);
+  for (const auto& box : local) {
+    options = options.device(box.tensor.device());
+    const at::Tensor& grad = box.tensor.grad();
+    // A shard may be empty (more ranks than rows) or have no gradient (unused parameter).
+    if (!box.counted || !grad.defined() || grad.numel() == 0) continue;
+    auto it = index.find(block_of(box.name));
+    if (it == index.end()) continue;
+    at::Tensor sum = grad.to(at::kDouble).pow(2).sum();
+    at::Tensor& slot = squares[it->second];
+    slot = slot.defined() ? slot + sum : sum;
+  }
+  for (auto& slot : squares) {
+    if (!slot.defined()) slot = at::zeros({}, options);
+  }
   at::Tensor all = at::stack(squares);
-  if (shard_group != nullptr && shard_group->size() > 1) shard_group->all_reduce(all);
+  if (all_ranks != nullptr && all_ranks->size() > 1) all_ranks->all_reduce(all);
   all = all.cpu();
   std::vector<std::pair<std::string, double>> norms;
   for (size_t i = 0; i < blocks.size(); ++i) {

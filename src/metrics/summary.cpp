@@ -13,7 +13,7 @@ namespace {
 int direction(const std::string& key) {
   static const char* lower[] = {"loss",          "val_loss",     "grad_norm",    "step_time_s",
                                 "data_time_pct", "mem_peak_gib", "data_skipped", "comm_mb",
-                                "comm_wait_pct"};
+                                "comm_wait_pct", "pp_bubble_pct"};
   static const char* higher[] = {"tps", "tflops", "mfu_pct"};
   for (const char* k : lower) {
     if (key == k) return -1;

@@ -71,6 +71,13 @@ std::unique_ptr<CausalLM> build_model(const config::JobConfig& config, int64_t v
   return spec.build(build);
 }
 
+int64_t count_layers(const config::JobConfig& config) {
+  auto model = build_model(config, 0, at::TensorOptions().device(at::kMeta).dtype(at::kFloat));
+  int64_t layers = 0;
+  for (const auto& name : model->hookable_modules()) layers += name.rfind("layers.", 0) == 0;
+  return layers;
+}
+
 std::string format_summary(const ModelSummary& s, bool with_shapes) {
   std::ostringstream out;
   char flops[64];

@@ -120,6 +120,13 @@ FsdpOptions fsdp_options(const config::JobConfig& config, at::ScalarType param_d
   options.reduce_dtype = at::kFloat;
   options.reshard = parse_reshard_policy(config.parallelism.fsdp_reshard_after_forward);
   options.defer_gradient_sync = config.parallelism.fsdp_defer_gradient_sync;
+  if (config.parallelism.pipeline_parallel_degree > 1) {
+    // torchtitan's meaning of "default" under PP; the pipeline runner arms the gradient sync
+    // on each stage's last backward of the step, so one reduce-scatter per unit and step.
+    if (options.reshard == ReshardPolicy::kDefault) options.reshard = ReshardPolicy::kNever;
+    options.defer_gradient_sync = true;
+    options.keep_unsharded_until_sync = options.reshard == ReshardPolicy::kNever;
+  }
   return options;
 }
 
@@ -314,7 +321,7 @@ void FullyShardedDataParallel::on_gradient_ready(size_t u) {
   // Every parameter of the unit has its gradient: its backward is over.
   unit.ready = 0;
   if (sync_) launch_reduce_scatter(unit);
-  reshard(unit);
+  if (sync_ || !options_.keep_unsharded_until_sync) reshard(unit);
 }
 
 void FullyShardedDataParallel::launch_reduce_scatter(Unit& unit) {

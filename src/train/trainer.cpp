@@ -6,6 +6,7 @@
 #include <ATen/record_function.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -25,6 +26,7 @@
 #include "loom/data/tokenizer.h"
 #include "loom/metrics/grad_norms.h"
 #include "loom/metrics/memory_estimate.h"
+#include "loom/parallel/pipeline/model_parts.h"
 #include "loom/train/grad_clip.h"
 #include "loom/train/loss.h"
 #include "loom/train/lr_scheduler.h"
@@ -177,11 +179,13 @@ Trainer::Trainer(config::JobConfig config, std::unique_ptr<data::BatchSource> so
     : config_(std::move(config)) {
   setup_runtime();
   tokenizer_ = load_job_tokenizer(config_);
-  // Parameter state is split over FSDP's shards and the tp ranks (activations are estimated
-  // whole: conservative under sequence parallelism).
+  // Parameter state is split over FSDP's shards, the tp ranks and (roughly evenly) the pipeline
+  // stages; activations are estimated whole: conservative under sequence parallelism.
+  const auto& dims = runtime_->dims();
   check_memory_fits(config_, tokenizer_ ? tokenizer_->vocab_size() : 0,
-                    (shard_group() ? shard_group()->size() : 1) * runtime_->dims().tp, device_);
+                    (shard_group() ? shard_group()->size() : 1) * dims.tp * dims.pp, device_);
   build_model();
+  build_pipeline();
   build_data(std::move(source), std::move(validation_source));
   build_checkpointer();
 }
@@ -191,6 +195,9 @@ Trainer::~Trainer() = default;
 void Trainer::setup_runtime() {
   auto log = log::get("trainer");
   check_supported_features(config_);
+  if (config_.parallelism.pipeline_parallel_degree > 1) {
+    pipeline_plan_ = parallel::pipeline::plan_pipeline(config_, models::count_layers(config_));
+  }
   runtime_ =
       std::make_unique<distributed::ParallelRuntime>(config_, wants_cuda(config_.training.device));
   device_ = choose_device(config_.training.device, runtime_->world().local_rank);
@@ -233,7 +240,18 @@ void Trainer::build_model() {
                                     seed_,
                                     parameter_dtype(config_.training),
                                     autocast_dtype(config_.training, device_)};
-  parallel_ = spec.parallelize(models::build_model(config_, vocab, meta), context);
+  // Without pipeline parallelism the whole model; with it, this rank's stages (global names).
+  std::vector<std::unique_ptr<models::CausalLM>> parts;
+  if (pipeline_plan_) {
+    const auto pp_rank = runtime_->mesh().group_rank(distributed::MeshGroup::pp, runtime_->rank());
+    for (const auto& part : pipeline_plan_->split.parts_of_rank(static_cast<int>(pp_rank))) {
+      parts.push_back(models::build_model(config_, vocab, meta,
+                                          parallel::pipeline::to_model_part(part)));
+    }
+  } else {
+    parts.push_back(models::build_model(config_, vocab, meta));
+  }
+  parallel_ = spec.parallelize(std::move(parts), context);
   local_tensors_ = parallel_.tensors();
   placements_ = parallel_.placements();
   optimizer_ = build_optimizer(config_.optimizer, local_tensors_);
@@ -310,6 +328,61 @@ void Trainer::build_checkpointer() {
       std::make_unique<checkpoint::CheckpointManager>(config_, *runtime_, std::move(targets));
 }
 
+void Trainer::build_pipeline() {
+  if (!pipeline_plan_) return;
+  parallel::pipeline::PipelineRunnerOptions options;
+  options.boundary_shape = parallel_.boundary_shape;
+  options.boundary_dtype = parallel_.boundary_dtype;
+  options.device = device_;
+  options.forward = [this](models::CausalLM& part, const at::Tensor& input) {
+    AutocastGuard autocast(device_.type(), parallel_.autocast);
+    return part.forward(input.device() == device_ ? input : input.to(device_));
+  };
+  options.loss_sum = [this](const at::Tensor& output, const at::Tensor& labels) {
+    AutocastGuard autocast(device_.type(), parallel_.autocast);
+    return parallel_.loss(output, labels.to(device_));
+  };
+  std::vector<models::CausalLM*> parts;
+  for (auto& part : parallel_.parts) parts.push_back(part.get());
+  const auto pp_rank = runtime_->mesh().group_rank(distributed::MeshGroup::pp, runtime_->rank());
+  pipeline_ = std::make_unique<parallel::pipeline::PipelineRunner>(
+      *pipeline_plan_, static_cast<int>(pp_rank), std::move(parts), parallel_.part_syncs,
+      runtime_->group_ptr(distributed::MeshGroup::pp), std::move(options));
+  const auto& plan = *pipeline_plan_;
+  log::get("trainer")->info(
+      "pipeline: {} over {} ranks, {} stages ({} per rank), {} microbatches of {} per pass; this "
+      "rank runs stages {}",
+      plan.schedule.name, plan.split.pp, plan.schedule.stages(), plan.split.stages_per_rank,
+      plan.microbatches, config_.parallelism.pipeline_parallel_microbatch_size,
+      fmt::join(plan.schedule.stages_of_rank(static_cast<int>(pp_rank)), ", "));
+}
+
+// Gradients of every microbatch, each loss divided by the valid tokens of the whole step so that
+// accumulation equals one big batch. Returns this rank's part of the step's loss (detached).
+at::Tensor Trainer::forward_backward(const std::vector<data::Batch>& micro, int64_t valid_tokens) {
+  at::Tensor loss_sum;
+  for (size_t i = 0; i < micro.size(); ++i) {
+    const bool last = i + 1 == micro.size();
+    at::Tensor loss;
+    if (pipeline_) {  // the schedule runs backward and arms the stages' gradient sync itself
+      loss = pipeline_->train_pass(micro[i].inputs.to(device_), micro[i].labels.to(device_),
+                                   static_cast<double>(valid_tokens), last);
+    } else {
+      parallel_.gradient_sync->prepare_microbatch(last);
+      {
+        AutocastGuard autocast(device_.type(), parallel_.autocast);
+        at::Tensor output = parallel_.parts.front()->forward(micro[i].inputs.to(device_));
+        loss = parallel_.loss(output, micro[i].labels.to(device_)) /
+               static_cast<double>(valid_tokens);
+      }
+      loss.backward();
+      loss = loss.detach();
+    }
+    loss_sum = loss_sum.defined() ? loss_sum + loss : loss;
+  }
+  return loss_sum;
+}
+
 // One optimizer step over the step's microbatches. Nothing here waits for the device: the loss
 // and the gradient norm stay tensors until a logging step reads them.
 double Trainer::train_step(int64_t step, PendingStep& pending, metrics::StepMetrics& m) {
@@ -330,25 +403,18 @@ double Trainer::train_step(int64_t step, PendingStep& pending, metrics::StepMetr
   LOOM_CHECK_AS(InputError, valid_tokens > 0, "step ", step, ": the batch has no token to predict");
 
   optimizer_->zero_grad();
-  at::Tensor loss_sum;
-  auto& model = *parallel_.parts.front();
-  for (size_t i = 0; i < micro.size(); ++i) {
-    parallel_.gradient_sync->prepare_microbatch(i + 1 == micro.size());
-    at::Tensor loss;
-    {
-      AutocastGuard autocast(device_.type(), parallel_.autocast);
-      at::Tensor output = model.forward(micro[i].inputs.to(device_));
-      // Divided by the valid tokens of the whole step, so accumulation equals one big batch.
-      loss = parallel_.loss(output, micro[i].labels.to(device_)) / static_cast<double>(valid_tokens);
-    }
-    loss.backward();
-    loss_sum = loss_sum.defined() ? loss_sum + loss.detach() : loss.detach();
-  }
+  const at::Tensor loss_sum = forward_backward(micro, valid_tokens);
   parallel_.gradient_sync->finish();
   if (config_.metrics.log_layer_grad_norms && is_log_step(step)) {
-    std::vector<std::pair<std::string, at::Tensor>> named;
-    for (const auto& p : parallel_.parameters) named.emplace_back(p.name, p.tensor);
-    m.block_grad_norms = metrics::block_grad_norms(named, shard_group());
+    // Over every rank: FSDP shards, TP pieces and pipeline stages each hold some of a block.
+    std::vector<std::string> names;
+    for (const auto& p : summary_.parameters) names.push_back(p.name);
+    std::vector<metrics::GradientBox> local;
+    for (const auto& p : parallel_.parameters) {
+      local.push_back({p.name, p.tensor, p.placement.replica_rank() == 0});
+    }
+    m.block_grad_norms =
+        metrics::block_grad_norms(names, local, &runtime_->world_group());
   }
   RECORD_USER_SCOPE("loom::optimizer");
   pending.step = step;
@@ -369,8 +435,20 @@ void Trainer::flush_pending(TrainResult& result, metrics::StepMetrics& last) {
     norms.push_back(p.grad_norm.reshape({1}));
   }
   auto& loss_group = runtime_->group(distributed::MeshGroup::loss);
-  const at::Tensor loss_values =
-      sum_over(loss_group, at::cat(losses).to(at::kCPU).contiguous()).contiguous();
+  at::Tensor loss_values = sum_over(loss_group, at::cat(losses).to(at::kCPU).contiguous());
+  if (pipeline_) {
+    // The losses live on the last stage (zeros elsewhere); with them, each pp rank's share of
+    // its pipeline time spent waiting for activations and gradients, averaged over the ranks.
+    const auto stats = pipeline_->take_stats();
+    const double busy = stats.compute_seconds + stats.wait_seconds;
+    const double bubble = busy > 0 ? 100.0 * stats.wait_seconds / busy : 0.0;
+    at::Tensor values = sum_over(pipeline_->group(),
+                                 at::cat({loss_values.to(at::kDouble),
+                                          at::full({1}, bubble, at::kDouble)}));
+    last.pp_bubble_pct = values[-1].item<double>() / pipeline_->group().size();
+    loss_values = values.narrow(0, 0, values.size(0) - 1);
+  }
+  loss_values = loss_values.contiguous();
   const at::Tensor norm_values = at::cat(norms).to(at::kCPU).contiguous();
   for (size_t i = 0; i < pending_.size(); ++i) {
     const double loss = loss_values[static_cast<int64_t>(i)].item<double>();
@@ -388,6 +466,7 @@ double Trainer::validate() {
   auto& model = *parallel_.parts.front();
   return validator_->run(
       [&](const at::Tensor& inputs, const at::Tensor& labels) {
+        if (pipeline_) return pipeline_->eval_sum(inputs.to(device_), labels.to(device_));
         AutocastGuard autocast_guard(device_.type(), parallel_.autocast);
         return parallel_.loss(model.forward(inputs.to(device_)), labels.to(device_));
       },

@@ -222,11 +222,9 @@ TEST(Cli, PlanScheduleTimelineAndBubble) {
                        "' --parallelism.pipeline_parallel_degree 2 --training.local_batch_size 8 "
                        "--parallelism.pipeline_parallel_schedule Interleaved1F1B "
                        "--parallelism.data_parallel_shard_degree 1");
-  // A pipeline plan that checks out, refused only because `loom train` cannot run pp yet.
-  EXPECT_EQ(good.exit_code, 2) << good.output;
-  EXPECT_TRUE(contains(good.output, "pipeline and context parallel degrees other than 1 are not "
-                                    "implemented yet"))
-      << good.output;
+  // A pipeline plan that checks out: valid, for the world size its degrees need.
+  EXPECT_EQ(good.exit_code, 0) << good.output;
+  EXPECT_TRUE(contains(good.output, "config is valid")) << good.output;
   EXPECT_FALSE(contains(good.output, "  - parallelism.pipeline_parallel_")) << good.output;
 }
 

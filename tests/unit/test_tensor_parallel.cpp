@@ -246,8 +246,9 @@ RankModel parallelize(const config::JobConfig& config, int rank, int world, int 
   out.runtime = distributed::ParallelRuntime::for_world(config, info);
   const auto& spec = models::find_model_spec(config.model.name);
   parallel::ParallelContext context{config, *out.runtime, at::kCPU, kSeed, at::kFloat, {}};
-  out.model = spec.parallelize(
-      models::build_model(config, kVocab, at::TensorOptions().device(at::kMeta)), context);
+  std::vector<std::unique_ptr<models::CausalLM>> parts;
+  parts.push_back(models::build_model(config, kVocab, at::TensorOptions().device(at::kMeta)));
+  out.model = spec.parallelize(std::move(parts), context);
   return out;
 }
 

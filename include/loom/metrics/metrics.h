@@ -36,6 +36,9 @@ struct StepMetrics {
   int64_t data_skipped = 0;  // bad dataset records skipped (training.dataset_on_error = skip)
   double comm_mb = 0;  // MB this rank sent per step over every process group (ring-model bytes)
   std::optional<double> val_loss;
+  // Pipeline parallelism only: the share of the pipeline's time its ranks spent waiting for
+  // activations and gradients (the measured bubble), averaged over the pp ranks.
+  std::optional<double> pp_bubble_pct;
   // metrics.log_layer_grad_norms: the gradient norm of each block ("layers.0", ...,
   // "tok_embeddings", "norm", "output"), logged as "grad_norm/<block>".
   std::vector<std::pair<std::string, double>> block_grad_norms;

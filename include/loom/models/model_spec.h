@@ -26,8 +26,9 @@ struct ModelSpec {
   std::string name;
   std::function<std::vector<std::string>()> flavors;
   std::function<std::unique_ptr<CausalLM>(const BuildOptions&)> build;
-  // Applies the job's parallelisms to a model built on the meta device (see parallel/parallelize.h).
-  std::function<parallel::ParallelModel(std::unique_ptr<CausalLM> model,
+  // Applies the job's parallelisms to the model parts this rank holds, built on the meta device
+  // (the whole model, or one part per pipeline stage of the rank; see parallel/parallelize.h).
+  std::function<parallel::ParallelModel(std::vector<std::unique_ptr<CausalLM>> parts,
                                         const parallel::ParallelContext& context)>
       parallelize;
   // Throws InputError naming the keys where the job's parallel degrees do not fit the flavor
@@ -47,6 +48,9 @@ std::vector<std::string> model_names();
 // loom::InputError naming an unknown name or flavor.
 std::unique_ptr<CausalLM> build_model(const config::JobConfig& config, int64_t vocab_size,
                                       const at::TensorOptions& options, ModelPart part = {});
+
+// The number of transformer layers of the job's model (built on the meta device).
+int64_t count_layers(const config::JobConfig& config);
 
 // Human-readable summary (the table `loom plan model` prints and `loom train` logs).
 std::string format_summary(const ModelSummary& summary, bool with_shapes);

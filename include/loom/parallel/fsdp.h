@@ -52,7 +52,8 @@ namespace loom::parallel {
 // its forward (3 collectives' worth of traffic per step: gather, gather again, reduce-scatter);
 // "never" keeps every unit gathered until its backward (2, more memory); "default" (without
 // pipeline parallelism) is "always" except the last unit, [norm + output], whose backward
-// follows its forward immediately.
+// follows its forward immediately; under pipeline parallelism "default" means "never" (a
+// stage's microbatches run forward back to back, each would gather every unit again).
 enum class ReshardPolicy { kDefault, kAlways, kNever };
 ReshardPolicy parse_reshard_policy(const std::string& value);
 
@@ -62,9 +63,15 @@ struct FsdpOptions {
   ReshardPolicy reshard = ReshardPolicy::kDefault;
   bool prefetch = true;  // start the next unit's all-gather before it is needed
   bool defer_gradient_sync = false;  // reduce-scatter on the last microbatch only (see above)
+  // Keep the units gathered after a backward while gradient sync is off (FSDP2's
+  // set_reshard_after_backward(False)): a pipeline stage's microbatches interleave forwards and
+  // backwards, so the units stay gathered until the stage's last backward of the step.
+  bool keep_unsharded_until_sync = false;
 };
 
-// The FSDP options of a job: reshard policy from parallelism, reduce dtype from training;
+// The FSDP options of a job: reshard policy from parallelism, reduce dtype from training (under
+// pipeline parallelism: "default" is "never", gradients are reduced on each stage's last
+// backward of the step, and "never" keeps the units gathered between microbatches);
 // `param_dtype` is the compute dtype the trainer chose (mixed_precision_param where it applies).
 FsdpOptions fsdp_options(const config::JobConfig& config, at::ScalarType param_dtype);
 

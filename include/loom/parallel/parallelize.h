@@ -50,11 +50,19 @@ struct ParallelModel {
   // Declared after `parts`: destroyed first (wrappers unhook themselves from the parts).
   std::vector<std::unique_ptr<GradientSync>> wrappers;
   std::unique_ptr<GradientSync> gradient_sync;
+  // Per part: the data-parallel synchronization of that part's parameters alone (null where it
+  // has none), for the pipeline runner to arm on each stage's last backward. `gradient_sync`
+  // still finishes the step for every part.
+  std::vector<GradientSync*> part_syncs;
   LossFunction loss;
   // Autocast for forward and loss; nullopt where the wrappers compute in their own dtype (FSDP's
   // mixed_precision_param).
   std::optional<at::ScalarType> autocast;
   std::string description;  // one line for the log: wrappers and their groups
+  // What crosses a pipeline stage boundary for a microbatch of (rows, seq) tokens: the hidden
+  // state's local shape and dtype under this layout.
+  std::function<std::vector<int64_t>(int64_t rows, int64_t seq)> boundary_shape;
+  at::ScalarType boundary_dtype = at::kFloat;
 
   std::vector<at::Tensor> tensors() const;
   std::vector<Placement> placements() const;

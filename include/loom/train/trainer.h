@@ -21,6 +21,7 @@
 #include "loom/metrics/profiler.h"
 #include "loom/models/model_spec.h"
 #include "loom/parallel/parallelize.h"
+#include "loom/parallel/pipeline/runner.h"
 #include "loom/train/lr_scheduler.h"
 #include "loom/train/optimizer.h"
 #include "loom/train/validator.h"
@@ -79,6 +80,10 @@ class Trainer {
   void build_data(std::unique_ptr<data::BatchSource> source,
                   std::unique_ptr<data::BatchSource> validation_source);
   void build_checkpointer();
+  // Pipeline parallelism: the stages' runner over this rank's parts (pp > 1 only).
+  void build_pipeline();
+  // The step's microbatches forward and backward: through the model, or through the pipeline.
+  at::Tensor forward_backward(const std::vector<data::Batch>& micro, int64_t valid_tokens);
   double train_step(int64_t step, PendingStep& pending, metrics::StepMetrics& m);
   // Reduces and reads the pending steps' losses and norms into `result` (a collective).
   void flush_pending(TrainResult& result, metrics::StepMetrics& last);
@@ -99,6 +104,8 @@ class Trainer {
   int64_t accumulation_steps_ = 1;
   std::unique_ptr<data::Tokenizer> tokenizer_;
   parallel::ParallelModel parallel_;
+  std::optional<parallel::pipeline::PipelinePlan> pipeline_plan_;
+  std::unique_ptr<parallel::pipeline::PipelineRunner> pipeline_;
   // parallel_.parameters' tensors and placements, gathered once (clipping reads them every step).
   std::vector<at::Tensor> local_tensors_;
   std::vector<parallel::Placement> placements_;

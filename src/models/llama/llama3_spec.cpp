@@ -11,7 +11,7 @@
 
 namespace loom::models::llama {
 
-parallel::ParallelModel parallelize_llama(std::unique_ptr<CausalLM> model,
+parallel::ParallelModel parallelize_llama(std::vector<std::unique_ptr<CausalLM>> parts,
                                           const parallel::ParallelContext& context);
 void check_llama_parallelism(const config::JobConfig& config);
 

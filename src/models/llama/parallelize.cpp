@@ -20,6 +20,13 @@ using parallel::ModelParameter;
 using parallel::ParallelModel;
 using parallel::Placement;
 
+// Named after the mesh dimension even where the tp group is the whole world.
+parallel::MeshAxis tp_axis(const parallel::ParallelContext& context) {
+  auto tp = parallel::MeshAxis::of(context.runtime.group_ptr(MeshGroup::tp));
+  tp.name = "tp";
+  return tp;
+}
+
 bool uses_fsdp(const parallel::ParallelContext& context) {
   const auto& dims = context.runtime.dims();
   return dims.dp_shard * dims.cp > 1 || context.config.debug.force_fsdp;
@@ -34,34 +41,37 @@ std::map<std::string, Placement> initial_placements(CausalLM& model) {
   return placements;
 }
 
-// 1. Tensor parallelism: the plan splits the boxes and hooks the region changes in; the loss
-// is vocab-parallel over the output's columns unless parallelism.disable_loss_parallel.
-std::map<std::string, Placement> apply_tp(ParallelModel& out, CausalLM& model,
-                                          const parallel::ParallelContext& context) {
+// 1. Tensor parallelism: the plan splits the boxes and hooks the region changes in.
+std::map<std::string, Placement> apply_tp(CausalLM& model, const parallel::ParallelContext& context) {
   auto boxes = initial_placements(model);
   const auto& dims = context.runtime.dims();
-  out.loss = [](const at::Tensor& logits, const at::Tensor& labels) {
-    return train::cross_entropy_sum(logits, labels);
-  };
   if (!dims.tp_enabled()) return boxes;
-  // Named after the mesh dimension even where the tp group is the whole world.
-  auto tp = parallel::MeshAxis::of(context.runtime.group_ptr(MeshGroup::tp));
-  tp.name = "tp";
-  boxes = parallel::apply_tensor_parallel(model, tensor_parallel_plan(dims.loss_parallel_enabled()),
-                                          tp, std::move(boxes));
-  if (dims.loss_parallel_enabled() && model.part().head) {
-    const int64_t first = boxes.at("output.weight").offsets[0];
-    out.loss = [comm = tp.comm, first](const at::Tensor& logits, const at::Tensor& labels) {
+  return parallel::apply_tensor_parallel(model, tensor_parallel_plan(dims.loss_parallel_enabled()),
+                                         tp_axis(context), std::move(boxes));
+}
+
+// The loss over the head's output: vocab-parallel over the output's columns under TP unless
+// parallelism.disable_loss_parallel.
+parallel::LossFunction make_loss(const std::map<std::string, Placement>* head_boxes,
+                                 const parallel::ParallelContext& context) {
+  const auto& dims = context.runtime.dims();
+  if (head_boxes && dims.tp_enabled() && dims.loss_parallel_enabled()) {
+    const int64_t first = head_boxes->at("output.weight").offsets[0];
+    return [comm = tp_axis(context).comm, first](const at::Tensor& logits,
+                                                  const at::Tensor& labels) {
       return parallel::vocab_parallel_cross_entropy_sum(logits, labels, first, *comm);
     };
   }
-  return boxes;
+  return [](const at::Tensor& logits, const at::Tensor& labels) {
+    return train::cross_entropy_sum(logits, labels);
+  };
 }
 
 // FSDP (HSDP with dp_replicate > 1): the shards become the optimizer's parameters, the
 // unsharded parameters compute in mixed_precision_param (so no autocast on top).
-void apply_fsdp(ParallelModel& out, CausalLM& model, const std::map<std::string, Placement>& boxes,
-                const parallel::ParallelContext& context) {
+parallel::GradientSync* apply_fsdp(ParallelModel& out, CausalLM& model,
+                                   const std::map<std::string, Placement>& boxes,
+                                   const parallel::ParallelContext& context) {
   const at::ScalarType compute = context.autocast_dtype.value_or(context.param_dtype);
   auto fsdp = std::make_unique<parallel::FullyShardedDataParallel>(
       model, fsdp_units(model), boxes, context.runtime.group_ptr(MeshGroup::fsdp),
@@ -73,13 +83,14 @@ void apply_fsdp(ParallelModel& out, CausalLM& model, const std::map<std::string,
   }
   out.autocast = std::nullopt;
   out.wrappers.push_back(std::move(fsdp));
+  return out.wrappers.back().get();
 }
 
 // Without FSDP: every local box is drawn in training.dtype on the device; DDP all-reduces the
 // gradients of replicas.
-void materialize_and_replicate(ParallelModel& out, CausalLM& model,
-                               const std::map<std::string, Placement>& boxes,
-                               const parallel::ParallelContext& context) {
+parallel::GradientSync* materialize_and_replicate(ParallelModel& out, CausalLM& model,
+                                                  const std::map<std::string, Placement>& boxes,
+                                                  const parallel::ParallelContext& context) {
   const auto options = at::TensorOptions().dtype(context.param_dtype).device(context.device);
   auto replicas = context.runtime.group_ptr(MeshGroup::dp_replicate);
   std::vector<std::pair<std::string, at::Tensor>> named;
@@ -99,9 +110,9 @@ void materialize_and_replicate(ParallelModel& out, CausalLM& model,
     named.emplace_back(item.key(), item.value());
   }
   out.autocast = context.autocast_dtype;
-  if (replicas->size() > 1) {
-    out.wrappers.push_back(std::make_unique<parallel::DataParallel>(std::move(named), replicas));
-  }
+  if (replicas->size() <= 1) return nullptr;
+  out.wrappers.push_back(std::make_unique<parallel::DataParallel>(std::move(named), replicas));
+  return out.wrappers.back().get();
 }
 
 }  // namespace
@@ -169,25 +180,32 @@ std::vector<parallel::FsdpUnit> fsdp_units(CausalLM& model) {
   return units;
 }
 
-parallel::ParallelModel parallelize_llama(std::unique_ptr<CausalLM> model,
+parallel::ParallelModel parallelize_llama(std::vector<std::unique_ptr<CausalLM>> parts,
                                           const parallel::ParallelContext& context) {
   const auto& dims = context.runtime.dims();
-  LOOM_CHECK_AS(InputError, dims.pp == 1 && dims.cp == 1,
-                "parallelism: pipeline and context parallel degrees other than 1 are not "
-                "implemented yet (",
-                dims.describe(), ")");
-  LOOM_CHECK(model->module().parameters().front().is_meta(),
-             "parallelize_llama expects a model built on the meta device");
+  LOOM_CHECK_AS(InputError, dims.cp == 1, "parallelism.context_parallel_degree = ", dims.cp,
+                ": context parallelism is not implemented yet");
+  LOOM_CHECK(!parts.empty(), "parallelize_llama needs at least one model part");
   ParallelModel out;
-  // 1. Tensor and sequence parallelism: boxes, region hooks, the loss.
-  const auto boxes = apply_tp(out, *model, context);
-  // 2. Activation checkpointing, inside the data-parallel wrappers' unit hooks.
-  model->apply_activation_checkpointing(context.config.activation_checkpoint);
-  // 3. FSDP/HSDP or DDP, which also materialize the local parameters.
-  if (uses_fsdp(context)) {
-    apply_fsdp(out, *model, boxes, context);
-  } else {
-    materialize_and_replicate(out, *model, boxes, context);
+  const std::map<std::string, Placement>* head_boxes = nullptr;
+  std::vector<std::map<std::string, Placement>> boxes;
+  boxes.reserve(parts.size());
+  for (auto& part : parts) {
+    LOOM_CHECK(part->module().parameters().empty() || part->module().parameters().front().is_meta(),
+               "parallelize_llama expects model parts built on the meta device");
+    // 1. Tensor and sequence parallelism: boxes and region hooks.
+    boxes.push_back(apply_tp(*part, context));
+    if (part->part().head) head_boxes = &boxes.back();
+    // 2. Activation checkpointing, inside the data-parallel wrappers' unit hooks.
+    part->apply_activation_checkpointing(context.config.activation_checkpoint);
+  }
+  out.loss = make_loss(head_boxes, context);
+  // 3. FSDP/HSDP or DDP per part (a pipeline stage reduces its gradients on its own last
+  // backward), which also materialize the local parameters.
+  for (size_t i = 0; i < parts.size(); ++i) {
+    out.part_syncs.push_back(uses_fsdp(context)
+                                 ? apply_fsdp(out, *parts[i], boxes[i], context)
+                                 : materialize_and_replicate(out, *parts[i], boxes[i], context));
   }
   // 4. TP's all-reduce of the norms' gradients, after the data-parallel reductions.
   if (dims.tp_enabled()) {
@@ -198,7 +216,16 @@ parallel::ParallelModel parallelize_llama(std::unique_ptr<CausalLM> model,
   for (const auto& wrapper : out.wrappers) chain->add(wrapper.get());
   out.description = chain->describe();
   out.gradient_sync = std::move(chain);
-  out.parts.push_back(std::move(model));
+  // Between pipeline stages: the hidden state, sequence-sharded under TP (sequence parallel),
+  // in the dtype the blocks compute their residual stream in.
+  const int64_t dim = llama3_flavors().at(context.config.model.flavor).dim;
+  const int64_t tp = dims.tp;
+  out.boundary_shape = [dim, tp](int64_t rows, int64_t seq) {
+    return std::vector<int64_t>{rows, seq / tp, dim};
+  };
+  out.boundary_dtype = uses_fsdp(context) ? context.autocast_dtype.value_or(context.param_dtype)
+                                          : context.param_dtype;
+  for (auto& part : parts) out.parts.push_back(std::move(part));
   return out;
 }
 

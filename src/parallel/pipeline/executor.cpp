@@ -49,6 +49,7 @@ struct PipelineExecutor::Impl {
   std::vector<at::Tensor> in_flight;  // send buffers, alive until the sends complete
   std::vector<at::Tensor> losses;
   ExecutorStats stats;
+  bool forward_only = false;  // evaluation: nothing is kept for a backward
 
   Impl(Schedule s, int r, std::map<int, PipelineStage*> st, distributed::Comm& c, ExecutorOptions o)
       : schedule(std::move(s)), rank(r), stages(std::move(st)), comm(c), options(std::move(o)) {}
@@ -71,8 +72,14 @@ struct PipelineExecutor::Impl {
   void forward(const Action& a, const std::vector<at::Tensor>& data,
                const std::vector<at::Tensor>& targets) {
     const Key key{a.stage, a.microbatch};
-    at::Tensor input = a.stage == 0 ? data.at(static_cast<size_t>(a.microbatch))
-                                    : inputs.at(key).requires_grad_(true);
+    at::Tensor input;
+    if (a.stage == 0) {
+      input = data.at(static_cast<size_t>(a.microbatch));
+    } else if (forward_only) {
+      input = take(inputs, key, "input", a);
+    } else {
+      input = inputs.at(key).requires_grad_(true);
+    }
     at::Tensor out = stage_of(a).forward(input);
     if (a.stage == last()) {
       out = options.loss(out, targets.at(static_cast<size_t>(a.microbatch)));
@@ -80,7 +87,8 @@ struct PipelineExecutor::Impl {
     } else if (local(a.stage + 1)) {
       inputs[{a.stage + 1, a.microbatch}] = out.detach();
     }
-    outputs[key] = out;
+    // Kept for the backward, or (forward only) until a SEND_F takes it to the next rank.
+    if (!forward_only || (a.stage != last() && !local(a.stage + 1))) outputs[key] = out;
   }
 
   // The gradient flowing into the stage's output: none for the loss (autograd seeds it with 1).
@@ -133,7 +141,9 @@ struct PipelineExecutor::Impl {
       const Key key{a.stage, a.microbatch};
       switch (a.type) {
         case ActionType::kSendF: {
-          at::Tensor t = outputs.at(key).detach().contiguous();
+          at::Tensor t = (forward_only ? take(outputs, key, "output", a) : outputs.at(key))
+                             .detach()
+                             .contiguous();
           in_flight.push_back(t);
           ops.push_back({distributed::P2POp::Kind::kSend, t, schedule.rank_of_stage(a.stage + 1)});
           break;
@@ -257,6 +267,20 @@ PipelineExecutor::PipelineExecutor(Schedule schedule, int rank,
 
 StepResult PipelineExecutor::run_step(const std::vector<at::Tensor>& inputs,
                                       const std::vector<at::Tensor>& targets) {
+  impl_->forward_only = false;
+  return impl_->run(inputs, targets);
+}
+
+StepResult PipelineExecutor::run_forward(const std::vector<at::Tensor>& inputs,
+                                         const std::vector<at::Tensor>& targets) {
+  for (const auto& list : impl_->schedule.actions) {
+    for (const auto& a : list) {
+      LOOM_CHECK(a.type == ActionType::kForward || a.type == ActionType::kSendF ||
+                     a.type == ActionType::kRecvF,
+                 "run_forward needs a forward-only schedule, got ", to_string(a));
+    }
+  }
+  impl_->forward_only = true;
   return impl_->run(inputs, targets);
 }
 

@@ -310,6 +310,26 @@ Layout lockstep_layout(const Schedule& s) {
 
 }  // namespace
 
+Schedule make_forward_schedule(int pp, int stages_per_rank, int microbatches) {
+  LOOM_CHECK(pp >= 1 && stages_per_rank >= 1 && microbatches >= 1, "bad forward schedule: pp ",
+             pp, ", V ", stages_per_rank, ", M ", microbatches);
+  Schedule s;
+  s.name = "forward";
+  s.pp = pp;
+  s.stages_per_rank = stages_per_rank;
+  s.microbatches = microbatches;
+  s.actions.resize(static_cast<size_t>(pp));
+  for (int r = 0; r < pp; ++r) {
+    for (int stage : s.stages_of_rank(r)) {
+      for (int m = 0; m < microbatches; ++m) {
+        s.actions[static_cast<size_t>(r)].push_back({stage, ActionType::kForward, m});
+      }
+    }
+  }
+  add_communication(s);
+  return s;
+}
+
 void add_communication(Schedule& schedule) {
   for (const auto& list : schedule.actions) {
     for (const auto& a : list) {

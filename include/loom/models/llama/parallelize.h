@@ -14,7 +14,7 @@
 
 namespace loom::models::llama {
 
-parallel::ParallelModel parallelize_llama(std::unique_ptr<CausalLM> model,
+parallel::ParallelModel parallelize_llama(std::vector<std::unique_ptr<CausalLM>> parts,
                                           const parallel::ParallelContext& context);
 
 // The tensor-parallel plan as data (module -> style), torchtitan's for Llama: column-parallel

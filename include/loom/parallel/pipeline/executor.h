@@ -83,6 +83,10 @@ class PipelineExecutor {
   // accumulate into the stages' parameters as in a plain backward over the whole batch.
   StepResult run_step(const std::vector<at::Tensor>& inputs,
                       const std::vector<at::Tensor>& targets);
+  // Runs a forward-only schedule (make_forward_schedule) without keeping anything for a
+  // backward: evaluation. Call it under at::NoGradGuard.
+  StepResult run_forward(const std::vector<at::Tensor>& inputs,
+                         const std::vector<at::Tensor>& targets);
 
  private:
   struct Impl;

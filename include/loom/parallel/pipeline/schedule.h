@@ -80,6 +80,11 @@ struct Schedule {
 // combination cannot run (see min_microbatches).
 Schedule make_schedule(ScheduleKind kind, int pp, int stages_per_rank, int microbatches);
 
+// Forward passes only (evaluation): each rank runs its stages in order, every microbatch
+// through a stage before the next stage, with the communication inserted. No backward, so no
+// minimum microbatch count.
+Schedule make_forward_schedule(int pp, int stages_per_rank, int microbatches);
+
 // Inserts the sends and receives a compute-only action list needs, in lockstep: the computes
 // are laid out in unit time steps (each as early as its inputs and its rank's order allow), and
 // what the computes of step t produce for another rank travels in one batch at the end of step t

@@ -1,0 +1,208 @@
+// Pipeline parallelism end to end through `loom launch` (real processes over Gloo): every
+// schedule on pp 2 and pp 4, and pp 2 x dp_shard 2 x tp 2 on 8 ranks, train like one rank with
+// the same global batch for 20 steps (validation through the forward-only pipeline included);
+// checkpoints reshard between a pipeline and one rank both ways; a bad microbatch count fails
+// on every rank with the key named. The one-rank reference runs once for all tests.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <tuple>
+
+#include "support/metrics_log.h"
+#include "support/process.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using loom::testing::expect_losses_close;
+using loom::testing::fresh_temp_dir;
+using loom::testing::logged_losses;
+using loom::testing::run_loom;
+using loom::testing::shared_run;
+
+// Global batch 4 of 32 tokens; a pipeline splits its local batch into microbatches of 1 row.
+// Validation at steps 10 and 20; checkpoints at 10 and 20 where enabled.
+std::string job(const std::string& extra = "") {
+  return "train --config " LOOM_SOURCE_DIR "/configs/llama3_debug.toml --training.steps 20"
+         " --training.seq_len 32 --training.local_batch_size 4 --training.global_batch_size 4"
+         " --parallelism.pipeline_parallel_microbatch_size 1"
+         " --validation.enable true --validation.freq 10 --validation.steps 2"
+         " --validation.seq_len 32 --validation.local_batch_size 4"
+         " --metrics.log_freq 1 --metrics.peak_tflops 1 --debug.seed 11"
+         " --lr_scheduler.warmup_steps 2 --lr_scheduler.total_steps 20"
+         " --comm.init_timeout_seconds 60 --comm.train_timeout_seconds 60"
+         " --checkpoint.interval 10 --checkpoint.keep_latest_k 0"
+         " --checkpoint.last_save_model_only false " +
+         extra;
+}
+
+std::string pipeline(int pp, const std::string& schedule) {
+  return " --parallelism.pipeline_parallel_degree " + std::to_string(pp) +
+         " --parallelism.pipeline_parallel_schedule " + schedule;
+}
+
+// `port`: a number, or "{port}" for shared_run to fill in.
+std::string launch(int ranks, const std::string& job_args,
+                   const std::string& port = std::to_string(loom::testing::free_port())) {
+  return "launch --nproc-per-node " + std::to_string(ranks) + " --master-port " + port + " -- " +
+         job_args;
+}
+
+std::vector<nlohmann::json> rows(const std::string& folder, const char* key) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(folder + "/metrics.jsonl");
+  std::string line;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.contains(key)) out.push_back(j);
+  }
+  return out;
+}
+
+std::vector<double> val_losses(const std::string& folder) {
+  std::vector<double> out;
+  for (const auto& j : rows(folder, "val_loss")) out.push_back(j["val_loss"].get<double>());
+  return out;
+}
+
+const std::string& one_rank() {
+  static const std::string folder = shared_run("pp_one_rank", job("--checkpoint.enable true"));
+  return folder;
+}
+
+// Every step row has the measured bubble, a share of the pipeline's time.
+void expect_bubble_logged(const std::string& folder) {
+  const auto steps = rows(folder, "loss");
+  ASSERT_EQ(steps.size(), 20u);
+  for (const auto& j : steps) {
+    ASSERT_TRUE(j.contains("pp_bubble_pct")) << j.dump();
+    const double bubble = j["pp_bubble_pct"].get<double>();
+    EXPECT_GE(bubble, 0.0);
+    EXPECT_LT(bubble, 100.0);
+  }
+}
+
+// Validation is compared where the data-parallel degree is 1 (with validation.steps N each
+// data-parallel rank scores N batches of its own slice).
+void expect_matches_one_rank(const std::string& folder, const std::string& what,
+                             bool same_validation = true) {
+  const auto want = logged_losses(one_rank());
+  ASSERT_EQ(want.size(), 20u);
+  expect_losses_close(want, logged_losses(folder), 1e-5, what);
+  ASSERT_EQ(val_losses(folder).size(), 2u) << what;
+  if (same_validation) expect_losses_close(val_losses(one_rank()), val_losses(folder), 1e-5, what);
+}
+
+void run_ok(const std::string& args, const std::string& expect_in_log) {
+  auto result = run_loom(args);
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find(expect_in_log), std::string::npos) << result.output;
+}
+
+// pp 2 over Interleaved1F1B (2 virtual stages per rank) with checkpoints at 10 and 20: one of
+// the schedule runs, and the run the resharding test resumes from.
+const std::string& interleaved_pp2() {
+  static const std::string folder =
+      shared_run("pp2_interleaved", launch(2, job("--checkpoint.enable true" +
+                                                  pipeline(2, "Interleaved1F1B")),
+                                           "{port}"));
+  return folder;
+}
+
+std::string resume_folder(const std::string& from, const std::string& name) {
+  const std::string folder = fresh_temp_dir(name);
+  fs::create_directories(folder + "/checkpoint");
+  fs::copy(from + "/checkpoint/step-10", folder + "/checkpoint/step-10",
+           fs::copy_options::recursive);
+  return folder;
+}
+
+class PipelineSchedules : public ::testing::TestWithParam<std::tuple<int, const char*>> {};
+
+TEST_P(PipelineSchedules, TrainLikeOneRank) {
+  const auto [pp, schedule] = GetParam();
+  const std::string what = "pp " + std::to_string(pp) + " " + schedule;
+  std::string folder;
+  if (pp == 2 && std::string(schedule) == "Interleaved1F1B") {
+    folder = interleaved_pp2();
+  } else {
+    folder = fresh_temp_dir("pp" + std::to_string(pp) + "_" + schedule);
+    const int stages = pp * (std::string(schedule).rfind("Interleaved", 0) == 0 ? 2 : 1);
+    run_ok(launch(pp, job("--job.dump_folder " + folder + pipeline(pp, schedule))),
+           "pipeline: " + std::string(schedule) + " over " + std::to_string(pp) + " ranks, " +
+               std::to_string(stages) + " stages");
+  }
+  expect_matches_one_rank(folder, what);
+  expect_bubble_logged(folder);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    EverySchedule, PipelineSchedules,
+    ::testing::Combine(::testing::Values(2, 4),
+                       ::testing::Values("GPipe", "1F1B", "Interleaved1F1B",
+                                         "InterleavedZeroBubble")),
+    [](const auto& info) {
+      return "pp" + std::to_string(std::get<0>(info.param)) + "_" + std::get<1>(info.param);
+    });
+
+// 3-D, with the same global batch (2 rows per data-parallel rank, so 2 microbatches): each pp
+// rank's two stages are FSDP-wrapped (units kept gathered across microbatches,
+// gradients reduced on each stage's last backward) around tensor-parallel blocks.
+TEST(PipelineTraining, ThreeDimensionsOnEightRanksTrainLikeOneRank) {
+  const std::string folder = fresh_temp_dir("pp2_fsdp2_tp2");
+  run_ok(launch(8, job("--job.dump_folder " + folder + pipeline(2, "Interleaved1F1B") +
+                       " --parallelism.data_parallel_shard_degree 2"
+                       " --parallelism.tensor_parallel_degree 2 --training.local_batch_size 2")),
+         "reduce-scatter in Float, gradient sync deferred to the last microbatch + FSDP");
+  expect_matches_one_rank(folder, "pp 2 x dp_shard 2 x tp 2", false);
+  expect_bubble_logged(folder);
+}
+
+// Parameter names are global: a pipeline checkpoint loads on one rank, a one-rank checkpoint
+// on another pipeline split (pp 2 with one stage per rank), and resumes on its own layout
+// bitwise.
+TEST(PipelineTraining, CheckpointsReshardBetweenPipelineAndOneRank) {
+  const auto want = logged_losses(one_rank());
+  ASSERT_EQ(want.size(), 20u);
+  const std::vector<double> tail(want.begin() + 10, want.end());
+  const std::string to_one = resume_folder(interleaved_pp2(), "pp2_to_one");
+  run_ok(job("--checkpoint.enable true --job.dump_folder " + to_one), "resumed from");
+  expect_losses_close(tail, logged_losses(to_one), 1e-5, "pp 2 -> 1 rank");
+
+  const std::string to_pp = resume_folder(one_rank(), "one_to_pp2");
+  run_ok(launch(2, job("--checkpoint.enable true --job.dump_folder " + to_pp + pipeline(2, "1F1B"))),
+         "resumed from");
+  expect_losses_close(tail, logged_losses(to_pp), 1e-5, "1 rank -> pp 2");
+
+  const auto straight = logged_losses(interleaved_pp2());
+  const std::string same = resume_folder(interleaved_pp2(), "pp2_to_pp2");
+  run_ok(launch(2, job("--checkpoint.enable true --job.dump_folder " + same +
+                       pipeline(2, "Interleaved1F1B"))),
+         "resumed from");
+  expect_losses_close(std::vector<double>(straight.begin() + 10, straight.end()),
+                      logged_losses(same), 0.0, "pp 2 -> pp 2");
+}
+
+// Too few microbatches for the schedule: every rank refuses before the rendezvous, naming the
+// key, instead of waiting in a receive.
+TEST(PipelineTraining, TooFewMicrobatchesFailOnEveryRankWithTheKeyNamed) {
+  const std::string folder = fresh_temp_dir("pp4_too_few");
+  auto result = run_loom(launch(4, job("--job.dump_folder " + folder + pipeline(4, "1F1B") +
+                                       " --training.local_batch_size 2"
+                                       " --training.global_batch_size 2")));
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  for (const char* rank : {"[rank0]", "[rank1]", "[rank2]", "[rank3]"}) {
+    const auto at = result.output.find(std::string(rank) + ": ");
+    ASSERT_NE(at, std::string::npos) << rank << "\n" << result.output;
+  }
+  EXPECT_NE(result.output.find("parallelism.pipeline_parallel_microbatch_size"), std::string::npos)
+      << result.output;
+  EXPECT_NE(result.output.find("1F1B with 4 pipeline ranks needs at least 4 microbatches, got 2"),
+            std::string::npos)
+      << result.output;
+  EXPECT_FALSE(fs::exists(folder + "/metrics.jsonl"));
+}
+
+}  // namespace
