@@ -56,38 +56,71 @@ class AutocastScope {
   AutocastState previous_;
 };
 
-// The backward node of a checkpointed region: recompute, then backpropagate through the
-// recomputed graph (parameters get their gradients accumulated there, as in PyTorch's
-// reentrant checkpoint).
+// The backward node of a checkpointed region. Its inputs in the graph are the region's input
+// and its parameters, so the engine sees every parameter behind it: a backward restricted to
+// some tensors (autograd::grad for an input gradient only, or backward(inputs = parameters) for
+// weight gradients only, as zero-bubble pipeline schedules do) reaches exactly those. apply()
+// recomputes the region and differentiates it, non-reentrantly, for the outputs this graph task
+// needs; the parameters' gradients flow back as the node's outputs and are accumulated (and
+// their gradient hooks run) by the outer backward, as for any other node.
 class CheckpointBackward : public torch::autograd::Node {
  public:
-  CheckpointBackward(CheckpointedFn fn, at::Tensor input)
-      : fn_(std::move(fn)), input_(std::move(input)), autocast_(AutocastState::capture()) {}
+  CheckpointBackward(CheckpointedFn fn, at::Tensor input, std::vector<at::Tensor> parameters)
+      : fn_(std::move(fn)),
+        input_(std::move(input)),
+        parameters_(std::move(parameters)),
+        autocast_(AutocastState::capture()) {}
 
   torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
+    LOOM_CHECK(input_.defined(), "a checkpointed region ran backward twice");
+    torch::autograd::variable_list out(num_outputs());
+    std::vector<at::Tensor> wanted;
+    std::vector<size_t> slot;
     at::Tensor input = input_.detach().requires_grad_(true);
-    at::Tensor output;
-    {
-      torch::autograd::AutoGradMode enable_grad(true);
-      AutocastScope same_autocast(autocast_);
-      output = fn_(input);
+    if (task_should_compute_output(0)) {
+      wanted.push_back(input);
+      slot.push_back(0);
     }
-    torch::autograd::backward({output}, {grads.at(0)});
-    input_.reset();  // the region runs backward once
-    return {input.grad()};
+    for (size_t i = 0; i < parameters_.size(); ++i) {
+      if (!task_should_compute_output(i + 1)) continue;
+      wanted.push_back(parameters_[i]);
+      slot.push_back(i + 1);
+    }
+    if (!wanted.empty() && grads.at(0).defined()) {
+      at::Tensor output;
+      {
+        torch::autograd::AutoGradMode enable_grad(true);
+        AutocastScope same_autocast(autocast_);
+        output = fn_(input);
+      }
+      auto computed = torch::autograd::grad({output}, wanted, {grads.at(0)},
+                                            /*retain_graph=*/false, /*create_graph=*/false,
+                                            /*allow_unused=*/true);
+      for (size_t k = 0; k < slot.size(); ++k) out[slot[k]] = std::move(computed[k]);
+    }
+    return out;
   }
 
   std::string name() const override { return "loom::CheckpointBackward"; }
+  // The engine calls this after apply() unless the graph is retained (zero bubble's I keeps it
+  // for the W that follows).
+  void release_variables() override {
+    input_.reset();
+    parameters_.clear();
+  }
 
  private:
+
   CheckpointedFn fn_;
   at::Tensor input_;
+  std::vector<at::Tensor> parameters_;
   AutocastState autocast_;
 };
 
 }  // namespace
 
-at::Tensor checkpoint(const CheckpointedFn& fn, const at::Tensor& input) {
+at::Tensor checkpoint(const CheckpointedFn& fn, const at::Tensor& input,
+                      const std::vector<at::Tensor>& parameters) {
   if (!torch::autograd::GradMode::is_enabled()) {
     return fn(input);
   }
@@ -96,9 +129,11 @@ at::Tensor checkpoint(const CheckpointedFn& fn, const at::Tensor& input) {
     torch::autograd::AutoGradMode no_grad(false);
     output = fn(input);
   }
-  auto node = std::shared_ptr<CheckpointBackward>(new CheckpointBackward(fn, input.detach()),
-                                                  torch::autograd::deleteNode);
-  node->set_next_edges(torch::autograd::collect_next_edges(input));
+  auto node = std::shared_ptr<CheckpointBackward>(
+      new CheckpointBackward(fn, input.detach(), parameters), torch::autograd::deleteNode);
+  torch::autograd::variable_list edges_of{input};
+  edges_of.insert(edges_of.end(), parameters.begin(), parameters.end());
+  node->set_next_edges(torch::autograd::collect_next_edges(edges_of));
   torch::autograd::set_history(output, node);
   return output;
 }

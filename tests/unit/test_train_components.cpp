@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
 
 #include <cmath>
 
@@ -8,6 +9,7 @@
 #include "loom/data/synthetic.h"
 #include "loom/models/model_spec.h"
 #include "loom/parallel/activation_checkpoint.h"
+#include "loom/parallel/grad_hooks.h"
 #include "loom/train/loss.h"
 #include "loom/train/grad_clip.h"
 #include "loom/train/lr_scheduler.h"
@@ -111,12 +113,47 @@ TEST(ActivationCheckpoint, RecomputesInBackwardAndGivesTheSameGradients) {
   x.mutable_grad().zero_();
 
   calls = 0;
-  at::Tensor out = loom::parallel::checkpoint(fn, x);
+  at::Tensor out = loom::parallel::checkpoint(fn, x, {w});
   EXPECT_EQ(calls, 1);
   out.sum().backward();
   EXPECT_EQ(calls, 2);  // really recomputed
   EXPECT_TRUE(at::allclose(w.grad(), plain_w, 1e-6, 1e-7));
   EXPECT_TRUE(at::allclose(x.grad(), plain_x, 1e-6, 1e-7));
+}
+
+// Zero-bubble pipelines split a backward: autograd::grad for the input's gradient (I), later
+// backward(inputs = parameters) for the weights' (W). Through a checkpointed region I must not
+// touch the weights (a nested backward would accumulate them), and W must reach them.
+TEST(ActivationCheckpoint, SplitBackwardReachesOnlyTheAskedTensors) {
+  at::Tensor w = at::randn({8, 8}).set_requires_grad(true);
+  at::Tensor v = at::randn({8, 8}).set_requires_grad(true);
+  loom::parallel::CheckpointedFn fn = [&](const at::Tensor& x) {
+    return at::tanh(at::matmul(x, w)).pow(2);
+  };
+  at::Tensor x = at::randn({4, 8}).set_requires_grad(true);
+  at::Tensor h = at::matmul(x, v);  // a parameter before the region, as an earlier block's
+  fn(h).sum().backward();
+  const at::Tensor plain_w = w.grad().clone(), plain_v = v.grad().clone();
+  const at::Tensor plain_x = x.grad().clone();
+  w.mutable_grad() = at::Tensor();
+  v.mutable_grad() = at::Tensor();
+  x.mutable_grad() = at::Tensor();
+  int weight_hooks = 0;  // what DDP and FSDP listen to: the gradient was accumulated
+  loom::parallel::add_gradient_ready_hook(w, &weight_hooks, [&] { ++weight_hooks; });
+
+  at::Tensor out = loom::parallel::checkpoint(fn, at::matmul(x, v), {w}).sum();
+  auto input_grad = torch::autograd::grad({out}, {x}, {}, /*retain_graph=*/true);  // I
+  EXPECT_TRUE(at::allclose(input_grad.at(0), plain_x, 1e-6, 1e-7));
+  EXPECT_FALSE(w.grad().defined());
+  EXPECT_FALSE(v.grad().defined());
+  EXPECT_EQ(weight_hooks, 0);
+  torch::autograd::backward({out}, {}, false, false, {w, v});  // W
+  EXPECT_EQ(weight_hooks, 1);
+  ASSERT_TRUE(w.grad().defined());
+  ASSERT_TRUE(v.grad().defined());
+  EXPECT_TRUE(at::allclose(w.grad(), plain_w, 1e-6, 1e-7));
+  EXPECT_TRUE(at::allclose(v.grad(), plain_v, 1e-6, 1e-7));
+  EXPECT_FALSE(x.grad().defined());
 }
 
 // The recompute runs under the forward's autocast state: with CPU bf16 autocast, AC gradients

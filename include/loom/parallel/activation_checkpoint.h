@@ -5,6 +5,8 @@
 #include <ATen/core/Tensor.h>
 
 #include <functional>
+#include <string>
+#include <vector>
 
 namespace loom::parallel {
 
@@ -12,7 +14,15 @@ using CheckpointedFn = std::function<at::Tensor(const at::Tensor&)>;
 
 // Returns fn(input). Only `input` is kept for backward; fn must be deterministic (no dropout),
 // and reads its parameters at backward time, so they must not change in between.
-at::Tensor checkpoint(const CheckpointedFn& fn, const at::Tensor& input);
+// `parameters`: the tensors fn reads that need gradients. They become inputs of the region's
+// backward node, so a backward restricted to some tensors (autograd::grad(out, input), or
+// backward(inputs = parameters)) computes exactly those, and the parameters' gradients are
+// accumulated by the outer backward (not by a nested one), so post-accumulate-grad hooks (DDP's,
+// FSDP's) run once. A parameter not listed gets no gradient. Tensor hooks registered on a listed
+// parameter itself (register_hook) run twice: in the recompute's autograd::grad and again when
+// the outer backward accumulates; loom registers none there.
+at::Tensor checkpoint(const CheckpointedFn& fn, const at::Tensor& input,
+                      const std::vector<at::Tensor>& parameters);
 
 // Which of n blocks to checkpoint for activation_checkpoint.mode / selective_ac_option:
 // "none": none; "full": all; "selective" with N: every N-th (blocks N-1, 2N-1, ...).

@@ -79,10 +79,11 @@ class Llama3Model : public CausalLM {
         model_->set_block_runner(i, nullptr);
         continue;
       }
-      model_->set_block_runner(i, [](TransformerBlock& block, const at::Tensor& x,
+      model_->set_block_runner(i, [](TransformerBlock& wrapped, const at::Tensor& x,
                                      const at::Tensor& freqs) {
         return parallel::checkpoint(
-            [&block, freqs](const at::Tensor& input) { return block->forward(input, freqs); }, x);
+            [&wrapped, freqs](const at::Tensor& input) { return wrapped->forward(input, freqs); },
+            x, wrapped->parameters());
       });
     }
   }
