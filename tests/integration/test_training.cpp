@@ -221,9 +221,9 @@ TEST(Training, FullActivationCheckpointingLowersPeakMemory) {
   auto peak = [](const std::string& mode) {
     std::string dir = loom::testing::fresh_temp_dir("train_ac_mem_" + mode);
     auto run = loom::testing::run_loom(
-        "train --training.dataset synthetic --training.device cpu --training.steps 2 "
+        "train --training.dataset synthetic --training.device cpu --training.steps 1 "
         "--training.seq_len 512 "
-        "--training.local_batch_size 16 --metrics.log_freq 1 --metrics.peak_tflops 1 --debug.seed "
+        "--training.local_batch_size 8 --metrics.log_freq 1 --metrics.peak_tflops 1 --debug.seed "
         "1 "
         "--activation_checkpoint.mode " +
         mode + " --job.dump_folder '" + dir + "'");
@@ -233,7 +233,8 @@ TEST(Training, FullActivationCheckpointingLowersPeakMemory) {
   };
   const double none = peak("none");
   const double full = peak("full");
-  EXPECT_LT(full, none - 0.2) << "full " << full << " GiB, none " << none << " GiB";
+  // Measured 0.74 vs 1.03 GiB (the blocks' saved activations are most of the peak).
+  EXPECT_LT(full, 0.85 * none) << "full " << full << " GiB, none " << none << " GiB";
 }
 
 TEST(Training, Bf16AutocastOnCpuRunsAndTracksFloat32) {
