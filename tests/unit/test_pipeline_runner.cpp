@@ -1,9 +1,10 @@
 // The pipeline runner over parts parallelized by the real Llama parallelize function, on thread
-// ranks: pp 2 x dp_shard 2 (FSDP per stage) and pp 2 x tp 2, two passes of gradient
-// accumulation, against the whole model in one process. Checks the loss, every parameter's
-// gradient box, and FSDP's traffic under PP: each unit gathered once per step and reduced once
-// (the units stay gathered across microbatches and passes, the reduce-scatter waits for the
-// stage's last backward), nothing unsharded left afterwards. And the forward-only evaluation.
+// ranks: pp 2 x dp_shard 2 (FSDP per stage), pp 2 x dp_replicate 2 (DDP) and pp 2 x tp 2, two
+// passes of gradient accumulation, against the whole model in one process. Checks the loss,
+// every parameter's gradient box, and FSDP's traffic under PP: each unit gathered once per step
+// and reduced once (the units stay gathered across microbatches and passes, the reduce-scatter
+// waits for the stage's last backward), nothing unsharded left afterwards. And the forward-only
+// evaluation.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
@@ -32,7 +33,9 @@ struct Layout {
   std::string schedule;
   int dp_shard = 1;
   int tp = 1;
-  int world() const { return 2 * dp_shard * tp; }
+  int dp_replicate = 1;
+  int dp() const { return dp_shard * dp_replicate; }
+  int world() const { return 2 * dp() * tp; }
 };
 
 config::JobConfig job(const Layout& l) {
@@ -43,6 +46,7 @@ config::JobConfig job(const Layout& l) {
   c.parallelism.pipeline_parallel_schedule = l.schedule;
   c.parallelism.pipeline_parallel_microbatch_size = 2;
   c.parallelism.data_parallel_shard_degree = l.dp_shard;
+  c.parallelism.data_parallel_replicate_degree = l.dp_replicate;
   c.parallelism.tensor_parallel_degree = l.tp;
   c.comm.trace_buf_size = 0;
   return c;
@@ -87,7 +91,7 @@ void expect_close(const at::Tensor& got, const at::Tensor& want, const std::stri
 
 void run_layout(const Layout& l) {
   const int passes = 2;
-  const at::Tensor batch = token_batch(passes * l.dp_shard * 4);
+  const at::Tensor batch = token_batch(passes * l.dp() * 4);
   const Reference ref = reference(l, batch);
   const int world = l.world();
   const int port = testing::free_port();
@@ -182,6 +186,11 @@ TEST(PipelineRunner, OneFOneBWithFsdpPerStageMatchesOneProcess) {
 // W-split backward under FSDP: the weight gradients arrive in W, which arms the reduction.
 TEST(PipelineRunner, ZeroBubbleWithFsdpPerStageMatchesOneProcess) {
   run_layout({"InterleavedZeroBubble", 2, 1});
+}
+
+// DDP per stage: its buckets reduce on the stage's last backward of the step.
+TEST(PipelineRunner, OneFOneBWithDdpPerStageMatchesOneProcess) {
+  run_layout({"1F1B", 1, 1, 2});
 }
 
 // Sequence-parallel activations cross the stages ([rows, seq / tp, dim]).
