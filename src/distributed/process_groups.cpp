@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <mutex>
 #include <thread>
 
 #include "backend.h"
@@ -19,6 +21,21 @@ struct ProcessGroups::StoreHolder {
 
 namespace {
 
+// c10d keeps a flight recorder of its own (a process-wide ring, 2000 entries by default) that
+// records every Gloo and NCCL collective. loom records them itself (flight_recorder.h), and
+// c10d's, shared by every group of the process, corrupted its map when thread ranks recorded at
+// once (a crash in the thread-rank tests). Off unless the user sets TORCH_FR_BUFFER_SIZE; once,
+// before the first group reads it.
+void disable_c10d_flight_recorder() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (std::getenv("TORCH_FR_BUFFER_SIZE") == nullptr &&
+        std::getenv("TORCH_NCCL_TRACE_BUFFER_SIZE") == nullptr) {
+      ::setenv("TORCH_FR_BUFFER_SIZE", "0", /*overwrite=*/0);
+    }
+  });
+}
+
 std::string join(const std::vector<int>& ranks) {
   std::string text;
   for (size_t i = 0; i < ranks.size(); ++i) text += (i ? "," : "") + std::to_string(ranks[i]);
@@ -31,6 +48,7 @@ ProcessGroups::ProcessGroups(const CommInit& init) : init_(init) {
   LOOM_CHECK_AS(InputError, init.world_size >= 1 && init.rank >= 0 && init.rank < init.world_size,
                 "rank ", init.rank, " is outside the world of ", init.world_size, " ranks");
   store_ = std::make_unique<StoreHolder>();
+  disable_c10d_flight_recorder();
   if (init.world_size == 1 && !init.backends_for_single_rank) {
     world_ = Comm::single("world");
     groups_.push_back(world_);
