@@ -270,17 +270,46 @@ std::string corpus_job(const std::string& folder, int steps) {
   return corpus_job(steps) + " --job.dump_folder " + folder;
 }
 
-// One rank with 2 microbatches of 4 (the global batch of 2 ranks x 4), 20 steps without
-// checkpoints: the reference of the resharding tests, run once for all of them.
-std::vector<double> one_rank_global8_losses() {
-  return loom::testing::logged_losses(loom::testing::shared_run(
-      "ckpt_one_rank_global8",
-      corpus_job(20) + " --training.global_batch_size 8 --checkpoint.enable false"));
+// One rank with 2 microbatches of 4 (the global batch of 2 ranks x 4), 20 steps with
+// checkpoints every 5: the reference of the resharding tests and the step-10 checkpoint they
+// resume from, run once for all of them.
+const std::string& one_rank_global8() {
+  static const std::string folder = loom::testing::shared_run(
+      "ckpt_one_rank_global8", corpus_job(20) + " --training.global_batch_size 8");
+  return folder;
 }
 
-std::string two_ranks(const std::string& job) {
-  return "launch --nproc-per-node 2 --master-port " + std::to_string(loom::testing::free_port()) +
-         " -- " + job + " --parallelism.data_parallel_replicate_degree 2";
+std::vector<double> one_rank_global8_losses() {
+  return loom::testing::logged_losses(one_rank_global8());
+}
+
+// `port`: a number, or "{port}" for shared_run to fill in.
+std::string two_ranks(const std::string& job,
+                      const std::string& port = std::to_string(loom::testing::free_port())) {
+  return "launch --nproc-per-node 2 --master-port " + port + " -- " + job +
+         " --parallelism.data_parallel_replicate_degree 2";
+}
+
+// 2-rank DDP, 20 steps with checkpoints every 5: the straight run of the bitwise resume test and
+// the step-10 checkpoint of the 2 -> 1 resharding test, run once for both.
+const std::string& two_rank_ddp_run() {
+  static const std::string folder =
+      loom::testing::shared_run("ckpt_ddp_straight", two_ranks(corpus_job(20), "{port}"));
+  return folder;
+}
+
+// A fresh run folder holding a copy of `from`'s step-10 checkpoint: the next run resumes there.
+std::string resume_from_step10(const std::string& from, const std::string& name) {
+  const std::string folder = loom::testing::fresh_temp_dir(name);
+  fs::create_directories(folder + "/checkpoint");
+  fs::copy(from + "/checkpoint/step-10", folder + "/checkpoint/step-10",
+           fs::copy_options::recursive);
+  return folder;
+}
+
+std::vector<double> steps_11_to_20(const std::vector<double>& losses) {
+  EXPECT_EQ(losses.size(), 20u);
+  return losses.size() < 20 ? losses : std::vector<double>(losses.begin() + 10, losses.end());
 }
 
 std::vector<double> logged_losses(const std::string& folder) {
@@ -295,37 +324,31 @@ void run_ok(const std::string& args) {
 }  // namespace
 
 TEST(CheckpointTraining, TwoRankDataParallelResumeIsBitwiseTheStraightRun) {
-  const std::string straight = loom::testing::fresh_temp_dir("ckpt_ddp_straight");
-  run_ok(two_ranks(corpus_job(straight, 20) + " --checkpoint.enable false"));
-  const std::string resumed = loom::testing::fresh_temp_dir("ckpt_ddp_resumed");
-  run_ok(two_ranks(corpus_job(resumed, 10)));
+  const std::string& straight = two_rank_ddp_run();
   // Replicated tensors are written once: the two ranks split them.
   auto index =
-      nlohmann::json::parse(loom::testing::read_text(resumed + "/checkpoint/step-10/index.json"));
+      nlohmann::json::parse(loom::testing::read_text(straight + "/checkpoint/step-10/index.json"));
   EXPECT_EQ(index["files"].size(), 2u);
   for (const auto& [fqn, tensor] : index["tensors"].items()) {
     EXPECT_EQ(tensor["chunks"].size(), 1u) << fqn;
   }
+  const std::string resumed = resume_from_step10(straight, "ckpt_ddp_resumed");
   run_ok(two_ranks(corpus_job(resumed, 20)));
-  const auto want = logged_losses(straight);
-  ASSERT_EQ(want.size(), 20u);
-  loom::testing::expect_losses_close(want, logged_losses(resumed), 0.0, "resumed vs straight");
+  loom::testing::expect_losses_close(steps_11_to_20(logged_losses(straight)),
+                                     logged_losses(resumed), 0.0, "resumed vs straight");
 }
 
 TEST(CheckpointTraining, CheckpointsResumeAcrossOneRankAndTwoRankDataParallel) {
-  const auto want = one_rank_global8_losses();
-  ASSERT_EQ(want.size(), 20u);
+  const auto want = steps_11_to_20(one_rank_global8_losses());
   auto expect_close = [&](const std::vector<double>& got, const char* what) {
     loom::testing::expect_losses_close(want, got, 1e-5, what);
   };
   // 1 rank -> 2 ranks.
-  const std::string up = loom::testing::fresh_temp_dir("ckpt_1to2_resumed");
-  run_ok(corpus_job(up, 10) + " --training.global_batch_size 8");
+  const std::string up = resume_from_step10(one_rank_global8(), "ckpt_1to2_resumed");
   run_ok(two_ranks(corpus_job(up, 20)));
   expect_close(logged_losses(up), "1 -> 2 ranks");
   // 2 ranks -> 1 rank.
-  const std::string down = loom::testing::fresh_temp_dir("ckpt_2to1_resumed");
-  run_ok(two_ranks(corpus_job(down, 10)));
+  const std::string down = resume_from_step10(two_rank_ddp_run(), "ckpt_2to1_resumed");
   run_ok(corpus_job(down, 20) + " --training.global_batch_size 8");
   expect_close(logged_losses(down), "2 -> 1 rank");
 }
@@ -373,42 +396,43 @@ TEST(CheckpointTraining, ExcludedPartsAreNotLoaded) {
 namespace {
 
 // FSDP over 2 ranks: data_parallel_shard_degree -1 takes both ranks.
-std::string two_ranks_fsdp(const std::string& job) {
-  return "launch --nproc-per-node 2 --master-port " + std::to_string(loom::testing::free_port()) +
-         " -- " + job;
+std::string two_ranks_fsdp(const std::string& job,
+                           const std::string& port = std::to_string(loom::testing::free_port())) {
+  return "launch --nproc-per-node 2 --master-port " + port + " -- " + job;
+}
+
+// FSDP x2, 20 steps with checkpoints every 5, run once for the two tests below.
+const std::string& two_rank_fsdp_run() {
+  static const std::string folder =
+      loom::testing::shared_run("ckpt_fsdp_straight", two_ranks_fsdp(corpus_job(20), "{port}"));
+  return folder;
 }
 
 }  // namespace
 
 TEST(CheckpointTraining, TwoRankFsdpResumeIsBitwiseTheStraightRun) {
-  const std::string straight = loom::testing::fresh_temp_dir("ckpt_fsdp_straight");
-  run_ok(two_ranks_fsdp(corpus_job(straight, 20) + " --checkpoint.enable false"));
-  const std::string resumed = loom::testing::fresh_temp_dir("ckpt_fsdp_resumed");
-  run_ok(two_ranks_fsdp(corpus_job(resumed, 10)));
+  const std::string& straight = two_rank_fsdp_run();
   // Each rank wrote its dim-0 shard of every tensor: two chunks per parameter.
   auto index =
-      nlohmann::json::parse(loom::testing::read_text(resumed + "/checkpoint/step-10/index.json"));
+      nlohmann::json::parse(loom::testing::read_text(straight + "/checkpoint/step-10/index.json"));
   EXPECT_EQ(index["tensors"]["model.tok_embeddings.weight"]["chunks"].size(), 2u);
+  const std::string resumed = resume_from_step10(straight, "ckpt_fsdp_resumed");
   run_ok(two_ranks_fsdp(corpus_job(resumed, 20)));
-  const auto want = logged_losses(straight);
-  ASSERT_EQ(want.size(), 20u);
-  loom::testing::expect_losses_close(want, logged_losses(resumed), 0.0, "resumed vs straight");
+  loom::testing::expect_losses_close(steps_11_to_20(logged_losses(straight)),
+                                     logged_losses(resumed), 0.0, "resumed vs straight");
 }
 
 TEST(CheckpointTraining, FsdpCheckpointsReshardIntoOneRankAndBack) {
-  const auto want = one_rank_global8_losses();
-  ASSERT_EQ(want.size(), 20u);
+  const auto want = steps_11_to_20(one_rank_global8_losses());
   auto expect_close = [&](const std::vector<double>& got, const char* what) {
     loom::testing::expect_losses_close(want, got, 1e-5, what);
   };
   // FSDP x2 -> 1 rank (shards merged by overlap).
-  const std::string down = loom::testing::fresh_temp_dir("ckpt_fsdp_2to1");
-  run_ok(two_ranks_fsdp(corpus_job(down, 10)));
+  const std::string down = resume_from_step10(two_rank_fsdp_run(), "ckpt_fsdp_2to1");
   run_ok(corpus_job(down, 20) + " --training.global_batch_size 8");
   expect_close(logged_losses(down), "FSDP x2 -> 1 rank");
   // 1 rank -> FSDP x2 (whole tensors cut into shards).
-  const std::string up = loom::testing::fresh_temp_dir("ckpt_fsdp_1to2");
-  run_ok(corpus_job(up, 10) + " --training.global_batch_size 8");
+  const std::string up = resume_from_step10(one_rank_global8(), "ckpt_fsdp_1to2");
   run_ok(two_ranks_fsdp(corpus_job(up, 20)));
   expect_close(logged_losses(up), "1 rank -> FSDP x2");
 }
