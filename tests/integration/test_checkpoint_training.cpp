@@ -22,6 +22,7 @@
 using loom::config::JobConfig;
 using loom::train::Trainer;
 namespace fs = std::filesystem;
+using loom::testing::copy_of_checkpoint;
 
 namespace {
 
@@ -298,15 +299,6 @@ const std::string& two_rank_ddp_run() {
   return folder;
 }
 
-// A fresh run folder holding a copy of `from`'s step-10 checkpoint: the next run resumes there.
-std::string resume_from_step10(const std::string& from, const std::string& name) {
-  const std::string folder = loom::testing::fresh_temp_dir(name);
-  fs::create_directories(folder + "/checkpoint");
-  fs::copy(from + "/checkpoint/step-10", folder + "/checkpoint/step-10",
-           fs::copy_options::recursive);
-  return folder;
-}
-
 std::vector<double> steps_11_to_20(const std::vector<double>& losses) {
   EXPECT_EQ(losses.size(), 20u);
   return losses.size() < 20 ? losses : std::vector<double>(losses.begin() + 10, losses.end());
@@ -332,7 +324,7 @@ TEST(CheckpointTraining, TwoRankDataParallelResumeIsBitwiseTheStraightRun) {
   for (const auto& [fqn, tensor] : index["tensors"].items()) {
     EXPECT_EQ(tensor["chunks"].size(), 1u) << fqn;
   }
-  const std::string resumed = resume_from_step10(straight, "ckpt_ddp_resumed");
+  const std::string resumed = copy_of_checkpoint(straight, 10, "ckpt_ddp_resumed");
   run_ok(two_ranks(corpus_job(resumed, 20)));
   loom::testing::expect_losses_close(steps_11_to_20(logged_losses(straight)),
                                      logged_losses(resumed), 0.0, "resumed vs straight");
@@ -344,11 +336,11 @@ TEST(CheckpointTraining, CheckpointsResumeAcrossOneRankAndTwoRankDataParallel) {
     loom::testing::expect_losses_close(want, got, 1e-5, what);
   };
   // 1 rank -> 2 ranks.
-  const std::string up = resume_from_step10(one_rank_global8(), "ckpt_1to2_resumed");
+  const std::string up = copy_of_checkpoint(one_rank_global8(), 10, "ckpt_1to2_resumed");
   run_ok(two_ranks(corpus_job(up, 20)));
   expect_close(logged_losses(up), "1 -> 2 ranks");
   // 2 ranks -> 1 rank.
-  const std::string down = resume_from_step10(two_rank_ddp_run(), "ckpt_2to1_resumed");
+  const std::string down = copy_of_checkpoint(two_rank_ddp_run(), 10, "ckpt_2to1_resumed");
   run_ok(corpus_job(down, 20) + " --training.global_batch_size 8");
   expect_close(logged_losses(down), "2 -> 1 rank");
 }
@@ -416,7 +408,7 @@ TEST(CheckpointTraining, TwoRankFsdpResumeIsBitwiseTheStraightRun) {
   auto index =
       nlohmann::json::parse(loom::testing::read_text(straight + "/checkpoint/step-10/index.json"));
   EXPECT_EQ(index["tensors"]["model.tok_embeddings.weight"]["chunks"].size(), 2u);
-  const std::string resumed = resume_from_step10(straight, "ckpt_fsdp_resumed");
+  const std::string resumed = copy_of_checkpoint(straight, 10, "ckpt_fsdp_resumed");
   run_ok(two_ranks_fsdp(corpus_job(resumed, 20)));
   loom::testing::expect_losses_close(steps_11_to_20(logged_losses(straight)),
                                      logged_losses(resumed), 0.0, "resumed vs straight");
@@ -428,11 +420,11 @@ TEST(CheckpointTraining, FsdpCheckpointsReshardIntoOneRankAndBack) {
     loom::testing::expect_losses_close(want, got, 1e-5, what);
   };
   // FSDP x2 -> 1 rank (shards merged by overlap).
-  const std::string down = resume_from_step10(two_rank_fsdp_run(), "ckpt_fsdp_2to1");
+  const std::string down = copy_of_checkpoint(two_rank_fsdp_run(), 10, "ckpt_fsdp_2to1");
   run_ok(corpus_job(down, 20) + " --training.global_batch_size 8");
   expect_close(logged_losses(down), "FSDP x2 -> 1 rank");
   // 1 rank -> FSDP x2 (whole tensors cut into shards).
-  const std::string up = resume_from_step10(one_rank_global8(), "ckpt_fsdp_1to2");
+  const std::string up = copy_of_checkpoint(one_rank_global8(), 10, "ckpt_fsdp_1to2");
   run_ok(two_ranks_fsdp(corpus_job(up, 20)));
   expect_close(logged_losses(up), "1 rank -> FSDP x2");
 }

@@ -20,8 +20,10 @@
 namespace {
 
 namespace fs = std::filesystem;
+using loom::testing::copy_of_checkpoint;
 using loom::testing::expect_losses_close;
 using loom::testing::fresh_temp_dir;
+using loom::testing::launch_args;
 using loom::testing::logged_losses;
 using loom::testing::run_loom;
 using loom::testing::shared_run;
@@ -29,7 +31,8 @@ using loom::testing::shared_run;
 // Global batch 4 of 32 tokens; a pipeline splits its local batch into microbatches of 1 row.
 // Validation at steps 10 and 20; checkpoints at 10 and 20 where enabled.
 std::string job(const std::string& extra = "") {
-  return "train --config " LOOM_SOURCE_DIR "/configs/llama3_debug.toml --training.steps 20"
+  return "train --config " LOOM_SOURCE_DIR
+         "/configs/llama3_debug.toml --training.steps 20"
          " --training.seq_len 32 --training.local_batch_size 4 --training.global_batch_size 4"
          " --parallelism.pipeline_parallel_microbatch_size 1"
          " --validation.enable true --validation.freq 10 --validation.steps 2"
@@ -45,13 +48,6 @@ std::string job(const std::string& extra = "") {
 std::string pipeline(int pp, const std::string& schedule) {
   return " --parallelism.pipeline_parallel_degree " + std::to_string(pp) +
          " --parallelism.pipeline_parallel_schedule " + schedule;
-}
-
-// `port`: a number, or "{port}" for shared_run to fill in.
-std::string launch(int ranks, const std::string& job_args,
-                   const std::string& port = std::to_string(loom::testing::free_port())) {
-  return "launch --nproc-per-node " + std::to_string(ranks) + " --master-port " + port + " -- " +
-         job_args;
 }
 
 std::vector<nlohmann::json> rows(const std::string& folder, const char* key) {
@@ -108,18 +104,9 @@ void run_ok(const std::string& args, const std::string& expect_in_log) {
 // pp 2 over Interleaved1F1B (2 virtual stages per rank) with checkpoints at 10 and 20: one of
 // the schedule runs, and the run the resharding test resumes from.
 const std::string& interleaved_pp2() {
-  static const std::string folder =
-      shared_run("pp2_interleaved", launch(2, job("--checkpoint.enable true" +
-                                                  pipeline(2, "Interleaved1F1B")),
-                                           "{port}"));
-  return folder;
-}
-
-[[maybe_unused]] std::string resume_folder(const std::string& from, const std::string& name) {
-  const std::string folder = fresh_temp_dir(name);
-  fs::create_directories(folder + "/checkpoint");
-  fs::copy(from + "/checkpoint/step-10", folder + "/checkpoint/step-10",
-           fs::copy_options::recursive);
+  static const std::string folder = shared_run(
+      "pp2_interleaved",
+      launch_args(2, job("--checkpoint.enable true" + pipeline(2, "Interleaved1F1B")), "{port}"));
   return folder;
 }
 
@@ -134,7 +121,7 @@ TEST_P(PipelineSchedules, TrainLikeOneRank) {
   } else {
     folder = fresh_temp_dir("pp" + std::to_string(pp) + "_" + schedule);
     const int stages = pp * (std::string(schedule).rfind("Interleaved", 0) == 0 ? 2 : 1);
-    run_ok(launch(pp, job("--job.dump_folder " + folder + pipeline(pp, schedule))),
+    run_ok(launch_args(pp, job("--job.dump_folder " + folder + pipeline(pp, schedule))),
            "pipeline: " + std::string(schedule) + " over " + std::to_string(pp) + " ranks, " +
                std::to_string(stages) + " stages");
   }
@@ -154,10 +141,11 @@ const std::vector<ScheduleCase> kSchedules =
                                                 {4, "1F1B"},
                                                 {4, "InterleavedZeroBubble"}};
 
-INSTANTIATE_TEST_SUITE_P(
-    EverySchedule, PipelineSchedules, ::testing::ValuesIn(kSchedules), [](const auto& test) {
-      return "pp" + std::to_string(std::get<0>(test.param)) + "_" + std::get<1>(test.param);
-    });
+INSTANTIATE_TEST_SUITE_P(EverySchedule, PipelineSchedules, ::testing::ValuesIn(kSchedules),
+                         [](const auto& test) {
+                           return "pp" + std::to_string(std::get<0>(test.param)) + "_" +
+                                  std::get<1>(test.param);
+                         });
 
 #if !LOOM_SLOW_TESTS
 
@@ -166,10 +154,11 @@ INSTANTIATE_TEST_SUITE_P(
 // gradients reduced on each stage's last backward) around tensor-parallel blocks.
 TEST(PipelineTraining, ThreeDimensionsOnEightRanksTrainLikeOneRank) {
   const std::string folder = fresh_temp_dir("pp2_fsdp2_tp2");
-  run_ok(launch(8, job("--job.dump_folder " + folder + pipeline(2, "Interleaved1F1B") +
-                       " --parallelism.data_parallel_shard_degree 2"
-                       " --parallelism.tensor_parallel_degree 2 --training.local_batch_size 2")),
-         "reduce-scatter in Float, gradient sync deferred to the last microbatch + FSDP");
+  run_ok(
+      launch_args(8, job("--job.dump_folder " + folder + pipeline(2, "Interleaved1F1B") +
+                         " --parallelism.data_parallel_shard_degree 2"
+                         " --parallelism.tensor_parallel_degree 2 --training.local_batch_size 2")),
+      "reduce-scatter in Float, gradient sync deferred to the last microbatch + FSDP");
   expect_matches_one_rank(folder, "pp 2 x dp_shard 2 x tp 2", false);
   expect_bubble_logged(folder);
 }
@@ -181,19 +170,20 @@ TEST(PipelineTraining, CheckpointsReshardBetweenPipelineAndOneRank) {
   const auto want = logged_losses(one_rank());
   ASSERT_EQ(want.size(), 20u);
   const std::vector<double> tail(want.begin() + 10, want.end());
-  const std::string to_one = resume_folder(interleaved_pp2(), "pp2_to_one");
+  const std::string to_one = copy_of_checkpoint(interleaved_pp2(), 10, "pp2_to_one");
   run_ok(job("--checkpoint.enable true --job.dump_folder " + to_one), "resumed from");
   expect_losses_close(tail, logged_losses(to_one), 1e-5, "pp 2 -> 1 rank");
 
-  const std::string to_pp = resume_folder(one_rank(), "one_to_pp2");
-  run_ok(launch(2, job("--checkpoint.enable true --job.dump_folder " + to_pp + pipeline(2, "1F1B"))),
+  const std::string to_pp = copy_of_checkpoint(one_rank(), 10, "one_to_pp2");
+  run_ok(launch_args(
+             2, job("--checkpoint.enable true --job.dump_folder " + to_pp + pipeline(2, "1F1B"))),
          "resumed from");
   expect_losses_close(tail, logged_losses(to_pp), 1e-5, "1 rank -> pp 2");
 
   const auto straight = logged_losses(interleaved_pp2());
-  const std::string same = resume_folder(interleaved_pp2(), "pp2_to_pp2");
-  run_ok(launch(2, job("--checkpoint.enable true --job.dump_folder " + same +
-                       pipeline(2, "Interleaved1F1B"))),
+  const std::string same = copy_of_checkpoint(interleaved_pp2(), 10, "pp2_to_pp2");
+  run_ok(launch_args(2, job("--checkpoint.enable true --job.dump_folder " + same +
+                            pipeline(2, "Interleaved1F1B"))),
          "resumed from");
   expect_losses_close(std::vector<double>(straight.begin() + 10, straight.end()),
                       logged_losses(same), 0.0, "pp 2 -> pp 2");
@@ -203,9 +193,9 @@ TEST(PipelineTraining, CheckpointsReshardBetweenPipelineAndOneRank) {
 // key, instead of waiting in a receive.
 TEST(PipelineTraining, TooFewMicrobatchesFailOnEveryRankWithTheKeyNamed) {
   const std::string folder = fresh_temp_dir("pp4_too_few");
-  auto result = run_loom(launch(4, job("--job.dump_folder " + folder + pipeline(4, "1F1B") +
-                                       " --training.local_batch_size 2"
-                                       " --training.global_batch_size 2")));
+  auto result = run_loom(launch_args(4, job("--job.dump_folder " + folder + pipeline(4, "1F1B") +
+                                            " --training.local_batch_size 2"
+                                            " --training.global_batch_size 2")));
   EXPECT_EQ(result.exit_code, 2) << result.output;
   for (const char* rank : {"[rank0]", "[rank1]", "[rank2]", "[rank3]"}) {
     const auto at = result.output.find(std::string(rank) + ": ");

@@ -21,7 +21,9 @@
 namespace {
 
 namespace fs = std::filesystem;
+using loom::testing::copy_of_checkpoint;
 using loom::testing::fresh_temp_dir;
+using loom::testing::launch_args;
 using loom::testing::logged_losses;
 using loom::testing::run_loom;
 using loom::testing::shared_run;
@@ -42,13 +44,6 @@ std::string job(int steps, const std::string& extra = "") {
          extra;
 }
 
-// `port`: a number, or "{port}" for shared_run to fill in.
-std::string launch(int ranks, const std::string& job_args,
-                   const std::string& port = std::to_string(loom::testing::free_port())) {
-  return "launch --nproc-per-node " + std::to_string(ranks) + " --master-port " + port + " -- " +
-         job_args;
-}
-
 std::vector<double> val_losses(const std::string& folder) {
   std::vector<double> out;
   std::ifstream in(folder + "/metrics.jsonl");
@@ -61,8 +56,7 @@ std::vector<double> val_losses(const std::string& folder) {
 }
 
 const std::string& one_rank() {
-  static const std::string folder =
-      shared_run("tp_one_rank", job(20, "--checkpoint.enable true"));
+  static const std::string folder = shared_run("tp_one_rank", job(20, "--checkpoint.enable true"));
   return folder;
 }
 
@@ -93,17 +87,9 @@ void run_ok(const std::string& args, const std::string& expect_in_log = "") {
 // tp 2 with checkpoints at steps 10 and 20: the straight run other tests resume against.
 [[maybe_unused]] const std::string& tp2_run() {
   static const std::string folder = shared_run(
-      "tp2", launch(2, job(20, "--checkpoint.enable true --parallelism.tensor_parallel_degree 2"),
-                    "{port}"));
-  return folder;
-}
-
-// A copy of `from`'s step-10 checkpoint in a fresh dump folder, to resume from.
-[[maybe_unused]] std::string resume_folder(const std::string& from, const std::string& name) {
-  const std::string folder = fresh_temp_dir(name);
-  fs::create_directories(folder + "/checkpoint");
-  fs::copy(from + "/checkpoint/step-10", folder + "/checkpoint/step-10",
-           fs::copy_options::recursive);
+      "tp2",
+      launch_args(2, job(20, "--checkpoint.enable true --parallelism.tensor_parallel_degree 2"),
+                  "{port}"));
   return folder;
 }
 
@@ -135,9 +121,9 @@ TEST(TensorParallelTraining, TwoRanksMatchOneRankWithLossParallel) {
 
 TEST(TensorParallelTraining, FsdpTimesTpMatchesOneRank) {
   const std::string folder = fresh_temp_dir("fsdp2_tp2");
-  run_ok(launch(4, job(20, "--job.dump_folder " + folder +
-                               " --parallelism.tensor_parallel_degree 2"
-                               " --parallelism.data_parallel_shard_degree 2")),
+  run_ok(launch_args(4, job(20, "--job.dump_folder " + folder +
+                                    " --parallelism.tensor_parallel_degree 2"
+                                    " --parallelism.data_parallel_shard_degree 2")),
          "reduce-scatter in Float + TP over group 'tp'");
   expect_matches_one_rank(folder, "dp_shard 2 x tp 2", false);
 }
@@ -148,18 +134,18 @@ TEST(TensorParallelTraining, CheckpointResumesOnTpBitwiseAndReshardsToOneRankAnd
   const std::string straight = tp2_run();
   const auto want = logged_losses(straight);
   ASSERT_EQ(want.size(), 20u);
-  const std::string same = resume_folder(straight, "tp2_resume_tp2");
-  run_ok(launch(2, job(20, "--checkpoint.enable true --job.dump_folder " + same +
-                               " --parallelism.tensor_parallel_degree 2")));
+  const std::string same = copy_of_checkpoint(straight, 10, "tp2_resume_tp2");
+  run_ok(launch_args(2, job(20, "--checkpoint.enable true --job.dump_folder " + same +
+                                    " --parallelism.tensor_parallel_degree 2")));
   const std::vector<double> tail(want.begin() + 10, want.end());
   loom::testing::expect_losses_close(tail, logged_losses(same), 0.0, "tp 2 -> tp 2");
   const auto one = logged_losses(one_rank());
   const std::vector<double> one_tail(one.begin() + 10, one.end());
-  const std::string single = resume_folder(straight, "tp2_resume_one");
+  const std::string single = copy_of_checkpoint(straight, 10, "tp2_resume_one");
   run_ok(job(20, "--checkpoint.enable true --job.dump_folder " + single));
   loom::testing::expect_losses_close(one_tail, logged_losses(single), 1e-5, "tp 2 -> 1 rank");
-  const std::string fsdp = resume_folder(straight, "tp2_resume_fsdp");
-  run_ok(launch(2, job(20, "--checkpoint.enable true --job.dump_folder " + fsdp)));
+  const std::string fsdp = copy_of_checkpoint(straight, 10, "tp2_resume_fsdp");
+  run_ok(launch_args(2, job(20, "--checkpoint.enable true --job.dump_folder " + fsdp)));
   loom::testing::expect_losses_close(one_tail, logged_losses(fsdp), 1e-5, "tp 2 -> dp_shard 2");
 }
 
@@ -169,8 +155,10 @@ TEST(TensorParallelTraining, CheckpointResumesOnTpBitwiseAndReshardsToOneRankAnd
 // largest value measured; a misplaced box would differ by the order of the values themselves).
 TEST(TensorParallelTraining, HuggingFaceExportOfTpCheckpointEqualsOneRankExport) {
   const std::string out = fresh_temp_dir("tp2_export");
-  run_ok("checkpoint export --to hf --dtype float32 " + tp2_run() + "/checkpoint/step-20 " + out + "/tp2");
-  run_ok("checkpoint export --to hf --dtype float32 " + one_rank() + "/checkpoint/step-20 " + out + "/one");
+  run_ok("checkpoint export --to hf --dtype float32 " + tp2_run() + "/checkpoint/step-20 " + out +
+         "/tp2");
+  run_ok("checkpoint export --to hf --dtype float32 " + one_rank() + "/checkpoint/step-20 " + out +
+         "/one");
   const std::string compare =
       std::string(LOOM_PYTHON_BIN_DIR) +
       "/python -c \"import sys, json\n"
@@ -198,27 +186,27 @@ TEST(TensorParallelTraining, HuggingFaceExportOfTpCheckpointEqualsOneRankExport)
 
 TEST(TensorParallelTraining, LossParallelOffGivesTheSameLosses) {
   const std::string folder = fresh_temp_dir("tp2_no_loss_parallel");
-  run_ok(launch(2, job(20, "--job.dump_folder " + folder +
-                               " --parallelism.tensor_parallel_degree 2"
-                               " --parallelism.disable_loss_parallel true")),
+  run_ok(launch_args(2, job(20, "--job.dump_folder " + folder +
+                                    " --parallelism.tensor_parallel_degree 2"
+                                    " --parallelism.disable_loss_parallel true")),
          "TP over group");
   expect_matches_one_rank(folder, "tp 2, loss parallel off");
 }
 
 TEST(TensorParallelTraining, FourRanksMatchOneRank) {
   const std::string folder = fresh_temp_dir("tp4");
-  run_ok(launch(4, job(20, "--job.dump_folder " + folder +
-                               " --parallelism.tensor_parallel_degree 4")),
+  run_ok(launch_args(
+             4, job(20, "--job.dump_folder " + folder + " --parallelism.tensor_parallel_degree 4")),
          "TP over group");
   expect_matches_one_rank(folder, "tp 4");
 }
 
 TEST(TensorParallelTraining, DdpTimesTpMatchesOneRank) {
   const std::string folder = fresh_temp_dir("ddp2_tp2");
-  run_ok(launch(4, job(20, "--job.dump_folder " + folder +
-                               " --parallelism.tensor_parallel_degree 2"
-                               " --parallelism.data_parallel_replicate_degree 2"
-                               " --parallelism.data_parallel_shard_degree 1")),
+  run_ok(launch_args(4, job(20, "--job.dump_folder " + folder +
+                                    " --parallelism.tensor_parallel_degree 2"
+                                    " --parallelism.data_parallel_replicate_degree 2"
+                                    " --parallelism.data_parallel_shard_degree 1")),
          "TP over group 'tp'");
   expect_matches_one_rank(folder, "dp_replicate 2 x tp 2", false);
 }

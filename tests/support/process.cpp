@@ -75,6 +75,20 @@ std::string shared_run(const std::string& name, const std::string& args) {
   return folder.string();
 }
 
+std::string copy_of_checkpoint(const std::string& from, int step, const std::string& name) {
+  namespace fs = std::filesystem;
+  const std::string folder = fresh_temp_dir(name);
+  const std::string step_dir = "/checkpoint/step-" + std::to_string(step);
+  fs::create_directories(folder + "/checkpoint");
+  fs::copy(from + step_dir, folder + step_dir, fs::copy_options::recursive);
+  return folder;
+}
+
+std::string launch_args(int ranks, const std::string& job_args, const std::string& port) {
+  return "launch --nproc-per-node " + std::to_string(ranks) + " --master-port " + port + " -- " +
+         job_args;
+}
+
 std::string read_text(const std::string& path) {
   std::ifstream in(path);
   std::ostringstream out;

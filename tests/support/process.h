@@ -30,6 +30,15 @@ int free_port();
 // std::runtime_error with the output when the run fails.
 std::string shared_run(const std::string& name, const std::string& args);
 
+// A fresh run folder (fresh_temp_dir(name)) holding a copy of the checkpoint step-`step` of the
+// run in `from`: a `loom train` with that dump folder resumes from it.
+std::string copy_of_checkpoint(const std::string& from, int step, const std::string& name);
+
+// `loom launch --nproc-per-node N --master-port PORT -- <job_args>`; `port`: a number, or
+// "{port}" for shared_run to fill in.
+std::string launch_args(int ranks, const std::string& job_args,
+                        const std::string& port = std::to_string(free_port()));
+
 // The whole content of a file; empty when it does not exist.
 std::string read_text(const std::string& path);
 
