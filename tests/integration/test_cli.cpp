@@ -112,8 +112,9 @@ TEST(Cli, MissingConfigFileIsNamed) {
 
 TEST(Cli, UnimplementedKeysGiveOneWarning) {
   // (The defaults alone are refused: torchtitan's c4_test dataset is not loom's.)
-  auto result = run_loom("config validate --config " LOOM_SOURCE_DIR
-                         "/configs/llama3_debug.toml --compile.enable --metrics.enable_wandb false");
+  auto result =
+      run_loom("config validate --config " LOOM_SOURCE_DIR
+               "/configs/llama3_debug.toml --compile.enable --metrics.enable_wandb false");
   EXPECT_EQ(result.exit_code, 0) << result.output;
   EXPECT_TRUE(contains(result.output, "not implemented by loom yet")) << result.output;
   EXPECT_TRUE(contains(result.output, "compile.enable, metrics.enable_wandb")) << result.output;
@@ -122,7 +123,8 @@ TEST(Cli, UnimplementedKeysGiveOneWarning) {
 TEST(Cli, TrainSavesTheEffectiveConfigInTheDumpFolder) {
   std::string dir = fresh_temp_dir("cli_train_dump");
   auto result = run_loom("train --config '" + kDebugConfig + "' --job.dump_folder '" + dir +
-                         "/run' --training.steps 7 --job.save_config_file config.json");
+                         "/run' --training.steps 7 --training.seq_len 32 --validation.seq_len 32 "
+                         "--job.save_config_file config.json");
   std::string saved = read_text(dir + "/run/config.toml");
   ASSERT_FALSE(saved.empty()) << result.output;
   EXPECT_TRUE(contains(saved, "\nsteps = 7\n")) << saved;
@@ -171,7 +173,8 @@ TEST(Cli, PlanScheduleTimelineAndBubble) {
       "--virtual-stages 1 --save-csv '" +
       dir + "/zb.csv'");
   ASSERT_EQ(zb.exit_code, 0) << zb.output;
-  EXPECT_TRUE(contains(zb.output, "bubble fraction (idle / busy): 0.1250")) << zb.output;  // 0.375 / 3
+  EXPECT_TRUE(contains(zb.output, "bubble fraction (idle / busy): 0.1250"))
+      << zb.output;  // 0.375 / 3
   auto from_csv = run_loom("plan schedule --csv '" + dir + "/zb.csv'");
   ASSERT_EQ(from_csv.exit_code, 0) << from_csv.output;
   EXPECT_TRUE(contains(from_csv.output, "bubble fraction (idle / busy): 0.1250"));

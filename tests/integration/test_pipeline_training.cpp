@@ -110,19 +110,22 @@ const std::string& interleaved_pp2() {
   return folder;
 }
 
-class PipelineSchedules : public ::testing::TestWithParam<std::tuple<int, const char*>> {};
+// (pp, schedule); strings, not pointers, so that the ctest names (which show the parameter) stay
+// the same from build to build.
+using ScheduleCase = std::tuple<int, std::string>;
+class PipelineSchedules : public ::testing::TestWithParam<ScheduleCase> {};
 
 TEST_P(PipelineSchedules, TrainLikeOneRank) {
   const auto [pp, schedule] = GetParam();
   const std::string what = "pp " + std::to_string(pp) + " " + schedule;
   std::string folder;
-  if (pp == 2 && std::string(schedule) == "Interleaved1F1B") {
+  if (pp == 2 && schedule == "Interleaved1F1B") {
     folder = interleaved_pp2();
   } else {
     folder = fresh_temp_dir("pp" + std::to_string(pp) + "_" + schedule);
-    const int stages = pp * (std::string(schedule).rfind("Interleaved", 0) == 0 ? 2 : 1);
+    const int stages = pp * (schedule.rfind("Interleaved", 0) == 0 ? 2 : 1);
     run_ok(launch_args(pp, job("--job.dump_folder " + folder + pipeline(pp, schedule))),
-           "pipeline: " + std::string(schedule) + " over " + std::to_string(pp) + " ranks, " +
+           "pipeline: " + schedule + " over " + std::to_string(pp) + " ranks, " +
                std::to_string(stages) + " stages");
   }
   expect_matches_one_rank(folder, what);
@@ -131,7 +134,6 @@ TEST_P(PipelineSchedules, TrainLikeOneRank) {
 
 // pp 4 under GPipe and Interleaved1F1B (8 stages) run in the "slow" label (ctest -L slow): the
 // same executor and schedules as the default suite's pp 2 runs and pp 4 1F1B / zero bubble.
-using ScheduleCase = std::tuple<int, const char*>;
 const std::vector<ScheduleCase> kSchedules =
     LOOM_SLOW_TESTS ? std::vector<ScheduleCase>{{4, "GPipe"}, {4, "Interleaved1F1B"}}
                     : std::vector<ScheduleCase>{{2, "GPipe"},
