@@ -208,7 +208,35 @@ HfBpeTokenizer::HfBpeTokenizer(const std::string& path) : path_(path) {
 
 HfBpeTokenizer::~HfBpeTokenizer() = default;
 
+namespace {
+// Pieces longer than this are merged every time (rare, and they would fill the cache), and the
+// cache starts over past this many words (bounded memory on any text).
+constexpr size_t kCachedPieceBytes = 64;
+constexpr size_t kWordCacheLimit = 1 << 18;
+}  // namespace
+
 void HfBpeTokenizer::encode_word(std::string_view piece, std::vector<int32_t>& out) const {
+  if (piece.size() > kCachedPieceBytes) {
+    merge_word(piece, out);
+    return;
+  }
+  std::string key(piece);
+  {
+    std::lock_guard<std::mutex> lock(word_cache_mutex_);
+    if (auto hit = word_cache_.find(key); hit != word_cache_.end()) {
+      out.insert(out.end(), hit->second.begin(), hit->second.end());
+      return;
+    }
+  }
+  std::vector<int32_t> ids;
+  merge_word(piece, ids);
+  out.insert(out.end(), ids.begin(), ids.end());
+  std::lock_guard<std::mutex> lock(word_cache_mutex_);
+  if (word_cache_.size() >= kWordCacheLimit) word_cache_.clear();
+  word_cache_.emplace(std::move(key), std::move(ids));
+}
+
+void HfBpeTokenizer::merge_word(std::string_view piece, std::vector<int32_t>& out) const {
   if (ignore_merges_) {
     if (auto whole = vocab_.find(byte_level_text(piece)); whole != vocab_.end()) {
       out.push_back(whole->second);

@@ -8,6 +8,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -36,6 +37,7 @@ class HfBpeTokenizer : public Tokenizer {
 
  private:
   void encode_word(std::string_view piece, std::vector<int32_t>& out) const;
+  void merge_word(std::string_view piece, std::vector<int32_t>& out) const;
 
   std::string path_;
   std::unordered_map<std::string, int32_t> vocab_;  // byte-level-mapped token -> id
@@ -51,6 +53,10 @@ class HfBpeTokenizer : public Tokenizer {
   bool ignore_merges_ = false;
   int32_t bos_id_ = -1;
   int32_t eos_id_ = -1;
+  // Text is mostly the same few thousand words: their merged ids are kept (as tiktoken and
+  // `tokenizers` do), shared by the threads that encode with this tokenizer.
+  mutable std::mutex word_cache_mutex_;
+  mutable std::unordered_map<std::string, std::vector<int32_t>> word_cache_;
 };
 
 }  // namespace loom::data
