@@ -13,6 +13,10 @@
 #include "support/metrics_log.h"
 #include "support/process.h"
 
+#ifndef LOOM_SLOW_TESTS
+#define LOOM_SLOW_TESTS 0  // 1 in the binary of the "slow" label (ctest -L slow)
+#endif
+
 namespace {
 
 using loom::testing::fresh_temp_dir;
@@ -43,11 +47,12 @@ void expect_same_losses(const std::vector<double>& want, const std::vector<doubl
 
 // Global batch 8 = 2 microbatches of 4 on one rank, as 2 ranks x 4 do in the tests. Run once
 // for all the tests (ctest runs them as separate processes, side by side).
-std::vector<double> single_rank_losses(const std::string& /*name*/) {
+[[maybe_unused]] std::vector<double> single_rank_losses(const std::string& /*name*/) {
   return losses(loom::testing::shared_run("dp_one_rank",
                                           job_args(20) + " --training.global_batch_size 8"));
 }
 
+#if !LOOM_SLOW_TESTS
 TEST(DistributedTraining, TwoRankDataParallelMatchesOneRank) {
   const std::string folder = fresh_temp_dir("ddp_two");
   // Every rank's lines on the console (by default rank 1 shows only warnings and errors).
@@ -72,6 +77,8 @@ TEST(DistributedTraining, TwoRankDataParallelMatchesOneRank) {
   expect_same_losses(want, losses(folder));
 }
 
+#endif  // !LOOM_SLOW_TESTS
+
 // FSDP through the trainer: 2 ranks (reshard default), 4 ranks (reshard always, activation
 // checkpointing) and HSDP 2 x 2 (reshard never) train like 1 rank with the same global batch
 // of 8, so the reshard policies give the same losses too.
@@ -87,6 +94,7 @@ void expect_fsdp_matches_one_rank(const std::string& name, int ranks, const std:
   expect_same_losses(want, losses(folder));
 }
 
+#if !LOOM_SLOW_TESTS
 TEST(DistributedTraining, TwoRankFsdpMatchesOneRank) {
   expect_fsdp_matches_one_rank("fsdp_two", 2, "");
 }
@@ -98,6 +106,8 @@ TEST(DistributedTraining, FourRankFsdpWithCheckpointingMatchesOneRank) {
                                "--activation_checkpoint.mode full");
 }
 
+#else  // The HSDP layout of the thread-rank test Fsdp.HybridShardingTwoByTwo, end to end.
+
 TEST(DistributedTraining, HsdpTwoByTwoMatchesOneRank) {
   expect_fsdp_matches_one_rank("hsdp", 4,
                                "--training.local_batch_size 2 "
@@ -105,6 +115,10 @@ TEST(DistributedTraining, HsdpTwoByTwoMatchesOneRank) {
                                "--parallelism.data_parallel_shard_degree 2 "
                                "--parallelism.fsdp_reshard_after_forward never");
 }
+
+#endif  // LOOM_SLOW_TESTS
+
+#if !LOOM_SLOW_TESTS
 
 // debug.force_fsdp: FSDP over a one-rank shard group (how one GPU runs FSDP's code paths).
 TEST(DistributedTraining, ForcedFsdpOnOneRankMatchesPlainTraining) {
@@ -183,10 +197,13 @@ TEST(DistributedTraining, KilledWorkerStopsTheJobAndIsNamed) {
   EXPECT_LT(seconds, 120) << "the launcher did not stop the surviving rank promptly";
 }
 
+#endif  // !LOOM_SLOW_TESTS
+
 }  // namespace
 
 namespace {
 
+#if !LOOM_SLOW_TESTS
 // The same 2-rank job started by other launchers: PyTorch's torchrun (whose agent hosts the
 // TCPStore) and SLURM's srun (simulated: each task gets SLURM_* variables and no RANK).
 TEST(DistributedTraining, RunsUnderTorchrun) {
@@ -218,5 +235,7 @@ TEST(DistributedTraining, RunsUnderSlurmEnvironment) {
   EXPECT_NE(result.output.find("slurm launch"), std::string::npos) << result.output;
   EXPECT_EQ(losses(folder).size(), 3u);
 }
+
+#endif  // !LOOM_SLOW_TESTS
 
 }  // namespace

@@ -3,8 +3,10 @@
 // with the same global batch for 20 steps, validation included; a tp 2 checkpoint resumes
 // bitwise on tp 2, and within 1e-5 on one rank and on dp_shard 2; its Hugging Face export
 // equals the one-rank export of the same step. The one-rank reference runs once for all tests.
-// tp 2 with loss parallel off, tp 4 and dp_replicate 2 x tp 2 are in the "slow" label (ctest -L
-// slow): their thread-rank tests in the default suite prove the same layouts step by step.
+// tp 2 with loss parallel off, tp 4, dp_shard 2 x tp 2 and dp_replicate 2 x tp 2 are in the
+// "slow" label (ctest -L slow): their thread-rank tests in the default suite prove the same
+// layouts step by step, and the 8-rank pipeline test (pp 2 x dp_shard 2 x tp 2) runs FSDP x TP
+// end to end.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -119,15 +121,6 @@ TEST(TensorParallelTraining, TwoRanksMatchOneRankWithLossParallel) {
   EXPECT_NEAR(comm_bytes, want, 1e-3 * want);
 }
 
-TEST(TensorParallelTraining, FsdpTimesTpMatchesOneRank) {
-  const std::string folder = fresh_temp_dir("fsdp2_tp2");
-  run_ok(launch_args(4, job(20, "--job.dump_folder " + folder +
-                                    " --parallelism.tensor_parallel_degree 2"
-                                    " --parallelism.data_parallel_shard_degree 2")),
-         "reduce-scatter in Float + TP over group 'tp'");
-  expect_matches_one_rank(folder, "dp_shard 2 x tp 2", false);
-}
-
 // Resumed on the same layout: bitwise; on one rank and on FSDP x2: the tp boxes are read by
 // overlap into whole tensors and row shards.
 TEST(TensorParallelTraining, CheckpointResumesOnTpBitwiseAndReshardsToOneRankAndFsdp) {
@@ -199,6 +192,15 @@ TEST(TensorParallelTraining, FourRanksMatchOneRank) {
              4, job(20, "--job.dump_folder " + folder + " --parallelism.tensor_parallel_degree 4")),
          "TP over group");
   expect_matches_one_rank(folder, "tp 4");
+}
+
+TEST(TensorParallelTraining, FsdpTimesTpMatchesOneRank) {
+  const std::string folder = fresh_temp_dir("fsdp2_tp2");
+  run_ok(launch_args(4, job(20, "--job.dump_folder " + folder +
+                                    " --parallelism.tensor_parallel_degree 2"
+                                    " --parallelism.data_parallel_shard_degree 2")),
+         "reduce-scatter in Float + TP over group 'tp'");
+  expect_matches_one_rank(folder, "dp_shard 2 x tp 2", false);
 }
 
 TEST(TensorParallelTraining, DdpTimesTpMatchesOneRank) {
