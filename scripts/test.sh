@@ -28,15 +28,6 @@ else
   label_args=(-LE 'cuda|fuzz|slow')
 fi
 
-# ctest starts the longest tests first when it knows their times (its cost data); a fresh build
-# has none and would start them last, so it begins with the times recorded in
-# tests/ctest_costs.txt (refresh: copy $BUILD_DIR/Testing/Temporary/CTestCostData.txt there).
-cost_file="$BUILD_DIR/Testing/Temporary/CTestCostData.txt"
-if [[ ! -f "$cost_file" && -f tests/ctest_costs.txt ]]; then
-  mkdir -p "$(dirname "$cost_file")"
-  cp tests/ctest_costs.txt "$cost_file"
-fi
-
 say "running ctest in $BUILD_DIR"
 # No --repeat or retry flags: a flaky test must fail here, not pass on a second try.
 ctest --test-dir "$BUILD_DIR" --output-on-failure --no-tests=error -j "$(nproc)" \

@@ -99,14 +99,16 @@ TEST(DistributedTraining, TwoRankFsdpMatchesOneRank) {
   expect_fsdp_matches_one_rank("fsdp_two", 2, "");
 }
 
+#else  // The layouts of the thread-rank tests Fsdp.FourRanksWithAnEmptyShard,
+       // ReshardAlwaysAndNeverMatchToo, ComposesWithActivationCheckpointingAndAccumulation and
+       // HybridShardingTwoByTwo, end to end.
+
 TEST(DistributedTraining, FourRankFsdpWithCheckpointingMatchesOneRank) {
   expect_fsdp_matches_one_rank("fsdp_four", 4,
                                "--training.local_batch_size 2 "
                                "--parallelism.fsdp_reshard_after_forward always "
                                "--activation_checkpoint.mode full");
 }
-
-#else  // The HSDP layout of the thread-rank test Fsdp.HybridShardingTwoByTwo, end to end.
 
 TEST(DistributedTraining, HsdpTwoByTwoMatchesOneRank) {
   expect_fsdp_matches_one_rank("hsdp", 4,
