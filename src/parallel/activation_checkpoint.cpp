@@ -4,10 +4,12 @@
 #include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <array>
+#include <unordered_set>
 
 #include "loom/core/check.h"
 #include "loom/core/logging.h"
@@ -63,6 +65,32 @@ class AutocastScope {
 // recomputes the region and differentiates it, non-reentrantly, for the outputs this graph task
 // needs; the parameters' gradients flow back as the node's outputs and are accumulated (and
 // their gradient hooks run) by the outer backward, as for any other node.
+// The recomputed graph of `output` may only end in `input` and `parameters`: a leaf that needs
+// a gradient but was not listed would silently get none (the outer backward cannot see it).
+void check_leaves_are_listed(const at::Tensor& output, const at::Tensor& input,
+                             const std::vector<at::Tensor>& parameters) {
+  std::unordered_set<const c10::TensorImpl*> listed{input.unsafeGetTensorImpl()};
+  for (const auto& p : parameters) listed.insert(p.unsafeGetTensorImpl());
+  std::unordered_set<const torch::autograd::Node*> seen;
+  std::vector<torch::autograd::Node*> todo;
+  if (output.grad_fn()) todo.push_back(output.grad_fn().get());
+  while (!todo.empty()) {
+    torch::autograd::Node* node = todo.back();
+    todo.pop_back();
+    if (!seen.insert(node).second) continue;
+    if (auto* leaf = dynamic_cast<torch::autograd::AccumulateGrad*>(node)) {
+      LOOM_CHECK(listed.count(leaf->variable.unsafeGetTensorImpl()) > 0,
+                 "activation checkpoint: the checkpointed function reads a tensor of shape ",
+                 leaf->variable.sizes(), " that needs a gradient but is not among the ",
+                 parameters.size(), " parameters passed to checkpoint(); it would get none");
+      continue;
+    }
+    for (const auto& edge : node->next_edges()) {
+      if (edge.function) todo.push_back(edge.function.get());
+    }
+  }
+}
+
 class CheckpointBackward : public torch::autograd::Node {
  public:
   CheckpointBackward(CheckpointedFn fn, at::Tensor input, std::vector<at::Tensor> parameters)
@@ -93,6 +121,7 @@ class CheckpointBackward : public torch::autograd::Node {
         AutocastScope same_autocast(autocast_);
         output = fn_(input);
       }
+      check_leaves_are_listed(output, input, parameters_);
       auto computed = torch::autograd::grad({output}, wanted, {grads.at(0)},
                                             /*retain_graph=*/false, /*create_graph=*/false,
                                             /*allow_unused=*/true);
@@ -110,7 +139,6 @@ class CheckpointBackward : public torch::autograd::Node {
   }
 
  private:
-
   CheckpointedFn fn_;
   at::Tensor input_;
   std::vector<at::Tensor> parameters_;

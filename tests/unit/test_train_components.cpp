@@ -156,6 +156,25 @@ TEST(ActivationCheckpoint, SplitBackwardReachesOnlyTheAskedTensors) {
   EXPECT_FALSE(x.grad().defined());
 }
 
+// A parameter the region reads but was not given would get no gradient: backward says so.
+TEST(ActivationCheckpoint, AnUnlistedParameterIsAnErrorNotAMissingGradient) {
+  at::Tensor w = at::randn({8, 8}).set_requires_grad(true);
+  at::Tensor forgotten = at::randn({8}).set_requires_grad(true);
+  loom::parallel::CheckpointedFn fn = [&](const at::Tensor& x) {
+    return at::matmul(x, w) + forgotten;
+  };
+  at::Tensor x = at::randn({4, 8}).set_requires_grad(true);
+  at::Tensor out = loom::parallel::checkpoint(fn, x, {w}).sum();
+  try {
+    out.backward();
+    FAIL() << "backward ran without the forgotten parameter's gradient";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("not among the 1 parameters passed to checkpoint()"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // The recompute runs under the forward's autocast state: with CPU bf16 autocast, AC gradients
 // equal no-AC gradients as closely as two no-AC runs do (here: exactly). Recomputing in float32
 // would differentiate another function (differences of ~1e-2 relative).

@@ -18,7 +18,8 @@ using CheckpointedFn = std::function<at::Tensor(const at::Tensor&)>;
 // backward node, so a backward restricted to some tensors (autograd::grad(out, input), or
 // backward(inputs = parameters)) computes exactly those, and the parameters' gradients are
 // accumulated by the outer backward (not by a nested one), so post-accumulate-grad hooks (DDP's,
-// FSDP's) run once. A parameter not listed gets no gradient. Tensor hooks registered on a listed
+// FSDP's) run once. A tensor fn reads that needs a gradient but is not listed is an error in
+// backward (it would get no gradient). Tensor hooks registered on a listed
 // parameter itself (register_hook) run twice: in the recompute's autograd::grad and again when
 // the outer backward accumulates; loom registers none there.
 at::Tensor checkpoint(const CheckpointedFn& fn, const at::Tensor& input,
