@@ -12,10 +12,7 @@
 
 #include "support/metrics_log.h"
 #include "support/process.h"
-
-#ifndef LOOM_SLOW_TESTS
-#define LOOM_SLOW_TESTS 0  // 1 in the binary of the "slow" label (ctest -L slow)
-#endif
+#include "support/test_sets.h"
 
 namespace {
 
@@ -47,13 +44,12 @@ void expect_same_losses(const std::vector<double>& want, const std::vector<doubl
 
 // Global batch 8 = 2 microbatches of 4 on one rank, as 2 ranks x 4 do in the tests. Run once
 // for all the tests (ctest runs them as separate processes, side by side).
-[[maybe_unused]] std::vector<double> single_rank_losses(const std::string& /*name*/) {
-  return losses(loom::testing::shared_run("dp_one_rank",
-                                          job_args(20) + " --training.global_batch_size 8"));
+std::vector<double> single_rank_losses(const std::string& /*name*/) {
+  return losses(
+      loom::testing::shared_run("dp_one_rank", job_args(20) + " --training.global_batch_size 8"));
 }
 
-#if !LOOM_SLOW_TESTS
-TEST(DistributedTraining, TwoRankDataParallelMatchesOneRank) {
+LOOM_TEST(DistributedTraining, TwoRankDataParallelMatchesOneRank) {
   const std::string folder = fresh_temp_dir("ddp_two");
   // Every rank's lines on the console (by default rank 1 shows only warnings and errors).
   auto result = run_loom("launch --nproc-per-node 2 --local-ranks-filter all --master-port " +
@@ -77,8 +73,6 @@ TEST(DistributedTraining, TwoRankDataParallelMatchesOneRank) {
   expect_same_losses(want, losses(folder));
 }
 
-#endif  // !LOOM_SLOW_TESTS
-
 // FSDP through the trainer: 2 ranks (reshard default), 4 ranks (reshard always, activation
 // checkpointing) and HSDP 2 x 2 (reshard never) train like 1 rank with the same global batch
 // of 8, so the reshard policies give the same losses too.
@@ -94,23 +88,22 @@ void expect_fsdp_matches_one_rank(const std::string& name, int ranks, const std:
   expect_same_losses(want, losses(folder));
 }
 
-#if !LOOM_SLOW_TESTS
-TEST(DistributedTraining, TwoRankFsdpMatchesOneRank) {
+LOOM_TEST(DistributedTraining, TwoRankFsdpMatchesOneRank) {
   expect_fsdp_matches_one_rank("fsdp_two", 2, "");
 }
 
-#else  // The layouts of the thread-rank tests Fsdp.FourRanksWithAnEmptyShard,
-       // ReshardAlwaysAndNeverMatchToo, ComposesWithActivationCheckpointingAndAccumulation and
-       // HybridShardingTwoByTwo, end to end.
+// The layouts of the thread-rank tests Fsdp.FourRanksWithAnEmptyShard,
+// ReshardAlwaysAndNeverMatchToo, ComposesWithActivationCheckpointingAndAccumulation and
+// HybridShardingTwoByTwo, end to end.
 
-TEST(DistributedTraining, FourRankFsdpWithCheckpointingMatchesOneRank) {
+LOOM_SLOW_TEST(DistributedTraining, FourRankFsdpWithCheckpointingMatchesOneRank) {
   expect_fsdp_matches_one_rank("fsdp_four", 4,
                                "--training.local_batch_size 2 "
                                "--parallelism.fsdp_reshard_after_forward always "
                                "--activation_checkpoint.mode full");
 }
 
-TEST(DistributedTraining, HsdpTwoByTwoMatchesOneRank) {
+LOOM_SLOW_TEST(DistributedTraining, HsdpTwoByTwoMatchesOneRank) {
   expect_fsdp_matches_one_rank("hsdp", 4,
                                "--training.local_batch_size 2 "
                                "--parallelism.data_parallel_replicate_degree 2 "
@@ -118,12 +111,8 @@ TEST(DistributedTraining, HsdpTwoByTwoMatchesOneRank) {
                                "--parallelism.fsdp_reshard_after_forward never");
 }
 
-#endif  // LOOM_SLOW_TESTS
-
-#if !LOOM_SLOW_TESTS
-
 // debug.force_fsdp: FSDP over a one-rank shard group (how one GPU runs FSDP's code paths).
-TEST(DistributedTraining, ForcedFsdpOnOneRankMatchesPlainTraining) {
+LOOM_TEST(DistributedTraining, ForcedFsdpOnOneRankMatchesPlainTraining) {
   const std::string folder = fresh_temp_dir("fsdp_one");
   const std::string plain = fresh_temp_dir("fsdp_one_plain");
   auto result = run_loom(job_args(folder, 5) + " --debug.force_fsdp true");
@@ -135,7 +124,7 @@ TEST(DistributedTraining, ForcedFsdpOnOneRankMatchesPlainTraining) {
 
 // bf16 all-gather and compute (float32 masters and reduce-scatter) on CPU: runs, and tracks the
 // float32 losses of the same job.
-TEST(DistributedTraining, TwoRankFsdpInBfloat16TracksFloat32) {
+LOOM_TEST(DistributedTraining, TwoRankFsdpInBfloat16TracksFloat32) {
   auto run = [](const std::string& name, const std::string& extra) {
     const std::string folder = fresh_temp_dir(name);
     auto result =
@@ -155,7 +144,7 @@ TEST(DistributedTraining, TwoRankFsdpInBfloat16TracksFloat32) {
   }
 }
 
-TEST(DistributedTraining, TwoLaunchersWithTwoNodesFormOneJob) {
+LOOM_TEST(DistributedTraining, TwoLaunchersWithTwoNodesFormOneJob) {
   const std::string folder = fresh_temp_dir("ddp_nodes");
   const std::string port = std::to_string(loom::testing::free_port());
   const std::string common = std::string(LOOM_BINARY) +
@@ -175,7 +164,7 @@ TEST(DistributedTraining, TwoLaunchersWithTwoNodesFormOneJob) {
   expect_same_losses(single_rank_losses("ddp_nodes"), losses(folder));
 }
 
-TEST(DistributedTraining, KilledWorkerStopsTheJobAndIsNamed) {
+LOOM_TEST(DistributedTraining, KilledWorkerStopsTheJobAndIsNamed) {
   const std::string folder = fresh_temp_dir("ddp_kill");
   // Kill global rank 1 once training is under way (its metrics line for step 2 was printed).
   const std::string killer =
@@ -199,16 +188,13 @@ TEST(DistributedTraining, KilledWorkerStopsTheJobAndIsNamed) {
   EXPECT_LT(seconds, 120) << "the launcher did not stop the surviving rank promptly";
 }
 
-#endif  // !LOOM_SLOW_TESTS
-
 }  // namespace
 
 namespace {
 
-#if !LOOM_SLOW_TESTS
 // The same 2-rank job started by other launchers: PyTorch's torchrun (whose agent hosts the
 // TCPStore) and SLURM's srun (simulated: each task gets SLURM_* variables and no RANK).
-TEST(DistributedTraining, RunsUnderTorchrun) {
+LOOM_TEST(DistributedTraining, RunsUnderTorchrun) {
   const std::string folder = fresh_temp_dir("ddp_torchrun");
   const std::string torchrun = std::string(LOOM_PYTHON_BIN_DIR) + "/torchrun";
   auto result =
@@ -220,7 +206,7 @@ TEST(DistributedTraining, RunsUnderTorchrun) {
   EXPECT_EQ(losses(folder).size(), 3u);
 }
 
-TEST(DistributedTraining, RunsUnderSlurmEnvironment) {
+LOOM_TEST(DistributedTraining, RunsUnderSlurmEnvironment) {
   const std::string folder = fresh_temp_dir("ddp_slurm");
   const std::string port = std::to_string(loom::testing::free_port());
   auto task = [&](int id) {
@@ -237,7 +223,5 @@ TEST(DistributedTraining, RunsUnderSlurmEnvironment) {
   EXPECT_NE(result.output.find("slurm launch"), std::string::npos) << result.output;
   EXPECT_EQ(losses(folder).size(), 3u);
 }
-
-#endif  // !LOOM_SLOW_TESTS
 
 }  // namespace

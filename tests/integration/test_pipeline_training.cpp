@@ -12,10 +12,7 @@
 
 #include "support/metrics_log.h"
 #include "support/process.h"
-
-#ifndef LOOM_SLOW_TESTS
-#define LOOM_SLOW_TESTS 0  // 1 in the binary of the "slow" label (ctest -L slow)
-#endif
+#include "support/test_sets.h"
 
 namespace {
 
@@ -149,12 +146,10 @@ INSTANTIATE_TEST_SUITE_P(EverySchedule, PipelineSchedules, ::testing::ValuesIn(k
                                   std::get<1>(test.param);
                          });
 
-#if !LOOM_SLOW_TESTS
-
 // 3-D, with the same global batch (2 rows per data-parallel rank, so 2 microbatches): each pp
 // rank's two stages are FSDP-wrapped (units kept gathered across microbatches,
 // gradients reduced on each stage's last backward) around tensor-parallel blocks.
-TEST(PipelineTraining, ThreeDimensionsOnEightRanksTrainLikeOneRank) {
+LOOM_TEST(PipelineTraining, ThreeDimensionsOnEightRanksTrainLikeOneRank) {
   const std::string folder = fresh_temp_dir("pp2_fsdp2_tp2");
   run_ok(
       launch_args(8, job("--job.dump_folder " + folder + pipeline(2, "Interleaved1F1B") +
@@ -168,7 +163,7 @@ TEST(PipelineTraining, ThreeDimensionsOnEightRanksTrainLikeOneRank) {
 // Parameter names are global: a pipeline checkpoint loads on one rank, a one-rank checkpoint
 // on another pipeline split (pp 2 with one stage per rank), and resumes on its own layout
 // bitwise.
-TEST(PipelineTraining, CheckpointsReshardBetweenPipelineAndOneRank) {
+LOOM_TEST(PipelineTraining, CheckpointsReshardBetweenPipelineAndOneRank) {
   const auto want = logged_losses(one_rank());
   ASSERT_EQ(want.size(), 20u);
   const std::vector<double> tail(want.begin() + 10, want.end());
@@ -193,7 +188,7 @@ TEST(PipelineTraining, CheckpointsReshardBetweenPipelineAndOneRank) {
 
 // Too few microbatches for the schedule: every rank refuses before the rendezvous, naming the
 // key, instead of waiting in a receive.
-TEST(PipelineTraining, TooFewMicrobatchesFailOnEveryRankWithTheKeyNamed) {
+LOOM_TEST(PipelineTraining, TooFewMicrobatchesFailOnEveryRankWithTheKeyNamed) {
   const std::string folder = fresh_temp_dir("pp4_too_few");
   auto result = run_loom(launch_args(4, job("--job.dump_folder " + folder + pipeline(4, "1F1B") +
                                             " --training.local_batch_size 2"
@@ -210,7 +205,5 @@ TEST(PipelineTraining, TooFewMicrobatchesFailOnEveryRankWithTheKeyNamed) {
       << result.output;
   EXPECT_FALSE(fs::exists(folder + "/metrics.jsonl"));
 }
-
-#endif  // !LOOM_SLOW_TESTS
 
 }  // namespace

@@ -15,10 +15,7 @@
 
 #include "support/metrics_log.h"
 #include "support/process.h"
-
-#ifndef LOOM_SLOW_TESTS
-#define LOOM_SLOW_TESTS 0  // 1 in the binary of the "slow" label (ctest -L slow)
-#endif
+#include "support/test_sets.h"
 
 namespace {
 
@@ -87,7 +84,7 @@ void run_ok(const std::string& args, const std::string& expect_in_log = "") {
 }
 
 // tp 2 with checkpoints at steps 10 and 20: the straight run other tests resume against.
-[[maybe_unused]] const std::string& tp2_run() {
+const std::string& tp2_run() {
   static const std::string folder = shared_run(
       "tp2",
       launch_args(2, job(20, "--checkpoint.enable true --parallelism.tensor_parallel_degree 2"),
@@ -97,13 +94,11 @@ void run_ok(const std::string& args, const std::string& expect_in_log = "") {
 
 }  // namespace
 
-#if !LOOM_SLOW_TESTS
-
 // The first step's traffic proves the tp group carried the region changes (a job that ignored
 // tensor_parallel_degree would send nothing): the formula of docs/parallelism.md for
 // 2 microbatches of b = 4, s = 32, d = 256, L = 6, N = 2, plus 12 bytes of the trainer's own
 // all-reduces (the gradient norm and the stop flag over the world).
-TEST(TensorParallelTraining, TwoRanksMatchOneRankWithLossParallel) {
+LOOM_TEST(TensorParallelTraining, TwoRanksMatchOneRankWithLossParallel) {
   expect_matches_one_rank(tp2_run(), "tp 2");
   std::ifstream in(tp2_run() + "/metrics.jsonl");
   std::string line;
@@ -123,7 +118,7 @@ TEST(TensorParallelTraining, TwoRanksMatchOneRankWithLossParallel) {
 
 // Resumed on the same layout: bitwise; on one rank and on FSDP x2: the tp boxes are read by
 // overlap into whole tensors and row shards.
-TEST(TensorParallelTraining, CheckpointResumesOnTpBitwiseAndReshardsToOneRankAndFsdp) {
+LOOM_TEST(TensorParallelTraining, CheckpointResumesOnTpBitwiseAndReshardsToOneRankAndFsdp) {
   const std::string straight = tp2_run();
   const auto want = logged_losses(straight);
   ASSERT_EQ(want.size(), 20u);
@@ -146,7 +141,7 @@ TEST(TensorParallelTraining, CheckpointResumesOnTpBitwiseAndReshardsToOneRankAnd
 // export of step 20 (the runs agree to 1e-5 in loss; the weights to float32 training noise,
 // which AdamW's normalized updates amplify where gradients are near zero: 1.5e-4 of a tensor's
 // largest value measured; a misplaced box would differ by the order of the values themselves).
-TEST(TensorParallelTraining, HuggingFaceExportOfTpCheckpointEqualsOneRankExport) {
+LOOM_TEST(TensorParallelTraining, HuggingFaceExportOfTpCheckpointEqualsOneRankExport) {
   const std::string out = fresh_temp_dir("tp2_export");
   run_ok("checkpoint export --to hf --dtype float32 " + tp2_run() + "/checkpoint/step-20 " + out +
          "/tp2");
@@ -174,43 +169,41 @@ TEST(TensorParallelTraining, HuggingFaceExportOfTpCheckpointEqualsOneRankExport)
   EXPECT_EQ(result.exit_code, 0) << result.output;
 }
 
-#else  // The same layouts as the thread-rank tests of tests/unit/test_tensor_parallel.cpp, which
-       // prove each one step at a time in the default suite; here end to end over 20 steps.
+// The same layouts as the thread-rank tests of tests/unit/test_tensor_parallel.cpp, which
+// prove each one step at a time in the default suite; here end to end over 20 steps: `ranks`
+// ranks with `layout` train like one rank, and the log shows the wrappers (`in_log`).
+namespace {
+void expect_layout_matches_one_rank(const std::string& name, int ranks, const std::string& layout,
+                                    const std::string& in_log, bool same_validation) {
+  const std::string folder = fresh_temp_dir(name);
+  run_ok(launch_args(ranks, job(20, "--job.dump_folder " + folder + " " + layout)), in_log);
+  expect_matches_one_rank(folder, name + ": " + layout, same_validation);
+}
+}  // namespace
 
-TEST(TensorParallelTraining, LossParallelOffGivesTheSameLosses) {
-  const std::string folder = fresh_temp_dir("tp2_no_loss_parallel");
-  run_ok(launch_args(2, job(20, "--job.dump_folder " + folder +
-                                    " --parallelism.tensor_parallel_degree 2"
-                                    " --parallelism.disable_loss_parallel true")),
-         "TP over group");
-  expect_matches_one_rank(folder, "tp 2, loss parallel off");
+LOOM_SLOW_TEST(TensorParallelTraining, LossParallelOffGivesTheSameLosses) {
+  expect_layout_matches_one_rank(
+      "tp2_no_loss_parallel", 2,
+      "--parallelism.tensor_parallel_degree 2 --parallelism.disable_loss_parallel true",
+      "TP over group", true);
 }
 
-TEST(TensorParallelTraining, FourRanksMatchOneRank) {
-  const std::string folder = fresh_temp_dir("tp4");
-  run_ok(launch_args(
-             4, job(20, "--job.dump_folder " + folder + " --parallelism.tensor_parallel_degree 4")),
-         "TP over group");
-  expect_matches_one_rank(folder, "tp 4");
+LOOM_SLOW_TEST(TensorParallelTraining, FourRanksMatchOneRank) {
+  expect_layout_matches_one_rank("tp4", 4, "--parallelism.tensor_parallel_degree 4",
+                                 "TP over group", true);
 }
 
-TEST(TensorParallelTraining, FsdpTimesTpMatchesOneRank) {
-  const std::string folder = fresh_temp_dir("fsdp2_tp2");
-  run_ok(launch_args(4, job(20, "--job.dump_folder " + folder +
-                                    " --parallelism.tensor_parallel_degree 2"
-                                    " --parallelism.data_parallel_shard_degree 2")),
-         "reduce-scatter in Float + TP over group 'tp'");
-  expect_matches_one_rank(folder, "dp_shard 2 x tp 2", false);
+LOOM_SLOW_TEST(TensorParallelTraining, FsdpTimesTpMatchesOneRank) {
+  expect_layout_matches_one_rank(
+      "fsdp2_tp2", 4,
+      "--parallelism.tensor_parallel_degree 2 --parallelism.data_parallel_shard_degree 2",
+      "reduce-scatter in Float + TP over group 'tp'", false);
 }
 
-TEST(TensorParallelTraining, DdpTimesTpMatchesOneRank) {
-  const std::string folder = fresh_temp_dir("ddp2_tp2");
-  run_ok(launch_args(4, job(20, "--job.dump_folder " + folder +
-                                    " --parallelism.tensor_parallel_degree 2"
-                                    " --parallelism.data_parallel_replicate_degree 2"
-                                    " --parallelism.data_parallel_shard_degree 1")),
-         "TP over group 'tp'");
-  expect_matches_one_rank(folder, "dp_replicate 2 x tp 2", false);
+LOOM_SLOW_TEST(TensorParallelTraining, DdpTimesTpMatchesOneRank) {
+  expect_layout_matches_one_rank("ddp2_tp2", 4,
+                                 "--parallelism.tensor_parallel_degree 2"
+                                 " --parallelism.data_parallel_replicate_degree 2"
+                                 " --parallelism.data_parallel_shard_degree 1",
+                                 "TP over group 'tp'", false);
 }
-
-#endif  // LOOM_SLOW_TESTS
