@@ -10,7 +10,6 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include <filesystem>
 #include <fstream>
 
 #include "support/metrics_log.h"
@@ -19,7 +18,6 @@
 
 namespace {
 
-namespace fs = std::filesystem;
 using loom::testing::copy_of_checkpoint;
 using loom::testing::fresh_temp_dir;
 using loom::testing::launch_args;
