@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "loom/models/kernels/rms_norm.h"
 #include "loom/models/kernels/swiglu.h"
 
 namespace {
@@ -50,6 +51,37 @@ std::function<void()> swiglu_step(const at::Tensor& a0, const at::Tensor& b0, co
   };
 }
 
+// RMSNorm forward and backward (input and weight gradients), as a block's norm runs it.
+std::function<void()> rms_norm_step(const at::Tensor& x0, const at::Tensor& w0, const at::Tensor& g,
+                                    bool fused) {
+  return [=] {
+    at::Tensor x = x0.detach().requires_grad_(true);
+    at::Tensor w = w0.detach().requires_grad_(true);
+    at::Tensor out = fused ? loom::models::kernels::rms_norm(x, w, 1e-5)
+                           : at::rms_norm(x, {x.size(-1)}, w, 1e-5);
+    torch::autograd::backward({out}, {g});
+  };
+}
+
+// Times `fused` and `eager` alternately and prints both medians and the median speed-up.
+void compare(const char* kernel, const char* shape, const std::function<void()>& fused,
+             const std::function<void()>& eager, int rounds, int iters, bool cold) {
+  fused();
+  eager();  // warm the allocator
+  std::vector<double> tf, te, ratios;
+  for (int r = 0; r < rounds; ++r) {
+    tf.push_back(time_it(fused, iters, cold));
+    te.push_back(time_it(eager, iters, cold));
+    ratios.push_back(te.back() / tf.back());
+  }
+  std::printf(
+      "%-8s fwd+bwd %-10s eager %.3f ms  fused %.3f ms  speed-up (median of %d rounds) "
+      "%.2fx (range %.2f-%.2f)\n",
+      kernel, shape, median(te) * 1e3, median(tf) * 1e3, rounds, median(ratios),
+      *std::min_element(ratios.begin(), ratios.end()),
+      *std::max_element(ratios.begin(), ratios.end()));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -70,22 +102,16 @@ int main(int argc, char** argv) {
   for (const Shape& shape : {Shape{"debugmodel", {8, 256, 768}}, Shape{"100M", {8, 256, 2048}}}) {
     at::manual_seed(0);
     at::Tensor a = at::randn(shape.dims), b = at::randn(shape.dims), g = at::randn(shape.dims);
-    auto fused = swiglu_step(a, b, g, true);
-    auto eager = swiglu_step(a, b, g, false);
-    fused();
-    eager();  // warm the allocator
-    std::vector<double> tf, te, ratios;
-    for (int r = 0; r < rounds; ++r) {
-      tf.push_back(time_it(fused, iters, cold));
-      te.push_back(time_it(eager, iters, cold));
-      ratios.push_back(te.back() / tf.back());
-    }
-    std::printf(
-        "swiglu fwd+bwd %-10s eager %.3f ms  fused %.3f ms  speed-up (median of %d rounds) "
-        "%.2fx (range %.2f-%.2f)\n",
-        shape.name, median(te) * 1e3, median(tf) * 1e3, rounds, median(ratios),
-        *std::min_element(ratios.begin(), ratios.end()),
-        *std::max_element(ratios.begin(), ratios.end()));
+    compare("swiglu", shape.name, swiglu_step(a, b, g, true), swiglu_step(a, b, g, false), rounds,
+            iters, cold);
+  }
+  // [batch 8, seq 256, model width]: debugmodel (256) and 100M (768).
+  for (const Shape& shape : {Shape{"debugmodel", {8, 256, 256}}, Shape{"100M", {8, 256, 768}}}) {
+    at::manual_seed(0);
+    at::Tensor x = at::randn(shape.dims), g = at::randn(shape.dims);
+    at::Tensor w = at::randn({shape.dims.back()});
+    compare("rms_norm", shape.name, rms_norm_step(x, w, g, true), rms_norm_step(x, w, g, false),
+            rounds, iters, cold);
   }
   return 0;
 }

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include "loom/core/check.h"
+#include "loom/models/kernels/rms_norm.h"
 
 namespace loom::models {
 
@@ -48,10 +49,11 @@ RMSNormImpl::RMSNormImpl(int64_t dim, double eps_, const at::TensorOptions& opti
     : WeightModule(at::empty({dim}, options)), eps(eps_) {}
 
 at::Tensor RMSNormImpl::forward(const at::Tensor& input) {
-  // ATen's fused rms_norm (one kernel forward and backward where available), on float32.
+  // On float32: loom's fused CPU kernel, or ATen's rms_norm (fused on CUDA) where it does not
+  // apply.
   const int64_t dim = input.size(-1);
   if (input.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat) {
-    return at::rms_norm(input, {dim}, weight, eps);
+    return kernels::rms_norm(input, weight, eps);
   }
   at::Tensor normed = at::rms_norm(input.to(at::kFloat), {dim}, std::nullopt, eps);
   return normed.to(input.scalar_type()) * weight;

@@ -5,6 +5,7 @@
 
 #include "loom/core/check.h"
 #include "loom/distributed/comm.h"
+#include "loom/models/kernels/squared_norm.h"
 
 namespace loom::train {
 
@@ -24,10 +25,9 @@ at::Tensor clip_grad_norm(const std::vector<at::Tensor>& tensors,
   const at::Device device = grads.empty() ? at::Device(at::kCPU) : grads.front().device();
   // In float64: a float32 sum of squares over a million-element gradient is off by ~1e-4,
   // enough to make runs that differ only in layout clip differently.
-  at::Tensor squared = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(device));
-  if (!counted.empty()) {
-    squared += at::stack(at::_foreach_norm(counted, 2, at::kDouble)).pow(2).sum();
-  }
+  at::Tensor squared = counted.empty()
+      ? at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(device))
+      : models::kernels::squared_norm(counted);
   if (all_ranks != nullptr && all_ranks->size() > 1) all_ranks->all_reduce(squared);
   at::Tensor total = squared.sqrt().squeeze(0);
   if (max_norm > 0 && !grads.empty()) {

@@ -5,9 +5,12 @@
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <c10/core/GradMode.h>
 
 #include <vector>
 
+#include "loom/models/kernels/rms_norm.h"
+#include "loom/models/kernels/squared_norm.h"
 #include "loom/models/kernels/swiglu.h"
 
 namespace kernels = loom::models::kernels;
@@ -34,7 +37,138 @@ void expect_close(const at::Tensor& got, const at::Tensor& want, const char* wha
   EXPECT_LE(diff, 1e-6 * std::max(scale, 1.0)) << what << ": max |diff| " << diff;
 }
 
+struct RmsNormResult {
+  at::Tensor out, grad_x, grad_w;
+};
+
+// Forward and backward of RMSNorm, fused or through at::rms_norm's unfused ATen composition,
+// in the inputs' dtype.
+RmsNormResult run_rms_norm(const at::Tensor& x0, const at::Tensor& w0, const at::Tensor& grad,
+                           bool fused, double eps = 1e-5) {
+  at::Tensor x = x0.detach().clone().set_requires_grad(true);
+  at::Tensor w = w0.detach().clone().set_requires_grad(true);
+  at::Tensor out = fused ? kernels::rms_norm(x, w, eps) : at::rms_norm(x, {x.size(-1)}, w, eps);
+  torch::autograd::backward({out}, {grad});
+  return {out.detach(), x.grad(), w.grad()};
+}
+
 }  // namespace
+
+TEST(FusedKernels, RmsNormMatchesAtenAndAFloat64Reference) {
+  at::manual_seed(3);
+  // Rows of 13 (tail only), 100 (vector loop + tail), 256 and 4096 (model widths); row counts
+  // below, at and above a grad_weight block (64 rows) and several intra-op tasks.
+  for (const std::vector<int64_t>& shape :
+       {std::vector<int64_t>{1, 13}, {3, 100}, {2, 64, 256}, {8, 37, 256}, {130, 4096}}) {
+    at::Tensor x = at::randn(shape) * 3;
+    at::Tensor w = at::randn({shape.back()});
+    at::Tensor g = at::randn(shape);
+    ASSERT_TRUE(kernels::rms_norm_is_fused(x, w));
+    const RmsNormResult fused = run_rms_norm(x, w, g, true);
+    const RmsNormResult eager = run_rms_norm(x, w, g, false);
+    const RmsNormResult exact = run_rms_norm(x.to(at::kDouble), w.to(at::kDouble),
+                                             g.to(at::kDouble), false);
+    expect_close(fused.out, eager.out, "forward vs ATen");
+    expect_close(fused.grad_x, eager.grad_x, "grad x vs ATen");
+    expect_close(fused.grad_w, eager.grad_w, "grad weight vs ATen");
+    expect_close(fused.out, exact.out.to(at::kFloat), "forward vs float64");
+    expect_close(fused.grad_x, exact.grad_x.to(at::kFloat), "grad x vs float64");
+    expect_close(fused.grad_w, exact.grad_w.to(at::kFloat), "grad weight vs float64");
+  }
+}
+
+TEST(FusedKernels, RmsNormGradcheckAgainstFiniteDifferences) {
+  // The analytic gradient of the kernel against central differences of its own forward, in
+  // float64 through the reference (float32 differences would be noise).
+  at::manual_seed(4);
+  at::Tensor x = at::randn({3, 20});
+  at::Tensor w = at::randn({20});
+  at::Tensor g = at::randn({3, 20});
+  const RmsNormResult fused = run_rms_norm(x, w, g, true);
+  at::Tensor xd = x.to(at::kDouble), wd = w.to(at::kDouble), gd = g.to(at::kDouble);
+  auto loss = [&](const at::Tensor& xx, const at::Tensor& ww) {
+    return (at::rms_norm(xx, {20}, ww, 1e-5) * gd).sum().item<double>();
+  };
+  const double h = 1e-6;
+  at::Tensor num_x = at::zeros_like(xd), num_w = at::zeros_like(wd);
+  for (int64_t i = 0; i < xd.numel(); ++i) {
+    at::Tensor up = xd.clone(), down = xd.clone();
+    up.view(-1)[i] += h;
+    down.view(-1)[i] -= h;
+    num_x.view(-1)[i] = (loss(up, wd) - loss(down, wd)) / (2 * h);
+  }
+  for (int64_t i = 0; i < wd.numel(); ++i) {
+    at::Tensor up = wd.clone(), down = wd.clone();
+    up[i] += h;
+    down[i] -= h;
+    num_w[i] = (loss(xd, up) - loss(xd, down)) / (2 * h);
+  }
+  EXPECT_LE((fused.grad_x.to(at::kDouble) - num_x).abs().max().item<double>(), 1e-4);
+  EXPECT_LE((fused.grad_w.to(at::kDouble) - num_w).abs().max().item<double>(), 1e-4);
+}
+
+TEST(FusedKernels, RmsNormSameResultOnOneThreadAndMany) {
+  at::manual_seed(5);
+  at::Tensor x = at::randn({1000, 256});
+  at::Tensor w = at::randn({256});
+  at::Tensor g = at::randn({1000, 256});
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);
+  const RmsNormResult one = run_rms_norm(x, w, g, true);
+  at::set_num_threads(4);
+  const RmsNormResult many = run_rms_norm(x, w, g, true);
+  at::set_num_threads(threads);
+  EXPECT_TRUE(at::equal(one.out, many.out));
+  EXPECT_TRUE(at::equal(one.grad_x, many.grad_x));
+  EXPECT_TRUE(at::equal(one.grad_w, many.grad_w));  // blocks of rows, not threads, order the sum
+}
+
+TEST(FusedKernels, RmsNormGradientOnlyWhereAsked) {
+  at::manual_seed(6);
+  at::Tensor x = at::randn({4, 32});
+  at::Tensor w = at::randn({32}).set_requires_grad(true);
+  kernels::rms_norm(x, w, 1e-6).sum().backward();  // x needs no gradient
+  ASSERT_TRUE(w.grad().defined());
+  at::Tensor want = (x * at::rsqrt(x.pow(2).mean(-1, true) + 1e-6)).sum(0);
+  EXPECT_TRUE(at::allclose(w.grad(), want, 1e-5, 1e-6));
+  at::Tensor x2 = x.clone().set_requires_grad(true);
+  c10::NoGradGuard no_grad;
+  EXPECT_FALSE(kernels::rms_norm(x2, w, 1e-6).requires_grad());
+}
+
+TEST(FusedKernels, RmsNormFallsBackForInputsTheKernelDoesNotTake) {
+  at::Tensor x = at::randn({6, 8});
+  at::Tensor w = at::randn({8});
+  EXPECT_FALSE(kernels::rms_norm_is_fused(x.t(), at::randn({6})));  // not contiguous
+  EXPECT_FALSE(kernels::rms_norm_is_fused(x.to(at::kDouble), w.to(at::kDouble)));
+  EXPECT_FALSE(kernels::rms_norm_is_fused(x, at::randn({4})));  // weight of another width
+  at::Tensor xd = x.to(at::kDouble);
+  EXPECT_TRUE(at::allclose(kernels::rms_norm(xd, w.to(at::kDouble), 1e-6),
+                           at::rms_norm(xd, {8}, w.to(at::kDouble), 1e-6)));
+}
+
+TEST(FusedKernels, SquaredNormIsTheFloat64SumOfSquares) {
+  at::manual_seed(7);
+  // Sizes below, at and above a block (2^15 elements), a non-contiguous tensor (ATen's path) and
+  // an empty one.
+  std::vector<at::Tensor> tensors = {at::randn({7}), at::randn({1 << 15}), at::randn({3, 70001}),
+                                     at::randn({40, 30}).t(), at::empty({0}),
+                                     at::randn({1000}) * 1e3};
+  double want = 0;
+  for (const at::Tensor& t : tensors) want += t.to(at::kDouble).pow(2).sum().item<double>();
+  const at::Tensor got = kernels::squared_norm(tensors);
+  ASSERT_EQ(got.scalar_type(), at::kDouble);
+  ASSERT_EQ(got.numel(), 1);
+  EXPECT_NEAR(got.item<double>(), want, 1e-12 * want);
+  EXPECT_EQ(kernels::squared_norm({}).item<double>(), 0.0);
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);
+  const double one = kernels::squared_norm(tensors).item<double>();
+  at::set_num_threads(4);
+  const double many = kernels::squared_norm(tensors).item<double>();
+  at::set_num_threads(threads);
+  EXPECT_EQ(one, many);  // blocks of elements, not threads, order the sum
+}
 
 TEST(FusedKernels, SwigluMatchesSiluTimesGate) {
   at::manual_seed(0);

@@ -335,7 +335,8 @@ def bench(ns):
         first_step = first_step or time.perf_counter() - _T0
     profiler = None
     if ns.trace:  # the timed steps under torch.profiler, one ProfilerStep#N scope per step
-        profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+        profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                          record_shapes=True)
         profiler.__enter__()
     t0 = time.perf_counter()
     for i in range(ns.warmup, ns.warmup + ns.steps):

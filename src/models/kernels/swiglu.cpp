@@ -2,10 +2,10 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <ATen/Version.h>
 #include <ATen/record_function.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include "dispatch.h"
 #include "swiglu_kernel.h"
 
 namespace loom::models::kernels {
@@ -15,30 +15,18 @@ using ForwardFn = void (*)(const float*, const float*, float*, int64_t);
 using BackwardFn = void (*)(const float*, const float*, const float*, float*, float*, int64_t);
 
 struct SwigluKernels {
-  ForwardFn forward = DEFAULT::swiglu_forward;
-  BackwardFn backward = DEFAULT::swiglu_backward;
-  std::string capability = "DEFAULT";
+  ForwardFn forward;
+  BackwardFn backward;
 };
 
-// Chosen once, as ATen chooses its own kernels (so ATEN_CPU_CAPABILITY lowers both alike).
 const SwigluKernels& kernels() {
-  static const SwigluKernels chosen = [] {
-    SwigluKernels k;
-#if LOOM_KERNELS_X86
-    const std::string aten = at::get_cpu_capability();
-    if (aten == "AVX512") {
-      k = {AVX512::swiglu_forward, AVX512::swiglu_backward, "AVX512"};
-    } else if (aten == "AVX2") {
-      k = {AVX2::swiglu_forward, AVX2::swiglu_backward, "AVX2"};
-    }
-#endif
-    return k;
-  }();
+  static const SwigluKernels chosen{
+      pick_kernel<ForwardFn>(DEFAULT::swiglu_forward, LOOM_KERNEL_AVX2(swiglu_forward),
+                             LOOM_KERNEL_AVX512(swiglu_forward)),
+      pick_kernel<BackwardFn>(DEFAULT::swiglu_backward, LOOM_KERNEL_AVX2(swiglu_backward),
+                              LOOM_KERNEL_AVX512(swiglu_backward))};
   return chosen;
 }
-
-// Elements per task: large enough that a thread's share amortizes waking it.
-constexpr int64_t kGrain = 1 << 15;
 
 class SwigluFunction : public torch::autograd::Function<SwigluFunction> {
  public:
@@ -51,7 +39,7 @@ class SwigluFunction : public torch::autograd::Function<SwigluFunction> {
     const float* pb = b.const_data_ptr<float>();
     float* po = out.mutable_data_ptr<float>();
     const ForwardFn fn = kernels().forward;
-    at::parallel_for(0, a.numel(), kGrain, [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, a.numel(), kKernelGrain, [&](int64_t begin, int64_t end) {
       fn(pa + begin, pb + begin, po + begin, end - begin);
     });
     return out;
@@ -72,7 +60,7 @@ class SwigluFunction : public torch::autograd::Function<SwigluFunction> {
     float* pga = grad_a.mutable_data_ptr<float>();
     float* pgb = grad_b.mutable_data_ptr<float>();
     const BackwardFn fn = kernels().backward;
-    at::parallel_for(0, a.numel(), kGrain, [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, a.numel(), kKernelGrain, [&](int64_t begin, int64_t end) {
       fn(pg + begin, pa + begin, pb + begin, pga + begin, pgb + begin, end - begin);
     });
     return {grad_a, grad_b};
@@ -91,7 +79,5 @@ at::Tensor swiglu(const at::Tensor& a, const at::Tensor& b) {
   if (!swiglu_is_fused(a, b)) return at::silu(a) * b;
   return SwigluFunction::apply(a, b);
 }
-
-std::string kernel_cpu_capability() { return kernels().capability; }
 
 }  // namespace loom::models::kernels

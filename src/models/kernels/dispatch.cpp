@@ -1,0 +1,30 @@
+#include "dispatch.h"
+
+#include <ATen/Version.h>
+
+#include "loom/models/kernels/swiglu.h"
+
+namespace loom::models::kernels {
+
+KernelIsa kernel_isa() {
+  static const KernelIsa chosen = [] {
+#if LOOM_KERNELS_X86
+    const std::string aten = at::get_cpu_capability();
+    if (aten == "AVX512") return KernelIsa::kAvx512;
+    if (aten == "AVX2") return KernelIsa::kAvx2;
+#endif
+    return KernelIsa::kDefault;
+  }();
+  return chosen;
+}
+
+std::string kernel_cpu_capability() {
+  switch (kernel_isa()) {
+    case KernelIsa::kAvx512: return "AVX512";
+    case KernelIsa::kAvx2: return "AVX2";
+    case KernelIsa::kDefault: break;
+  }
+  return "DEFAULT";
+}
+
+}  // namespace loom::models::kernels

@@ -1,0 +1,2 @@
+// The avx512 build of the fused RMSNorm kernel (flags in src/CMakeLists.txt).
+#include "rms_norm_kernel.inc"
