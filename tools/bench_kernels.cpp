@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "loom/models/kernels/cross_entropy.h"
 #include "loom/models/kernels/rms_norm.h"
 #include "loom/models/kernels/swiglu.h"
 
@@ -60,6 +61,17 @@ std::function<void()> rms_norm_step(const at::Tensor& x0, const at::Tensor& w0, 
     at::Tensor out = fused ? loom::models::kernels::rms_norm(x, w, 1e-5)
                            : at::rms_norm(x, {x.size(-1)}, w, 1e-5);
     torch::autograd::backward({out}, {g});
+  };
+}
+
+// The loss over a batch of logits, forward and backward (ATen: log_softmax + nll_loss).
+std::function<void()> cross_entropy_step(const at::Tensor& logits0, const at::Tensor& labels,
+                                         bool fused) {
+  return [=] {
+    at::Tensor logits = logits0.detach().requires_grad_(true);
+    at::Tensor loss = fused ? loom::models::kernels::cross_entropy_sum(logits, labels, -100)
+                            : at::cross_entropy_loss(logits, labels, {}, at::Reduction::Sum, -100);
+    loss.backward();
   };
 }
 
@@ -112,6 +124,14 @@ int main(int argc, char** argv) {
     at::Tensor w = at::randn({shape.dims.back()});
     compare("rms_norm", shape.name, rms_norm_step(x, w, g, true), rms_norm_step(x, w, g, false),
             rounds, iters, cold);
+  }
+  // [batch 8 x seq 256 tokens, vocabulary]: debugmodel (2048) and 100M (8192).
+  for (const Shape& shape : {Shape{"debugmodel", {2048, 2048}}, Shape{"100M", {2048, 8192}}}) {
+    at::manual_seed(0);
+    at::Tensor logits = at::randn(shape.dims) * 3;
+    at::Tensor labels = at::randint(0, shape.dims[1], {shape.dims[0]}, at::kLong);
+    compare("xent", shape.name, cross_entropy_step(logits, labels, true),
+            cross_entropy_step(logits, labels, false), rounds, iters, cold);
   }
   return 0;
 }

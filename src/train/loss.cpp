@@ -2,11 +2,13 @@
 
 #include <ATen/ATen.h>
 
+#include "loom/models/kernels/cross_entropy.h"
+
 namespace loom::train {
 
 at::Tensor cross_entropy_sum(const at::Tensor& logits, const at::Tensor& labels) {
-  return at::cross_entropy_loss(logits.flatten(0, 1).to(at::kFloat), labels.flatten(),
-                                /*weight=*/{}, at::Reduction::Sum, kIgnoreIndex);
+  return models::kernels::cross_entropy_sum(logits.flatten(0, 1).to(at::kFloat),
+                                           labels.flatten().contiguous(), kIgnoreIndex);
 }
 
 int64_t count_valid_tokens(const at::Tensor& labels) {

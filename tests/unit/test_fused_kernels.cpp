@@ -7,8 +7,12 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <c10/core/GradMode.h>
 
+#include <cmath>
+#include <string>
+#include <utility>
 #include <vector>
 
+#include "loom/models/kernels/cross_entropy.h"
 #include "loom/models/kernels/rms_norm.h"
 #include "loom/models/kernels/squared_norm.h"
 #include "loom/models/kernels/swiglu.h"
@@ -30,11 +34,12 @@ SwigluResult run_swiglu(const at::Tensor& a0, const at::Tensor& b0, const at::Te
   return {out.detach(), a.grad(), b.grad()};
 }
 
-void expect_close(const at::Tensor& got, const at::Tensor& want, const char* what) {
+void expect_close(const at::Tensor& got, const at::Tensor& want, const char* what,
+                  double tolerance = 1e-6) {
   ASSERT_EQ(got.sizes(), want.sizes()) << what;
   const double diff = (got - want).abs().max().item<double>();
   const double scale = want.abs().max().item<double>();
-  EXPECT_LE(diff, 1e-6 * std::max(scale, 1.0)) << what << ": max |diff| " << diff;
+  EXPECT_LE(diff, tolerance * std::max(scale, 1.0)) << what << ": max |diff| " << diff;
 }
 
 struct RmsNormResult {
@@ -168,6 +173,93 @@ TEST(FusedKernels, SquaredNormIsTheFloat64SumOfSquares) {
   const double many = kernels::squared_norm(tensors).item<double>();
   at::set_num_threads(threads);
   EXPECT_EQ(one, many);  // blocks of elements, not threads, order the sum
+}
+
+namespace {
+
+struct CrossEntropyResult {
+  at::Tensor loss, grad;
+};
+
+CrossEntropyResult run_cross_entropy(const at::Tensor& logits0, const at::Tensor& labels,
+                                     bool fused, double grad_scale) {
+  at::Tensor logits = logits0.detach().clone().set_requires_grad(true);
+  at::Tensor loss = fused ? kernels::cross_entropy_sum(logits, labels, -100)
+                          : at::cross_entropy_loss(logits, labels, {}, at::Reduction::Sum, -100);
+  (loss * grad_scale).backward();
+  return {loss.detach(), logits.grad()};
+}
+
+}  // namespace
+
+TEST(FusedKernels, CrossEntropyMatchesAtenWithIgnoredRows) {
+  at::manual_seed(8);
+  // Vocabularies with a vector tail (13, 1000) and model-sized ones; rows over several tasks.
+  for (const auto& [rows, vocab] : std::vector<std::pair<int64_t, int64_t>>{
+           {1, 13}, {7, 1000}, {300, 2048}, {40, 50257}}) {
+    at::Tensor logits = at::randn({rows, vocab}) * 5;
+    at::Tensor labels = at::randint(0, vocab, {rows}, at::kLong);
+    if (rows > 1) labels.index_put_({at::arange(0, rows, 3)}, -100);  // every third row ignored
+    ASSERT_TRUE(kernels::cross_entropy_is_fused(logits, labels, -100));
+    const CrossEntropyResult fused = run_cross_entropy(logits, labels, true, 0.37);
+    const CrossEntropyResult eager = run_cross_entropy(logits, labels, false, 0.37);
+    const CrossEntropyResult exact = run_cross_entropy(logits.to(at::kDouble), labels, false, 0.37);
+    EXPECT_NEAR(fused.loss.item<double>(), eager.loss.item<double>(),
+                1e-6 * std::abs(eager.loss.item<double>()));
+    EXPECT_NEAR(fused.loss.item<double>(), exact.loss.item<double>(),
+                1e-6 * std::abs(exact.loss.item<double>()));
+    expect_close(fused.grad, eager.grad, "grad vs ATen");
+    // exp(x - logsumexp) in float32: a logsumexp of ~20 carries ~1e-6 relative error (as in ATen).
+    expect_close(fused.grad, exact.grad.to(at::kFloat), "grad vs float64", 4e-6);
+  }
+}
+
+TEST(FusedKernels, CrossEntropyEveryRowIgnoredAndExtremeLogits) {
+  at::Tensor logits = at::randn({4, 16});
+  const CrossEntropyResult none =
+      run_cross_entropy(logits, at::full({4}, -100, at::kLong), true, 1.0);
+  EXPECT_EQ(none.loss.item<float>(), 0.0f);
+  EXPECT_EQ(none.grad.abs().max().item<float>(), 0.0f);
+  at::Tensor big = at::tensor({1e4f, -1e4f, 0.0f, 80.0f}).repeat({2, 1});
+  at::Tensor labels = at::tensor(std::vector<int64_t>{1, 0});
+  const CrossEntropyResult fused = run_cross_entropy(big, labels, true, 1.0);
+  const CrossEntropyResult eager = run_cross_entropy(big, labels, false, 1.0);
+  EXPECT_TRUE(std::isfinite(fused.loss.item<float>()));
+  EXPECT_NEAR(fused.loss.item<double>(), eager.loss.item<double>(), 1e-3);
+  expect_close(fused.grad, eager.grad, "grad");
+}
+
+TEST(FusedKernels, CrossEntropyRejectsLabelsOutsideTheVocabulary) {
+  at::Tensor logits = at::randn({3, 10});
+  for (int64_t bad : {10, 11, -1, -99}) {
+    at::Tensor labels = at::tensor(std::vector<int64_t>{1, bad, 2});
+    try {
+      kernels::cross_entropy_sum(logits, labels, -100);
+      ADD_FAILURE() << "label " << bad << " was accepted";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("out of bounds for a vocabulary of 10"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
+TEST(FusedKernels, CrossEntropySameResultOnOneThreadAndMany) {
+  at::manual_seed(9);
+  at::Tensor logits = at::randn({500, 2048});
+  at::Tensor labels = at::randint(0, 2048, {500}, at::kLong);
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);
+  const CrossEntropyResult one = run_cross_entropy(logits, labels, true, 1.0);
+  at::set_num_threads(4);
+  const CrossEntropyResult many = run_cross_entropy(logits, labels, true, 1.0);
+  at::set_num_threads(threads);
+  EXPECT_TRUE(at::equal(one.loss, many.loss));
+  EXPECT_TRUE(at::equal(one.grad, many.grad));
+  EXPECT_FALSE(kernels::cross_entropy_is_fused(logits.t(), labels, -100));
+  EXPECT_FALSE(kernels::cross_entropy_is_fused(logits.to(at::kDouble), labels, -100));
+  EXPECT_FALSE(kernels::cross_entropy_is_fused(logits, labels.to(at::kInt), -100));
+  EXPECT_FALSE(kernels::cross_entropy_is_fused(logits, labels, 5));  // a real class ignored
 }
 
 TEST(FusedKernels, SwigluMatchesSiluTimesGate) {
