@@ -12,10 +12,14 @@
 #include <cstdio>
 #include <functional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "loom/models/kernels/cross_entropy.h"
 #include "loom/models/kernels/rms_norm.h"
+#include "loom/models/kernels/rotary.h"
+#include "loom/models/llama/args.h"
+#include "loom/models/llama/rope.h"
 #include "loom/models/kernels/swiglu.h"
 
 namespace {
@@ -72,6 +76,23 @@ std::function<void()> cross_entropy_step(const at::Tensor& logits0, const at::Te
     at::Tensor loss = fused ? loom::models::kernels::cross_entropy_sum(logits, labels, -100)
                             : at::cross_entropy_loss(logits, labels, {}, at::Reduction::Sum, -100);
     loss.backward();
+  };
+}
+
+// RoPE of an attention block's q and k, forward and backward.
+std::function<void()> rotary_step(const at::Tensor& q0, const at::Tensor& k0,
+                                  const at::Tensor& freqs, const at::Tensor& g, bool fused) {
+  return [=] {
+    at::Tensor q = q0.detach().requires_grad_(true);
+    at::Tensor k = k0.detach().requires_grad_(true);
+    at::Tensor rq, rk;
+    if (fused) {
+      std::tie(rq, rk) = loom::models::kernels::rotary_qk(q, k, freqs);
+    } else {
+      rq = loom::models::llama::apply_rotary_emb(q, freqs);
+      rk = loom::models::llama::apply_rotary_emb(k, freqs);
+    }
+    torch::autograd::backward({rq, rk}, {g, g});
   };
 }
 
@@ -132,6 +153,17 @@ int main(int argc, char** argv) {
     at::Tensor labels = at::randint(0, shape.dims[1], {shape.dims[0]}, at::kLong);
     compare("xent", shape.name, cross_entropy_step(logits, labels, true),
             cross_entropy_step(logits, labels, false), rounds, iters, cold);
+  }
+  // q and k [batch 8, seq 256, heads, head_dim]: debugmodel (16 x 16) and 100M (12 x 64).
+  for (const Shape& shape : {Shape{"debugmodel", {8, 256, 16, 16}}, Shape{"100M", {8, 256, 12, 64}}}) {
+    at::manual_seed(0);
+    loom::models::llama::LlamaArgs args;
+    args.n_heads = shape.dims[2];
+    args.dim = shape.dims[2] * shape.dims[3];
+    at::Tensor freqs = loom::models::llama::precompute_freqs_cis(args, shape.dims[1], at::kCPU);
+    at::Tensor q = at::randn(shape.dims), k = at::randn(shape.dims), g = at::randn(shape.dims);
+    compare("rope q+k", shape.name, rotary_step(q, k, freqs, g, true),
+            rotary_step(q, k, freqs, g, false), rounds, iters, cold);
   }
   return 0;
 }

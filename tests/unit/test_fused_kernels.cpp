@@ -9,11 +9,15 @@
 
 #include <cmath>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "loom/models/kernels/cross_entropy.h"
 #include "loom/models/kernels/rms_norm.h"
+#include "loom/models/kernels/rotary.h"
+#include "loom/models/llama/args.h"
+#include "loom/models/llama/rope.h"
 #include "loom/models/kernels/squared_norm.h"
 #include "loom/models/kernels/swiglu.h"
 
@@ -260,6 +264,87 @@ TEST(FusedKernels, CrossEntropySameResultOnOneThreadAndMany) {
   EXPECT_FALSE(kernels::cross_entropy_is_fused(logits.to(at::kDouble), labels, -100));
   EXPECT_FALSE(kernels::cross_entropy_is_fused(logits, labels.to(at::kInt), -100));
   EXPECT_FALSE(kernels::cross_entropy_is_fused(logits, labels, 5));  // a real class ignored
+}
+
+namespace {
+
+struct RotaryResult {
+  at::Tensor q, k, grad_q, grad_k;
+};
+
+// RoPE of q and k and the gradients of sum(q' * gq) + sum(k' * gk) (k's term left out when gk
+// is undefined), fused or through llama::apply_rotary_emb's complex multiply.
+RotaryResult run_rotary(const at::Tensor& q0, const at::Tensor& k0, const at::Tensor& freqs,
+                        const at::Tensor& gq, const at::Tensor& gk, bool fused) {
+  at::Tensor q = q0.detach().clone().set_requires_grad(true);
+  at::Tensor k = k0.detach().clone().set_requires_grad(true);
+  at::Tensor rq, rk;
+  if (fused) {
+    std::tie(rq, rk) = kernels::rotary_qk(q, k, freqs);
+  } else {
+    rq = loom::models::llama::apply_rotary_emb(q, freqs);
+    rk = loom::models::llama::apply_rotary_emb(k, freqs);
+  }
+  at::Tensor loss = (rq * gq).sum();
+  if (gk.defined()) loss = loss + (rk * gk).sum();
+  loss.backward();
+  return {rq.detach(), rk.detach(), q.grad(), k.grad()};
+}
+
+}  // namespace
+
+TEST(FusedKernels, RotaryMatchesTheComplexMultiplyForQAndK) {
+  at::manual_seed(10);
+  loom::models::llama::LlamaArgs args;
+  // (bs, seq, q heads, kv heads, head_dim): the debug model's heads, grouped-query attention,
+  // a head of 6 (no full vector) and of 128 (Llama 3's); a table longer than the sequence.
+  for (const auto& [bs, seq, hq, hk, hd] :
+       std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>>{
+           {2, 33, 16, 16, 16}, {3, 20, 8, 2, 128}, {1, 5, 3, 1, 6}}) {
+    args.dim = hq * hd;
+    args.n_heads = hq;
+    at::Tensor freqs = loom::models::llama::precompute_freqs_cis(args, seq + 7, at::kCPU);
+    at::Tensor q = at::randn({bs, seq, hq, hd}), k = at::randn({bs, seq, hk, hd});
+    at::Tensor gq = at::randn_like(q), gk = at::randn_like(k);
+    ASSERT_TRUE(kernels::rotary_is_fused(q, k, freqs));
+    const RotaryResult fused = run_rotary(q, k, freqs, gq, gk, true);
+    const RotaryResult eager = run_rotary(q, k, freqs, gq, gk, false);
+    expect_close(fused.q, eager.q, "q");
+    expect_close(fused.k, eager.k, "k");
+    expect_close(fused.grad_q, eager.grad_q, "grad q");
+    expect_close(fused.grad_k, eager.grad_k, "grad k");
+    // A rotation keeps each pair's length.
+    expect_close(fused.q.pow(2).view({bs, seq, hq, hd / 2, 2}).sum(-1),
+                 q.pow(2).view({bs, seq, hq, hd / 2, 2}).sum(-1), "pair norms", 1e-5);
+  }
+}
+
+TEST(FusedKernels, RotaryWithOnlyQReachingTheLoss) {
+  at::manual_seed(11);
+  loom::models::llama::LlamaArgs args;
+  args.dim = 64;
+  args.n_heads = 4;
+  at::Tensor freqs = loom::models::llama::precompute_freqs_cis(args, 9, at::kCPU);
+  at::Tensor q = at::randn({2, 9, 4, 16}), k = at::randn({2, 9, 2, 16});
+  const RotaryResult fused = run_rotary(q, k, freqs, at::randn_like(q), {}, true);
+  ASSERT_TRUE(fused.grad_k.defined());
+  EXPECT_EQ(fused.grad_k.abs().max().item<float>(), 0.0f);
+  EXPECT_GT(fused.grad_q.abs().max().item<float>(), 0.0f);
+}
+
+TEST(FusedKernels, RotaryFallsBackForInputsTheKernelDoesNotTake) {
+  loom::models::llama::LlamaArgs args;
+  args.dim = 64;
+  args.n_heads = 4;
+  at::Tensor freqs = loom::models::llama::precompute_freqs_cis(args, 9, at::kCPU);
+  at::Tensor q = at::randn({2, 9, 4, 16}), k = at::randn({2, 9, 2, 16});
+  EXPECT_FALSE(kernels::rotary_is_fused(q.to(at::kBFloat16), k.to(at::kBFloat16), freqs));
+  EXPECT_FALSE(kernels::rotary_is_fused(q.transpose(1, 2), k.transpose(1, 2), freqs));
+  EXPECT_FALSE(kernels::rotary_is_fused(q, k, freqs.slice(0, 0, 4)));  // table too short
+  auto [rq, rk] = kernels::rotary_qk(q.to(at::kBFloat16), k.to(at::kBFloat16), freqs);
+  EXPECT_EQ(rq.scalar_type(), at::kBFloat16);
+  EXPECT_TRUE(at::allclose(rk.to(at::kFloat), loom::models::llama::apply_rotary_emb(k, freqs),
+                           0.02, 0.02));
 }
 
 TEST(FusedKernels, SwigluMatchesSiluTimesGate) {

@@ -2,6 +2,9 @@
 
 #include <ATen/ATen.h>
 
+#include <tuple>
+
+#include "loom/models/kernels/rotary.h"
 #include "loom/models/llama/rope.h"
 
 namespace loom::models::llama {
@@ -30,8 +33,7 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& freqs_c
   at::Tensor k = wk->forward(x).view({bs, seq, -1, head_dim});
   at::Tensor v = wv->forward(x).view({bs, seq, -1, head_dim});
   const int64_t local_heads = q.size(2);
-  q = apply_rotary_emb(q, freqs_cis);
-  k = apply_rotary_emb(k, freqs_cis);
+  std::tie(q, k) = kernels::rotary_qk(q, k, freqs_cis);
   const int64_t n_rep = local_heads / k.size(2);
   k = repeat_kv(k, n_rep);
   v = repeat_kv(v, n_rep);

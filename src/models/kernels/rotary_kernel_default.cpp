@@ -1,0 +1,2 @@
+// The default build of the fused rotary embedding (flags in src/CMakeLists.txt).
+#include "rotary_kernel.inc"
