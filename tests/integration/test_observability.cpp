@@ -192,7 +192,8 @@ TEST(Profiler, TraceOfTheRecordedStepHoldsTheModelOps) {
     }
     EXPECT_TRUE(names.count("ProfilerStep#" + std::to_string(step)));
     for (const char* op : {"aten::embedding", "aten::mm",
-                           "aten::_scaled_dot_product_flash_attention_for_cpu", "aten::rms_norm"}) {
+                           "aten::_scaled_dot_product_flash_attention_for_cpu",
+                           "loom::kernel_rms_norm"}) {  // loom's fused CPU kernels are named
       EXPECT_TRUE(names.count(op)) << op << " not in the trace of step " << step;
     }
   }
