@@ -93,6 +93,25 @@ if(LOOM_WITH_NCCL)
   include(LoomNccl)
 endif()
 
+# LibTorch's OpenMP runtime. at::parallel_for is an inline OpenMP region (ATen/ParallelOpenMP.h):
+# code of loom's that calls it (the fused CPU kernels) must be compiled with -fopenmp, or it runs
+# on one thread whatever the intra-op thread count. It links the libgomp that LibTorch itself
+# loads, so one OpenMP runtime (one thread pool) serves LibTorch and loom.
+set(LOOM_TORCH_OPENMP_LIBRARY "")
+if(EXISTS "${LOOM_TORCH_INCLUDE_DIR}/ATen/Config.h")
+  file(READ "${LOOM_TORCH_INCLUDE_DIR}/ATen/Config.h" _loom_aten_config)
+  if(_loom_aten_config MATCHES "#define AT_PARALLEL_OPENMP 1")
+    find_library(LOOM_TORCH_GOMP NAMES libgomp.so.1 gomp
+                 PATHS "${TORCH_INSTALL_PREFIX}/lib" NO_DEFAULT_PATH)
+    set(LOOM_TORCH_OPENMP_LIBRARY ${LOOM_TORCH_GOMP})
+    if(NOT LOOM_TORCH_GOMP)
+      find_package(OpenMP REQUIRED COMPONENTS CXX)
+      set(LOOM_TORCH_OPENMP_LIBRARY ${OpenMP_gomp_LIBRARY})
+    endif()
+    message(STATUS "loom: OpenMP for at::parallel_for from ${LOOM_TORCH_OPENMP_LIBRARY}")
+  endif()
+endif()
+
 add_library(loom_torch INTERFACE)
 add_library(loom::torch ALIAS loom_torch)
 target_link_libraries(loom_torch INTERFACE ${TORCH_LIBRARIES})

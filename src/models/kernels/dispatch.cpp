@@ -2,6 +2,9 @@
 
 #include <ATen/Version.h>
 
+#include <mutex>
+#include <set>
+
 #include "loom/models/kernels/swiglu.h"
 
 namespace loom::models::kernels {
@@ -25,6 +28,16 @@ std::string kernel_cpu_capability() {
     case KernelIsa::kDefault: break;
   }
   return "DEFAULT";
+}
+
+int kernel_threads_used(int64_t tasks) {
+  std::mutex mutex;
+  std::set<int> threads;
+  at::parallel_for(0, tasks, 1, [&](int64_t, int64_t) {
+    std::lock_guard<std::mutex> lock(mutex);
+    threads.insert(at::get_thread_num());
+  });
+  return static_cast<int>(threads.size());
 }
 
 }  // namespace loom::models::kernels
