@@ -12,6 +12,7 @@ finished step. Timings on a shared 2-core machine are noisy: trust the ratio, no
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -27,7 +28,11 @@ FLAVORS = {
 
 
 def run_loom(loom, flavor, batch, seq, warmup, steps, threads, workdir):
+    # A fresh folder per run: metrics.jsonl is appended across runs of one dump folder (resumed
+    # jobs keep their history), and a previous arm's rows must not count in this one.
     dump = os.path.join(workdir, "loom_run")
+    if os.path.exists(dump):
+        shutil.rmtree(dump)
     cmd = [loom, "train", "--model.flavor", flavor, "--training.dataset", "synthetic",
            "--training.device", "cpu", "--training.local_batch_size", str(batch),
            "--training.seq_len", str(seq), "--training.steps", str(warmup + steps),
@@ -38,6 +43,9 @@ def run_loom(loom, flavor, batch, seq, warmup, steps, threads, workdir):
     subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     with open(os.path.join(dump, "metrics.jsonl")) as f:
         lines = [json.loads(line) for line in f if "loss" in line]
+    if len(lines) != warmup + steps:
+        raise SystemExit(f"bench_train: {len(lines)} step rows in {dump}/metrics.jsonl, "
+                         f"expected {warmup + steps}")
     timed = [line for line in lines if line["step"] > warmup]
     step_time = sum(line["step_time_s"] for line in timed) / len(timed)
     return {"tokens_per_s": batch * seq / step_time, "step_time_s": step_time,
