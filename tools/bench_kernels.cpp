@@ -15,6 +15,7 @@
 #include <tuple>
 #include <vector>
 
+#include "loom/models/kernels/capability.h"
 #include "loom/models/kernels/cross_entropy.h"
 #include "loom/models/kernels/rms_norm.h"
 #include "loom/models/kernels/rotary.h"

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "loom/models/kernels/capability.h"
 #include "loom/models/kernels/cross_entropy.h"
 #include "loom/models/kernels/rms_norm.h"
 #include "loom/models/kernels/rotary.h"

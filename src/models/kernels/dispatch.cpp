@@ -1,11 +1,12 @@
 #include "dispatch.h"
 
+#include <ATen/Parallel.h>
 #include <ATen/Version.h>
 
 #include <mutex>
 #include <set>
 
-#include "loom/models/kernels/swiglu.h"
+#include "loom/models/kernels/capability.h"
 
 namespace loom::models::kernels {
 

@@ -2,9 +2,7 @@
 // chooses its own kernels (at::get_cpu_capability(), so ATEN_CPU_CAPABILITY lowers both alike).
 #pragma once
 
-#include <ATen/Parallel.h>
-
-#include <string>
+#include <cstdint>
 
 namespace loom::models::kernels {
 

@@ -11,13 +11,11 @@
 // The arithmetic is ATen's, operation for operation (silu = a / (1 + exp(-a)); silu's gradient
 // = dy * s * (1 + a * (1 - s))), so results equal the unfused ops on the same instruction set
 // up to the last bit of elements at vector tails (ATen finishes those in scalar code); training
-// losses measured bitwise equal (docs/performance.md). Anything else (not CPU, not float32, shapes or layouts that differ) takes the
-// unfused ATen composition.
+// losses measured bitwise equal (docs/performance.md). Anything else (not CPU, not float32,
+// shapes or layouts that differ) takes the unfused ATen composition.
 #pragma once
 
 #include <ATen/core/Tensor.h>
-
-#include <string>
 
 namespace loom::models::kernels {
 
@@ -26,13 +24,5 @@ at::Tensor swiglu(const at::Tensor& a, const at::Tensor& b);
 
 // True when swiglu(a, b) takes the fused kernel for these inputs.
 bool swiglu_is_fused(const at::Tensor& a, const at::Tensor& b);
-
-// The instruction set the fused CPU kernels run with here: "AVX512", "AVX2" or "DEFAULT".
-std::string kernel_cpu_capability();
-
-// How many intra-op threads an at::parallel_for of the fused kernels' build spreads `tasks`
-// tasks over: at most at::get_num_threads(); 1 would mean the kernels were compiled without
-// the OpenMP flag that at::parallel_for needs (cmake/LoomTorch.cmake).
-int kernel_threads_used(int64_t tasks);
 
 }  // namespace loom::models::kernels
