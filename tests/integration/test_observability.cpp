@@ -193,7 +193,10 @@ TEST(Profiler, TraceOfTheRecordedStepHoldsTheModelOps) {
     EXPECT_TRUE(names.count("ProfilerStep#" + std::to_string(step)));
     for (const char* op : {"aten::embedding", "aten::mm",
                            "aten::_scaled_dot_product_flash_attention_for_cpu",
-                           "loom::kernel_rms_norm"}) {  // loom's fused CPU kernels are named
+                           // loom's fused CPU kernels: the model and loss take each of them
+                           "loom::kernel_rms_norm", "loom::kernel_swiglu", "loom::kernel_rotary",
+                           "loom::kernel_cross_entropy", "loom::kernel_cross_entropy_backward",
+                           "loom::kernel_squared_norm"}) {
       EXPECT_TRUE(names.count(op)) << op << " not in the trace of step " << step;
     }
   }

@@ -39,6 +39,17 @@ SwigluResult run_swiglu(const at::Tensor& a0, const at::Tensor& b0, const at::Te
   return {out.detach(), a.grad(), b.grad()};
 }
 
+// fn() on `threads` intra-op threads, the previous count restored afterwards.
+template <typename Fn>
+auto on_threads(int threads, const Fn& fn) {
+  struct Restore {
+    int previous = at::get_num_threads();
+    ~Restore() { at::set_num_threads(previous); }
+  } restore;
+  at::set_num_threads(threads);
+  return fn();
+}
+
 void expect_close(const at::Tensor& got, const at::Tensor& want, const char* what,
                   double tolerance = 1e-6) {
   ASSERT_EQ(got.sizes(), want.sizes()) << what;
@@ -122,12 +133,8 @@ TEST(FusedKernels, RmsNormSameResultOnOneThreadAndMany) {
   at::Tensor x = at::randn({1000, 256});
   at::Tensor w = at::randn({256});
   at::Tensor g = at::randn({1000, 256});
-  const int threads = at::get_num_threads();
-  at::set_num_threads(1);
-  const RmsNormResult one = run_rms_norm(x, w, g, true);
-  at::set_num_threads(4);
-  const RmsNormResult many = run_rms_norm(x, w, g, true);
-  at::set_num_threads(threads);
+  const RmsNormResult one = on_threads(1, [&] { return run_rms_norm(x, w, g, true); });
+  const RmsNormResult many = on_threads(4, [&] { return run_rms_norm(x, w, g, true); });
   EXPECT_TRUE(at::equal(one.out, many.out));
   EXPECT_TRUE(at::equal(one.grad_x, many.grad_x));
   EXPECT_TRUE(at::equal(one.grad_w, many.grad_w));  // blocks of rows, not threads, order the sum
@@ -171,12 +178,9 @@ TEST(FusedKernels, SquaredNormIsTheFloat64SumOfSquares) {
   ASSERT_EQ(got.numel(), 1);
   EXPECT_NEAR(got.item<double>(), want, 1e-12 * want);
   EXPECT_EQ(kernels::squared_norm({}).item<double>(), 0.0);
-  const int threads = at::get_num_threads();
-  at::set_num_threads(1);
-  const double one = kernels::squared_norm(tensors).item<double>();
-  at::set_num_threads(4);
-  const double many = kernels::squared_norm(tensors).item<double>();
-  at::set_num_threads(threads);
+  auto norm = [&] { return kernels::squared_norm(tensors).item<double>(); };
+  const double one = on_threads(1, norm);
+  const double many = on_threads(4, norm);
   EXPECT_EQ(one, many);  // blocks of elements, not threads, order the sum
 }
 
@@ -253,12 +257,9 @@ TEST(FusedKernels, CrossEntropySameResultOnOneThreadAndMany) {
   at::manual_seed(9);
   at::Tensor logits = at::randn({500, 2048});
   at::Tensor labels = at::randint(0, 2048, {500}, at::kLong);
-  const int threads = at::get_num_threads();
-  at::set_num_threads(1);
-  const CrossEntropyResult one = run_cross_entropy(logits, labels, true, 1.0);
-  at::set_num_threads(4);
-  const CrossEntropyResult many = run_cross_entropy(logits, labels, true, 1.0);
-  at::set_num_threads(threads);
+  auto loss = [&] { return run_cross_entropy(logits, labels, true, 1.0); };
+  const CrossEntropyResult one = on_threads(1, loss);
+  const CrossEntropyResult many = on_threads(4, loss);
   EXPECT_TRUE(at::equal(one.loss, many.loss));
   EXPECT_TRUE(at::equal(one.grad, many.grad));
   EXPECT_FALSE(kernels::cross_entropy_is_fused(logits.t(), labels, -100));
@@ -394,12 +395,8 @@ TEST(FusedKernels, SwigluSameResultOnOneThreadAndMany) {
   at::Tensor a = at::randn({5, 40000});
   at::Tensor b = at::randn({5, 40000});
   at::Tensor g = at::randn({5, 40000});
-  const int threads = at::get_num_threads();
-  at::set_num_threads(1);
-  const SwigluResult one = run_swiglu(a, b, g, true);
-  at::set_num_threads(4);
-  const SwigluResult many = run_swiglu(a, b, g, true);
-  at::set_num_threads(threads);
+  const SwigluResult one = on_threads(1, [&] { return run_swiglu(a, b, g, true); });
+  const SwigluResult many = on_threads(4, [&] { return run_swiglu(a, b, g, true); });
   EXPECT_TRUE(at::equal(one.out, many.out));
   EXPECT_TRUE(at::equal(one.grad_a, many.grad_a));
 }
@@ -422,8 +419,5 @@ TEST(FusedKernels, SwigluFallsBackForInputsTheKernelDoesNotTake) {
 TEST(FusedKernels, KernelsRunOnEveryIntraOpThread) {
   // The kernels' at::parallel_for is an inline OpenMP region: compiled without -fopenmp it runs
   // every task on the calling thread (cmake/LoomTorch.cmake).
-  const int threads = at::get_num_threads();
-  at::set_num_threads(2);
-  EXPECT_EQ(kernels::kernel_threads_used(8), 2);
-  at::set_num_threads(threads);
+  EXPECT_EQ(on_threads(2, [] { return kernels::kernel_threads_used(8); }), 2);
 }

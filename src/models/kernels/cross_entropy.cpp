@@ -14,30 +14,6 @@
 namespace loom::models::kernels {
 namespace {
 
-using ForwardFn = void (*)(const float*, const int64_t*, float*, float*, int64_t, int64_t);
-using BackwardFn = void (*)(const float*, const int64_t*, const float*, float, float*, int64_t,
-                            int64_t);
-
-struct CrossEntropyKernels {
-  ForwardFn forward;
-  BackwardFn backward;
-};
-
-const CrossEntropyKernels& kernels() {
-  static const CrossEntropyKernels chosen{
-      pick_kernel<ForwardFn>(DEFAULT::cross_entropy_forward,
-                             LOOM_KERNEL_AVX2(cross_entropy_forward),
-                             LOOM_KERNEL_AVX512(cross_entropy_forward)),
-      pick_kernel<BackwardFn>(DEFAULT::cross_entropy_backward,
-                              LOOM_KERNEL_AVX2(cross_entropy_backward),
-                              LOOM_KERNEL_AVX512(cross_entropy_backward))};
-  return chosen;
-}
-
-int64_t row_grain(int64_t vocab) {
-  return std::max<int64_t>(1, kKernelGrain / std::max<int64_t>(vocab, 1));
-}
-
 // The same error ATen gives, before any row is touched.
 void check_labels(const at::Tensor& labels, int64_t vocab, int64_t ignore_index) {
   const int64_t* p = labels.const_data_ptr<int64_t>();
@@ -60,8 +36,8 @@ class CrossEntropyFunction : public torch::autograd::Function<CrossEntropyFuncti
     const int64_t* pl = labels.const_data_ptr<int64_t>();
     float* ploss = row_loss.mutable_data_ptr<float>();
     float* plse = logsumexp.mutable_data_ptr<float>();
-    const ForwardFn fn = kernels().forward;
-    at::parallel_for(0, rows, row_grain(vocab), [&](int64_t begin, int64_t end) {
+    static const auto fn = LOOM_PICK_KERNEL(cross_entropy_forward);
+    at::parallel_for(0, rows, rows_per_task(vocab), [&](int64_t begin, int64_t end) {
       fn(px + begin * vocab, pl + begin, ploss + begin, plse + begin, end - begin, vocab);
     });
     double sum = 0;
@@ -85,8 +61,8 @@ class CrossEntropyFunction : public torch::autograd::Function<CrossEntropyFuncti
     const int64_t* pl = labels.const_data_ptr<int64_t>();
     const float* plse = logsumexp.const_data_ptr<float>();
     float* pg = grad.mutable_data_ptr<float>();
-    const BackwardFn fn = kernels().backward;
-    at::parallel_for(0, rows, row_grain(vocab), [&](int64_t begin, int64_t end) {
+    static const auto fn = LOOM_PICK_KERNEL(cross_entropy_backward);
+    at::parallel_for(0, rows, rows_per_task(vocab), [&](int64_t begin, int64_t end) {
       fn(px + begin * vocab, pl + begin, plse + begin, scale, pg + begin * vocab, end - begin,
          vocab);
     });

@@ -13,29 +13,9 @@
 namespace loom::models::kernels {
 namespace {
 
-using ForwardFn = void (*)(const float*, const float*, float*, float*, int64_t, int64_t, float);
-using BackwardFn = void (*)(const float*, const float*, const float*, const float*, float*,
-                            float*, int64_t, int64_t);
-
-struct RmsNormKernels {
-  ForwardFn forward;
-  BackwardFn backward;
-};
-
-const RmsNormKernels& kernels() {
-  static const RmsNormKernels chosen{
-      pick_kernel<ForwardFn>(DEFAULT::rms_norm_forward, LOOM_KERNEL_AVX2(rms_norm_forward),
-                             LOOM_KERNEL_AVX512(rms_norm_forward)),
-      pick_kernel<BackwardFn>(DEFAULT::rms_norm_backward, LOOM_KERNEL_AVX2(rms_norm_backward),
-                              LOOM_KERNEL_AVX512(rms_norm_backward))};
-  return chosen;
-}
-
 // Rows per block of grad_weight's partial sums: the blocks, not the threads, fix the order in
 // which rows are added, so the result is the same on any number of threads.
 constexpr int64_t kRowsPerBlock = 64;
-
-int64_t row_grain(int64_t dim) { return std::max<int64_t>(1, kKernelGrain / std::max<int64_t>(dim, 1)); }
 
 class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
  public:
@@ -50,9 +30,9 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
     const float* pw = weight.const_data_ptr<float>();
     float* py = out.mutable_data_ptr<float>();
     float* pr = rstd.mutable_data_ptr<float>();
-    const ForwardFn fn = kernels().forward;
+    static const auto fn = LOOM_PICK_KERNEL(rms_norm_forward);
     const auto feps = static_cast<float>(eps);
-    at::parallel_for(0, rows, row_grain(dim), [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, rows, rows_per_task(dim), [&](int64_t begin, int64_t end) {
       fn(px + begin * dim, pw, py + begin * dim, pr + begin, end - begin, dim, feps);
     });
     ctx->save_for_backward({input, weight, rstd});
@@ -80,8 +60,8 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
     const float* pr = rstd.const_data_ptr<float>();
     float* pdx = want_x ? grad_x.mutable_data_ptr<float>() : nullptr;
     float* pdw = want_w ? partial.mutable_data_ptr<float>() : nullptr;
-    const BackwardFn fn = kernels().backward;
-    const int64_t grain = std::max<int64_t>(1, row_grain(dim) / kRowsPerBlock);
+    static const auto fn = LOOM_PICK_KERNEL(rms_norm_backward);
+    const int64_t grain = std::max<int64_t>(1, rows_per_task(dim) / kRowsPerBlock);
     at::parallel_for(0, blocks, grain, [&](int64_t first, int64_t last) {
       for (int64_t b = first; b < last; ++b) {
         const int64_t row = b * kRowsPerBlock;

@@ -14,16 +14,6 @@
 namespace loom::models::kernels {
 namespace {
 
-using RotateFn = void (*)(const float*, const float*, float*, int64_t, int64_t, float);
-
-RotateFn rotate_kernel() {
-  static const RotateFn chosen = pick_kernel<RotateFn>(
-      DEFAULT::rotate_heads, LOOM_KERNEL_AVX2(rotate_heads), LOOM_KERNEL_AVX512(rotate_heads));
-  return chosen;
-}
-
-constexpr int64_t kMaxHeadDim = 1024;  // the kernel's stack buffers (rotary_kernel.inc)
-
 // Rotates q and k (same bs, seq, head_dim) into new tensors; sign -1 is the inverse rotation.
 std::pair<at::Tensor, at::Tensor> rotate(const at::Tensor& q, const at::Tensor& k,
                                          const at::Tensor& rotation, float sign) {
@@ -35,9 +25,9 @@ std::pair<at::Tensor, at::Tensor> rotate(const at::Tensor& q, const at::Tensor& 
   const float* pr = rotation.const_data_ptr<float>();
   float* pqo = q_out.mutable_data_ptr<float>();
   float* pko = k_out.mutable_data_ptr<float>();
-  const RotateFn fn = rotate_kernel();
+  static const auto fn = LOOM_PICK_KERNEL(rotate_heads);
   const int64_t per_position = (q_heads + k_heads) * head_dim;
-  const int64_t grain = std::max<int64_t>(1, kKernelGrain / per_position);
+  const int64_t grain = rows_per_task(per_position);
   at::parallel_for(0, bs * seq, grain, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {  // t = b * seq + s
       const float* rot = pr + (t % seq) * head_dim;
@@ -55,8 +45,6 @@ class RotaryFunction : public torch::autograd::Function<RotaryFunction> {
                                                 const at::Tensor& rotation) {
     RECORD_FUNCTION("loom::kernel_rotary", std::vector<c10::IValue>{});
     ctx->save_for_backward({rotation});
-    ctx->saved_data["q_shape"] = q.sizes().vec();
-    ctx->saved_data["k_shape"] = k.sizes().vec();
     auto [q_out, k_out] = rotate(q, k, rotation, 1.0f);
     return {q_out, k_out};
   }
@@ -65,13 +53,9 @@ class RotaryFunction : public torch::autograd::Function<RotaryFunction> {
                                                  torch::autograd::variable_list grads) {
     RECORD_FUNCTION("loom::kernel_rotary_backward", std::vector<c10::IValue>{});
     const at::Tensor rotation = ctx->get_saved_variables()[0];
-    // An output that reached no loss has an undefined gradient: rotate zeros in its place.
-    const at::Tensor gq = grads[0].defined() ? grads[0].contiguous()
-                                             : at::zeros(ctx->saved_data["q_shape"].toIntVector(),
-                                                         rotation.options());
-    const at::Tensor gk = grads[1].defined() ? grads[1].contiguous()
-                                             : at::zeros(ctx->saved_data["k_shape"].toIntVector(),
-                                                         rotation.options());
+    // An output that reached no loss arrives as zeros (autograd materializes undefined
+    // gradients of custom functions).
+    const at::Tensor gq = grads[0].contiguous(), gk = grads[1].contiguous();
     auto [dq, dk] = rotate(gq, gk, rotation, -1.0f);
     return {dq, dk, at::Tensor()};
   }
@@ -85,7 +69,7 @@ bool rotary_is_fused(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
            t.dim() == 4;
   };
   return float_cpu(q) && float_cpu(k) && q.size(0) == k.size(0) && q.size(1) == k.size(1) &&
-         q.size(3) == k.size(3) && q.size(3) % 2 == 0 && q.size(3) <= kMaxHeadDim &&
+         q.size(3) == k.size(3) && q.size(3) % 2 == 0 && q.size(3) <= kRotaryMaxHeadDim &&
          freqs_cis.device().is_cpu() && freqs_cis.scalar_type() == at::kComplexFloat &&
          freqs_cis.dim() == 2 && freqs_cis.size(0) >= q.size(1) &&
          freqs_cis.size(1) == q.size(3) / 2 && q.numel() > 0 && k.numel() > 0;

@@ -6,6 +6,9 @@
 
 namespace loom::models::kernels {
 
+// The widest head the kernel takes (its per-position cos/sin buffers live on the stack).
+constexpr int64_t kRotaryMaxHeadDim = 1024;
+
 // Rotates `heads` rows of head_dim floats at one position by the position's (cos, sin) pairs,
 // rotation [head_dim / 2][2]; `sign` -1 rotates by the inverse angle (backward).
 #define LOOM_ROTARY_DECLARE(ISA)                                                              \

@@ -10,15 +10,6 @@
 namespace loom::models::kernels {
 namespace {
 
-using SumFn = double (*)(const float*, int64_t);
-
-SumFn sum_kernel() {
-  static const SumFn chosen = pick_kernel<SumFn>(DEFAULT::sum_of_squares,
-                                                 LOOM_KERNEL_AVX2(sum_of_squares),
-                                                 LOOM_KERNEL_AVX512(sum_of_squares));
-  return chosen;
-}
-
 bool takes_kernel(const at::Tensor& t) {
   return t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous();
 }
@@ -48,7 +39,7 @@ at::Tensor squared_norm(const std::vector<at::Tensor>& tensors) {
     }
   }
   std::vector<double> partial(blocks.size(), 0.0);
-  const SumFn fn = sum_kernel();
+  static const auto fn = LOOM_PICK_KERNEL(sum_of_squares);
   at::parallel_for(0, static_cast<int64_t>(blocks.size()), 1, [&](int64_t first, int64_t last) {
     for (int64_t b = first; b < last; ++b) partial[b] = fn(blocks[b].data, blocks[b].count);
   });

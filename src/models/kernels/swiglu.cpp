@@ -11,23 +11,6 @@
 namespace loom::models::kernels {
 namespace {
 
-using ForwardFn = void (*)(const float*, const float*, float*, int64_t);
-using BackwardFn = void (*)(const float*, const float*, const float*, float*, float*, int64_t);
-
-struct SwigluKernels {
-  ForwardFn forward;
-  BackwardFn backward;
-};
-
-const SwigluKernels& kernels() {
-  static const SwigluKernels chosen{
-      pick_kernel<ForwardFn>(DEFAULT::swiglu_forward, LOOM_KERNEL_AVX2(swiglu_forward),
-                             LOOM_KERNEL_AVX512(swiglu_forward)),
-      pick_kernel<BackwardFn>(DEFAULT::swiglu_backward, LOOM_KERNEL_AVX2(swiglu_backward),
-                              LOOM_KERNEL_AVX512(swiglu_backward))};
-  return chosen;
-}
-
 class SwigluFunction : public torch::autograd::Function<SwigluFunction> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& a,
@@ -38,7 +21,7 @@ class SwigluFunction : public torch::autograd::Function<SwigluFunction> {
     const float* pa = a.const_data_ptr<float>();
     const float* pb = b.const_data_ptr<float>();
     float* po = out.mutable_data_ptr<float>();
-    const ForwardFn fn = kernels().forward;
+    static const auto fn = LOOM_PICK_KERNEL(swiglu_forward);
     at::parallel_for(0, a.numel(), kKernelGrain, [&](int64_t begin, int64_t end) {
       fn(pa + begin, pb + begin, po + begin, end - begin);
     });
@@ -59,7 +42,7 @@ class SwigluFunction : public torch::autograd::Function<SwigluFunction> {
     const float* pb = b.const_data_ptr<float>();
     float* pga = grad_a.mutable_data_ptr<float>();
     float* pgb = grad_b.mutable_data_ptr<float>();
-    const BackwardFn fn = kernels().backward;
+    static const auto fn = LOOM_PICK_KERNEL(swiglu_backward);
     at::parallel_for(0, a.numel(), kKernelGrain, [&](int64_t begin, int64_t end) {
       fn(pg + begin, pa + begin, pb + begin, pga + begin, pgb + begin, end - begin);
     });
