@@ -68,6 +68,11 @@ void add_job_sections(Schema& s) {
       "log_layer_grad_norms", &MetricsSection::log_layer_grad_norms,
       "loom: also log each block's gradient norm (`grad_norm/layers.<i>`, `grad_norm/output`, ...) "
       "before clipping, to find the layer behind a loss spike.");
+  met.field("step_breakdown", &MetricsSection::step_breakdown,
+            "loom: split each logged step's time into gemm, attention, elementwise, optimizer, "
+            "comm_wait, data and other (`breakdown/<category>_ms`, `breakdown/overhead_pct`), "
+            "timed per operator on the training thread; CPU only (on CUDA use "
+            "profiling.enable_profiling).");
   met.field("enable_wandb", &MetricsSection::enable_wandb, "Send metrics to Weights & Biases.")
       .unimplemented();
 }

@@ -193,6 +193,14 @@ std::string MetricsLogger::to_json_line(const StepMetrics& m, double wall_time) 
   if (m.val_loss) j["val_loss"] = *m.val_loss;
   if (m.pp_bubble_pct) j["pp_bubble_pct"] = *m.pp_bubble_pct;
   for (const auto& [block, norm] : m.block_grad_norms) j["grad_norm/" + block] = norm;
+  if (m.breakdown) {
+    for (size_t c = 0; c < kStepCategories; ++c) {
+      j[std::string("breakdown/") + step_category_name(static_cast<StepCategory>(c)) + "_ms"] =
+          m.breakdown->ms[c];
+    }
+    j["breakdown/overhead_pct"] = m.breakdown->overhead_pct;
+    j["breakdown/ops_per_step"] = m.breakdown->operators_per_step;
+  }
   return j.dump();
 }
 
@@ -220,6 +228,7 @@ void MetricsLogger::log_step(const StepMetrics& m) {
       cyan, m.step, green, m.loss, reset, m.grad_norm, yellow, m.mem_peak_gib, blue, m.tps, reset,
       m.tflops, magenta, m.mfu_estimate ? "~" : "", m.mfu_pct, m.mfu_estimate ? " (est.)" : "",
       reset);
+  if (m.breakdown) log::get("metrics")->info("{}", StepBreakdown::format(*m.breakdown));
   if (!warned_mfu_) {
     if (auto warning = mfu_warning(m.mfu_pct, {0, peak_source_, m.mfu_estimate})) {
       log::get("metrics")->warn("{}", *warning);

@@ -202,6 +202,9 @@ void Trainer::setup_runtime() {
       std::make_unique<distributed::ParallelRuntime>(config_, wants_cuda(config_.training.device));
   device_ = choose_device(config_.training.device, runtime_->world().local_rank);
   if (device_.is_cpu()) check_thread_plan(runtime_->world().local_world_size);
+  LOOM_CHECK_AS(InputError, !config_.metrics.step_breakdown || device_.is_cpu(),
+                "metrics.step_breakdown = true on ", device_.str(), ": it times operators on the "
+                "host thread and CUDA kernels run asynchronously; use profiling.enable_profiling");
   seed_ = config_.debug.seed ? static_cast<uint64_t>(*config_.debug.seed) : std::random_device{}();
   at::manual_seed(seed_);
   if (config_.debug.deterministic) {
@@ -493,6 +496,10 @@ TrainResult Trainer::train(const std::function<void()>& on_started) {
       metrics::metrics_sinks(config_, runtime_->rank(), color));
   peak_ = metrics::peak_flops(device_, config_.metrics.peak_tflops);
   profiler_ = std::make_unique<metrics::StepProfiler>(config_, runtime_->rank(), device_);
+  if (config_.metrics.step_breakdown) {
+    breakdown_ = std::make_unique<metrics::StepBreakdown>(fmt::format(
+        "{}/step_breakdown/rank{}.json", config_.job.dump_folder, runtime_->rank()));
+  }
   log->info("training {} steps; peak {:.3g} TFLOP/s per device for MFU ({}{})", t.steps,
             peak_.flops / 1e12, peak_.source,
             peak_.estimate ? ": MFU is an estimate; set metrics.peak_tflops for a real one" : "");
@@ -526,6 +533,7 @@ TrainResult Trainer::train(const std::function<void()>& on_started) {
   for (int64_t step = resume.step + 1; step <= t.steps; ++step) {
     metrics::StepMetrics m;
     profiler_->step_begin(step);
+    if (breakdown_) breakdown_->step_begin();
     const auto step_start = Clock::now();
     const double wait_start = distributed::comm_wait_seconds();
     pending_.emplace_back();
@@ -536,6 +544,7 @@ TrainResult Trainer::train(const std::function<void()>& on_started) {
     }
     window_time += seconds_since(step_start);
     window_wait += distributed::comm_wait_seconds() - wait_start;
+    if (breakdown_) breakdown_->step_end();
     profiler_->step_end(step);
     ++window_steps;
     if (step == resume.step + 1) runtime_->use_train_timeout();
@@ -555,6 +564,7 @@ TrainResult Trainer::train(const std::function<void()>& on_started) {
       m.mem_peak_gib = metrics::peak_memory_gib(device_);
       m.data_time_pct = 100.0 * window_data / window_time;
       m.comm_wait_pct = 100.0 * window_wait / window_time;
+      if (breakdown_) m.breakdown = breakdown_->take_window(step);
       m.tokens_seen = tokens_seen;
       m.elapsed_s = elapsed_s();
       m.since_start_s = metrics::seconds_since_process_start();

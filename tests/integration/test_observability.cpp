@@ -93,6 +93,7 @@ TEST(TensorBoard, EveryScalarOfMetricsJsonlReadsBackWithBlockGradNorms) {
   auto job = small_job("tb");
   job.metrics.enable_tensorboard = true;
   job.metrics.log_layer_grad_norms = true;
+  job.metrics.step_breakdown = true;
   job.validation.enable = true;
   job.validation.dataset = "synthetic";
   job.validation.freq = 3;
@@ -129,7 +130,19 @@ TEST(TensorBoard, EveryScalarOfMetricsJsonlReadsBackWithBlockGradNorms) {
     EXPECT_TRUE(line.contains("grad_norm/layers.0") && line.contains("grad_norm/tok_embeddings") &&
                 line.contains("grad_norm/output"))
         << line.dump();
+    // metrics.step_breakdown: the categories split the step's time.
+    double categories = 0;
+    for (const char* c : {"gemm", "attention", "elementwise", "optimizer", "comm_wait", "data",
+                          "other"}) {
+      categories += line.at(std::string("breakdown/") + c + "_ms").get<double>();
+    }
+    const double step_ms = 1e3 * line["step_time_s"].get<double>();
+    EXPECT_NEAR(categories, step_ms, 0.05 * step_ms + 1.0) << line.dump();
+    EXPECT_GT(line["breakdown/gemm_ms"].get<double>(), 0);
+    EXPECT_GT(line["breakdown/attention_ms"].get<double>(), 0);
+    EXPECT_GT(line["breakdown/elementwise_ms"].get<double>(), 0);
   }
+  EXPECT_TRUE(fs::exists(dump + "/step_breakdown/rank0.json"));
   EXPECT_EQ(tags.at("loss").size(), 4u);  // steps 1, 2, 4, 6
   EXPECT_EQ(tags.at("val_loss").size(), 2u);
   EXPECT_GT(blocks, 0);

@@ -44,6 +44,8 @@ struct MetricsSection {
   bool log_layer_grad_norms = false;
   // loom: peak TFLOP/s of one device for MFU; unset means the GPU table or a measured CPU GEMM.
   std::optional<double> peak_tflops;
+  // loom: time each step's operators by category (metrics/step_breakdown.h), CPU only.
+  bool step_breakdown = false;
 };
 
 struct ModelSection {

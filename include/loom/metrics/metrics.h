@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "loom/config/job_config.h"
+#include "loom/metrics/step_breakdown.h"
 
 namespace loom::metrics {
 
@@ -42,6 +43,9 @@ struct StepMetrics {
   // metrics.log_layer_grad_norms: the gradient norm of each block ("layers.0", ...,
   // "tok_embeddings", "norm", "output"), logged as "grad_norm/<block>".
   std::vector<std::pair<std::string, double>> block_grad_norms;
+  // metrics.step_breakdown: per-step milliseconds by category over the logging window, logged as
+  // "breakdown/<category>_ms", "breakdown/overhead_pct" and "breakdown/ops_per_step".
+  std::optional<StepBreakdownValues> breakdown;
 };
 
 // The start record metrics.jsonl gets at each start of a run (fresh or resumed), so that runs

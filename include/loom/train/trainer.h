@@ -116,6 +116,7 @@ class Trainer {
   std::unique_ptr<Validator> validator_;
   std::unique_ptr<metrics::MetricsLogger> metrics_;
   std::unique_ptr<metrics::StepProfiler> profiler_;  // profiling.* traces and memory snapshots
+  std::unique_ptr<metrics::StepBreakdown> breakdown_;  // metrics.step_breakdown
   std::unique_ptr<checkpoint::CheckpointManager> checkpoint_;
   std::vector<PendingStep> pending_;
   metrics::PeakFlops peak_;
