@@ -47,7 +47,7 @@ sys.path.insert(0, os.path.join(ROOT, "tools"))
 from bench_train import FLAVORS  # noqa: E402
 
 CATEGORIES = ["gemm", "attention", "elementwise", "optimizer", "comm_wait", "data", "other"]
-GEMM = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addmv", "aten::mv",
+GEMM = {"aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm", "aten::addmv", "aten::mv",
         "aten::_mkldnn_matmul"}
 SHAPE_ONLY = {"aten::view", "aten::reshape", "aten::_reshape_alias", "aten::t", "aten::transpose",
               "aten::permute", "aten::expand", "aten::as_strided", "aten::slice", "aten::select",

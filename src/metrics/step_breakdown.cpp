@@ -80,7 +80,7 @@ const std::unordered_map<std::string_view, StepCategory>& named_categories() {
   static const std::unordered_map<std::string_view, StepCategory> map = [] {
     std::unordered_map<std::string_view, StepCategory> m;
     for (const char* gemm : {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addmv",
-                             "aten::mv", "aten::_mkldnn_matmul"}) {
+                             "aten::mv", "aten::_mkldnn_matmul", "aten::addmm_"}) {
       m.emplace(gemm, StepCategory::kGemm);
     }
     return m;
