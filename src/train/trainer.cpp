@@ -28,6 +28,7 @@
 #include "loom/metrics/memory_estimate.h"
 #include "loom/parallel/pipeline/model_parts.h"
 #include "loom/train/grad_clip.h"
+#include "loom/train/host_memory.h"
 #include "loom/train/loss.h"
 #include "loom/train/lr_scheduler.h"
 #include "loom/train/memory_check.h"
@@ -201,7 +202,10 @@ void Trainer::setup_runtime() {
   runtime_ =
       std::make_unique<distributed::ParallelRuntime>(config_, wants_cuda(config_.training.device));
   device_ = choose_device(config_.training.device, runtime_->world().local_rank);
-  if (device_.is_cpu()) check_thread_plan(runtime_->world().local_world_size);
+  if (device_.is_cpu()) {
+    check_thread_plan(runtime_->world().local_world_size);
+    keep_freed_host_memory();
+  }
   LOOM_CHECK_AS(InputError, !config_.metrics.step_breakdown || device_.is_cpu(),
                 "metrics.step_breakdown = true on ", device_.str(), ": it times operators on the "
                 "host thread and CUDA kernels run asynchronously; use profiling.enable_profiling");
