@@ -16,7 +16,6 @@ means loom is faster). Timings on a shared 2-core machine are noisy: trust the r
 import argparse
 import json
 import os
-import shutil
 import socket
 import statistics
 import subprocess
@@ -26,7 +25,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
-from bench_train import FLAVORS  # noqa: E402
+from bench_train import FLAVORS, fresh_dump, loom_train_args  # noqa: E402
 
 
 def free_port():
@@ -36,18 +35,11 @@ def free_port():
 
 
 def run_loom(ns, workdir, loom):
-    dump = os.path.join(workdir, "loom_fsdp")
-    if os.path.exists(dump):
-        shutil.rmtree(dump)
+    dump = fresh_dump(workdir, "loom_fsdp")
     total = ns.warmup + ns.steps
-    cmd = [loom, "launch", "--nproc-per-node", "2", "--master-port", str(free_port()), "--",
-           "train", "--model.flavor", ns.flavor, "--training.dataset", "synthetic",
-           "--training.device", "cpu", "--training.local_batch_size", str(ns.batch_size),
-           "--training.seq_len", str(ns.seq_len), "--training.steps", str(total),
-           "--parallelism.data_parallel_shard_degree", "2", "--metrics.log_freq", "1",
-           "--metrics.peak_tflops", "1", "--debug.seed", "0", "--activation_checkpoint.mode",
-           "none", "--lr_scheduler.warmup_steps", "1", "--metrics.disable_color_printing",
-           "--job.dump_folder", dump]
+    cmd = [loom, "launch", "--nproc-per-node", "2", "--master-port", str(free_port()), "--"] + \
+        loom_train_args(ns.flavor, ns.batch_size, ns.seq_len, total, dump) + \
+        ["--parallelism.data_parallel_shard_degree", "2", "--metrics.log_freq", "1"]
     env = dict(os.environ, OMP_NUM_THREADS=str(ns.threads))
     subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     with open(os.path.join(dump, "metrics.jsonl")) as f:

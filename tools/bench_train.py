@@ -27,18 +27,30 @@ FLAVORS = {
 }
 
 
-def run_loom(loom, flavor, batch, seq, warmup, steps, threads, workdir):
-    # A fresh folder per run: metrics.jsonl is appended across runs of one dump folder (resumed
-    # jobs keep their history), and a previous arm's rows must not count in this one.
-    dump = os.path.join(workdir, "loom_run")
+def fresh_dump(workdir, name="loom_run"):
+    """An empty dump folder: metrics.jsonl is appended across runs of one folder (resumed jobs
+    keep their history), so a previous arm's rows must not count in this one."""
+    dump = os.path.join(workdir, name)
     if os.path.exists(dump):
         shutil.rmtree(dump)
-    cmd = [loom, "train", "--model.flavor", flavor, "--training.dataset", "synthetic",
-           "--training.device", "cpu", "--training.local_batch_size", str(batch),
-           "--training.seq_len", str(seq), "--training.steps", str(warmup + steps),
-           "--metrics.log_freq", "1", "--metrics.peak_tflops", "1", "--debug.seed", "0",
-           "--activation_checkpoint.mode", "none", "--lr_scheduler.warmup_steps", "1",
-           "--metrics.disable_color_printing", "--job.dump_folder", dump]
+    return dump
+
+
+def loom_train_args(flavor, batch, seq, steps, dump):
+    """The `loom train` arguments every benchmark shares: synthetic data on CPU, seed 0, no
+    activation checkpointing, a one-step warm-up of the learning rate."""
+    return ["train", "--model.flavor", flavor, "--training.dataset", "synthetic",
+            "--training.device", "cpu", "--training.local_batch_size", str(batch),
+            "--training.seq_len", str(seq), "--training.steps", str(steps),
+            "--metrics.peak_tflops", "1", "--debug.seed", "0",
+            "--activation_checkpoint.mode", "none", "--lr_scheduler.warmup_steps", "1",
+            "--metrics.disable_color_printing", "--job.dump_folder", dump]
+
+
+def run_loom(loom, flavor, batch, seq, warmup, steps, threads, workdir):
+    dump = fresh_dump(workdir)
+    cmd = [loom] + loom_train_args(flavor, batch, seq, warmup + steps, dump) + \
+        ["--metrics.log_freq", "1"]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     with open(os.path.join(dump, "metrics.jsonl")) as f:

@@ -37,18 +37,19 @@ import argparse
 import glob
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
-from bench_train import FLAVORS  # noqa: E402
+from bench_train import FLAVORS, fresh_dump, loom_train_args  # noqa: E402
 
 CATEGORIES = ["gemm", "attention", "elementwise", "optimizer", "comm_wait", "data", "other"]
-GEMM = {"aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm", "aten::addmv", "aten::mv",
-        "aten::_mkldnn_matmul"}
+# The same rules as loom's timers (src/metrics/step_breakdown.cpp: enclosing_category and
+# leaf_category), for profiler traces of loom or eager PyTorch: change both together.
+GEMM = {"aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm", "aten::addmv",
+        "aten::mv", "aten::_mkldnn_matmul"}
 SHAPE_ONLY = {"aten::view", "aten::reshape", "aten::_reshape_alias", "aten::t", "aten::transpose",
               "aten::permute", "aten::expand", "aten::as_strided", "aten::slice", "aten::select",
               "aten::narrow", "aten::unsqueeze", "aten::squeeze", "aten::flatten", "aten::unflatten",
@@ -141,15 +142,9 @@ def breakdown(trace_path, top_ops=0):
 
 
 def run_loom(ns, workdir, total, extra):
-    dump = os.path.join(workdir, "loom_run")
-    if os.path.exists(dump):
-        shutil.rmtree(dump)
-    cmd = [ns.loom, "train", "--model.flavor", ns.flavor, "--training.dataset", "synthetic",
-           "--training.device", "cpu", "--training.local_batch_size", str(ns.batch_size),
-           "--training.seq_len", str(ns.seq_len), "--training.steps", str(total),
-           "--metrics.peak_tflops", "1", "--debug.seed", "0",
-           "--activation_checkpoint.mode", "none", "--lr_scheduler.warmup_steps", "1",
-           "--metrics.disable_color_printing", "--job.dump_folder", dump] + extra + ns.loom_args
+    dump = fresh_dump(workdir)
+    cmd = [ns.loom] + loom_train_args(ns.flavor, ns.batch_size, ns.seq_len, total, dump) + \
+        extra + ns.loom_args
     env = dict(os.environ, OMP_NUM_THREADS=str(ns.threads))
     if ns.nproc > 1:
         cmd = [ns.loom, "launch", "--nproc-per-node", str(ns.nproc), "--"] + cmd[1:]
@@ -167,12 +162,13 @@ def loom_timers(ns, workdir):
     if len(rows) != ns.steps:
         raise SystemExit(f"step_breakdown: expected {ns.steps} breakdown rows, read {len(rows)}")
     n = len(rows)
-    step_ms = sum(1e3 * r["step_time_s"] for r in rows) / n
-    result = {"steps": n, "step_ms": step_ms, "source": "timed"}
+    result = {"steps": n, "source": "timed"}
     for cat in CATEGORIES:
         result[cat + "_ms"] = sum(r[f"breakdown/{cat}_ms"] for r in rows) / n
-        result[cat + "_pct"] = 100.0 * result[cat + "_ms"] / step_ms
-    result["overhead_pct"] = sum(r["breakdown/overhead_pct"] for r in rows) / n
+    result["step_ms"] = sum(result[cat + "_ms"] for cat in CATEGORIES)  # "other" is the rest
+    for cat in CATEGORIES:
+        result[cat + "_pct"] = 100.0 * result[cat + "_ms"] / result["step_ms"]
+    result["overhead_pct"] = 100.0 - result["gemm_pct"] - result["attention_pct"]
     with open(os.path.join(dump, "step_breakdown", "rank0.json")) as f:
         last = json.load(f)  # the last step's operators
     result["top_ops"] = [{"category": op["category"], "name": op["name"], "ms": op["ms_per_step"]}

@@ -9,7 +9,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
-#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "loom/core/check.h"
@@ -76,16 +76,28 @@ bool starts_with(std::string_view s, std::string_view prefix) {
   return s.substr(0, prefix.size()) == prefix;
 }
 
-const std::unordered_map<std::string_view, StepCategory>& named_categories() {
-  static const std::unordered_map<std::string_view, StepCategory> map = [] {
-    std::unordered_map<std::string_view, StepCategory> m;
-    for (const char* gemm : {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addmv",
-                             "aten::mv", "aten::_mkldnn_matmul", "aten::addmm_"}) {
-      m.emplace(gemm, StepCategory::kGemm);
-    }
-    return m;
-  }();
-  return map;
+// The rules of tools/step_breakdown.py, which splits profiler traces the same way: change both
+// together.
+bool is_gemm(std::string_view name) {
+  static const std::unordered_set<std::string_view> gemm = {
+      "aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm", "aten::addmv",
+      "aten::mv", "aten::_mkldnn_matmul"};
+  return gemm.count(name) > 0;
+}
+
+// Operators that only make views or metadata: dispatch cost, not data movement.
+bool is_shape_only(std::string_view name) {
+  static const std::unordered_set<std::string_view> shape_only = {
+      "aten::view", "aten::reshape", "aten::_reshape_alias", "aten::t", "aten::transpose",
+      "aten::permute", "aten::expand", "aten::as_strided", "aten::slice", "aten::select",
+      "aten::narrow", "aten::unsqueeze", "aten::squeeze", "aten::flatten", "aten::unflatten",
+      "aten::empty", "aten::empty_like", "aten::empty_strided", "aten::detach", "aten::detach_",
+      "aten::alias", "aten::lift_fresh", "aten::view_as_real", "aten::view_as_complex",
+      "aten::_unsafe_view", "aten::resolve_conj", "aten::resolve_neg", "aten::contiguous",
+      "aten::to", "aten::_to_copy_view", "aten::result_type", "aten::split", "aten::chunk",
+      "aten::unbind", "aten::set_", "aten::split_with_sizes", "aten::expand_as",
+      "aten::view_as"};
+  return shape_only.count(name) > 0;
 }
 
 }  // namespace
@@ -109,43 +121,22 @@ const char* step_category_name(StepCategory category) {
 }
 
 std::optional<StepCategory> enclosing_category(std::string_view name) {
-  const auto& named = named_categories();
-  if (auto it = named.find(name); it != named.end()) return it->second;
+  if (is_gemm(name)) return StepCategory::kGemm;
   if (name.find("scaled_dot_product") != std::string_view::npos ||
       name.find("flash_attention") != std::string_view::npos) {
     return StepCategory::kAttention;
   }
-  if (!starts_with(name, "loom::")) {
-    if (starts_with(name, "Optimizer.step") || starts_with(name, "Optimizer.zero_grad")) {
-      return StepCategory::kOptimizer;
-    }
-    return std::nullopt;
-  }
   if (starts_with(name, "loom::comm_wait")) return StepCategory::kCommWait;
-  if (starts_with(name, "loom::optimizer")) return StepCategory::kOptimizer;
+  if (starts_with(name, "loom::optimizer") || starts_with(name, "Optimizer.step") ||
+      starts_with(name, "Optimizer.zero_grad")) {
+    return StepCategory::kOptimizer;
+  }
   if (starts_with(name, "loom::data")) return StepCategory::kData;
   return std::nullopt;
 }
 
 StepCategory leaf_category(std::string_view name) {
-  // Operators that only make views or metadata: dispatch cost, not data movement.
-  static const std::unordered_map<std::string_view, bool> shape_only = [] {
-    std::unordered_map<std::string_view, bool> m;
-    for (const char* op :
-         {"aten::view", "aten::reshape", "aten::_reshape_alias", "aten::t", "aten::transpose",
-          "aten::permute", "aten::expand", "aten::as_strided", "aten::slice", "aten::select",
-          "aten::narrow", "aten::unsqueeze", "aten::squeeze", "aten::flatten", "aten::unflatten",
-          "aten::empty", "aten::empty_like", "aten::empty_strided", "aten::detach",
-          "aten::detach_", "aten::alias", "aten::lift_fresh", "aten::view_as_real",
-          "aten::view_as_complex", "aten::_unsafe_view", "aten::resolve_conj",
-          "aten::resolve_neg", "aten::contiguous", "aten::to", "aten::_to_copy_view",
-          "aten::result_type", "aten::split", "aten::chunk", "aten::unbind", "aten::set_",
-          "aten::split_with_sizes", "aten::expand_as", "aten::view_as"}) {
-      m.emplace(op, true);
-    }
-    return m;
-  }();
-  if (shape_only.count(name)) return StepCategory::kOther;
+  if (is_shape_only(name)) return StepCategory::kOther;
   if (starts_with(name, "aten::") || starts_with(name, "loom::kernel") ||
       starts_with(name, "torch::autograd::AccumulateGrad")) {
     return StepCategory::kElementwise;

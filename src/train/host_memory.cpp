@@ -7,6 +7,8 @@
 #include <malloc.h>
 #endif
 
+#include <fmt/format.h>
+
 #include "loom/core/logging.h"
 
 namespace loom::train {
@@ -38,9 +40,10 @@ HostMemoryPolicy keep_freed_host_memory() {
     policy.applied = mallopt(M_MMAP_THRESHOLD, static_cast<int>(kHeapBlockLimitBytes)) == 1 &&
                      mallopt(M_TRIM_THRESHOLD, -1) == 1;  // -1: never trim
     policy.description =
-        policy.applied
-            ? "freed memory is kept for reuse (blocks under 32 MiB from the heap, no trimming)"
-            : "glibc refused the malloc thresholds: its defaults stay";
+        policy.applied ? fmt::format("freed memory is kept for reuse (blocks under {} MiB from "
+                                     "the heap, no trimming)",
+                                     kHeapBlockLimitBytes >> 20)
+                       : "glibc refused the malloc thresholds: its defaults stay";
 #else
     policy.description = "not glibc: the C library's allocator keeps its defaults";
 #endif

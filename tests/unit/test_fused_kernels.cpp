@@ -299,10 +299,11 @@ TEST(FusedKernels, RotaryMatchesTheComplexMultiplyForQAndK) {
   at::manual_seed(10);
   loom::models::llama::LlamaArgs args;
   // (bs, seq, q heads, kv heads, head_dim): the debug model's heads, grouped-query attention,
-  // a head of 6 (no full vector) and of 128 (Llama 3's); a table longer than the sequence.
+  // a head of 6 (no full vector), of 20 (full vectors and a partial one) and of 128 (Llama
+  // 3's); a table longer than the sequence.
   for (const auto& [bs, seq, hq, hk, hd] :
        std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>>{
-           {2, 33, 16, 16, 16}, {3, 20, 8, 2, 128}, {1, 5, 3, 1, 6}}) {
+           {2, 33, 16, 16, 16}, {3, 20, 8, 2, 128}, {1, 5, 3, 1, 6}, {1, 4, 2, 2, 20}}) {
     args.dim = hq * hd;
     args.n_heads = hq;
     at::Tensor freqs = loom::models::llama::precompute_freqs_cis(args, seq + 7, at::kCPU);

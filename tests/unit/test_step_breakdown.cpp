@@ -124,7 +124,7 @@ TEST(StepBreakdown, TheWorkInsideAttentionIsAttention) {
   const auto v = breakdown.take_window(1);
   ASSERT_TRUE(v.has_value());
   EXPECT_GT(ms_of(*v, StepCategory::kAttention), 0);
-  ASSERT_FALSE(breakdown.last_operators().empty());
+  ASSERT_GT(breakdown.last_operators().size(), 1u);  // SDPA and the operators inside it
   for (const auto& op : breakdown.last_operators()) {
     EXPECT_EQ(op.category, StepCategory::kAttention) << op.name;  // all of it inside SDPA
   }

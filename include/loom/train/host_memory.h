@@ -21,7 +21,7 @@ struct HostMemoryPolicy {
   std::string description;  // what was set, or why nothing was
 };
 
-// The thresholds used (exposed for tests and the log line).
+// Blocks below this size come from the heap.
 constexpr long kHeapBlockLimitBytes = 32L << 20;
 
 // Applies the policy to this process (once is enough; idempotent) and logs it.
