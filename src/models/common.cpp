@@ -59,4 +59,13 @@ at::Tensor RMSNormImpl::forward(const at::Tensor& input) {
   return normed.to(input.scalar_type()) * weight;
 }
 
+std::pair<at::Tensor, at::Tensor> RMSNormImpl::forward_residual(const at::Tensor& x,
+                                                                const at::Tensor& delta) {
+  if (kernels::residual_rms_norm_is_fused(x, delta, weight)) {
+    return kernels::residual_rms_norm(x, delta, weight, eps);
+  }
+  at::Tensor sum = delta.defined() ? x + delta : x;
+  return {sum, forward(sum)};
+}
+
 }  // namespace loom::models

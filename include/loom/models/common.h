@@ -3,6 +3,8 @@
 // target device; initialization happens separately (see models/llama/init.h).
 #pragma once
 
+#include <utility>
+
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
@@ -46,6 +48,9 @@ class RMSNormImpl : public WeightModule {
  public:
   RMSNormImpl(int64_t dim, double eps, const at::TensorOptions& options);
   at::Tensor forward(const at::Tensor& input);
+  // The residual stream's sum and its norm: (x + delta, forward(x + delta)), or (x, forward(x))
+  // when delta is undefined; fused on CPU float32 (kernels::residual_rms_norm).
+  std::pair<at::Tensor, at::Tensor> forward_residual(const at::Tensor& x, const at::Tensor& delta);
   double eps;
 };
 TORCH_MODULE(RMSNorm);

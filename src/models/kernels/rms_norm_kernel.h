@@ -10,9 +10,12 @@ namespace loom::models::kernels {
   namespace ISA {                                                                             \
   void rms_norm_forward(const float* x, const float* weight, float* y, float* rstd,           \
                         int64_t rows, int64_t dim, float eps);                                \
+  void rms_norm_add_forward(const float* x, const float* delta, const float* weight,         \
+                            float* sum, float* y, float* rstd, int64_t rows, int64_t dim,     \
+                            float eps);                                                       \
   void rms_norm_backward(const float* grad, const float* x, const float* weight,              \
-                         const float* rstd, float* grad_x, float* grad_weight, int64_t rows,  \
-                         int64_t dim);                                                        \
+                         const float* rstd, const float* grad_residual, float* grad_x,        \
+                         float* grad_weight, int64_t rows, int64_t dim);                      \
   }
 
 LOOM_RMS_NORM_DECLARE(DEFAULT)

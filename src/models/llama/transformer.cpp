@@ -23,12 +23,12 @@ TransformerBlockImpl::TransformerBlockImpl(int64_t id, const LlamaArgs& args,
 at::Tensor TransformerBlockImpl::forward(const at::Tensor& x, const at::Tensor& freqs_cis) {
   auto attend = [&](const at::Tensor& in) { return attention->forward(in, freqs_cis); };
   auto feed = [&](const at::Tensor& in) { return feed_forward->forward(in); };
-  if (hooks_ == nullptr) {
-    at::Tensor h = x + attend(attention_norm->forward(x));
-    return h + feed(ffn_norm->forward(h));
-  }
-  at::Tensor h = x + hooks_->run(attention_name_, attention_norm->forward(x), attend);
-  return h + hooks_->run(feed_forward_name_, ffn_norm->forward(h), feed);
+  // The norms take the residual stream's adds and gradient sums into their own passes: x and
+  // h each have one user (forward_residual), which also returns them for the residual path.
+  auto [residual, normed] = attention_norm->forward_residual(x, at::Tensor());
+  at::Tensor attended = hooks_ ? hooks_->run(attention_name_, normed, attend) : attend(normed);
+  auto [h, h_normed] = ffn_norm->forward_residual(residual, attended);
+  return h + (hooks_ ? hooks_->run(feed_forward_name_, h_normed, feed) : feed(h_normed));
 }
 
 TransformerImpl::TransformerImpl(const LlamaArgs& model_args, const at::TensorOptions& options,

@@ -12,6 +12,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <utility>
+
 namespace loom::models::kernels {
 
 // RMSNorm of `input` over its last dimension with `weight` (that dimension's size).
@@ -19,5 +21,16 @@ at::Tensor rms_norm(const at::Tensor& input, const at::Tensor& weight, double ep
 
 // True when rms_norm(input, weight, eps) takes the fused kernel for these inputs.
 bool rms_norm_is_fused(const at::Tensor& input, const at::Tensor& weight);
+
+// The residual stream's norm: (sum, rms_norm(sum)) with sum = x + delta, or sum = x when delta
+// is undefined. One pass forward (the add and the norm per row); in backward, the gradient the
+// sum receives from its other use is added inside the norm's pass, where autograd would add it
+// in one of its own. Results equal the unfused ops bit for bit.
+std::pair<at::Tensor, at::Tensor> residual_rms_norm(const at::Tensor& x, const at::Tensor& delta,
+                                                    const at::Tensor& weight, double eps);
+
+// True when residual_rms_norm takes the fused kernels for these inputs.
+bool residual_rms_norm_is_fused(const at::Tensor& x, const at::Tensor& delta,
+                                const at::Tensor& weight);
 
 }  // namespace loom::models::kernels
