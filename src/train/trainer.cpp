@@ -204,7 +204,7 @@ void Trainer::setup_runtime() {
   device_ = choose_device(config_.training.device, runtime_->world().local_rank);
   if (device_.is_cpu()) {
     check_thread_plan(runtime_->world().local_world_size);
-    keep_freed_host_memory();
+    heap_kept_ = keep_freed_host_memory().applied;
   }
   LOOM_CHECK_AS(InputError, !config_.metrics.step_breakdown || device_.is_cpu(),
                 "metrics.step_breakdown = true on ", device_.str(), ": it times operators on the "
@@ -240,6 +240,17 @@ void Trainer::build_model() {
   const int64_t vocab = tokenizer_ ? tokenizer_->vocab_size() : 0;
   const auto meta = at::TensorOptions().device(at::kMeta).dtype(parameter_dtype(config_.training));
   summary_ = models::build_model(config_, vocab, meta)->summary(config_.training.seq_len);
+  // FSDP keeps float32 masters and computes in mixed_precision_param.
+  distributed::Comm* shards = shard_group();
+  const auto param_dtype = shards ? at::kFloat : parameter_dtype(config_.training);
+  const auto compute_dtype = autocast_dtype(config_.training, device_).value_or(param_dtype);
+  const auto memory = metrics::estimate_memory(
+      summary_, config_,
+      {shards ? shards->size() : 1, static_cast<int>(c10::elementSize(param_dtype)),
+       static_cast<int>(c10::elementSize(compute_dtype))});
+  // Before the parameters exist, so that they too come from huge pages (with 50% to spare: the
+  // advice only reserves address space).
+  if (heap_kept_) advise_heap_huge_pages(static_cast<size_t>(memory.total_gib() * 1.5 * (1 << 30)));
   const models::ModelSpec& spec = models::find_model_spec(config_.model.name);
   parallel::ParallelContext context{config_,
                                     *runtime_,
@@ -267,14 +278,6 @@ void Trainer::build_model() {
   auto log = log::get("trainer");
   log->info("model {}", models::format_summary(summary_, false));
   log->info("parallelism: {}", parallel_.description);
-  // FSDP keeps float32 masters and computes in mixed_precision_param.
-  distributed::Comm* shards = shard_group();
-  const auto param_dtype = shards ? at::kFloat : parameter_dtype(config_.training);
-  const auto compute_dtype = autocast_dtype(config_.training, device_).value_or(param_dtype);
-  const auto memory = metrics::estimate_memory(
-      summary_, config_,
-      {shards ? shards->size() : 1, static_cast<int>(c10::elementSize(param_dtype)),
-       static_cast<int>(c10::elementSize(compute_dtype))});
   log->info("estimated peak memory per rank: {}", memory.describe());
 }
 

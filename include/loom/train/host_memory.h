@@ -12,6 +12,7 @@
 // glibc.malloc tunable, or any of glibc's MALLOC_*_ variables, leaves the defaults alone.
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 namespace loom::train {
@@ -23,6 +24,15 @@ struct HostMemoryPolicy {
 
 // Blocks below this size come from the heap.
 constexpr long kHeapBlockLimitBytes = 32L << 20;
+
+// Transparent huge pages for the tensors to come, once keep_freed_host_memory() applied. Where
+// the kernel gives huge pages on request (THP mode "madvise", the common default), the heap
+// grows by `bytes` of untouched address space (capped at half the machine's memory) marked
+// MADV_HUGEPAGE; the step's tensors then fault in 2 MiB pages (one fault, fewer TLB misses per
+// pass) and stay there, as the heap is never trimmed. glibc's glibc.malloc.hugetlb=1 does the
+// same from process start, but can only be set in the environment before it; it measured no
+// faster. Returns the bytes advised (0: mode "always" or "never", or the heap could not grow).
+size_t advise_heap_huge_pages(size_t bytes);
 
 // Applies the policy to this process (once is enough; idempotent) and logs it.
 HostMemoryPolicy keep_freed_host_memory();
