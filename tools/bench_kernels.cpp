@@ -69,6 +69,27 @@ std::function<void()> rms_norm_step(const at::Tensor& x0, const at::Tensor& w0, 
   };
 }
 
+// A block's residual stream at its second norm: h = x + delta, its RMSNorm, and the gradients
+// of both uses of h summed, fused (residual_rms_norm) or as the add, the fused norm and
+// autograd's sum.
+std::function<void()> residual_norm_step(const at::Tensor& x0, const at::Tensor& d0,
+                                         const at::Tensor& w0, const at::Tensor& g, bool fused) {
+  return [=] {
+    at::Tensor x = x0.detach().requires_grad_(true);
+    at::Tensor d = d0.detach().requires_grad_(true);
+    at::Tensor w = w0.detach().requires_grad_(true);
+    at::Tensor h, normed;
+    if (fused) {
+      std::tie(h, normed) = loom::models::kernels::residual_rms_norm(x, d, w, 1e-5);
+    } else {
+      h = x + d;
+      normed = loom::models::kernels::rms_norm(h, w, 1e-5);
+    }
+    // The residual path's next add, and the norm's consumer, both send a gradient back.
+    torch::autograd::backward({h + g, normed}, {g, g});
+  };
+}
+
 // The loss over a batch of logits, forward and backward (ATen: log_softmax + nll_loss).
 std::function<void()> cross_entropy_step(const at::Tensor& logits0, const at::Tensor& labels,
                                          bool fused) {
@@ -146,6 +167,13 @@ int main(int argc, char** argv) {
     at::Tensor w = at::randn({shape.dims.back()});
     compare("rms_norm", shape.name, rms_norm_step(x, w, g, true), rms_norm_step(x, w, g, false),
             rounds, iters, cold);
+  }
+  for (const Shape& shape : {Shape{"debugmodel", {8, 256, 256}}, Shape{"100M", {8, 256, 768}}}) {
+    at::manual_seed(0);
+    at::Tensor x = at::randn(shape.dims), d = at::randn(shape.dims), g = at::randn(shape.dims);
+    at::Tensor w = at::randn({shape.dims.back()});
+    compare("add+norm", shape.name, residual_norm_step(x, d, w, g, true),
+            residual_norm_step(x, d, w, g, false), rounds, iters, cold);
   }
   // [batch 8 x seq 256 tokens, vocabulary]: debugmodel (2048) and 100M (8192).
   for (const Shape& shape : {Shape{"debugmodel", {2048, 2048}}, Shape{"100M", {2048, 8192}}}) {

@@ -6,7 +6,6 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
-#include <tuple>
 #include <utility>
 
 #include "dispatch.h"
@@ -187,10 +186,6 @@ at::Tensor rms_norm(const at::Tensor& input, const at::Tensor& weight, double ep
   }
   return RmsNormFunction::apply(input, weight, eps);
 }
-
-}  // namespace loom::models::kernels
-
-namespace loom::models::kernels {
 
 bool residual_rms_norm_is_fused(const at::Tensor& x, const at::Tensor& delta,
                                 const at::Tensor& weight) {
