@@ -61,7 +61,8 @@ at::Tensor RMSNormImpl::forward(const at::Tensor& input) {
 
 std::pair<at::Tensor, at::Tensor> RMSNormImpl::forward_residual(const at::Tensor& x,
                                                                 const at::Tensor& delta) {
-  if (kernels::residual_rms_norm_is_fused(x, delta, weight)) {
+  // As forward(): float32 takes the kernel (which falls back itself where it does not apply).
+  if (x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat) {
     return kernels::residual_rms_norm(x, delta, weight, eps);
   }
   at::Tensor sum = delta.defined() ? x + delta : x;

@@ -3,8 +3,6 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
-#include <cmath>
-
 #include "loom/core/check.h"
 #include "loom/distributed/comm.h"
 #include "loom/models/kernels/squared_norm.h"
@@ -33,15 +31,12 @@ at::Tensor clip_grad_norm(const std::vector<at::Tensor>& tensors,
   if (all_ranks != nullptr && all_ranks->size() > 1) all_ranks->all_reduce(squared);
   at::Tensor total = squared.sqrt().squeeze(0);
   if (max_norm > 0 && !grads.empty()) {
-    // Reading the norm costs no synchronization on CPU, and a norm under the limit scales by
-    // exactly 1: skipping that pass over every gradient changes no bit.
-    if (device.is_cpu()) {
-      const double norm = total.item<double>();
-      if (!std::isfinite(norm) || max_norm / (norm + 1e-6) >= 1.0) return total;
-    }
     // min(1, max_norm / (norm + 1e-6)), and 1 for an infinite or NaN norm (left to the caller).
     at::Tensor coef = (max_norm / (total + 1e-6)).clamp_max(1.0);
     coef = at::where(at::isfinite(total), coef, at::ones_like(coef));
+    // Reading it costs no synchronization on CPU, and a scale by exactly 1 changes no bit: skip
+    // that pass over every gradient.
+    if (device.is_cpu() && coef.item<double>() == 1.0) return total;
     at::_foreach_mul_(grads, coef);
   }
   return total;

@@ -34,16 +34,6 @@ std::string user_malloc_setting() {
   return "";
 }
 
-// The kernel's transparent huge page mode: "always", "madvise" or "never" ("" if unknown).
-std::string transparent_huge_page_mode() {
-  std::ifstream in("/sys/kernel/mm/transparent_hugepage/enabled");
-  std::string line;
-  if (!std::getline(in, line)) return "";
-  const auto open = line.find('['), close = line.find(']');
-  if (open == std::string::npos || close == std::string::npos || close < open) return "";
-  return line.substr(open + 1, close - open - 1);
-}
-
 constexpr uintptr_t kHugePage = uintptr_t{2} << 20;
 constexpr int kGlibcDefaultMmapMax = 65536;  // glibc's DEFAULT_MMAP_MAX
 
@@ -58,6 +48,15 @@ size_t advise_huge(uintptr_t begin, uintptr_t end) {
 
 }  // namespace
 
+std::string transparent_huge_page_mode() {
+  std::ifstream in("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string line;
+  if (!std::getline(in, line)) return "";
+  const auto open = line.find('['), close = line.find(']');
+  if (open == std::string::npos || close == std::string::npos || close < open) return "";
+  return line.substr(open + 1, close - open - 1);
+}
+
 size_t advise_heap_huge_pages(size_t bytes) {
   auto log = log::get("trainer");
   const std::string mode = transparent_huge_page_mode();
@@ -71,6 +70,7 @@ size_t advise_heap_huge_pages(size_t bytes) {
   // heuristics may refuse a heap that outgrows it).
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
   if (pages > 0 && page > 0) bytes = std::min(bytes, static_cast<size_t>(pages) * page / 2);
+  if (bytes < 2 * kHugePage) return 0;  // no whole 2 MiB page fits for sure: nothing to gain
   // One heap block, allocated and freed untouched (with mmap turned off meanwhile so that the
   // heap itself grows): the heap gains `bytes` of fresh address space, which the next
   // allocations reuse, as it is never trimmed. Only the block's header page is written.

@@ -250,7 +250,9 @@ void Trainer::build_model() {
        static_cast<int>(c10::elementSize(compute_dtype))});
   // Before the parameters exist, so that they too come from huge pages (with 50% to spare: the
   // advice only reserves address space).
-  if (heap_kept_) advise_heap_huge_pages(static_cast<size_t>(memory.total_gib() * 1.5 * (1 << 30)));
+  if (heap_kept_) {
+    advise_heap_huge_pages(static_cast<size_t>(memory.total_gib() * 1.5 * double(1 << 30)));
+  }
   const models::ModelSpec& spec = models::find_model_spec(config_.model.name);
   parallel::ParallelContext context{config_,
                                     *runtime_,

@@ -2,6 +2,7 @@
 // training step reuses last step's pages; malloc settings the user chose are left alone.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -9,6 +10,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <vector>
 
 #if defined(__GLIBC__)
 #include <malloc.h>
@@ -87,53 +89,47 @@ TEST(HostMemory, FreedBlocksStayInTheHeapForTheNextStep) {
   for (char* block : blocks) std::free(block);
 }
 
-// The AnonHugePages of the mapping holding `address` in /proc/self/smaps, in KiB (-1: not found).
-long huge_kib_at(const void* address) {
+// The AnonHugePages of the mappings overlapping [begin, end) in /proc/self/smaps, in KiB.
+long huge_kib_in(uintptr_t begin, uintptr_t end) {
   std::ifstream smaps("/proc/self/smaps");
-  const auto target = reinterpret_cast<uintptr_t>(address);
   std::string line;
-  bool inside = false;
+  bool overlaps = false;
+  long kib = 0;
   while (std::getline(smaps, line)) {
-    uintptr_t begin = 0, end = 0;
-    if (std::sscanf(line.c_str(), "%lx-%lx ", &begin, &end) == 2 && line.find(':') > 20) {
-      inside = begin <= target && target < end;
-    } else if (inside && line.rfind("AnonHugePages:", 0) == 0) {
-      return std::stol(line.substr(14));
+    uintptr_t from = 0, to = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &from, &to) == 2 && line.find(':') > 20) {
+      overlaps = from < end && begin < to;
+    } else if (overlaps && line.rfind("AnonHugePages:", 0) == 0) {
+      kib += std::stol(line.substr(14));
     }
   }
-  return -1;
+  return kib;
 }
 
-std::string transparent_huge_page_mode() {
-  std::ifstream in("/sys/kernel/mm/transparent_hugepage/enabled");
-  std::string line;
-  std::getline(in, line);
-  const auto open = line.find('['), close = line.find(']');
-  return open == std::string::npos || close == std::string::npos
-             ? ""
-             : line.substr(open + 1, close - open - 1);
-}
-
-// Its own suite, so its own process under ctest: a heap that earlier tests filled and freed
-// serves the next block from pages they already touched (4 KiB ones, advised or not).
-TEST(HostHugePages, AdvisedHeapServesTheNextTensorsFromHugePages) {
-  if (transparent_huge_page_mode() != "madvise") {
-    GTEST_SKIP() << "transparent huge pages are '" << transparent_huge_page_mode()
-                 << "' here, not 'madvise'";
-  }
+TEST(HostMemory, AdvisedHeapServesTheNextTensorsFromHugePages) {
+  const std::string mode = loom::train::transparent_huge_page_mode();
+  if (mode != "madvise") GTEST_SKIP() << "transparent huge pages are '" << mode << "' here";
   EnvGuard tunables("GLIBC_TUNABLES", std::nullopt);
   ASSERT_TRUE(loom::train::keep_freed_host_memory().applied);
   constexpr size_t kAdvised = 256u << 20;
   EXPECT_GE(loom::train::advise_heap_huge_pages(kAdvised), kAdvised - (4u << 20));
-  // An activation-sized block from the advised heap, written as a kernel's output would be.
+  // A step's worth of activation-sized heap blocks, written as kernels' outputs would be. The
+  // first may reuse free heap pages touched before the advice (4 KiB ones, e.g. the previous
+  // test's); the rest come from the advised address space.
   constexpr size_t kBlock = 24u << 20;
-  char* block = static_cast<char*>(std::malloc(kBlock));
-  ASSERT_NE(block, nullptr);
-  std::memset(block, 1, kBlock);
-  // Without the advice the heap's pages are 4 KiB ones: AnonHugePages stays 0. (The block's
-  // first bytes may lie in the heap's mapping before the advised range; its middle does not.)
-  EXPECT_GE(huge_kib_at(block + kBlock / 2), 16 << 10) << "the block is not in huge pages";
-  std::free(block);
+  std::vector<char*> blocks;
+  uintptr_t lowest = UINTPTR_MAX, highest = 0;
+  for (size_t total = 0; total + kBlock <= kAdvised - (16u << 20); total += kBlock) {
+    char* block = static_cast<char*>(std::malloc(kBlock));
+    ASSERT_NE(block, nullptr);
+    std::memset(block, 1, kBlock);
+    blocks.push_back(block);
+    lowest = std::min(lowest, reinterpret_cast<uintptr_t>(block));
+    highest = std::max(highest, reinterpret_cast<uintptr_t>(block) + kBlock);
+  }
+  // Without the advice the heap's pages are all 4 KiB ones: AnonHugePages stays 0.
+  EXPECT_GE(huge_kib_in(lowest, highest), 64 << 10) << "the blocks are not in huge pages";
+  for (char* block : blocks) std::free(block);
 }
 #endif
 

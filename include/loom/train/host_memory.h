@@ -31,8 +31,12 @@ constexpr long kHeapBlockLimitBytes = 32L << 20;
 // MADV_HUGEPAGE; the step's tensors then fault in 2 MiB pages (one fault, fewer TLB misses per
 // pass) and stay there, as the heap is never trimmed. glibc's glibc.malloc.hugetlb=1 does the
 // same from process start, but can only be set in the environment before it; it measured no
-// faster. Returns the bytes advised (0: mode "always" or "never", or the heap could not grow).
+// faster. Returns the bytes advised (0: mode "always" or "never", under 4 MiB asked, or the
+// heap could not grow).
 size_t advise_heap_huge_pages(size_t bytes);
+
+// The kernel's transparent huge page mode: "always", "madvise" or "never" ("" where unknown).
+std::string transparent_huge_page_mode();
 
 // Applies the policy to this process (once is enough; idempotent) and logs it.
 HostMemoryPolicy keep_freed_host_memory();
