@@ -32,6 +32,9 @@ struct FullyShardedDataParallel::Unit {
   std::string name;
   std::vector<Param> params;
   int64_t chunk = 0;  // per-rank buffer: sum of the parameters' chunks
+  // float32 [chunk]: the shards live here, at their offsets (zeros in the padding), so that the
+  // buffer is the all-gather's input as it is (float32) or after one cast.
+  at::Tensor shards;
   bool reshard_after_forward = true;
   State state = State::kSharded;
   at::Tensor gather_in, gather_out;
@@ -160,10 +163,11 @@ FullyShardedDataParallel::FullyShardedDataParallel(
                  " has shape ", it->second.sizes(), " but its placement is ", before.describe());
       unit->params.push_back(shard_parameter(name, before, u, unit->chunk, seed));
       unit->chunk += unit->params.back().chunk;
-      shards_.push_back(unit->params.back().shard);
       names_.push_back(name);
       existing.erase(it);
     }
+    pack_shards(*unit);
+    for (const auto& p : unit->params) shards_.push_back(p.shard);
     units_.push_back(std::move(unit));
   }
   LOOM_CHECK(existing.empty(), "FSDP units leave ", existing.size(),
@@ -230,6 +234,19 @@ FullyShardedDataParallel::Param FullyShardedDataParallel::shard_parameter(
   return p;
 }
 
+// Moves the unit's shards into one buffer laid out as its all-gather input; each shard becomes a
+// leaf aliasing its slot (detach(): not an autograd view, so optimizers treat it as any leaf).
+void FullyShardedDataParallel::pack_shards(Unit& unit) {
+  at::NoGradGuard no_grad;
+  unit.shards = at::zeros({unit.chunk}, at::TensorOptions().dtype(at::kFloat).device(device_));
+  for (auto& p : unit.params) {
+    at::Tensor slot = unit.shards.narrow(0, p.offset, p.local_numel).view(p.shard.sizes());
+    slot.copy_(p.shard.detach());
+    p.shard = slot.detach();
+    p.shard.set_requires_grad(true);
+  }
+}
+
 FullyShardedDataParallel::~FullyShardedDataParallel() {
   for (const auto& module : hooked_modules_) model_.set_forward_hooks(module, "fsdp", {});
   for (auto& unit : units_) {
@@ -247,14 +264,9 @@ void FullyShardedDataParallel::start_unshard(Unit& unit, bool prefetch) {
   if (unit.state != Unit::State::kSharded) return;
   at::NoGradGuard no_grad;
   const auto options = at::TensorOptions().dtype(options_.param_dtype).device(device_);
-  unit.gather_in = at::empty({unit.chunk}, options);
-  for (const auto& p : unit.params) {
-    unit.gather_in.narrow(0, p.offset, p.local_numel).copy_(p.shard.detach().reshape({-1}));
-    // Only the padding rows need zeros (an earlier zeros() wrote the whole buffer twice).
-    if (p.chunk > p.local_numel) {
-      unit.gather_in.narrow(0, p.offset + p.local_numel, p.chunk - p.local_numel).zero_();
-    }
-  }
+  // Nothing writes the shards while a gather reads them: the optimizer steps after the
+  // gradient sync, which waits for every unit's gather.
+  unit.gather_in = unit.shards.to(options_.param_dtype);  // the buffer itself when float32
   unit.gather_out = at::empty({unit.chunk * shard_->size()}, options);
   unit.gather_work = shard_->all_gather_into_tensor(unit.gather_out, unit.gather_in, true);
   unit.state = Unit::State::kGathering;
@@ -398,7 +410,9 @@ void FullyShardedDataParallel::finish_gradient_sync() {
       if (p.shard.grad().defined()) {
         p.shard.mutable_grad().add_(grad);
       } else {
-        p.shard.mutable_grad() = grad.clone();  // its own storage: optimizers detach it in place
+        // An alias of grad_sum, which this step allocated and nothing else holds; detach():
+        // not an autograd view, so an in-place detach_() by an optimizer works on it.
+        p.shard.mutable_grad() = grad.detach();
       }
     }
     unit.grad_sum = at::Tensor();

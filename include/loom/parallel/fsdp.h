@@ -150,6 +150,7 @@ class FullyShardedDataParallel final : public GradientSync {
   Param shard_parameter(const std::string& name, const Placement& before, size_t unit,
                         int64_t offset, uint64_t seed);
   void install_hooks(const std::vector<FsdpUnit>& units);
+  void pack_shards(Unit& unit);
   void fold_reduce_scatter(Unit& unit);
   void start_unshard(Unit& unit, bool prefetch);
   void wait_unshard(Unit& unit);
