@@ -142,7 +142,9 @@ class CommCollectives : public ::testing::TestWithParam<std::tuple<int, Path>> {
 TEST_P(CommCollectives, ExactValues) {
   const auto [world, path] = GetParam();
   distributed::CommOptions options;
-  if (path != Path::kNative) {
+  if (path == Path::kNative) {
+    options.gloo_reduce_scatter_by_all_to_all = false;  // Gloo's own reduce_scatter
+  } else {
     options.capabilities = {false, false, false, path == Path::kAllToAll};
   }
   auto errors = run_ranks(
