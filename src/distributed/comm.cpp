@@ -58,10 +58,10 @@ constexpr const char* kPeerHint =
 
 // Reduces `stacked` ([N, ...]) over dim 0 into `out`, the local step of the fallbacks.
 void reduce_rows(const at::Tensor& stacked, at::Tensor& out, ReduceOp op, int n) {
-  at::Tensor rows_shape = out.view(stacked.sizes().slice(1));  // written in place, no temporary
+  at::Tensor out_row = out.view(stacked.sizes().slice(1));  // the sum lands here, no temporary
   switch (op) {
-    case ReduceOp::kSum: at::sum_out(rows_shape, stacked, at::IntArrayRef{0}); return;
-    case ReduceOp::kAvg: at::sum_out(rows_shape, stacked, at::IntArrayRef{0}).div_(n); return;
+    case ReduceOp::kSum: at::sum_out(out_row, stacked, at::IntArrayRef{0}); return;
+    case ReduceOp::kAvg: at::sum_out(out_row, stacked, at::IntArrayRef{0}).div_(n); return;
     case ReduceOp::kMax: out.copy_(std::get<0>(stacked.max(0)).view_as(out)); return;
     case ReduceOp::kMin: out.copy_(std::get<0>(stacked.min(0)).view_as(out)); return;
   }
@@ -363,6 +363,10 @@ Work Comm::reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input, Re
                 "reduce_scatter_tensor avg needs a floating-point tensor");
   const std::string what = describe("reduce_scatter_tensor", input);
   Work work = launch("reduce_scatter_tensor", input, [&](Backend& b) {
+    if (b.kind() == "gloo" && options_.gloo_reduce_scatter_by_all_to_all &&
+        capabilities_.all_to_all) {
+      return reduce_scatter_by_all_to_all(b, output, in, op, what);  // reduces AVG itself
+    }
     // AVG is SUM then divide where the backend lacks it.
     const bool divide = op == ReduceOp::kAvg && !capabilities_.reduce_avg;
     const ReduceOp wire_op = divide ? ReduceOp::kSum : op;
@@ -370,10 +374,6 @@ Work Comm::reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input, Re
     auto finish = [output, divide, n]() mutable {
       if (divide) output.div_(n);
     };
-    if (b.kind() == "gloo" && options_.gloo_reduce_scatter_by_all_to_all &&
-        capabilities_.all_to_all) {
-      return reduce_scatter_by_all_to_all(b, output, in, op, what);
-    }
     if (capabilities_.reduce_scatter_tensor) {
       try {
         c10d::ReduceScatterOptions opts;
