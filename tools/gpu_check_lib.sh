@@ -1,6 +1,19 @@
 # Functions of tools/gpu_check.sh (sourced; it sets ROOT, CARRY, OUT, WORK, BUILD, PYTHON, JOBS,
 # TRAIN_TIMEOUT and DRY_RUN first).
 
+# ------------------------------------------------------------------------------ what it runs
+# The targets the check builds and the tests its phases select, defined once: gpu_check.sh uses
+# them, and tests/scripts/gpu_check_guard.sh (in the default suite) checks that a build tree
+# holding only these targets registers those tests, so a change to the build or to the test
+# registration cannot leave the check with nothing to run unseen.
+gpu_check_targets() {  # BUILD_DIR: the targets, one a line, for a configured build tree
+  echo loom
+  grep -q "^LOOM_WITH_CUDA:BOOL=ON" "$1/CMakeCache.txt" && echo loom_cuda_tests
+  return 0
+}
+GPU_CHECK_PYTHON_TESTS='^(reference_safetensors_io|reference_self_test)$'  # 2 tests, CPU
+GPU_CHECK_CUDA_LABEL=cuda
+
 # ------------------------------------------------------------------------------ phases, results
 CHECK_START=$(date +%s.%N)
 PHASE=""
