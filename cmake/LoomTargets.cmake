@@ -50,6 +50,6 @@ function(loom_add_executable name)
   cmake_parse_arguments(ARG "" "" "SOURCES;DEPS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
   target_link_libraries(${name} PRIVATE "-Wl,--push-state,--no-as-needed" stdc++ "-Wl,--pop-state"
-                                        ${ARG_DEPS})
+                                        ${ARG_DEPS} loom_host_allocator)
   loom_setup_target(${name})
 endfunction()

@@ -213,7 +213,7 @@ report_dependencies() {
       LOOM_WITH_NCCL) ;;
       *) [[ "$value" == "$CARRY"/* ]] || phase_fails "$key is not from the carry: $value" ;;
     esac
-  done < <(grep -E '^((fmt|spdlog|nlohmann_json|tomlplusplus|CLI11|GTest)_DIR|ZLIB_LIBRARY|LOOM_PCRE2_(LIBRARY|INCLUDE_DIR)|LOOM_NCCL_INCLUDE_DIR|LOOM_WITH_(CUDA|NCCL)):' "$cache")
+  done < <(grep -E '^((fmt|spdlog|nlohmann_json|tomlplusplus|CLI11|GTest)_DIR|ZLIB_LIBRARY|LOOM_JEMALLOC_ARCHIVE|LOOM_PCRE2_(LIBRARY|INCLUDE_DIR)|LOOM_NCCL_INCLUDE_DIR|LOOM_WITH_(CUDA|NCCL)):' "$cache")
 }
 
 # ------------------------------------------------------------------------------ checks on the GPU

@@ -17,7 +17,8 @@ CARRY="${LOOM_GPU_CARRY:-$ROOT/.gpu_carry}"
 # Headers and libraries of loom's dependencies (scripts/setup.sh APT_PACKAGES), with the runtime
 # packages of those that are shared libraries. zlib1g-dev's libz.a is linked statically.
 PACKAGES=(nlohmann-json3-dev libtomlplusplus-dev libtomlplusplus3 libspdlog-dev libspdlog1.10
-          libfmt-dev libfmt9 libcli11-dev libgtest-dev libpcre2-dev libpcre2-8-0 zlib1g-dev)
+          libfmt-dev libfmt9 libcli11-dev libgtest-dev libpcre2-dev libpcre2-8-0 zlib1g-dev
+          libjemalloc-dev libjemalloc2)
 
 say() { printf '\033[1m[gpu-carry]\033[0m %s\n' "$*"; }
 die() { printf '\033[1;31m[gpu-carry] error:\033[0m %s\n' "$*" >&2; exit 1; }
@@ -52,7 +53,8 @@ done < <(find "$CARRY/root" -type l)
 [[ -z "$(find "$CARRY/root" -xtype l -o -lname '/*')" ]] || die "dangling or absolute links left"
 
 libdir="$CARRY/root/usr/lib/$multiarch"
-for needed in libz.a libspdlog.so libfmt.so libtomlplusplus.so libpcre2-8.so libgtest.a; do
+for needed in libz.a libspdlog.so libfmt.so libtomlplusplus.so libpcre2-8.so libgtest.a \
+              libjemalloc_pic.a; do
   [[ -e "$libdir/$needed" ]] || die "$needed missing from $libdir"
 done
 [[ -e "$CARRY/root/usr/include/nlohmann/json.hpp" ]] || die "nlohmann/json.hpp missing"

@@ -14,6 +14,7 @@
 
 #include "loom/checkpoint/manager.h"
 #include "loom/checkpoint/resume_batch.h"
+#include "loom/core/host_allocator.h"
 #include "loom/config/dataset_mixture.h"
 #include "loom/core/check.h"
 #include "loom/core/files.h"
@@ -28,7 +29,6 @@
 #include "loom/metrics/memory_estimate.h"
 #include "loom/parallel/pipeline/model_parts.h"
 #include "loom/train/grad_clip.h"
-#include "loom/train/host_memory.h"
 #include "loom/train/loss.h"
 #include "loom/train/lr_scheduler.h"
 #include "loom/train/memory_check.h"
@@ -204,8 +204,8 @@ void Trainer::setup_runtime() {
   device_ = choose_device(config_.training.device, runtime_->world().local_rank);
   if (device_.is_cpu()) {
     check_thread_plan(runtime_->world().local_world_size);
-    heap_kept_ = keep_freed_host_memory().applied;
   }
+  log->info("host memory: {}", describe_host_allocator());
   LOOM_CHECK_AS(InputError, !config_.metrics.step_breakdown || device_.is_cpu(),
                 "metrics.step_breakdown = true on ", device_.str(), ": it times operators on the "
                 "host thread and CUDA kernels run asynchronously; use profiling.enable_profiling");
@@ -248,11 +248,6 @@ void Trainer::build_model() {
       summary_, config_,
       {shards ? shards->size() : 1, static_cast<int>(c10::elementSize(param_dtype)),
        static_cast<int>(c10::elementSize(compute_dtype))});
-  // Before the parameters exist, so that they too come from huge pages (with 50% to spare: the
-  // advice only reserves address space).
-  if (heap_kept_) {
-    advise_heap_huge_pages(static_cast<size_t>(memory.total_gib() * 1.5 * double(1 << 30)));
-  }
   const models::ModelSpec& spec = models::find_model_spec(config_.model.name);
   parallel::ParallelContext context{config_,
                                     *runtime_,

@@ -124,7 +124,6 @@ class Trainer {
   double elapsed_before_ = 0;
   std::chrono::steady_clock::time_point train_start_ = std::chrono::steady_clock::now();
   models::ModelSummary summary_;
-  bool heap_kept_ = false;  // the host-memory policy applies (CPU; no user malloc settings)
 };
 
 }  // namespace loom::train

@@ -1,0 +1,27 @@
+// The host allocator's view of this process: which allocator serves malloc, and how much of the
+// heap the process uses and holds. loom's executables link jemalloc (cmake/LoomJemalloc.cmake);
+// a build without it (sanitizers, LOOM_JEMALLOC=OFF) reads glibc's counters instead.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace loom {
+
+struct HostHeap {
+  uint64_t allocated = 0;  // bytes in live allocations
+  uint64_t resident = 0;   // bytes the allocator holds in physical memory (live, free and metadata)
+};
+
+// True when jemalloc serves this process's malloc.
+bool host_allocator_is_jemalloc();
+
+// "jemalloc 5.3.0-0-g54eaed1d (freed memory kept for reuse: dirty_decay_ms -1)" or glibc's name;
+// MALLOC_CONF, when the user set it, is named.
+std::string describe_host_allocator();
+
+// The heap now: jemalloc's stats.allocated and stats.resident (refreshed), or glibc's mallinfo2
+// (in use; arena + mmapped bytes). Cheap enough for once per logged step, not per operator.
+HostHeap host_heap();
+
+}  // namespace loom
