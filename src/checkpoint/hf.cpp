@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -63,35 +64,6 @@ std::string map_name(const std::string& name, bool to_hf) {
   }
   LOOM_THROW(InputError, "tensor '", name, "' has no ", to_hf ? "Hugging Face" : "loom",
              " Llama counterpart");
-}
-
-nlohmann::json hf_config(const models::llama::LlamaArgs& a, const std::string& dtype) {
-  nlohmann::json c = {{"architectures", {"LlamaForCausalLM"}},
-                      {"model_type", "llama"},
-                      {"hidden_size", a.dim},
-                      {"intermediate_size", a.ffn_hidden_dim()},
-                      {"num_hidden_layers", a.n_layers},
-                      {"num_attention_heads", a.n_heads},
-                      {"num_key_value_heads", a.kv_heads()},
-                      {"head_dim", a.head_dim()},
-                      {"vocab_size", a.vocab_size},
-                      {"max_position_embeddings", a.max_seq_len},
-                      {"rms_norm_eps", a.norm_eps},
-                      {"rope_theta", a.rope_theta},
-                      {"hidden_act", "silu"},
-                      {"attention_bias", false},
-                      {"mlp_bias", false},
-                      {"tie_word_embeddings", false},
-                      {"torch_dtype", dtype}};
-  if (a.use_scaled_rope) {
-    c["rope_scaling"] = {
-        {"rope_type", "llama3"},
-        {"factor", a.rope_scaling.factor},
-        {"low_freq_factor", a.rope_scaling.low_freq_factor},
-        {"high_freq_factor", a.rope_scaling.high_freq_factor},
-        {"original_max_position_embeddings", a.rope_scaling.original_max_position_embeddings}};
-  }
-  return c;
 }
 
 // A step folder, or the newest complete step of a checkpoint folder.
@@ -211,7 +183,7 @@ void export_to_hf(const std::string& step_path, const std::string& output,
         nlohmann::json({{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}})
             .dump(2));
   }
-  nlohmann::json config = hf_config(args, dtype);
+  nlohmann::json config = hf_config_json(args, dtype);
   export_tokenizer_to_hf(
       options.tokenizer.value_or(
           data::tokenizer_location(job.model.tokenizer_path, job.model.hf_assets_path)),
@@ -225,57 +197,9 @@ bool is_hf_folder(const std::string& folder) {
           fs::exists(folder + "/model.safetensors.index.json"));
 }
 
-models::llama::LlamaArgs llama_args_from_hf_config(const nlohmann::json& config,
-                                                   const std::string& source) {
-  models::llama::LlamaArgs args;
-  try {
-    const auto model_type = config.value("model_type", std::string("llama"));
-    LOOM_CHECK_AS(InputError, model_type == "llama", source, ": model_type '", model_type,
-                  "' is not a Llama model");
-    LOOM_CHECK_AS(InputError, config.value("hidden_act", std::string("silu")) == "silu", source,
-                  ": hidden_act must be silu");
-    LOOM_CHECK_AS(InputError,
-                  !config.value("attention_bias", false) && !config.value("mlp_bias", false),
-                  source, ": attention_bias and mlp_bias are not supported");
-    args.dim = config.at("hidden_size").get<int64_t>();
-    args.n_layers = config.at("num_hidden_layers").get<int64_t>();
-    args.n_heads = config.at("num_attention_heads").get<int64_t>();
-    args.n_kv_heads = config.value("num_key_value_heads", args.n_heads);
-    args.vocab_size = config.at("vocab_size").get<int64_t>();
-    args.max_seq_len = config.value("max_position_embeddings", int64_t{2048});
-    args.norm_eps = config.value("rms_norm_eps", 1e-6);
-    args.rope_theta = config.value("rope_theta", 10000.0);
-    if (config.contains("head_dim") && !config["head_dim"].is_null()) {
-      LOOM_CHECK_AS(InputError, config["head_dim"].get<int64_t>() == args.dim / args.n_heads,
-                    source, ": head_dim ", config["head_dim"].get<int64_t>(),
-                    " differs from hidden_size / num_attention_heads");
-    }
-    // loom derives the SwiGLU width from multiple_of and a multiplier: a multiplier a hair above
-    // intermediate / (8 dim / 3), rounded to multiples of 1, gives exactly intermediate_size.
-    const int64_t intermediate = config.at("intermediate_size").get<int64_t>();
-    args.multiple_of = 1;
-    args.ffn_dim_multiplier = (static_cast<double>(intermediate) + 0.5) /
-                              static_cast<double>(2 * (4 * args.dim) / 3);
-    args.use_scaled_rope = false;
-    if (config.contains("rope_scaling") && !config["rope_scaling"].is_null()) {
-      const auto& r = config["rope_scaling"];
-      const auto type = r.value("rope_type", r.value("type", std::string()));
-      LOOM_CHECK_AS(InputError, type == "llama3", source, ": rope_scaling type '", type,
-                    "' is not supported (only llama3)");
-      args.use_scaled_rope = true;
-      args.rope_scaling.factor = r.at("factor").get<double>();
-      args.rope_scaling.low_freq_factor = r.at("low_freq_factor").get<double>();
-      args.rope_scaling.high_freq_factor = r.at("high_freq_factor").get<double>();
-      args.rope_scaling.original_max_position_embeddings =
-          r.at("original_max_position_embeddings").get<int64_t>();
-    }
-  } catch (const nlohmann::json::exception& error) {
-    LOOM_THROW(InputError, source, ": ", error.what());
-  }
-  LOOM_CHECK_AS(InputError, args.ffn_hidden_dim() == config.at("intermediate_size").get<int64_t>(),
-                source, ": cannot represent intermediate_size");
-  args.validate();
-  return args;
+models::llama::LlamaArgs read_hf_config(const std::string& hf_folder) {
+  const std::string path = hf_folder + "/config.json";
+  return llama_args_from_hf_config(json::read_file_strict(path, "Hugging Face config"), path);
 }
 
 std::vector<LocalChunk> read_hf_weights(const std::string& hf_folder) {
@@ -309,7 +233,6 @@ std::vector<LocalChunk> read_hf_weights(const std::string& hf_folder) {
   }
   std::vector<LocalChunk> chunks;
   at::Tensor embedding;
-  bool has_head = false;
   std::set<std::string> imported;
   for (const auto& file : files) {
     auto loaded = load_safetensors(hf_folder + "/" + file);
@@ -323,17 +246,28 @@ std::vector<LocalChunk> read_hf_weights(const std::string& hf_folder) {
       if (strings::ends_with(loom, "attention.wk.weight"))
         t = permute_rotary_rows(t, kv_heads, false);
       if (loom == "tok_embeddings.weight") embedding = t;
-      has_head = has_head || loom == "output.weight";
       chunks.push_back(whole_chunk(loom, t));
     }
   }
-  if (!has_head && tied && embedding.defined()) {
-    chunks.push_back(whole_chunk("output.weight", embedding.clone()));
+  if (tied && embedding.defined()) {
+    auto head = std::find_if(chunks.begin(), chunks.end(),
+                             [](const LocalChunk& c) { return c.fqn == "output.weight"; });
+    if (head == chunks.end()) {
+      chunks.push_back(whole_chunk("output.weight", embedding.clone()));
+    } else {
+      LOOM_CHECK_AS(InputError, at::equal(head->tensor, embedding), hf_folder,
+                    "/config.json sets tie_word_embeddings, but lm_head.weight differs from "
+                    "model.embed_tokens.weight (transformers would use the embedding): set "
+                    "tie_word_embeddings to false or drop lm_head.weight");
+    }
   }
   return chunks;
 }
 
-void import_from_hf(const std::string& hf_folder, const std::string& checkpoint_folder) {
+void import_from_hf(const std::string& hf_folder, const std::string& checkpoint_folder,
+                    const std::function<void(const models::llama::LlamaArgs&)>& accept) {
+  const models::llama::LlamaArgs args = read_hf_config(hf_folder);
+  if (accept) accept(args);
   std::vector<LocalChunk> chunks = read_hf_weights(hf_folder);
   for (auto& chunk : chunks) chunk.fqn = "model." + chunk.fqn;
   const std::string step = checkpoint_folder + "/step-0";

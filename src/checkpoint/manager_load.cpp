@@ -14,11 +14,33 @@
 #include "loom/core/files.h"
 #include "loom/core/logging.h"
 #include "loom/core/strings.h"
+#include "loom/models/llama/args.h"
 #include "state_io.h"
 
 namespace loom::checkpoint {
 namespace fs = std::filesystem;
 using namespace detail;
+
+namespace {
+
+// The weights load by shape, which does not catch a model that computes differently (heads,
+// RoPE, norm epsilon): the configured flavor must compute what config.json describes.
+void check_hf_model_matches(const config::ModelSection& model,
+                            const models::llama::LlamaArgs& hf_args, const std::string& hf_folder) {
+  LOOM_CHECK_AS(InputError, model.name == "llama3",
+                "a Hugging Face folder holds a Llama; model.name is '", model.name, "'");
+  const auto& flavors = models::llama::llama3_flavors();
+  auto flavor = flavors.find(model.flavor);
+  LOOM_CHECK_AS(InputError, flavor != flavors.end(), "unknown llama3 flavor '", model.flavor, "'");
+  const auto differences = arithmetic_differences(hf_args, flavor->second);
+  std::string list;
+  for (const auto& line : differences) list += (list.empty() ? "" : "; ") + line;
+  LOOM_CHECK_AS(InputError, differences.empty(), hf_folder,
+                "/config.json describes another model than model.flavor '", model.flavor,
+                "' (config.json vs flavor): ", list);
+}
+
+}  // namespace
 
 // Rank 0 converts the Hugging Face folder into <folder>/hf-import/step-0; every rank waits for
 // it (and learns whether it worked) through an all-reduce on the training thread.
@@ -28,7 +50,9 @@ std::string CheckpointManager::import_hf_once(const std::string& hf_folder) {
   if (runtime_.is_main_rank()) {
     try {
       files::create_directories(imported);
-      import_from_hf(hf_folder, imported);
+      import_from_hf(hf_folder, imported, [&](const models::llama::LlamaArgs& hf_args) {
+        check_hf_model_matches(config_.model, hf_args, hf_folder);
+      });
     } catch (const Error& e) {
       error = e.message();
     }

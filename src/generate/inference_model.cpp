@@ -159,15 +159,7 @@ InferenceModel load_inference_model(const ModelSource& source) {
   if (hf) {
     out.step_folder = source.checkpoint;
     out.format = "huggingface";
-    const std::string config_path = source.checkpoint + "/config.json";
-    std::ifstream in(config_path);
-    nlohmann::json config;
-    try {
-      config = nlohmann::json::parse(in);
-    } catch (const nlohmann::json::exception& error) {
-      LOOM_THROW(InputError, config_path, ": not valid JSON: ", error.what());
-    }
-    plan.args = checkpoint::llama_args_from_hf_config(config, config_path);
+    plan.args = checkpoint::read_hf_config(source.checkpoint);
     if (fs::exists(source.checkpoint + "/tokenizer.json")) {
       plan.tokenizer = source.checkpoint + "/tokenizer.json";
     }

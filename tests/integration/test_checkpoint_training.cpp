@@ -250,6 +250,33 @@ TEST(CheckpointTraining, SeedCheckpointAndHuggingFaceRoundTripThroughTraining) {
   ASSERT_EQ(hf_losses.size(), 3u);
   EXPECT_EQ(hf_losses, loom_losses);
   EXPECT_LT(hf_losses[0], straight_losses()[0] - 0.05);
+
+  // The same weights described with another RoPE (transformers 5's layout, theta 10000): the
+  // shapes fit the flavor, the arithmetic would not, and the import says what differs.
+  const std::string other = loom::testing::fresh_temp_dir("ckpt_hf_other_rope");
+  for (const auto& entry : fs::directory_iterator(source + "/checkpoint/step-5-hf")) {
+    fs::copy_file(entry.path(), other + "/" + entry.path().filename().string());
+  }
+  auto config = nlohmann::json::parse(std::ifstream(other + "/config.json"));
+  config.erase("rope_theta");
+  config.erase("rope_scaling");
+  config["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 10000.0}};
+  std::ofstream(other + "/config.json") << config.dump(1);
+  auto mismatched = small_job(loom::testing::fresh_temp_dir("ckpt_hf_other_dst"), 3);
+  mismatched.checkpoint.initial_load_path = other;
+  mismatched.checkpoint.initial_load_in_hf = true;
+  try {
+    Trainer(mismatched).train();
+    ADD_FAILURE() << "a Hugging Face folder with another RoPE was loaded into debugmodel";
+  } catch (const loom::InputError& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("describes another model than model.flavor 'debugmodel'"),
+              std::string::npos)
+        << message;
+    EXPECT_NE(message.find("rope theta 10000 vs 500000; llama3 rope scaling false vs true"),
+              std::string::npos)
+        << message;
+  }
 }
 
 namespace {

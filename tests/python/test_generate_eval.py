@@ -10,7 +10,11 @@ Face format in float32 and checks, against transformers' LlamaForCausalLM (eager
     prompts (transformers' generate with its own cache);
   * batched prompts of different lengths give the same tokens as one by one;
   * loading the Hugging Face folder itself gives the same tokens and perplexity as the native
-    checkpoint.
+    checkpoint;
+  * the folder with its config.json rewritten in transformers 5's layout (rope_parameters, no
+    top-level rope_theta), for the trained RoPE and for a non-default theta without scaling,
+    evaluates within 1e-5 of transformers on the same model (in 4's layout, which this
+    transformers reads), and theta 10000 would be noticed.
 Exit 77 (skipped) when transformers is not installed (scripts/setup.sh installs it).
 
 Usage: test_generate_eval.py LOOM_BINARY WORK_DIR [--checkpoint STEP_DIR] [--texts FILE.jsonl]
@@ -133,19 +137,24 @@ def check(loom, work, step, texts, prompt_list):
     result = json.loads(run(loom, "eval", "--checkpoint", step, "--dataset", docs, "--seq-len",
                             str(seq_len), "--stride", str(stride), "--per-document",
                             "--batch-size", "3"))
-    nll, count = 0.0, 0
-    with torch.no_grad():
-        for text in texts:
-            ids = [bos] + json.loads(run(loom, "tokenize", "--tokenizer", "brown_bpe", "--text",
-                                         text, "--format", "json")) + [eos]
-            for begin, end, first in loom_windows(len(ids), seq_len, stride):
-                logits = model(torch.tensor([ids[begin:end]])).logits[0].double()
-                targets = torch.tensor(ids[begin + 1:end + 1])
-                losses = F.cross_entropy(logits, targets, reduction="none")
-                keep = first - (begin + 1)
-                nll += losses[keep:].sum().item()
-                count += len(targets) - keep
-    ppl = math.exp(nll / count)
+    documents = [[bos] + json.loads(run(loom, "tokenize", "--tokenizer", "brown_bpe", "--text",
+                                        text, "--format", "json")) + [eos] for text in texts]
+
+    def transformers_perplexity(model):
+        """Perplexity over the same sliding windows as loom eval; and the tokens scored."""
+        nll, count = 0.0, 0
+        with torch.no_grad():
+            for ids in documents:
+                for begin, end, first in loom_windows(len(ids), seq_len, stride):
+                    logits = model(torch.tensor([ids[begin:end]])).logits[0].double()
+                    targets = torch.tensor(ids[begin + 1:end + 1])
+                    losses = F.cross_entropy(logits, targets, reduction="none")
+                    keep = first - (begin + 1)
+                    nll += losses[keep:].sum().item()
+                    count += len(targets) - keep
+        return math.exp(nll / count), count
+
+    ppl, count = transformers_perplexity(model)
     rel = abs(result["perplexity"] - ppl) / ppl
     print(f"perplexity: loom {result['perplexity']:.6f}, transformers {ppl:.6f} "
           f"({count} tokens; loom {result['tokens']}), relative difference {rel:.2e}")
@@ -158,6 +167,9 @@ def check(loom, work, step, texts, prompt_list):
         failures.append(f"eval of the Hugging Face folder gives perplexity "
                         f"{from_hf_folder['perplexity']}, the native checkpoint "
                         f"{result['perplexity']}")
+
+    failures += check_config_layouts(loom, work, hf, docs, seq_len, stride,
+                                     transformers_perplexity)
 
     # Greedy generation: batched (prompts of different lengths) and one by one.
     prompts = f"{work}/prompts.jsonl"
@@ -190,6 +202,78 @@ def check(loom, work, step, texts, prompt_list):
             failures.append(f"batched differs from one by one for {p!r}")
         if from_hf[i]["tokens"] != batched[i]["tokens"]:
             failures.append(f"the Hugging Face folder generates differently for {p!r}")
+    return failures
+
+
+def rope_variant(exported, layout, theta, llama3):
+    """The export's config.json with its RoPE written as transformers `layout` (4 or 5) writes
+    it: 4 has a top-level rope_theta (and rope_scaling), 5 a rope_parameters dict holding both."""
+    config = {k: v for k, v in exported.items()
+              if k not in ("rope_theta", "rope_scaling", "rope_parameters")}
+    scaling = dict(exported["rope_scaling"]) if llama3 else None
+    if layout == 4:
+        config["rope_theta"] = theta
+        if scaling:
+            config["rope_scaling"] = scaling
+    else:
+        config["rope_parameters"] = {**(scaling or {"rope_type": "default"}), "rope_theta": theta}
+    return config
+
+
+def check_config_layouts(loom, work, hf, docs, seq_len, stride, transformers_perplexity):
+    """`loom eval` on the export rewritten in transformers 5's layout (rope_parameters, no
+    top-level rope_theta) equals transformers on the same model in 4's layout within 1e-5 (this
+    venv's transformers 4 does not read rope_parameters), for the trained RoPE (llama3, theta
+    500000) and a non-default theta without scaling; and that theta is far enough from 10000,
+    the value loom used to read from such a config, for the comparison to notice."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import LlamaForCausalLM
+    exported = json.load(open(f"{hf}/config.json"))
+    failures = []
+    # 24 steps teach the debug model little about positions: with its own weights theta 10000
+    # moves the perplexity by under 1e-5. Queries and keys 4x larger sharpen attention so that
+    # the RoPE shows (both sides read the same weights).
+    weights = load_file(f"{hf}/model.safetensors")
+    sharp = {k: v * 4 if k.endswith(("q_proj.weight", "k_proj.weight")) else v
+             for k, v in weights.items()}
+    save_file(sharp, f"{work}/sharp.safetensors", metadata={"format": "pt"})
+
+    def folder(name, config):
+        path = f"{work}/{name}"
+        os.makedirs(path)
+        os.symlink(f"{work}/sharp.safetensors", f"{path}/model.safetensors")
+        for f in os.listdir(hf):
+            if f not in ("config.json", "model.safetensors"):
+                os.symlink(f"{hf}/{f}", f"{path}/{f}")
+        with open(f"{path}/config.json", "w") as out:
+            json.dump(config, out, indent=1)
+        return path
+
+    def reference(name, config):
+        model = LlamaForCausalLM.from_pretrained(folder(name, config), dtype=torch.float32,
+                                                 attn_implementation="eager")
+        return transformers_perplexity(model.eval())[0]
+
+    misread = reference("hf4_theta10000", rope_variant(exported, 4, 10000.0, False))
+    for theta, llama3 in ((exported["rope_theta"], True), (123456.0, False)):
+        name = f"theta{theta:g}_{'llama3' if llama3 else 'default'}"
+        expected = reference(f"hf4_{name}", rope_variant(exported, 4, theta, llama3))
+        v5 = folder(f"hf5_{name}", rope_variant(exported, 5, theta, llama3))
+        got = json.loads(run(loom, "eval", "--checkpoint", v5, "--tokenizer", "brown_bpe",
+                             "--dataset", docs, "--seq-len", str(seq_len), "--stride",
+                             str(stride), "--per-document"))["perplexity"]
+        rel = abs(got - expected) / expected
+        apart = abs(misread - expected) / expected
+        print(f"transformers 5 layout, {name}: loom {got:.6f}, transformers (4 layout) "
+              f"{expected:.6f}, relative difference {rel:.2e}; theta 10000 gives {misread:.6f} "
+              f"({apart:.1e} away)")
+        if rel > 1e-5:
+            failures.append(f"{name} in transformers 5's layout: loom eval {got}, "
+                            f"transformers {expected}")
+        if apart < 1e-4:  # ten times the tolerance
+            failures.append(f"{name}: theta 10000 gives nearly the same perplexity; the check "
+                            f"would not notice a misread theta")
     return failures
 
 

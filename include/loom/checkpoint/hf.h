@@ -10,6 +10,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -56,21 +57,43 @@ void export_tokenizer_to_hf(const std::string& location, int64_t max_seq_len,
 
 // Reads a Hugging Face Llama folder (config.json + model.safetensors or a sharded index) and
 // writes a complete model-only loom checkpoint `checkpoint_folder`/step-0, loadable with
-// checkpoint.initial_load_path.
-void import_from_hf(const std::string& hf_folder, const std::string& checkpoint_folder);
+// checkpoint.initial_load_path. config.json is read as llama_args_from_hf_config reads it (its
+// refusals apply); `accept`, when given, sees its arguments before anything is written and
+// throws to refuse them (a model that would compute differently).
+void import_from_hf(const std::string& hf_folder, const std::string& checkpoint_folder,
+                    const std::function<void(const models::llama::LlamaArgs&)>& accept = {});
+
+// config.json of a Hugging Face folder, read strictly and turned into Llama arguments.
+models::llama::LlamaArgs read_hf_config(const std::string& hf_folder);
 
 // Whether `folder` looks like a Hugging Face model folder (config.json + safetensors weights).
 bool is_hf_folder(const std::string& folder);
 
 // The Llama arguments of a Hugging Face LlamaForCausalLM config.json (`source` names it in
-// errors). Throws InputError for another architecture or an unsupported field (a rope_scaling
-// type other than llama3, biases, an activation other than silu).
+// errors), in the layout of transformers 4 (top-level rope_theta, rope_scaling) or 5
+// (rope_parameters {rope_type, rope_theta, ...}). A key left out takes LlamaConfig's default
+// (rope_theta 10000, rms_norm_eps 1e-6), as transformers does. Throws InputError naming the key
+// and the value loom needs for anything loom would compute differently from transformers: a
+// rope_type other than default and llama3, biases, an activation other than silu, a head_dim
+// other than hidden_size / num_attention_heads, sliding windows, soft-capping, quantization,
+// custom code, or two RoPE descriptions that disagree. Other unfamiliar keys get one warning.
 models::llama::LlamaArgs llama_args_from_hf_config(const nlohmann::json& config,
                                                    const std::string& source);
 
+// The config.json of an export: LlamaForCausalLM with the RoPE in both layouts (top-level
+// rope_theta and rope_scaling for transformers 4, rope_parameters for 5), saying the same.
+nlohmann::json hf_config_json(const models::llama::LlamaArgs& args, const std::string& dtype);
+
+// What two Llamas compute differently although their weights may have the same shapes (heads,
+// norm epsilon, RoPE), one "what a vs b" line each; empty when they compute the same.
+std::vector<std::string> arithmetic_differences(const models::llama::LlamaArgs& a,
+                                                const models::llama::LlamaArgs& b);
+
 // The weights of a Hugging Face Llama folder under loom's names (without the "model." prefix of
 // checkpoints), q/k rows permuted back to loom's rotary layout, CPU tensors as stored. A tied
-// output projection becomes a copy of the embedding.
+// output projection (tie_word_embeddings) becomes a copy of the embedding; a stored
+// lm_head.weight that differs from the embedding it is tied to is an error (transformers would
+// use the embedding).
 std::vector<LocalChunk> read_hf_weights(const std::string& hf_folder);
 
 }  // namespace loom::checkpoint

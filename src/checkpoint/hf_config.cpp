@@ -1,0 +1,399 @@
+// The config.json of a Hugging Face Llama, both ways. The reader accepts what transformers 4.x and
+// 5.x write and refuses whatever would make loom compute something other than transformers'
+// LlamaForCausalLM for the same folder: every key that model reads is understood or refused with
+// the value loom needs, and keys of other families that change attention or activations
+// (sliding windows, soft-capping, quantization, custom code) are refused as well. Keys nobody
+// reads (metadata, generation defaults) are ignored; unfamiliar ones are named in one warning.
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <set>
+#include <sstream>
+
+#include "loom/checkpoint/hf.h"
+#include "loom/core/check.h"
+#include "loom/core/json.h"
+#include "loom/core/logging.h"
+
+namespace loom::checkpoint {
+namespace {
+
+using Json = nlohmann::json;
+using models::llama::LlamaArgs;
+
+// LlamaConfig's defaults in transformers 4.x and 5.x, used when config.json leaves a key out
+// (transformers does the same, so both read the same model).
+constexpr double kDefaultRopeTheta = 10000.0;
+constexpr double kDefaultNormEps = 1e-6;
+constexpr int64_t kDefaultMaxPositions = 2048;
+
+// transformers treats a null value as an unset key.
+bool is_set(const Json& object, const std::string& key) {
+  auto it = object.find(key);
+  return it != object.end() && !it->is_null();
+}
+
+double positive_number(const Json& value, const std::string& what) {
+  LOOM_CHECK_AS(InputError, value.is_number(), what, " must be a number, found ", value.dump());
+  const double x = value.get<double>();
+  LOOM_CHECK_AS(InputError, std::isfinite(x) && x > 0, what, " must be positive, found ",
+                value.dump());
+  return x;
+}
+
+// One key whose value changes the arithmetic: anything but `neutral` is refused with `needs`.
+struct Requirement {
+  const char* key;
+  bool (*neutral)(const Json& value);  // only called for a present, non-null value
+  const char* needs;
+};
+
+bool never(const Json&) {
+  return false;
+}
+bool is_false(const Json& v) {
+  return v.is_boolean() && !v.get<bool>();
+}
+bool is_silu(const Json& v) {
+  return v == "silu";
+}
+bool is_one(const Json& v) {
+  return v.is_number() && v.get<double>() == 1.0;
+}
+bool is_empty_object(const Json& v) {
+  return v.is_object() && v.empty();
+}
+bool all_full_attention(const Json& v) {
+  if (!v.is_array()) return false;
+  for (const auto& type : v) {
+    if (type != "full_attention") return false;
+  }
+  return true;
+}
+
+const std::vector<Requirement>& requirements() {
+  static const std::vector<Requirement> list = {
+      {"hidden_act", is_silu, "\"silu\" (loom's feed-forward is SwiGLU)"},
+      {"attention_bias", is_false, "false (loom's attention projections have no bias)"},
+      {"mlp_bias", is_false, "false (loom's feed-forward has no bias)"},
+      {"partial_rotary_factor", is_one, "1 (loom rotates the whole head)"},
+      {"sliding_window", never, "null (loom's attention sees the whole causal context)"},
+      {"use_sliding_window", is_false, "false (loom's attention sees the whole causal context)"},
+      {"layer_types", all_full_attention, "only \"full_attention\" layers"},
+      {"attn_logit_softcapping", never, "null (loom does not soft-cap attention scores)"},
+      {"final_logit_softcapping", never, "null (loom does not soft-cap logits)"},
+      {"quantization_config", never, "no quantization (loom reads plain weights)"},
+      {"auto_map", never, "no custom modeling code (loom runs its own Llama)"},
+      {"pruned_heads", is_empty_object, "{} (loom keeps every attention head)"},
+  };
+  return list;
+}
+
+// Keys loom reads, and keys that change nothing transformers' Llama computes (metadata,
+// generation defaults, training-only settings): none of them is worth a warning.
+const std::set<std::string>& familiar_keys() {
+  static const std::set<std::string> keys = {
+      // read
+      "model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+      "num_key_value_heads", "head_dim", "vocab_size", "max_position_embeddings", "rms_norm_eps",
+      "rope_theta", "rope_scaling", "rope_parameters", "original_max_position_embeddings",
+      "tie_word_embeddings",
+      // inert for the forward pass
+      "architectures", "attention_dropout", "initializer_range", "pretraining_tp", "use_cache",
+      "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id",
+      "torch_dtype", "dtype", "use_bfloat16", "transformers_version", "_name_or_path",
+      "output_attentions", "output_hidden_states", "return_dict", "torchscript", "id2label",
+      "label2id", "problem_type", "finetuning_task", "tokenizer_class", "prefix",
+      "task_specific_params", "chunk_size_feed_forward", "is_decoder", "is_encoder_decoder",
+      "add_cross_attention", "cross_attention_hidden_size", "tie_encoder_decoder", "tf_legacy_loss",
+      "_attn_implementation", "max_length", "min_length", "do_sample", "early_stopping",
+      "num_beams", "num_beam_groups", "diversity_penalty", "temperature", "top_k", "top_p",
+      "typical_p", "repetition_penalty", "length_penalty", "no_repeat_ngram_size",
+      "encoder_no_repeat_ngram_size", "bad_words_ids", "num_return_sequences", "output_scores",
+      "return_dict_in_generate", "forced_bos_token_id", "forced_eos_token_id",
+      "remove_invalid_values", "exponential_decay_length_penalty", "suppress_tokens",
+      "begin_suppress_tokens"};
+  return keys;
+}
+
+void check_requirements(const Json& config, const std::string& source) {
+  std::vector<std::string> unfamiliar;
+  for (const auto& [key, value] : config.items()) {
+    bool known = familiar_keys().count(key) > 0;
+    for (const auto& requirement : requirements()) {
+      if (key != requirement.key) continue;
+      known = true;
+      LOOM_CHECK_AS(InputError, value.is_null() || requirement.neutral(value), source, ": ", key,
+                    " is ", value.dump(), "; loom needs ", requirement.needs);
+    }
+    if (!known) unfamiliar.push_back(key);
+  }
+  if (!unfamiliar.empty()) {
+    std::string list;
+    for (const auto& key : unfamiliar) list += (list.empty() ? "" : ", ") + key;
+    log::get("checkpoint")
+        ->warn(
+            "{}: ignoring unfamiliar keys {} (transformers' LlamaForCausalLM does not read them "
+            "either)",
+            source, list);
+  }
+}
+
+// The rotary embedding a config.json describes.
+struct Rope {
+  double theta = kDefaultRopeTheta;
+  bool llama3 = false;
+  models::llama::RopeScaling scaling;
+
+  bool operator==(const Rope& o) const {
+    return theta == o.theta && llama3 == o.llama3 &&
+           (!llama3 || (scaling.factor == o.scaling.factor &&
+                        scaling.low_freq_factor == o.scaling.low_freq_factor &&
+                        scaling.high_freq_factor == o.scaling.high_freq_factor &&
+                        scaling.original_max_position_embeddings ==
+                            o.scaling.original_max_position_embeddings));
+  }
+  std::string describe() const {
+    std::ostringstream out;
+    out << (llama3 ? "llama3" : "default") << " with theta " << theta;
+    if (llama3) {
+      out << ", factor " << scaling.factor << ", low_freq_factor " << scaling.low_freq_factor
+          << ", high_freq_factor " << scaling.high_freq_factor
+          << ", original_max_position_embeddings " << scaling.original_max_position_embeddings;
+    }
+    return out.str();
+  }
+};
+
+// A value that may sit inside the RoPE dictionary (transformers 5) or at the top level
+// (transformers 4): both present and different is an error, since the two versions would read
+// different models.
+const Json* rope_value(const Json& config, const Json& dict, const std::string& dict_name,
+                       const std::string& key, const std::string& source) {
+  const Json* inner = is_set(dict, key) ? &dict.at(key) : nullptr;
+  const Json* outer = is_set(config, key) ? &config.at(key) : nullptr;
+  LOOM_CHECK_AS(InputError, !inner || !outer || *inner == *outer, source, ": ", dict_name, ".", key,
+                " (", inner ? inner->dump() : "", ") and the top-level ", key, " (",
+                outer ? outer->dump() : "", ") disagree");
+  return inner ? inner : outer;
+}
+
+// The dictionary's rope_type ("type" is its older spelling), checked to be one loom implements,
+// with no key that type does not use.
+std::string rope_type(const Json& dict, const std::string& dict_name, const std::string& source) {
+  LOOM_CHECK_AS(InputError, dict.is_object(), source, ": ", dict_name, " must be an object, found ",
+                json::type_name(dict));
+  const Json* value = is_set(dict, "rope_type") ? &dict.at("rope_type")
+                      : is_set(dict, "type")    ? &dict.at("type")
+                                                : nullptr;
+  LOOM_CHECK_AS(InputError,
+                !is_set(dict, "rope_type") || !is_set(dict, "type") ||
+                    dict.at("rope_type") == dict.at("type"),
+                source, ": ", dict_name, ".rope_type (", dict.value("rope_type", Json()).dump(),
+                ") and ", dict_name, ".type (", dict.value("type", Json()).dump(), ") disagree");
+  LOOM_CHECK_AS(InputError, !value || value->is_string(), source, ": ", dict_name,
+                ".rope_type must be a string, found ", value ? value->dump() : "");
+  const std::string type = value ? value->get<std::string>() : "default";
+  LOOM_CHECK_AS(InputError, type == "default" || type == "llama3", source, ": ", dict_name,
+                ".rope_type is \"", type,
+                "\"; loom implements the RoPE types \"default\" and \"llama3\" only");
+
+  std::set<std::string> allowed = {"rope_type", "type", "rope_theta", "partial_rotary_factor"};
+  if (type == "llama3") {
+    allowed.insert(
+        {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"});
+  }
+  for (const auto& [key, parameter] : dict.items()) {
+    LOOM_CHECK_AS(InputError, allowed.count(key) > 0, source, ": ", dict_name, ".", key, " (",
+                  parameter.dump(), ") is not a parameter of rope_type \"", type,
+                  "\"; loom refuses a RoPE description it would have to ignore in part");
+  }
+  if (is_set(dict, "partial_rotary_factor")) {
+    LOOM_CHECK_AS(InputError, is_one(dict.at("partial_rotary_factor")), source, ": ", dict_name,
+                  ".partial_rotary_factor is ", dict.at("partial_rotary_factor").dump(),
+                  "; loom needs 1 (loom rotates the whole head)");
+  }
+  return type;
+}
+
+// Llama 3.1's frequency scaling: every parameter is required (transformers 4 requires them; 5
+// would fill original_max_position_embeddings from max_position_embeddings, which loom does not
+// guess).
+models::llama::RopeScaling llama3_scaling(const Json& config, const Json& dict,
+                                          const std::string& dict_name, const std::string& source) {
+  auto parameter = [&](const char* key) {
+    LOOM_CHECK_AS(InputError, is_set(dict, key), source, ": ", dict_name, ".", key,
+                  " is missing (rope_type \"llama3\" needs factor, low_freq_factor, "
+                  "high_freq_factor and original_max_position_embeddings)");
+    return positive_number(dict.at(key), source + ": " + dict_name + "." + key);
+  };
+  models::llama::RopeScaling s;
+  s.factor = parameter("factor");
+  s.low_freq_factor = parameter("low_freq_factor");
+  s.high_freq_factor = parameter("high_freq_factor");
+  LOOM_CHECK_AS(InputError, s.high_freq_factor > s.low_freq_factor, source, ": ", dict_name,
+                ".high_freq_factor (", s.high_freq_factor, ") must exceed low_freq_factor (",
+                s.low_freq_factor, ")");
+  // transformers 5 lets a top-level original_max_position_embeddings override the dictionary's.
+  const Json* original =
+      rope_value(config, dict, dict_name, "original_max_position_embeddings", source);
+  LOOM_CHECK_AS(InputError, original != nullptr, source, ": ", dict_name,
+                ".original_max_position_embeddings is missing (rope_type \"llama3\" needs it)");
+  s.original_max_position_embeddings =
+      json::as_int(*original, source + ": original_max_position_embeddings", 1, int64_t{1} << 40);
+  return s;
+}
+
+// One RoPE dictionary: transformers 4's rope_scaling or transformers 5's rope_parameters
+// (`dict_name`), read with the top-level keys transformers falls back on.
+Rope read_rope(const Json& config, const Json& dict, const std::string& dict_name,
+               const std::string& source) {
+  const std::string type = rope_type(dict, dict_name, source);
+  Rope rope;
+  if (const Json* theta = rope_value(config, dict, dict_name, "rope_theta", source)) {
+    rope.theta = positive_number(*theta, source + ": rope_theta");
+  }
+  rope.llama3 = type == "llama3";
+  if (rope.llama3) rope.scaling = llama3_scaling(config, dict, dict_name, source);
+  return rope;
+}
+
+// transformers 4 writes a top-level rope_theta and rope_scaling; transformers 5 writes
+// rope_parameters {rope_type, rope_theta, ...}. When both dictionaries are present, both versions
+// read rope_scaling (4 does not know rope_parameters; 5 lets rope_scaling replace it); loom
+// requires the two to agree so that the folder means one thing.
+Rope read_rope(const Json& config, const std::string& source) {
+  const bool scaling = is_set(config, "rope_scaling");
+  const bool parameters = is_set(config, "rope_parameters");
+  if (!scaling && !parameters) return read_rope(config, Json::object(), "rope_parameters", source);
+  if (!scaling) return read_rope(config, config.at("rope_parameters"), "rope_parameters", source);
+  const Rope rope = read_rope(config, config.at("rope_scaling"), "rope_scaling", source);
+  if (parameters) {
+    const Rope other = read_rope(config, config.at("rope_parameters"), "rope_parameters", source);
+    LOOM_CHECK_AS(InputError, rope == other, source,
+                  ": rope_scaling and rope_parameters describe different rotary embeddings (",
+                  rope.describe(), " vs ", other.describe(), ")");
+  }
+  return rope;
+}
+
+}  // namespace
+
+LlamaArgs llama_args_from_hf_config(const nlohmann::json& config, const std::string& source) {
+  LOOM_CHECK_AS(InputError, config.is_object(), source, ": expected a JSON object, found ",
+                json::type_name(config));
+  if (is_set(config, "model_type")) {
+    LOOM_CHECK_AS(InputError, config.at("model_type") == "llama", source, ": model_type is ",
+                  config.at("model_type").dump(), "; loom reads \"llama\" models only");
+  }
+  check_requirements(config, source);
+
+  LlamaArgs args;
+  constexpr int64_t kMaxSize = int64_t{1} << 31;
+  args.dim = json::int_field(config, "hidden_size", source, 1, kMaxSize);
+  args.n_layers = json::int_field(config, "num_hidden_layers", source, 1, kMaxSize);
+  args.n_heads = json::int_field(config, "num_attention_heads", source, 1, kMaxSize);
+  args.n_kv_heads = is_set(config, "num_key_value_heads")
+                        ? json::int_field(config, "num_key_value_heads", source, 1, args.n_heads)
+                        : args.n_heads;
+  args.vocab_size = json::int_field(config, "vocab_size", source, 1, kMaxSize);
+  args.max_seq_len = is_set(config, "max_position_embeddings")
+                         ? json::int_field(config, "max_position_embeddings", source, 1, kMaxSize)
+                         : kDefaultMaxPositions;
+  args.norm_eps = is_set(config, "rms_norm_eps")
+                      ? positive_number(config.at("rms_norm_eps"), source + ": rms_norm_eps")
+                      : kDefaultNormEps;
+  LOOM_CHECK_AS(InputError, args.dim % args.n_heads == 0, source, ": hidden_size (", args.dim,
+                ") is not a multiple of num_attention_heads (", args.n_heads, ")");
+  if (is_set(config, "head_dim")) {
+    const int64_t head_dim = json::int_field(config, "head_dim", source, 1, kMaxSize);
+    LOOM_CHECK_AS(InputError, head_dim == args.dim / args.n_heads, source, ": head_dim is ",
+                  head_dim,
+                  "; loom needs hidden_size / num_attention_heads = ", args.dim / args.n_heads);
+  }
+  if (is_set(config, "tie_word_embeddings")) {
+    json::bool_field(config, "tie_word_embeddings", source);  // read by read_hf_weights
+  }
+  // loom derives the SwiGLU width from multiple_of and a multiplier: a multiplier a hair above
+  // intermediate / (8 dim / 3), rounded to multiples of 1, gives exactly intermediate_size.
+  const int64_t intermediate = json::int_field(config, "intermediate_size", source, 1, kMaxSize);
+  args.multiple_of = 1;
+  args.ffn_dim_multiplier =
+      (static_cast<double>(intermediate) + 0.5) / static_cast<double>(2 * (4 * args.dim) / 3);
+  LOOM_CHECK_AS(InputError, args.ffn_hidden_dim() == intermediate, source,
+                ": cannot represent intermediate_size ", intermediate);
+
+  const Rope rope = read_rope(config, source);
+  args.rope_theta = rope.theta;
+  args.use_scaled_rope = rope.llama3;
+  if (rope.llama3) args.rope_scaling = rope.scaling;
+  args.validate();
+  return args;
+}
+
+nlohmann::json hf_config_json(const LlamaArgs& a, const std::string& dtype) {
+  Json c = {{"architectures", {"LlamaForCausalLM"}},
+            {"model_type", "llama"},
+            {"hidden_size", a.dim},
+            {"intermediate_size", a.ffn_hidden_dim()},
+            {"num_hidden_layers", a.n_layers},
+            {"num_attention_heads", a.n_heads},
+            {"num_key_value_heads", a.kv_heads()},
+            {"head_dim", a.head_dim()},
+            {"vocab_size", a.vocab_size},
+            {"max_position_embeddings", a.max_seq_len},
+            {"rms_norm_eps", a.norm_eps},
+            {"hidden_act", "silu"},
+            {"attention_bias", false},
+            {"mlp_bias", false},
+            {"tie_word_embeddings", false},
+            {"torch_dtype", dtype}};
+  // Both layouts, saying the same: transformers 4 reads rope_theta and rope_scaling (and keeps
+  // rope_parameters as an unused attribute); transformers 5 reads rope_scaling when present and
+  // takes rope_theta from the top level, and tools written for 5 read rope_parameters.
+  Json parameters = {{"rope_type", a.use_scaled_rope ? "llama3" : "default"},
+                     {"rope_theta", a.rope_theta}};
+  c["rope_theta"] = a.rope_theta;
+  if (a.use_scaled_rope) {
+    Json scaling = {
+        {"rope_type", "llama3"},
+        {"factor", a.rope_scaling.factor},
+        {"low_freq_factor", a.rope_scaling.low_freq_factor},
+        {"high_freq_factor", a.rope_scaling.high_freq_factor},
+        {"original_max_position_embeddings", a.rope_scaling.original_max_position_embeddings}};
+    c["rope_scaling"] = scaling;
+    parameters.update(scaling);
+  }
+  c["rope_parameters"] = parameters;
+  return c;
+}
+
+std::vector<std::string> arithmetic_differences(const LlamaArgs& a, const LlamaArgs& b) {
+  std::vector<std::string> out;
+  auto compare = [&out](const char* what, auto x, auto y) {
+    if (x == y) return;
+    std::ostringstream line;
+    line << std::boolalpha << what << " " << x << " vs " << y;
+    out.push_back(line.str());
+  };
+  compare("hidden size", a.dim, b.dim);
+  compare("layers", a.n_layers, b.n_layers);
+  compare("attention heads", a.n_heads, b.n_heads);
+  compare("key/value heads", a.kv_heads(), b.kv_heads());
+  compare("feed-forward size", a.ffn_hidden_dim(), b.ffn_hidden_dim());
+  compare("norm epsilon", a.norm_eps, b.norm_eps);
+  compare("rope theta", a.rope_theta, b.rope_theta);
+  compare("llama3 rope scaling", a.use_scaled_rope, b.use_scaled_rope);
+  if (a.use_scaled_rope && b.use_scaled_rope) {
+    compare("rope scaling factor", a.rope_scaling.factor, b.rope_scaling.factor);
+    compare("rope low_freq_factor", a.rope_scaling.low_freq_factor, b.rope_scaling.low_freq_factor);
+    compare("rope high_freq_factor", a.rope_scaling.high_freq_factor,
+            b.rope_scaling.high_freq_factor);
+    compare("rope original_max_position_embeddings",
+            a.rope_scaling.original_max_position_embeddings,
+            b.rope_scaling.original_max_position_embeddings);
+  }
+  return out;
+}
+
+}  // namespace loom::checkpoint
