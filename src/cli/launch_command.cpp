@@ -24,6 +24,7 @@ struct LaunchArgs {
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
   std::optional<std::string> rdzv_endpoint;
+  std::optional<std::string> rdzv_id;
   std::string rdzv_backend = "static";
   bool standalone = false;
   int max_restarts = 0;
@@ -124,6 +125,14 @@ distributed::LaunchOptions to_options(const LaunchArgs& args) {
     options.master_addr = "127.0.0.1";
     options.master_port = 0;
   }
+  // One node: a fresh id per launch. Several static nodes cannot agree on a random one without
+  // talking, so they share torchrun's "none" (their ranks still refuse a store whose world
+  // size differs or whose rank they would take twice); the elastic agents take the store host's.
+  if (args.rdzv_id) {
+    options.run_id = *args.rdzv_id;
+  } else if (options.nnodes == 1) {
+    options.run_id = distributed::new_run_id();
+  }
   options.max_restarts = args.max_restarts;
   // Default: local rank 0's lines (rank 0 on the first node) and the other ranks' warnings and
   // errors (one line per step, not one per rank); "all" shows every rank as torchrun does. Programs run with --no-python are not
@@ -169,6 +178,7 @@ std::unique_ptr<distributed::RendezvousHandler> make_rendezvous(
   elastic.endpoint_host = options.master_addr;
   elastic.endpoint_port = options.master_port;
   if (args.local_addr) elastic.local_addr = *args.local_addr;
+  if (args.rdzv_id) elastic.run_id = *args.rdzv_id;
   distributed::apply_rdzv_conf(args.rdzv_conf, elastic);
   return std::make_unique<distributed::ElasticRendezvous>(elastic);
 }
@@ -213,6 +223,10 @@ void add_launch_command(CLI::App& app, CommandRun& run) {
                    "HOST:PORT; sets the master address and port")
       ->excludes(addr)
       ->excludes(port);
+  command->add_option("--rdzv-id,--rdzv_id,--run-id,--run_id", args->rdzv_id,
+                      "The job's run id (TORCHELASTIC_RUN_ID): ranks refuse a rendezvous store of "
+                      "another run. Default: a fresh one for one node, 'none' for several static "
+                      "nodes (give them the same id), the store host's for an elastic job");
   command
       ->add_option("--rdzv-backend,--rdzv_backend", args->rdzv_backend,
                    "static, or c10d (elastic rendezvous, also implied by --nnodes MIN:MAX)")

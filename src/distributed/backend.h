@@ -16,6 +16,15 @@
 
 namespace loom::distributed {
 
+// An exception's message without c10's C++ backtrace ("Exception raised from ...", one line per
+// frame), which would bury the one line a user needs.
+inline std::string message_of(const std::exception& e) {
+  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) {
+    return c10_error->what_without_backtrace();
+  }
+  return e.what();
+}
+
 class Backend {
  public:
   Backend(std::string kind, c10::intrusive_ptr<c10d::Backend> impl)

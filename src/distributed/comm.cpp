@@ -142,9 +142,9 @@ void Work::Impl::wait() {
     if (work_) work_->wait();
     if (finish_) finish_();
   } catch (const std::exception& e) {
-    if (recorder_) recorder_->failed(record_id_, e.what());
+    if (recorder_) recorder_->failed(record_id_, message_of(e));
     if (dynamic_cast<const Error*>(&e) != nullptr) throw;
-    LOOM_THROW(CommError, what_, " failed: ", e.what(), kPeerHint);
+    LOOM_THROW(CommError, what_, " failed: ", message_of(e), kPeerHint);
   }
   if (recorder_) recorder_->completed(record_id_);
   done_ = true;
@@ -248,8 +248,8 @@ Work Comm::launch(const char* what, const at::Tensor& tensor,
     if (id) options_.recorder->failed(*id, e.what(), dynamic_cast<const CommError*>(&e) != nullptr);
     throw;
   } catch (const std::exception& e) {
-    if (id) options_.recorder->failed(*id, e.what());
-    LOOM_THROW(CommError, describe(what, tensor), " failed: ", e.what(), kPeerHint);
+    if (id) options_.recorder->failed(*id, message_of(e));
+    LOOM_THROW(CommError, describe(what, tensor), " failed: ", message_of(e), kPeerHint);
   }
 }
 
@@ -493,7 +493,7 @@ Work Comm::all_to_all_single(at::Tensor& output, const at::Tensor& input,
         try {
           w->wait();
         } catch (const std::exception& e) {
-          LOOM_THROW(CommError, what, " failed: ", e.what(), kPeerHint);
+          LOOM_THROW(CommError, what, " failed: ", message_of(e), kPeerHint);
         }
       }
     }));

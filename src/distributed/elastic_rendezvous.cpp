@@ -6,10 +6,12 @@
 
 #include <algorithm>
 
+#include "backend.h"
 #include "loom/core/check.h"
 #include "loom/core/logging.h"
 #include "loom/core/strings.h"
 #include "loom/distributed/comm.h"
+#include "loom/distributed/store_identity.h"
 #include "loom/distributed/store_socket.h"
 
 namespace loom::distributed {
@@ -94,14 +96,32 @@ ElasticRendezvous::ElasticRendezvous(ElasticOptions options)
       store_->store = c10::make_intrusive<c10d::TCPStore>(options_.endpoint_host, store_options);
     } catch (const std::exception& e) {
       LOOM_THROW(CommError, "elastic rendezvous: cannot reach the store at ",
-                 options_.endpoint_host, ":", options_.endpoint_port, ": ", e.what());
+                 options_.endpoint_host, ":", options_.endpoint_port, ": ", message_of(e));
     }
   }
-  log::get("launch")->info("elastic rendezvous at {}:{} ({} the store), nodes {}..{}",
+  agree_on_run_id();
+  log::get("launch")->info("elastic rendezvous at {}:{} ({} the store), run {}, nodes {}..{}",
                            options_.endpoint_host, options_.endpoint_port,
-                           hosts_store_ ? "hosting" : "client of", options_.min_nodes,
-                           options_.max_nodes);
+                           hosts_store_ ? "hosting" : "client of", options_.run_id,
+                           options_.min_nodes, options_.max_nodes);
   keep_alive_ = std::thread([this] { keep_alive_loop(); });
+}
+
+void ElasticRendezvous::agree_on_run_id() {
+  if (hosts_store_) {
+    if (options_.run_id.empty()) options_.run_id = new_run_id();
+    write_store_identity(*store_->store, {options_.run_id, 0});
+    return;
+  }
+  const std::string address = options_.endpoint_host + ":" + std::to_string(options_.endpoint_port);
+  const std::string advice =
+      "give every node of one job the same --rdzv-id (or none), and another job another "
+      "--rdzv-endpoint port";
+  const std::string theirs = read_store_run_id(*store_->store, address, kStoreIdentityWait, advice);
+  LOOM_CHECK_AS(InputError, options_.run_id.empty() || options_.run_id == theirs,
+                "the elastic rendezvous store at ", address, " belongs to run '", theirs,
+                "' (this node has --rdzv-id '", options_.run_id, "'): ", advice);
+  options_.run_id = theirs;
 }
 
 ElasticRendezvous::~ElasticRendezvous() {
@@ -254,6 +274,7 @@ RendezvousResult ElasticRendezvous::next_rendezvous(int /*attempt*/) {
     }
     result.master_addr = master.substr(0, colon);
     result.master_port = std::stoi(master.substr(colon + 1));
+    result.run_id = options_.run_id;
     members_ = members;
     alive_seen_.clear();
     return result;
@@ -285,7 +306,7 @@ Membership ElasticRendezvous::poll_membership() {
       }
     }
   } catch (const std::exception& e) {
-    log::get("launch")->warn("elastic rendezvous: store unreachable ({})", e.what());
+    log::get("launch")->warn("elastic rendezvous: store unreachable ({})", message_of(e));
   }
   return Membership::kStable;
 }

@@ -14,6 +14,7 @@
 #include <csignal>
 #include <cstring>
 #include <map>
+#include <random>
 #include <thread>
 #include <utility>
 
@@ -23,7 +24,9 @@
 #include "loom/core/logging.h"
 #include "loom/core/strings.h"
 #include "loom/distributed/heartbeat.h"
+#include "loom/distributed/store_socket.h"
 #include "loom/distributed/worker_group.h"
+#include "loom/distributed/world_info.h"
 
 extern char** environ;
 
@@ -142,6 +145,14 @@ int pick_free_port() {
   return ntohs(addr.sin_port);
 }
 
+std::string new_run_id() {
+  std::random_device device;
+  const uint64_t value = (static_cast<uint64_t>(device()) << 32) ^ device();
+  char text[17];
+  std::snprintf(text, sizeof(text), "%016llx", static_cast<unsigned long long>(value));
+  return text;
+}
+
 void LocalAgent::kill_silent_workers(WorkerGroup& group, int node_rank,
                                      spdlog::logger& logger) const {
   if (options_.heartbeat_timeout_s <= 0) return;
@@ -170,6 +181,8 @@ void validate(const LaunchOptions& o) {
                 "--master-port 0 (pick a free port) only works with --nnodes 1: the other nodes "
                 "could not know it");
   LOOM_CHECK_AS(InputError, !o.master_addr.empty(), "--master-addr must not be empty");
+  LOOM_CHECK_AS(InputError, is_valid_run_id(o.run_id), "--rdzv-id must be 1..128 letters, digits, ",
+                "'-', '_', '.' or ':', got '", o.run_id, "'");
   LOOM_CHECK_AS(InputError, o.max_restarts >= 0, "--max-restarts must be >= 0, got ",
                 o.max_restarts);
   LOOM_CHECK_AS(InputError, o.monitor_interval_s > 0 && o.monitor_interval_s <= 60,
@@ -255,6 +268,11 @@ int resolve_nproc_per_node(const std::string& value) {
 
 StaticRendezvous::StaticRendezvous(const LaunchOptions& options) : options_(options) {
   port_ = options.master_port != 0 ? options.master_port : pick_free_port();
+  // Rank 0 binds the port moments later; another job's store there would fail it, and the other
+  // ranks would reach that job's store instead: say so once, before starting anyone.
+  if (options.node_rank == 0 && options.master_port != 0) {
+    check_store_port_free(options.master_addr, port_);
+  }
 }
 
 RendezvousResult StaticRendezvous::next_rendezvous(int /*round*/) {
@@ -268,6 +286,7 @@ RendezvousResult StaticRendezvous::next_rendezvous(int /*round*/) {
   }
   result.master_addr = options_.master_addr;
   result.master_port = port_;
+  result.run_id = options_.run_id;
   return result;
 }
 
@@ -304,6 +323,7 @@ std::vector<std::string> LocalAgent::worker_env(const RendezvousResult& round, i
   vars["MASTER_PORT"] = std::to_string(round.master_port);
   vars["TORCHELASTIC_RESTART_COUNT"] = std::to_string(restart_count);
   vars["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(options_.max_restarts);
+  vars["TORCHELASTIC_RUN_ID"] = round.run_id;
   if (omp_threads_ > 0) vars["OMP_NUM_THREADS"] = std::to_string(omp_threads_);
   std::vector<std::string> env;
   env.reserve(vars.size());
@@ -370,10 +390,10 @@ int LocalAgent::run() {
     }
     logger->info(
         "starting {} worker(s): ranks {}-{} of world size {} (node {} of {}), master "
-        "{}:{}, {} rendezvous, restart {} of at most {}",
+        "{}:{}, run {}, {} rendezvous, restart {} of at most {}",
         round.local_world_size, round.global_ranks.front(), round.global_ranks.back(),
         round.world_size, round.group_rank, round.group_world_size, round.master_addr,
-        round.master_port, rendezvous_->name(), failures, options_.max_restarts);
+        round.master_port, round.run_id, rendezvous_->name(), failures, options_.max_restarts);
 
     WorkerGroup group(make_specs(round, attempt));
     group.start();

@@ -11,6 +11,7 @@
 
 #include "backend.h"
 #include "loom/core/logging.h"
+#include "loom/distributed/store_identity.h"
 #include "loom/distributed/store_socket.h"
 
 namespace loom::distributed {
@@ -42,6 +43,53 @@ std::string join(const std::vector<int>& ranks) {
   return text;
 }
 
+// The TCPStore at MASTER_ADDR:MASTER_PORT, once this job's identity is checked and every rank
+// joined. Rank 0 owns it, unless torchrun's agent hosts it (TORCHELASTIC_USE_AGENT_STORE).
+c10::intrusive_ptr<c10d::Store> join_rendezvous_store(const CommInit& init) {
+  const std::string address = init.master_addr + ":" + std::to_string(init.master_port);
+  const bool owner = init.rank == 0 && !init.store_hosted_by_agent;
+  c10d::TCPStoreOptions options;
+  options.port = static_cast<std::uint16_t>(init.master_port);
+  options.isServer = owner;
+  options.numWorkers = init.world_size;
+  // c10d's own wait would count this rank in before it checked whose store it reached:
+  // join_store does it after the check.
+  options.waitWorkers = false;
+  options.timeout = init.options.init_timeout;
+  // The store is unauthenticated: listen on MASTER_ADDR's interface only (loopback for one node).
+  if (owner) options.masterListenFd = bind_store_socket(init.master_addr, init.master_port);
+  c10::intrusive_ptr<c10d::Store> store;
+  try {
+    store = c10::make_intrusive<c10d::TCPStore>(init.master_addr, options);
+  } catch (const std::exception& e) {
+    LOOM_THROW(CommError, "rendezvous at ", address, " (rank ", init.rank, " of ", init.world_size,
+               ") failed: ", message_of(e),
+               ". Check MASTER_ADDR/MASTER_PORT, that every rank started, and "
+               "comm.init_timeout_seconds");
+  }
+  const StoreIdentity identity{init.run_id, init.world_size};
+  const std::string advice = busy_port_advice();
+  try {
+    if (owner) {
+      write_store_identity(*store, identity);
+    } else if (!init.store_hosted_by_agent) {  // torchrun's agent writes no loom identity
+      check_store_identity(*store, identity, address, kStoreIdentityWait, advice);
+    }
+    // Rank 0's store is new with every start; torchrun's agent keeps its store across restarts,
+    // so there each restart claims its ranks anew. (Not the restart count with rank 0's store:
+    // that count is per node, and a node admitted late starts from 0.)
+    const int attempt = init.store_hosted_by_agent ? init.restart_count : 0;
+    join_store(*store, init.rank, init.world_size, attempt, init.run_id, address,
+               init.options.init_timeout, advice);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    LOOM_THROW(CommError, "rendezvous at ", address, " (rank ", init.rank, " of ", init.world_size,
+               ") failed: ", message_of(e));
+  }
+  return store;
+}
+
 }  // namespace
 
 ProcessGroups::ProcessGroups(const CommInit& init) : init_(init) {
@@ -57,23 +105,7 @@ ProcessGroups::ProcessGroups(const CommInit& init) : init_(init) {
   LOOM_CHECK_AS(InputError, init.master_port > 0 && init.master_port < 65536,
                 "MASTER_PORT must be a TCP port (1-65535), got ", init.master_port);
   const auto start = std::chrono::steady_clock::now();
-  c10d::TCPStoreOptions options;
-  options.port = static_cast<std::uint16_t>(init.master_port);
-  options.isServer = init.rank == 0 && !init.store_hosted_by_agent;
-  options.numWorkers = init.world_size;
-  options.waitWorkers = true;
-  options.timeout = init.options.init_timeout;
-  // The store is unauthenticated: listen on MASTER_ADDR's interface only (loopback for one node).
-  if (options.isServer)
-    options.masterListenFd = bind_store_socket(init.master_addr, init.master_port);
-  try {
-    store_->store = c10::make_intrusive<c10d::TCPStore>(init.master_addr, options);
-  } catch (const std::exception& e) {
-    LOOM_THROW(CommError, "rendezvous at ", init.master_addr, ":", init.master_port, " (rank ",
-               init.rank, " of ", init.world_size, ") failed: ", e.what(),
-               ". Check MASTER_ADDR/MASTER_PORT, that every rank started, and "
-               "comm.init_timeout_seconds");
-  }
+  store_->store = join_rendezvous_store(init);
   start_flight_recorder();
   std::vector<int> all(init.world_size);
   for (int r = 0; r < init.world_size; ++r) all[r] = r;
@@ -130,7 +162,8 @@ void ProcessGroups::start_flight_recorder() {
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
       }
     } catch (const std::exception& e) {
-      log::get("comm")->warn("flight recorder: cannot ask the other ranks to dump: {}", e.what());
+      log::get("comm")->warn("flight recorder: cannot ask the other ranks to dump: {}",
+                             message_of(e));
     }
   });
   auto poll = [store]() -> std::optional<DumpWatcher::Request> {
@@ -193,7 +226,7 @@ std::shared_ptr<Comm> ProcessGroups::new_group(const std::string& name,
     throw;
   } catch (const std::exception& e) {
     LOOM_THROW(CommError, "creating group '", name, "' [", join(global_ranks), "] on rank ",
-               init_.rank, " failed: ", e.what());
+               init_.rank, " failed: ", message_of(e));
   }
   auto comm = std::make_shared<Comm>(name, global_ranks, group_rank, cpu, cuda, init_.options);
   groups_.push_back(comm);

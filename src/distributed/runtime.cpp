@@ -16,6 +16,8 @@ CommInit comm_init(const WorldInfo& world, const config::CommSection& comm,
   init.world_size = world.world_size;
   init.master_addr = world.master_addr;
   init.master_port = world.master_port;
+  init.run_id = world.run_id;
+  init.restart_count = world.restart_count;
   init.options.init_timeout = std::chrono::seconds(comm.init_timeout_seconds);
   init.options.train_timeout = std::chrono::seconds(comm.train_timeout_seconds);
   init.with_cuda = with_cuda;

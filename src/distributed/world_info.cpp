@@ -34,6 +34,15 @@ int port_from(const char* name, int64_t value) {
   return static_cast<int>(value);
 }
 
+// A run id from `name`, when set: printable text without spaces (it appears in one-line errors).
+std::optional<std::string> run_id_from(const char* name) {
+  auto value = env::get(name);
+  if (!value) return std::nullopt;
+  LOOM_CHECK_AS(InputError, is_valid_run_id(*value), "environment variable ", name, "='", *value,
+                "' is not a run id (1..128 letters, digits, '-', '_', '.', ':')");
+  return value;
+}
+
 // The checks every source shares, with the names of the variables the values came from.
 void check_consistent(const WorldInfo& info, const char* rank_var, const char* world_var,
                       const char* local_rank_var, const char* local_world_var) {
@@ -65,6 +74,7 @@ WorldInfo read_torchrun() {
                 "environment variable MASTER_PORT is not set, but RANK is (a launcher sets both)");
   info.master_port = port_from("MASTER_PORT", *port);
   info.restart_count = optional_int("TORCHELASTIC_RESTART_COUNT").value_or(0);
+  info.run_id = run_id_from("TORCHELASTIC_RUN_ID").value_or("none");
   check_consistent(info, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE");
   info.group_rank = optional_int("GROUP_RANK").value_or(info.rank / info.local_world_size);
   LOOM_CHECK_AS(InputError, info.group_rank * info.local_world_size <= info.rank,
@@ -112,6 +122,13 @@ WorldInfo read_slurm() {
     info.master_port = slurm_default_port(*job_id);
   }
   info.restart_count = optional_int("SLURM_RESTART_COUNT").value_or(0);
+  if (auto run_id = run_id_from("TORCHELASTIC_RUN_ID")) {
+    info.run_id = *run_id;
+  } else if (auto job = env::get("SLURM_JOB_ID")) {
+    // Every task of one srun step agrees on it; two steps sharing a node do not.
+    info.run_id = "slurm-" + *job;
+    if (auto step = env::get("SLURM_STEP_ID")) info.run_id += "." + *step;
+  }
   return info;
 }
 
@@ -128,6 +145,16 @@ WorldInfo read_single() {
 }
 
 }  // namespace
+
+bool is_valid_run_id(std::string_view id) {
+  if (id.empty() || id.size() > 128) return false;
+  for (char c : id) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '-' || c == '_' || c == '.' || c == ':';
+    if (!ok) return false;
+  }
+  return true;
+}
 
 WorldInfo read_world_info() {
   if (env::get("RANK")) return read_torchrun();

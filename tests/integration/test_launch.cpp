@@ -130,6 +130,33 @@ TEST(Launch, RdzvEndpointSetsMasterAddressAndPort) {
   EXPECT_TRUE(contains(result.output, env_line(0, 0, 1, 1, 0, port, "1"))) << result.output;
 }
 
+// TORCHELASTIC_RUN_ID: the job's identity in the rendezvous store (ranks refuse another run's).
+TEST(Launch, WorkersShareTheRunId) {
+  const char* print_id = "echo id=$TORCHELASTIC_RUN_ID";
+  auto named = launch(
+      "--nproc-per-node 2 --rdzv-id job-7 --master-port " + std::to_string(free_port()), print_id);
+  ASSERT_EQ(named.exit_code, 0) << named.output;
+  EXPECT_TRUE(contains(named.output, "[rank0]: id=job-7\n")) << named.output;
+  EXPECT_TRUE(contains(named.output, "[rank1]: id=job-7\n")) << named.output;
+  EXPECT_TRUE(contains(named.output, ", run job-7, static rendezvous")) << named.output;
+
+  // Without --rdzv-id, each launch makes a fresh one that all its workers share.
+  auto id_of = [](const std::string& output, int rank) {
+    const std::string tag = "[rank" + std::to_string(rank) + "]: id=";
+    const size_t at = output.find(tag);
+    return at == std::string::npos
+               ? std::string()
+               : output.substr(at + tag.size(), output.find('\n', at) - at - tag.size());
+  };
+  auto fresh = launch("--nproc-per-node 2 --master-port " + std::to_string(free_port()), print_id);
+  auto again = launch("--nproc-per-node 2 --master-port " + std::to_string(free_port()), print_id);
+  ASSERT_EQ(fresh.exit_code, 0) << fresh.output;
+  ASSERT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_EQ(id_of(fresh.output, 0).size(), 16u) << fresh.output;
+  EXPECT_EQ(id_of(fresh.output, 0), id_of(fresh.output, 1)) << fresh.output;
+  EXPECT_NE(id_of(fresh.output, 0), id_of(again.output, 0)) << again.output;
+}
+
 TEST(Launch, WithoutNoPythonWorkersRunTheLoomBinary) {
   auto result = run_command("timeout -s KILL 60 '" + std::string(LOOM_BINARY) +
                             "' launch --nproc-per-node 2 --master-port " +
@@ -349,6 +376,7 @@ TEST(Launch, BadFlagsAreUsageErrors) {
       {"--nnodes 1:2 --rdzv-conf speed=3 -- train", "unknown key 'speed'"},
       {"--rdzv-conf join_timeout=5 -- train", "only applies to an elastic rendezvous"},
       {"--master-port 70000 -- train", "--master-port must be a TCP port"},
+      {"--rdzv-id 'two words' -- train", "--rdzv-id must be 1..128 letters"},
       {"--nnodes 2 --master-port 0 -- train", "only works with --nnodes 1"},
       {"--rdzv-endpoint nohostport -- train", "--rdzv-endpoint must be HOST:PORT"},
       {"--rdzv-endpoint host:99999 -- train", "is not a TCP port"},

@@ -28,6 +28,7 @@ const char* const kVariables[] = {"RANK",
                                   "MASTER_ADDR",
                                   "MASTER_PORT",
                                   "TORCHELASTIC_RESTART_COUNT",
+                                  "TORCHELASTIC_RUN_ID",
                                   "SLURM_PROCID",
                                   "SLURM_NTASKS",
                                   "SLURM_LOCALID",
@@ -37,6 +38,7 @@ const char* const kVariables[] = {"RANK",
                                   "SLURM_JOB_NODELIST",
                                   "SLURM_NODELIST",
                                   "SLURM_JOB_ID",
+                                  "SLURM_STEP_ID",
                                   "SLURM_RESTART_COUNT"};
 
 class ScopedEnv {
@@ -142,6 +144,25 @@ TEST(WorldInfo, TorchrunOptionalVariablesHaveDefaults) {
   EXPECT_EQ(info.restart_count, 0);
 }
 
+// The run id a rank checks the rendezvous store against (store_identity.h).
+TEST(WorldInfo, RunIdComesFromTheLauncher) {
+  {
+    ScopedEnv env(with(kTorchrun, "TORCHELASTIC_RUN_ID", "job-42.a:b"));
+    EXPECT_EQ(read_world_info().run_id, "job-42.a:b");
+  }
+  {
+    ScopedEnv env(kTorchrun);  // torchrun's own default when --rdzv-id is not given
+    EXPECT_EQ(read_world_info().run_id, "none");
+  }
+  {
+    ScopedEnv env({});
+    EXPECT_EQ(read_world_info().run_id, "none");
+  }
+  // A value that would not read as one word inside an error message is refused.
+  const std::string message = error_of(with(kTorchrun, "TORCHELASTIC_RUN_ID", "two words"));
+  EXPECT_TRUE(contains(message, "TORCHELASTIC_RUN_ID='two words' is not a run id")) << message;
+}
+
 TEST(WorldInfo, TorchrunWinsOverSlurm) {
   auto values = kTorchrun;
   values["SLURM_PROCID"] = "0";
@@ -201,6 +222,21 @@ TEST(WorldInfo, SlurmTasks) {
   EXPECT_EQ(info.group_rank, 1);
   EXPECT_EQ(info.master_addr, "gpu-07");
   EXPECT_EQ(info.master_port, 20000 + 3456);
+}
+
+TEST(WorldInfo, SlurmRunIdIsTheJobAndStep) {
+  {
+    ScopedEnv env(kSlurm);
+    EXPECT_EQ(read_world_info().run_id, "slurm-123456");
+  }
+  {
+    ScopedEnv env(with(kSlurm, "SLURM_STEP_ID", "3"));
+    EXPECT_EQ(read_world_info().run_id, "slurm-123456.3");
+  }
+  {
+    ScopedEnv env(with(kSlurm, "TORCHELASTIC_RUN_ID", "named"));
+    EXPECT_EQ(read_world_info().run_id, "named");
+  }
 }
 
 TEST(WorldInfo, SlurmPrefersExplicitValues) {

@@ -13,6 +13,9 @@
 //               formed from the nodes still alive (the group shrinks when a node died).
 //   keep-alive  every agent bumps a counter every keep_alive_interval; a member silent for
 //               keep_alive_max_attempt intervals is lost, and the round ends.
+//   run id      the store's host writes the job's run id (--rdzv-id, else a fresh one); an agent
+//               without --rdzv-id takes it, one with another --rdzv-id is refused (another job
+//               uses the endpoint). Every worker of every round gets it as TORCHELASTIC_RUN_ID.
 //
 // The store lives in one agent: when that agent's node dies, the job ends (as torchrun's c10d
 // backend does); put it on the most reliable node.
@@ -36,6 +39,7 @@ struct ElasticOptions {
   std::string endpoint_host = "127.0.0.1";
   int endpoint_port = 29400;
   std::string local_addr;  // this node's address for the workers' store (leader); "" = auto
+  std::string run_id;      // --rdzv-id; "": the store host's (a fresh one on the host)
   double join_timeout_s = 600;
   double last_call_timeout_s = 30;
   double keep_alive_interval_s = 5;
@@ -60,6 +64,8 @@ class ElasticRendezvous : public RendezvousHandler {
 
  private:
   struct Store;
+  // The host writes the run id; the others take it or refuse a store of another run.
+  void agree_on_run_id();
   std::string key(int64_t round, const std::string& name) const;
   void lead(int64_t round);
   bool previous_members_gone(int64_t round);

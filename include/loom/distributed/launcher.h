@@ -30,6 +30,10 @@ struct LaunchOptions {
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;  // 0: pick a free port (single node only)
+  // The job's identity, given to the workers as TORCHELASTIC_RUN_ID: a rank refuses a
+  // rendezvous store of another run (store_identity.h). --rdzv-id, else a fresh one (new_run_id)
+  // for one node; several static nodes must agree without talking, so "none" unless given.
+  std::string run_id = "none";
   int max_restarts = 0;
   std::optional<std::set<int>> local_ranks_filter;  // local ranks shown on the console
   // Without a filter: local rank 0 (each node's console; rank 0 on the first node) shows
@@ -62,6 +66,9 @@ int available_cpus();
 // 1, so the workers' intra-op pools together use every CPU without oversubscribing them.
 int threads_per_rank(int cpus, int ranks_per_node);
 
+// A fresh random run id (16 hex digits), for a launch without --rdzv-id.
+std::string new_run_id();
+
 // A TCP port the kernel says is free now (the workers bind it moments later: a small race that
 // torchrun's standalone mode accepts too).
 int pick_free_port();
@@ -75,6 +82,7 @@ struct RendezvousResult {
   std::vector<int> global_ranks;  // by local rank
   std::string master_addr;
   int master_port = 0;
+  std::string run_id = "none";  // TORCHELASTIC_RUN_ID
   bool job_done = false;  // elastic: the job finished while this node waited to be admitted
 };
 
@@ -104,6 +112,8 @@ class RendezvousHandler {
 // Fixed membership: every node is told its rank and the job size up front.
 class StaticRendezvous : public RendezvousHandler {
  public:
+  // On node 0 (where rank 0 hosts the store), a port something already listens on is an
+  // InputError here, before any worker starts (check_store_port_free).
   explicit StaticRendezvous(const LaunchOptions& options);
   RendezvousResult next_rendezvous(int round) override;
   std::string name() const override { return "static"; }

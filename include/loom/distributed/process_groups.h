@@ -1,6 +1,7 @@
 // The job's process groups: one rendezvous through c10d's TCPStore (rank 0 hosts it at
-// MASTER_ADDR:MASTER_PORT), the world group, and sub-groups made from rank lists (the device
-// mesh's dimensions). Each group holds Gloo for CPU tensors and, on CUDA jobs, NCCL.
+// MASTER_ADDR:MASTER_PORT; the other ranks check that it is their job's, store_identity.h), the
+// world group, and sub-groups made from rank lists (the device mesh's dimensions). Each group
+// holds Gloo for CPU tensors and, on CUDA jobs, NCCL.
 #pragma once
 
 #include <chrono>
@@ -19,6 +20,10 @@ struct CommInit {
   int world_size = 1;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
+  // The job's identity in the store (TORCHELASTIC_RUN_ID): a rank refuses a store of another run.
+  std::string run_id = "none";
+  // TORCHELASTIC_RESTART_COUNT: keeps each restart's rank claims apart in torchrun's agent store.
+  int restart_count = 0;
   CommOptions options;
   bool with_cuda = false;  // also create NCCL backends (CUDA tensors)
   // torchrun's agent already hosts the TCPStore at MASTER_ADDR:MASTER_PORT

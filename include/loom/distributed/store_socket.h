@@ -14,7 +14,17 @@ bool is_loopback_host(const std::string& host);
 
 // A TCP socket bound to `host`:`port` and listening, for TCPStoreOptions::masterListenFd; nullopt
 // (with a warning) when `host` is not an address of this machine, in which case the store binds
-// every interface as c10d does by default.
+// every interface as c10d does by default. A port something else listens on throws InputError
+// naming the port and the launcher flags that pick another.
 std::optional<int> bind_store_socket(const std::string& host, int port);
+
+// Throws InputError (one line naming the port and --standalone / --master-port) when something
+// already listens on `host`:`port`, typically another job's store. The launcher asks before it
+// starts any worker, so a busy port fails at once instead of in every rank. An address that is
+// not this machine's is not checked (rank 0 then listens on every interface).
+void check_store_port_free(const std::string& host, int port);
+
+// The sentence every "port in use" error ends with: how to pick another port.
+std::string busy_port_advice();
 
 }  // namespace loom::distributed

@@ -3,13 +3,15 @@
 // Three sources, tried in this order:
 //   torchrun  RANK is set: the torchrun/torchelastic contract (also what `loom launch` sets):
 //             RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT are required;
-//             LOCAL_WORLD_SIZE (default WORLD_SIZE), GROUP_RANK (default RANK / LOCAL_WORLD_SIZE)
-//             and TORCHELASTIC_RESTART_COUNT (default 0) are optional.
+//             LOCAL_WORLD_SIZE (default WORLD_SIZE), GROUP_RANK (default RANK / LOCAL_WORLD_SIZE),
+//             TORCHELASTIC_RESTART_COUNT (default 0) and TORCHELASTIC_RUN_ID (default "none") are
+//             optional.
 //   slurm     SLURM_PROCID is set (one task per rank, started by srun): SLURM_PROCID,
 //             SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID, and SLURM_NTASKS_PER_NODE or
 //             SLURM_TASKS_PER_NODE. The master address is MASTER_ADDR, else the first host of
 //             SLURM_JOB_NODELIST; the port is MASTER_PORT, else derived from SLURM_JOB_ID (see
-//             slurm_default_port).
+//             slurm_default_port). The run id is TORCHELASTIC_RUN_ID, else "slurm-<SLURM_JOB_ID>"
+//             (".<SLURM_STEP_ID>" added when set).
 //   single    neither: rank 0 of 1 on 127.0.0.1 (MASTER_ADDR/MASTER_PORT still honoured).
 // Malformed or inconsistent values throw loom::InputError naming the variable.
 #pragma once
@@ -29,12 +31,19 @@ struct WorldInfo {
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
   int restart_count = 0;          // TORCHELASTIC_RESTART_COUNT: how often the launcher restarted us
+  // The job's identity in the rendezvous store: every rank of a job has the same, and a rank
+  // refuses a store of another run (store_identity.h). "none" when no launcher named the run.
+  std::string run_id = "none";
   std::string source = "single";  // "single" | "torchrun" | "slurm"
 
   bool is_distributed() const { return world_size > 1; }
 };
 
 WorldInfo read_world_info();
+
+// A run id loom accepts (--rdzv-id, TORCHELASTIC_RUN_ID): 1..128 letters, digits, '-', '_', '.',
+// ':', so it reads unambiguously inside a one-line error.
+bool is_valid_run_id(std::string_view id);
 
 // The first host name of a SLURM node list ("node[01-04,07],gpu3" gives "node01"); throws
 // InputError naming `variable` when the list is malformed.
