@@ -2,8 +2,8 @@
 # Setup (idempotent), build, then the whole test suite through ctest.
 # Tests labelled "cuda" need a GPU; on a machine without one they are excluded, and this script
 # says so (tools/gpu_check.sh runs them on a GPU machine). Tests labelled "fuzz" (tools/fuzz.sh)
-# are always excluded: run them with ctest -L fuzz; so are tests labelled "slow" (the 4-rank
-# elastic variants): ctest -L slow.
+# are always excluded: run them with ctest -L fuzz; so are tests labelled "slow" (the longer
+# layouts and resumes, docs/dev/state_and_next_steps.md): ctest -L slow.
 #
 # Extra arguments go to ctest, e.g. scripts/test.sh -R Config
 set -euo pipefail

@@ -4,6 +4,8 @@
 // keep_latest_k.
 #include <gtest/gtest.h>
 
+#include "support/test_sets.h"
+
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
@@ -85,7 +87,7 @@ class SignalAt : public loom::data::BatchSource {
 
 }  // namespace
 
-TEST(CheckpointTraining, TenStepsThenResumeIsBitwiseTheStraightRun) {
+LOOM_TEST(CheckpointTraining, TenStepsThenResumeIsBitwiseTheStraightRun) {
   for (const char* mode : {"disabled", "async"}) {
     SCOPED_TRACE(mode);
     const std::string folder = loom::testing::fresh_temp_dir(std::string("ckpt_resume_") + mode);
@@ -103,7 +105,7 @@ TEST(CheckpointTraining, TenStepsThenResumeIsBitwiseTheStraightRun) {
   }
 }
 
-TEST(CheckpointTraining, SigtermSavesAndTheResumedRunMatches) {
+LOOM_TEST(CheckpointTraining, SigtermSavesAndTheResumedRunMatches) {
   loom::signals::install_shutdown_handlers();
   loom::signals::clear_shutdown_request();
   const std::string folder = loom::testing::fresh_temp_dir("ckpt_sigterm");
@@ -124,7 +126,7 @@ TEST(CheckpointTraining, SigtermSavesAndTheResumedRunMatches) {
   expect_bitwise(straight_losses(), 0, all);
 }
 
-TEST(CheckpointTraining, CorruptNewestStepFallsBackAndExplicitStepIsRefused) {
+LOOM_TEST(CheckpointTraining, CorruptNewestStepFallsBackAndExplicitStepIsRefused) {
   const std::string folder = loom::testing::fresh_temp_dir("ckpt_corrupt");
   Trainer(small_job(folder, 10)).train();
   const std::string shard = folder + "/checkpoint/step-10/rank-00000.safetensors";
@@ -150,7 +152,7 @@ TEST(CheckpointTraining, CorruptNewestStepFallsBackAndExplicitStepIsRefused) {
   expect_bitwise(straight_losses(), 5, resumed.losses);
 }
 
-TEST(CheckpointTraining, FailingWriterLeavesTrainingRunningAndTheStepIncomplete) {
+LOOM_TEST(CheckpointTraining, FailingWriterLeavesTrainingRunningAndTheStepIncomplete) {
   const std::string folder = loom::testing::fresh_temp_dir("ckpt_write_fail");
   auto job = small_job(folder, 7);
   job.checkpoint.async_mode = "async";
@@ -170,7 +172,7 @@ TEST(CheckpointTraining, FailingWriterLeavesTrainingRunningAndTheStepIncomplete)
   EXPECT_FALSE(fs::exists(folder + "/checkpoint/step-5.tmp"));
 }
 
-TEST(CheckpointTraining, UnwritableCheckpointFolderIsLoggedAndTrainingGoesOn) {
+LOOM_TEST(CheckpointTraining, UnwritableCheckpointFolderIsLoggedAndTrainingGoesOn) {
   // A real I/O failure (no injection): the checkpoint folder's path is taken by a file.
   const std::string folder = loom::testing::fresh_temp_dir("ckpt_unwritable");
   std::ofstream(folder + "/checkpoint") << "not a folder";
@@ -184,7 +186,7 @@ TEST(CheckpointTraining, UnwritableCheckpointFolderIsLoggedAndTrainingGoesOn) {
   }
 }
 
-TEST(CheckpointTraining, KeepLatestKPurgesOlderSteps) {
+LOOM_TEST(CheckpointTraining, KeepLatestKPurgesOlderSteps) {
   const std::string folder = loom::testing::fresh_temp_dir("ckpt_keep");
   auto job = small_job(folder, 8);
   job.checkpoint.interval = 2;
@@ -204,7 +206,7 @@ TEST(CheckpointTraining, KeepLatestKPurgesOlderSteps) {
   }
 }
 
-TEST(CheckpointTraining, ModelOnlyInitialLoadStartsAtStepOne) {
+LOOM_TEST(CheckpointTraining, ModelOnlyInitialLoadStartsAtStepOne) {
   const std::string source = loom::testing::fresh_temp_dir("ckpt_initial_src");
   auto first = small_job(source, 5);
   first.checkpoint.last_save_model_only = true;
@@ -223,7 +225,7 @@ TEST(CheckpointTraining, ModelOnlyInitialLoadStartsAtStepOne) {
   EXPECT_LT(result.losses[0], straight_losses()[0] - 0.05);
 }
 
-TEST(CheckpointTraining, SeedCheckpointAndHuggingFaceRoundTripThroughTraining) {
+LOOM_TEST(CheckpointTraining, SeedCheckpointAndHuggingFaceRoundTripThroughTraining) {
   // create_seed_checkpoint: the initialized model as step-0, no training.
   const std::string seed = loom::testing::fresh_temp_dir("ckpt_seed");
   auto seed_job = small_job(seed, 5);
@@ -342,7 +344,7 @@ void run_ok(const std::string& args) {
 
 }  // namespace
 
-TEST(CheckpointTraining, TwoRankDataParallelResumeIsBitwiseTheStraightRun) {
+LOOM_SLOW_TEST(CheckpointTraining, TwoRankDataParallelResumeIsBitwiseTheStraightRun) {
   const std::string& straight = two_rank_ddp_run();
   // Replicated tensors are written once: the two ranks split them.
   auto index =
@@ -357,7 +359,7 @@ TEST(CheckpointTraining, TwoRankDataParallelResumeIsBitwiseTheStraightRun) {
                                      logged_losses(resumed), 0.0, "resumed vs straight");
 }
 
-TEST(CheckpointTraining, CheckpointsResumeAcrossOneRankAndTwoRankDataParallel) {
+LOOM_TEST(CheckpointTraining, CheckpointsResumeAcrossOneRankAndTwoRankDataParallel) {
   const auto want = steps_11_to_20(one_rank_global8_losses());
   auto expect_close = [&](const std::vector<double>& got, const char* what) {
     loom::testing::expect_losses_close(want, got, 1e-5, what);
@@ -372,7 +374,7 @@ TEST(CheckpointTraining, CheckpointsResumeAcrossOneRankAndTwoRankDataParallel) {
   expect_close(logged_losses(down), "2 -> 1 rank");
 }
 
-TEST(CheckpointTraining, SigtermToTwoRankJobSavesAndStopsCleanly) {
+LOOM_TEST(CheckpointTraining, SigtermToTwoRankJobSavesAndStopsCleanly) {
   const std::string folder = loom::testing::fresh_temp_dir("ckpt_ddp_sigterm");
   // SIGTERM to the launcher once step 3 was logged; it forwards the signal to both ranks, which
   // finish the step, save and exit 143; the launcher reports the signal as torchrun does (143).
@@ -398,7 +400,7 @@ TEST(CheckpointTraining, SigtermToTwoRankJobSavesAndStopsCleanly) {
   EXPECT_FALSE(index["model_only"].get<bool>());
 }
 
-TEST(CheckpointTraining, ExcludedPartsAreNotLoaded) {
+LOOM_TEST(CheckpointTraining, ExcludedPartsAreNotLoaded) {
   const std::string folder = loom::testing::fresh_temp_dir("ckpt_exclude");
   Trainer(small_job(folder, 5)).train();
   // Without train_state the steps count from 1 again (5 steps run), with the loaded weights.
@@ -429,7 +431,7 @@ const std::string& two_rank_fsdp_run() {
 
 }  // namespace
 
-TEST(CheckpointTraining, TwoRankFsdpResumeIsBitwiseTheStraightRun) {
+LOOM_TEST(CheckpointTraining, TwoRankFsdpResumeIsBitwiseTheStraightRun) {
   const std::string& straight = two_rank_fsdp_run();
   // Each rank wrote its dim-0 shard of every tensor: two chunks per parameter.
   auto index =
@@ -441,7 +443,7 @@ TEST(CheckpointTraining, TwoRankFsdpResumeIsBitwiseTheStraightRun) {
                                      logged_losses(resumed), 0.0, "resumed vs straight");
 }
 
-TEST(CheckpointTraining, FsdpCheckpointsReshardIntoOneRankAndBack) {
+LOOM_TEST(CheckpointTraining, FsdpCheckpointsReshardIntoOneRankAndBack) {
   const auto want = steps_11_to_20(one_rank_global8_losses());
   auto expect_close = [&](const std::vector<double>& got, const char* what) {
     loom::testing::expect_losses_close(want, got, 1e-5, what);

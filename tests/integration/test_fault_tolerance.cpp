@@ -8,6 +8,8 @@
 //    is kept (accumulation doubles) and the losses stay within 1e-5 of the uninterrupted run;
 //  - SIGSTOP of a worker: the launcher names it as hung (heartbeats) and restarts the group.
 #include <gtest/gtest.h>
+
+#include "support/test_sets.h"
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
@@ -94,7 +96,7 @@ unsigned fault_seed() {
 
 }  // namespace
 
-TEST(FaultTolerance, KilledWorkersResumeBitwiseAndANewWorldSizeKeepsTheGlobalBatch) {
+LOOM_SLOW_TEST(FaultTolerance, KilledWorkersResumeBitwiseAndANewWorldSizeKeepsTheGlobalBatch) {
   const unsigned seed = fault_seed();
   std::mt19937 random(seed);
   const int kill_step = std::uniform_int_distribution<int>(2, kSteps - 1)(random);
@@ -160,7 +162,7 @@ TEST(FaultTolerance, KilledWorkersResumeBitwiseAndANewWorldSizeKeepsTheGlobalBat
   }
 }
 
-TEST(FaultTolerance, StoppedWorkerIsNamedAsHungAndTheGroupRestarts) {
+LOOM_TEST(FaultTolerance, StoppedWorkerIsNamedAsHungAndTheGroupRestarts) {
   const unsigned seed = fault_seed();
   std::mt19937 random(seed);
   const int stop_step = std::uniform_int_distribution<int>(2, kSteps - 2)(random);

@@ -149,7 +149,7 @@ INSTANTIATE_TEST_SUITE_P(EverySchedule, PipelineSchedules, ::testing::ValuesIn(k
 // 3-D, with the same global batch (2 rows per data-parallel rank, so 2 microbatches): each pp
 // rank's two stages are FSDP-wrapped (units kept gathered across microbatches,
 // gradients reduced on each stage's last backward) around tensor-parallel blocks.
-LOOM_TEST(PipelineTraining, ThreeDimensionsOnEightRanksTrainLikeOneRank) {
+LOOM_SLOW_TEST(PipelineTraining, ThreeDimensionsOnEightRanksTrainLikeOneRank) {
   const std::string folder = fresh_temp_dir("pp2_fsdp2_tp2");
   run_ok(
       launch_args(8, job("--job.dump_folder " + folder + pipeline(2, "Interleaved1F1B") +
@@ -163,7 +163,7 @@ LOOM_TEST(PipelineTraining, ThreeDimensionsOnEightRanksTrainLikeOneRank) {
 // Parameter names are global: a pipeline checkpoint loads on one rank, a one-rank checkpoint
 // on another pipeline split (pp 2 with one stage per rank), and resumes on its own layout
 // bitwise.
-LOOM_TEST(PipelineTraining, CheckpointsReshardBetweenPipelineAndOneRank) {
+LOOM_SLOW_TEST(PipelineTraining, CheckpointsReshardBetweenPipelineAndOneRank) {
   const auto want = logged_losses(one_rank());
   ASSERT_EQ(want.size(), 20u);
   const std::vector<double> tail(want.begin() + 10, want.end());

@@ -116,7 +116,7 @@ LOOM_TEST(TensorParallelTraining, TwoRanksMatchOneRankWithLossParallel) {
 
 // Resumed on the same layout: bitwise; on one rank and on FSDP x2: the tp boxes are read by
 // overlap into whole tensors and row shards.
-LOOM_TEST(TensorParallelTraining, CheckpointResumesOnTpBitwiseAndReshardsToOneRankAndFsdp) {
+LOOM_SLOW_TEST(TensorParallelTraining, CheckpointResumesOnTpBitwiseAndReshardsToOneRankAndFsdp) {
   const std::string straight = tp2_run();
   const auto want = logged_losses(straight);
   ASSERT_EQ(want.size(), 20u);

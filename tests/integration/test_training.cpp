@@ -3,6 +3,8 @@
 // metrics.jsonl carries every contract key, SIGTERM stops cleanly.
 #include <gtest/gtest.h>
 
+#include "support/test_sets.h"
+
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <nlohmann/json.hpp>
@@ -78,7 +80,7 @@ std::vector<nlohmann::json> read_jsonl(const std::string& path) {
 
 }  // namespace
 
-TEST(Training, LossFallsClearlyIn30Steps) {
+LOOM_TEST(Training, LossFallsClearlyIn30Steps) {
   auto result = Trainer(small_job("falls")).train();
   ASSERT_EQ(result.losses.size(), 30u);
   // Embeddings N(0, 1) and an output std of dim^-0.5 start slightly above ln(vocab).
@@ -89,7 +91,7 @@ TEST(Training, LossFallsClearlyIn30Steps) {
   EXPECT_LT(last, first - 1.0) << "first " << first << " last " << last;
 }
 
-TEST(Training, ThirtyStepsOnTheEmbeddedCorpusLowerTheLoss) {
+LOOM_TEST(Training, ThirtyStepsOnTheEmbeddedCorpusLowerTheLoss) {
   auto job = small_job("brown");
   job.training.dataset = "brown";
   job.model.tokenizer_path = "byte";
@@ -101,7 +103,7 @@ TEST(Training, ThirtyStepsOnTheEmbeddedCorpusLowerTheLoss) {
       << "first " << result.losses.front() << " last " << last;
 }
 
-TEST(Training, SameSeedSameLossesBitForBit) {
+LOOM_TEST(Training, SameSeedSameLossesBitForBit) {
   auto job = small_job("seed_a");
   job.training.steps = 8;
   auto a = Trainer(job).train();
@@ -113,7 +115,7 @@ TEST(Training, SameSeedSameLossesBitForBit) {
   EXPECT_NE(Trainer(job).train().losses, a.losses);
 }
 
-TEST(Training, ActivationCheckpointingChangesNoLoss) {
+LOOM_TEST(Training, ActivationCheckpointingChangesNoLoss) {
   auto job = small_job("ac_none");
   job.training.steps = 6;
   auto none = Trainer(job).train();
@@ -130,7 +132,7 @@ TEST(Training, ActivationCheckpointingChangesNoLoss) {
   }
 }
 
-TEST(Training, GradientAccumulationEqualsOneBigBatch) {
+LOOM_TEST(Training, GradientAccumulationEqualsOneBigBatch) {
   auto job = small_job("accum_big");
   job.training.steps = 4;
   job.training.local_batch_size = 8;
@@ -145,7 +147,7 @@ TEST(Training, GradientAccumulationEqualsOneBigBatch) {
   }
 }
 
-TEST(Training, MetricsJsonlHasEveryContractKeyAndValidationLines) {
+LOOM_TEST(Training, MetricsJsonlHasEveryContractKeyAndValidationLines) {
   auto job = small_job("metrics");
   job.training.steps = 10;
   job.metrics.log_freq = 5;
@@ -186,7 +188,7 @@ TEST(Training, MetricsJsonlHasEveryContractKeyAndValidationLines) {
   EXPECT_EQ(starts, 1);
 }
 
-TEST(Training, SigtermFinishesTheStepAndStops) {
+LOOM_TEST(Training, SigtermFinishesTheStepAndStops) {
   loom::signals::install_shutdown_handlers();
   loom::signals::clear_shutdown_request();
   auto job = small_job("sigterm");
@@ -201,7 +203,7 @@ TEST(Training, SigtermFinishesTheStepAndStops) {
   loom::signals::clear_shutdown_request();
 }
 
-TEST(Training, UnavailableDatasetOrLayoutIsAClearError) {
+LOOM_TEST(Training, UnavailableDatasetOrLayoutIsAClearError) {
   auto job = small_job("bad_dataset");
   job.training.dataset = "c4";
   try {
@@ -217,7 +219,7 @@ TEST(Training, UnavailableDatasetOrLayoutIsAClearError) {
 }
 
 // Peak memory is process-wide, so each mode runs in its own `loom train` process.
-TEST(Training, FullActivationCheckpointingLowersPeakMemory) {
+LOOM_SLOW_TEST(Training, FullActivationCheckpointingLowersPeakMemory) {
   auto peak = [](const std::string& mode) {
     std::string dir = loom::testing::fresh_temp_dir("train_ac_mem_" + mode);
     auto run = loom::testing::run_loom(
@@ -239,7 +241,7 @@ TEST(Training, FullActivationCheckpointingLowersPeakMemory) {
   EXPECT_LT(full, 0.85 * none) << "full " << full << " GiB, none " << none << " GiB";
 }
 
-TEST(Training, Bf16AutocastOnCpuRunsAndTracksFloat32) {
+LOOM_TEST(Training, Bf16AutocastOnCpuRunsAndTracksFloat32) {
   auto job = small_job("bf16_ref");
   job.training.steps = 5;
   auto fp32 = Trainer(job).train();
@@ -254,7 +256,7 @@ TEST(Training, Bf16AutocastOnCpuRunsAndTracksFloat32) {
   EXPECT_NE(bf16.losses, fp32.losses);  // it really computed in bf16
 }
 
-TEST(Training, PureBf16ParametersRun) {
+LOOM_TEST(Training, PureBf16ParametersRun) {
   auto job = small_job("pure_bf16");
   job.training.steps = 3;
   job.training.dtype = "bfloat16";
@@ -263,7 +265,7 @@ TEST(Training, PureBf16ParametersRun) {
   EXPECT_TRUE(std::isfinite(result.losses.back()));
 }
 
-TEST(Training, BadRecordsStopTheJobOrAreSkippedAndCounted) {
+LOOM_TEST(Training, BadRecordsStopTheJobOrAreSkippedAndCounted) {
   const std::string data_dir = loom::testing::fresh_temp_dir("bad_records_data");
   {
     std::ofstream out(data_dir + "/corpus.jsonl");
@@ -292,7 +294,7 @@ TEST(Training, BadRecordsStopTheJobOrAreSkippedAndCounted) {
   EXPECT_EQ(lines.back()["data_skipped"].get<int64_t>(), 2);
 }
 
-TEST(Training, SyntheticTrainingWithRealValidationSizesTheModelForTheTokenizer) {
+LOOM_TEST(Training, SyntheticTrainingWithRealValidationSizesTheModelForTheTokenizer) {
   auto job = small_job("synthetic_real_validation");
   job.training.steps = 2;
   job.model.tokenizer_path = "brown_bpe";  // 4096 tokens, more than debugmodel's 2048
@@ -311,7 +313,7 @@ TEST(Training, SyntheticTrainingWithRealValidationSizesTheModelForTheTokenizer) 
   EXPECT_EQ(validations, 1);
 }
 
-TEST(Threads, PlanFlagsMoreComputeThreadsThanCpus) {
+LOOM_TEST(Threads, PlanFlagsMoreComputeThreadsThanCpus) {
   const int threads = at::get_num_threads();
   const int cpus = loom::train::check_thread_plan(1).cpus;
   at::set_num_threads(1);
