@@ -24,6 +24,7 @@
 #include "loom/data/prefetch.h"
 #include "loom/data/synthetic.h"
 #include "loom/data/tokenizer.h"
+#include "loom/distributed/world_info.h"
 #include "loom/metrics/grad_norms.h"
 #include "loom/metrics/memory_estimate.h"
 #include "loom/parallel/pipeline/model_parts.h"
@@ -31,10 +32,9 @@
 #include "loom/train/host_memory.h"
 #include "loom/train/loss.h"
 #include "loom/train/lr_scheduler.h"
-#include "loom/train/memory_check.h"
 #include "loom/train/mixed_precision.h"
-#include "loom/train/supported_features.h"
 #include "loom/train/optimizer.h"
+#include "loom/train/preflight.h"
 #include "loom/train/threads.h"
 
 namespace loom::train {
@@ -62,7 +62,6 @@ bool wants_cuda(const std::string& setting) {
   return setting == "cuda" || (setting == "auto" && at::hasCUDA());
 }
 
-// The layouts this build trains; the others are refused before the rendezvous, on every rank.
 // A number summed over a group (the step's valid tokens).
 double sum_over(distributed::Comm& group, double value) {
   if (group.size() == 1) return value;
@@ -178,13 +177,14 @@ std::unique_ptr<data::Tokenizer> load_job_tokenizer(const config::JobConfig& con
 Trainer::Trainer(config::JobConfig config, std::unique_ptr<data::BatchSource> source,
                  std::unique_ptr<data::BatchSource> validation_source)
     : config_(std::move(config)) {
+  // Everything this job asks that loom cannot do, all at once and before any rendezvous: every
+  // rank refuses alike (the same checks `loom config validate` runs).
+  const auto world = distributed::read_world_info();
+  device_ = choose_device(config_.training.device, world.local_rank);
+  Preflight checked = preflight(config_, {world.world_size, device_, source == nullptr});
+  throw_if_refused(checked.problems, "loom train cannot start this job");
+  tokenizer_ = std::move(checked.tokenizer);
   setup_runtime();
-  tokenizer_ = load_job_tokenizer(config_);
-  // Parameter state is split over FSDP's shards, the tp ranks and (roughly evenly) the pipeline
-  // stages; activations are estimated whole: conservative under sequence parallelism.
-  const auto& dims = runtime_->dims();
-  check_memory_fits(config_, tokenizer_ ? tokenizer_->vocab_size() : 0,
-                    (shard_group() ? shard_group()->size() : 1) * dims.tp * dims.pp, device_);
   build_model();
   build_pipeline();
   build_data(std::move(source), std::move(validation_source));
@@ -195,20 +195,15 @@ Trainer::~Trainer() = default;
 
 void Trainer::setup_runtime() {
   auto log = log::get("trainer");
-  check_supported_features(config_);
   if (config_.parallelism.pipeline_parallel_degree > 1) {
     pipeline_plan_ = parallel::pipeline::plan_pipeline(config_, models::count_layers(config_));
   }
   runtime_ =
       std::make_unique<distributed::ParallelRuntime>(config_, wants_cuda(config_.training.device));
-  device_ = choose_device(config_.training.device, runtime_->world().local_rank);
   if (device_.is_cpu()) {
     check_thread_plan(runtime_->world().local_world_size);
     heap_kept_ = keep_freed_host_memory().applied;
   }
-  LOOM_CHECK_AS(InputError, !config_.metrics.step_breakdown || device_.is_cpu(),
-                "metrics.step_breakdown = true on ", device_.str(), ": it times operators on the "
-                "host thread and CUDA kernels run asynchronously; use profiling.enable_profiling");
   seed_ = config_.debug.seed ? static_cast<uint64_t>(*config_.debug.seed) : std::random_device{}();
   at::manual_seed(seed_);
   if (config_.debug.deterministic) {
@@ -222,9 +217,6 @@ void Trainer::setup_runtime() {
     config_.training.global_batch_size = global;  // what this run's checkpoints record
   }
   accumulation_steps_ = global / (t.local_batch_size * dp);
-  LOOM_CHECK_AS(InputError, !config_.validation.enable || config_.validation.seq_len <= t.seq_len,
-                "validation.seq_len (", config_.validation.seq_len, ") exceeds training.seq_len (",
-                t.seq_len, "), the longest sequence the model is built for");
   const auto compute = autocast_dtype(t, device_);
   log->info(
       "device {}, parameters {}, compute {}, seed {}{}, gradient accumulation {} x local batch {}",

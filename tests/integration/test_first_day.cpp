@@ -235,7 +235,8 @@ TEST(FirstDay, MetricsLogTellsRunsApartAndKeepsCountingTime) {
 
 // `loom config validate` refuses what `loom train` would, without a world: an unimplemented
 // degree (reported before any world-size arithmetic), torchtitan's c4 (with what to do), a
-// missing tokenizer; with --world-size / --nproc-per-node it checks the layout too.
+// missing tokenizer; with --world-size / --nproc-per-node it checks the layout too. Both list
+// every problem at once, the same ones.
 TEST(FirstDay, ConfigValidateCatchesWhatTrainWouldRefuse) {
   const std::string config = " --config " LOOM_SOURCE_DIR "/configs/llama3_debug.toml";
   auto bad = run_loom("config validate" + config +
@@ -268,6 +269,37 @@ TEST(FirstDay, ConfigValidateCatchesWhatTrainWouldRefuse) {
       << fits.output;
   auto any = run_loom("config validate" + config);
   EXPECT_EQ(any.exit_code, 0) << any.output;
+
+  // Every refusal at once, each said once, and the same list from `loom train` (both run one
+  // function): an unknown model, cp 2, ep 2, float8, c4 and a validation longer than training.
+  const std::string all_bad =
+      config +
+      " --model.name llama9 --parallelism.context_parallel_degree 2"
+      " --parallelism.expert_parallel_degree 2 --model.converters float8 --training.dataset c4"
+      " --training.seq_len 128";
+  const std::vector<std::string> refusals = {
+      "model.name: unknown model 'llama9'",
+      "context_parallel_degree = 2",
+      "expert_parallel_degree = 2",
+      "model.converters = [float8]",
+      "training.dataset = 'c4'",
+      "validation.seq_len (256) exceeds training.seq_len (128)"};
+  auto every = run_loom("config validate" + all_bad);
+  auto train =
+      run_loom("train" + all_bad + " --job.dump_folder " + fresh_temp_dir("firstday_refusals"));
+  for (const auto* run : {&every, &train}) {
+    EXPECT_EQ(run->exit_code, 2) << run->output;
+    for (const auto& refusal : refusals) {
+      EXPECT_NE(run->output.find(refusal), std::string::npos) << refusal << " in\n" << run->output;
+    }
+    // float8 is refused, not also "accepted ... no effect"
+    EXPECT_EQ(run->output.find("no effect"), std::string::npos) << run->output;
+  }
+  auto seq = run_loom("config validate" + config + " --training.seq_len 128");
+  EXPECT_EQ(seq.exit_code, 2) << seq.output;
+  EXPECT_NE(seq.output.find("validation.seq_len (256) exceeds training.seq_len (128)"),
+            std::string::npos)
+      << seq.output;
 }
 
 // A user's files are named by their path (not by the config's leftover dataset name), a
