@@ -267,8 +267,7 @@ void Trainer::build_model() {
   local_tensors_ = parallel_.tensors();
   placements_ = parallel_.placements();
   optimizer_ = build_optimizer(config_.optimizer, local_tensors_);
-  schedule_.emplace(config_.lr_scheduler,
-                    config_.lr_scheduler.total_steps.value_or(config_.training.steps));
+  schedule_ = LRSchedule::of_job(config_);
   auto log = log::get("trainer");
   log->info("model {}", models::format_summary(summary_, false));
   log->info("parallelism: {}", parallel_.description);
@@ -527,6 +526,11 @@ TrainResult Trainer::train(const std::function<void()>& on_started) {
   const auto resume = checkpoint_->load();
   if (on_started) on_started();
   lr_step_offset_ = resume.step - resume.lr_step;
+  if (resume.saved_config && runtime_->rank() == 0) {
+    const auto change =
+        describe_schedule_change(*resume.saved_config, config_, resume.lr_step, resume.step);
+    if (change) log->warn("{}", *change);
+  }
   elapsed_before_ = resume.elapsed_s;
   metrics_->start_run(run_start(config_, runtime_->dims(), resume, peak_));
   int64_t tokens_seen = resume.tokens_seen;

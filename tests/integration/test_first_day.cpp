@@ -196,7 +196,8 @@ TEST(FirstDay, SignalStopExitsWithTheSignalsCodeAndSaysWhereToResume) {
 
 // metrics.jsonl of a run resumed into the same dump folder: a start record per start (fresh,
 // then resumed from step 3), elapsed_s that keeps counting across the resume, and the same time
-// keys on every row (steps, validation, start records).
+// keys on every row (steps, validation, start records); the schedule change more steps bring is
+// named.
 TEST(FirstDay, MetricsLogTellsRunsApartAndKeepsCountingTime) {
   const std::string folder = fresh_temp_dir("firstday_metrics_runs");
   const std::string job = base_args(folder) +
@@ -231,6 +232,18 @@ TEST(FirstDay, MetricsLogTellsRunsApartAndKeepsCountingTime) {
   EXPECT_NE(starts[0]["config_hash"], starts[1]["config_hash"]);  // training.steps changed
   EXPECT_GT(starts[1]["elapsed_s"].get<double>(), 0.0);
   EXPECT_EQ(starts[1]["layout"], "pp 1, dp_replicate 1, dp_shard 1, cp 1, tp 1");
+
+  // More steps rebuild the learning-rate schedule (warmup 20 clamped to the run's 3, then 5):
+  // the resumed run says so with the rates before and after, and step 4 trains at the new one.
+  EXPECT_NE(second.output.find("training.steps 3 -> 5 changes the learning-rate schedule: lr at "
+                               "step 3 was 0.001, at step 4 it is now 0.0008 (the checkpoint's "
+                               "schedule would give 0.001)"),
+            std::string::npos)
+      << second.output;
+  EXPECT_EQ(second.output.find("resuming is fine"), std::string::npos) << second.output;
+  for (const auto& row : rows) {
+    if (row.value("step", 0) == 4 && row.contains("lr")) EXPECT_NEAR(row["lr"], 8e-4, 1e-12);
+  }
 }
 
 // `loom config validate` refuses what `loom train` would, without a world: an unimplemented
