@@ -28,6 +28,7 @@
 #include "loom/metrics/grad_norms.h"
 #include "loom/metrics/memory_estimate.h"
 #include "loom/parallel/pipeline/model_parts.h"
+#include "loom/parallel/pipeline/simulate.h"
 #include "loom/train/grad_clip.h"
 #include "loom/train/host_memory.h"
 #include "loom/train/loss.h"
@@ -440,16 +441,25 @@ void Trainer::flush_pending(TrainResult& result, metrics::StepMetrics& last) {
   auto& loss_group = runtime_->group(distributed::MeshGroup::loss);
   at::Tensor loss_values = sum_over(loss_group, at::cat(losses).to(at::kCPU).contiguous());
   if (pipeline_) {
-    // The losses live on the last stage (zeros elsewhere); with them, each pp rank's share of
-    // its pipeline time spent waiting for activations and gradients, averaged over the ranks.
+    // The losses live on the last stage (zeros elsewhere); with them, each pp rank's busy and
+    // pipeline time over the window in its own slot, for the bubble as `loom plan schedule`
+    // defines it (parallel::pipeline::bubble_fraction).
     const auto stats = pipeline_->take_stats();
-    const double busy = stats.compute_seconds + stats.wait_seconds;
-    const double bubble = busy > 0 ? 100.0 * stats.wait_seconds / busy : 0.0;
-    at::Tensor values = sum_over(pipeline_->group(),
-                                 at::cat({loss_values.to(at::kDouble),
-                                          at::full({1}, bubble, at::kDouble)}));
-    last.pp_bubble_pct = values[-1].item<double>() / pipeline_->group().size();
-    loss_values = values.narrow(0, 0, values.size(0) - 1);
+    auto& pp = pipeline_->group();
+    const int64_t ranks = pp.size(), losses = loss_values.size(0);
+    at::Tensor times = at::zeros({2 * ranks}, at::kDouble);
+    times[pp.rank()] = stats.compute_seconds;
+    times[ranks + pp.rank()] = stats.pass_seconds;
+    at::Tensor values = sum_over(pp, at::cat({loss_values.to(at::kDouble), times}));
+    const auto all = values.accessor<double, 1>();
+    std::vector<double> busy;
+    double step = 0;
+    for (int64_t r = 0; r < ranks; ++r) {
+      busy.push_back(all[losses + r]);
+      step = std::max(step, all[losses + ranks + r]);
+    }
+    last.pp_bubble_pct = 100.0 * parallel::pipeline::bubble_fraction(busy, step);
+    loss_values = values.narrow(0, 0, losses);
   }
   loss_values = loss_values.contiguous();
   const at::Tensor norm_values = at::cat(norms).to(at::kCPU).contiguous();
