@@ -149,8 +149,7 @@ metrics::RunStart run_start(const config::JobConfig& config, const distributed::
   start.resumed_from = resume.loaded_from;
   start.config_hash = metrics::config_hash(config);
   start.world_size = dims.world_size;
-  start.layout = fmt::format("pp {}, dp_replicate {}, dp_shard {}, cp {}, tp {}", dims.pp,
-                             dims.dp_replicate, dims.dp_shard, dims.cp, dims.tp);
+  start.layout = dims.layout();
   start.elapsed_s = resume.elapsed_s;
   start.peak_source = peak.source;
   return start;
@@ -233,19 +232,6 @@ void Trainer::build_model() {
   const int64_t vocab = tokenizer_ ? tokenizer_->vocab_size() : 0;
   const auto meta = at::TensorOptions().device(at::kMeta).dtype(parameter_dtype(config_.training));
   summary_ = models::build_model(config_, vocab, meta)->summary(config_.training.seq_len);
-  // FSDP keeps float32 masters and computes in mixed_precision_param.
-  distributed::Comm* shards = shard_group();
-  const auto param_dtype = shards ? at::kFloat : parameter_dtype(config_.training);
-  const auto compute_dtype = autocast_dtype(config_.training, device_).value_or(param_dtype);
-  const auto memory = metrics::estimate_memory(
-      summary_, config_,
-      {shards ? shards->size() : 1, static_cast<int>(c10::elementSize(param_dtype)),
-       static_cast<int>(c10::elementSize(compute_dtype))});
-  // Before the parameters exist, so that they too come from huge pages (with 50% to spare: the
-  // advice only reserves address space).
-  if (heap_kept_) {
-    advise_heap_huge_pages(static_cast<size_t>(memory.total_gib() * 1.5 * double(1 << 30)));
-  }
   const models::ModelSpec& spec = models::find_model_spec(config_.model.name);
   parallel::ParallelContext context{config_,
                                     *runtime_,
@@ -264,6 +250,12 @@ void Trainer::build_model() {
   } else {
     parts.push_back(models::build_model(config_, vocab, meta));
   }
+  const auto memory = estimate_rank_memory(parts);
+  // Before the parameters exist, so that they too come from huge pages (with 50% to spare: the
+  // advice only reserves address space).
+  if (heap_kept_) {
+    advise_heap_huge_pages(static_cast<size_t>(memory.total_gib() * 1.5 * double(1 << 30)));
+  }
   parallel_ = spec.parallelize(std::move(parts), context);
   local_tensors_ = parallel_.tensors();
   placements_ = parallel_.placements();
@@ -271,8 +263,33 @@ void Trainer::build_model() {
   schedule_ = LRSchedule::of_job(config_);
   auto log = log::get("trainer");
   log->info("model {}", models::format_summary(summary_, false));
-  log->info("parallelism: {}", parallel_.description);
+  log->info("parallelism: {}; gradient sync: {}", runtime_->dims().layout(), parallel_.description);
   log->info("estimated peak memory per rank: {}", memory.describe());
+}
+
+// This rank's share: its pipeline stages, split over FSDP's shards and the tp ranks, with the
+// activations of as many microbatches as its schedule keeps alive.
+metrics::MemoryEstimate Trainer::estimate_rank_memory(
+    const std::vector<std::unique_ptr<models::CausalLM>>& parts) {
+  std::vector<models::ModelSummary> summaries;
+  for (const auto& part : parts) summaries.push_back(part->summary(config_.training.seq_len));
+  // FSDP keeps float32 masters and computes in mixed_precision_param.
+  distributed::Comm* shards = shard_group();
+  const auto param_dtype = shards ? at::kFloat : parameter_dtype(config_.training);
+  const auto compute_dtype = autocast_dtype(config_.training, device_).value_or(param_dtype);
+  metrics::MemoryInputs in{shards ? shards->size() : 1,
+                           static_cast<int>(c10::elementSize(param_dtype)),
+                           static_cast<int>(c10::elementSize(compute_dtype))};
+  in.tp_degree = runtime_->dims().tp;
+  if (pipeline_plan_) {
+    const auto& schedule = pipeline_plan_->schedule;
+    const auto pp_rank = runtime_->mesh().group_rank(distributed::MeshGroup::pp, runtime_->rank());
+    in.microbatch_rows = config_.parallelism.pipeline_parallel_microbatch_size;
+    in.live_microbatches = static_cast<double>(parallel::pipeline::peak_live_activations(
+                               schedule, static_cast<int>(pp_rank))) /
+                           schedule.stages_per_rank;
+  }
+  return metrics::estimate_memory(metrics::combine_summaries(summaries), config_, in);
 }
 
 bool Trainer::is_log_step(int64_t step) const {

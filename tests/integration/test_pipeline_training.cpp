@@ -128,8 +128,12 @@ TEST_P(PipelineSchedules, TrainLikeOneRank) {
         run_ok(launch_args(pp, job("--job.dump_folder " + folder + pipeline(pp, schedule))),
                "pipeline: " + schedule + " over " + std::to_string(pp) + " ranks, " +
                    std::to_string(stages) + " stages");
-    // The console line carries the bubble too.
+    // The console line carries the bubble too; the start-up names the layout, not "none".
     EXPECT_NE(output.find("%  bubble: "), std::string::npos) << output;
+    EXPECT_NE(output.find("parallelism: pp " + std::to_string(pp) +
+                          ", dp_replicate 1, dp_shard 1, cp 1, tp 1; gradient sync: none"),
+              std::string::npos)
+        << output;
   }
   expect_matches_one_rank(folder, what);
   expect_bubble_logged(folder);
