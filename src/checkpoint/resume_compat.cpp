@@ -99,6 +99,8 @@ std::optional<config::JobConfig> check_resume_compatible(const std::string& step
   config::JobConfig saved;
   try {
     saved = config::load_job_config(path, {}).config;
+    // Read back, the saved config names its own file; where a config came from is no state.
+    saved.job.config_file = current.job.config_file;
   } catch (const Error& e) {
     log::get("checkpoint")->warn("cannot compare with the config saved in {} ({}); resuming anyway",
                                  path, e.message());
