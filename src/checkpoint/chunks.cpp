@@ -235,6 +235,7 @@ nlohmann::json step_index(const std::vector<nlohmann::json>& rank_entries,
   index["world_size"] = header.world_size;
   index["dp_size"] = header.dp_size;
   index["model_only"] = header.model_only;
+  if (!header.layout.empty()) index["layout"] = header.layout;
   return index;
 }
 

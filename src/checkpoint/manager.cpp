@@ -289,7 +289,8 @@ void CheckpointManager::finalize(const Snapshot& s, const std::string& temp) {
     }
     parts[static_cast<size_t>(r)] = read_json(path);
   }
-  nlohmann::json index = step_index(parts, {s.step, world, runtime_.dp_size(), s.model_only});
+  nlohmann::json index = step_index(
+      parts, {s.step, world, runtime_.dp_size(), s.model_only, runtime_.dims().layout()});
   files::write_atomic(temp + "/index.json", index.dump(1));
   files::write_atomic(
       temp + "/train_state.json",

@@ -137,7 +137,7 @@ ResumePoint CheckpointManager::load() {
   }
   // A config change the saved state cannot follow is the same for every candidate: say so once
   // (every rank reads the same config.toml and throws alike).
-  check_resume_compatible(candidates.front().second, config_, model_only);
+  const auto saved_config = check_resume_compatible(candidates.front().second, config_, model_only);
   auto& world = runtime_.world_group();
   for (size_t i = 0; i < candidates.size(); ++i) {
     const std::string& path = candidates[i].second;
@@ -155,6 +155,7 @@ ResumePoint CheckpointManager::load() {
     at::Tensor failed = at::full({1}, error.empty() ? 0 : 1, at::kInt);
     if (world.size() > 1) world.all_reduce(failed, distributed::ReduceOp::kMax);
     if (failed.item<int>() == 0) {
+      if (i == 0) point.saved_config = saved_config;
       log->info("resumed from {} (step {}, {} tokens seen{}) in {:.2f} s", path, point.step,
                 point.tokens_seen, point.step == 0 ? ", model weights only" : "",
                 seconds_since(start));

@@ -91,17 +91,20 @@ std::vector<std::string> resume_conflicts(const std::vector<ConfigChange>& chang
   return conflicts;
 }
 
-void check_resume_compatible(const std::string& step_folder, const config::JobConfig& current,
-                             bool model_only) {
+std::optional<config::JobConfig> check_resume_compatible(const std::string& step_folder,
+                                                         const config::JobConfig& current,
+                                                         bool model_only) {
   const std::string path = step_folder + "/config.toml";
-  if (!std::filesystem::exists(path)) return;  // a Hugging Face import or an older checkpoint
+  if (!std::filesystem::exists(path)) return std::nullopt;  // a Hugging Face import or older
   config::JobConfig saved;
   try {
     saved = config::load_job_config(path, {}).config;
+    // Read back, the saved config names its own file; where a config came from is no state.
+    saved.job.config_file = current.job.config_file;
   } catch (const Error& e) {
     log::get("checkpoint")->warn("cannot compare with the config saved in {} ({}); resuming anyway",
                                  path, e.message());
-    return;
+    return std::nullopt;
   }
   const auto changes = config_changes(saved, current);
   const auto conflicts = resume_conflicts(changes, current, model_only);
@@ -112,11 +115,13 @@ void check_resume_compatible(const std::string& step_folder, const config::JobCo
                ": the config changed in ways the checkpoint cannot follow:", text,
                "\n(the checkpoint is intact: older checkpoints share the change, so none is tried)");
   }
-  if (changes.empty()) return;
+  if (changes.empty()) return saved;
   std::string text;
   for (const auto& c : changes) text += "; " + c.key + " " + c.saved + " -> " + c.current;
-  log::get("checkpoint")->info("config changed since {} (resuming is fine): {}", step_folder,
-                               text.substr(2));
+  log::get("checkpoint")
+      ->info("config changed since {} (the checkpoint's state can follow): {}", step_folder,
+             text.substr(2));
+  return saved;
 }
 
 }  // namespace loom::checkpoint

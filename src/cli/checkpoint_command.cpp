@@ -82,10 +82,15 @@ void print_step(const std::string& folder, bool verify, bool tensors) {
   }
   checkpoint::CheckpointReader reader(folder);
   const auto& index = reader.index();
-  std::cout << fmt::format("{}: step {}, {}, written by {} rank(s) (dp {}), {}\n", folder,
+  // The layout when the writers recorded it; older checkpoints know their data-parallel degree.
+  const int world = index.value("world_size", 0);
+  const std::string layout = index.contains("layout") && index["layout"].is_string()
+                                 ? index["layout"].get<std::string>()
+                                 : fmt::format("dp {}", index.value("dp_size", 0));
+  std::cout << fmt::format("{}: step {}, {}, written by {} rank{} ({}), {}\n", folder,
                            index.value("step", -1),
-                           complete ? "complete" : "INCOMPLETE (no COMPLETE marker)",
-                           index.value("world_size", 0), index.value("dp_size", 0),
+                           complete ? "complete" : "INCOMPLETE (no COMPLETE marker)", world,
+                           world == 1 ? "" : "s", layout,
                            index.value("model_only", false) ? "model weights only"
                                                             : "model + optimizer + training state");
   uint64_t bytes = 0;

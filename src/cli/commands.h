@@ -44,8 +44,12 @@ struct ConfigArgs {
   std::vector<config::Override> overrides;
 };
 
-// Adds --config and one --section.key option per config key, grouped by section.
+// Adds --config and one --section.key option per config key, grouped by section (keys loom
+// accepts without implementing them say so).
 void add_config_options(CLI::App& command, ConfigArgs& args);
+// Adds --config only; --section.key overrides are still read (as unrecognized arguments, see
+// collect_unrecognized) but not listed, for commands that only look at a few keys.
+void add_config_file_option(CLI::App& command, ConfigArgs& args);
 // Turns arguments CLI11 did not recognize into overrides, so the loader reports unknown keys
 // together with every other problem (with "did you mean" suggestions).
 void collect_unrecognized(const CLI::App& command, ConfigArgs& args);

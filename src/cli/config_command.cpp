@@ -1,44 +1,46 @@
 // loom config show | validate | docs
+#include <ATen/Context.h>
+
 #include <iostream>
 #include <memory>
 
 #include "commands.h"
-#include "config_preflight.h"
-#include "loom/models/model_spec.h"
 #include "loom/config/dump.h"
-#include "loom/parallel/pipeline/plan.h"
 #include "loom/core/check.h"
+#include "loom/train/preflight.h"
 
 namespace loom::cli {
 
 namespace {
 
+// The device `loom train` would pick here for training.device (`auto`: CUDA when present).
+at::Device device_here(const std::string& setting) {
+  const bool cuda = setting == "cuda" || (setting == "auto" && at::hasCUDA());
+  return cuda ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
+}
+
 template <typename State>
 int validate_config(const CLI::App& command, State& state) {
   config::LoadedConfig loaded = load_config(command, state.args);
   config::warn_unimplemented(loaded);
-  PreflightWorld world;
+  std::optional<int64_t> world_size;
   if (state.nproc_per_node > 0) {
     const int64_t launched = state.nproc_per_node * state.nnodes;
     LOOM_CHECK_AS(InputError, state.world_size == 0 || state.world_size == launched,
                   "--world-size ", state.world_size, " differs from --nnodes x --nproc-per-node = ",
                   launched);
-    world.world_size = launched;
+    world_size = launched;
   } else if (state.world_size > 0) {
-    world.world_size = state.world_size;
+    world_size = state.world_size;
   }
-  auto problems = preflight_problems(loaded.config, world, loaded.provenance);
-  if (!problems.empty()) {
-    std::string text = "config " +
-                       (loaded.config.job.config_file ? *loaded.config.job.config_file
-                                                      : std::string("(defaults)")) +
-                       ": `loom train` would refuse it:";
-    for (const auto& problem : problems) text += "\n  - " + problem;
-    LOOM_THROW(InputError, text);
-  }
-  std::cout << "config is valid: "
-            << (loaded.config.job.config_file ? *loaded.config.job.config_file : "defaults")
-            << "; " << describe_world(loaded.config, world) << "\n";
+  const auto& config = loaded.config;
+  const std::string name = config.job.config_file ? *config.job.config_file : "(defaults)";
+  // The very checks train runs before it builds anything.
+  const auto checked = train::preflight(
+      config, {world_size, device_here(config.training.device), true}, loaded.provenance);
+  train::throw_if_refused(checked.problems, "config " + name + ": `loom train` would refuse it");
+  std::cout << "config is valid: " << (config.job.config_file ? name : "defaults") << "; "
+            << train::describe_world(config, world_size) << "\n";
   return 0;
 }
 
@@ -75,11 +77,13 @@ void add_config_command(CLI::App& app, CommandRun& run) {
   auto validate_state = std::make_shared<ValidateState>();
   CLI::App* validate = command->add_subcommand(
       "validate",
-      "Check a config as `loom train` would before its first step (keys, parallel degrees, "
-      "batch sizes, tokenizer, datasets); exit 0 when valid, 2 with every problem listed");
+      "Check a config with the checks `loom train` runs before it builds anything (keys, "
+      "parallel degrees, model, pipeline plan, batch sizes, sequence lengths, optimizer, "
+      "tokenizer, datasets; with a world size also the layout and whether it fits in memory); "
+      "exit 0 when valid, 2 with every problem listed");
   validate
       ->add_option("--world-size", validate_state->world_size,
-                   "Also check the layout for this many ranks")
+                   "Also check the layout and the memory estimate for this many ranks")
       ->check(CLI::PositiveNumber);
   validate
       ->add_option("--nproc-per-node", validate_state->nproc_per_node,

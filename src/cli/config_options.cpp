@@ -40,7 +40,8 @@ void add_config_options(CLI::App& command, ConfigArgs& args) {
             args.overrides.push_back({key, value});
             return true;
           },
-          field.doc);
+          field.implemented ? field.doc
+                            : field.doc + " [not implemented yet: accepted, no effect]");
       option->type_name(type_name(field));
       option->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
       if (is_bool) {
@@ -48,6 +49,15 @@ void add_config_options(CLI::App& command, ConfigArgs& args) {
       }
     }
   }
+  command.allow_extras();
+}
+
+void add_config_file_option(CLI::App& command, ConfigArgs& args) {
+  command.add_option("-c,--config", args.config_path,
+                     "Job config file (.toml or .json); same as --job.config_file");
+  command.footer(
+      "Config keys: any --section.key VALUE overrides the config (`loom train --help` lists "
+      "them, docs/config.md describes them).");
   command.allow_extras();
 }
 

@@ -11,6 +11,7 @@
 
 #include "commands.h"
 #include "loom/core/check.h"
+#include "loom/core/logging.h"
 #include "loom/eval/loss.h"
 #include "loom/eval/multiple_choice.h"
 #include "loom/generate/inference_model.h"
@@ -149,6 +150,7 @@ int run_eval(const EvalArgs& args) {
   LOOM_CHECK_AS(InputError, args.batch_size > 0, "--batch-size must be positive");
   const auto start = std::chrono::steady_clock::now();
   auto model = generate::load_inference_model(args.source);
+  log::get("eval")->info("{}", model.describe());
   const eval::ForwardFn forward = [&model](const at::Tensor& tokens) {
     return model.forward(tokens);
   };

@@ -52,6 +52,7 @@ int run_generate(GenerateArgs& args) {
   args.generation.add_bos = !args.no_bos;
   args.generation.validate();
   auto model = generate::load_inference_model(args.source);
+  log::get("generate")->info("{}", model.describe());
   generate::Generator generator(model, args.generation);
   std::vector<std::vector<int32_t>> ids;
   for (const auto& p : prompts) {

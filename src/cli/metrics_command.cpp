@@ -1,9 +1,11 @@
 // loom metrics watch DUMP_FOLDER [--compare DIR2 ...]: live terminal view of running jobs.
 // loom metrics plot DUMP_FOLDER... -o FILE.svg [--x tokens]: loss, lr, tps, memory as an SVG.
 // loom metrics summary DUMP_FOLDER [--format json]: last, best and mean of every metric.
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <iostream>
 #include <memory>
 #include <thread>
@@ -30,6 +32,19 @@ std::vector<metrics::RunLog> read_runs(const std::vector<std::string>& folders) 
   return runs;
 }
 
+// The terminal's width: its window size, else $COLUMNS, else 80.
+int terminal_columns(bool tty) {
+  struct winsize size {};
+  if (tty && ::ioctl(STDOUT_FILENO, TIOCGWINSZ, &size) == 0 && size.ws_col > 0) {
+    return size.ws_col;
+  }
+  if (const char* columns = std::getenv("COLUMNS")) {
+    const int n = std::atoi(columns);
+    if (n > 0) return n;
+  }
+  return 80;
+}
+
 struct WatchArgs {
   std::string folder;
   std::vector<std::string> compare;
@@ -49,6 +64,7 @@ int watch(const WatchArgs& args) {
   options.stall_factor = args.stall_factor;
   options.color = tty;
   while (true) {
+    options.width = terminal_columns(tty);  // follows a resized window
     const auto runs = read_runs(folders);
     const std::string screen = metrics::render_watch(runs, now_unix(), options);
     std::cout << (tty ? "\033[H\033[2J" : "") << "loom metrics watch (every " << args.interval_s

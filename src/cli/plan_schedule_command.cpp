@@ -153,7 +153,7 @@ void add_plan_schedule_command(CLI::App& plan, CommandRun& run) {
                   "Slots per weight-gradient backward (W)")
       ->check(CLI::Range(1, 100))
       ->capture_default_str();
-  add_config_options(*cmd, args->config);
+  add_config_file_option(*cmd, args->config);
   cmd->callback(
       [cmd, args, &run] { run = [cmd, args] { return run_plan_schedule(*cmd, *args); }; });
 }

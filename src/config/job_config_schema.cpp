@@ -90,10 +90,9 @@ void add_model_sections(Schema& s) {
       "tokenizer_path", &ModelSection::tokenizer_path,
       "Tokenizer file; when unset: hf_assets_path/tokenizer.json (an error when hf_assets_path was "
       "set and has none; the byte tokenizer when the default folder does not exist).");
-  model
-      .field("converters", &ModelSection::converters,
-             "Model converters applied after building (e.g. float8).")
-      .unimplemented();
+  model.field("converters", &ModelSection::converters,
+              "Model converters applied after building (e.g. float8); not implemented yet: only "
+              "the empty list is accepted.");
   model
       .field("print_after_conversion", &ModelSection::print_after_conversion,
              "Print the model after converters ran.")
@@ -264,8 +263,8 @@ void add_parallelism_section(Schema& s) {
   p.field("disable_loss_parallel", &ParallelismSection::disable_loss_parallel,
           "Gather logits instead of a vocab-parallel loss under tensor parallelism.");
   p.field("enable_async_tensor_parallel", &ParallelismSection::enable_async_tensor_parallel,
-          "Overlap tensor-parallel communication with matmuls (needs torch.compile).")
-      .unimplemented();
+          "Overlap tensor-parallel communication with matmuls (needs torch.compile); not "
+          "implemented yet: only false is accepted.");
   p.field("pipeline_parallel_degree", &ParallelismSection::pipeline_parallel_degree,
           "Pipeline stages over ranks.")
       .min(1);

@@ -95,4 +95,9 @@ std::string ParallelDims::describe() const {
                         " x dp_shard ", dp_shard, " x cp ", cp, " x tp ", tp);
 }
 
+std::string ParallelDims::layout() const {
+  return detail::concat("pp ", pp, ", dp_replicate ", dp_replicate, ", dp_shard ", dp_shard,
+                        ", cp ", cp, ", tp ", tp);
+}
+
 }  // namespace loom::distributed

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
@@ -13,7 +14,6 @@
 #include "loom/checkpoint/manager.h"
 #include "loom/config/loader.h"
 #include "loom/core/check.h"
-#include "loom/core/logging.h"
 #include "loom/core/strings.h"
 
 namespace loom::generate {
@@ -182,6 +182,7 @@ InferenceModel load_inference_model(const ModelSource& source) {
                 " tokens, more than the model's embedding (", plan.args.vocab_size,
                 "): a different tokenizer than the model was trained with?");
   out.model = models::llama::Transformer(plan.args, at::TensorOptions().dtype(dtype).device(device));
+  out.dtype = source.dtype;
   if (hf) {
     load_hf(out, source.checkpoint);
   } else {
@@ -190,10 +191,12 @@ InferenceModel load_inference_model(const ModelSource& source) {
   for (auto& p : out.model->parameters()) p.set_requires_grad(false);
   out.model->init_freqs_cis(device);
   out.model->eval();
-  log::get("generate")->info("loaded {} ({} checkpoint, {} on {}, context {} tokens)",
-                             out.step_folder, out.format, source.dtype, device.str(),
-                             plan.args.max_seq_len);
   return out;
+}
+
+std::string InferenceModel::describe() const {
+  return fmt::format("loaded {} ({} checkpoint, {} on {}, context {} tokens)", step_folder, format,
+                     dtype, device().str(), context());
 }
 
 }  // namespace loom::generate

@@ -39,29 +39,37 @@ std::string MemoryEstimate::describe() const {
 MemoryEstimate estimate_memory(const models::ModelSummary& model, const config::JobConfig& config,
                                const MemoryInputs& in) {
   MemoryEstimate e;
+  const double tp = static_cast<double>(std::max<int64_t>(in.tp_degree, 1));
   const double shard = static_cast<double>(std::max<int64_t>(in.shard_degree, 1));
-  const double local_params = static_cast<double>(model.total_params) / shard;
+  const double local_params = static_cast<double>(model.total_params) / shard / tp;
   e.parameters_gib = local_params * in.param_bytes / kGiB;
   e.gradients_gib = local_params * in.param_bytes / kGiB;
   e.optimizer_gib = 2 * local_params * in.param_bytes / kGiB;
-  // Blocks: "layers.<i>.*"; sizes from the first block.
+  // Blocks: "layers.<i>.*"; sizes from the first one this model holds.
   std::map<std::string, int64_t> block_numel;
+  std::string first_block;
   for (const auto& p : model.parameters) {
     if (p.name.rfind("layers.", 0) != 0) continue;
-    block_numel[p.name.substr(0, p.name.find('.', 7))] += p.numel;
+    const std::string block = p.name.substr(0, p.name.find('.', 7));
+    if (first_block.empty()) first_block = block;
+    block_numel[block] += p.numel;
   }
   if (in.shard_degree > 1 && !block_numel.empty()) {
     // FSDP gathers a unit (and prefetches the next) in the compute dtype.
     int64_t largest = 0;
     for (const auto& [name, numel] : block_numel) largest = std::max(largest, numel);
-    e.parameters_gib += 2.0 * static_cast<double>(largest) * in.compute_bytes / kGiB;
+    e.parameters_gib += 2.0 * static_cast<double>(largest) / tp * in.compute_bytes / kGiB;
   }
   const int64_t n_blocks = static_cast<int64_t>(block_numel.size());
-  const int64_t vocab = rows_of(model, "tok_embeddings.weight");
-  const int64_t dim = cols_of(model, "tok_embeddings.weight");
-  const int64_t q = rows_of(model, "layers.0.attention.wq.weight");
-  const int64_t kv = rows_of(model, "layers.0.attention.wk.weight");
-  const int64_t hidden = rows_of(model, "layers.0.feed_forward.w1.weight");
+  const std::string block = first_block + ".";
+  const int64_t q = rows_of(model, block + "attention.wq.weight");
+  const int64_t kv = rows_of(model, block + "attention.wk.weight");
+  const int64_t hidden = rows_of(model, block + "feed_forward.w1.weight");
+  // The model width from a block (a pipeline stage may hold neither embedding nor output).
+  int64_t dim = cols_of(model, block + "attention.wq.weight");
+  if (dim == 0) dim = cols_of(model, "tok_embeddings.weight");
+  if (dim == 0) dim = cols_of(model, "output.weight");
+  const int64_t vocab = rows_of(model, "output.weight");  // logits only where the output is
   const double per_block = static_cast<double>(4 * dim + 3 * q + 3 * kv + 4 * hidden);
   const auto& ac = config.activation_checkpoint;
   int64_t checkpointed = 0;
@@ -73,12 +81,28 @@ MemoryEstimate estimate_memory(const models::ModelSummary& model, const config::
   const double kept = static_cast<double>(n_blocks - checkpointed) * per_block +
                       static_cast<double>(checkpointed) * static_cast<double>(dim) +
                       (checkpointed > 0 ? per_block : 0.0);
-  const double tokens =
-      static_cast<double>(config.training.local_batch_size * config.training.seq_len);
-  const double output = 2.0 * static_cast<double>(dim) * in.compute_bytes +     // final norm
-                        static_cast<double>(vocab) * (in.compute_bytes + 4.0);  // logits, fp32 loss
-  e.activations_gib = tokens * (kept * in.compute_bytes + output) / kGiB;
+  const int64_t rows =
+      in.microbatch_rows > 0 ? in.microbatch_rows : config.training.local_batch_size;
+  const double tokens = static_cast<double>(rows * config.training.seq_len);
+  const double output = vocab == 0 ? 0.0
+                                   : 2.0 * static_cast<double>(dim) * in.compute_bytes +  // norm
+                                         static_cast<double>(vocab) * (in.compute_bytes + 4.0);
+  e.activations_gib =
+      in.live_microbatches * tokens * (kept * in.compute_bytes + output) / tp / kGiB;
   return e;
+}
+
+models::ModelSummary combine_summaries(const std::vector<models::ModelSummary>& parts) {
+  models::ModelSummary all;
+  for (const auto& part : parts) {
+    all.family = part.family;
+    all.flavor = part.flavor;
+    all.seq_len = part.seq_len;
+    all.total_params += part.total_params;
+    all.embedding_params += part.embedding_params;
+    all.parameters.insert(all.parameters.end(), part.parameters.begin(), part.parameters.end());
+  }
+  return all;
 }
 
 }  // namespace loom::metrics

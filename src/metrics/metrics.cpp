@@ -222,12 +222,15 @@ void MetricsLogger::log_step(const StepMetrics& m) {
   const char* magenta = color ? "\033[35m" : "";
   const char* reset = color ? "\033[39m" : "";
   // An MFU over a peak measured on this machine is an estimate, and says so.
+  // Pipeline runs add their measured bubble (pp_bubble_pct).
+  const std::string bubble =
+      m.pp_bubble_pct ? fmt::format("  bubble: {:.1f}%", *m.pp_bubble_pct) : std::string();
   log::get("metrics")->info(
       "{}step: {:>5}  {}loss: {:8.4f}  {}grad_norm: {:7.4f}  {}memory: {:6.2f}GiB  {}tps: {:.0f}  "
-      "{}tflops: {:.3f}  {}mfu: {}{:.2f}%{}{}",
+      "{}tflops: {:.3f}  {}mfu: {}{:.2f}%{}{}{}",
       cyan, m.step, green, m.loss, reset, m.grad_norm, yellow, m.mem_peak_gib, blue, m.tps, reset,
       m.tflops, magenta, m.mfu_estimate ? "~" : "", m.mfu_pct, m.mfu_estimate ? " (est.)" : "",
-      reset);
+      reset, bubble);
   if (m.breakdown) log::get("metrics")->info("{}", StepBreakdown::format(*m.breakdown));
   if (!warned_mfu_) {
     if (auto warning = mfu_warning(m.mfu_pct, {0, peak_source_, m.mfu_estimate})) {

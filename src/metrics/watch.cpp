@@ -7,12 +7,18 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <sstream>
+#include <utility>
+#include <vector>
 
 namespace loom::metrics {
 namespace {
 
 std::string duration(double seconds) {
   if (!std::isfinite(seconds) || seconds < 0) return "?";
+  // Steps of a fraction of a second (the debug model on CPU) keep their digits.
+  if (seconds < 1) return fmt::format("{:.2f}s", seconds);
+  if (seconds < 10) return fmt::format("{:.1f}s", seconds);
   const auto s = static_cast<int64_t>(seconds + 0.5);
   if (s >= 3600) return fmt::format("{}:{:02}:{:02}", s / 3600, (s / 60) % 60, s % 60);
   if (s >= 60) return fmt::format("{}m{:02}s", s / 60, s % 60);
@@ -63,7 +69,66 @@ int64_t total_steps(const RunLog& run) {
   return run.status ? run.status->value("total_steps", int64_t{0}) : 0;
 }
 
+// Columns a line takes on a terminal: UTF-8 code points (the sparkline's blocks are one column
+// each), without color escapes.
+size_t columns(const std::string& text) {
+  size_t n = 0;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == '\033') {
+      while (i < text.size() && text[i] != 'm') ++i;
+      continue;
+    }
+    if ((static_cast<unsigned char>(text[i]) & 0xC0) != 0x80) ++n;
+  }
+  return n;
+}
+
 }  // namespace
+
+std::string wrap_lines(const std::string& text, int width) {
+  std::string out;
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (width <= 0 || static_cast<int>(columns(line)) <= width) {
+      out += line + "\n";
+      continue;
+    }
+    // Pieces with the spaces before them: fields (two spaces apart, "memory 0.62 GiB") stay
+    // whole; a field too long for a line breaks between its words.
+    const size_t indent = std::min(line.find_first_not_of(' '), line.size());
+    const size_t room = static_cast<size_t>(width) > indent + 2 ? width - indent - 2 : 1;
+    std::vector<std::pair<std::string, std::string>> pieces;
+    for (size_t at = indent; at < line.size();) {
+      const size_t start = line.find_first_not_of(' ', at);
+      if (start == std::string::npos) break;
+      const size_t end = std::min(line.find("  ", start), line.size());
+      const std::string field = line.substr(start, end - start);
+      std::string gap = line.substr(at, start - at);
+      if (columns(field) <= room) {
+        pieces.emplace_back(gap, field);
+      } else {
+        std::istringstream words(field);
+        for (std::string word; words >> word; gap = " ") pieces.emplace_back(gap, word);
+      }
+      at = end;
+    }
+    // Continuation lines are indented two more than the line.
+    std::string current = line.substr(0, indent);
+    size_t pieces_from = indent;  // where the pieces of `current` begin
+    for (const auto& [gap, piece] : pieces) {
+      if (current.size() > pieces_from &&
+          static_cast<int>(columns(current) + gap.size() + columns(piece)) > width) {
+        out += current + "\n";
+        current = std::string(indent + 2, ' ');
+        pieces_from = current.size();
+      }
+      current += (current.size() > pieces_from ? gap : "") + piece;
+    }
+    out += current + "\n";
+  }
+  return out;
+}
 
 std::string sparkline(const std::vector<double>& all, int width) {
   static const char* blocks[] = {"▁", "▂", "▃", "▄", "▅", "▆", "▇", "█"};
@@ -178,7 +243,7 @@ std::string render_watch(const std::vector<RunLog>& runs, double now, const Watc
     }
     out += line + "\n";
   }
-  return out;
+  return wrap_lines(out, options.width);
 }
 
 }  // namespace loom::metrics

@@ -1,33 +1,70 @@
 #include "loom/train/supported_features.h"
 
+#include <functional>
+
 #include "loom/core/check.h"
 #include "loom/core/strings.h"
 #include "loom/models/model_spec.h"
 #include "loom/parallel/pipeline/plan.h"
 
 namespace loom::train {
+namespace {
 
-void check_supported_features(const config::JobConfig& config,
-                              const config::Provenance& provenance) {
+// Runs a check; its error's message (without the source location) becomes a problem.
+bool collect(std::vector<std::string>& problems, const std::function<void()>& check) {
+  try {
+    check();
+    return true;
+  } catch (const Error& e) {
+    problems.push_back(e.message());
+    return false;
+  }
+}
+
+}  // namespace
+
+bool degrees_supported(const config::ParallelismSection& p) {
+  return p.context_parallel_degree == 1 && p.expert_parallel_degree == 1;
+}
+
+std::vector<std::string> unsupported_features(const config::JobConfig& config,
+                                              const config::Provenance& provenance) {
+  std::vector<std::string> problems;
   const auto& p = config.parallelism;
-  LOOM_CHECK_AS(InputError, p.context_parallel_degree == 1,
-                "parallelism.context_parallel_degree = ", p.context_parallel_degree,
-                ": context parallelism is not implemented yet; set it to 1");
-  LOOM_CHECK_AS(InputError, !p.enable_async_tensor_parallel,
-                "parallelism.enable_async_tensor_parallel: async tensor parallelism (overlapping "
-                "TP's all-gathers with the matmuls) is not implemented yet; set it to false");
-  LOOM_CHECK_AS(InputError, config.model.converters.empty(),
-                "model.converters = [", strings::join(config.model.converters, ", "),
-                "]: model converters (float8 linear layers) are not implemented yet; remove "
-                "the key");
-  const auto& spec = models::find_model_spec(config.model.name);
-  models::check_flavor(spec, config.model.flavor);
-  if (spec.check_parallelism) spec.check_parallelism(config);
+  if (p.context_parallel_degree != 1) {
+    problems.push_back(
+        detail::concat("parallelism.context_parallel_degree = ", p.context_parallel_degree,
+                       ": context parallelism is not implemented yet; set it to 1"));
+  }
+  if (p.expert_parallel_degree != 1) {
+    problems.push_back(
+        detail::concat("parallelism.expert_parallel_degree = ", p.expert_parallel_degree,
+                       " is not supported: loom has no mixture-of-experts model yet; set it to 1"));
+  }
+  if (p.enable_async_tensor_parallel) {
+    problems.push_back(
+        "parallelism.enable_async_tensor_parallel = true: async tensor parallelism (overlapping "
+        "TP's all-gathers with the matmuls) is not implemented yet; set it to false");
+  }
+  if (!config.model.converters.empty()) {
+    problems.push_back("model.converters = [" + strings::join(config.model.converters, ", ") +
+                       "]: model converters (float8 linear layers) are not implemented yet; "
+                       "remove the key");
+  }
+  const models::ModelSpec* spec = nullptr;
+  collect(problems, [&] { spec = &models::find_model_spec(config.model.name); });
+  if (!spec || !collect(problems, [&] { models::check_flavor(*spec, config.model.flavor); })) {
+    return problems;  // the rest needs the model's shape
+  }
+  if (spec->check_parallelism) collect(problems, [&] { spec->check_parallelism(config); });
   // The stage split, microbatch count and schedule: on every rank before the rendezvous, so a
   // bad combination is an error naming the keys, never a hang in a send or receive.
   if (p.pipeline_parallel_degree > 1) {
-    parallel::pipeline::plan_pipeline(config, models::count_layers(config), provenance);
+    collect(problems, [&] {
+      parallel::pipeline::plan_pipeline(config, models::count_layers(config), provenance);
+    });
   }
+  return problems;
 }
 
 }  // namespace loom::train

@@ -25,16 +25,17 @@
 #include "loom/data/prefetch.h"
 #include "loom/data/synthetic.h"
 #include "loom/data/tokenizer.h"
+#include "loom/distributed/world_info.h"
 #include "loom/metrics/grad_norms.h"
 #include "loom/metrics/memory_estimate.h"
 #include "loom/parallel/pipeline/model_parts.h"
+#include "loom/parallel/pipeline/simulate.h"
 #include "loom/train/grad_clip.h"
 #include "loom/train/loss.h"
 #include "loom/train/lr_scheduler.h"
-#include "loom/train/memory_check.h"
 #include "loom/train/mixed_precision.h"
-#include "loom/train/supported_features.h"
 #include "loom/train/optimizer.h"
+#include "loom/train/preflight.h"
 #include "loom/train/threads.h"
 
 namespace loom::train {
@@ -62,7 +63,6 @@ bool wants_cuda(const std::string& setting) {
   return setting == "cuda" || (setting == "auto" && at::hasCUDA());
 }
 
-// The layouts this build trains; the others are refused before the rendezvous, on every rank.
 // A number summed over a group (the step's valid tokens).
 double sum_over(distributed::Comm& group, double value) {
   if (group.size() == 1) return value;
@@ -149,8 +149,7 @@ metrics::RunStart run_start(const config::JobConfig& config, const distributed::
   start.resumed_from = resume.loaded_from;
   start.config_hash = metrics::config_hash(config);
   start.world_size = dims.world_size;
-  start.layout = fmt::format("pp {}, dp_replicate {}, dp_shard {}, cp {}, tp {}", dims.pp,
-                             dims.dp_replicate, dims.dp_shard, dims.cp, dims.tp);
+  start.layout = dims.layout();
   start.elapsed_s = resume.elapsed_s;
   start.peak_source = peak.source;
   return start;
@@ -178,13 +177,14 @@ std::unique_ptr<data::Tokenizer> load_job_tokenizer(const config::JobConfig& con
 Trainer::Trainer(config::JobConfig config, std::unique_ptr<data::BatchSource> source,
                  std::unique_ptr<data::BatchSource> validation_source)
     : config_(std::move(config)) {
+  // Everything this job asks that loom cannot do, all at once and before any rendezvous: every
+  // rank refuses alike (the same checks `loom config validate` runs).
+  const auto world = distributed::read_world_info();
+  device_ = choose_device(config_.training.device, world.local_rank);
+  Preflight checked = preflight(config_, {world.world_size, device_, source == nullptr});
+  throw_if_refused(checked.problems, "loom train cannot start this job");
+  tokenizer_ = std::move(checked.tokenizer);
   setup_runtime();
-  tokenizer_ = load_job_tokenizer(config_);
-  // Parameter state is split over FSDP's shards, the tp ranks and (roughly evenly) the pipeline
-  // stages; activations are estimated whole: conservative under sequence parallelism.
-  const auto& dims = runtime_->dims();
-  check_memory_fits(config_, tokenizer_ ? tokenizer_->vocab_size() : 0,
-                    (shard_group() ? shard_group()->size() : 1) * dims.tp * dims.pp, device_);
   build_model();
   build_pipeline();
   build_data(std::move(source), std::move(validation_source));
@@ -195,20 +195,15 @@ Trainer::~Trainer() = default;
 
 void Trainer::setup_runtime() {
   auto log = log::get("trainer");
-  check_supported_features(config_);
   if (config_.parallelism.pipeline_parallel_degree > 1) {
     pipeline_plan_ = parallel::pipeline::plan_pipeline(config_, models::count_layers(config_));
   }
   runtime_ =
       std::make_unique<distributed::ParallelRuntime>(config_, wants_cuda(config_.training.device));
-  device_ = choose_device(config_.training.device, runtime_->world().local_rank);
   if (device_.is_cpu()) {
     check_thread_plan(runtime_->world().local_world_size);
   }
   log->info("host memory: {}", describe_host_allocator());
-  LOOM_CHECK_AS(InputError, !config_.metrics.step_breakdown || device_.is_cpu(),
-                "metrics.step_breakdown = true on ", device_.str(), ": it times operators on the "
-                "host thread and CUDA kernels run asynchronously; use profiling.enable_profiling");
   seed_ = config_.debug.seed ? static_cast<uint64_t>(*config_.debug.seed) : std::random_device{}();
   at::manual_seed(seed_);
   if (config_.debug.deterministic) {
@@ -222,9 +217,6 @@ void Trainer::setup_runtime() {
     config_.training.global_batch_size = global;  // what this run's checkpoints record
   }
   accumulation_steps_ = global / (t.local_batch_size * dp);
-  LOOM_CHECK_AS(InputError, !config_.validation.enable || config_.validation.seq_len <= t.seq_len,
-                "validation.seq_len (", config_.validation.seq_len, ") exceeds training.seq_len (",
-                t.seq_len, "), the longest sequence the model is built for");
   const auto compute = autocast_dtype(t, device_);
   log->info(
       "device {}, parameters {}, compute {}, seed {}{}, gradient accumulation {} x local batch {}",
@@ -240,14 +232,6 @@ void Trainer::build_model() {
   const int64_t vocab = tokenizer_ ? tokenizer_->vocab_size() : 0;
   const auto meta = at::TensorOptions().device(at::kMeta).dtype(parameter_dtype(config_.training));
   summary_ = models::build_model(config_, vocab, meta)->summary(config_.training.seq_len);
-  // FSDP keeps float32 masters and computes in mixed_precision_param.
-  distributed::Comm* shards = shard_group();
-  const auto param_dtype = shards ? at::kFloat : parameter_dtype(config_.training);
-  const auto compute_dtype = autocast_dtype(config_.training, device_).value_or(param_dtype);
-  const auto memory = metrics::estimate_memory(
-      summary_, config_,
-      {shards ? shards->size() : 1, static_cast<int>(c10::elementSize(param_dtype)),
-       static_cast<int>(c10::elementSize(compute_dtype))});
   const models::ModelSpec& spec = models::find_model_spec(config_.model.name);
   parallel::ParallelContext context{config_,
                                     *runtime_,
@@ -266,16 +250,41 @@ void Trainer::build_model() {
   } else {
     parts.push_back(models::build_model(config_, vocab, meta));
   }
+  const auto memory = estimate_rank_memory(parts);
   parallel_ = spec.parallelize(std::move(parts), context);
   local_tensors_ = parallel_.tensors();
   placements_ = parallel_.placements();
   optimizer_ = build_optimizer(config_.optimizer, local_tensors_);
-  schedule_.emplace(config_.lr_scheduler,
-                    config_.lr_scheduler.total_steps.value_or(config_.training.steps));
+  schedule_ = LRSchedule::of_job(config_);
   auto log = log::get("trainer");
   log->info("model {}", models::format_summary(summary_, false));
-  log->info("parallelism: {}", parallel_.description);
+  log->info("parallelism: {}; gradient sync: {}", runtime_->dims().layout(), parallel_.description);
   log->info("estimated peak memory per rank: {}", memory.describe());
+}
+
+// This rank's share: its pipeline stages, split over FSDP's shards and the tp ranks, with the
+// activations of as many microbatches as its schedule keeps alive.
+metrics::MemoryEstimate Trainer::estimate_rank_memory(
+    const std::vector<std::unique_ptr<models::CausalLM>>& parts) {
+  std::vector<models::ModelSummary> summaries;
+  for (const auto& part : parts) summaries.push_back(part->summary(config_.training.seq_len));
+  // FSDP keeps float32 masters and computes in mixed_precision_param.
+  distributed::Comm* shards = shard_group();
+  const auto param_dtype = shards ? at::kFloat : parameter_dtype(config_.training);
+  const auto compute_dtype = autocast_dtype(config_.training, device_).value_or(param_dtype);
+  metrics::MemoryInputs in{shards ? shards->size() : 1,
+                           static_cast<int>(c10::elementSize(param_dtype)),
+                           static_cast<int>(c10::elementSize(compute_dtype))};
+  in.tp_degree = runtime_->dims().tp;
+  if (pipeline_plan_) {
+    const auto& schedule = pipeline_plan_->schedule;
+    const auto pp_rank = runtime_->mesh().group_rank(distributed::MeshGroup::pp, runtime_->rank());
+    in.microbatch_rows = config_.parallelism.pipeline_parallel_microbatch_size;
+    in.live_microbatches = static_cast<double>(parallel::pipeline::peak_live_activations(
+                               schedule, static_cast<int>(pp_rank))) /
+                           schedule.stages_per_rank;
+  }
+  return metrics::estimate_memory(metrics::combine_summaries(summaries), config_, in);
 }
 
 bool Trainer::is_log_step(int64_t step) const {
@@ -444,16 +453,25 @@ void Trainer::flush_pending(TrainResult& result, metrics::StepMetrics& last) {
   auto& loss_group = runtime_->group(distributed::MeshGroup::loss);
   at::Tensor loss_values = sum_over(loss_group, at::cat(losses).to(at::kCPU).contiguous());
   if (pipeline_) {
-    // The losses live on the last stage (zeros elsewhere); with them, each pp rank's share of
-    // its pipeline time spent waiting for activations and gradients, averaged over the ranks.
+    // The losses live on the last stage (zeros elsewhere); with them, each pp rank's busy and
+    // pipeline time over the window in its own slot, for the bubble as `loom plan schedule`
+    // defines it (parallel::pipeline::bubble_fraction).
     const auto stats = pipeline_->take_stats();
-    const double busy = stats.compute_seconds + stats.wait_seconds;
-    const double bubble = busy > 0 ? 100.0 * stats.wait_seconds / busy : 0.0;
-    at::Tensor values = sum_over(pipeline_->group(),
-                                 at::cat({loss_values.to(at::kDouble),
-                                          at::full({1}, bubble, at::kDouble)}));
-    last.pp_bubble_pct = values[-1].item<double>() / pipeline_->group().size();
-    loss_values = values.narrow(0, 0, values.size(0) - 1);
+    auto& pp = pipeline_->group();
+    const int64_t ranks = pp.size(), losses = loss_values.size(0);
+    at::Tensor times = at::zeros({2 * ranks}, at::kDouble);
+    times[pp.rank()] = stats.compute_seconds;
+    times[ranks + pp.rank()] = stats.pass_seconds;
+    at::Tensor values = sum_over(pp, at::cat({loss_values.to(at::kDouble), times}));
+    const auto all = values.accessor<double, 1>();
+    std::vector<double> busy;
+    double step = 0;
+    for (int64_t r = 0; r < ranks; ++r) {
+      busy.push_back(all[losses + r]);
+      step = std::max(step, all[losses + ranks + r]);
+    }
+    last.pp_bubble_pct = 100.0 * parallel::pipeline::bubble_fraction(busy, step);
+    loss_values = values.narrow(0, 0, losses);
   }
   loss_values = loss_values.contiguous();
   const at::Tensor norm_values = at::cat(norms).to(at::kCPU).contiguous();
@@ -530,6 +548,11 @@ TrainResult Trainer::train(const std::function<void()>& on_started) {
   const auto resume = checkpoint_->load();
   if (on_started) on_started();
   lr_step_offset_ = resume.step - resume.lr_step;
+  if (resume.saved_config && runtime_->rank() == 0) {
+    const auto change =
+        describe_schedule_change(*resume.saved_config, config_, resume.lr_step, resume.step);
+    if (change) log->warn("{}", *change);
+  }
   elapsed_before_ = resume.elapsed_s;
   metrics_->start_run(run_start(config_, runtime_->dims(), resume, peak_));
   int64_t tokens_seen = resume.tokens_seen;

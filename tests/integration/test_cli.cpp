@@ -33,9 +33,28 @@ TEST(Cli, HelpListsSubcommandsAndConfigKeys) {
   EXPECT_TRUE(contains(train.output, "--training.steps INT")) << train.output;
   EXPECT_TRUE(contains(train.output, "--checkpoint.enable [BOOL]")) << train.output;
   EXPECT_TRUE(contains(train.output, "[parallelism]")) << train.output;
+  // Keys loom accepts without implementing say so where they are listed.
+  EXPECT_TRUE(contains(train.output,
+                       "--compile.enable [BOOL]     Compile the model and loss. [not implemented "
+                       "yet: accepted, no effect]"))
+      << train.output;
+  const auto steps_at = train.output.find("--training.steps INT");
+  ASSERT_NE(steps_at, std::string::npos) << train.output;
+  const std::string steps_line =
+      train.output.substr(steps_at, train.output.find('\n', steps_at) - steps_at);
+  EXPECT_FALSE(contains(steps_line, "not implemented")) << steps_line;
 
   EXPECT_EQ(run_loom("config show --help").exit_code, 0);
   EXPECT_EQ(run_loom("config validate --help").exit_code, 0);
+  // The plan commands read a few keys: --config and a line about overrides, not every key.
+  for (const char* plan : {"plan schedule --help", "plan model --help"}) {
+    auto help = run_loom(plan);
+    EXPECT_EQ(help.exit_code, 0) << help.output;
+    EXPECT_TRUE(contains(help.output, "-c,--config")) << help.output;
+    EXPECT_TRUE(contains(help.output, "any --section.key VALUE overrides")) << help.output;
+    EXPECT_FALSE(contains(help.output, "--training.steps")) << help.output;
+    EXPECT_FALSE(contains(help.output, "[optimizer]")) << help.output;
+  }
 }
 
 TEST(Cli, VersionReportsLibTorchAndBackends) {
@@ -148,6 +167,14 @@ TEST(Cli, PlanModelPrintsTheSummaryWithoutAllocating) {
   EXPECT_TRUE(contains(shapes.output, "vocab 4096,")) << shapes.output;
   EXPECT_TRUE(contains(shapes.output, "layers.5.feed_forward.w2.weight [256, 768]"))
       << shapes.output;
+  // A shipped config whose Llama tokenizer is not downloaded (README's example): the flavor's
+  // published vocabulary, with a note saying so.
+  auto llama8b =
+      run_loom("plan model --config " LOOM_SOURCE_DIR "/configs/llama3_8b.toml --no-shapes");
+  ASSERT_EQ(llama8b.exit_code, 0) << llama8b.output;
+  EXPECT_TRUE(contains(llama8b.output, "parameters: 8030261248 (8.03B)")) << llama8b.output;
+  EXPECT_TRUE(contains(llama8b.output, "vocab 128256,")) << llama8b.output;
+  EXPECT_TRUE(contains(llama8b.output, "flavor's published vocabulary")) << llama8b.output;
   auto bad = run_loom("plan model --model.flavor 9B");
   EXPECT_EQ(bad.exit_code, 2);
   EXPECT_TRUE(contains(bad.output, "unknown llama3 flavor '9B'")) << bad.output;

@@ -196,7 +196,8 @@ TEST(FirstDay, SignalStopExitsWithTheSignalsCodeAndSaysWhereToResume) {
 
 // metrics.jsonl of a run resumed into the same dump folder: a start record per start (fresh,
 // then resumed from step 3), elapsed_s that keeps counting across the resume, and the same time
-// keys on every row (steps, validation, start records).
+// keys on every row (steps, validation, start records); the schedule change more steps bring is
+// named.
 TEST(FirstDay, MetricsLogTellsRunsApartAndKeepsCountingTime) {
   const std::string folder = fresh_temp_dir("firstday_metrics_runs");
   const std::string job = base_args(folder) +
@@ -231,11 +232,29 @@ TEST(FirstDay, MetricsLogTellsRunsApartAndKeepsCountingTime) {
   EXPECT_NE(starts[0]["config_hash"], starts[1]["config_hash"]);  // training.steps changed
   EXPECT_GT(starts[1]["elapsed_s"].get<double>(), 0.0);
   EXPECT_EQ(starts[1]["layout"], "pp 1, dp_replicate 1, dp_shard 1, cp 1, tp 1");
+
+  // More steps rebuild the learning-rate schedule (warmup 20 clamped to the run's 3, then 5):
+  // the resumed run says so with the rates before and after, and step 4 trains at the new one.
+  EXPECT_NE(second.output.find("training.steps 3 -> 5 changes the learning-rate schedule: lr at "
+                               "step 3 was 0.001, at step 4 it is now 0.0008 (the checkpoint's "
+                               "schedule would give 0.001)"),
+            std::string::npos)
+      << second.output;
+  EXPECT_EQ(second.output.find("resuming is fine"), std::string::npos) << second.output;
+  // The config diff names what changed, not where the saved config was read from.
+  EXPECT_NE(second.output.find("(the checkpoint's state can follow): training.steps 3 -> 5"),
+            std::string::npos)
+      << second.output;
+  EXPECT_EQ(second.output.find("job.config_file"), std::string::npos) << second.output;
+  for (const auto& row : rows) {
+    if (row.value("step", 0) == 4 && row.contains("lr")) EXPECT_NEAR(row["lr"], 8e-4, 1e-12);
+  }
 }
 
 // `loom config validate` refuses what `loom train` would, without a world: an unimplemented
 // degree (reported before any world-size arithmetic), torchtitan's c4 (with what to do), a
-// missing tokenizer; with --world-size / --nproc-per-node it checks the layout too.
+// missing tokenizer; with --world-size / --nproc-per-node it checks the layout too. Both list
+// every problem at once, the same ones.
 TEST(FirstDay, ConfigValidateCatchesWhatTrainWouldRefuse) {
   const std::string config = " --config " LOOM_SOURCE_DIR "/configs/llama3_debug.toml";
   auto bad = run_loom("config validate" + config +
@@ -268,6 +287,37 @@ TEST(FirstDay, ConfigValidateCatchesWhatTrainWouldRefuse) {
       << fits.output;
   auto any = run_loom("config validate" + config);
   EXPECT_EQ(any.exit_code, 0) << any.output;
+
+  // Every refusal at once, each said once, and the same list from `loom train` (both run one
+  // function): an unknown model, cp 2, ep 2, float8, c4 and a validation longer than training.
+  const std::string all_bad =
+      config +
+      " --model.name llama9 --parallelism.context_parallel_degree 2"
+      " --parallelism.expert_parallel_degree 2 --model.converters float8 --training.dataset c4"
+      " --training.seq_len 128";
+  const std::vector<std::string> refusals = {
+      "model.name: unknown model 'llama9'",
+      "context_parallel_degree = 2",
+      "expert_parallel_degree = 2",
+      "model.converters = [float8]",
+      "training.dataset = 'c4'",
+      "validation.seq_len (256) exceeds training.seq_len (128)"};
+  auto every = run_loom("config validate" + all_bad);
+  auto train =
+      run_loom("train" + all_bad + " --job.dump_folder " + fresh_temp_dir("firstday_refusals"));
+  for (const auto* run : {&every, &train}) {
+    EXPECT_EQ(run->exit_code, 2) << run->output;
+    for (const auto& refusal : refusals) {
+      EXPECT_NE(run->output.find(refusal), std::string::npos) << refusal << " in\n" << run->output;
+    }
+    // float8 is refused, not also "accepted ... no effect"
+    EXPECT_EQ(run->output.find("no effect"), std::string::npos) << run->output;
+  }
+  auto seq = run_loom("config validate" + config + " --training.seq_len 128");
+  EXPECT_EQ(seq.exit_code, 2) << seq.output;
+  EXPECT_NE(seq.output.find("validation.seq_len (256) exceeds training.seq_len (128)"),
+            std::string::npos)
+      << seq.output;
 }
 
 // A user's files are named by their path (not by the config's leftover dataset name), a

@@ -125,6 +125,9 @@ TEST(GenerateEval, FromATrainingCheckpoint) {
   EXPECT_EQ(e["tokens"], 6 * 32);
   EXPECT_NEAR(e["perplexity"].get<double>(), std::exp(e["loss"].get<double>()), 1e-9);
   EXPECT_TRUE(contains(loom::testing::read_text(run + "/stderr.txt"), "[eval] 6/6 windows"));
+  // eval logs under its own name, not generate's.
+  EXPECT_TRUE(contains(loom::testing::read_text(run + "/stderr.txt"), "[eval] info: loaded "));
+  EXPECT_FALSE(contains(loom::testing::read_text(run + "/stderr.txt"), "[generate]"));
 
   // Sliding windows per document with details; multiple choice.
   const std::string docs = run + "/docs.jsonl";

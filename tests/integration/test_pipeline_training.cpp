@@ -69,15 +69,17 @@ const std::string& one_rank() {
   return folder;
 }
 
-// Every step row has the measured bubble, a share of the pipeline's time.
+// Every step row has the measured bubble: idle over busy time in percent (above 100 when the
+// ranks wait longer than they compute: tiny stages, few microbatches), never 0 (a pipeline at
+// least fills and drains).
 void expect_bubble_logged(const std::string& folder) {
   const auto steps = rows(folder, "loss");
   ASSERT_EQ(steps.size(), 20u);
   for (const auto& j : steps) {
     ASSERT_TRUE(j.contains("pp_bubble_pct")) << j.dump();
     const double bubble = j["pp_bubble_pct"].get<double>();
-    EXPECT_GE(bubble, 0.0);
-    EXPECT_LT(bubble, 100.0);
+    EXPECT_GT(bubble, 0.0);
+    EXPECT_LT(bubble, 1000.0);
   }
 }
 
@@ -92,10 +94,11 @@ void expect_matches_one_rank(const std::string& folder, const std::string& what,
   if (same_validation) expect_losses_close(val_losses(one_rank()), val_losses(folder), 1e-5, what);
 }
 
-void run_ok(const std::string& args, const std::string& expect_in_log) {
+std::string run_ok(const std::string& args, const std::string& expect_in_log) {
   auto result = run_loom(args);
-  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_EQ(result.exit_code, 0) << result.output;
   EXPECT_NE(result.output.find(expect_in_log), std::string::npos) << result.output;
+  return result.output;
 }
 
 // pp 2 over Interleaved1F1B (2 virtual stages per rank) with checkpoints at 10 and 20: one of
@@ -121,9 +124,16 @@ TEST_P(PipelineSchedules, TrainLikeOneRank) {
   } else {
     folder = fresh_temp_dir("pp" + std::to_string(pp) + "_" + schedule);
     const int stages = pp * (schedule.rfind("Interleaved", 0) == 0 ? 2 : 1);
-    run_ok(launch_args(pp, job("--job.dump_folder " + folder + pipeline(pp, schedule))),
-           "pipeline: " + schedule + " over " + std::to_string(pp) + " ranks, " +
-               std::to_string(stages) + " stages");
+    const std::string output =
+        run_ok(launch_args(pp, job("--job.dump_folder " + folder + pipeline(pp, schedule))),
+               "pipeline: " + schedule + " over " + std::to_string(pp) + " ranks, " +
+                   std::to_string(stages) + " stages");
+    // The console line carries the bubble too; the start-up names the layout, not "none".
+    EXPECT_NE(output.find("%  bubble: "), std::string::npos) << output;
+    EXPECT_NE(output.find("parallelism: pp " + std::to_string(pp) +
+                          ", dp_replicate 1, dp_shard 1, cp 1, tp 1; gradient sync: none"),
+              std::string::npos)
+        << output;
   }
   expect_matches_one_rank(folder, what);
   expect_bubble_logged(folder);

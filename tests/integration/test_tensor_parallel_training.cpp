@@ -140,6 +140,9 @@ LOOM_SLOW_TEST(TensorParallelTraining, CheckpointResumesOnTpBitwiseAndReshardsTo
 // which AdamW's normalized updates amplify where gradients are near zero: 1.5e-4 of a tensor's
 // largest value measured; a misplaced box would differ by the order of the values themselves).
 LOOM_TEST(TensorParallelTraining, HuggingFaceExportOfTpCheckpointEqualsOneRankExport) {
+  // `checkpoint inspect` names the layout that wrote it, not only its data-parallel degree.
+  run_ok("checkpoint inspect " + tp2_run() + "/checkpoint/step-20",
+         "written by 2 ranks (pp 1, dp_replicate 1, dp_shard 1, cp 1, tp 2)");
   const std::string out = fresh_temp_dir("tp2_export");
   run_ok("checkpoint export --to hf --dtype float32 " + tp2_run() + "/checkpoint/step-20 " + out +
          "/tp2");

@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <fstream>
+#include <sstream>
 
 #include "loom/core/check.h"
 #include "loom/metrics/crc32c.h"
@@ -108,6 +109,47 @@ TEST(Watch, StatusLineSaysRunningStalledFinishedOrGone) {
   EXPECT_EQ(run_state(finished, 5000, options).word, "FINISHED");
   EXPECT_EQ(sparkline({1, 2, 3, 4, 5, 6, 7, 8}, 8), "▁▂▃▄▅▆▇█");
   EXPECT_EQ(sparkline({1, 2, 3}, 2), "▁█");
+}
+
+// Steps of a fraction of a second keep their digits ("median 0.20s", not "0s"), and an
+// 80-column screen wraps between fields or words: the same words, none cut, no line too long.
+TEST(Watch, SubSecondStepsAndNarrowTerminals) {
+  std::vector<std::string> lines;
+  for (int i = 1; i <= 10; ++i) lines.push_back(train_line(i, 10.0 - i * 0.5, 1000 + 0.2 * i));
+  const std::string status =
+      "{\"state\":\"running\",\"total_steps\":20000,\"pid\":1,"
+      "\"host\":\"elsewhere\"}";
+  const auto run = read_run(write_run("watch_fast", lines, status));
+  WatchOptions options;
+  const auto stalled = run_state(run, 1005, options);
+  EXPECT_EQ(stalled.word, "STALLED") << stalled.line;
+  EXPECT_NE(stalled.line.find("the median 0.20s between logged steps"), std::string::npos)
+      << stalled.line;
+  auto words = [](const std::string& text) {
+    std::vector<std::string> out;
+    std::istringstream in(text);
+    for (std::string w; in >> w;) out.push_back(w);
+    return out;
+  };
+  options.width = 0;
+  const std::string wide = render_watch({run}, 1005, options);
+  options.width = 80;
+  const std::string narrow = render_watch({run}, 1005, options);
+  EXPECT_EQ(words(narrow), words(wide));
+  std::istringstream rows(narrow);
+  bool wrapped = false;
+  for (std::string row; std::getline(rows, row);) {
+    size_t columns = 0;
+    for (unsigned char c : row) columns += (c & 0xC0) != 0x80;
+    // Only a single word longer than the line (a long path) may stay longer.
+    const size_t text = row.find_first_not_of(' ');
+    EXPECT_TRUE(columns <= 80 || row.find(' ', text) == std::string::npos) << row;
+    wrapped = wrapped || row.rfind("    ", 0) == 0;  // a continuation line
+  }
+  EXPECT_TRUE(wrapped) << narrow;
+  // Fields stay whole: a label keeps its value.
+  EXPECT_EQ(wrap_lines("  alpha 1  beta 2  gamma 3", 18), "  alpha 1  beta 2\n    gamma 3\n");
+  EXPECT_EQ(wrap_lines("  one two three four", 12), "  one two\n    three\n    four\n");
 }
 
 TEST(Plot, SvgHasAPanelPerMetricAndALegendEntryPerRun) {

@@ -87,7 +87,9 @@ TEST(PipelineSchedule, ZeroBubbleSplitsEveryBackward) {
   EXPECT_EQ(weights, 8 * 8);
 }
 
-// 1F1B keeps at most pp - rank microbatches between forward and backward (its memory bound).
+// 1F1B keeps at most pp - rank microbatches between forward and backward (its memory bound,
+// which the memory estimate reads through peak_live_activations); GPipe keeps all of them, and
+// zero bubble's deferred W's keep theirs until W.
 TEST(PipelineSchedule, OneFOneBInFlightBound) {
   const Schedule s = make_schedule(ScheduleKind::k1F1B, 4, 1, 12);
   for (int r = 0; r < 4; ++r) {
@@ -97,7 +99,11 @@ TEST(PipelineSchedule, OneFOneBInFlightBound) {
       if (a.type == ActionType::kFullBackward) --in_flight;
     }
     EXPECT_EQ(peak, 4 - r);
+    EXPECT_EQ(peak_live_activations(s, r), 4 - r);
   }
+  EXPECT_EQ(peak_live_activations(make_schedule(ScheduleKind::kGPipe, 4, 1, 12), 3), 12);
+  const Schedule zb = make_schedule(ScheduleKind::kInterleavedZeroBubble, 4, 1, 8);
+  EXPECT_GT(peak_live_activations(zb, 3), 1);  // its W's come after later forwards
 }
 
 TEST(PipelineSchedule, MicrobatchCountsTooSmallNameTheKeys) {

@@ -63,6 +63,37 @@ TEST(LRSchedule, WarmupLongerThanTrainingIsClamped) {
   EXPECT_DOUBLE_EQ(s.factor(19), 1.0);
 }
 
+// Resuming with more steps rebuilds the schedule: the warning names the keys and the learning
+// rate before and after (the debug config's schedule: warmup 20, decay over 80%, lr 1e-3).
+TEST(LRSchedule, ResumeNamesAScheduleChangeWithTheRatesBeforeAndAfter) {
+  loom::config::JobConfig saved;
+  saved.optimizer.lr = 1e-3;
+  saved.lr_scheduler = schedule(20, 0.8);
+  saved.training.steps = 40;
+  auto current = saved;
+  current.training.steps = 80;
+  const auto change = loom::train::describe_schedule_change(saved, current, 40, 40);
+  ASSERT_TRUE(change.has_value());
+  // Old: warmup 20, decay 20 (capped): step 40 at 1e-3 * (1 - 19/20); new: decay 60.
+  EXPECT_NE(change->find("training.steps 40 -> 80 changes the learning-rate schedule: lr at step "
+                         "40 was 5e-05, at step 41 it is now 0.000667"),
+            std::string::npos)
+      << *change;
+  EXPECT_NE(change->find("would give 0"), std::string::npos) << *change;
+  EXPECT_NE(change->find("lr_scheduler.total_steps = 40 keeps"), std::string::npos) << *change;
+  // The old length as total_steps keeps the schedule: nothing to say.
+  current.lr_scheduler.total_steps = 40;
+  EXPECT_FALSE(loom::train::describe_schedule_change(saved, current, 40, 40).has_value());
+  // A new peak rate is a change too; a fresh run (no step under the old schedule) is not.
+  current = saved;
+  current.optimizer.lr = 2e-3;
+  const auto lr = loom::train::describe_schedule_change(saved, current, 10, 10);
+  ASSERT_TRUE(lr.has_value());
+  EXPECT_NE(lr->find("optimizer.lr 0.001 -> 0.002"), std::string::npos) << *lr;
+  EXPECT_FALSE(loom::train::describe_schedule_change(saved, current, 0, 0).has_value());
+  EXPECT_FALSE(loom::train::describe_schedule_change(saved, saved, 40, 40).has_value());
+}
+
 TEST(GradClip, ScalesToMaxNormAndReportsTheNormBefore) {
   at::Tensor a = at::zeros({2}).set_requires_grad(true);
   at::Tensor b = at::zeros({1}).set_requires_grad(true);

@@ -58,6 +58,9 @@ struct StepHeader {
   int64_t world_size = 1;  // ranks that wrote the step
   int64_t dp_size = 1;
   bool model_only = false;
+  // The writers' parallel layout ("pp 1, dp_replicate 1, dp_shard 2, cp 1, tp 2"), for people:
+  // no reader needs it. Empty: not recorded (older checkpoints, imports).
+  std::string layout;
 };
 // A step folder's index.json: the merged per-rank entries (merge_index) with the format,
 // version and step header.

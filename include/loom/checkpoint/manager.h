@@ -58,6 +58,9 @@ struct ResumePoint {
   int64_t lr_step = 0;
   double elapsed_s = 0;  // training time of the earlier attempts (0 for older checkpoints)
   std::string loaded_from;  // empty when nothing was loaded
+  // The config the loaded checkpoint was written with (nullopt: none saved, unreadable, or a
+  // fallback to an older step), to name what changed on resume.
+  std::optional<config::JobConfig> saved_config;
 };
 
 // The state of one step folder.

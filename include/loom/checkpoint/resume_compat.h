@@ -5,6 +5,7 @@
 // stops (InputError, exit 2) instead of falling back to older checkpoints that share the problem.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,8 +28,10 @@ std::vector<std::string> resume_conflicts(const std::vector<ConfigChange>& chang
                                           const config::JobConfig& current, bool model_only);
 
 // Compares `step_folder`/config.toml (when there is one) with `current`: logs the harmless
-// changes once, throws InputError naming the conflicting ones.
-void check_resume_compatible(const std::string& step_folder, const config::JobConfig& current,
-                             bool model_only);
+// changes once, throws InputError naming the conflicting ones. Returns the saved config (nullopt
+// when the folder has none, or it is unreadable).
+std::optional<config::JobConfig> check_resume_compatible(const std::string& step_folder,
+                                                         const config::JobConfig& current,
+                                                         bool model_only);
 
 }  // namespace loom::checkpoint

@@ -53,6 +53,8 @@ struct ParallelDims {
 
   // "world 8 = pp 1 x dp_replicate 2 x dp_shard 2 x cp 1 x tp 2", for the log.
   std::string describe() const;
+  // "pp 1, dp_replicate 2, dp_shard 2, cp 1, tp 2": metrics.jsonl's start records, checkpoints.
+  std::string layout() const;
 };
 
 }  // namespace loom::distributed

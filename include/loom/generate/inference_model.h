@@ -31,7 +31,11 @@ struct InferenceModel {
   std::unique_ptr<data::Tokenizer> tokenizer;
   std::string step_folder;  // the folder the weights came from
   std::string format;       // "loom" or "huggingface"
+  std::string dtype;        // ModelSource::dtype
   int64_t context() const { return model->args.max_seq_len; }
+  // "loaded <folder> (loom checkpoint, float32 on cpu, context 256 tokens)", for the log of the
+  // command that loaded it.
+  std::string describe() const;
   at::Device device() const { return model->tok_embeddings->weight.device(); }
   // Full forward (no cache): tokens [bs, seq] on any device -> logits [bs, seq, vocab] float32.
   at::Tensor forward(const at::Tensor& tokens);

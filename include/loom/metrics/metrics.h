@@ -37,8 +37,9 @@ struct StepMetrics {
   int64_t data_skipped = 0;  // bad dataset records skipped (training.dataset_on_error = skip)
   double comm_mb = 0;  // MB this rank sent per step over every process group (ring-model bytes)
   std::optional<double> val_loss;
-  // Pipeline parallelism only: the share of the pipeline's time its ranks spent waiting for
-  // activations and gradients (the measured bubble), averaged over the pp ranks.
+  // Pipeline parallelism only: the measured bubble over the logging window, 100 x idle over
+  // busy time summed over the pp ranks (parallel::pipeline::bubble_fraction, the definition
+  // `loom plan schedule` prints): 25 for 1F1B's (P-1)/M with P = 2, M = 4.
   std::optional<double> pp_bubble_pct;
   // metrics.log_layer_grad_norms: the gradient norm of each block ("layers.0", ...,
   // "tok_embeddings", "norm", "output"), logged as "grad_norm/<block>".

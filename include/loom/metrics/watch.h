@@ -16,6 +16,7 @@ struct WatchOptions {
   double stall_factor = 5;  // stalled after this many median intervals without a new step
   int sparkline_width = 40;
   bool color = false;
+  int width = 80;  // terminal columns: longer lines wrap between words (0: never)
 };
 
 // One run's state as the status line says it: RUNNING, STALLED, FINISHED, STOPPED, FAILED or
@@ -28,6 +29,11 @@ RunState run_state(const RunLog& run, double now, const WatchOptions& options);
 
 // The screen for `runs` at unix time `now` (no cursor control: the caller clears the screen).
 std::string render_watch(const std::vector<RunLog>& runs, double now, const WatchOptions& options);
+
+// Each line of `text` wrapped between words to `width` columns (colors and UTF-8 counted as a
+// terminal shows them), continuation lines indented two more than the line; a single word
+// longer than the width stays whole.
+std::string wrap_lines(const std::string& text, int width);
 
 // Unicode block characters for the last `width` values, scaled between their min and max.
 std::string sparkline(const std::vector<double>& values, int width);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "loom/config/job_config.h"
@@ -11,8 +12,11 @@ namespace loom::train {
 
 class LRSchedule {
  public:
-  // training_steps: lr_scheduler.total_steps if set, else training.steps.
-  LRSchedule(const config::LRSchedulerSection& section, int64_t training_steps);
+  // training_steps: lr_scheduler.total_steps if set, else training.steps. `warn`: log when the
+  // warmup or decay do not fit in the steps (off for a schedule built only to compare with).
+  LRSchedule(const config::LRSchedulerSection& section, int64_t training_steps, bool warn = true);
+  // The job's schedule: over lr_scheduler.total_steps, else training.steps.
+  static LRSchedule of_job(const config::JobConfig& config, bool warn = true);
 
   // Multiplier of optimizer.lr for the optimizer step with 0-based index `step_index`.
   double factor(int64_t step_index) const;
@@ -28,5 +32,14 @@ class LRSchedule {
   std::string decay_type_;
   double min_lr_factor_ = 0;
 };
+
+// On resume: when the job's learning rate for the next step differs from what the checkpoint's
+// own config would give it (training.steps, lr_scheduler.* or optimizer.lr changed), a line
+// naming the changed keys and the learning rate of the last step saved and of the next one;
+// nullopt when the schedule goes on unchanged. `schedule_step`: optimizer steps the checkpoint's
+// schedule has run; `last_step`: the training step they end at.
+std::optional<std::string> describe_schedule_change(const config::JobConfig& saved,
+                                                    const config::JobConfig& current,
+                                                    int64_t schedule_step, int64_t last_step);
 
 }  // namespace loom::train

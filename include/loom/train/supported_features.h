@@ -3,16 +3,24 @@
 // of some ranks hanging in a collective.
 #pragma once
 
+#include <string>
+#include <vector>
+
 #include "loom/config/diagnostics.h"
 #include "loom/config/job_config.h"
 
 namespace loom::train {
 
-// Throws InputError naming the keys of the first unimplemented degree or feature (context
-// parallelism, async TP, float8 converters), of degrees the model's flavor cannot split (heads
-// not divisible by tensor_parallel_degree), or a config::ConfigError listing every problem of
-// the pipeline plan (stage split, microbatches, schedule), located by `provenance` when given.
-void check_supported_features(const config::JobConfig& config,
-                              const config::Provenance& provenance = {});
+// Every unimplemented degree or feature (context and expert parallelism, async TP, float8
+// converters), an unknown model or flavor, degrees the flavor cannot split (heads not divisible
+// by tensor_parallel_degree), and the problems of the pipeline plan (stage split, microbatches,
+// schedule; located by `provenance` when given), each naming its keys. Empty when all is
+// supported.
+std::vector<std::string> unsupported_features(const config::JobConfig& config,
+                                              const config::Provenance& provenance = {});
+
+// Whether the parallel degrees alone are ones this build runs (context and expert parallelism
+// are not): the layout arithmetic is only meaningful then.
+bool degrees_supported(const config::ParallelismSection& parallelism);
 
 }  // namespace loom::train

@@ -17,6 +17,7 @@
 #include "loom/data/batch_source.h"
 #include "loom/data/tokenizer.h"
 #include "loom/distributed/runtime.h"
+#include "loom/metrics/memory_estimate.h"
 #include "loom/metrics/metrics.h"
 #include "loom/metrics/profiler.h"
 #include "loom/models/model_spec.h"
@@ -77,6 +78,8 @@ class Trainer {
 
   void setup_runtime();
   void build_model();
+  metrics::MemoryEstimate estimate_rank_memory(
+      const std::vector<std::unique_ptr<models::CausalLM>>& parts);
   void build_data(std::unique_ptr<data::BatchSource> source,
                   std::unique_ptr<data::BatchSource> validation_source);
   void build_checkpointer();

@@ -46,6 +46,9 @@ struct PipelineExecutor::Impl {
   std::map<Key, at::Tensor> input_grads;  // the gradient of the stage's input, to send
   std::map<Key, at::Tensor> pending_w;    // the output gradient an I used, kept for its W
   std::vector<distributed::Work> sends;
+  // Posted receives, waited for by the compute that reads them (not when posted: a schedule
+  // posts a receive early so that it overlaps the computes before its use).
+  std::map<std::pair<ActionType, Key>, distributed::Work> receives;
   std::vector<at::Tensor> in_flight;  // send buffers, alive until the sends complete
   std::vector<at::Tensor> losses;
   ExecutorStats stats;
@@ -136,7 +139,6 @@ struct PipelineExecutor::Impl {
 
   void communicate(const std::vector<Action>& batch) {
     std::vector<distributed::P2POp> ops;
-    bool any_recv = false;
     for (const Action& a : batch) {
       const Key key{a.stage, a.microbatch};
       switch (a.type) {
@@ -158,36 +160,50 @@ struct PipelineExecutor::Impl {
           inputs[key] = boundary_buffer();
           ops.push_back(
               {distributed::P2POp::Kind::kRecv, inputs[key], schedule.rank_of_stage(a.stage - 1)});
-          any_recv = true;
           break;
         case ActionType::kRecvB:
           grads[key] = boundary_buffer();
           ops.push_back(
               {distributed::P2POp::Kind::kRecv, grads[key], schedule.rank_of_stage(a.stage + 1)});
-          any_recv = true;
           break;
         default: LOOM_THROW(InternalError, "not a communication action: ", to_string(a));
       }
     }
     auto works = comm.batch_send_recv(ops);
     ++stats.batches;
-    const auto start = Clock::now();
-    if (works.size() == ops.size()) {  // one work per message: wait for the receives only
-      for (size_t i = 0; i < ops.size(); ++i) {
-        if (ops[i].kind == distributed::P2POp::Kind::kRecv) {
-          works[i].wait();
-        } else {
-          sends.push_back(works[i]);
-        }
+    if (works.empty()) return;
+    const bool per_message = works.size() == ops.size();  // else one coalesced work
+    for (size_t i = 0; i < ops.size(); ++i) {
+      distributed::Work& work = per_message ? works[i] : works.front();
+      if (ops[i].kind == distributed::P2POp::Kind::kRecv) {
+        receives[{batch[i].type, {batch[i].stage, batch[i].microbatch}}] = work;
+      } else if (per_message) {
+        sends.push_back(work);
       }
-    } else {  // one coalesced work for the batch
-      for (auto& w : works) any_recv ? w.wait() : sends.push_back(w);
     }
+    if (!per_message) sends.push_back(works.front());  // the batch's sends complete with it
+  }
+
+  // Waits for the receive that compute `a` reads (its input, or its output's gradient), if it
+  // comes from another rank; the time is this rank's wait.
+  void await_receive(const Action& a) {
+    ActionType receive = ActionType::kRecvF;
+    if (a.type == ActionType::kFullBackward || a.type == ActionType::kBackwardInput) {
+      receive = ActionType::kRecvB;
+    } else if (a.type != ActionType::kForward) {
+      return;  // W reads what its I kept
+    }
+    auto it = receives.find({receive, {a.stage, a.microbatch}});
+    if (it == receives.end()) return;  // stage 0's data, the loss, or a hand-off on this rank
+    const auto start = Clock::now();
+    it->second.wait();
     stats.wait_seconds += seconds_since(start);
+    receives.erase(it);
   }
 
   void compute(const Action& a, const std::vector<at::Tensor>& data,
                const std::vector<at::Tensor>& targets) {
+    await_receive(a);
     const auto start = Clock::now();
     switch (a.type) {
       case ActionType::kForward: forward(a, data, targets); break;
@@ -202,6 +218,7 @@ struct PipelineExecutor::Impl {
 
   StepResult run(const std::vector<at::Tensor>& data, const std::vector<at::Tensor>& targets) {
     stats = {};
+    const auto pass_start = Clock::now();
     losses.assign(static_cast<size_t>(schedule.microbatches), at::Tensor());
     if (local(0)) {
       LOOM_CHECK_AS(InputError, static_cast<int>(data.size()) == schedule.microbatches,
@@ -235,10 +252,11 @@ struct PipelineExecutor::Impl {
     const auto start = Clock::now();
     for (auto& w : sends) w.wait();
     stats.send_wait_seconds = seconds_since(start);
+    stats.pass_seconds = seconds_since(pass_start);
     sends.clear();
     in_flight.clear();
     LOOM_CHECK(inputs.empty() && outputs.empty() && grads.empty() && input_grads.empty() &&
-                   pending_w.empty(),
+                   pending_w.empty() && receives.empty(),
                "rank ", rank,
                " ended the step with tensors left over: its action list is not a "
                "complete schedule");

@@ -100,6 +100,7 @@ at::Tensor PipelineRunner::train_pass(const at::Tensor& inputs, const at::Tensor
   stats_.compute_seconds += result.stats.compute_seconds;
   stats_.wait_seconds += result.stats.wait_seconds;
   stats_.send_wait_seconds += result.stats.send_wait_seconds;
+  stats_.pass_seconds += result.stats.pass_seconds;
   stats_.computes += result.stats.computes;
   stats_.batches += result.stats.batches;
   at::Tensor total = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(options_.device));

@@ -31,6 +31,15 @@ std::vector<int> Schedule::stages_of_rank(int rank) const {
   return out;
 }
 
+int peak_live_activations(const Schedule& schedule, int rank) {
+  int live = 0, peak = 0;
+  for (const Action& a : schedule.actions.at(static_cast<size_t>(rank))) {
+    if (a.type == ActionType::kForward) peak = std::max(peak, ++live);
+    if (a.type == ActionType::kFullBackward || a.type == ActionType::kBackwardWeight) --live;
+  }
+  return peak;
+}
+
 namespace {
 
 struct KindName {

@@ -21,13 +21,19 @@ int CostModel::cost(ActionType type) const {
   }
 }
 
-double Timeline::bubble_fraction() const {
-  double idle = 0, busy = 0;
-  for (const auto& r : ranks) {
-    idle += r.idle;
-    busy += r.busy;
+double bubble_fraction(const std::vector<double>& busy, double step) {
+  double idle = 0, total = 0;
+  for (double b : busy) {
+    idle += std::max(step - b, 0.0);
+    total += b;
   }
-  return busy > 0 ? idle / busy : 0.0;
+  return total > 0 ? idle / total : 0.0;
+}
+
+double Timeline::bubble_fraction() const {
+  std::vector<double> busy;
+  for (const auto& r : ranks) busy.push_back(r.busy);
+  return pipeline::bubble_fraction(busy, makespan);
 }
 
 double Timeline::rank_bubble_fraction(int rank) const {
@@ -324,8 +330,10 @@ std::string format_timeline(const Schedule& s, const Timeline& tl) {
                   tl.ranks[r].busy, tl.ranks[r].idle, tl.rank_bubble_fraction(static_cast<int>(r)));
     out += line;
   }
-  std::snprintf(line, sizeof line, "step: %d slots; bubble fraction (idle / busy): %.4f\n",
-                tl.makespan, tl.bubble_fraction());
+  std::snprintf(line, sizeof line,
+                "step: %d slots; bubble fraction (idle / busy): %.4f (a run's pp_bubble_pct: "
+                "%.1f)\n",
+                tl.makespan, tl.bubble_fraction(), 100 * tl.bubble_fraction());
   out += line;
   return out;
 }

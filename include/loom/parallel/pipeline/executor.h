@@ -11,9 +11,12 @@
 // which accumulates the weight gradients and frees the graph. W re-traverses the stage's graph
 // (the gradients of its internal activations are computed again), so I + W cost more than B
 // here; torchtitan avoids that by splitting each matmul's backward, loom does not (yet).
-// Communication: each run of consecutive SEND/RECV actions is one Comm::batch_send_recv; receives
-// are waited before the next compute, sends at the end of the step (their tensors are kept
-// alive until then). The time spent waiting for receives is the rank's measured idle time.
+// Communication: each run of consecutive SEND/RECV actions is one Comm::batch_send_recv; a
+// receive is waited for by the compute that reads it (not by the next compute: schedules post
+// receives early, and interleaved 1F1B posts some a whole microbatch before their use, so waiting
+// at once would serialize the ranks and cost interleaving its smaller bubble), sends at the end
+// of the step (their tensors are kept alive until then). The time spent waiting for receives is
+// most of the rank's idle time (ExecutorStats).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -48,7 +51,7 @@ struct ExecutorOptions {
   // step's loss is the sum over microbatches (scale inside when a mean over the step is wanted).
   std::function<at::Tensor(const at::Tensor& output, const at::Tensor& target)> loss;
   // Called around each action this rank runs (a batch's communication actions: before the batch
-  // is posted, after its receives arrived); may be empty. For tracing, profiler ranges, tests,
+  // is posted, after it was posted); may be empty. For tracing, profiler ranges, tests,
   // and for wrappers that act per stage and microbatch (e.g. FSDP arming its gradient
   // reduce-scatter before a stage's last backward).
   std::function<void(const Action&)> before_action;
@@ -56,14 +59,12 @@ struct ExecutorOptions {
 };
 
 struct ExecutorStats {
-  double compute_seconds = 0;    // in F, I, W, B
-  double wait_seconds = 0;       // waiting for receives: this rank's measured bubble
+  double compute_seconds = 0;    // in F, I, W, B: busy (bubble_fraction() in simulate.h)
+  double pass_seconds = 0;       // the whole pass on this rank: busy + idle
+  double wait_seconds = 0;       // waiting for receives (most of the idle time)
   double send_wait_seconds = 0;  // waiting for the step's sends at its end
   int64_t computes = 0;
   int64_t batches = 0;
-  double idle_fraction() const {
-    return compute_seconds > 0 ? wait_seconds / compute_seconds : 0.0;
-  }
 };
 
 struct StepResult {

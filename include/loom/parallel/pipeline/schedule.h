@@ -75,6 +75,11 @@ struct Schedule {
   std::vector<int> stages_of_rank(int rank) const;
 };
 
+// The most microbatch-stages whose activations `rank` holds at once: forwarded (F) and not yet
+// through their backward (B, or W after I), the peak of its action list. 1F1B: pp - rank;
+// GPipe: every microbatch.
+int peak_live_activations(const Schedule& schedule, int rank);
+
 // The schedule for pp ranks, V stages per rank and M microbatches, with the communication
 // inserted (add_communication). Throws InputError naming the parallelism keys when the
 // combination cannot run (see min_microbatches).

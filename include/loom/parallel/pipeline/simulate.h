@@ -39,11 +39,17 @@ struct RankTimeline {
 struct Timeline {
   std::vector<RankTimeline> ranks;
   int makespan = 0;
-  // Idle over busy time, summed over ranks: (P-1)/M for GPipe and 1F1B (Megatron's "bubble
-  // time fraction", the idle time relative to the ideal step time).
+  // bubble_fraction() of the ranks' busy slots over the makespan: (P-1)/M for GPipe and 1F1B.
   double bubble_fraction() const;
   double rank_bubble_fraction(int rank) const;
 };
+
+// The pipeline bubble, one definition for `loom plan schedule` (slots) and a training run's
+// pp_bubble_pct (seconds): idle time over busy time, summed over the pp ranks, where a rank is
+// busy while it computes (F, I, W, B) and idle for the rest of the step, the step being the
+// slowest rank's (`step`). Megatron's "bubble time fraction": the idle time relative to the
+// ideal step time, so uneven stages count as bubble too. 0 when nothing was busy.
+double bubble_fraction(const std::vector<double>& busy, double step);
 
 // Throws InputError naming the rank, position and action of the first problem: a stage or
 // microbatch out of range or on the wrong rank; a (stage, microbatch) not forwarded exactly once
