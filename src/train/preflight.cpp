@@ -17,16 +17,6 @@
 namespace loom::train {
 namespace {
 
-// Runs a check; its error's message (without the source location) becomes a problem.
-bool collect(std::vector<std::string>& problems, const std::function<void()>& check) {
-  try {
-    check();
-    return true;
-  } catch (const Error& e) {
-    problems.push_back(e.message());
-    return false;
-  }
-}
 
 // The ranks of one data-parallel group when dp_shard is -1: any multiple of the other degrees.
 int64_t fixed_degrees(const config::ParallelismSection& p) {
@@ -53,7 +43,7 @@ std::optional<distributed::ParallelDims> check_layout(const config::JobConfig& c
                                                       const PreflightWorld& world,
                                                       std::vector<std::string>& problems) {
   std::optional<distributed::ParallelDims> dims;
-  collect(problems, [&] {
+  collect_problem(problems, [&] {
     const auto& p = config.parallelism;
     dims = distributed::ParallelDims::from_config(p, world.world_size.value_or(fixed_degrees(p)));
     const auto& t = config.training;
@@ -97,14 +87,14 @@ Preflight preflight(const config::JobConfig& config, const PreflightWorld& world
   auto& problems = out.problems;
   problems = unsupported_features(config, provenance);
   std::vector<std::string> ignored;
-  const bool model_known = collect(ignored, [&] {
+  const bool model_known = collect_problem(ignored, [&] {
     models::check_flavor(models::find_model_spec(config.model.name), config.model.flavor);
   });
   // The arithmetic only once the degrees themselves are ones train can run.
   std::optional<distributed::ParallelDims> dims;
   if (degrees_supported(config.parallelism)) dims = check_layout(config, world, problems);
   check_training_keys(config, world, problems);
-  collect(problems, [&] {
+  collect_problem(problems, [&] {
     try {
       out.tokenizer = load_job_tokenizer(config);
     } catch (const Error& e) {
@@ -117,11 +107,11 @@ Preflight preflight(const config::JobConfig& config, const PreflightWorld& world
   });
   if (world.check_datasets) {
     const auto& t = config.training;
-    collect(problems,
+    collect_problem(problems,
             [&] { check_dataset(t.dataset, t.dataset_path, t.dataset_mixture, "training"); });
     const auto& v = config.validation;
     if (v.enable) {
-      collect(problems,
+      collect_problem(problems,
               [&] { check_dataset(v.dataset, v.dataset_path, v.dataset_mixture, "validation"); });
     }
   }
@@ -130,7 +120,7 @@ Preflight preflight(const config::JobConfig& config, const PreflightWorld& world
   if (world.world_size && dims && model_known) {
     const bool sharded = dims->dp_shard * dims->cp > 1 || config.debug.force_fsdp;
     const int64_t shards = (sharded ? dims->dp_shard * dims->cp : 1) * dims->tp * dims->pp;
-    collect(problems, [&] {
+    collect_problem(problems, [&] {
       check_memory_fits(config, out.tokenizer ? out.tokenizer->vocab_size() : 0, shards,
                         world.device);
     });

@@ -8,10 +8,8 @@
 #include "loom/parallel/pipeline/plan.h"
 
 namespace loom::train {
-namespace {
 
-// Runs a check; its error's message (without the source location) becomes a problem.
-bool collect(std::vector<std::string>& problems, const std::function<void()>& check) {
+bool collect_problem(std::vector<std::string>& problems, const std::function<void()>& check) {
   try {
     check();
     return true;
@@ -20,8 +18,6 @@ bool collect(std::vector<std::string>& problems, const std::function<void()>& ch
     return false;
   }
 }
-
-}  // namespace
 
 bool degrees_supported(const config::ParallelismSection& p) {
   return p.context_parallel_degree == 1 && p.expert_parallel_degree == 1;
@@ -52,15 +48,15 @@ std::vector<std::string> unsupported_features(const config::JobConfig& config,
                        "remove the key");
   }
   const models::ModelSpec* spec = nullptr;
-  collect(problems, [&] { spec = &models::find_model_spec(config.model.name); });
-  if (!spec || !collect(problems, [&] { models::check_flavor(*spec, config.model.flavor); })) {
+  collect_problem(problems, [&] { spec = &models::find_model_spec(config.model.name); });
+  if (!spec || !collect_problem(problems, [&] { models::check_flavor(*spec, config.model.flavor); })) {
     return problems;  // the rest needs the model's shape
   }
-  if (spec->check_parallelism) collect(problems, [&] { spec->check_parallelism(config); });
+  if (spec->check_parallelism) collect_problem(problems, [&] { spec->check_parallelism(config); });
   // The stage split, microbatch count and schedule: on every rank before the rendezvous, so a
   // bad combination is an error naming the keys, never a hang in a send or receive.
   if (p.pipeline_parallel_degree > 1) {
-    collect(problems, [&] {
+    collect_problem(problems, [&] {
       parallel::pipeline::plan_pipeline(config, models::count_layers(config), provenance);
     });
   }

@@ -3,6 +3,7 @@
 // of some ranks hanging in a collective.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -10,6 +11,11 @@
 #include "loom/config/job_config.h"
 
 namespace loom::train {
+
+// Runs `check`; a loom Error it throws becomes one more entry of `problems` (its message, without
+// the source location), so that a validation lists every problem at once. Returns whether the
+// check passed.
+bool collect_problem(std::vector<std::string>& problems, const std::function<void()>& check);
 
 // Every unimplemented degree or feature (context and expert parallelism, async TP, float8
 // converters), an unknown model or flavor, degrees the flavor cannot split (heads not divisible
