@@ -196,18 +196,18 @@ LOOM_SLOW_TEST(PipelineTraining, CheckpointsReshardBetweenPipelineAndOneRank) {
                       logged_losses(same), 0.0, "pp 2 -> pp 2");
 }
 
-// Too few microbatches for the schedule: every rank refuses before the rendezvous, naming the
+// Too few microbatches for the schedule: the ranks refuse before the rendezvous, naming the
 // key, instead of waiting in a receive.
-LOOM_TEST(PipelineTraining, TooFewMicrobatchesFailOnEveryRankWithTheKeyNamed) {
+LOOM_TEST(PipelineTraining, TooFewMicrobatchesAreRefusedBeforeTheRendezvousNamingTheKey) {
   const std::string folder = fresh_temp_dir("pp4_too_few");
   auto result = run_loom(launch_args(4, job("--job.dump_folder " + folder + pipeline(4, "1F1B") +
                                             " --training.local_batch_size 2"
                                             " --training.global_batch_size 2")));
   EXPECT_EQ(result.exit_code, 2) << result.output;
-  for (const char* rank : {"[rank0]", "[rank1]", "[rank2]", "[rank3]"}) {
-    const auto at = result.output.find(std::string(rank) + ": ");
-    ASSERT_NE(at, std::string::npos) << rank << "\n" << result.output;
-  }
+  // The first rank to refuse ends the job (the launcher stops the others, which may not have
+  // printed yet): a refusal with exit code 2, never a rank left waiting for its peers.
+  EXPECT_NE(result.output.find("exited with code 2"), std::string::npos) << result.output;
+  EXPECT_EQ(result.output.find("timed out"), std::string::npos) << result.output;
   EXPECT_NE(result.output.find("parallelism.pipeline_parallel_microbatch_size"), std::string::npos)
       << result.output;
   EXPECT_NE(result.output.find("1F1B with 4 pipeline ranks needs at least 4 microbatches, got 2"),
