@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "loom/distributed/process_groups.h"
+#include "loom/distributed/world_info.h"
 #include "support/process.h"
 
 namespace loom::testing {
@@ -28,6 +29,35 @@ inline distributed::CommInit thread_rank_init(int rank, int world, int port,
   return init;
 }
 
+// The launcher's view of thread rank `rank` of `world` on this host, for ParallelRuntime::for_world.
+inline distributed::WorldInfo thread_rank_world(int rank, int world, int port) {
+  distributed::WorldInfo info;
+  info.rank = rank;
+  info.world_size = world;
+  info.local_world_size = world;
+  info.master_port = port;
+  return info;
+}
+
+// Calls body(rank) on `world` threads; returns the messages of exceptions the ranks threw.
+inline std::vector<std::string> on_thread_ranks(int world, const std::function<void(int)>& body) {
+  std::mutex mutex;
+  std::vector<std::string> errors;
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < world; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        body(rank);
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> lock(mutex);
+        errors.push_back("rank " + std::to_string(rank) + ": " + e.what());
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
 // Calls body(groups) on `world` threads; returns the messages of exceptions the ranks threw.
 inline std::vector<std::string> run_ranks(
     int world, const std::function<void(distributed::ProcessGroups&)>& body,
@@ -38,22 +68,10 @@ inline std::vector<std::string> run_ranks(
     options.train_timeout = std::chrono::seconds(60);
   }
   const int port = free_port();
-  std::mutex mutex;
-  std::vector<std::string> errors;
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < world; ++rank) {
-    threads.emplace_back([&, rank] {
-      try {
-        distributed::ProcessGroups groups(thread_rank_init(rank, world, port, options));
-        body(groups);
-      } catch (const std::exception& e) {
-        std::lock_guard<std::mutex> lock(mutex);
-        errors.push_back("rank " + std::to_string(rank) + ": " + e.what());
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  return errors;
+  return on_thread_ranks(world, [&](int rank) {
+    distributed::ProcessGroups groups(thread_rank_init(rank, world, port, options));
+    body(groups);
+  });
 }
 
 inline std::string joined(const std::vector<std::string>& errors) {

@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 
+#include "comm_test_util.h"
 #include "loom/distributed/runtime.h"
 #include "loom/models/model_spec.h"
 #include "loom/parallel/pipeline/model_parts.h"
@@ -52,12 +53,7 @@ struct RankTrainer {
 
   RankTrainer(const config::JobConfig& config, int rank, int world, int port,
               at::Device device = at::kCPU) {
-    distributed::WorldInfo info;
-    info.rank = rank;
-    info.world_size = world;
-    info.local_world_size = world;
-    info.master_port = port;
-    runtime = distributed::ParallelRuntime::for_world(config, info);
+    runtime = distributed::ParallelRuntime::for_world(config, thread_rank_world(rank, world, port));
     std::vector<std::unique_ptr<models::CausalLM>> parts;
     const auto meta = at::TensorOptions().device(at::kMeta);
     std::optional<parallel::pipeline::PipelinePlan> plan;

@@ -54,6 +54,15 @@ at::Tensor loss_of(const at::Tensor& out, const at::Tensor& target) {
   return (out - target).pow(2).sum();
 }
 
+// The stages' boundary (microbatch x kDim doubles) and loss, as every test here runs them.
+ExecutorOptions executor_options() {
+  ExecutorOptions eo;
+  eo.boundary_shape = {kMicrobatchSize, kDim};
+  eo.boundary_dtype = at::kDouble;
+  eo.loss = loss_of;
+  return eo;
+}
+
 struct Batch {
   std::vector<at::Tensor> inputs, targets;
 };
@@ -122,10 +131,7 @@ void run_case(ScheduleKind kind, int pp, int v, int microbatches) {
           owned.push_back(std::make_unique<LinearStage>(s * per_stage, (s + 1) * per_stage));
           mine[s] = owned.back().get();
         }
-        ExecutorOptions eo;
-        eo.boundary_shape = {kMicrobatchSize, kDim};
-        eo.boundary_dtype = at::kDouble;
-        eo.loss = loss_of;
+        const ExecutorOptions eo = executor_options();
         PipelineExecutor executor(schedule, rank, mine, groups.world(), eo);
         groups.world().counters().reset();
         StepResult result = executor.run_step(batch.inputs, batch.targets);
@@ -193,10 +199,7 @@ TEST(PipelineExecutor, WeightGradientsAreDeferredToW) {
     }
     const int per_w = static_cast<int>(stage.parameters().size());
     int expected = 0, inputs = 0, weights = 0;
-    ExecutorOptions eo;
-    eo.boundary_shape = {kMicrobatchSize, kDim};
-    eo.boundary_dtype = at::kDouble;
-    eo.loss = loss_of;
+    ExecutorOptions eo = executor_options();
     std::vector<std::string> seen;
     eo.before_action = [&](const Action& a) { seen.push_back(to_string(a)); };
     eo.after_action = [&](const Action& a) {
@@ -264,10 +267,7 @@ double measured_bubble(const Schedule& schedule, int64_t forward_ms_per_stage) {
       owned.push_back(std::make_unique<DelayStage>(forward_ms_per_stage));
       mine[s] = owned.back().get();
     }
-    ExecutorOptions eo;
-    eo.boundary_shape = {kMicrobatchSize, kDim};
-    eo.boundary_dtype = at::kDouble;
-    eo.loss = loss_of;
+    const ExecutorOptions eo = executor_options();
     PipelineExecutor executor(schedule, rank, mine, groups.world(), eo);
     for (int step = 0; step < 2; ++step) {
       const auto stats = executor.run_step(batch.inputs, batch.targets).stats;

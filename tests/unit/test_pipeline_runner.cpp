@@ -10,8 +10,6 @@
 #include <gtest/gtest.h>
 
 #include <map>
-#include <mutex>
-#include <thread>
 
 #include "comm_test_util.h"
 #include "loom/core/check.h"
@@ -95,87 +93,72 @@ void run_layout(const Layout& l) {
   const Reference ref = reference(l, batch);
   const int world = l.world();
   const int port = testing::free_port();
-  std::vector<std::thread> threads;
-  std::mutex mutex;
-  std::vector<std::string> errors;
-  for (int rank = 0; rank < world; ++rank) {
-    threads.emplace_back([&, rank] {
-      try {
-        const auto config = job(l);
-        distributed::WorldInfo info;
-        info.rank = rank;
-        info.world_size = world;
-        info.local_world_size = world;
-        info.master_port = port;
-        auto runtime = distributed::ParallelRuntime::for_world(config, info);
-        const auto plan = parallel::pipeline::plan_pipeline(config, 6);
-        const auto pp_rank = runtime->mesh().group_rank(distributed::MeshGroup::pp, rank);
-        std::vector<std::unique_ptr<models::CausalLM>> parts;
-        for (const auto& part : plan.split.parts_of_rank(static_cast<int>(pp_rank))) {
-          parts.push_back(models::build_model(config, kVocab,
-                                              at::TensorOptions().device(at::kMeta),
-                                              parallel::pipeline::to_model_part(part)));
-        }
-        const auto& spec = models::find_model_spec(config.model.name);
-        parallel::ParallelContext context{config, *runtime, at::kCPU, kSeed, at::kFloat, {}};
-        parallel::ParallelModel pm = spec.parallelize(std::move(parts), context);
-        parallel::pipeline::PipelineRunnerOptions options;
-        options.boundary_shape = pm.boundary_shape;
-        options.boundary_dtype = pm.boundary_dtype;
-        options.forward = [](models::CausalLM& part, const at::Tensor& x) {
-          return part.forward(x);
-        };
-        options.loss_sum = pm.loss;
-        std::vector<models::CausalLM*> raw;
-        for (auto& part : pm.parts) raw.push_back(part.get());
-        parallel::pipeline::PipelineRunner runner(plan, static_cast<int>(pp_rank), raw,
-                                                  pm.part_syncs,
-                                                  runtime->group_ptr(distributed::MeshGroup::pp),
-                                                  options);
-        const int64_t dp_rank = runtime->dp_rank();
-        const double tokens = static_cast<double>(batch.size(0) * kSeq);
-        at::Tensor loss = at::zeros({}, at::kDouble);
-        for (int pass = 0; pass < passes; ++pass) {
-          const at::Tensor rows = batch.narrow(0, (dp_rank * passes + pass) * 4, 4);
-          loss += runner.train_pass(rows.narrow(1, 0, kSeq), rows.narrow(1, 1, kSeq), tokens,
-                                    pass + 1 == passes)
-                      .to(at::kDouble);
-        }
-        pm.gradient_sync->finish();
-        auto& loss_group = runtime->group(distributed::MeshGroup::loss);
-        if (loss_group.size() > 1) loss_group.all_reduce(loss);
-        runner.group().all_reduce(loss);
-        LOOM_CHECK(std::abs(loss.item<double>() - ref.loss) <= 1e-5 * ref.loss, "loss ",
-                   loss.item<double>(), " vs ", ref.loss);
-        for (const auto& p : pm.parameters) {
-          LOOM_CHECK(p.tensor.grad().defined(), p.name, " has no gradient");
-          expect_close(p.tensor.grad(), parallel::local_view(ref.grads.at(p.name), p.placement),
-                       "gradient of " + p.name + " (" + p.placement.describe() + ")");
-        }
-        for (const auto& wrapper : pm.wrappers) {
-          auto* fsdp = dynamic_cast<parallel::FullyShardedDataParallel*>(wrapper.get());
-          if (fsdp == nullptr) continue;
-          const auto units = static_cast<int64_t>(fsdp->num_units());
-          LOOM_CHECK(fsdp->stats().all_gathers == units, fsdp->stats().all_gathers,
-                     " all-gathers for ", units, " units: gathered again between microbatches");
-          LOOM_CHECK(fsdp->stats().reduce_scatters == units, fsdp->stats().reduce_scatters,
-                     " reduce-scatters for ", units, " units");
-          LOOM_CHECK(fsdp->unsharded_gradient_bytes() == 0, "unsharded gradients left over");
-        }
-        LOOM_CHECK(runner.take_stats().computes > 0, "the runner counted no compute");
-        // Evaluation: every pp rank gets the summed loss of the batch.
-        const at::Tensor rows = batch.narrow(0, 0, 4);
-        const double eval = runner.eval_sum(rows.narrow(1, 0, kSeq), rows.narrow(1, 1, kSeq))
-                                .item<double>();
-        LOOM_CHECK(std::abs(eval - ref.eval_sum) <= 1e-5 * ref.eval_sum, "eval ", eval, " vs ",
-                   ref.eval_sum);
-      } catch (const std::exception& e) {
-        std::lock_guard<std::mutex> lock(mutex);
-        errors.push_back("rank " + std::to_string(rank) + ": " + e.what());
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
+  const auto errors = testing::on_thread_ranks(world, [&](int rank) {
+    const auto config = job(l);
+    auto runtime = distributed::ParallelRuntime::for_world(
+        config, testing::thread_rank_world(rank, world, port));
+    const auto plan = parallel::pipeline::plan_pipeline(config, 6);
+    const auto pp_rank = runtime->mesh().group_rank(distributed::MeshGroup::pp, rank);
+    std::vector<std::unique_ptr<models::CausalLM>> parts;
+    for (const auto& part : plan.split.parts_of_rank(static_cast<int>(pp_rank))) {
+      parts.push_back(models::build_model(config, kVocab,
+                                          at::TensorOptions().device(at::kMeta),
+                                          parallel::pipeline::to_model_part(part)));
+    }
+    const auto& spec = models::find_model_spec(config.model.name);
+    parallel::ParallelContext context{config, *runtime, at::kCPU, kSeed, at::kFloat, {}};
+    parallel::ParallelModel pm = spec.parallelize(std::move(parts), context);
+    parallel::pipeline::PipelineRunnerOptions options;
+    options.boundary_shape = pm.boundary_shape;
+    options.boundary_dtype = pm.boundary_dtype;
+    options.forward = [](models::CausalLM& part, const at::Tensor& x) {
+      return part.forward(x);
+    };
+    options.loss_sum = pm.loss;
+    std::vector<models::CausalLM*> raw;
+    for (auto& part : pm.parts) raw.push_back(part.get());
+    parallel::pipeline::PipelineRunner runner(plan, static_cast<int>(pp_rank), raw,
+                                              pm.part_syncs,
+                                              runtime->group_ptr(distributed::MeshGroup::pp),
+                                              options);
+    const int64_t dp_rank = runtime->dp_rank();
+    const double tokens = static_cast<double>(batch.size(0) * kSeq);
+    at::Tensor loss = at::zeros({}, at::kDouble);
+    for (int pass = 0; pass < passes; ++pass) {
+      const at::Tensor rows = batch.narrow(0, (dp_rank * passes + pass) * 4, 4);
+      loss += runner.train_pass(rows.narrow(1, 0, kSeq), rows.narrow(1, 1, kSeq), tokens,
+                                pass + 1 == passes)
+                  .to(at::kDouble);
+    }
+    pm.gradient_sync->finish();
+    auto& loss_group = runtime->group(distributed::MeshGroup::loss);
+    if (loss_group.size() > 1) loss_group.all_reduce(loss);
+    runner.group().all_reduce(loss);
+    LOOM_CHECK(std::abs(loss.item<double>() - ref.loss) <= 1e-5 * ref.loss, "loss ",
+               loss.item<double>(), " vs ", ref.loss);
+    for (const auto& p : pm.parameters) {
+      LOOM_CHECK(p.tensor.grad().defined(), p.name, " has no gradient");
+      expect_close(p.tensor.grad(), parallel::local_view(ref.grads.at(p.name), p.placement),
+                   "gradient of " + p.name + " (" + p.placement.describe() + ")");
+    }
+    for (const auto& wrapper : pm.wrappers) {
+      auto* fsdp = dynamic_cast<parallel::FullyShardedDataParallel*>(wrapper.get());
+      if (fsdp == nullptr) continue;
+      const auto units = static_cast<int64_t>(fsdp->num_units());
+      LOOM_CHECK(fsdp->stats().all_gathers == units, fsdp->stats().all_gathers,
+                 " all-gathers for ", units, " units: gathered again between microbatches");
+      LOOM_CHECK(fsdp->stats().reduce_scatters == units, fsdp->stats().reduce_scatters,
+                 " reduce-scatters for ", units, " units");
+      LOOM_CHECK(fsdp->unsharded_gradient_bytes() == 0, "unsharded gradients left over");
+    }
+    LOOM_CHECK(runner.take_stats().computes > 0, "the runner counted no compute");
+    // Evaluation: every pp rank gets the summed loss of the batch.
+    const at::Tensor rows = batch.narrow(0, 0, 4);
+    const double eval = runner.eval_sum(rows.narrow(1, 0, kSeq), rows.narrow(1, 1, kSeq))
+                            .item<double>();
+    LOOM_CHECK(std::abs(eval - ref.eval_sum) <= 1e-5 * ref.eval_sum, "eval ", eval, " vs ",
+               ref.eval_sum);
+  });
   LOOM_EXPECT_RANKS_OK(errors);
 }
 

@@ -12,8 +12,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <mutex>
-#include <thread>
 
 #include "comm_test_util.h"
 #include "loom/core/check.h"
@@ -54,26 +52,15 @@ void expect_no_growth(const Layout& l) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
   const at::Tensor rows = at::randint(0, kVocab, {kRows, kSeq + 1}, gen, at::kLong);
   std::vector<HostHeap> samples;  // rank 0, after every step while all ranks wait
-  std::vector<std::thread> threads;
-  std::mutex mutex;
-  std::vector<std::string> errors;
-  for (int rank = 0; rank < world; ++rank) {
-    threads.emplace_back([&, rank] {
-      try {
-        RankTrainer trainer(config, rank, world, port);
-        for (int s = 0; s < kWarmupSteps + kMeasuredSteps; ++s) {
-          trainer.step(rows);
-          trainer.runtime->world_group().barrier();
-          if (rank == 0) samples.push_back(host_heap());
-          trainer.runtime->world_group().barrier();
-        }
-      } catch (const std::exception& e) {
-        std::lock_guard<std::mutex> lock(mutex);
-        errors.push_back("rank " + std::to_string(rank) + ": " + e.what());
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
+  const auto errors = testing::on_thread_ranks(world, [&](int rank) {
+    RankTrainer trainer(config, rank, world, port);
+    for (int s = 0; s < kWarmupSteps + kMeasuredSteps; ++s) {
+      trainer.step(rows);
+      trainer.runtime->world_group().barrier();
+      if (rank == 0) samples.push_back(host_heap());
+      trainer.runtime->world_group().barrier();
+    }
+  });
   LOOM_EXPECT_RANKS_OK(errors);
   ASSERT_EQ(samples.size(), static_cast<size_t>(kWarmupSteps + kMeasuredSteps));
   if (std::getenv("LOOM_STEP_MEMORY_TRACE")) {
@@ -102,6 +89,13 @@ void expect_no_growth(const Layout& l) {
 
 TEST(StepMemory, LoomExecutablesUseJemalloc) {
   EXPECT_TRUE(host_allocator_is_jemalloc()) << describe_host_allocator();
+  // The compiled-in settings (src/core/jemalloc_settings.cpp), unless the environment overrides.
+  if (std::getenv("MALLOC_CONF") == nullptr) {
+    EXPECT_EQ(describe_host_allocator().find("returned after"), std::string::npos)
+        << "freed pages must stay for the next step: " << describe_host_allocator();
+    EXPECT_EQ(describe_host_allocator().find("own arena"), std::string::npos)
+        << "big blocks must share the arenas: " << describe_host_allocator();
+  }
   const HostHeap heap = host_heap();
   EXPECT_GT(heap.allocated, 0u);
   EXPECT_GE(heap.resident, heap.allocated);

@@ -237,13 +237,9 @@ struct RankModel {
 };
 
 RankModel parallelize(const config::JobConfig& config, int rank, int world, int port) {
-  distributed::WorldInfo info;
-  info.rank = rank;
-  info.world_size = world;
-  info.local_world_size = world;
-  info.master_port = port;
   RankModel out;
-  out.runtime = distributed::ParallelRuntime::for_world(config, info);
+  out.runtime =
+      distributed::ParallelRuntime::for_world(config, testing::thread_rank_world(rank, world, port));
   const auto& spec = models::find_model_spec(config.model.name);
   parallel::ParallelContext context{config, *out.runtime, at::kCPU, kSeed, at::kFloat, {}};
   std::vector<std::unique_ptr<models::CausalLM>> parts;
@@ -287,54 +283,43 @@ void run_step(const Layout& l,
   const Reference ref = reference(l, batch);
   const int world = l.world();
   const int port = testing::free_port();
-  std::vector<std::thread> threads;
-  std::mutex mutex;
-  std::vector<std::string> errors;
-  for (int rank = 0; rank < world; ++rank) {
-    threads.emplace_back([&, rank] {
-      try {
-        const auto config = job(l);
-        RankModel rm = parallelize(config, rank, world, port);
-        auto& pm = rm.model;
-        const int64_t dp_rank = rm.runtime->dp_rank();
-        const double tokens = static_cast<double>(batch.size(0) * kSeq);
-        expect_tensor_parallel_boxes(pm, l.tp, rm.runtime->mesh().coordinate(
-                                                   rank, distributed::MeshDim::tp));
-        auto& tp_group = rm.runtime->group(distributed::MeshGroup::tp);
-        const auto tp_before = tp_group.counters().total_wire_bytes();
-        at::Tensor loss_sum = at::zeros({}, at::kDouble);
-        for (int m = 0; m < l.micro; ++m) {
-          pm.gradient_sync->prepare_microbatch(m + 1 == l.micro);
-          const at::Tensor micro = batch.narrow(0, (dp_rank * l.micro + m) * rows, rows);
-          at::Tensor loss = pm.loss(pm.parts[0]->forward(micro.narrow(1, 0, kSeq)),
-                                    micro.narrow(1, 1, kSeq)) / tokens;
-          loss.backward();
-          loss_sum += loss.detach().to(at::kDouble);
-        }
-        pm.gradient_sync->finish();
-        const double tp_bytes =
-            static_cast<double>(tp_group.counters().total_wire_bytes() - tp_before);
-        auto& loss_group = rm.runtime->group(distributed::MeshGroup::loss);
-        if (loss_group.size() > 1) loss_group.all_reduce(loss_sum);
-        const double loss = loss_sum.item<double>();
-        LOOM_CHECK(std::abs(loss - ref.loss) <= 1e-5 * ref.loss, "loss ", loss, " vs ", ref.loss);
-        const double norm = train::clip_grad_norm(pm.tensors(), pm.placements(), 0.5,
-                                                  &rm.runtime->world_group())
-                                .item<double>();
-        LOOM_CHECK(std::abs(norm - ref.norm) <= 1e-5 * ref.norm, "norm ", norm, " vs ", ref.norm);
-        train::build_optimizer(config.optimizer, pm.tensors())->step();
-        for (const auto& p : pm.parameters) {
-          expect_close(p.tensor.detach(), parallel::local_view(ref.after_step.at(p.name), p.placement),
-                       "after step " + p.name + " (" + p.placement.describe() + ")");
-        }
-        if (check) check(rm, tp_bytes);
-      } catch (const std::exception& e) {
-        std::lock_guard<std::mutex> lock(mutex);
-        errors.push_back("rank " + std::to_string(rank) + ": " + e.what());
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
+  const auto errors = testing::on_thread_ranks(world, [&](int rank) {
+    const auto config = job(l);
+    RankModel rm = parallelize(config, rank, world, port);
+    auto& pm = rm.model;
+    const int64_t dp_rank = rm.runtime->dp_rank();
+    const double tokens = static_cast<double>(batch.size(0) * kSeq);
+    expect_tensor_parallel_boxes(pm, l.tp, rm.runtime->mesh().coordinate(
+                                               rank, distributed::MeshDim::tp));
+    auto& tp_group = rm.runtime->group(distributed::MeshGroup::tp);
+    const auto tp_before = tp_group.counters().total_wire_bytes();
+    at::Tensor loss_sum = at::zeros({}, at::kDouble);
+    for (int m = 0; m < l.micro; ++m) {
+      pm.gradient_sync->prepare_microbatch(m + 1 == l.micro);
+      const at::Tensor micro = batch.narrow(0, (dp_rank * l.micro + m) * rows, rows);
+      at::Tensor loss = pm.loss(pm.parts[0]->forward(micro.narrow(1, 0, kSeq)),
+                                micro.narrow(1, 1, kSeq)) / tokens;
+      loss.backward();
+      loss_sum += loss.detach().to(at::kDouble);
+    }
+    pm.gradient_sync->finish();
+    const double tp_bytes =
+        static_cast<double>(tp_group.counters().total_wire_bytes() - tp_before);
+    auto& loss_group = rm.runtime->group(distributed::MeshGroup::loss);
+    if (loss_group.size() > 1) loss_group.all_reduce(loss_sum);
+    const double loss = loss_sum.item<double>();
+    LOOM_CHECK(std::abs(loss - ref.loss) <= 1e-5 * ref.loss, "loss ", loss, " vs ", ref.loss);
+    const double norm = train::clip_grad_norm(pm.tensors(), pm.placements(), 0.5,
+                                              &rm.runtime->world_group())
+                            .item<double>();
+    LOOM_CHECK(std::abs(norm - ref.norm) <= 1e-5 * ref.norm, "norm ", norm, " vs ", ref.norm);
+    train::build_optimizer(config.optimizer, pm.tensors())->step();
+    for (const auto& p : pm.parameters) {
+      expect_close(p.tensor.detach(), parallel::local_view(ref.after_step.at(p.name), p.placement),
+                   "after step " + p.name + " (" + p.placement.describe() + ")");
+    }
+    if (check) check(rm, tp_bytes);
+  });
   LOOM_EXPECT_RANKS_OK(errors);
 }
 
