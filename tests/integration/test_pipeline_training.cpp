@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <tuple>
@@ -69,9 +70,9 @@ const std::string& one_rank() {
   return folder;
 }
 
-// Every step row has the measured bubble: idle over busy time in percent (above 100 when the
-// ranks wait longer than they compute: tiny stages, few microbatches), never 0 (a pipeline at
-// least fills and drains).
+// Every step row has the measured bubble: idle over busy time in percent, never 0 (a pipeline at
+// least fills and drains). No upper bound: with tiny stages and more ranks than cores the ranks
+// may wait several times longer than they compute (1196% seen for pp 4 on 2 cores).
 void expect_bubble_logged(const std::string& folder) {
   const auto steps = rows(folder, "loss");
   ASSERT_EQ(steps.size(), 20u);
@@ -79,7 +80,7 @@ void expect_bubble_logged(const std::string& folder) {
     ASSERT_TRUE(j.contains("pp_bubble_pct")) << j.dump();
     const double bubble = j["pp_bubble_pct"].get<double>();
     EXPECT_GT(bubble, 0.0);
-    EXPECT_LT(bubble, 1000.0);
+    EXPECT_TRUE(std::isfinite(bubble)) << j.dump();
   }
 }
 
