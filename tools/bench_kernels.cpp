@@ -20,7 +20,7 @@
 #include "loom/models/kernels/rms_norm.h"
 #include "loom/models/kernels/rotary.h"
 #include "loom/models/llama/args.h"
-#include "loom/models/llama/rope.h"
+#include "loom/models/common/rope.h"
 #include "loom/models/kernels/swiglu.h"
 
 namespace {
@@ -111,8 +111,8 @@ std::function<void()> rotary_step(const at::Tensor& q0, const at::Tensor& k0,
     if (fused) {
       std::tie(rq, rk) = loom::models::kernels::rotary_qk(q, k, freqs);
     } else {
-      rq = loom::models::llama::apply_rotary_emb(q, freqs);
-      rk = loom::models::llama::apply_rotary_emb(k, freqs);
+      rq = loom::models::apply_rotary_emb(q, freqs);
+      rk = loom::models::apply_rotary_emb(k, freqs);
     }
     torch::autograd::backward({rq, rk}, {g, g});
   };
@@ -189,7 +189,7 @@ int main(int argc, char** argv) {
     loom::models::llama::LlamaArgs args;
     args.n_heads = shape.dims[2];
     args.dim = shape.dims[2] * shape.dims[3];
-    at::Tensor freqs = loom::models::llama::precompute_freqs_cis(args, shape.dims[1], at::kCPU);
+    at::Tensor freqs = loom::models::precompute_freqs_cis(args, shape.dims[1], at::kCPU);
     at::Tensor q = at::randn(shape.dims), k = at::randn(shape.dims), g = at::randn(shape.dims);
     compare("rope q+k", shape.name, rotary_step(q, k, freqs, g, true),
             rotary_step(q, k, freqs, g, false), rounds, iters, cold);

@@ -18,53 +18,12 @@
 #include "loom/core/json.h"
 #include "loom/core/strings.h"
 #include "loom/data/tokenizer.h"
-#include "loom/models/llama/args.h"
+#include "loom/core/logging.h"
 #include "state_io.h"
 
 namespace loom::checkpoint {
 namespace fs = std::filesystem;
 namespace {
-
-// (loom suffix, HF suffix) inside layer N.
-const std::vector<std::pair<std::string, std::string>>& layer_names() {
-  static const std::vector<std::pair<std::string, std::string>> names = {
-      {"attention.wq.weight", "self_attn.q_proj.weight"},
-      {"attention.wk.weight", "self_attn.k_proj.weight"},
-      {"attention.wv.weight", "self_attn.v_proj.weight"},
-      {"attention.wo.weight", "self_attn.o_proj.weight"},
-      {"feed_forward.w1.weight", "mlp.gate_proj.weight"},
-      {"feed_forward.w2.weight", "mlp.down_proj.weight"},
-      {"feed_forward.w3.weight", "mlp.up_proj.weight"},
-      {"attention_norm.weight", "input_layernorm.weight"},
-      {"ffn_norm.weight", "post_attention_layernorm.weight"}};
-  return names;
-}
-
-const std::vector<std::pair<std::string, std::string>>& top_names() {
-  static const std::vector<std::pair<std::string, std::string>> names = {
-      {"tok_embeddings.weight", "model.embed_tokens.weight"},
-      {"norm.weight", "model.norm.weight"},
-      {"output.weight", "lm_head.weight"}};
-  return names;
-}
-
-std::string map_name(const std::string& name, bool to_hf) {
-  for (const auto& [loom, hf] : top_names()) {
-    if (name == (to_hf ? loom : hf)) return to_hf ? hf : loom;
-  }
-  static const std::regex loom_layer("layers\\.([0-9]+)\\.(.+)");
-  static const std::regex hf_layer("model\\.layers\\.([0-9]+)\\.(.+)");
-  std::smatch match;
-  if (std::regex_match(name, match, to_hf ? loom_layer : hf_layer)) {
-    for (const auto& [loom, hf] : layer_names()) {
-      if (match[2].str() == (to_hf ? loom : hf)) {
-        return (to_hf ? "model.layers." : "layers.") + match[1].str() + "." + (to_hf ? hf : loom);
-      }
-    }
-  }
-  LOOM_THROW(InputError, "tensor '", name, "' has no ", to_hf ? "Hugging Face" : "loom",
-             " Llama counterpart");
-}
 
 // A step folder, or the newest complete step of a checkpoint folder.
 std::string resolve_step(const std::string& path) {
@@ -108,64 +67,85 @@ void prepare_export_folder(const std::string& output, bool overwrite) {
 
 }  // namespace
 
-at::Tensor permute_rotary_rows(const at::Tensor& weight, int64_t heads, bool to_hf) {
-  LOOM_CHECK_AS(InputError, weight.dim() == 2 && heads >= 1, "a q/k projection must be a matrix ",
-                "of at least one head, got shape ", weight.sizes(), " and ", heads, " heads");
-  const int64_t rows = weight.size(0);
-  LOOM_CHECK_AS(InputError, rows % (2 * heads) == 0, "a q/k projection of ", rows,
-                " rows cannot hold ", heads, " heads of even size");
-  const int64_t half = rows / heads / 2;
-  at::Tensor w = to_hf ? weight.reshape({heads, half, 2, weight.size(1)})
-                       : weight.reshape({heads, 2, half, weight.size(1)});
-  return w.transpose(1, 2).reshape({rows, weight.size(1)}).contiguous();
+// Where a step's model comes from: its config.toml, or an import's hf_config.json.
+SourcedModel step_model(const std::string& step, models::BuildOptions options,
+                        const StepModelOverrides& overrides) {
+  CheckpointReader reader(step);
+  LOOM_CHECK_AS(InputError, reader.has("model.tok_embeddings.weight"), "checkpoint '", step,
+                "' holds no model.tok_embeddings.weight: not a model checkpoint");
+  options.vocab_size = reader.global_shape("model.tok_embeddings.weight").at(0);
+  const std::string config_path = step + "/config.toml";
+  const std::string hf_config_path = step + "/hf_config.json";
+  SourcedModel out;
+  if (!overrides.flavor && !fs::exists(config_path) && fs::exists(hf_config_path)) {
+    out.hf_config = json::read_file_strict(hf_config_path, "Hugging Face config");
+    out.spec = &models::find_hf_model_spec(out.hf_config, hf_config_path);
+    LOOM_CHECK_AS(InputError, !overrides.name || *overrides.name == out.spec->name, "checkpoint '",
+                  step, "' holds a ", out.spec->name, " model (", hf_config_path, "), not ",
+                  *overrides.name);
+    out.model = out.spec->hf.build_from_config(out.hf_config, hf_config_path, options);
+    return out;
+  }
+  std::optional<std::string> name = overrides.name, flavor = overrides.flavor;
+  if (fs::exists(config_path)) {
+    const auto job = config::load_job_config(config_path, {}).config;
+    if (!name) name = job.model.name;
+    if (!flavor) flavor = job.model.flavor;
+    out.tokenizer = data::tokenizer_location(job.model.tokenizer_path, job.model.hf_assets_path);
+    if (options.max_seq_len <= 0) options.max_seq_len = job.training.seq_len;
+  }
+  LOOM_CHECK_AS(InputError, name && flavor, "checkpoint '", step,
+                "' has no config.toml, so its model is unknown: pass --model NAME and --flavor "
+                "FLAVOR (known models: ",
+                strings::join(models::model_names(), ", "),
+                "), with --tokenizer PATH and --max-seq-len N for its tokenizer and context");
+  out.spec = &models::find_model_spec(*name);
+  models::check_flavor(*out.spec, *flavor);
+  options.flavor = *flavor;
+  out.model = out.spec->build(options);
+  return out;
 }
 
-std::string hf_name(const std::string& name) {
-  return map_name(name, true);
-}
-std::string loom_name(const std::string& name) {
-  return map_name(name, false);
+SourcedModel hf_model(const std::string& hf_folder, const models::BuildOptions& options) {
+  const std::string path = hf_folder + "/config.json";
+  SourcedModel out;
+  out.hf_config = json::read_file_strict(path, "Hugging Face config");
+  out.spec = &models::find_hf_model_spec(out.hf_config, path);
+  out.model = out.spec->hf.build_from_config(out.hf_config, path, options);
+  if (fs::exists(hf_folder + "/tokenizer.json")) out.tokenizer = hf_folder + "/tokenizer.json";
+  return out;
 }
 
 void export_to_hf(const std::string& step_path, const std::string& output,
                   const HfExportOptions& options) {
-  const std::string& dtype = options.dtype;
-  const uint64_t max_shard_bytes = options.max_shard_bytes;
   const std::string step = resolve_step(step_path);
-  const auto type = detail::export_type(dtype);
-  const std::string config_path = step + "/config.toml";
-  LOOM_CHECK_AS(InputError, fs::exists(config_path), "checkpoint '", step,
-                "' has no config.toml: its model arguments are unknown");
-  const auto job = config::load_job_config(config_path, {}).config;
-  LOOM_CHECK_AS(InputError, job.model.name == "llama3", "export --to hf supports llama3 models, '",
-                step, "' holds a ", job.model.name);
-  const auto& flavors = models::llama::llama3_flavors();
-  LOOM_CHECK_AS(InputError, flavors.count(job.model.flavor), "unknown llama3 flavor '",
-                job.model.flavor, "' in ", config_path);
-  models::llama::LlamaArgs args = flavors.at(job.model.flavor);
-  CheckpointReader reader(step);
-  args.vocab_size = reader.global_shape("model.tok_embeddings.weight").at(0);
+  const auto type = detail::export_type(options.dtype);
+  models::BuildOptions build;
+  build.tensor_options = at::TensorOptions().device(at::kMeta).dtype(at::kFloat);
+  const SourcedModel source = step_model(step, build);
+  const auto adapter = source.spec->hf.adapter(*source.model);
+  std::set<std::string> wanted;
+  for (const auto& item : source.model->module().named_parameters()) wanted.insert(item.key());
 
+  CheckpointReader reader(step);
   prepare_export_folder(output, options.overwrite);
   std::vector<NamedTensors> shards(1);
   std::vector<uint64_t> shard_bytes(1, 0);
   uint64_t total = 0;
-  for (const auto& fqn : reader.tensor_names()) {
-    if (fqn.rfind("model.", 0) != 0) continue;
-    const std::string name = fqn.substr(6);
-    at::Tensor t = reader.read_whole(fqn).to(type);
-    if (strings::ends_with(name, "attention.wq.weight"))
-      t = permute_rotary_rows(t, args.n_heads, true);
-    if (strings::ends_with(name, "attention.wk.weight"))
-      t = permute_rotary_rows(t, args.kv_heads(), true);
-    const auto bytes = static_cast<uint64_t>(t.nbytes());
-    if (shard_bytes.back() > 0 && shard_bytes.back() + bytes > max_shard_bytes) {
-      shards.emplace_back();
-      shard_bytes.push_back(0);
+  for (const auto& name : wanted) {
+    const std::string fqn = "model." + name;
+    LOOM_CHECK_AS(InputError, reader.has(fqn), "checkpoint '", step, "' lacks ", fqn,
+                  " (its config describes another model?)");
+    for (auto& [hf, tensor] : adapter->to_hf(name, reader.read_whole(fqn).to(type))) {
+      const auto bytes = static_cast<uint64_t>(tensor.nbytes());
+      if (shard_bytes.back() > 0 && shard_bytes.back() + bytes > options.max_shard_bytes) {
+        shards.emplace_back();
+        shard_bytes.push_back(0);
+      }
+      shards.back().emplace_back(hf, tensor);
+      shard_bytes.back() += bytes;
+      total += bytes;
     }
-    shards.back().emplace_back(hf_name(name), t);
-    shard_bytes.back() += bytes;
-    total += bytes;
   }
   const std::map<std::string, std::string> metadata = {{"format", "pt"}};
   if (shards.size() == 1) {
@@ -183,11 +163,14 @@ void export_to_hf(const std::string& step_path, const std::string& output,
         nlohmann::json({{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}})
             .dump(2));
   }
-  nlohmann::json config = hf_config_json(args, dtype);
-  export_tokenizer_to_hf(
-      options.tokenizer.value_or(
-          data::tokenizer_location(job.model.tokenizer_path, job.model.hf_assets_path)),
-      args.max_seq_len, output, config);
+  nlohmann::json config = adapter->hf_config(options.dtype);
+  const auto tokenizer = options.tokenizer ? options.tokenizer : source.tokenizer;
+  if (tokenizer) {
+    export_tokenizer_to_hf(*tokenizer, source.model->max_seq_len(), output, config);
+  } else {
+    log::get("checkpoint")
+        ->warn("export: '{}' names no tokenizer (an import?): pass --tokenizer to ship one", step);
+  }
   files::write_atomic(output + "/config.json", config.dump(2));
 }
 
@@ -197,79 +180,68 @@ bool is_hf_folder(const std::string& folder) {
           fs::exists(folder + "/model.safetensors.index.json"));
 }
 
-models::llama::LlamaArgs read_hf_config(const std::string& hf_folder) {
-  const std::string path = hf_folder + "/config.json";
-  return llama_args_from_hf_config(json::read_file_strict(path, "Hugging Face config"), path);
+namespace {
+
+// The safetensors files of a folder: model.safetensors, or those its index names.
+std::vector<std::string> weight_files(const std::string& hf_folder) {
+  if (fs::exists(hf_folder + "/model.safetensors")) return {"model.safetensors"};
+  const std::string index_path = hf_folder + "/model.safetensors.index.json";
+  const auto index = detail::read_json(index_path);
+  std::set<std::string> unique;
+  const auto& weight_map = json::object_field(index, "weight_map", index_path);
+  for (auto it = weight_map.begin(); it != weight_map.end(); ++it) {
+    LOOM_CHECK_AS(InputError, it.value().is_string(), index_path, ": weight_map['", it.key(),
+                  "'] must be a file name");
+    const auto file = it.value().get<std::string>();
+    LOOM_CHECK_AS(InputError, files::is_contained_relative_path(file), index_path,
+                  ": weight_map['", it.key(), "'] = '", file,
+                  "' lies outside the folder (absolute, empty or with '..')");
+    unique.insert(file);
+  }
+  return {unique.begin(), unique.end()};
 }
 
-std::vector<LocalChunk> read_hf_weights(const std::string& hf_folder) {
-  const auto config = detail::read_json(hf_folder + "/config.json");
+}  // namespace
+
+std::map<std::string, at::Tensor> read_hf_weights(const std::string& hf_folder,
+                                                  const models::ModelSpec& spec,
+                                                  const models::CausalLM& model) {
   const std::string config_path = hf_folder + "/config.json";
-  const int64_t heads = json::int_field(config, "num_attention_heads", config_path, 1, 1 << 20);
-  const int64_t kv_heads =
-      config.contains("num_key_value_heads")
-          ? json::int_field(config, "num_key_value_heads", config_path, 1, heads)
-          : heads;
-  const bool tied = config.contains("tie_word_embeddings") &&
-                    json::bool_field(config, "tie_word_embeddings", config_path);
-  std::vector<std::string> files;
-  if (fs::exists(hf_folder + "/model.safetensors")) {
-    files.push_back("model.safetensors");
-  } else {
-    const std::string index_path = hf_folder + "/model.safetensors.index.json";
-    const auto index = detail::read_json(index_path);
-    std::set<std::string> unique;
-    const auto& weight_map = json::object_field(index, "weight_map", index_path);
-    for (auto it = weight_map.begin(); it != weight_map.end(); ++it) {
-      LOOM_CHECK_AS(InputError, it.value().is_string(), index_path, ": weight_map['", it.key(),
-                    "'] must be a file name");
-      const auto file = it.value().get<std::string>();
-      LOOM_CHECK_AS(InputError, files::is_contained_relative_path(file), index_path,
-                    ": weight_map['", it.key(), "'] = '", file,
-                    "' lies outside the folder (absolute, empty or with '..')");
-      unique.insert(file);
-    }
-    files.assign(unique.begin(), unique.end());
-  }
-  std::vector<LocalChunk> chunks;
-  at::Tensor embedding;
-  std::set<std::string> imported;
-  for (const auto& file : files) {
+  const auto config = json::read_file_strict(config_path, "Hugging Face config");
+  const auto adapter = spec.hf.adapter(model);
+  std::map<std::string, at::Tensor> tensors;
+  for (const auto& file : weight_files(hf_folder)) {
     auto loaded = load_safetensors(hf_folder + "/" + file);
     for (auto& [name, tensor] : loaded.tensors) {
-      if (strings::ends_with(name, "rotary_emb.inv_freq")) continue;  // a buffer, not a weight
-      std::string loom = loom_name(name);
-      LOOM_CHECK_AS(InputError, imported.insert(loom).second, hf_folder, "/", file, ": tensor '",
-                    name, "' is also in another file of the folder");
-      at::Tensor t = tensor;
-      if (strings::ends_with(loom, "attention.wq.weight")) t = permute_rotary_rows(t, heads, false);
-      if (strings::ends_with(loom, "attention.wk.weight"))
-        t = permute_rotary_rows(t, kv_heads, false);
-      if (loom == "tok_embeddings.weight") embedding = t;
-      chunks.push_back(whole_chunk(loom, t));
+      auto converted = adapter->from_hf(name, tensor);
+      if (!converted) continue;
+      LOOM_CHECK_AS(InputError, tensors.emplace(converted->first, converted->second).second,
+                    hf_folder, "/", file, ": tensor '", name,
+                    "' is also in another file of the folder");
     }
   }
-  if (tied && embedding.defined()) {
-    auto head = std::find_if(chunks.begin(), chunks.end(),
-                             [](const LocalChunk& c) { return c.fqn == "output.weight"; });
-    if (head == chunks.end()) {
-      chunks.push_back(whole_chunk("output.weight", embedding.clone()));
-    } else {
-      LOOM_CHECK_AS(InputError, at::equal(head->tensor, embedding), hf_folder,
-                    "/config.json sets tie_word_embeddings, but lm_head.weight differs from "
-                    "model.embed_tokens.weight (transformers would use the embedding): set "
-                    "tie_word_embeddings to false or drop lm_head.weight");
-    }
-  }
-  return chunks;
+  adapter->finish_import(tensors, config, hf_folder);
+  return tensors;
 }
 
 void import_from_hf(const std::string& hf_folder, const std::string& checkpoint_folder,
-                    const std::function<void(const models::llama::LlamaArgs&)>& accept) {
-  const models::llama::LlamaArgs args = read_hf_config(hf_folder);
-  if (accept) accept(args);
-  std::vector<LocalChunk> chunks = read_hf_weights(hf_folder);
-  for (auto& chunk : chunks) chunk.fqn = "model." + chunk.fqn;
+                    const std::function<void(const SourcedModel&)>& accept,
+                    const models::CausalLM* target) {
+  models::BuildOptions build;
+  build.tensor_options = at::TensorOptions().device(at::kMeta).dtype(at::kFloat);
+  const SourcedModel source = hf_model(hf_folder, build);
+  if (accept) accept(source);
+  const models::CausalLM& model = target ? *target : *source.model;
+  std::vector<LocalChunk> chunks;
+  std::set<std::string> wanted;
+  for (const auto& item : const_cast<models::CausalLM&>(model).module().named_parameters()) {
+    wanted.insert(item.key());
+  }
+  for (auto& [name, tensor] : read_hf_weights(hf_folder, *source.spec, model)) {
+    LOOM_CHECK_AS(InputError, wanted.count(name), hf_folder, ": tensor '", name,
+                  "' has no place in the ", source.spec->name, " model");
+    chunks.push_back(whole_chunk("model." + name, tensor));
+  }
   const std::string step = checkpoint_folder + "/step-0";
   const std::string temp = step + ".tmp";
   detail::remove_step_folder(temp);  // a leftover of an import that failed
@@ -280,6 +252,7 @@ void import_from_hf(const std::string& hf_folder, const std::string& checkpoint_
   nlohmann::json index = step_index({part}, {0, 1, 1, true});
   index["source"] = "huggingface:" + hf_folder;
   files::write_atomic(temp + "/index.json", index.dump(1));
+  files::write_atomic(temp + "/hf_config.json", source.hf_config.dump(2));
   files::write_atomic(temp + "/train_state.json",
                       R"({"step": 0, "tokens_seen": 0, "lr_scheduler": {"step": 0}})");
   detail::remove_step_folder(step);
@@ -288,6 +261,23 @@ void import_from_hf(const std::string& hf_folder, const std::string& checkpoint_
   LOOM_CHECK_AS(IoError, !error, "cannot rename '", temp, "' to '", step, "': ", error.message());
   files::sync_folder(checkpoint_folder);
   files::write_atomic(step + "/COMPLETE", "step 0\n");
+}
+
+std::vector<std::string> arithmetic_differences(const nlohmann::json& a, const nlohmann::json& b) {
+  static const std::set<std::string> inert = {
+      "vocab_size", "max_position_embeddings", "torch_dtype", "dtype", "tie_word_embeddings",
+      "architectures", "transformers_version", "bos_token_id", "eos_token_id", "pad_token_id",
+      "_name_or_path", "use_cache", "initializer_range", "attention_dropout"};
+  std::set<std::string> keys;
+  for (const auto& [key, value] : a.items()) keys.insert(key);
+  for (const auto& [key, value] : b.items()) keys.insert(key);
+  std::vector<std::string> out;
+  for (const auto& key : keys) {
+    if (inert.count(key)) continue;
+    const nlohmann::json x = a.value(key, nlohmann::json()), y = b.value(key, nlohmann::json());
+    if (x != y) out.push_back(key + ": " + x.dump() + " vs " + y.dump());
+  }
+  return out;
 }
 
 }  // namespace loom::checkpoint

@@ -14,7 +14,6 @@
 #include "loom/core/files.h"
 #include "loom/core/logging.h"
 #include "loom/core/strings.h"
-#include "loom/models/llama/args.h"
 #include "state_io.h"
 
 namespace loom::checkpoint {
@@ -24,20 +23,19 @@ using namespace detail;
 namespace {
 
 // The weights load by shape, which does not catch a model that computes differently (heads,
-// RoPE, norm epsilon): the configured flavor must compute what config.json describes.
-void check_hf_model_matches(const config::ModelSection& model,
-                            const models::llama::LlamaArgs& hf_args, const std::string& hf_folder) {
-  LOOM_CHECK_AS(InputError, model.name == "llama3",
-                "a Hugging Face folder holds a Llama; model.name is '", model.name, "'");
-  const auto& flavors = models::llama::llama3_flavors();
-  auto flavor = flavors.find(model.flavor);
-  LOOM_CHECK_AS(InputError, flavor != flavors.end(), "unknown llama3 flavor '", model.flavor, "'");
-  const auto differences = arithmetic_differences(hf_args, flavor->second);
-  std::string list;
-  for (const auto& line : differences) list += (list.empty() ? "" : "; ") + line;
+// RoPE, norm epsilon): the configured family and flavor must compute what config.json describes.
+void check_hf_model_matches(const config::JobConfig& job, const SourcedModel& hf,
+                            const models::CausalLM& job_model, const std::string& hf_folder) {
+  LOOM_CHECK_AS(InputError, hf.spec->name == job.model.name, hf_folder,
+                "/config.json holds a ", hf.spec->name, " model; model.name is '", job.model.name,
+                "'");
+  // Both as loom writes them, so that layouts and defaults of the file do not count.
+  const auto theirs = hf.spec->hf.adapter(*hf.model)->hf_config("float32");
+  const auto mine = hf.spec->hf.adapter(job_model)->hf_config("float32");
+  const auto differences = arithmetic_differences(theirs, mine);
   LOOM_CHECK_AS(InputError, differences.empty(), hf_folder,
-                "/config.json describes another model than model.flavor '", model.flavor,
-                "' (config.json vs flavor): ", list);
+                "/config.json describes another model than model.flavor '", job.model.flavor,
+                "' (config.json vs flavor): ", strings::join(differences, "; "));
 }
 
 }  // namespace
@@ -50,9 +48,12 @@ std::string CheckpointManager::import_hf_once(const std::string& hf_folder) {
   if (runtime_.is_main_rank()) {
     try {
       files::create_directories(imported);
-      import_from_hf(hf_folder, imported, [&](const models::llama::LlamaArgs& hf_args) {
-        check_hf_model_matches(config_.model, hf_args, hf_folder);
-      });
+      const auto job_model = models::build_model(
+          config_, 0, at::TensorOptions().device(at::kMeta).dtype(at::kFloat));
+      import_from_hf(
+          hf_folder, imported,
+          [&](const SourcedModel& hf) { check_hf_model_matches(config_, hf, *job_model, hf_folder); },
+          job_model.get());
     } catch (const Error& e) {
       error = e.message();
     }

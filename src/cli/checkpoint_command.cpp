@@ -1,7 +1,7 @@
 // loom checkpoint inspect DIR [--verify]: what a checkpoint folder holds. DIR is a step folder
 // (step-N) or a run's checkpoint folder (every step-N in it, complete or not).
 // loom checkpoint export --to hf DIR OUT / import --from hf HF_DIR CHECKPOINT_FOLDER: Hugging
-// Face Llama interchange (checkpoint/hf.h).
+// Face interchange of any registered family (checkpoint/hf.h).
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -175,7 +175,8 @@ void add_checkpoint_command(CLI::App& app, CommandRun& run) {
   };
   auto transfer = std::make_shared<Transfer>();
   CLI::App* export_command = command->add_subcommand(
-      "export", "Write a checkpoint's model and tokenizer as a Hugging Face Llama folder");
+      "export", "Write a checkpoint's model and tokenizer as a Hugging Face folder (its family's "
+      "transformers class)");
   export_command->add_option("--to", transfer->format, "Target format")
       ->check(CLI::IsMember({"hf"}))
       ->required();
@@ -204,12 +205,12 @@ void add_checkpoint_command(CLI::App& app, CommandRun& run) {
       if (!transfer->tokenizer.empty()) options.tokenizer = transfer->tokenizer;
       checkpoint::export_to_hf(transfer->source, transfer->target, options);
       std::cout << "wrote " << transfer->target
-                << " (Hugging Face LlamaForCausalLM with its tokenizer)\n";
+                << " (Hugging Face model folder with its tokenizer)\n";
       return 0;
     };
   });
   CLI::App* import_command = command->add_subcommand(
-      "import", "Turn a Hugging Face Llama folder into a loom checkpoint (step-0, weights only)");
+      "import", "Turn a Hugging Face folder into a loom checkpoint (step-0, weights only)");
   import_command->add_option("--from", transfer->format, "Source format")
       ->check(CLI::IsMember({"hf"}))
       ->required();

@@ -12,6 +12,8 @@
 #include "loom/core/logging.h"
 #include "loom/generate/generator.h"
 #include "loom/generate/prompts.h"
+#include "loom/core/strings.h"
+#include "loom/models/model_spec.h"
 
 namespace loom::cli {
 namespace {
@@ -114,15 +116,19 @@ void add_model_source_options(CLI::App& command, generate::ModelSource& source) 
   command
       .add_option("--checkpoint", source.checkpoint,
                   "A step-N folder (any parallel layout), a checkpoint folder (its newest "
-                  "complete step), a run's dump folder, or a Hugging Face Llama folder")
+                  "complete step), a run's dump folder, or a Hugging Face folder")
       ->required();
   command.add_option("--device", source.device, "auto (CUDA when available), cpu, cuda, cuda:N")
       ->capture_default_str();
   command.add_option("--dtype", source.dtype, "Compute dtype: float32, bfloat16 or float16")
       ->check(CLI::IsMember({"float32", "bfloat16", "float16"}))
       ->capture_default_str();
+  command.add_option("--model", source.model,
+                     "Model family (" + strings::join(models::model_names(), ", ") +
+                         "), for a checkpoint without config.toml (or to override it)");
   command.add_option("--flavor", source.flavor,
-                     "llama3 flavor, for a checkpoint without config.toml (or to override it)");
+                     "The family's flavor, for a checkpoint without config.toml (or to override "
+                     "it)");
   command.add_option("--tokenizer", source.tokenizer,
                      "Tokenizer (byte, brown_bpe, a tokenizer.json or .tiktoken), overriding the "
                      "checkpoint's");

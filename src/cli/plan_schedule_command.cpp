@@ -57,7 +57,7 @@ pp::Schedule schedule_of_job(CLI::App& cmd, ScheduleArgs& a) {
   }
   config::LoadedConfig loaded = load_config(cmd, a.config);
   const auto plan =
-      pp::plan_pipeline(loaded.config, models::count_layers(loaded.config), loaded.provenance);
+      models::plan_pipeline(loaded.config, loaded.provenance);
   std::cout << "stage split of " << loaded.config.model.name << " " << loaded.config.model.flavor
             << ":\n";
   for (const auto& part : plan.split.stages) {

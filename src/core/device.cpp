@@ -1,7 +1,11 @@
 #include "loom/core/device.h"
 
+#include <ATen/Context.h>
+
 #include "loom/core/build_info.h"
 #include "loom/core/check.h"
+
+#include <optional>
 
 namespace loom::device {
 
@@ -17,6 +21,26 @@ AcceleratorInfo query_accelerators() {
   fill_cuda_info(info);
 #endif
   return info;
+}
+
+c10::Device resolve_device(const std::string& setting, int index, const std::string& key) {
+  const bool cuda = at::hasCUDA();
+  const auto cuda_index = static_cast<c10::DeviceIndex>(index);
+  if (setting == "auto") return cuda ? c10::Device(c10::kCUDA, cuda_index) : c10::Device(c10::kCPU);
+  if (setting == "cpu") return c10::Device(c10::kCPU);
+  auto expected = [&] {
+    LOOM_THROW(InputError, key, " = '", setting, "': expected auto, cpu, cuda or cuda:N");
+  };
+  std::optional<c10::Device> device;
+  try {
+    device = c10::Device(setting);
+  } catch (const c10::Error&) {
+    expected();
+  }
+  if (!device->is_cuda()) expected();
+  LOOM_CHECK_AS(InputError, cuda, key, " = '", setting,
+                "' but no CUDA device is available (use cpu)");
+  return device->has_index() ? *device : c10::Device(c10::kCUDA, cuda_index);
 }
 
 void check_gpu_per_local_rank(const std::string& setting, int local_world_size, int gpu_count) {

@@ -8,7 +8,6 @@
 #include <optional>
 
 #include "loom/core/check.h"
-#include "loom/models/llama/kv_cache.h"
 
 namespace loom::generate {
 namespace {
@@ -181,7 +180,7 @@ std::vector<Completion> Generator::generate(const std::vector<std::vector<int32_
   if (prompts.empty()) return {};
   auto& model = *model_.model;
   const at::Device device = model_.device();
-  const int64_t vocab = std::min<int64_t>(model_.tokenizer->vocab_size(), model.args.vocab_size);
+  const int64_t vocab = std::min<int64_t>(model_.tokenizer->vocab_size(), model.vocab_size());
   std::vector<Row> rows;
   for (size_t i = 0; i < prompts.size(); ++i) {
     check_fits(prompts[i], "prompt " + std::to_string(first_index + i));
@@ -196,13 +195,12 @@ std::vector<Completion> Generator::generate(const std::vector<std::vector<int32_
   const int64_t most_padding = *std::max_element(padding.begin(), padding.end());
   const int64_t capacity = std::min(batch.size(1) + options_.max_new_tokens,
                                     most_padding + model_.context());
-  models::llama::KVCache cache(model.args, batch.size(0), capacity,
-                               model.tok_embeddings->weight.options(), padding);
+  auto cache = model.new_inference_cache(batch.size(0), capacity, padding);
   std::vector<Row*> live;  // the rows in the cache, in cache order
   for (auto& row : rows) live.push_back(&row);
 
   auto start = Clock::now();
-  at::Tensor logits = models::llama::forward_cached(model, batch.to(device), cache, true);
+  at::Tensor logits = model.forward_cached(batch.to(device), *cache, true);
   for (bool prefill = true;; prefill = false) {
     const auto next = next_tokens(logits.select(1, 0).slice(1, 0, vocab), live,
                                   options_.sampling);
@@ -218,12 +216,12 @@ std::vector<Completion> Generator::generate(const std::vector<std::vector<int32_
     (prefill ? stats_.prefill_s : stats_.decode_s) += seconds_since(start);
     start = Clock::now();
     if (still_live.empty()) break;
-    if (still_live.size() < live.size()) cache.keep_rows(keep);  // finished rows leave
+    if (still_live.size() < live.size()) cache->keep_rows(keep);  // finished rows leave
     std::vector<int64_t> step;
     for (const Row* row : still_live) step.push_back(row->sequence.back());
     live = std::move(still_live);
-    logits = models::llama::forward_cached(
-        model, at::tensor(step, at::kLong).view({-1, 1}).to(device), cache, true);
+    logits = model.forward_cached(at::tensor(step, at::kLong).view({-1, 1}).to(device), *cache,
+                                  true);
   }
   std::vector<Completion> out;
   for (const auto& row : rows) out.push_back(completion_of(row));

@@ -1,5 +1,7 @@
 #include "loom/models/model_spec.h"
 
+#include <nlohmann/json.hpp>
+
 #include <cstdio>
 #include <sstream>
 
@@ -11,11 +13,14 @@ namespace loom::models {
 namespace llama {
 ModelSpec llama3_spec();
 }
+namespace qwen3 {
+ModelSpec qwen3_spec();
+}
 
 namespace {
 
 const std::vector<ModelSpec>& registry() {
-  static const std::vector<ModelSpec> specs = {llama::llama3_spec()};
+  static const std::vector<ModelSpec> specs = {llama::llama3_spec(), qwen3::qwen3_spec()};
   return specs;
 }
 
@@ -78,6 +83,32 @@ int64_t count_layers(const config::JobConfig& config) {
   return layers;
 }
 
+parallel::pipeline::PipelinePlan plan_pipeline(const config::JobConfig& config,
+                                               const config::Provenance& provenance) {
+  const ModelSpec& spec = find_model_spec(config.model.name);
+  if (spec.plan_pipeline) return spec.plan_pipeline(config, provenance);
+  return parallel::pipeline::plan_pipeline(config, count_layers(config), provenance);
+}
+
+const ModelSpec& find_hf_model_spec(const nlohmann::json& config, const std::string& source) {
+  std::vector<std::string> known;
+  for (const auto& spec : registry()) {
+    for (const auto& type : spec.hf.model_types) known.push_back("\"" + type + "\"");
+  }
+  LOOM_CHECK_AS(InputError, config.is_object() && config.contains("model_type") &&
+                                config.at("model_type").is_string(),
+                source, ": model_type is missing or not a string; loom reads ",
+                strings::join(known, ", "));
+  const std::string type = config.at("model_type").get<std::string>();
+  for (const auto& spec : registry()) {
+    for (const auto& t : spec.hf.model_types) {
+      if (t == type) return spec;
+    }
+  }
+  LOOM_THROW(InputError, source, ": model_type \"", type, "\" is not a family loom implements (",
+             strings::join(known, ", "), ")");
+}
+
 std::string format_summary(const ModelSummary& s, bool with_shapes) {
   std::ostringstream out;
   char flops[64];
@@ -85,7 +116,8 @@ std::string format_summary(const ModelSummary& s, bool with_shapes) {
   out << s.family << " " << s.flavor << ": " << s.description << "\n"
       << "  parameters: " << s.total_params << " ("
       << human_count(static_cast<double>(s.total_params)) << "), embedding " << s.embedding_params
-      << ", non-embedding " << (s.total_params - s.embedding_params) << "\n"
+      << ", non-embedding " << (s.total_params - s.embedding_params) << ", active per token "
+      << s.active_params << "\n"
       << "  training FLOPs per token at seq_len " << s.seq_len << ": " << flops << " ("
       << human_count(s.flops_per_token) << ")\n";
   if (with_shapes) {

@@ -150,7 +150,10 @@ FullyShardedDataParallel::FullyShardedDataParallel(
   for (size_t u = 0; u < units.size(); ++u) {
     auto unit = std::make_unique<Unit>();
     unit->name = units[u].name;
-    const bool last = u + 1 == units.size();
+    // The unit that ends the forward (its backward follows at once): the last one, or one that
+    // spans the model (a tied embedding table's, which runs first and last).
+    const bool last = units[u].modules.back() == units.back().modules.back() ||
+                      units[u].modules.back() == model_.hookable_modules().back();
     unit->reshard_after_forward = options_.reshard == ReshardPolicy::kAlways ||
                                   (options_.reshard == ReshardPolicy::kDefault && !last);
     for (const std::string& name : units[u].parameters) {

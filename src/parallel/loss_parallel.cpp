@@ -5,7 +5,7 @@
 
 #include "loom/distributed/comm.h"
 #include "loom/parallel/tp_regions.h"
-#include "loom/train/loss.h"
+#include "loom/models/loss.h"
 
 namespace loom::parallel {
 
@@ -33,7 +33,7 @@ at::Tensor vocab_parallel_cross_entropy_sum(const at::Tensor& local_logits,
   const at::Tensor sums =
       all_reduce_replicated(at::stack({shifted.exp().sum(1), target}), tp);
   const at::Tensor per_token = sums[0].log() - sums[1];
-  const at::Tensor valid = y.ne(train::kIgnoreIndex);
+  const at::Tensor valid = y.ne(models::kIgnoreIndex);
   return at::where(valid, per_token, at::zeros_like(per_token)).sum();
 }
 

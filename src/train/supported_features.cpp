@@ -57,7 +57,7 @@ std::vector<std::string> unsupported_features(const config::JobConfig& config,
   // bad combination is an error naming the keys, never a hang in a send or receive.
   if (p.pipeline_parallel_degree > 1) {
     collect_problem(problems, [&] {
-      parallel::pipeline::plan_pipeline(config, models::count_layers(config), provenance);
+      models::plan_pipeline(config, provenance);
     });
   }
   return problems;

@@ -31,7 +31,7 @@
 #include "loom/parallel/pipeline/model_parts.h"
 #include "loom/parallel/pipeline/simulate.h"
 #include "loom/train/grad_clip.h"
-#include "loom/train/loss.h"
+#include "loom/models/loss.h"
 #include "loom/train/lr_scheduler.h"
 #include "loom/train/mixed_precision.h"
 #include "loom/train/optimizer.h"
@@ -196,7 +196,7 @@ Trainer::~Trainer() = default;
 void Trainer::setup_runtime() {
   auto log = log::get("trainer");
   if (config_.parallelism.pipeline_parallel_degree > 1) {
-    pipeline_plan_ = parallel::pipeline::plan_pipeline(config_, models::count_layers(config_));
+    pipeline_plan_ = models::plan_pipeline(config_);
   }
   runtime_ =
       std::make_unique<distributed::ParallelRuntime>(config_, wants_cuda(config_.training.device));
@@ -409,7 +409,7 @@ double Trainer::train_step(int64_t step, PendingStep& pending, metrics::StepMetr
   for (int64_t i = 0; i < accumulation_steps_; ++i) {
     RECORD_USER_SCOPE("loom::data");  // scopes name tools/step_breakdown.py's categories
     micro.push_back(source_->next(t.local_batch_size, t.seq_len));
-    valid_tokens += count_valid_tokens(micro.back().labels);
+    valid_tokens += models::count_valid_tokens(micro.back().labels);
   }
   const double data_time = seconds_since(data_start);
   // The loss is normalized by the tokens of the global batch, summed over the ranks sharing it
@@ -440,6 +440,8 @@ double Trainer::train_step(int64_t step, PendingStep& pending, metrics::StepMetr
   m.lr = config_.optimizer.lr * schedule_->factor(step - 1 - lr_step_offset_);
   set_learning_rate(*optimizer_, m.lr);
   optimizer_->step();
+  const auto& after_step = models::find_model_spec(config_.model.name).after_optimizer_step;
+  if (after_step) after_step(parallel_);
   return data_time;
 }
 

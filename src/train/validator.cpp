@@ -6,7 +6,7 @@
 #include <algorithm>
 
 #include "loom/core/check.h"
-#include "loom/train/loss.h"
+#include "loom/models/loss.h"
 
 namespace loom::train {
 
@@ -46,11 +46,11 @@ double Validator::run(const LossSum& loss_sum, distributed::Comm& loss_group) {
     if (options_.steps <= 0) {
       // The remainder past the end of the set wrapped around to its start: read, not counted.
       const int64_t masked = masked_rows(i, options_, *samples);
-      if (masked > 0) batch.labels.slice(0, options_.local_batch_size - masked).fill_(kIgnoreIndex);
+      if (masked > 0) batch.labels.slice(0, options_.local_batch_size - masked).fill_(models::kIgnoreIndex);
     }
     at::Tensor loss = loss_sum(batch.inputs, batch.labels).to(at::kDouble).reshape({1});
     total = total.defined() ? total + loss : loss;
-    tokens += count_valid_tokens(batch.labels);
+    tokens += models::count_valid_tokens(batch.labels);
   }
   at::Tensor totals =
       at::cat({total.to(at::kCPU), at::full({1}, static_cast<double>(tokens), at::kDouble)});

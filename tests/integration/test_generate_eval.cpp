@@ -181,7 +181,7 @@ TEST(GenerateEval, FromATrainingCheckpoint) {
   EXPECT_TRUE(contains(no_config.output, "--flavor")) << no_config.output;
   EXPECT_TRUE(contains(no_config.output, "--tokenizer")) << no_config.output;
   auto with_flags = run_loom_stdout("generate --checkpoint '" + bare + "'" + args +
-                                        " --flavor debugmodel --tokenizer brown_bpe"
+                                        " --model llama3 --flavor debugmodel --tokenizer brown_bpe"
                                         " --max-seq-len 32",
                                     run);
   EXPECT_EQ(with_flags.exit_code, 0) << loom::testing::read_text(run + "/stderr.txt");

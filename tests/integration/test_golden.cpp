@@ -11,8 +11,9 @@
 
 #include "loom/checkpoint/safetensors.h"
 #include "loom/models/llama/init.h"
-#include "loom/models/llama/transformer.h"
-#include "loom/train/loss.h"
+#include "loom/models/common/init.h"
+#include "loom/models/common/decoder.h"
+#include "loom/models/loss.h"
 #include "support/process.h"
 #include "unit/model_test_util.h"
 
@@ -46,7 +47,7 @@ void write_args_json(const llama::LlamaArgs& a, const std::string& path) {
 void check_against_reference(const llama::LlamaArgs& args, const std::string& name) {
   at::set_num_threads(1);
   const std::string dir = loom::testing::fresh_temp_dir("golden_" + name);
-  llama::Transformer model(args, at::TensorOptions().dtype(at::kFloat));
+  loom::models::Transformer model(args, at::TensorOptions().dtype(at::kFloat));
   llama::init_weights(model, 1234);
 
   at::manual_seed(99);
@@ -73,8 +74,8 @@ void check_against_reference(const llama::LlamaArgs& args, const std::string& na
   auto reference = loom::checkpoint::load_safetensors(dir + "/reference.safetensors").tensors;
 
   at::Tensor logits = model->forward(inputs);
-  at::Tensor loss = loom::train::cross_entropy_sum(logits, labels) /
-                    static_cast<double>(loom::train::count_valid_tokens(labels));
+  at::Tensor loss = loom::models::cross_entropy_sum(logits, labels) /
+                    static_cast<double>(loom::models::count_valid_tokens(labels));
   loss.backward();
 
   EXPECT_LE(relative_error(logits.detach(), reference.at("logits")), 1e-5);

@@ -1,7 +1,11 @@
 // A tiny Llama for fast model tests.
 #pragma once
 
+#include <memory>
+
+#include "loom/models/common/decoder_model.h"
 #include "loom/models/llama/args.h"
+#include "loom/models/llama/init.h"
 
 namespace loom::testing {
 
@@ -15,6 +19,18 @@ inline models::llama::LlamaArgs tiny_llama_args() {
   args.multiple_of = 32;
   args.max_seq_len = 32;
   return args;
+}
+
+// A whole decoder as the llama3 family builds it (a CausalLM), drawn with `seed` on `options`'
+// device, with its RoPE table ready.
+inline std::unique_ptr<models::DecoderModel> decoder_lm(const models::DecoderArgs& args,
+                                                        uint64_t seed,
+                                                        const at::TensorOptions& options = {}) {
+  auto model = std::make_unique<models::DecoderModel>("llama3", "test", args, options,
+                                                      models::ModelPart{},
+                                                      models::llama::init_parameter);
+  model->init_weights(seed);
+  return model;
 }
 
 }  // namespace loom::testing

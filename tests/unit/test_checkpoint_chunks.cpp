@@ -12,6 +12,7 @@
 
 #include "loom/checkpoint/chunks.h"
 #include "loom/checkpoint/hf.h"
+#include "loom/models/common/decoder_hf.h"
 #include "loom/checkpoint/manager.h"
 #include "loom/checkpoint/safetensors.h"
 #include "loom/core/check.h"
@@ -204,23 +205,23 @@ TEST(CheckpointChunks, ShardFilesAreValidSafetensors) {
 TEST(CheckpointHf, RotaryPermutationRoundTripsAndMovesPairsToHalves) {
   // 2 heads of head_dim 4 over dim 3: rows (h, pair, 2) -> (h, 2, pair).
   at::Tensor w = at::arange(8 * 3, at::kFloat).reshape({8, 3});
-  at::Tensor hf = loom::checkpoint::permute_rotary_rows(w, 2, true);
+  at::Tensor hf = loom::models::permute_rotary_rows(w, 2, true);
   // Head 0's interleaved rows 0,1,2,3 (pairs (0,1),(2,3)) become halves 0,2 | 1,3.
   EXPECT_TRUE(at::equal(hf.narrow(0, 0, 4), w.index_select(0, at::tensor({0, 2, 1, 3}))));
-  EXPECT_TRUE(at::equal(loom::checkpoint::permute_rotary_rows(hf, 2, false), w));
-  EXPECT_THROW(loom::checkpoint::permute_rotary_rows(w, 3, true), loom::InputError);
+  EXPECT_TRUE(at::equal(loom::models::permute_rotary_rows(hf, 2, false), w));
+  EXPECT_THROW(loom::models::permute_rotary_rows(w, 3, true), loom::InputError);
 }
 
 TEST(CheckpointHf, NamesMapBothWaysAndUnknownNamesAreErrors) {
-  EXPECT_EQ(loom::checkpoint::hf_name("layers.3.attention.wq.weight"),
+  EXPECT_EQ(loom::models::decoder_hf_name("layers.3.attention.wq.weight"),
             "model.layers.3.self_attn.q_proj.weight");
-  EXPECT_EQ(loom::checkpoint::hf_name("layers.0.feed_forward.w1.weight"),
+  EXPECT_EQ(loom::models::decoder_hf_name("layers.0.feed_forward.w1.weight"),
             "model.layers.0.mlp.gate_proj.weight");
-  EXPECT_EQ(loom::checkpoint::hf_name("output.weight"), "lm_head.weight");
-  EXPECT_EQ(loom::checkpoint::loom_name("model.layers.12.post_attention_layernorm.weight"),
+  EXPECT_EQ(loom::models::decoder_hf_name("output.weight"), "lm_head.weight");
+  EXPECT_EQ(loom::models::decoder_loom_name("model.layers.12.post_attention_layernorm.weight"),
             "layers.12.ffn_norm.weight");
-  EXPECT_EQ(loom::checkpoint::loom_name("model.embed_tokens.weight"), "tok_embeddings.weight");
-  EXPECT_THROW(loom::checkpoint::loom_name("model.layers.0.self_attn.rotary.weight"),
+  EXPECT_EQ(loom::models::decoder_loom_name("model.embed_tokens.weight"), "tok_embeddings.weight");
+  EXPECT_THROW(loom::models::decoder_loom_name("model.layers.0.self_attn.rotary.weight"),
                loom::InputError);
 }
 

@@ -11,10 +11,10 @@
 #include <map>
 
 #include "comm_test_util.h"
-#include "loom/models/llama/parallelize.h"
+#include "loom/models/common/decoder_parallelize.h"
 #include "loom/models/model_spec.h"
 #include "loom/parallel/fsdp.h"
-#include "loom/train/loss.h"
+#include "loom/models/loss.h"
 #include "loom/train/grad_clip.h"
 #include "loom/train/optimizer.h"
 
@@ -64,7 +64,7 @@ std::unique_ptr<FullyShardedDataParallel> shard_model(models::CausalLM& model,
                                                       std::shared_ptr<distributed::Comm> shard,
                                                       std::shared_ptr<distributed::Comm> replicate,
                                                       const FsdpOptions& options) {
-  return std::make_unique<FullyShardedDataParallel>(model, models::llama::fsdp_units(model),
+  return std::make_unique<FullyShardedDataParallel>(model, models::decoder_fsdp_units(model),
                                                     std::map<std::string, parallel::Placement>{},
                                                     std::move(shard), std::move(replicate),
                                                     at::kCPU, kSeed, options);
@@ -81,7 +81,7 @@ double clip_shards(FullyShardedDataParallel& fsdp, double max_norm, distributed:
 at::Tensor loss_of(models::CausalLM& model, const at::Tensor& batch, double tokens_in_step) {
   at::Tensor inputs = batch.narrow(1, 0, kSeq);
   at::Tensor labels = batch.narrow(1, 1, kSeq);
-  return train::cross_entropy_sum(model.forward(inputs), labels) / tokens_in_step;
+  return models::cross_entropy_sum(model.forward(inputs), labels) / tokens_in_step;
 }
 
 struct Reference {

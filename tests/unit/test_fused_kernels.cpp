@@ -18,7 +18,7 @@
 #include "loom/models/kernels/rms_norm.h"
 #include "loom/models/kernels/rotary.h"
 #include "loom/models/llama/args.h"
-#include "loom/models/llama/rope.h"
+#include "loom/models/common/rope.h"
 #include "loom/models/kernels/squared_norm.h"
 #include "loom/models/kernels/swiglu.h"
 
@@ -275,7 +275,7 @@ struct RotaryResult {
 };
 
 // RoPE of q and k and the gradients of sum(q' * gq) + sum(k' * gk) (k's term left out when gk
-// is undefined), fused or through llama::apply_rotary_emb's complex multiply.
+// is undefined), fused or through models::apply_rotary_emb's complex multiply.
 RotaryResult run_rotary(const at::Tensor& q0, const at::Tensor& k0, const at::Tensor& freqs,
                         const at::Tensor& gq, const at::Tensor& gk, bool fused) {
   at::Tensor q = q0.detach().clone().set_requires_grad(true);
@@ -284,8 +284,8 @@ RotaryResult run_rotary(const at::Tensor& q0, const at::Tensor& k0, const at::Te
   if (fused) {
     std::tie(rq, rk) = kernels::rotary_qk(q, k, freqs);
   } else {
-    rq = loom::models::llama::apply_rotary_emb(q, freqs);
-    rk = loom::models::llama::apply_rotary_emb(k, freqs);
+    rq = loom::models::apply_rotary_emb(q, freqs);
+    rk = loom::models::apply_rotary_emb(k, freqs);
   }
   at::Tensor loss = (rq * gq).sum();
   if (gk.defined()) loss = loss + (rk * gk).sum();
@@ -306,7 +306,7 @@ TEST(FusedKernels, RotaryMatchesTheComplexMultiplyForQAndK) {
            {2, 33, 16, 16, 16}, {3, 20, 8, 2, 128}, {1, 5, 3, 1, 6}, {1, 4, 2, 2, 20}}) {
     args.dim = hq * hd;
     args.n_heads = hq;
-    at::Tensor freqs = loom::models::llama::precompute_freqs_cis(args, seq + 7, at::kCPU);
+    at::Tensor freqs = loom::models::precompute_freqs_cis(args, seq + 7, at::kCPU);
     at::Tensor q = at::randn({bs, seq, hq, hd}), k = at::randn({bs, seq, hk, hd});
     at::Tensor gq = at::randn_like(q), gk = at::randn_like(k);
     ASSERT_TRUE(kernels::rotary_is_fused(q, k, freqs));
@@ -327,7 +327,7 @@ TEST(FusedKernels, RotaryWithOnlyQReachingTheLoss) {
   loom::models::llama::LlamaArgs args;
   args.dim = 64;
   args.n_heads = 4;
-  at::Tensor freqs = loom::models::llama::precompute_freqs_cis(args, 9, at::kCPU);
+  at::Tensor freqs = loom::models::precompute_freqs_cis(args, 9, at::kCPU);
   at::Tensor q = at::randn({2, 9, 4, 16}), k = at::randn({2, 9, 2, 16});
   const RotaryResult fused = run_rotary(q, k, freqs, at::randn_like(q), {}, true);
   ASSERT_TRUE(fused.grad_k.defined());
@@ -339,14 +339,14 @@ TEST(FusedKernels, RotaryFallsBackForInputsTheKernelDoesNotTake) {
   loom::models::llama::LlamaArgs args;
   args.dim = 64;
   args.n_heads = 4;
-  at::Tensor freqs = loom::models::llama::precompute_freqs_cis(args, 9, at::kCPU);
+  at::Tensor freqs = loom::models::precompute_freqs_cis(args, 9, at::kCPU);
   at::Tensor q = at::randn({2, 9, 4, 16}), k = at::randn({2, 9, 2, 16});
   EXPECT_FALSE(kernels::rotary_is_fused(q.to(at::kBFloat16), k.to(at::kBFloat16), freqs));
   EXPECT_FALSE(kernels::rotary_is_fused(q.transpose(1, 2), k.transpose(1, 2), freqs));
   EXPECT_FALSE(kernels::rotary_is_fused(q, k, freqs.slice(0, 0, 4)));  // table too short
   auto [rq, rk] = kernels::rotary_qk(q.to(at::kBFloat16), k.to(at::kBFloat16), freqs);
   EXPECT_EQ(rq.scalar_type(), at::kBFloat16);
-  EXPECT_TRUE(at::allclose(rk.to(at::kFloat), loom::models::llama::apply_rotary_emb(k, freqs),
+  EXPECT_TRUE(at::allclose(rk.to(at::kFloat), loom::models::apply_rotary_emb(k, freqs),
                            0.02, 0.02));
 }
 

@@ -10,16 +10,17 @@
 #include "loom/generate/generator.h"
 #include "loom/generate/prompts.h"
 #include "loom/models/llama/init.h"
-#include "loom/models/llama/kv_cache.h"
+#include "loom/models/common/init.h"
+#include "loom/models/common/kv_cache.h"
 #include "support/process.h"
 #include "unit/model_test_util.h"
 
 namespace loom {
 namespace {
 
-using models::llama::forward_cached;
-using models::llama::KVCache;
-using models::llama::Transformer;
+using loom::models::forward_cached;
+using loom::models::KVCache;
+using loom::models::Transformer;
 
 Transformer tiny_model(int64_t vocab = 97, uint64_t seed = 7) {
   auto args = testing::tiny_llama_args();
@@ -190,7 +191,10 @@ TEST(StreamingText, HoldsBackPossibleStopStringsAndPartialCharacters) {
 // A model over the byte tokenizer's vocabulary.
 generate::InferenceModel byte_model() {
   generate::InferenceModel m;
-  m.model = tiny_model(259, 11);
+  auto args = testing::tiny_llama_args();
+  args.vocab_size = 259;
+  args.max_seq_len = 48;
+  m.model = testing::decoder_lm(args, 11);
   m.tokenizer = std::make_unique<data::ByteTokenizer>();
   m.format = "test";
   return m;

@@ -7,20 +7,21 @@
 #include "loom/data/tokenizer.h"
 #include "loom/generate/generator.h"
 #include "loom/models/llama/init.h"
-#include "loom/models/llama/kv_cache.h"
+#include "loom/models/common/init.h"
+#include "loom/models/common/kv_cache.h"
 #include "unit/model_test_util.h"
 
 namespace loom {
 namespace {
 
-models::llama::Transformer cuda_model(at::ScalarType dtype, models::llama::Transformer* cpu_copy) {
+loom::models::Transformer cuda_model(at::ScalarType dtype, loom::models::Transformer* cpu_copy) {
   auto args = testing::tiny_llama_args();
   args.vocab_size = 259;
   args.max_seq_len = 48;
-  models::llama::Transformer cpu(args, at::TensorOptions().dtype(at::kFloat));
+  loom::models::Transformer cpu(args, at::TensorOptions().dtype(at::kFloat));
   models::llama::init_weights(cpu, 3);
   cpu->init_freqs_cis(at::kCPU);
-  models::llama::Transformer gpu(args, at::TensorOptions().dtype(dtype).device(at::kCUDA));
+  loom::models::Transformer gpu(args, at::TensorOptions().dtype(dtype).device(at::kCUDA));
   at::NoGradGuard no_grad;
   auto src = cpu->named_parameters();
   for (auto& item : gpu->named_parameters()) item.value().copy_(src[item.key()]);
@@ -34,16 +35,16 @@ TEST(CudaGenerate, CachedForwardMatchesCpuAndFullForward) {
   auto generator = at::make_generator<at::CPUGeneratorImpl>(1);
   const at::Tensor tokens = at::randint(259, {2, 10}, generator, at::kLong);
   for (auto dtype : {at::kFloat, at::kBFloat16}) {
-    models::llama::Transformer cpu{nullptr};
+    loom::models::Transformer cpu{nullptr};
     auto gpu = cuda_model(dtype, &cpu);
     at::NoGradGuard no_grad;
-    models::llama::KVCache cache(gpu->args, 2, 10, gpu->tok_embeddings->weight.options(), {3, 0});
+    loom::models::KVCache cache(gpu->args, 2, 10, gpu->tok_embeddings->weight.options(), {3, 0});
     at::Tensor padded = tokens.clone();
     padded[0].slice(0, 0, 3).fill_(0);
     std::vector<at::Tensor> parts = {
-        models::llama::forward_cached(*gpu, padded.slice(1, 0, 6).cuda(), cache)};
+        loom::models::forward_cached(*gpu, padded.slice(1, 0, 6).cuda(), cache)};
     for (int64_t i = 6; i < 10; ++i) {
-      parts.push_back(models::llama::forward_cached(*gpu, padded.slice(1, i, i + 1).cuda(), cache));
+      parts.push_back(loom::models::forward_cached(*gpu, padded.slice(1, i, i + 1).cuda(), cache));
     }
     const at::Tensor cached = at::cat(parts, 1).cpu();
     // Row 1 has no padding: the whole sequence at once; row 0 starts after its 3 pad slots.
@@ -61,7 +62,11 @@ TEST(CudaGenerate, CachedForwardMatchesCpuAndFullForward) {
 TEST(CudaGenerate, BatchedGreedyEqualsOneByOne) {
   ASSERT_TRUE(at::hasCUDA()) << "run the cuda label on a GPU machine only";
   generate::InferenceModel m;
-  m.model = cuda_model(at::kFloat, nullptr);
+  auto args = testing::tiny_llama_args();
+  args.vocab_size = 259;
+  args.max_seq_len = 48;
+  auto lm = testing::decoder_lm(args, 3, at::TensorOptions().device(at::kCUDA));
+  m.model = std::move(lm);
   m.tokenizer = std::make_unique<data::ByteTokenizer>();
   generate::GenerationOptions options;
   options.max_new_tokens = 8;

@@ -13,15 +13,43 @@
 #include "loom/checkpoint/hf.h"
 #include "loom/checkpoint/safetensors.h"
 #include "loom/core/check.h"
+#include "loom/models/common/decoder_model.h"
+#include "loom/models/llama/args.h"
+#include "loom/models/llama/init.h"
 #include "support/process.h"
 
 namespace fs = std::filesystem;
-using loom::checkpoint::arithmetic_differences;
-using loom::checkpoint::llama_args_from_hf_config;
-using loom::models::llama::LlamaArgs;
+using LlamaArgs = loom::models::DecoderArgs;
 using nlohmann::json;
 
 namespace {
+
+const loom::models::ModelSpec& llama3() {
+  return loom::models::find_model_spec("llama3");
+}
+
+loom::models::BuildOptions on_meta() {
+  loom::models::BuildOptions options;
+  options.tensor_options = at::TensorOptions().device(at::kMeta).dtype(at::kFloat);
+  return options;
+}
+
+std::unique_ptr<loom::models::DecoderModel> model_of(const LlamaArgs& args) {
+  return std::make_unique<loom::models::DecoderModel>("llama3", "test", args,
+                                                      on_meta().tensor_options,
+                                                      loom::models::ModelPart{},
+                                                      loom::models::llama::init_parameter);
+}
+
+// The config.json loom exports for `args`.
+json exported_config(const LlamaArgs& args) {
+  return llama3().hf.adapter(*model_of(args))->hf_config("float32");
+}
+
+// What the two compute differently, as loom compares a job's flavor with a folder.
+std::vector<std::string> arithmetic_differences(const LlamaArgs& a, const LlamaArgs& b) {
+  return loom::checkpoint::arithmetic_differences(exported_config(a), exported_config(b));
+}
 
 const std::string kFixtures = std::string(LOOM_SOURCE_DIR) + "/tests/data/hf_llama";
 
@@ -71,7 +99,8 @@ json layout5(json c) {
 }
 
 LlamaArgs read(const json& config) {
-  return llama_args_from_hf_config(config, "model/config.json");
+  auto model = llama3().hf.build_from_config(config, "model/config.json", on_meta());
+  return loom::models::decoder_args(*model);
 }
 
 // The InputError message reading `config` raises ("" when it reads).
@@ -230,7 +259,7 @@ TEST(HfConfig, FieldsThatChangeTheArithmeticAreRefusedByName) {
       {"auto_map", {{"AutoModelForCausalLM", "modeling.MyLlama"}}, "auto_map is "},
       {"pruned_heads", {{"0", {1}}}, "pruned_heads is "},
       {"head_dim", 32, "head_dim is 32; loom needs hidden_size / num_attention_heads = 16"},
-      {"model_type", "mistral", "model_type is \"mistral\"; loom reads \"llama\" models only"},
+      {"model_type", "mistral", "model_type is \"mistral\"; the llama3 family reads \"llama\" models"},
   };
   for (const auto& make : {+[](json c) { return c; }, +[](json c) { return layout5(c); }}) {
     for (const auto& [key, value, message] : cases) {
@@ -263,7 +292,7 @@ TEST(HfConfig, ExportReadsBackAsTheSameModelInBothLayouts) {
     LlamaArgs args = loom::models::llama::llama3_flavors().at("debugmodel");
     args.rope_theta = 123456.0;
     args.use_scaled_rope = llama3;
-    const json exported = loom::checkpoint::hf_config_json(args, "float32");
+    const json exported = exported_config(args);
     EXPECT_EQ(exported["rope_theta"], 123456.0);
     EXPECT_EQ(exported["rope_parameters"]["rope_theta"], 123456.0);
     EXPECT_EQ(exported["rope_parameters"]["rope_type"], llama3 ? "llama3" : "default");
@@ -288,15 +317,18 @@ TEST(HfConfig, ArithmeticDifferencesNameWhatDiffers) {
   b.n_heads = 8;
   b.vocab_size = 7;    // shapes are checked when the weights load, not here
   b.max_seq_len = 64;  // the context is not arithmetic
-  const auto lines = arithmetic_differences(a, b);
-  ASSERT_EQ(lines.size(), 3u);
-  EXPECT_EQ(lines[0], "attention heads 16 vs 8");
-  EXPECT_EQ(lines[1], "key/value heads 16 vs 8");  // debugmodel has as many as heads
-  EXPECT_EQ(lines[2], "rope theta 500000 vs 10000");
+  std::string all;
+  for (const auto& line : arithmetic_differences(a, b)) all += line + "\n";
+  EXPECT_NE(all.find("num_attention_heads: 16 vs 8"), std::string::npos) << all;
+  EXPECT_NE(all.find("num_key_value_heads: 16 vs 8"), std::string::npos) << all;
+  EXPECT_NE(all.find("rope_theta: 500000.0 vs 10000.0"), std::string::npos) << all;
+  EXPECT_EQ(all.find("vocab_size:"), std::string::npos) << all;
+  EXPECT_EQ(("\n" + all).find("\nmax_position_embeddings:"), std::string::npos) << all;
   b = a;
   b.use_scaled_rope = false;
-  EXPECT_EQ(arithmetic_differences(a, b),
-            std::vector<std::string>{"llama3 rope scaling true vs false"});
+  all.clear();
+  for (const auto& line : arithmetic_differences(a, b)) all += line + "\n";
+  EXPECT_NE(all.find("rope_scaling: {"), std::string::npos) << all;
 }
 
 TEST(HfConfig, TiedEmbeddingsAreCopiedAndMustAgreeWithAStoredHead) {
@@ -315,19 +347,23 @@ TEST(HfConfig, TiedEmbeddingsAreCopiedAndMustAgreeWithAStoredHead) {
   json config = read_json(folder + "/config.json");
   config["tie_word_embeddings"] = true;
   std::ofstream(folder + "/config.json") << config.dump(1);
-  // Tied, no lm_head stored: the output projection is the embedding.
+  // Tied, no lm_head stored: the folder's own model ties its head to the table; an untied model
+  // (a job's flavor) gets a copy of the embedding as its head.
   ck::save_safetensors(folder + "/model.safetensors", without_head);
-  bool found = false;
-  for (const auto& chunk : ck::read_hf_weights(folder)) {
-    if (chunk.fqn != "output.weight") continue;
-    found = true;
-    EXPECT_TRUE(at::equal(chunk.tensor, embedding));
-  }
-  EXPECT_TRUE(found);
+  auto tied = ck::hf_model(folder, on_meta());
+  EXPECT_TRUE(loom::models::decoder_args(*tied.model).tie_embeddings);
+  const auto own = ck::read_hf_weights(folder, llama3(), *tied.model);
+  EXPECT_EQ(own.count("output.weight"), 0u);
+  EXPECT_TRUE(at::equal(own.at("tok_embeddings.weight"), embedding));
+  LlamaArgs untied_args = loom::models::decoder_args(*tied.model);
+  untied_args.tie_embeddings = false;
+  const auto copied = ck::read_hf_weights(folder, llama3(), *model_of(untied_args));
+  ASSERT_EQ(copied.count("output.weight"), 1u);
+  EXPECT_TRUE(at::equal(copied.at("output.weight"), embedding));
   // Tied, with a different lm_head stored: transformers would use the embedding; loom refuses.
   ck::save_safetensors(folder + "/model.safetensors", all);
   try {
-    ck::read_hf_weights(folder);
+    ck::read_hf_weights(folder, llama3(), *tied.model);
     ADD_FAILURE() << "a tied folder with a different lm_head.weight was read";
   } catch (const loom::InputError& e) {
     EXPECT_NE(std::string(e.what()).find("tie_word_embeddings, but lm_head.weight differs"),
@@ -349,8 +385,9 @@ TEST(HfConfig, ImportRefusesBeforeWriting) {
   const std::string ok = loom::testing::fresh_temp_dir("hf_accept");
   double theta = 0;
   EXPECT_THROW(loom::checkpoint::import_from_hf(kFixtures + "/transformers5", ok,
-                                                [&](const LlamaArgs& args) {
-                                                  theta = args.rope_theta;
+                                                [&](const loom::checkpoint::SourcedModel& source) {
+                                                  theta = loom::models::decoder_args(
+                                                              *source.model).rope_theta;
                                                   LOOM_THROW(loom::InputError, "no");
                                                 }),
                loom::InputError);

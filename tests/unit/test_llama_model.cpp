@@ -9,10 +9,11 @@
 #include <torch/csrc/autograd/function.h>
 
 #include "loom/core/check.h"
-#include "loom/models/llama/attention.h"
 #include "loom/models/llama/init.h"
-#include "loom/models/llama/rope.h"
-#include "loom/models/llama/transformer.h"
+#include "loom/models/common/attention.h"
+#include "loom/models/common/init.h"
+#include "loom/models/common/rope.h"
+#include "loom/models/common/decoder.h"
 #include "loom/models/model_spec.h"
 #include "unit/model_test_util.h"
 
@@ -21,8 +22,8 @@ using loom::testing::tiny_llama_args;
 
 namespace {
 
-llama::Transformer tiny_model(uint64_t seed = 1, llama::LlamaArgs args = tiny_llama_args()) {
-  llama::Transformer model(args, at::TensorOptions().dtype(at::kFloat));
+loom::models::Transformer tiny_model(uint64_t seed = 1, llama::LlamaArgs args = tiny_llama_args()) {
+  loom::models::Transformer model(args, at::TensorOptions().dtype(at::kFloat));
   llama::init_weights(model, seed);
   return model;
 }
@@ -35,7 +36,7 @@ TEST(LlamaArgs, FfnHiddenSizeMatchesLlama3) {
   EXPECT_EQ(f.at("8B").ffn_hidden_dim(), 14336);
   EXPECT_EQ(f.at("70B").ffn_hidden_dim(), 28672);
   EXPECT_EQ(f.at("405B").ffn_hidden_dim(), 53248);
-  EXPECT_EQ(llama::ffn_hidden_dim(64, 32, std::nullopt), 192);
+  EXPECT_EQ(loom::models::ffn_hidden_dim(64, 32, std::nullopt), 192);
 }
 
 TEST(LlamaArgs, FlavorParameterCountsOnMeta) {
@@ -92,9 +93,9 @@ TEST(Rope, RotatesEachPairByPositionTimesFrequency) {
   args.n_heads = 1;
   args.rope_theta = 10000;
   args.use_scaled_rope = false;
-  at::Tensor freqs_cis = llama::precompute_freqs_cis(args, 5, at::kCPU);
+  at::Tensor freqs_cis = loom::models::precompute_freqs_cis(args, 5, at::kCPU);
   at::Tensor x = at::randn({1, 5, 1, 4}, at::kFloat);
-  at::Tensor out = llama::apply_rotary_emb(x, freqs_cis);
+  at::Tensor out = loom::models::apply_rotary_emb(x, freqs_cis);
   const double freqs[2] = {1.0, 1.0 / 100.0};
   for (int64_t pos = 0; pos < 5; ++pos) {
     for (int pair = 0; pair < 2; ++pair) {
@@ -110,9 +111,9 @@ TEST(Rope, RotatesEachPairByPositionTimesFrequency) {
 }
 
 TEST(Rope, Llama31ScalingKeepsHighAndDividesLowFrequencies) {
-  llama::RopeScaling scaling;
-  at::Tensor plain = llama::rope_frequencies(128, 500000, false, scaling);
-  at::Tensor scaled = llama::rope_frequencies(128, 500000, true, scaling);
+  loom::models::RopeScaling scaling;
+  at::Tensor plain = loom::models::rope_frequencies(128, 500000, false, scaling);
+  at::Tensor scaled = loom::models::rope_frequencies(128, 500000, true, scaling);
   // Wavelength below 8192 / 4 = 2048: unchanged. Above 8192: divided by 8. Between: blended.
   for (int64_t i = 0; i < 64; ++i) {
     const double f = plain[i].item<double>();
@@ -131,7 +132,7 @@ TEST(Rope, Llama31ScalingKeepsHighAndDividesLowFrequencies) {
 
 TEST(Attention, RepeatKvServesConsecutiveQueryHeads) {
   at::Tensor kv = at::randn({2, 3, 2, 4});
-  at::Tensor repeated = llama::repeat_kv(kv, 3);
+  at::Tensor repeated = loom::models::repeat_kv(kv, 3);
   ASSERT_EQ(repeated.sizes(), (std::vector<int64_t>{2, 3, 6, 4}));
   for (int64_t head = 0; head < 6; ++head) {
     EXPECT_TRUE(at::equal(repeated.select(2, head), kv.select(2, head / 3)));
@@ -142,8 +143,8 @@ TEST(Attention, GroupedQueryEqualsFullAttentionWithRepeatedWeights) {
   auto gqa_args = tiny_llama_args();  // 4 heads, 2 kv heads
   auto mha_args = gqa_args;
   mha_args.n_kv_heads = 4;
-  llama::Attention gqa(gqa_args, at::TensorOptions());
-  llama::Attention mha(mha_args, at::TensorOptions());
+  loom::models::Attention gqa(gqa_args, at::TensorOptions());
+  loom::models::Attention mha(mha_args, at::TensorOptions());
   at::NoGradGuard no_grad;
   for (auto* lin : {&gqa->wq, &gqa->wk, &gqa->wv, &gqa->wo}) (*lin)->weight.normal_(0, 0.1);
   const int64_t hd = gqa_args.head_dim();
@@ -154,7 +155,7 @@ TEST(Attention, GroupedQueryEqualsFullAttentionWithRepeatedWeights) {
       gqa->wk->weight.view({2, 1, hd, 64}).expand({2, 2, hd, 64}).reshape({4 * hd, 64}));
   mha->wv->weight.copy_(
       gqa->wv->weight.view({2, 1, hd, 64}).expand({2, 2, hd, 64}).reshape({4 * hd, 64}));
-  at::Tensor freqs = llama::precompute_freqs_cis(gqa_args, 8, at::kCPU);
+  at::Tensor freqs = loom::models::precompute_freqs_cis(gqa_args, 8, at::kCPU);
   at::Tensor x = at::randn({2, 8, 64});
   EXPECT_TRUE(at::allclose(gqa->forward(x, freqs), mha->forward(x, freqs), 1e-5, 1e-6));
 }

@@ -19,7 +19,7 @@
 #include "loom/parallel/pipeline/model_parts.h"
 #include "loom/parallel/pipeline/runner.h"
 #include "loom/parallel/placement.h"
-#include "loom/train/loss.h"
+#include "loom/models/loss.h"
 
 namespace loom {
 namespace {
@@ -66,7 +66,7 @@ Reference reference(const Layout& l, const at::Tensor& batch) {
   auto model = models::build_model(job(l), kVocab, at::TensorOptions().dtype(at::kFloat));
   model->init_weights(kSeed);
   const double tokens = static_cast<double>(batch.size(0) * kSeq);
-  at::Tensor loss = train::cross_entropy_sum(model->forward(batch.narrow(1, 0, kSeq)),
+  at::Tensor loss = models::cross_entropy_sum(model->forward(batch.narrow(1, 0, kSeq)),
                                              batch.narrow(1, 1, kSeq)) /
                     tokens;
   loss.backward();
@@ -75,7 +75,7 @@ Reference reference(const Layout& l, const at::Tensor& batch) {
   for (const auto& p : model->module().named_parameters()) ref.grads[p.key()] = p.value().grad();
   at::NoGradGuard no_grad;
   const at::Tensor rows = batch.narrow(0, 0, 4);
-  ref.eval_sum = train::cross_entropy_sum(model->forward(rows.narrow(1, 0, kSeq)),
+  ref.eval_sum = models::cross_entropy_sum(model->forward(rows.narrow(1, 0, kSeq)),
                                           rows.narrow(1, 1, kSeq))
                      .item<double>();
   return ref;

@@ -13,13 +13,13 @@
 #include "comm_test_util.h"
 #include "loom/config/loader.h"
 #include "loom/distributed/runtime.h"
-#include "loom/models/llama/parallelize.h"
+#include "loom/models/common/decoder_parallelize.h"
 #include "loom/models/model_spec.h"
 #include "loom/parallel/loss_parallel.h"
 #include "loom/parallel/tensor_parallel.h"
 #include "loom/parallel/tp_regions.h"
 #include "loom/train/grad_clip.h"
-#include "loom/train/loss.h"
+#include "loom/models/loss.h"
 #include "loom/train/optimizer.h"
 #include "loom/train/supported_features.h"
 
@@ -100,10 +100,10 @@ TEST(TensorParallelRegions, VocabParallelLossMatchesCrossEntropy) {
   const at::Tensor logits = random({2, 5, vocab}, 7).to(at::kFloat) * 4;
   at::Tensor labels = at::randint(0, vocab, {2, 5}, at::make_generator<at::CPUGeneratorImpl>(8),
                                   at::kLong);
-  labels.index_put_({0, 1}, train::kIgnoreIndex);
-  labels.index_put_({1, 4}, train::kIgnoreIndex);
+  labels.index_put_({0, 1}, models::kIgnoreIndex);
+  labels.index_put_({1, 4}, models::kIgnoreIndex);
   at::Tensor whole = logits.clone().set_requires_grad(true);
-  at::Tensor want = train::cross_entropy_sum(whole, labels);
+  at::Tensor want = models::cross_entropy_sum(whole, labels);
   want.backward();
   for (int world : {2, 4}) {
     auto errors = testing::run_ranks(world, [&](ProcessGroups& groups) {
@@ -144,12 +144,12 @@ TEST(TensorParallelPlan, LlamaPlanAppliesAndTyposAreRefused) {
     return boxes;
   };
   auto model = meta_model();
-  auto boxes = parallel::apply_tensor_parallel(*model, models::llama::tensor_parallel_plan(true),
+  auto boxes = parallel::apply_tensor_parallel(*model, models::decoder_tensor_parallel_plan(*model, true),
                                                tp, boxes_of(*model));
   // One tp rank: every box whole (the splits are checked on 2 and 4 ranks below).
   EXPECT_TRUE(boxes.at("layers.0.attention.wq.weight").is_whole());
   EXPECT_EQ(boxes.size(), model->module().named_parameters().size());
-  auto typo = models::llama::tensor_parallel_plan(true);
+  auto typo = models::decoder_tensor_parallel_plan(*model, true);
   typo.push_back(parallel::colwise("layers.*.atention.wq"));
   auto fresh = meta_model();
   try {
@@ -164,7 +164,7 @@ TEST(TensorParallelPlan, LlamaPlanAppliesAndTyposAreRefused) {
   middle.embedding = false;
   middle.head = false;
   auto part = meta_model(middle);
-  EXPECT_NO_THROW(parallel::apply_tensor_parallel(*part, models::llama::tensor_parallel_plan(true),
+  EXPECT_NO_THROW(parallel::apply_tensor_parallel(*part, models::decoder_tensor_parallel_plan(*part, true),
                                                   tp, boxes_of(*part)));
 }
 
@@ -216,7 +216,7 @@ Reference reference(const Layout& l, const at::Tensor& batch) {
   model->init_weights(kSeed);
   std::vector<at::Tensor> params;
   for (const auto& item : model->module().named_parameters()) params.push_back(item.value());
-  at::Tensor loss = train::cross_entropy_sum(model->forward(batch.narrow(1, 0, kSeq)),
+  at::Tensor loss = models::cross_entropy_sum(model->forward(batch.narrow(1, 0, kSeq)),
                                              batch.narrow(1, 1, kSeq)) /
                     static_cast<double>(batch.size(0) * kSeq);
   loss.backward();

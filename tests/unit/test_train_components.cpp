@@ -10,7 +10,7 @@
 #include "loom/models/model_spec.h"
 #include "loom/parallel/activation_checkpoint.h"
 #include "loom/parallel/grad_hooks.h"
-#include "loom/train/loss.h"
+#include "loom/models/loss.h"
 #include "loom/train/grad_clip.h"
 #include "loom/train/lr_scheduler.h"
 #include "loom/train/mixed_precision.h"
@@ -112,10 +112,10 @@ TEST(GradClip, ScalesToMaxNormAndReportsTheNormBefore) {
 TEST(Loss, SumsValidTokensOnly) {
   at::Tensor logits = at::randn({2, 3, 5});
   at::Tensor labels = at::tensor({1, -100, 4, 0, 2, -100}, at::kLong).view({2, 3});
-  EXPECT_EQ(loom::train::count_valid_tokens(labels), 4);
+  EXPECT_EQ(loom::models::count_valid_tokens(labels), 4);
   at::Tensor logp = at::log_softmax(logits, -1);
   double expected = -(logp[0][0][1] + logp[0][2][4] + logp[1][0][0] + logp[1][1][2]).item<double>();
-  EXPECT_NEAR(loom::train::cross_entropy_sum(logits, labels).item<double>(), expected, 1e-5);
+  EXPECT_NEAR(loom::models::cross_entropy_sum(logits, labels).item<double>(), expected, 1e-5);
 }
 
 TEST(SyntheticSource, DeterministicShiftedAndMostlyFollowingTheTable) {
@@ -222,7 +222,7 @@ TEST(ActivationCheckpoint, RecomputeUsesTheForwardsAutocastState) {
     {
       loom::train::AutocastGuard autocast(at::kCPU, at::kBFloat16);
       at::Tensor logits = model->forward(tokens.narrow(1, 0, 16));
-      loom::train::cross_entropy_sum(logits, tokens.narrow(1, 1, 16)).backward();
+      loom::models::cross_entropy_sum(logits, tokens.narrow(1, 1, 16)).backward();
     }
     std::vector<at::Tensor> grads;
     for (const auto& p : model->module().parameters()) grads.push_back(p.grad().clone());

@@ -1,6 +1,8 @@
 // Devices loom can run on, as LibTorch sees them at run time.
 #pragma once
 
+#include <c10/core/Device.h>
+
 #include <string>
 #include <vector>
 
@@ -16,6 +18,11 @@ struct AcceleratorInfo {
 };
 
 AcceleratorInfo query_accelerators();
+
+// The device a setting names: "auto" (CUDA when available, else CPU), "cpu", "cuda" or "cuda:N".
+// "auto" and "cuda" take cuda:`index` (a rank's local rank). Throws InputError naming `key` (the
+// config key or flag) for another value, or CUDA asked for where none is available.
+c10::Device resolve_device(const std::string& setting, int index, const std::string& key);
 
 // Training on CUDA gives local rank i the GPU cuda:i, so a node needs one GPU per local rank.
 // Throws InputError naming training.device (`setting`, which resolved to CUDA) and both counts

@@ -1,4 +1,4 @@
-// Text generation with a KV cache (models/llama/kv_cache.h): prompts of different lengths are
+// Text generation with the model family's inference cache (CausalLM::forward_cached): prompts of different lengths are
 // left-padded into one batch and prefilled together, then decoded one token per step; a row
 // leaves the batch (and the cache) when it ends: end of text, a stop string, max_new_tokens or
 // the model's context. Each row draws from its own generator (sampling.h), so a prompt gives

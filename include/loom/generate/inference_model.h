@@ -1,7 +1,8 @@
 // A model for inference straight from a checkpoint: a native step folder written by any parallel
-// layout (read by chunk overlap, so FSDP shards come back whole) or a Hugging Face Llama folder.
-// The model's shape and tokenizer come from the checkpoint's own config (config.toml, or
-// config.json + tokenizer.json); what is missing must be given explicitly.
+// layout (read by chunk overlap, so FSDP shards come back whole) or a Hugging Face folder, of any
+// registered family. The family, shape and tokenizer come from the checkpoint's own config
+// (config.toml, an import's hf_config.json, or config.json + tokenizer.json); what is missing
+// must be given explicitly.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -11,7 +12,7 @@
 #include <string>
 
 #include "loom/data/tokenizer.h"
-#include "loom/models/llama/transformer.h"
+#include "loom/models/model_spec.h"
 
 namespace loom::generate {
 
@@ -19,6 +20,7 @@ struct ModelSource {
   // A step-N folder, a checkpoint folder (its newest complete step), a run's dump folder (its
   // checkpoint/ folder), or a Hugging Face folder.
   std::string checkpoint;
+  std::optional<std::string> model;      // the family, when the checkpoint has no config
   std::optional<std::string> flavor;     // when the checkpoint has no config.toml
   std::optional<std::string> tokenizer;  // overrides / supplies the tokenizer
   std::optional<int64_t> max_seq_len;    // overrides the context (default: the trained seq_len)
@@ -27,16 +29,17 @@ struct ModelSource {
 };
 
 struct InferenceModel {
-  models::llama::Transformer model{nullptr};
+  const models::ModelSpec* spec = nullptr;
+  std::unique_ptr<models::CausalLM> model;
   std::unique_ptr<data::Tokenizer> tokenizer;
   std::string step_folder;  // the folder the weights came from
   std::string format;       // "loom" or "huggingface"
   std::string dtype;        // ModelSource::dtype
-  int64_t context() const { return model->args.max_seq_len; }
+  int64_t context() const { return model->max_seq_len(); }
   // "loaded <folder> (loom checkpoint, float32 on cpu, context 256 tokens)", for the log of the
   // command that loaded it.
   std::string describe() const;
-  at::Device device() const { return model->tok_embeddings->weight.device(); }
+  at::Device device() const;
   // Full forward (no cache): tokens [bs, seq] on any device -> logits [bs, seq, vocab] float32.
   at::Tensor forward(const at::Tensor& tokens);
 };

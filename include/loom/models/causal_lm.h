@@ -7,6 +7,7 @@
 #include <torch/nn/module.h>
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -25,7 +26,10 @@ struct ModelSummary {
   std::string family;
   std::string flavor;
   int64_t total_params = 0;
-  int64_t embedding_params = 0;  // token embedding table (excluded from FLOPs)
+  int64_t embedding_params = 0;  // token embedding table (a lookup: no FLOPs unless tied)
+  // Parameters one token multiplies with (a mixture of experts: its routed experts only; a tied
+  // table: once, as the head): 6 FLOPs each per trained token.
+  int64_t active_params = 0;
   double flops_per_token = 0;    // training (forward + backward) FLOPs per token at seq_len
   int64_t seq_len = 0;
   std::vector<ParameterShape> parameters;
@@ -39,6 +43,18 @@ struct ModelPart {
   int64_t end_layer = -1;
   bool embedding = true;
   bool head = true;
+};
+
+// Incremental decoding state of one batch (a family's key/value cache): rows may hold prompts of
+// different lengths, left-padded to a common length.
+class InferenceCache {
+ public:
+  virtual ~InferenceCache() = default;
+  virtual int64_t batch() const = 0;
+  virtual int64_t capacity() const = 0;
+  virtual int64_t length() const = 0;  // slots filled so far (padding included)
+  // Keeps only these rows (indices into the current batch, in order): finished sequences leave.
+  virtual void keep_rows(const std::vector<int64_t>& rows) = 0;
 };
 
 class CausalLM {
@@ -75,6 +91,19 @@ class CausalLM {
   virtual void init_buffers(const at::Device& device) = 0;
   // Draws every parameter in place, whole (models built directly on a real device: tests, tools).
   virtual void init_weights(uint64_t seed) = 0;
+
+  // Inference (the whole model, real parameters, buffers initialized). The longest sequence the
+  // model was built for (positions beyond it are refused).
+  virtual int64_t max_seq_len() const = 0;
+  // A cache for `batch` rows of `capacity` slots; row b's first padding[b] slots are left
+  // padding (never attended to; its tokens take positions 0, 1, ... after them).
+  virtual std::unique_ptr<InferenceCache> new_inference_cache(int64_t batch, int64_t capacity,
+                                                              std::vector<int64_t> padding) = 0;
+  // tokens [batch, q] fill the cache's next q slots of every row: logits float32 [batch, q,
+  // vocab] (or [batch, 1, vocab] for the last slot with last_only); advances the cache by q.
+  // Throws InputError past the cache's capacity or the model's max_seq_len.
+  virtual at::Tensor forward_cached(const at::Tensor& tokens, InferenceCache& cache,
+                                    bool last_only) = 0;
 };
 
 }  // namespace loom::models

@@ -1,16 +1,25 @@
-// The model registry: a model family (name) has flavors, a builder (the whole model or a part of
-// it) and its parallelize function. The trainer only talks to CausalLM and ParallelModel.
+// The model registry: a ModelSpec is the whole contract of a model family. Code outside
+// src/models reads the family from the job (model.name) or a checkpoint and talks to it only
+// through this struct, CausalLM and ParallelModel; none of it names a family.
 #pragma once
 
+#include <ATen/core/Tensor.h>
+
+#include <nlohmann/json_fwd.hpp>
+
 #include <functional>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "loom/config/job_config.h"
+#include "loom/config/diagnostics.h"
 #include "loom/models/causal_lm.h"
 #include "loom/parallel/parallelize.h"
+#include "loom/parallel/pipeline/plan.h"
 
 namespace loom::models {
 
@@ -20,6 +29,43 @@ struct BuildOptions {
   int64_t max_seq_len = 0;           // 0: the flavor's default
   at::TensorOptions tensor_options;  // device (meta for planning) and dtype
   ModelPart part;                    // the whole model by default
+};
+
+// One model's tensors between loom's names and layouts and a Hugging Face folder's, and its
+// config.json (made by HfFormat::adapter for a model of the family).
+class StateDictAdapter {
+ public:
+  virtual ~StateDictAdapter() = default;
+  // The model's config.json: architectures, model_type and every field transformers reads, in
+  // the layouts transformers 4 and 5 both read. `dtype` names the exported weights' dtype.
+  virtual nlohmann::json hf_config(const std::string& dtype) const = 0;
+  // A loom parameter (global name and whole value) as Hugging Face tensors (name, value).
+  virtual std::vector<std::pair<std::string, at::Tensor>> to_hf(const std::string& name,
+                                                                const at::Tensor& value) const = 0;
+  // A Hugging Face tensor as loom's (name, value); nullopt for what is not a weight (rotary
+  // buffers). Throws InputError naming a tensor the model has no place for.
+  virtual std::optional<std::pair<std::string, at::Tensor>> from_hf(
+      const std::string& hf_name, const at::Tensor& value) const = 0;
+  // After every tensor of a folder went through from_hf: the fix-ups over the whole set that
+  // `hf_config` (the folder's config.json) calls for, e.g. a tied head stored anyway, or a head
+  // this model keeps apart from an embedding the folder ties it to. `source` names the folder.
+  virtual void finish_import(std::map<std::string, at::Tensor>& tensors,
+                             const nlohmann::json& hf_config, const std::string& source) const = 0;
+};
+
+// How a family meets Hugging Face folders (`loom checkpoint import/export`, generate/eval on a
+// folder, checkpoint.initial_load_path).
+struct HfFormat {
+  std::vector<std::string> model_types;  // config.json "model_type" values it reads ("qwen3")
+  // The model a config.json describes (`source` names the file in errors), built with `options`
+  // (flavor ignored; vocab and max_seq_len override the file's when positive). Throws InputError
+  // naming the key and the value loom needs for anything loom would compute differently from
+  // transformers.
+  std::function<std::unique_ptr<CausalLM>(const nlohmann::json& config, const std::string& source,
+                                          const BuildOptions& options)>
+      build_from_config;
+  // The adapter for a model of this family (one `build` or `build_from_config` made).
+  std::function<std::unique_ptr<StateDictAdapter>(const CausalLM& model)> adapter;
 };
 
 struct ModelSpec {
@@ -35,6 +81,16 @@ struct ModelSpec {
   // (e.g. heads that do not divide by tensor_parallel_degree); runs before the rendezvous. May
   // be empty.
   std::function<void(const config::JobConfig& config)> check_parallelism;
+  // The pipeline split of the job's model into stage parts (layers, embedding, head per stage)
+  // with its schedule. Empty: the generic split over the family's transformer layers
+  // (parallel::pipeline::plan_pipeline with count_layers).
+  std::function<parallel::pipeline::PipelinePlan(const config::JobConfig& config,
+                                                 const config::Provenance& provenance)>
+      plan_pipeline;
+  // Runs after each optimizer step on every rank (e.g. a mixture of experts' load-balancing bias
+  // update); may use the model's process groups. May be empty.
+  std::function<void(parallel::ParallelModel& model)> after_optimizer_step;
+  HfFormat hf;
 };
 
 // Registered families; throws loom::InputError naming the known ones for an unknown name or
@@ -51,6 +107,14 @@ std::unique_ptr<CausalLM> build_model(const config::JobConfig& config, int64_t v
 
 // The number of transformer layers of the job's model (built on the meta device).
 int64_t count_layers(const config::JobConfig& config);
+
+// The job's pipeline plan, as its family splits it (ModelSpec::plan_pipeline).
+parallel::pipeline::PipelinePlan plan_pipeline(const config::JobConfig& config,
+                                               const config::Provenance& provenance = {});
+
+// The family that reads a Hugging Face config.json (by its model_type; `source` names the file);
+// InputError naming the model types loom reads.
+const ModelSpec& find_hf_model_spec(const nlohmann::json& config, const std::string& source);
 
 // Human-readable summary (the table `loom plan model` prints and `loom train` logs).
 std::string format_summary(const ModelSummary& summary, bool with_shapes);

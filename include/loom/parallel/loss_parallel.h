@@ -12,8 +12,8 @@ class Comm;
 
 namespace loom::parallel {
 
-// Summed token cross-entropy (labels == train::kIgnoreIndex skipped), equal on every tp rank
-// and to train::cross_entropy_sum of the gathered logits. Backward gives each rank the gradient
+// Summed token cross-entropy (labels == models::kIgnoreIndex skipped), equal on every tp rank
+// and to models::cross_entropy_sum of the gathered logits. Backward gives each rank the gradient
 // of its own columns.
 at::Tensor vocab_parallel_cross_entropy_sum(const at::Tensor& local_logits,
                                             const at::Tensor& labels, int64_t first,

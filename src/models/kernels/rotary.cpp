@@ -8,7 +8,7 @@
 #include <algorithm>
 
 #include "dispatch.h"
-#include "loom/models/llama/rope.h"
+#include "loom/models/common/rope.h"
 #include "rotary_kernel.h"
 
 namespace loom::models::kernels {
@@ -78,7 +78,7 @@ bool rotary_is_fused(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 std::pair<at::Tensor, at::Tensor> rotary_qk(const at::Tensor& q, const at::Tensor& k,
                                             const at::Tensor& freqs_cis) {
   if (!rotary_is_fused(q, k, freqs_cis)) {
-    return {llama::apply_rotary_emb(q, freqs_cis), llama::apply_rotary_emb(k, freqs_cis)};
+    return {apply_rotary_emb(q, freqs_cis), apply_rotary_emb(k, freqs_cis)};
   }
   // [seq, head_dim / 2] complex -> [seq, head_dim] floats (c0, s0, c1, s1, ...).
   const at::Tensor rotation =

@@ -1,32 +1,7 @@
 #include "loom/models/llama/args.h"
 
-#include "loom/core/check.h"
 
 namespace loom::models::llama {
-
-int64_t ffn_hidden_dim(int64_t dim, int64_t multiple_of, std::optional<double> multiplier) {
-  int64_t hidden = 2 * (4 * dim) / 3;
-  if (multiplier) {
-    hidden = static_cast<int64_t>(*multiplier * static_cast<double>(hidden));
-  }
-  return multiple_of * ((hidden + multiple_of - 1) / multiple_of);
-}
-
-int64_t LlamaArgs::ffn_hidden_dim() const {
-  return llama::ffn_hidden_dim(dim, multiple_of, ffn_dim_multiplier);
-}
-
-void LlamaArgs::validate() const {
-  LOOM_CHECK_AS(InputError, dim > 0 && n_layers > 0 && n_heads > 0 && vocab_size > 0,
-                "llama3: dim, n_layers, n_heads and vocab_size must be positive");
-  LOOM_CHECK_AS(InputError, dim % n_heads == 0, "llama3: dim (", dim,
-                ") must be divisible by n_heads (", n_heads, ")");
-  LOOM_CHECK_AS(InputError, head_dim() % 2 == 0, "llama3: head_dim (", head_dim(),
-                ") must be even for rotary embeddings");
-  LOOM_CHECK_AS(InputError, kv_heads() > 0 && n_heads % kv_heads() == 0, "llama3: n_heads (",
-                n_heads, ") must be a multiple of n_kv_heads (", kv_heads(), ")");
-  LOOM_CHECK_AS(InputError, multiple_of > 0, "llama3: multiple_of must be positive");
-}
 
 namespace {
 

@@ -1,23 +1,30 @@
-// The Llama 3 decoder, whole or one part of it (a range of layers, with or without the
-// embedding and the head). Parameter names follow torchtitan's llama3 exactly (tok_embeddings,
-// layers.N.attention.wq, layers.N.feed_forward.w1, attention_norm, ffn_norm, norm, output) and
-// layers keep their global index N in every part: the names are checkpoint and sharding keys.
+// The shared decoder (Llama 3, Qwen3), whole or one part of it (a range of layers, with or
+// without the embedding and the head). Parameter names follow torchtitan exactly (tok_embeddings,
+// layers.N.attention.wq, layers.N.attention.q_norm, layers.N.feed_forward.w1, attention_norm,
+// ffn_norm, norm, output) and layers keep their global index N in every part: the names are
+// checkpoint and sharding keys.
+//
+// With tied embeddings the head projects with the embedding's table and owns no parameter:
+// "tok_embeddings.weight" is the only copy. A pipeline part with the head but not the embedding
+// holds its own "tok_embeddings" table (weight only, never looked up), as Megatron's last stage
+// does; the parallelize function sums the two copies' gradients (common/decoder_parallelize.h).
 #pragma once
 
 #include <functional>
 #include <string>
 
 #include "loom/models/causal_lm.h"
-#include "loom/models/llama/attention.h"
-#include "loom/models/llama/feed_forward.h"
+#include "loom/models/common/attention.h"
+#include "loom/models/common/decoder_args.h"
+#include "loom/models/common/feed_forward.h"
 
-namespace loom::models::llama {
+namespace loom::models {
 
 class TransformerBlockImpl : public torch::nn::Module {
  public:
   // `hooks`: the model's hook table (its "layers.N.attention" and "layers.N.feed_forward"
   // entries run around those submodules); null for a block used on its own.
-  TransformerBlockImpl(int64_t layer_id, const LlamaArgs& args, const at::TensorOptions& options,
+  TransformerBlockImpl(int64_t layer_id, const DecoderArgs& args, const at::TensorOptions& options,
                        const ForwardHookTable* hooks = nullptr);
   at::Tensor forward(const at::Tensor& x, const at::Tensor& freqs_cis);
 
@@ -39,7 +46,7 @@ using BlockRunner =
 
 class TransformerImpl : public torch::nn::Module {
  public:
-  TransformerImpl(const LlamaArgs& args, const at::TensorOptions& options, ModelPart part = {});
+  TransformerImpl(const DecoderArgs& args, const at::TensorOptions& options, ModelPart part = {});
   // With the embedding: tokens [bs, seq] int64; else hidden states [bs, seq, dim]. With the
   // head: logits [bs, seq, vocab] float32; else hidden states.
   at::Tensor forward(const at::Tensor& input);
@@ -52,13 +59,19 @@ class TransformerImpl : public torch::nn::Module {
   std::vector<std::string> hook_points() const;
   void set_forward_hooks(const std::string& module, const std::string& owner, ForwardHooks hooks);
 
-  LlamaArgs args;
+  // The head's projection of final hidden states [.., dim] to logits [.., vocab] (in the
+  // parameters' dtype; forward() returns float32): `output`, or the tied table.
+  at::Tensor project_output(const at::Tensor& h);
+
+  DecoderArgs args;
   ModelPart part;  // end_layer resolved
-  Embedding tok_embeddings{nullptr};               // null without the embedding
+  // Null without the embedding, unless the head needs its tied table.
+  Embedding tok_embeddings{nullptr};
   std::shared_ptr<torch::nn::Module> layers;       // children named by global layer index
   std::vector<TransformerBlock> blocks;            // this part's blocks, in order
   RMSNorm norm{nullptr};                           // null without the head
-  Linear output{nullptr};                          // null without the head
+  Linear output{nullptr};                          // null without the head, or when tied
+  TiedLinear tied_output{nullptr};                 // the head when tied (registered as "output")
   at::Tensor freqs_cis;  // not a parameter: never saved, recomputed from args
 
  private:
@@ -70,4 +83,4 @@ class TransformerImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Transformer);
 
-}  // namespace loom::models::llama
+}  // namespace loom::models

@@ -1,13 +1,13 @@
-#include "loom/train/loss.h"
+#include "loom/models/loss.h"
 
 #include <ATen/ATen.h>
 
 #include "loom/models/kernels/cross_entropy.h"
 
-namespace loom::train {
+namespace loom::models {
 
 at::Tensor cross_entropy_sum(const at::Tensor& logits, const at::Tensor& labels) {
-  return models::kernels::cross_entropy_sum(logits.flatten(0, 1).to(at::kFloat),
+  return kernels::cross_entropy_sum(logits.flatten(0, 1).to(at::kFloat),
                                            labels.flatten().contiguous(), kIgnoreIndex);
 }
 
@@ -15,4 +15,4 @@ int64_t count_valid_tokens(const at::Tensor& labels) {
   return labels.ne(kIgnoreIndex).sum().item<int64_t>();
 }
 
-}  // namespace loom::train
+}  // namespace loom::models

@@ -1,10 +1,12 @@
-#include "loom/models/llama/rope.h"
+#include "loom/models/common/rope.h"
 
 #include <ATen/ATen.h>
 
 #include <cmath>
 
-namespace loom::models::llama {
+#include "loom/models/kernels/rotary.h"
+
+namespace loom::models {
 
 at::Tensor rope_frequencies(int64_t head_dim, double theta, bool scaled,
                             const RopeScaling& scaling) {
@@ -27,7 +29,7 @@ at::Tensor rope_frequencies(int64_t head_dim, double theta, bool scaled,
   return at::where(middle, blended, out);
 }
 
-at::Tensor precompute_freqs_cis(const LlamaArgs& args, int64_t seq_len, const at::Device& device) {
+at::Tensor precompute_freqs_cis(const DecoderArgs& args, int64_t seq_len, const at::Device& device) {
   at::Tensor freqs =
       rope_frequencies(args.head_dim(), args.rope_theta, args.use_scaled_rope, args.rope_scaling);
   at::Tensor positions = at::arange(seq_len, at::kFloat);
@@ -44,7 +46,23 @@ at::Tensor apply_rotary_emb(const at::Tensor& x, const at::Tensor& freqs_cis) {
   return at::view_as_real(as_complex * rotation).flatten(3).to(x.scalar_type());
 }
 
-at::Tensor apply_rotary_emb_at(const at::Tensor& x, const at::Tensor& rotations) {
+at::Tensor halves_to_pairs(const at::Tensor& x) {
+  const int64_t head_dim = x.size(-1);
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape.back() = 2;
+  shape.push_back(head_dim / 2);
+  return x.reshape(shape).transpose(-1, -2).reshape(x.sizes());
+}
+
+std::pair<at::Tensor, at::Tensor> rotate_qk(const at::Tensor& q, const at::Tensor& k,
+                                            const at::Tensor& freqs_cis, RopeLayout layout) {
+  if (layout == RopeLayout::kInterleaved) return kernels::rotary_qk(q, k, freqs_cis);
+  return kernels::rotary_qk(halves_to_pairs(q), halves_to_pairs(k), freqs_cis);
+}
+
+at::Tensor apply_rotary_emb_at(const at::Tensor& input, const at::Tensor& rotations,
+                               RopeLayout layout) {
+  const at::Tensor x = layout == RopeLayout::kHalves ? halves_to_pairs(input) : input;
   const int64_t bs = x.size(0), seq_len = x.size(1), pairs = x.size(-1) / 2;
   at::Tensor as_complex =
       at::view_as_complex(x.to(at::kFloat).reshape({bs, seq_len, x.size(2), pairs, 2}));
@@ -53,4 +71,4 @@ at::Tensor apply_rotary_emb_at(const at::Tensor& x, const at::Tensor& rotations)
       .to(x.scalar_type());
 }
 
-}  // namespace loom::models::llama
+}  // namespace loom::models

@@ -1,4 +1,4 @@
-// Incremental decoding for the Llama 3 decoder: one key/value cache per layer and a forward that
+// Incremental decoding for the shared decoder: one key/value cache per layer and a forward that
 // runs only new tokens against it (generation, `loom generate`). Kept apart from
 // TransformerImpl::forward (training), which it mirrors block by block on the same parameters.
 //
@@ -12,24 +12,24 @@
 #include <cstdint>
 #include <vector>
 
-#include "loom/models/llama/transformer.h"
+#include "loom/models/common/decoder.h"
 
-namespace loom::models::llama {
+namespace loom::models {
 
-class KVCache {
+class KVCache final : public InferenceCache {
  public:
   // Room for `capacity` slots of `batch` rows, in the parameters' dtype and device.
-  KVCache(const LlamaArgs& args, int64_t batch, int64_t capacity, const at::TensorOptions& options,
+  KVCache(const DecoderArgs& args, int64_t batch, int64_t capacity, const at::TensorOptions& options,
           std::vector<int64_t> padding = {});
 
-  int64_t batch() const { return batch_; }
-  int64_t capacity() const { return capacity_; }
-  int64_t length() const { return length_; }  // slots filled so far (padding included)
+  int64_t batch() const override { return batch_; }
+  int64_t capacity() const override { return capacity_; }
+  int64_t length() const override { return length_; }  // slots filled so far (padding included)
   const std::vector<int64_t>& padding() const { return padding_; }
   bool padded() const { return padded_; }
 
   // Keeps only these rows (indices into the current batch, in order): finished sequences leave.
-  void keep_rows(const std::vector<int64_t>& rows);
+  void keep_rows(const std::vector<int64_t>& rows) override;
 
   // Per layer [batch, kv_heads, capacity, head_dim].
   std::vector<at::Tensor> keys, values;
@@ -48,4 +48,4 @@ class KVCache {
 at::Tensor forward_cached(TransformerImpl& model, const at::Tensor& tokens, KVCache& cache,
                           bool last_only = false);
 
-}  // namespace loom::models::llama
+}  // namespace loom::models

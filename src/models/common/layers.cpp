@@ -1,4 +1,4 @@
-#include "loom/models/common.h"
+#include "loom/models/common/layers.h"
 
 #include <ATen/ATen.h>
 
@@ -43,6 +43,13 @@ EmbeddingImpl::EmbeddingImpl(int64_t num_embeddings, int64_t dim, const at::Tens
 
 at::Tensor EmbeddingImpl::forward(const at::Tensor& ids) {
   return at::embedding(weight, ids);
+}
+
+TiedLinearImpl::TiedLinearImpl(std::shared_ptr<EmbeddingImpl> embedding)
+    : embedding_(std::move(embedding)) {}
+
+at::Tensor TiedLinearImpl::forward(const at::Tensor& input) {
+  return at::linear(input, embedding_->weight);
 }
 
 RMSNormImpl::RMSNormImpl(int64_t dim, double eps_, const at::TensorOptions& options)

@@ -1,4 +1,4 @@
-#include "loom/models/llama/kv_cache.h"
+#include "loom/models/common/kv_cache.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
@@ -7,9 +7,9 @@
 
 #include "loom/core/check.h"
 
-namespace loom::models::llama {
+namespace loom::models {
 
-KVCache::KVCache(const LlamaArgs& args, int64_t batch, int64_t capacity,
+KVCache::KVCache(const DecoderArgs& args, int64_t batch, int64_t capacity,
                  const at::TensorOptions& options, std::vector<int64_t> padding)
     : batch_(batch), capacity_(capacity), padding_(std::move(padding)) {
   LOOM_CHECK(batch > 0 && capacity > 0, "empty KV cache");
@@ -86,7 +86,7 @@ at::Tensor forward_cached(TransformerImpl& model, const at::Tensor& tokens, KVCa
   }
   cache.length_ = start + q;
   if (last_only) h = h.slice(1, q - 1, q);
-  return model.output->forward(model.norm->forward(h)).to(at::kFloat);
+  return model.project_output(model.norm->forward(h)).to(at::kFloat);
 }
 
-}  // namespace loom::models::llama
+}  // namespace loom::models

@@ -1,20 +1,26 @@
-#include "loom/models/llama/attention.h"
+#include "loom/models/common/attention.h"
 
 #include <ATen/ATen.h>
 
 #include <tuple>
 
-#include "loom/models/kernels/rotary.h"
-#include "loom/models/llama/rope.h"
+#include "loom/models/common/rope.h"
 
-namespace loom::models::llama {
+namespace loom::models {
 
-AttentionImpl::AttentionImpl(const LlamaArgs& args, const at::TensorOptions& options)
-    : n_heads(args.n_heads), n_kv_heads(args.kv_heads()), head_dim(args.head_dim()) {
+AttentionImpl::AttentionImpl(const DecoderArgs& args, const at::TensorOptions& options)
+    : n_heads(args.n_heads),
+      n_kv_heads(args.kv_heads()),
+      head_dim(args.head_dim()),
+      rope_layout(args.rope_layout) {
   wq = register_module("wq", Linear(args.dim, n_heads * head_dim, options));
   wk = register_module("wk", Linear(args.dim, n_kv_heads * head_dim, options));
   wv = register_module("wv", Linear(args.dim, n_kv_heads * head_dim, options));
   wo = register_module("wo", Linear(n_heads * head_dim, args.dim, options));
+  if (args.qk_norm) {
+    q_norm = register_module("q_norm", RMSNorm(head_dim, args.norm_eps, options));
+    k_norm = register_module("k_norm", RMSNorm(head_dim, args.norm_eps, options));
+  }
 }
 
 at::Tensor repeat_kv(const at::Tensor& x, int64_t n_rep) {
@@ -25,15 +31,25 @@ at::Tensor repeat_kv(const at::Tensor& x, int64_t n_rep) {
   return x.unsqueeze(3).expand({bs, seq, heads, n_rep, dim}).reshape({bs, seq, heads * n_rep, dim});
 }
 
-at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& freqs_cis) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> AttentionImpl::project(const at::Tensor& x) {
   const auto bs = x.size(0), seq = x.size(1);
   // Head counts come from the projections' shapes: under tensor parallelism wq/wk/wv hold a
   // contiguous range of this rank's heads (query heads and their kv heads together).
   at::Tensor q = wq->forward(x).view({bs, seq, -1, head_dim});
   at::Tensor k = wk->forward(x).view({bs, seq, -1, head_dim});
   at::Tensor v = wv->forward(x).view({bs, seq, -1, head_dim});
+  if (q_norm) {
+    q = q_norm->forward(q);
+    k = k_norm->forward(k);
+  }
+  return {q, k, v};
+}
+
+at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& freqs_cis) {
+  const auto bs = x.size(0), seq = x.size(1);
+  auto [q, k, v] = project(x);
   const int64_t local_heads = q.size(2);
-  std::tie(q, k) = kernels::rotary_qk(q, k, freqs_cis);
+  std::tie(q, k) = rotate_qk(q, k, freqs_cis, rope_layout);
   const int64_t n_rep = local_heads / k.size(2);
   k = repeat_kv(k, n_rep);
   v = repeat_kv(v, n_rep);
@@ -48,9 +64,9 @@ at::Tensor AttentionImpl::forward_cached(const at::Tensor& x, const at::Tensor& 
                                          at::Tensor& keys, at::Tensor& values, int64_t start,
                                          const at::Tensor& mask) {
   const auto bs = x.size(0), seq = x.size(1);
-  at::Tensor q = apply_rotary_emb_at(wq->forward(x).view({bs, seq, n_heads, head_dim}), rotations);
-  at::Tensor k = apply_rotary_emb_at(wk->forward(x).view({bs, seq, n_kv_heads, head_dim}), rotations);
-  at::Tensor v = wv->forward(x).view({bs, seq, n_kv_heads, head_dim});
+  auto [q_raw, k_raw, v] = project(x);
+  at::Tensor q = apply_rotary_emb_at(q_raw, rotations, rope_layout);
+  at::Tensor k = apply_rotary_emb_at(k_raw, rotations, rope_layout);
   keys.slice(2, start, start + seq).copy_(k.transpose(1, 2));
   values.slice(2, start, start + seq).copy_(v.transpose(1, 2));
   const int64_t used = start + seq, n_rep = n_heads / n_kv_heads;
@@ -68,4 +84,4 @@ at::Tensor AttentionImpl::forward_cached(const at::Tensor& x, const at::Tensor& 
   return wo->forward(out.transpose(1, 2).contiguous().view({bs, seq, n_heads * head_dim}));
 }
 
-}  // namespace loom::models::llama
+}  // namespace loom::models

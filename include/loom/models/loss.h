@@ -5,7 +5,7 @@
 
 #include <ATen/core/Tensor.h>
 
-namespace loom::train {
+namespace loom::models {
 
 constexpr int64_t kIgnoreIndex = -100;
 
@@ -15,4 +15,4 @@ at::Tensor cross_entropy_sum(const at::Tensor& logits, const at::Tensor& labels)
 // Number of labels that count (!= kIgnoreIndex).
 int64_t count_valid_tokens(const at::Tensor& labels);
 
-}  // namespace loom::train
+}  // namespace loom::models

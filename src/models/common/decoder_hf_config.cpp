@@ -1,31 +1,19 @@
-// The config.json of a Hugging Face Llama, both ways. The reader accepts what transformers 4.x and
-// 5.x write and refuses whatever would make loom compute something other than transformers'
-// LlamaForCausalLM for the same folder: every key that model reads is understood or refused with
-// the value loom needs, and keys of other families that change attention or activations
-// (sliding windows, soft-capping, quantization, custom code) are refused as well. Keys nobody
-// reads (metadata, generation defaults) are ignored; unfamiliar ones are named in one warning.
+// The config.json of a decoder family's Hugging Face folder, both ways (see decoder_hf.h).
 #include <nlohmann/json.hpp>
 
 #include <cmath>
 #include <set>
 #include <sstream>
 
-#include "loom/checkpoint/hf.h"
+#include "loom/models/common/decoder_hf.h"
 #include "loom/core/check.h"
 #include "loom/core/json.h"
 #include "loom/core/logging.h"
 
-namespace loom::checkpoint {
+namespace loom::models {
 namespace {
 
 using Json = nlohmann::json;
-using models::llama::LlamaArgs;
-
-// LlamaConfig's defaults in transformers 4.x and 5.x, used when config.json leaves a key out
-// (transformers does the same, so both read the same model).
-constexpr double kDefaultRopeTheta = 10000.0;
-constexpr double kDefaultNormEps = 1e-6;
-constexpr int64_t kDefaultMaxPositions = 2048;
 
 // transformers treats a null value as an unset key.
 bool is_set(const Json& object, const std::string& key) {
@@ -83,7 +71,7 @@ const std::vector<Requirement>& requirements() {
       {"attn_logit_softcapping", never, "null (loom does not soft-cap attention scores)"},
       {"final_logit_softcapping", never, "null (loom does not soft-cap logits)"},
       {"quantization_config", never, "no quantization (loom reads plain weights)"},
-      {"auto_map", never, "no custom modeling code (loom runs its own Llama)"},
+      {"auto_map", never, "no custom modeling code (loom runs its own model)"},
       {"pruned_heads", is_empty_object, "{} (loom keeps every attention head)"},
   };
   return list;
@@ -97,7 +85,7 @@ const std::set<std::string>& familiar_keys() {
       "model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
       "num_key_value_heads", "head_dim", "vocab_size", "max_position_embeddings", "rms_norm_eps",
       "rope_theta", "rope_scaling", "rope_parameters", "original_max_position_embeddings",
-      "tie_word_embeddings",
+      "tie_word_embeddings", "max_window_layers",
       // inert for the forward pass
       "architectures", "attention_dropout", "initializer_range", "pretraining_tp", "use_cache",
       "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id",
@@ -116,10 +104,15 @@ const std::set<std::string>& familiar_keys() {
   return keys;
 }
 
-void check_requirements(const Json& config, const std::string& source) {
+void check_requirements(const Json& config, const std::string& source,
+                        const DecoderHfDialect& dialect) {
   std::vector<std::string> unfamiliar;
+  // Qwen's configs keep a window size that use_sliding_window = false switches off.
+  const bool windows_off = config.contains("use_sliding_window") &&
+                           config.at("use_sliding_window") == Json(false);
   for (const auto& [key, value] : config.items()) {
     bool known = familiar_keys().count(key) > 0;
+    if (key == "sliding_window" && windows_off) continue;
     for (const auto& requirement : requirements()) {
       if (key != requirement.key) continue;
       known = true;
@@ -133,17 +126,16 @@ void check_requirements(const Json& config, const std::string& source) {
     for (const auto& key : unfamiliar) list += (list.empty() ? "" : ", ") + key;
     log::get("checkpoint")
         ->warn(
-            "{}: ignoring unfamiliar keys {} (transformers' LlamaForCausalLM does not read them "
-            "either)",
-            source, list);
+            "{}: ignoring unfamiliar keys {} (transformers' {} does not read them either)",
+            source, list, dialect.architecture);
   }
 }
 
 // The rotary embedding a config.json describes.
 struct Rope {
-  double theta = kDefaultRopeTheta;
+  double theta = 0;  // unset: the dialect's default
   bool llama3 = false;
-  models::llama::RopeScaling scaling;
+  RopeScaling scaling;
 
   bool operator==(const Rope& o) const {
     return theta == o.theta && llama3 == o.llama3 &&
@@ -219,7 +211,7 @@ std::string rope_type(const Json& dict, const std::string& dict_name, const std:
 // Llama 3.1's frequency scaling: every parameter is required (transformers 4 requires them; 5
 // would fill original_max_position_embeddings from max_position_embeddings, which loom does not
 // guess).
-models::llama::RopeScaling llama3_scaling(const Json& config, const Json& dict,
+RopeScaling llama3_scaling(const Json& config, const Json& dict,
                                           const std::string& dict_name, const std::string& source) {
   auto parameter = [&](const char* key) {
     LOOM_CHECK_AS(InputError, is_set(dict, key), source, ": ", dict_name, ".", key,
@@ -227,7 +219,7 @@ models::llama::RopeScaling llama3_scaling(const Json& config, const Json& dict,
                   "high_freq_factor and original_max_position_embeddings)");
     return positive_number(dict.at(key), source + ": " + dict_name + "." + key);
   };
-  models::llama::RopeScaling s;
+  RopeScaling s;
   s.factor = parameter("factor");
   s.low_freq_factor = parameter("low_freq_factor");
   s.high_freq_factor = parameter("high_freq_factor");
@@ -279,16 +271,18 @@ Rope read_rope(const Json& config, const std::string& source) {
 
 }  // namespace
 
-LlamaArgs llama_args_from_hf_config(const nlohmann::json& config, const std::string& source) {
+DecoderArgs decoder_args_from_hf_config(const nlohmann::json& config, const std::string& source,
+                                        const DecoderHfDialect& dialect) {
   LOOM_CHECK_AS(InputError, config.is_object(), source, ": expected a JSON object, found ",
                 json::type_name(config));
   if (is_set(config, "model_type")) {
-    LOOM_CHECK_AS(InputError, config.at("model_type") == "llama", source, ": model_type is ",
-                  config.at("model_type").dump(), "; loom reads \"llama\" models only");
+    LOOM_CHECK_AS(InputError, config.at("model_type") == dialect.model_type, source,
+                  ": model_type is ", config.at("model_type").dump(), "; the ", dialect.family,
+                  " family reads \"", dialect.model_type, "\" models");
   }
-  check_requirements(config, source);
+  check_requirements(config, source, dialect);
 
-  LlamaArgs args;
+  DecoderArgs args;
   constexpr int64_t kMaxSize = int64_t{1} << 31;
   args.dim = json::int_field(config, "hidden_size", source, 1, kMaxSize);
   args.n_layers = json::int_field(config, "num_hidden_layers", source, 1, kMaxSize);
@@ -299,41 +293,41 @@ LlamaArgs llama_args_from_hf_config(const nlohmann::json& config, const std::str
   args.vocab_size = json::int_field(config, "vocab_size", source, 1, kMaxSize);
   args.max_seq_len = is_set(config, "max_position_embeddings")
                          ? json::int_field(config, "max_position_embeddings", source, 1, kMaxSize)
-                         : kDefaultMaxPositions;
+                         : dialect.default_max_positions;
   args.norm_eps = is_set(config, "rms_norm_eps")
                       ? positive_number(config.at("rms_norm_eps"), source + ": rms_norm_eps")
-                      : kDefaultNormEps;
-  LOOM_CHECK_AS(InputError, args.dim % args.n_heads == 0, source, ": hidden_size (", args.dim,
-                ") is not a multiple of num_attention_heads (", args.n_heads, ")");
-  if (is_set(config, "head_dim")) {
-    const int64_t head_dim = json::int_field(config, "head_dim", source, 1, kMaxSize);
-    LOOM_CHECK_AS(InputError, head_dim == args.dim / args.n_heads, source, ": head_dim is ",
-                  head_dim,
-                  "; loom needs hidden_size / num_attention_heads = ", args.dim / args.n_heads);
+                      : dialect.default_norm_eps;
+  std::optional<int64_t> head_dim = dialect.default_head_dim;
+  if (is_set(config, "head_dim")) head_dim = json::int_field(config, "head_dim", source, 1, kMaxSize);
+  if (dialect.head_dim_free) {
+    args.head_dim_override = head_dim.value_or(args.dim / args.n_heads);
+  } else {
+    LOOM_CHECK_AS(InputError, args.dim % args.n_heads == 0, source, ": hidden_size (", args.dim,
+                  ") is not a multiple of num_attention_heads (", args.n_heads, ")");
+    LOOM_CHECK_AS(InputError, !head_dim || *head_dim == args.dim / args.n_heads, source,
+                  ": head_dim is ", *head_dim,
+                  "; loom needs hidden_size / num_attention_heads = ", args.dim / args.n_heads,
+                  " for ", dialect.family);
   }
-  if (is_set(config, "tie_word_embeddings")) {
-    json::bool_field(config, "tie_word_embeddings", source);  // read by read_hf_weights
-  }
-  // loom derives the SwiGLU width from multiple_of and a multiplier: a multiplier a hair above
-  // intermediate / (8 dim / 3), rounded to multiples of 1, gives exactly intermediate_size.
-  const int64_t intermediate = json::int_field(config, "intermediate_size", source, 1, kMaxSize);
-  args.multiple_of = 1;
-  args.ffn_dim_multiplier =
-      (static_cast<double>(intermediate) + 0.5) / static_cast<double>(2 * (4 * args.dim) / 3);
-  LOOM_CHECK_AS(InputError, args.ffn_hidden_dim() == intermediate, source,
-                ": cannot represent intermediate_size ", intermediate);
+  args.tie_embeddings = is_set(config, "tie_word_embeddings")
+                            ? json::bool_field(config, "tie_word_embeddings", source)
+                            : dialect.default_tie;
+  args.hidden_dim = json::int_field(config, "intermediate_size", source, 1, kMaxSize);
+  args.qk_norm = dialect.qk_norm;
+  args.rope_layout = dialect.rope_layout;
 
   const Rope rope = read_rope(config, source);
-  args.rope_theta = rope.theta;
+  args.rope_theta = rope.theta > 0 ? rope.theta : dialect.default_rope_theta;
   args.use_scaled_rope = rope.llama3;
   if (rope.llama3) args.rope_scaling = rope.scaling;
-  args.validate();
+  args.validate(dialect.family);
   return args;
 }
 
-nlohmann::json hf_config_json(const LlamaArgs& a, const std::string& dtype) {
-  Json c = {{"architectures", {"LlamaForCausalLM"}},
-            {"model_type", "llama"},
+nlohmann::json decoder_hf_config(const DecoderArgs& a, const std::string& dtype,
+                                 const DecoderHfDialect& dialect) {
+  Json c = {{"architectures", {dialect.architecture}},
+            {"model_type", dialect.model_type},
             {"hidden_size", a.dim},
             {"intermediate_size", a.ffn_hidden_dim()},
             {"num_hidden_layers", a.n_layers},
@@ -345,9 +339,13 @@ nlohmann::json hf_config_json(const LlamaArgs& a, const std::string& dtype) {
             {"rms_norm_eps", a.norm_eps},
             {"hidden_act", "silu"},
             {"attention_bias", false},
-            {"mlp_bias", false},
-            {"tie_word_embeddings", false},
+            {"tie_word_embeddings", a.tie_embeddings},
             {"torch_dtype", dtype}};
+  if (dialect.model_type == "llama") c["mlp_bias"] = false;
+  if (dialect.qk_norm) {
+    c["use_sliding_window"] = false;
+    c["sliding_window"] = nullptr;
+  }
   // Both layouts, saying the same: transformers 4 reads rope_theta and rope_scaling (and keeps
   // rope_parameters as an unused attribute); transformers 5 reads rope_scaling when present and
   // takes rope_theta from the top level, and tools written for 5 read rope_parameters.
@@ -368,32 +366,4 @@ nlohmann::json hf_config_json(const LlamaArgs& a, const std::string& dtype) {
   return c;
 }
 
-std::vector<std::string> arithmetic_differences(const LlamaArgs& a, const LlamaArgs& b) {
-  std::vector<std::string> out;
-  auto compare = [&out](const char* what, auto x, auto y) {
-    if (x == y) return;
-    std::ostringstream line;
-    line << std::boolalpha << what << " " << x << " vs " << y;
-    out.push_back(line.str());
-  };
-  compare("hidden size", a.dim, b.dim);
-  compare("layers", a.n_layers, b.n_layers);
-  compare("attention heads", a.n_heads, b.n_heads);
-  compare("key/value heads", a.kv_heads(), b.kv_heads());
-  compare("feed-forward size", a.ffn_hidden_dim(), b.ffn_hidden_dim());
-  compare("norm epsilon", a.norm_eps, b.norm_eps);
-  compare("rope theta", a.rope_theta, b.rope_theta);
-  compare("llama3 rope scaling", a.use_scaled_rope, b.use_scaled_rope);
-  if (a.use_scaled_rope && b.use_scaled_rope) {
-    compare("rope scaling factor", a.rope_scaling.factor, b.rope_scaling.factor);
-    compare("rope low_freq_factor", a.rope_scaling.low_freq_factor, b.rope_scaling.low_freq_factor);
-    compare("rope high_freq_factor", a.rope_scaling.high_freq_factor,
-            b.rope_scaling.high_freq_factor);
-    compare("rope original_max_position_embeddings",
-            a.rope_scaling.original_max_position_embeddings,
-            b.rope_scaling.original_max_position_embeddings);
-  }
-  return out;
-}
-
-}  // namespace loom::checkpoint
+}  // namespace loom::models

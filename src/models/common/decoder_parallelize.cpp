@@ -1,4 +1,4 @@
-#include "loom/models/llama/parallelize.h"
+#include "loom/models/common/decoder_parallelize.h"
 
 #include <ATen/ATen.h>
 
@@ -6,13 +6,14 @@
 
 #include "loom/core/check.h"
 #include "loom/distributed/runtime.h"
-#include "loom/models/llama/args.h"
+#include "loom/models/common/decoder_model.h"
+#include "loom/models/loss.h"
 #include "loom/parallel/data_parallel.h"
 #include "loom/parallel/loss_parallel.h"
 #include "loom/parallel/tensor_parallel.h"
-#include "loom/train/loss.h"
+#include "loom/parallel/tied_parameters.h"
 
-namespace loom::models::llama {
+namespace loom::models {
 namespace {
 
 using distributed::MeshGroup;
@@ -32,6 +33,11 @@ bool uses_fsdp(const parallel::ParallelContext& context) {
   return dims.dp_shard * dims.cp > 1 || context.config.debug.force_fsdp;
 }
 
+// The weight the head projects with: its own, or the tied embedding table.
+std::string head_weight(const CausalLM& part) {
+  return decoder_args(part).tie_embeddings ? "tok_embeddings.weight" : "output.weight";
+}
+
 // Every parameter's box before the data-parallel wrappers: whole until TP splits some.
 std::map<std::string, Placement> initial_placements(CausalLM& model) {
   std::map<std::string, Placement> placements;
@@ -46,24 +52,26 @@ std::map<std::string, Placement> apply_tp(CausalLM& model, const parallel::Paral
   auto boxes = initial_placements(model);
   const auto& dims = context.runtime.dims();
   if (!dims.tp_enabled()) return boxes;
-  return parallel::apply_tensor_parallel(model, tensor_parallel_plan(dims.loss_parallel_enabled()),
-                                         tp_axis(context), std::move(boxes));
+  return parallel::apply_tensor_parallel(
+      model, decoder_tensor_parallel_plan(model, dims.loss_parallel_enabled()), tp_axis(context),
+      std::move(boxes));
 }
 
 // The loss over the head's output: vocab-parallel over the output's columns under TP unless
 // parallelism.disable_loss_parallel.
 parallel::LossFunction make_loss(const std::map<std::string, Placement>* head_boxes,
+                                 const std::string& head_weight_name,
                                  const parallel::ParallelContext& context) {
   const auto& dims = context.runtime.dims();
   if (head_boxes && dims.tp_enabled() && dims.loss_parallel_enabled()) {
-    const int64_t first = head_boxes->at("output.weight").offsets[0];
+    const int64_t first = head_boxes->at(head_weight_name).offsets[0];
     return [comm = tp_axis(context).comm, first](const at::Tensor& logits,
                                                   const at::Tensor& labels) {
       return parallel::vocab_parallel_cross_entropy_sum(logits, labels, first, *comm);
     };
   }
   return [](const at::Tensor& logits, const at::Tensor& labels) {
-    return train::cross_entropy_sum(logits, labels);
+    return cross_entropy_sum(logits, labels);
   };
 }
 
@@ -74,7 +82,7 @@ parallel::GradientSync* apply_fsdp(ParallelModel& out, CausalLM& model,
                                    const parallel::ParallelContext& context) {
   const at::ScalarType compute = context.autocast_dtype.value_or(context.param_dtype);
   auto fsdp = std::make_unique<parallel::FullyShardedDataParallel>(
-      model, fsdp_units(model), boxes, context.runtime.group_ptr(MeshGroup::fsdp),
+      model, decoder_fsdp_units(model), boxes, context.runtime.group_ptr(MeshGroup::fsdp),
       context.runtime.group_ptr(MeshGroup::dp_replicate), context.device, context.seed,
       parallel::fsdp_options(context.config, compute));
   const auto& names = fsdp->parameter_names();
@@ -117,45 +125,53 @@ parallel::GradientSync* materialize_and_replicate(ParallelModel& out, CausalLM& 
 
 }  // namespace
 
-std::vector<parallel::TpRule> tensor_parallel_plan(bool loss_parallel) {
+std::vector<parallel::TpRule> decoder_tensor_parallel_plan(const CausalLM& part,
+                                                           bool loss_parallel) {
   using namespace parallel;
+  const DecoderArgs& args = decoder_args(part);
+  const bool tied = args.tie_embeddings;
   // The head gathers the sequence and keeps its vocabulary columns for the vocab-parallel loss,
   // or gathers them too.
   TpRule output = colwise("output");
   output.input = InputLayout::kGatherSequence;
   output.output = loss_parallel ? OutputLayout::kAsIs : OutputLayout::kGatherVocab;
-  return {
-      vocab_parallel_embedding("tok_embeddings"),
-      sequence_parallel("layers.*.attention_norm"),
-      sequence_region("layers.*.attention"),
-      colwise("layers.*.attention.wq"),
-      colwise("layers.*.attention.wk"),
-      colwise("layers.*.attention.wv"),
-      rowwise("layers.*.attention.wo"),
-      sequence_parallel("layers.*.ffn_norm"),
-      sequence_region("layers.*.feed_forward"),
-      colwise("layers.*.feed_forward.w1"),
-      rowwise("layers.*.feed_forward.w2"),
-      colwise("layers.*.feed_forward.w3"),
-      sequence_parallel("norm"),
-      output,
-  };
+  if (tied) output.weight = WeightSplit::kNone;  // it has none: it reads the table's rows
+  std::vector<TpRule> plan;
+  if (part.part().embedding) {
+    plan.push_back(vocab_parallel_embedding("tok_embeddings"));
+  } else if (tied && part.part().head) {
+    plan.push_back({"tok_embeddings", WeightSplit::kRows});  // the head's copy, never looked up
+  }
+  plan.insert(plan.end(), {sequence_parallel("layers.*.attention_norm"),
+                           sequence_region("layers.*.attention"),
+                           colwise("layers.*.attention.wq"),
+                           colwise("layers.*.attention.wk"),
+                           colwise("layers.*.attention.wv"),
+                           rowwise("layers.*.attention.wo")});
+  if (args.qk_norm) {
+    // Per-head norms act on this rank's heads: the weight is whole, its gradient a partial sum.
+    plan.push_back({"layers.*.attention.q_norm", WeightSplit::kReplicated});
+    plan.push_back({"layers.*.attention.k_norm", WeightSplit::kReplicated});
+  }
+  plan.insert(plan.end(), {sequence_parallel("layers.*.ffn_norm"),
+                           sequence_region("layers.*.feed_forward"),
+                           colwise("layers.*.feed_forward.w1"),
+                           rowwise("layers.*.feed_forward.w2"),
+                           colwise("layers.*.feed_forward.w3"), sequence_parallel("norm"), output});
+  return plan;
 }
 
-void check_llama_parallelism(const config::JobConfig& config) {
+void check_decoder_parallelism(const DecoderArgs& args, const config::JobConfig& config) {
   const int64_t tp = config.parallelism.tensor_parallel_degree;
   if (tp <= 1) return;
-  const auto& flavors = llama3_flavors();
-  auto it = flavors.find(config.model.flavor);
-  if (it == flavors.end()) return;  // reported by the model lookup, naming the flavors
-  const LlamaArgs& args = it->second;
   LOOM_CHECK_AS(InputError, args.n_heads % tp == 0 && args.kv_heads() % tp == 0,
                 "parallelism.tensor_parallel_degree = ", tp, " must divide the attention heads "
-                "of model.flavor '", config.model.flavor, "' (n_heads ", args.n_heads,
-                ", n_kv_heads ", args.kv_heads(), "): tensor parallelism splits whole heads");
+                "of ", config.model.name, " flavor '", config.model.flavor, "' (n_heads ",
+                args.n_heads, ", n_kv_heads ", args.kv_heads(),
+                "): tensor parallelism splits whole heads");
 }
 
-std::vector<parallel::FsdpUnit> fsdp_units(CausalLM& model) {
+std::vector<parallel::FsdpUnit> decoder_fsdp_units(CausalLM& model) {
   std::map<std::string, std::vector<std::string>> params_of;
   for (const auto& item : model.module().named_parameters()) {
     const std::string& name = item.key();
@@ -165,6 +181,11 @@ std::vector<parallel::FsdpUnit> fsdp_units(CausalLM& model) {
     }
     params_of[module].push_back(name);
   }
+  // A tied table is gathered from the embedding's forward to the head's backward: its unit
+  // spans the whole part (FSDP2 puts it in the root module for the same reason). A head part
+  // without the embedding holds the table as a parameter of the head's unit.
+  const bool tied = decoder_args(model).tie_embeddings && model.part().head;
+  const bool spans = tied && model.part().embedding;
   std::vector<parallel::FsdpUnit> units;
   for (const std::string& module : model.hookable_modules()) {
     auto params = params_of[module];
@@ -173,33 +194,78 @@ std::vector<parallel::FsdpUnit> fsdp_units(CausalLM& model) {
       units.back().name = "norm+output";
       units.back().modules.push_back(module);
       for (auto& p : params) units.back().parameters.push_back(std::move(p));
+      if (tied && !spans) units.back().parameters.push_back("tok_embeddings.weight");
       continue;
     }
     units.push_back({module, {module}, std::move(params)});
   }
+  if (spans) {
+    // [tok_embeddings] ... [norm+output] -> [tok_embeddings ... output] first, blocks after.
+    parallel::FsdpUnit head = std::move(units.back());
+    units.pop_back();
+    units.front().name = "tok_embeddings+norm+output";
+    for (auto& m : head.modules) units.front().modules.push_back(std::move(m));
+    for (auto& p : head.parameters) units.front().parameters.push_back(std::move(p));
+  }
   return units;
 }
 
-parallel::ParallelModel parallelize_llama(std::vector<std::unique_ptr<CausalLM>> parts,
-                                          const parallel::ParallelContext& context) {
+namespace {
+
+// Under pipeline parallelism a tied table lives on the first stage (looked up) and the last (the
+// head's copy): both copies' placements name the pair, and their gradients are summed.
+void tie_pipeline_copies(parallel::ParallelModel& out, const parallel::ParallelContext& context) {
+  const auto& dims = context.runtime.dims();
+  if (dims.pp <= 1 || out.parts.empty() || !decoder_args(*out.parts.front()).tie_embeddings) {
+    return;
+  }
+  bool original = false, copy = false;
+  for (const auto& part : out.parts) {
+    original = original || part->part().embedding;
+    copy = copy || (part->part().head && !part->part().embedding);
+  }
+  if (!original && !copy) return;
+  LOOM_CHECK_AS(InputError, !(original && copy),
+                "tied embeddings need the embedding and the head on different pipeline ranks; "
+                "this rank holds both (parallelism.module_fqns_per_model_part?)");
+  std::vector<at::Tensor> tensors;
+  for (auto& p : out.parameters) {
+    if (p.name != "tok_embeddings.weight") continue;
+    p.placement = p.placement.replicate(parallel::tied_axis(original), /*partial=*/true);
+    tensors.push_back(p.tensor);
+  }
+  auto pp = context.runtime.group_ptr(MeshGroup::pp);
+  const int peer = original ? pp->size() - 1 : 0;
+  out.wrappers.push_back(
+      std::make_unique<parallel::TiedParameterSync>(std::move(tensors), pp, peer));
+}
+
+}  // namespace
+
+parallel::ParallelModel parallelize_decoder(std::vector<std::unique_ptr<CausalLM>> parts,
+                                            const parallel::ParallelContext& context) {
   const auto& dims = context.runtime.dims();
   LOOM_CHECK_AS(InputError, dims.cp == 1, "parallelism.context_parallel_degree = ", dims.cp,
                 ": context parallelism is not implemented yet");
-  LOOM_CHECK(!parts.empty(), "parallelize_llama needs at least one model part");
+  LOOM_CHECK(!parts.empty(), "parallelize_decoder needs at least one model part");
   ParallelModel out;
   const std::map<std::string, Placement>* head_boxes = nullptr;
+  std::string head_weight_name;
   std::vector<std::map<std::string, Placement>> boxes;
   boxes.reserve(parts.size());
   for (auto& part : parts) {
     LOOM_CHECK(part->module().parameters().empty() || part->module().parameters().front().is_meta(),
-               "parallelize_llama expects model parts built on the meta device");
+               "parallelize_decoder expects model parts built on the meta device");
     // 1. Tensor and sequence parallelism: boxes and region hooks.
     boxes.push_back(apply_tp(*part, context));
-    if (part->part().head) head_boxes = &boxes.back();
+    if (part->part().head) {
+      head_boxes = &boxes.back();
+      head_weight_name = head_weight(*part);
+    }
     // 2. Activation checkpointing, inside the data-parallel wrappers' unit hooks.
     part->apply_activation_checkpointing(context.config.activation_checkpoint);
   }
-  out.loss = make_loss(head_boxes, context);
+  out.loss = make_loss(head_boxes, head_weight_name, context);
   // 3. FSDP/HSDP or DDP per part (a pipeline stage reduces its gradients on its own last
   // backward), which also materialize the local parameters.
   for (size_t i = 0; i < parts.size(); ++i) {
@@ -212,21 +278,23 @@ parallel::ParallelModel parallelize_llama(std::vector<std::unique_ptr<CausalLM>>
     out.wrappers.push_back(std::make_unique<parallel::TensorParallelGradientSync>(
         out.parameters, context.runtime.group_ptr(MeshGroup::tp)));
   }
+  const int64_t dim = decoder_args(*parts.front()).dim;
+  for (auto& part : parts) out.parts.push_back(std::move(part));
+  // 5. A tied table's two pipeline copies, once each copy's gradient is complete.
+  tie_pipeline_copies(out, context);
   auto chain = std::make_unique<parallel::GradientSyncChain>();
   for (const auto& wrapper : out.wrappers) chain->add(wrapper.get());
   out.description = chain->describe();
   out.gradient_sync = std::move(chain);
   // Between pipeline stages: the hidden state, sequence-sharded under TP (sequence parallel),
   // in the dtype the blocks compute their residual stream in.
-  const int64_t dim = llama3_flavors().at(context.config.model.flavor).dim;
   const int64_t tp = dims.tp;
   out.boundary_shape = [dim, tp](int64_t rows, int64_t seq) {
     return std::vector<int64_t>{rows, seq / tp, dim};
   };
   out.boundary_dtype = uses_fsdp(context) ? context.autocast_dtype.value_or(context.param_dtype)
                                           : context.param_dtype;
-  for (auto& part : parts) out.parts.push_back(std::move(part));
   return out;
 }
 
-}  // namespace loom::models::llama
+}  // namespace loom::models

@@ -1,13 +1,13 @@
-#include "loom/models/llama/transformer.h"
+#include "loom/models/common/decoder.h"
 
 #include <ATen/ATen.h>
 
 #include "loom/core/check.h"
-#include "loom/models/llama/rope.h"
+#include "loom/models/common/rope.h"
 
-namespace loom::models::llama {
+namespace loom::models {
 
-TransformerBlockImpl::TransformerBlockImpl(int64_t id, const LlamaArgs& args,
+TransformerBlockImpl::TransformerBlockImpl(int64_t id, const DecoderArgs& args,
                                            const at::TensorOptions& options,
                                            const ForwardHookTable* hooks)
     : layer_id(id),
@@ -31,7 +31,7 @@ at::Tensor TransformerBlockImpl::forward(const at::Tensor& x, const at::Tensor& 
   return h + (hooks_ ? hooks_->run(feed_forward_name_, h_normed, feed) : feed(h_normed));
 }
 
-TransformerImpl::TransformerImpl(const LlamaArgs& model_args, const at::TensorOptions& options,
+TransformerImpl::TransformerImpl(const DecoderArgs& model_args, const at::TensorOptions& options,
                                  ModelPart model_part)
     : args(model_args), part(model_part) {
   args.validate();
@@ -40,7 +40,7 @@ TransformerImpl::TransformerImpl(const LlamaArgs& model_args, const at::TensorOp
                  part.end_layer <= args.n_layers,
              "model part: layers [", part.first_layer, ", ", part.end_layer, ") of ",
              args.n_layers);
-  if (part.embedding) {
+  if (part.embedding || (part.head && args.tie_embeddings)) {
     tok_embeddings =
         register_module("tok_embeddings", Embedding(args.vocab_size, args.dim, options));
   }
@@ -51,10 +51,18 @@ TransformerImpl::TransformerImpl(const LlamaArgs& model_args, const at::TensorOp
   }
   if (part.head) {
     norm = register_module("norm", RMSNorm(args.dim, args.norm_eps, options));
-    output = register_module("output", Linear(args.dim, args.vocab_size, options));
+    if (args.tie_embeddings) {
+      tied_output = register_module("output", TiedLinear(tok_embeddings.ptr()));
+    } else {
+      output = register_module("output", Linear(args.dim, args.vocab_size, options));
+    }
   }
   runners_.resize(blocks.size());
   for (const auto& block : blocks) block_names_.push_back("layers." + std::to_string(block->layer_id));
+}
+
+at::Tensor TransformerImpl::project_output(const at::Tensor& h) {
+  return tied_output ? tied_output->forward(h) : output->forward(h);
 }
 
 void TransformerImpl::init_freqs_cis(const at::Device& device) {
@@ -119,8 +127,8 @@ at::Tensor TransformerImpl::forward(const at::Tensor& input) {
   }
   if (!part.head) return h;
   h = hooks_.run("norm", h, [&](const at::Tensor& x) { return norm->forward(x); });
-  h = hooks_.run("output", h, [&](const at::Tensor& x) { return output->forward(x); });
+  h = hooks_.run("output", h, [&](const at::Tensor& x) { return project_output(x); });
   return h.to(at::kFloat);
 }
 
-}  // namespace loom::models::llama
+}  // namespace loom::models

@@ -8,6 +8,7 @@
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
+#include <memory>
 #include <string>
 
 namespace loom::models {
@@ -42,6 +43,19 @@ class EmbeddingImpl : public WeightModule {
   at::Tensor forward(const at::Tensor& ids);
 };
 TORCH_MODULE(Embedding);
+
+// y = x E^T with the table E of `embedding` (tied input and output embeddings): no parameter of
+// its own, so the table is one parameter, saved, sharded and updated once. It reads the
+// embedding's current weight at each call (FSDP swaps that tensor when it gathers).
+class TiedLinearImpl : public torch::nn::Module {
+ public:
+  explicit TiedLinearImpl(std::shared_ptr<EmbeddingImpl> embedding);
+  at::Tensor forward(const at::Tensor& input);
+
+ private:
+  std::shared_ptr<EmbeddingImpl> embedding_;  // not a submodule: its weight is not ours
+};
+TORCH_MODULE(TiedLinear);
 
 // Root-mean-square norm, computed in float32 whatever the input dtype.
 class RMSNormImpl : public WeightModule {

@@ -1,28 +1,35 @@
-// Grouped-query causal self-attention with rotary embeddings.
+// Grouped-query causal self-attention with rotary embeddings, optionally with an RMSNorm over
+// each q and k head before the rotation (Qwen3's qk_norm).
 #pragma once
 
-#include "loom/models/common.h"
-#include "loom/models/llama/args.h"
+#include "loom/models/common/decoder_args.h"
+#include "loom/models/common/layers.h"
 
-namespace loom::models::llama {
+namespace loom::models {
 
 class AttentionImpl : public torch::nn::Module {
  public:
-  AttentionImpl(const LlamaArgs& args, const at::TensorOptions& options);
+  AttentionImpl(const DecoderArgs& args, const at::TensorOptions& options);
   // x [bs, seq, dim], freqs_cis [>= seq, head_dim / 2] -> [bs, seq, dim]
   at::Tensor forward(const at::Tensor& x, const at::Tensor& freqs_cis);
   // Inference with a key/value cache (kv_cache.h): x [bs, q, dim] are the tokens of cache slots
   // [start, start + q), rotations [bs, q, head_dim / 2] their RoPE rows. Writes their keys and
   // values into `keys`/`values` [bs, kv_heads, capacity, head_dim] and attends over slots
   // [0, start + q) under `mask` (bool [bs, 1, q, start + q], true = may attend; undefined: every
-  // slot, or causal when start == 0).
+  // slot, or causal when start == 0). Keys are cached as rotate_qk leaves them.
   at::Tensor forward_cached(const at::Tensor& x, const at::Tensor& rotations, at::Tensor& keys,
                             at::Tensor& values, int64_t start, const at::Tensor& mask);
 
   Linear wq{nullptr}, wk{nullptr}, wv{nullptr}, wo{nullptr};
+  RMSNorm q_norm{nullptr}, k_norm{nullptr};  // null without qk_norm
   int64_t n_heads;     // of the whole model (forward() reads this rank's from wq's shape)
   int64_t n_kv_heads;
   int64_t head_dim;
+  RopeLayout rope_layout;
+
+ private:
+  // q, k, v [bs, seq, heads, head_dim] of x, with q and k normalized (qk_norm).
+  std::tuple<at::Tensor, at::Tensor, at::Tensor> project(const at::Tensor& x);
 };
 TORCH_MODULE(Attention);
 
@@ -30,4 +37,4 @@ TORCH_MODULE(Attention);
 // heads j * n_rep ... j * n_rep + n_rep - 1.
 at::Tensor repeat_kv(const at::Tensor& x, int64_t n_rep);
 
-}  // namespace loom::models::llama
+}  // namespace loom::models

@@ -1,0 +1,72 @@
+// The shared decoder's families and Hugging Face folders: config.json both ways and the state
+// dict adapter (names, the RoPE row permutation, tied heads). A family states its dialect
+// (model_type, architecture, what transformers' class computes) and gets its HfFormat.
+//
+// The reader accepts what transformers 4.x and 5.x write and refuses whatever would make loom
+// compute something other than transformers' class for the same folder: every key that class
+// reads is understood or refused with the value loom needs, and keys of other families that
+// change attention or activations (sliding windows, soft-capping, quantization, custom code) are
+// refused as well. Keys nobody reads (metadata, generation defaults) are ignored; unfamiliar ones
+// are named in one warning.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "loom/models/common/decoder_args.h"
+#include "loom/models/model_spec.h"
+
+namespace loom::models {
+
+struct DecoderHfDialect {
+  std::string family;        // loom's model.name ("llama3")
+  std::string model_type;    // config.json's ("llama")
+  std::string architecture;  // config.json's architectures[0] ("LlamaForCausalLM")
+  RopeLayout rope_layout = RopeLayout::kInterleaved;  // loom's; transformers rotates halves
+  bool qk_norm = false;        // q_norm / k_norm per head (Qwen3)
+  bool head_dim_free = false;  // head_dim may differ from hidden_size / num_attention_heads
+  // The config class's defaults for keys a file leaves out (transformers does the same).
+  int64_t default_max_positions = 2048;
+  double default_rope_theta = 10000.0;
+  double default_norm_eps = 1e-6;
+  std::optional<int64_t> default_head_dim;  // unset: hidden_size / num_attention_heads
+  bool default_tie = false;
+};
+
+// The decoder arguments of a config.json (`source` names it in errors), in the layout of
+// transformers 4 (top-level rope_theta, rope_scaling) or 5 (rope_parameters {rope_type,
+// rope_theta, ...}). Throws InputError naming the key and the value loom needs for anything
+// loom would compute differently from `dialect`'s transformers class: a rope_type other than
+// default and llama3, biases, an activation other than silu, a head_dim loom cannot represent,
+// sliding windows, soft-capping, quantization, custom code, or two RoPE descriptions that
+// disagree. Other unfamiliar keys get one warning.
+DecoderArgs decoder_args_from_hf_config(const nlohmann::json& config, const std::string& source,
+                                        const DecoderHfDialect& dialect);
+
+// The config.json of an export: `dialect`'s class with the RoPE in both layouts (top-level
+// rope_theta and rope_scaling for transformers 4, rope_parameters for 5), saying the same.
+nlohmann::json decoder_hf_config(const DecoderArgs& args, const std::string& dtype,
+                                 const DecoderHfDialect& dialect);
+
+// loom parameter name (layers.0.attention.wq.weight) <-> HF name (model.layers.0.self_attn.
+// q_proj.weight); InputError for a name with no counterpart.
+std::string decoder_hf_name(const std::string& loom_name);
+std::string decoder_loom_name(const std::string& hf_name);
+
+// The row permutation of a q/k projection [heads * head_dim, dim] from interleaved pairs to
+// halves (to_hf = true) or back.
+at::Tensor permute_rotary_rows(const at::Tensor& weight, int64_t heads, bool to_hf);
+
+// The HfFormat of a decoder family: `build` makes its model from arguments read off a
+// config.json (with the BuildOptions' device, dtype, part, vocab and context overrides).
+HfFormat decoder_hf_format(
+    const DecoderHfDialect& dialect,
+    std::function<std::unique_ptr<CausalLM>(const DecoderArgs&, const BuildOptions&)> build);
+
+}  // namespace loom::models

@@ -1,0 +1,24 @@
+// Qwen3 (dense): the shared decoder with per-head q/k RMSNorm before RoPE, head_dim 128 whatever
+// the width, rotate-half RoPE with theta 1e6, norm eps 1e-6, and the token table tied to the head
+// on the small sizes (0.6B-4B). Flavors and shapes as torchtitan's qwen3 and Qwen's configs.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "loom/models/common/decoder_args.h"
+
+namespace loom::models::qwen3 {
+
+// debugmodel, 0.6B, 1.7B, 4B, 8B, 14B, 32B; vocab_size is a default the tokenizer may replace.
+const std::map<std::string, DecoderArgs>& qwen3_flavors();
+
+// Qwen3's initialization (torchtitan's): every projection and the table normal with std 0.02,
+// norms 1. Layout-independent (common/init.h).
+void init_parameter(const DecoderArgs& args, const std::string& name, at::Tensor& param,
+                    uint64_t seed);
+
+}  // namespace loom::models::qwen3

@@ -1,0 +1,168 @@
+// The decoder families' state dict adapter and HfFormat (see decoder_hf.h).
+#include "loom/models/common/decoder_hf.h"
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
+#include <regex>
+
+#include "loom/core/check.h"
+#include "loom/core/json.h"
+#include "loom/core/strings.h"
+#include "loom/models/common/decoder_model.h"
+
+namespace loom::models {
+namespace {
+
+// (loom suffix, HF suffix) inside layer N.
+const std::vector<std::pair<std::string, std::string>>& layer_names() {
+  static const std::vector<std::pair<std::string, std::string>> names = {
+      {"attention.wq.weight", "self_attn.q_proj.weight"},
+      {"attention.wk.weight", "self_attn.k_proj.weight"},
+      {"attention.wv.weight", "self_attn.v_proj.weight"},
+      {"attention.wo.weight", "self_attn.o_proj.weight"},
+      {"attention.q_norm.weight", "self_attn.q_norm.weight"},
+      {"attention.k_norm.weight", "self_attn.k_norm.weight"},
+      {"feed_forward.w1.weight", "mlp.gate_proj.weight"},
+      {"feed_forward.w2.weight", "mlp.down_proj.weight"},
+      {"feed_forward.w3.weight", "mlp.up_proj.weight"},
+      {"attention_norm.weight", "input_layernorm.weight"},
+      {"ffn_norm.weight", "post_attention_layernorm.weight"}};
+  return names;
+}
+
+const std::vector<std::pair<std::string, std::string>>& top_names() {
+  static const std::vector<std::pair<std::string, std::string>> names = {
+      {"tok_embeddings.weight", "model.embed_tokens.weight"},
+      {"norm.weight", "model.norm.weight"},
+      {"output.weight", "lm_head.weight"}};
+  return names;
+}
+
+std::string map_name(const std::string& name, bool to_hf) {
+  for (const auto& [loom, hf] : top_names()) {
+    if (name == (to_hf ? loom : hf)) return to_hf ? hf : loom;
+  }
+  static const std::regex loom_layer("layers\\.([0-9]+)\\.(.+)");
+  static const std::regex hf_layer("model\\.layers\\.([0-9]+)\\.(.+)");
+  std::smatch match;
+  if (std::regex_match(name, match, to_hf ? loom_layer : hf_layer)) {
+    for (const auto& [loom, hf] : layer_names()) {
+      if (match[2].str() == (to_hf ? loom : hf)) {
+        return (to_hf ? "model.layers." : "layers.") + match[1].str() + "." + (to_hf ? hf : loom);
+      }
+    }
+  }
+  LOOM_THROW(InputError, "tensor '", name, "' has no ", to_hf ? "Hugging Face" : "loom",
+             " decoder counterpart");
+}
+
+class DecoderStateDictAdapter final : public StateDictAdapter {
+ public:
+  DecoderStateDictAdapter(const DecoderArgs& args, const DecoderHfDialect& dialect)
+      : args_(args), dialect_(dialect) {}
+
+  nlohmann::json hf_config(const std::string& dtype) const override {
+    return decoder_hf_config(args_, dtype, dialect_);
+  }
+
+  std::vector<std::pair<std::string, at::Tensor>> to_hf(const std::string& name,
+                                                        const at::Tensor& value) const override {
+    return {{decoder_hf_name(name), permute(name, value, true)}};
+  }
+
+  std::optional<std::pair<std::string, at::Tensor>> from_hf(
+      const std::string& hf_name, const at::Tensor& value) const override {
+    if (strings::ends_with(hf_name, "rotary_emb.inv_freq")) return std::nullopt;  // a buffer
+    const std::string name = decoder_loom_name(hf_name);
+    const bool qk_norm = strings::ends_with(name, "attention.q_norm.weight") ||
+                         strings::ends_with(name, "attention.k_norm.weight");
+    LOOM_CHECK_AS(InputError, args_.qk_norm || !qk_norm, "tensor '", hf_name,
+                  "' is a q/k norm, which ", dialect_.family, " models do not have");
+    return std::make_pair(name, permute(name, value, false));
+  }
+
+  void finish_import(std::map<std::string, at::Tensor>& tensors, const nlohmann::json& config,
+                     const std::string& source) const override {
+    const bool folder_ties = config.contains("tie_word_embeddings") &&
+                             config.at("tie_word_embeddings") == nlohmann::json(true);
+    auto embedding = tensors.find("tok_embeddings.weight");
+    auto head = tensors.find("output.weight");
+    if (embedding == tensors.end()) return;  // reported as a missing weight by the loader
+    if (folder_ties && head != tensors.end()) {
+      LOOM_CHECK_AS(InputError, at::equal(head->second, embedding->second), source,
+                    ": config.json sets tie_word_embeddings, but lm_head.weight differs from "
+                    "model.embed_tokens.weight (transformers would use the embedding): set "
+                    "tie_word_embeddings to false or drop lm_head.weight");
+    }
+    if (args_.tie_embeddings) {
+      if (head != tensors.end()) {
+        LOOM_CHECK_AS(InputError, at::equal(head->second, embedding->second), source,
+                      ": lm_head.weight differs from model.embed_tokens.weight, but this ",
+                      dialect_.family, " model ties them (one table): untie the flavor or use "
+                      "a folder whose head is its embedding");
+        tensors.erase(head);
+      }
+    } else if (head == tensors.end() && folder_ties) {
+      tensors["output.weight"] = embedding->second.clone();  // this model keeps its own head
+    }
+  }
+
+ private:
+  // loom's interleaved q/k rows <-> transformers' halves; the halves layout needs none.
+  at::Tensor permute(const std::string& name, const at::Tensor& value, bool to_hf) const {
+    if (args_.rope_layout == RopeLayout::kHalves) return value;
+    if (strings::ends_with(name, "attention.wq.weight")) {
+      return permute_rotary_rows(value, args_.n_heads, to_hf);
+    }
+    if (strings::ends_with(name, "attention.wk.weight")) {
+      return permute_rotary_rows(value, args_.kv_heads(), to_hf);
+    }
+    return value;
+  }
+
+  DecoderArgs args_;
+  DecoderHfDialect dialect_;
+};
+
+}  // namespace
+
+std::string decoder_hf_name(const std::string& name) {
+  return map_name(name, true);
+}
+std::string decoder_loom_name(const std::string& name) {
+  return map_name(name, false);
+}
+
+at::Tensor permute_rotary_rows(const at::Tensor& weight, int64_t heads, bool to_hf) {
+  LOOM_CHECK_AS(InputError, weight.dim() == 2 && heads >= 1, "a q/k projection must be a matrix ",
+                "of at least one head, got shape ", weight.sizes(), " and ", heads, " heads");
+  const int64_t rows = weight.size(0);
+  LOOM_CHECK_AS(InputError, rows % (2 * heads) == 0, "a q/k projection of ", rows,
+                " rows cannot hold ", heads, " heads of even size");
+  const int64_t half = rows / heads / 2;
+  at::Tensor w = to_hf ? weight.reshape({heads, half, 2, weight.size(1)})
+                       : weight.reshape({heads, 2, half, weight.size(1)});
+  return w.transpose(1, 2).reshape({rows, weight.size(1)}).contiguous();
+}
+
+HfFormat decoder_hf_format(
+    const DecoderHfDialect& dialect,
+    std::function<std::unique_ptr<CausalLM>(const DecoderArgs&, const BuildOptions&)> build) {
+  HfFormat format;
+  format.model_types = {dialect.model_type};
+  format.build_from_config = [dialect, build](const nlohmann::json& config,
+                                              const std::string& source,
+                                              const BuildOptions& options) {
+    DecoderArgs args = decoder_args_from_hf_config(config, source, dialect);
+    if (options.vocab_size > 0) args.vocab_size = options.vocab_size;
+    if (options.max_seq_len > 0) args.max_seq_len = options.max_seq_len;
+    return build(args, options);
+  };
+  format.adapter = [dialect](const CausalLM& model) -> std::unique_ptr<StateDictAdapter> {
+    return std::make_unique<DecoderStateDictAdapter>(decoder_args(model), dialect);
+  };
+  return format;
+}
+
+}  // namespace loom::models

@@ -1,0 +1,114 @@
+#include "loom/models/common/decoder_model.h"
+
+#include <ATen/ATen.h>
+
+#include <sstream>
+
+#include "loom/core/check.h"
+#include "loom/models/common/kv_cache.h"
+#include "loom/parallel/activation_checkpoint.h"
+
+namespace loom::models {
+
+DecoderModel::DecoderModel(std::string family, std::string flavor, const DecoderArgs& args,
+                           const at::TensorOptions& options, const ModelPart& part,
+                           ParameterInit init)
+    : family_(std::move(family)),
+      flavor_(std::move(flavor)),
+      model_(args, options, part),
+      init_(std::move(init)) {}
+
+void DecoderModel::set_forward_hooks(const std::string& module, const std::string& owner,
+                                     ForwardHooks hooks) {
+  model_->set_forward_hooks(module, owner, std::move(hooks));
+}
+
+void DecoderModel::replace_parameter(const std::string& name, const at::Tensor& value) {
+  models::replace_parameter(*model_, name, value);
+}
+
+void DecoderModel::init_parameter(const std::string& name, at::Tensor& full, uint64_t seed) {
+  init_(model_->args, name, full, seed);
+}
+
+void DecoderModel::init_weights(uint64_t seed) {
+  models::init_weights(model_, seed, init_);
+}
+
+double decoder_flops_per_token(int64_t active_params, const DecoderArgs& args, int64_t layers,
+                               int64_t seq_len) {
+  return 6.0 * static_cast<double>(active_params) +
+         12.0 * static_cast<double>(layers) * static_cast<double>(args.n_heads) *
+             static_cast<double>(args.head_dim()) * static_cast<double>(seq_len);
+}
+
+ModelSummary DecoderModel::summary(int64_t seq_len) const {
+  const DecoderArgs& a = model_->args;
+  ModelSummary s;
+  s.family = family_;
+  s.flavor = flavor_;
+  s.seq_len = seq_len;
+  for (const auto& item : model_->named_parameters()) {
+    ParameterShape shape{item.key(), item.value().sizes().vec(), item.value().numel()};
+    s.total_params += shape.numel;
+    if (item.key() == "tok_embeddings.weight") s.embedding_params += shape.numel;
+    s.parameters.push_back(std::move(shape));
+  }
+  // The lookup costs no multiplies; a tied table multiplies once more, as the head.
+  s.active_params = s.total_params - s.embedding_params;
+  if (a.tie_embeddings && model_->part.head) s.active_params += a.vocab_size * a.dim;
+  s.flops_per_token = decoder_flops_per_token(
+      s.active_params, a, static_cast<int64_t>(model_->blocks.size()), seq_len);
+  std::ostringstream d;
+  d << "dim " << a.dim << ", layers " << a.n_layers << ", heads " << a.n_heads << " (kv "
+    << a.kv_heads() << ", head_dim " << a.head_dim() << (a.qk_norm ? ", q/k norm" : "")
+    << "), ffn hidden " << a.ffn_hidden_dim() << ", vocab " << a.vocab_size
+    << (a.tie_embeddings ? " (tied embeddings)" : "") << ", rope theta " << a.rope_theta
+    << (a.use_scaled_rope ? " (Llama 3.1 scaling)" : "")
+    << (a.rope_layout == RopeLayout::kHalves ? " (rotate-half)" : "") << ", norm eps "
+    << a.norm_eps;
+  s.description = d.str();
+  return s;
+}
+
+void DecoderModel::apply_activation_checkpointing(const config::ActivationCheckpointSection& ac) {
+  auto wrap = parallel::blocks_to_checkpoint(ac.mode, ac.selective_ac_option, model_->args.n_layers);
+  for (const auto& block : model_->blocks) {
+    const int64_t i = block->layer_id;
+    if (!wrap[static_cast<size_t>(i)]) {
+      model_->set_block_runner(i, nullptr);
+      continue;
+    }
+    model_->set_block_runner(i, [](TransformerBlock& wrapped, const at::Tensor& x,
+                                   const at::Tensor& freqs) {
+      return parallel::checkpoint(
+          [&wrapped, freqs](const at::Tensor& input) { return wrapped->forward(input, freqs); }, x,
+          wrapped->parameters());
+    });
+  }
+}
+
+std::unique_ptr<InferenceCache> DecoderModel::new_inference_cache(int64_t batch, int64_t capacity,
+                                                                  std::vector<int64_t> padding) {
+  LOOM_CHECK(model_->part.embedding && model_->part.head && model_->tok_embeddings,
+             "inference needs the whole model");
+  const at::Tensor& weight = model_->tok_embeddings->weight;
+  return std::make_unique<KVCache>(model_->args, batch, capacity,
+                                   at::TensorOptions().dtype(weight.dtype()).device(weight.device()),
+                                   std::move(padding));
+}
+
+at::Tensor DecoderModel::forward_cached(const at::Tensor& tokens, InferenceCache& cache,
+                                        bool last_only) {
+  auto* kv = dynamic_cast<KVCache*>(&cache);
+  LOOM_CHECK(kv != nullptr, "a decoder model decodes with its own KVCache");
+  return models::forward_cached(*model_, tokens, *kv, last_only);
+}
+
+const DecoderArgs& decoder_args(const CausalLM& model) {
+  const auto* decoder = dynamic_cast<const DecoderModel*>(&model);
+  LOOM_CHECK(decoder != nullptr, "not a decoder-family model");
+  return decoder->args();
+}
+
+}  // namespace loom::models

@@ -1,0 +1,72 @@
+#include "loom/models/qwen3/args.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+
+#include "loom/core/check.h"
+#include "loom/core/strings.h"
+#include "loom/models/common/init.h"
+
+namespace loom::models::qwen3 {
+namespace {
+
+struct Shape {
+  int64_t dim, n_layers, n_heads, n_kv_heads, hidden_dim, vocab_size, max_seq_len;
+  bool tied;
+};
+
+DecoderArgs args_of(const Shape& shape) {
+  DecoderArgs args;
+  args.dim = shape.dim;
+  args.n_layers = shape.n_layers;
+  args.n_heads = shape.n_heads;
+  args.n_kv_heads = shape.n_kv_heads;
+  args.head_dim_override = 128;
+  args.hidden_dim = shape.hidden_dim;
+  args.vocab_size = shape.vocab_size;
+  args.max_seq_len = shape.max_seq_len;
+  args.tie_embeddings = shape.tied;
+  args.qk_norm = true;
+  args.norm_eps = 1e-6;
+  args.rope_theta = 1e6;
+  args.use_scaled_rope = false;
+  args.rope_layout = RopeLayout::kHalves;
+  return args;
+}
+
+}  // namespace
+
+const std::map<std::string, DecoderArgs>& qwen3_flavors() {
+  static const std::map<std::string, DecoderArgs> flavors = {
+      {"debugmodel", args_of({256, 8, 16, 8, 3072, 2048, 4096, true})},
+      {"0.6B", args_of({1024, 28, 16, 8, 3072, 151936, 40960, true})},
+      {"1.7B", args_of({2048, 28, 16, 8, 6144, 151936, 40960, true})},
+      {"4B", args_of({2560, 36, 32, 8, 9728, 151936, 40960, true})},
+      {"8B", args_of({4096, 36, 32, 8, 12288, 151936, 40960, false})},
+      {"14B", args_of({5120, 40, 40, 8, 17408, 151936, 40960, false})},
+      {"32B", args_of({5120, 64, 64, 8, 25600, 151936, 40960, false})},
+  };
+  return flavors;
+}
+
+void init_parameter(const DecoderArgs& /*args*/, const std::string& name, at::Tensor& param,
+                    uint64_t seed) {
+  at::NoGradGuard no_grad;
+  LOOM_CHECK(!param.is_meta(), "init on a meta parameter: ", name);
+  if (strings::ends_with(name, "norm.weight")) {
+    param.fill_(1.0);
+    return;
+  }
+  const bool known = name == "tok_embeddings.weight" || name == "output.weight" ||
+                     strings::ends_with(name, "attention.wq.weight") ||
+                     strings::ends_with(name, "attention.wk.weight") ||
+                     strings::ends_with(name, "attention.wv.weight") ||
+                     strings::ends_with(name, "attention.wo.weight") ||
+                     strings::ends_with(name, "feed_forward.w1.weight") ||
+                     strings::ends_with(name, "feed_forward.w2.weight") ||
+                     strings::ends_with(name, "feed_forward.w3.weight");
+  LOOM_CHECK(known, "qwen3 init: no rule for parameter ", name);
+  param.normal_(0.0, 0.02, parameter_generator(param.device(), seed, name));
+}
+
+}  // namespace loom::models::qwen3
