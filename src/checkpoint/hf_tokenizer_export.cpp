@@ -75,7 +75,7 @@ void export_tokenizer_to_hf(const std::string& location, int64_t max_seq_len,
                                    {"eos_token", token_text(parsed, eos, file)},
                                    {"pad_token", token_text(parsed, pad, file)},
                                    {"model_max_length", max_seq_len},
-                                   // Llama takes no token_type_ids: generate(**tokenizer(text))
+                                   // decoder-only models take no token_type_ids: generate(**tokenizer(text))
                                    // would refuse them.
                                    {"model_input_names", {"input_ids", "attention_mask"}},
                                    {"clean_up_tokenization_spaces", false}};

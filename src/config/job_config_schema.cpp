@@ -80,10 +80,12 @@ void add_job_sections(Schema& s) {
 void add_model_sections(Schema& s) {
   SectionBuilder<ModelSection> model(s, "model", "Which model to train.",
                                      [](JobConfig& c) -> ModelSection& { return c.model; });
-  model.field("name", &ModelSection::name, "Model family in the model registry.");
+  model.field("name", &ModelSection::name,
+              "Model family in the model registry: llama3 or qwen3 (`loom plan model` names the "
+              "registered ones).");
   model.field("flavor", &ModelSection::flavor,
-              "Size of the model family (debugmodel, 100M, 8B, 8B_4layers, 70B, 405B for "
-              "llama3).");
+              "Size of the model family (llama3: debugmodel, 100M, 8B, 8B_4layers, 70B, 405B; "
+              "qwen3: debugmodel, 0.6B, 1.7B, 4B, 8B, 14B, 32B).");
   model.field("hf_assets_path", &ModelSection::hf_assets_path,
               "Folder with Hugging Face assets: tokenizer files, config.json, safetensors.");
   model.field(
