@@ -1,0 +1,46 @@
+#include "loom/models/common/decoder_family.h"
+
+#include "loom/core/check.h"
+#include "loom/models/common/decoder_model.h"
+#include "loom/models/common/decoder_parallelize.h"
+
+namespace loom::models {
+
+ModelSpec decoder_family_spec(const DecoderFamily& family) {
+  LOOM_CHECK(family.flavors != nullptr && family.init, "decoder family ", family.name,
+             " needs flavors and an init rule");
+  // Arguments with the build's vocabulary and context overrides, as a DecoderModel.
+  auto build = [family](DecoderArgs args, const BuildOptions& options) {
+    if (options.vocab_size > 0) args.vocab_size = options.vocab_size;
+    if (options.max_seq_len > 0) args.max_seq_len = options.max_seq_len;
+    return std::unique_ptr<CausalLM>(std::make_unique<DecoderModel>(
+        family.name, options.flavor, args, options.tensor_options, options.part, family.init));
+  };
+  auto flavor_args = [family](const std::string& flavor) -> const DecoderArgs* {
+    auto it = family.flavors->find(flavor);
+    return it == family.flavors->end() ? nullptr : &it->second;
+  };
+  ModelSpec spec;
+  spec.name = family.name;
+  spec.flavors = [family] {
+    std::vector<std::string> names;
+    for (const auto& [name, args] : *family.flavors) names.push_back(name);
+    return names;
+  };
+  spec.build = [build, flavor_args, family](const BuildOptions& options) {
+    const DecoderArgs* args = flavor_args(options.flavor);
+    LOOM_CHECK(args != nullptr, "unchecked ", family.name, " flavor ", options.flavor);
+    return build(*args, options);
+  };
+  spec.parallelize = parallelize_decoder;
+  spec.check_parallelism = [flavor_args](const config::JobConfig& config) {
+    // An unknown flavor is reported by the model lookup, naming the flavors.
+    if (const DecoderArgs* args = flavor_args(config.model.flavor)) {
+      check_decoder_parallelism(*args, config);
+    }
+  };
+  spec.hf = decoder_hf_format(family.hf, build);
+  return spec;
+}
+
+}  // namespace loom::models
