@@ -2,8 +2,10 @@
 """`loom eval` and `loom generate` agree with transformers on the Hugging Face export of the same
 checkpoint.
 
-Trains the debug model on 2 ranks with FSDP (so the checkpoint is sharded), exports it to Hugging
-Face format in float32 and checks, against transformers' LlamaForCausalLM (eager attention):
+Trains a debug model (llama3 by default; --config configs/qwen3_debug.toml for Qwen3 with tied
+embeddings) on 2 ranks with FSDP (so the checkpoint is sharded), exports it to Hugging Face format
+in float32 and checks, against transformers' class for it (LlamaForCausalLM, Qwen3ForCausalLM;
+eager attention):
   * perplexity over sliding windows of new texts (the windows of docs/generate_eval.md,
     computed here independently) within 1e-4 relative;
   * greedy generation with the KV cache emits exactly transformers' greedy tokens for several
@@ -15,10 +17,11 @@ Face format in float32 and checks, against transformers' LlamaForCausalLM (eager
     top-level rope_theta), for the trained RoPE and for a non-default theta without scaling,
     evaluates within 1e-5 of transformers on the same model (in 4's layout, which this
     transformers reads), and theta 10000 would be noticed.
+--config picks the job (its model family) trained when no --checkpoint is given.
 Exit 77 (skipped) when transformers is not installed (scripts/setup.sh installs it).
 
-Usage: test_generate_eval.py LOOM_BINARY WORK_DIR [--checkpoint STEP_DIR] [--texts FILE.jsonl]
-                             [--prompts FILE.jsonl]
+Usage: test_generate_eval.py LOOM_BINARY WORK_DIR [--config TOML] [--checkpoint STEP_DIR]
+                             [--texts FILE.jsonl] [--prompts FILE.jsonl]
 --checkpoint checks an existing native step folder instead of training one (its config.toml
 names the tokenizer; brown_bpe is assumed for the special-token ids); --texts / --prompts replace
 the built-in texts and prompts ({"text": ...} / {"prompt": ...} lines).
@@ -84,6 +87,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("loom")
     p.add_argument("work")
+    p.add_argument("--config", default=f"{ROOT}/configs/llama3_debug.toml")
     p.add_argument("--checkpoint")
     p.add_argument("--texts")
     p.add_argument("--prompts")
@@ -94,7 +98,7 @@ def main():
                    if a.prompts else PROMPTS)
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
-    step = a.checkpoint or train(loom, work)
+    step = a.checkpoint or train(loom, work, a.config)
     failures = check(loom, work, step, texts, prompt_list)
     if failures:
         print("FAILED:\n  " + "\n  ".join(failures))
@@ -103,10 +107,10 @@ def main():
     return 0
 
 
-def train(loom, work):
+def train(loom, work, config):
     """24 steps of the debug model on 2 FSDP ranks: the checkpoint is two ranks' shards."""
     run(loom, "launch", "--nproc-per-node", "2", "--master-port", str(free_port()), "--",
-        "train", "--config", f"{ROOT}/configs/llama3_debug.toml", "--job.dump_folder", work,
+        "train", "--config", config, "--job.dump_folder", work,
         "--training.steps", "24", "--training.seq_len", "64", "--training.local_batch_size", "2",
         "--training.global_batch_size", "4", "--parallelism.data_parallel_shard_degree", "2",
         "--validation.enable", "false", "--metrics.peak_tflops", "1", "--debug.seed", "5",
@@ -120,11 +124,13 @@ def train(loom, work):
 def check(loom, work, step, texts, prompt_list):
     import torch
     import torch.nn.functional as F
-    from transformers import LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
     hf = f"{work}/hf"
     run(loom, "checkpoint", "export", "--to", "hf", step, hf, "--dtype", "float32")
     bos, eos, pad = special_ids()
-    model = LlamaForCausalLM.from_pretrained(hf, dtype=torch.float32, attn_implementation="eager")
+    model = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32,
+                                                 attn_implementation="eager")
+    print(f"transformers class: {type(model).__name__}")
     model.eval()
     failures = []
 
@@ -228,15 +234,17 @@ def check_config_layouts(loom, work, hf, docs, seq_len, stride, transformers_per
     the value loom used to read from such a config, for the comparison to notice."""
     import torch
     from safetensors.torch import load_file, save_file
-    from transformers import LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
     exported = json.load(open(f"{hf}/config.json"))
     failures = []
     # 24 steps teach the debug model little about positions: with its own weights theta 10000
     # moves the perplexity by under 1e-5. Queries and keys 4x larger sharpen attention so that
-    # the RoPE shows (both sides read the same weights).
+    # the RoPE shows (both sides read the same weights); with q/k norms (Qwen3) the norms' scales
+    # are what sets their size.
     weights = load_file(f"{hf}/model.safetensors")
-    sharp = {k: v * 4 if k.endswith(("q_proj.weight", "k_proj.weight")) else v
-             for k, v in weights.items()}
+    qk_norm = any(k.endswith("q_norm.weight") for k in weights)
+    scaled = ("q_norm.weight", "k_norm.weight") if qk_norm else ("q_proj.weight", "k_proj.weight")
+    sharp = {k: v * 4 if k.endswith(scaled) else v for k, v in weights.items()}
     save_file(sharp, f"{work}/sharp.safetensors", metadata={"format": "pt"})
 
     def folder(name, config):
@@ -251,12 +259,13 @@ def check_config_layouts(loom, work, hf, docs, seq_len, stride, transformers_per
         return path
 
     def reference(name, config):
-        model = LlamaForCausalLM.from_pretrained(folder(name, config), dtype=torch.float32,
-                                                 attn_implementation="eager")
+        model = AutoModelForCausalLM.from_pretrained(folder(name, config), dtype=torch.float32,
+                                                     attn_implementation="eager")
         return transformers_perplexity(model.eval())[0]
 
     misread = reference("hf4_theta10000", rope_variant(exported, 4, 10000.0, False))
-    for theta, llama3 in ((exported["rope_theta"], True), (123456.0, False)):
+    trained_scaling = bool(exported.get("rope_scaling"))
+    for theta, llama3 in ((exported["rope_theta"], trained_scaling), (123456.0, False)):
         name = f"theta{theta:g}_{'llama3' if llama3 else 'default'}"
         expected = reference(f"hf4_{name}", rope_variant(exported, 4, theta, llama3))
         v5 = folder(f"hf5_{name}", rope_variant(exported, 5, theta, llama3))

@@ -394,3 +394,122 @@ TEST(HfConfig, ImportRefusesBeforeWriting) {
   EXPECT_EQ(theta, 500000.0);
   EXPECT_FALSE(fs::exists(ok + "/step-0"));
 }
+
+namespace {
+
+// A Qwen3 config.json as transformers 4.57 saves it (layer_types, max_window_layers, a window
+// switched off), and the reader's result for it through the qwen3 family.
+json qwen3_layout4() {
+  return {{"architectures", {"Qwen3ForCausalLM"}},
+          {"model_type", "qwen3"},
+          {"attention_bias", false},
+          {"attention_dropout", 0.0},
+          {"dtype", "float32"},
+          {"head_dim", 32},
+          {"hidden_act", "silu"},
+          {"hidden_size", 64},
+          {"initializer_range", 0.02},
+          {"intermediate_size", 96},
+          {"layer_types", {"full_attention", "full_attention"}},
+          {"max_position_embeddings", 128},
+          {"max_window_layers", 28},
+          {"num_attention_heads", 4},
+          {"num_hidden_layers", 2},
+          {"num_key_value_heads", 2},
+          {"rms_norm_eps", 1e-6},
+          {"rope_scaling", nullptr},
+          {"rope_theta", 1000000.0},
+          {"sliding_window", nullptr},
+          {"tie_word_embeddings", true},
+          {"transformers_version", "4.57.1"},
+          {"use_cache", true},
+          {"use_sliding_window", false},
+          {"vocab_size", 300}};
+}
+
+LlamaArgs read_qwen3(const json& config) {
+  auto model = loom::models::find_model_spec("qwen3").hf.build_from_config(
+      config, "qwen3/config.json", on_meta());
+  return loom::models::decoder_args(*model);
+}
+
+std::string qwen3_refusal(const json& config) {
+  try {
+    read_qwen3(config);
+  } catch (const loom::InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(HfConfig, Qwen3InBothLayoutsReadsItsShape) {
+  json v5 = qwen3_layout4();
+  v5.erase("rope_theta");
+  v5.erase("rope_scaling");
+  v5["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1000000.0}};
+  v5["transformers_version"] = "5.2.0";
+  v5["sliding_window"] = 4096;  // kept by some configs, switched off by use_sliding_window
+  for (const json& config : {qwen3_layout4(), v5}) {
+    const LlamaArgs args = read_qwen3(config);
+    EXPECT_EQ(args.head_dim(), 32);  // not hidden_size / heads = 16
+    EXPECT_EQ(args.n_heads, 4);
+    EXPECT_EQ(args.kv_heads(), 2);
+    EXPECT_EQ(args.ffn_hidden_dim(), 96);
+    EXPECT_TRUE(args.qk_norm);
+    EXPECT_TRUE(args.tie_embeddings);
+    EXPECT_EQ(args.rope_layout, loom::models::RopeLayout::kHalves);
+    EXPECT_EQ(args.rope_theta, 1e6);
+    EXPECT_FALSE(args.use_scaled_rope);
+    EXPECT_EQ(args.norm_eps, 1e-6);
+  }
+  // Qwen3Config's defaults for what a file leaves out.
+  json bare = qwen3_layout4();
+  for (const char* key : {"head_dim", "rope_theta", "rms_norm_eps", "max_position_embeddings",
+                          "tie_word_embeddings"}) {
+    bare.erase(key);
+  }
+  const LlamaArgs defaults = read_qwen3(bare);
+  EXPECT_EQ(defaults.head_dim(), 128);
+  EXPECT_EQ(defaults.rope_theta, 10000.0);
+  EXPECT_EQ(defaults.norm_eps, 1e-6);
+  EXPECT_EQ(defaults.max_seq_len, 32768);
+  EXPECT_FALSE(defaults.tie_embeddings);
+}
+
+TEST(HfConfig, Qwen3FieldsThatChangeTheArithmeticAreRefusedByName) {
+  const std::vector<std::tuple<std::string, json, std::string>> cases = {
+      {"use_sliding_window", true, "use_sliding_window is true; loom needs false"},
+      {"attention_bias", true, "attention_bias is true; loom needs false"},
+      {"layer_types",
+       {"full_attention", "sliding_attention"},
+       "layer_types is [\"full_attention\",\"sliding_attention\"]"},
+      {"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}}, "rope_scaling.rope_type is \"yarn\""},
+      {"model_type", "qwen2", "model_type is \"qwen2\"; the qwen3 family reads \"qwen3\" models"},
+      {"hidden_act", "gelu", "hidden_act is \"gelu\"; loom needs \"silu\""},
+  };
+  for (const auto& [key, value, message] : cases) {
+    json config = qwen3_layout4();
+    config[key] = value;
+    const std::string error = qwen3_refusal(config);
+    EXPECT_NE(error.find("qwen3/config.json: " + message), std::string::npos)
+        << key << ": " << error;
+  }
+  // A window size with windows on is refused too (the size alone is not).
+  json windows = qwen3_layout4();
+  windows["use_sliding_window"] = true;
+  windows["sliding_window"] = 4096;
+  EXPECT_NE(qwen3_refusal(windows), "");
+  // The registry finds the family from model_type.
+  EXPECT_EQ(loom::models::find_hf_model_spec(qwen3_layout4(), "x").name, "qwen3");
+  EXPECT_EQ(loom::models::find_hf_model_spec(layout4(1e4, false), "x").name, "llama3");
+  try {
+    loom::models::find_hf_model_spec(json{{"model_type", "gpt2"}}, "gpt2/config.json");
+    ADD_FAILURE() << "gpt2 was given a family";
+  } catch (const loom::InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("\"gpt2\" is not a family loom implements"),
+              std::string::npos)
+        << e.what();
+  }
+}
