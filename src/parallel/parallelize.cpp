@@ -4,8 +4,13 @@
 #include <ATen/core/grad_mode.h>
 
 #include "loom/core/check.h"
+#include "loom/distributed/parallel_dims.h"
 
 namespace loom::parallel {
+
+bool uses_fsdp(const distributed::ParallelDims& dims, const config::JobConfig& config) {
+  return dims.dp_shard * dims.cp > 1 || config.debug.force_fsdp;
+}
 
 std::vector<at::Tensor> ParallelModel::tensors() const {
   std::vector<at::Tensor> out;

@@ -19,6 +19,7 @@
 
 namespace loom::distributed {
 class ParallelRuntime;
+struct ParallelDims;
 }
 
 namespace loom::parallel {
@@ -79,6 +80,11 @@ struct ParallelModel {
 // A local box of parameter `name` drawn from its (seed, name) generator: the global tensor is
 // drawn on `options`' device one parameter at a time, and the box cut out of it. The one
 // materialization path for every layout.
+// Whether the job shards its parameters with FSDP: over dp_shard x cp ranks, or on one rank when
+// debug.force_fsdp asks (the one rule the parallelize functions, the trainer and its memory
+// estimate share).
+bool uses_fsdp(const distributed::ParallelDims& dims, const config::JobConfig& config);
+
 at::Tensor materialize_local(models::CausalLM& model, const std::string& name,
                              const Placement& placement, const at::TensorOptions& options,
                              uint64_t seed);

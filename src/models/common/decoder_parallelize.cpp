@@ -29,8 +29,7 @@ parallel::MeshAxis tp_axis(const parallel::ParallelContext& context) {
 }
 
 bool uses_fsdp(const parallel::ParallelContext& context) {
-  const auto& dims = context.runtime.dims();
-  return dims.dp_shard * dims.cp > 1 || context.config.debug.force_fsdp;
+  return parallel::uses_fsdp(context.runtime.dims(), context.config);
 }
 
 // The weight the head projects with: its own, or the tied embedding table.

@@ -1,0 +1,46 @@
+// How a training step's microbatches run forward and backward and how a validation batch is
+// scored: on the rank's whole model (LocalStepRunner), or through the pipeline schedule over the
+// rank's stages (PipelineStepRunner). The trainer's loop calls this interface only, so it has no
+// pipeline branch; which runner a job gets is decided once, when the run is built.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <optional>
+
+#include "loom/config/job_config.h"
+#include "loom/data/batch_source.h"
+#include "loom/distributed/runtime.h"
+#include "loom/metrics/metrics.h"
+#include "loom/parallel/parallelize.h"
+#include "loom/parallel/pipeline/plan.h"
+
+namespace loom::train {
+
+class StepRunner {
+ public:
+  virtual ~StepRunner() = default;
+  // Forward and backward of one microbatch, its loss divided by `valid_tokens` (those of the
+  // whole step, so accumulation equals one big batch), with the gradient sync armed for the step's
+  // `last` microbatch. Returns this rank's part of the loss, detached (zero on a pipeline rank
+  // without the last stage).
+  virtual at::Tensor train_microbatch(const data::Batch& batch, double valid_tokens,
+                                      bool last) = 0;
+  // The summed token loss of a validation batch, forward only (complete on every rank that
+  // computes it; zero on pipeline ranks without the last stage).
+  virtual at::Tensor eval_sum(const at::Tensor& inputs, const at::Tensor& labels) = 0;
+  // `losses` of the window's steps, already summed over the loss group, made complete on every
+  // rank (a pipeline's live on its last stage); adds the window's runner statistics to `window`
+  // (pp_bubble_pct). A collective.
+  virtual at::Tensor complete_losses(at::Tensor losses, metrics::StepMetrics& window) = 0;
+};
+
+// The runner for `model` on this rank: the pipeline's when `plan` is set (pipeline parallelism),
+// else the local one. Logs the pipeline's shape.
+std::unique_ptr<StepRunner> make_step_runner(
+    parallel::ParallelModel& model, const std::optional<parallel::pipeline::PipelinePlan>& plan,
+    distributed::ParallelRuntime& runtime, const at::Device& device,
+    const config::JobConfig& config);
+
+}  // namespace loom::train

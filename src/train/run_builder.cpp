@@ -1,0 +1,266 @@
+// build_run: the phases of a job before its first step (run.h), in DESIGN.md's order.
+#include <ATen/ATen.h>
+#include <ATen/Context.h>
+
+#include <fmt/format.h>
+
+#include <random>
+
+#include "loom/checkpoint/manager.h"
+#include "loom/checkpoint/resume_batch.h"
+#include "loom/config/dataset_mixture.h"
+#include "loom/core/check.h"
+#include "loom/core/device.h"
+#include "loom/core/host_allocator.h"
+#include "loom/core/logging.h"
+#include "loom/data/mixture.h"
+#include "loom/data/packed_loader.h"
+#include "loom/data/prefetch.h"
+#include "loom/data/synthetic.h"
+#include "loom/distributed/world_info.h"
+#include "loom/metrics/memory_estimate.h"
+#include "loom/parallel/pipeline/model_parts.h"
+#include "loom/parallel/pipeline/simulate.h"
+#include "loom/train/mixed_precision.h"
+#include "loom/train/preflight.h"
+#include "loom/train/run.h"
+#include "loom/train/threads.h"
+
+namespace loom::train {
+namespace {
+
+// Only the synthetic stream works without a tokenizer.
+bool is_synthetic(const std::string& name, const std::optional<std::string>& path,
+                  const config::StringList& mixture) {
+  return name == "synthetic" && !path && mixture.empty();
+}
+
+// "synthetic" (structured random tokens over the model's vocabulary), a weighted mixture
+// (`mixture`, the section's dataset_mixture) or one real dataset.
+std::unique_ptr<data::BatchSource> dataset_source(const std::string& name,
+                                                  const std::optional<std::string>& path,
+                                                  const config::StringList& mixture,
+                                                  const data::Tokenizer* tokenizer, int64_t vocab,
+                                                  data::PackedLoaderOptions options,
+                                                  const std::string& section) {
+  if (is_synthetic(name, path, mixture)) {
+    return std::make_unique<data::SyntheticSource>(vocab, options.seed, options.dp_rank,
+                                                   options.dp_world);
+  }
+  LOOM_CHECK(tokenizer != nullptr, "a real dataset needs the tokenizer");
+  if (!mixture.empty()) {
+    const std::string key = section + ".dataset_mixture";
+    std::vector<data::MixtureComponent> components;
+    for (const auto& entry : config::parse_dataset_mixture(mixture, key)) {
+      components.push_back({entry.source, entry.weight});
+    }
+    return data::open_mixture(components, *tokenizer, options, key);
+  }
+  return data::open_dataset(name, path, *tokenizer, options, section + ".dataset");
+}
+
+// Training on the user's files while validating on the embedded corpus is allowed (a quick
+// check) but rarely meant: the val_loss then measures another distribution.
+void warn_builtin_validation(const config::JobConfig& c) {
+  const auto& t = c.training;
+  const auto& v = c.validation;
+  const bool own_training = t.dataset_path.has_value() || !t.dataset_mixture.empty();
+  const bool builtin_validation = !v.dataset_path && v.dataset_mixture.empty() &&
+                                  (v.dataset == "brown" || v.dataset == "brown_validation");
+  if (v.enable && own_training && builtin_validation) {
+    log::get("data")->warn(
+        "training reads your files but validation still reads the built-in corpus '{}': set "
+        "validation.dataset_path to your held-out files (or validation.enable = false)",
+        v.dataset);
+  }
+}
+
+// Ranks, mesh and groups; the seed; the gradient accumulation that keeps the global batch.
+void setup_runtime(Run& run) {
+  auto log = log::get("trainer");
+  const bool cuda = run.device.is_cuda();
+  run.runtime = std::make_unique<distributed::ParallelRuntime>(run.config, cuda);
+  if (run.device.is_cpu()) check_thread_plan(run.runtime->world().local_world_size);
+  log->info("host memory: {}", describe_host_allocator());
+  auto& c = run.config;
+  run.seed = c.debug.seed ? static_cast<uint64_t>(*c.debug.seed) : std::random_device{}();
+  at::manual_seed(run.seed);
+  if (c.debug.deterministic) {
+    at::globalContext().setDeterministicAlgorithms(true, c.debug.deterministic_warn_only);
+  }
+  const auto& t = c.training;
+  const int64_t dp = run.runtime->dp_size();
+  // Elastic resume: an unset global batch keeps the checkpoint's on a new world size.
+  const int64_t global = checkpoint::resolve_global_batch(c, dp);
+  if (global != t.global_batch_size && global != t.local_batch_size * dp) {
+    c.training.global_batch_size = global;  // what this run's checkpoints record
+  }
+  run.accumulation_steps = global / (t.local_batch_size * dp);
+  const auto compute = autocast_dtype(t, run.device);
+  log->info(
+      "device {}, parameters {}, compute {}, seed {}{}, gradient accumulation {} x local batch {}",
+      run.device.str(), t.dtype, compute ? std::string(c10::toString(*compute)) : t.dtype,
+      run.seed, c.debug.seed ? "" : " (random: set debug.seed to reproduce)",
+      run.accumulation_steps, t.local_batch_size);
+}
+
+// This rank's share: its pipeline stages, split over FSDP's shards and the tp ranks, with the
+// activations of as many microbatches as its schedule keeps alive.
+metrics::MemoryEstimate estimate_rank_memory(
+    const Run& run, const std::optional<parallel::pipeline::PipelinePlan>& plan,
+    const std::vector<std::unique_ptr<models::CausalLM>>& parts) {
+  const auto& config = run.config;
+  std::vector<models::ModelSummary> summaries;
+  for (const auto& part : parts) summaries.push_back(part->summary(config.training.seq_len));
+  // FSDP keeps float32 masters and computes in mixed_precision_param.
+  const bool sharded = parallel::uses_fsdp(run.runtime->dims(), config);
+  const int shards = sharded ? run.runtime->group(distributed::MeshGroup::fsdp).size() : 1;
+  const auto param_dtype = sharded ? at::kFloat : parameter_dtype(config.training);
+  const auto compute_dtype = autocast_dtype(config.training, run.device).value_or(param_dtype);
+  metrics::MemoryInputs in{shards, static_cast<int>(c10::elementSize(param_dtype)),
+                           static_cast<int>(c10::elementSize(compute_dtype))};
+  in.tp_degree = run.runtime->dims().tp;
+  if (plan) {
+    const auto pp_rank =
+        run.runtime->mesh().group_rank(distributed::MeshGroup::pp, run.runtime->rank());
+    in.microbatch_rows = config.parallelism.pipeline_parallel_microbatch_size;
+    in.live_microbatches = static_cast<double>(parallel::pipeline::peak_live_activations(
+                               plan->schedule, static_cast<int>(pp_rank))) /
+                           plan->schedule.stages_per_rank;
+  }
+  return metrics::estimate_memory(metrics::combine_summaries(summaries), config, in);
+}
+
+// Built on the meta device (the whole model, or this rank's pipeline stages under their global
+// names), then parallelized and materialized by the family's parallelize function (TP ->
+// activation checkpointing -> FSDP/HSDP or DDP); the optimizer over the local parameters.
+void build_model(Run& run, const std::optional<parallel::pipeline::PipelinePlan>& plan) {
+  const auto& config = run.config;
+  // The embedding table matches the tokenizer (synthetic data keeps the flavor's vocabulary).
+  const int64_t vocab = run.tokenizer ? run.tokenizer->vocab_size() : 0;
+  const auto meta = at::TensorOptions().device(at::kMeta).dtype(parameter_dtype(config.training));
+  run.spec = &models::find_model_spec(config.model.name);
+  run.summary = models::build_model(config, vocab, meta)->summary(config.training.seq_len);
+  parallel::ParallelContext context{config,
+                                    *run.runtime,
+                                    run.device,
+                                    run.seed,
+                                    parameter_dtype(config.training),
+                                    autocast_dtype(config.training, run.device)};
+  std::vector<std::unique_ptr<models::CausalLM>> parts;
+  if (plan) {
+    const auto pp_rank =
+        run.runtime->mesh().group_rank(distributed::MeshGroup::pp, run.runtime->rank());
+    for (const auto& part : plan->split.parts_of_rank(static_cast<int>(pp_rank))) {
+      parts.push_back(
+          models::build_model(config, vocab, meta, parallel::pipeline::to_model_part(part)));
+    }
+  } else {
+    parts.push_back(models::build_model(config, vocab, meta));
+  }
+  const auto memory = estimate_rank_memory(run, plan, parts);
+  run.model = run.spec->parallelize(std::move(parts), context);
+  run.local_tensors = run.model.tensors();
+  run.placements = run.model.placements();
+  run.optimizer = build_optimizer(config.optimizer, run.local_tensors);
+  run.schedule = LRSchedule::of_job(config);
+  auto log = log::get("trainer");
+  log->info("model {}", models::format_summary(run.summary, false));
+  log->info("parallelism: {}; gradient sync: {}", run.runtime->dims().layout(),
+            run.model.description);
+  log->info("estimated peak memory per rank: {}", memory.describe());
+}
+
+void build_data(Run& run, std::unique_ptr<data::BatchSource> source,
+                std::unique_ptr<data::BatchSource> validation_source) {
+  const auto& config = run.config;
+  const auto& t = config.training;
+  const auto& v = config.validation;
+  const bool skip_bad = t.dataset_on_error == "skip";
+  const int64_t vocab = run.model.parts.front()->vocab_size();
+  const int64_t dp_rank = run.runtime->dp_rank(), dp_size = run.runtime->dp_size();
+  auto train_source =
+      source ? std::move(source)
+             : dataset_source(t.dataset, t.dataset_path, t.dataset_mixture, run.tokenizer.get(),
+                              vocab,
+                              {t.seq_len, run.seed, true, dp_rank, dp_size, skip_bad,
+                               t.dataset_text_field},
+                              "training");
+  // A background thread keeps the next two microbatches ready.
+  run.source = std::make_unique<data::PrefetchingSource>(std::move(train_source),
+                                                         t.local_batch_size, t.seq_len, 2);
+  if (!v.enable) return;
+  if (!validation_source) warn_builtin_validation(config);
+  auto validation =
+      validation_source
+          ? std::move(validation_source)
+          : dataset_source(v.dataset, v.dataset_path, v.dataset_mixture, run.tokenizer.get(),
+                           vocab,
+                           {v.seq_len, run.seed + 1, false, dp_rank, dp_size, skip_bad,
+                            v.dataset_text_field},
+                           "validation");
+  LOOM_CHECK_AS(InputError, v.steps > 0 || validation->samples_per_epoch(),
+                "validation.steps = -1 (the whole set) needs a finite validation dataset; set a "
+                "step count for '",
+                v.dataset, "'");
+  run.validator = std::make_unique<Validator>(
+      std::move(validation),
+      ValidationOptions{v.steps, v.local_batch_size, v.seq_len, dp_rank, dp_size});
+}
+
+// What a checkpoint holds of this rank: its local parameters with their placements (any layout
+// loads them; replicas split the writing) and the optimizer's and data loader's state.
+void build_checkpointer(Run& run, std::function<double()> elapsed_s) {
+  checkpoint::CheckpointTargets targets;
+  targets.parameters = run.model.parameters;
+  targets.optimizer = run.optimizer.get();
+  targets.data = run.source.get();
+  targets.elapsed_s = std::move(elapsed_s);
+  run.checkpoint =
+      std::make_unique<checkpoint::CheckpointManager>(run.config, *run.runtime, std::move(targets));
+}
+
+}  // namespace
+
+Run::Run() = default;
+Run::~Run() = default;
+
+std::unique_ptr<data::Tokenizer> load_job_tokenizer(const config::JobConfig& config) {
+  // The model's vocabulary is the tokenizer's whenever any dataset (training or validation) is
+  // real text.
+  const auto& t = config.training;
+  const auto& v = config.validation;
+  if (!is_synthetic(t.dataset, t.dataset_path, t.dataset_mixture) ||
+      (v.enable && !is_synthetic(v.dataset, v.dataset_path, v.dataset_mixture))) {
+    return data::load_tokenizer(
+        data::tokenizer_location(config.model.tokenizer_path, config.model.hf_assets_path));
+  }
+  return nullptr;
+}
+
+std::unique_ptr<Run> build_run(config::JobConfig config, std::unique_ptr<data::BatchSource> source,
+                               std::unique_ptr<data::BatchSource> validation_source,
+                               std::function<double()> elapsed_s) {
+  auto run = std::make_unique<Run>();
+  run->config = std::move(config);
+  // Everything this job asks that loom cannot do, all at once and before any rendezvous: every
+  // rank refuses alike (the same checks `loom config validate` runs).
+  const auto world = distributed::read_world_info();
+  run->device = device::resolve_device(run->config.training.device, world.local_rank,
+                                       "training.device");
+  Preflight checked = preflight(run->config, {world.world_size, run->device, source == nullptr});
+  throw_if_refused(checked.problems, "loom train cannot start this job");
+  run->tokenizer = std::move(checked.tokenizer);
+  std::optional<parallel::pipeline::PipelinePlan> plan;
+  if (run->config.parallelism.pipeline_parallel_degree > 1) {
+    plan = models::plan_pipeline(run->config);
+  }
+  setup_runtime(*run);
+  build_model(*run, plan);
+  run->steps = make_step_runner(run->model, plan, *run->runtime, run->device, run->config);
+  build_data(*run, std::move(source), std::move(validation_source));
+  build_checkpointer(*run, std::move(elapsed_s));
+  return run;
+}
+
+}  // namespace loom::train

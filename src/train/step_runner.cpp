@@ -1,0 +1,135 @@
+#include "loom/train/step_runner.h"
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "loom/core/logging.h"
+#include "loom/parallel/pipeline/runner.h"
+#include "loom/parallel/pipeline/simulate.h"
+#include "loom/train/mixed_precision.h"
+
+namespace loom::train {
+namespace {
+
+// The whole model on this rank (data and tensor parallel wrappers inside it).
+class LocalStepRunner final : public StepRunner {
+ public:
+  LocalStepRunner(parallel::ParallelModel& model, const at::Device& device)
+      : model_(model), device_(device) {}
+
+  at::Tensor train_microbatch(const data::Batch& batch, double valid_tokens, bool last) override {
+    model_.gradient_sync->prepare_microbatch(last);
+    at::Tensor loss;
+    {
+      AutocastGuard autocast(device_.type(), model_.autocast);
+      at::Tensor output = model_.parts.front()->forward(batch.inputs.to(device_));
+      loss = model_.loss(output, batch.labels.to(device_)) / valid_tokens;
+    }
+    loss.backward();
+    return loss.detach();
+  }
+
+  at::Tensor eval_sum(const at::Tensor& inputs, const at::Tensor& labels) override {
+    AutocastGuard autocast(device_.type(), model_.autocast);
+    return model_.loss(model_.parts.front()->forward(inputs.to(device_)), labels.to(device_));
+  }
+
+  at::Tensor complete_losses(at::Tensor losses, metrics::StepMetrics& /*window*/) override {
+    return losses;
+  }
+
+ private:
+  parallel::ParallelModel& model_;
+  at::Device device_;
+};
+
+// The rank's stages under the pipeline schedule: the schedule runs backward and arms each stage's
+// gradient sync on its own last backward.
+class PipelineStepRunner final : public StepRunner {
+ public:
+  PipelineStepRunner(std::unique_ptr<parallel::pipeline::PipelineRunner> runner,
+                     const at::Device& device)
+      : runner_(std::move(runner)), device_(device) {}
+
+  at::Tensor train_microbatch(const data::Batch& batch, double valid_tokens, bool last) override {
+    return runner_->train_pass(batch.inputs.to(device_), batch.labels.to(device_), valid_tokens,
+                               last);
+  }
+
+  at::Tensor eval_sum(const at::Tensor& inputs, const at::Tensor& labels) override {
+    return runner_->eval_sum(inputs.to(device_), labels.to(device_));
+  }
+
+  // The losses live on the last stage (zeros elsewhere); with them, each pp rank's busy and
+  // pipeline time over the window in its own slot, for the bubble as `loom plan schedule` defines
+  // it (parallel::pipeline::bubble_fraction). One all-reduce over pp for both.
+  at::Tensor complete_losses(at::Tensor losses, metrics::StepMetrics& window) override {
+    const auto stats = runner_->take_stats();
+    auto& pp = runner_->group();
+    const int64_t ranks = pp.size(), count = losses.size(0);
+    at::Tensor times = at::zeros({2 * ranks}, at::kDouble);
+    times[pp.rank()] = stats.compute_seconds;
+    times[ranks + pp.rank()] = stats.pass_seconds;
+    at::Tensor values = at::cat({losses.to(at::kDouble), times});
+    if (pp.size() > 1) pp.all_reduce(values);
+    const auto all = values.accessor<double, 1>();
+    std::vector<double> busy;
+    double step = 0;
+    for (int64_t r = 0; r < ranks; ++r) {
+      busy.push_back(all[count + r]);
+      step = std::max(step, all[count + ranks + r]);
+    }
+    window.pp_bubble_pct = 100.0 * parallel::pipeline::bubble_fraction(busy, step);
+    return values.narrow(0, 0, count);
+  }
+
+ private:
+  std::unique_ptr<parallel::pipeline::PipelineRunner> runner_;
+  at::Device device_;
+};
+
+std::unique_ptr<StepRunner> pipeline_runner(parallel::ParallelModel& model,
+                                            const parallel::pipeline::PipelinePlan& plan,
+                                            distributed::ParallelRuntime& runtime,
+                                            const at::Device& device,
+                                            const config::JobConfig& config) {
+  parallel::pipeline::PipelineRunnerOptions options;
+  options.boundary_shape = model.boundary_shape;
+  options.boundary_dtype = model.boundary_dtype;
+  options.device = device;
+  options.forward = [&model, device](models::CausalLM& part, const at::Tensor& input) {
+    AutocastGuard autocast(device.type(), model.autocast);
+    return part.forward(input.device() == device ? input : input.to(device));
+  };
+  options.loss_sum = [&model, device](const at::Tensor& output, const at::Tensor& labels) {
+    AutocastGuard autocast(device.type(), model.autocast);
+    return model.loss(output, labels.to(device));
+  };
+  std::vector<models::CausalLM*> parts;
+  for (auto& part : model.parts) parts.push_back(part.get());
+  const auto pp_rank = static_cast<int>(
+      runtime.mesh().group_rank(distributed::MeshGroup::pp, runtime.rank()));
+  auto runner = std::make_unique<parallel::pipeline::PipelineRunner>(
+      plan, pp_rank, std::move(parts), model.part_syncs,
+      runtime.group_ptr(distributed::MeshGroup::pp), std::move(options));
+  log::get("trainer")->info(
+      "pipeline: {} over {} ranks, {} stages ({} per rank), {} microbatches of {} per pass; this "
+      "rank runs stages {}",
+      plan.schedule.name, plan.split.pp, plan.schedule.stages(), plan.split.stages_per_rank,
+      plan.microbatches, config.parallelism.pipeline_parallel_microbatch_size,
+      fmt::join(plan.schedule.stages_of_rank(pp_rank), ", "));
+  return std::make_unique<PipelineStepRunner>(std::move(runner), device);
+}
+
+}  // namespace
+
+std::unique_ptr<StepRunner> make_step_runner(
+    parallel::ParallelModel& model, const std::optional<parallel::pipeline::PipelinePlan>& plan,
+    distributed::ParallelRuntime& runtime, const at::Device& device,
+    const config::JobConfig& config) {
+  if (plan) return pipeline_runner(model, *plan, runtime, device, config);
+  return std::make_unique<LocalStepRunner>(model, device);
+}
+
+}  // namespace loom::train
