@@ -90,6 +90,42 @@ Trainer::Trainer(config::JobConfig config, std::unique_ptr<data::BatchSource> so
 
 Trainer::~Trainer() = default;
 
+// The window's step metrics (the steps since the last logged one) into metrics.jsonl and the
+// console; the window starts again.
+void Trainer::log_window(int64_t step, int64_t tokens_seen, metrics::StepMetrics& m) {
+  const auto& t = config_.training;
+  // Tokens this rank's data-parallel slice trains on per step; a model replica spans the
+  // world's non-data-parallel ranks, so tps, tflops and MFU count each replica once per device
+  // by dividing by them (torchtitan's convention).
+  const auto& dims = run_->runtime->dims();
+  const double replica_ranks =
+      static_cast<double>(dims.world_size) / static_cast<double>(run_->runtime->dp_size());
+  const double device_tokens_per_step =
+      static_cast<double>(run_->accumulation_steps * t.local_batch_size * t.seq_len) /
+      replica_ranks;
+  const double flops_per_token = run_->summary.flops_per_token;
+  m.step = step;
+  m.step_time_s = window_.time / static_cast<double>(window_.steps);
+  m.tps = device_tokens_per_step / m.step_time_s;
+  m.tflops = m.tps * flops_per_token / 1e12;
+  m.mfu_pct = peak_.flops > 0 ? 100.0 * m.tps * flops_per_token / peak_.flops : 0.0;
+  m.mfu_estimate = peak_.estimate;
+  m.mem_peak_gib = metrics::peak_memory_gib(run_->device);
+  m.data_time_pct = 100.0 * window_.data / window_.time;
+  m.comm_wait_pct = 100.0 * window_.wait / window_.time;
+  if (breakdown_) m.breakdown = breakdown_->take_window(step);
+  m.tokens_seen = tokens_seen;
+  m.elapsed_s = elapsed_s();
+  m.since_start_s = metrics::seconds_since_process_start();
+  m.data_skipped = run_->source->records_skipped();
+  const uint64_t comm_now = run_->runtime->total_wire_bytes();
+  m.comm_mb = static_cast<double>(comm_now - window_.comm_start) / 1e6 /
+              static_cast<double>(window_.steps);
+  metrics_->log_step(m);
+  window_ = Window{};
+  window_.comm_start = comm_now;
+}
+
 bool Trainer::is_log_step(int64_t step) const {
   return step % config_.metrics.log_freq == 0 || step == 1 || step == config_.training.steps;
 }
@@ -206,17 +242,8 @@ TrainResult Trainer::train(const std::function<void()>& on_started) {
   TrainResult result;
   const auto start = Clock::now();
   train_start_ = start;
-  // Tokens this rank's data-parallel slice trains on per step; a model replica spans the
-  // non-data-parallel ranks (tp x pp x cp), so tps, tflops and MFU count each replica once per
-  // device by dividing by them (torchtitan's convention). tokens_seen counts the global batch.
-  const int64_t tokens_per_step = run_->accumulation_steps * t.local_batch_size * t.seq_len;
-  const auto& dims = run_->runtime->dims();
-  const int64_t non_data_parallel = dims.tp * dims.pp * dims.cp;
-  const double device_tokens_per_step =
-      static_cast<double>(tokens_per_step) / static_cast<double>(non_data_parallel);
-  const int64_t global_tokens_per_step = tokens_per_step * run_->runtime->dp_size();
-  double window_time = 0, window_data = 0, window_wait = 0;
-  int64_t window_steps = 0;
+  const int64_t global_tokens_per_step =
+      run_->accumulation_steps * t.local_batch_size * t.seq_len * run_->runtime->dp_size();
   if (config_.checkpoint.create_seed_checkpoint) {
     if (on_started) on_started();
     run_->checkpoint->save_seed();
@@ -234,7 +261,8 @@ TrainResult Trainer::train(const std::function<void()>& on_started) {
   elapsed_before_ = resume.elapsed_s;
   metrics_->start_run(run_start(config_, run_->runtime->dims(), resume, peak_));
   int64_t tokens_seen = resume.tokens_seen;
-  uint64_t window_comm_start = run_->runtime->total_wire_bytes();
+  window_ = Window{};
+  window_.comm_start = run_->runtime->total_wire_bytes();
   for (int64_t step = resume.step + 1; step <= t.steps; ++step) {
     metrics::StepMetrics m;
     profiler_->step_begin(step);
@@ -243,15 +271,15 @@ TrainResult Trainer::train(const std::function<void()>& on_started) {
     const double wait_start = distributed::comm_wait_seconds();
     pending_.emplace_back();
     try {
-      window_data += train_step(step, pending_.back(), m);
+      window_.data += train_step(step, pending_.back(), m);
     } catch (const c10::OutOfMemoryError& e) {
       profiler_->out_of_memory(step, e.what_without_backtrace());  // throws, naming a snapshot
     }
-    window_time += seconds_since(step_start);
-    window_wait += distributed::comm_wait_seconds() - wait_start;
+    window_.time += seconds_since(step_start);
+    window_.wait += distributed::comm_wait_seconds() - wait_start;
     if (breakdown_) breakdown_->step_end();
     profiler_->step_end(step);
-    ++window_steps;
+    ++window_.steps;
     if (step == resume.step + 1) run_->runtime->use_train_timeout();
     result.steps_completed = step;
     tokens_seen += global_tokens_per_step;
@@ -260,26 +288,7 @@ TrainResult Trainer::train(const std::function<void()>& on_started) {
     // Losses are read (one host sync, one all-reduce) only when they are logged.
     if (is_log_step(step) || step == resume.step + 1 || stopping) {
       flush_pending(result, m);
-      m.step = step;
-      m.step_time_s = window_time / window_steps;
-      m.tps = device_tokens_per_step / m.step_time_s;
-      m.tflops = m.tps * run_->summary.flops_per_token / 1e12;
-      m.mfu_pct = peak_.flops > 0 ? 100.0 * m.tps * run_->summary.flops_per_token / peak_.flops : 0.0;
-      m.mfu_estimate = peak_.estimate;
-      m.mem_peak_gib = metrics::peak_memory_gib(run_->device);
-      m.data_time_pct = 100.0 * window_data / window_time;
-      m.comm_wait_pct = 100.0 * window_wait / window_time;
-      if (breakdown_) m.breakdown = breakdown_->take_window(step);
-      m.tokens_seen = tokens_seen;
-      m.elapsed_s = elapsed_s();
-      m.since_start_s = metrics::seconds_since_process_start();
-      m.data_skipped = run_->source->records_skipped();
-      const uint64_t comm_now = run_->runtime->total_wire_bytes();
-      m.comm_mb = static_cast<double>(comm_now - window_comm_start) / 1e6 / window_steps;
-      metrics_->log_step(m);
-      window_time = window_data = window_wait = 0;
-      window_steps = 0;
-      window_comm_start = comm_now;
+      log_window(step, tokens_seen, m);
     }
     if (run_->validator && step % config_.validation.freq == 0) {
       metrics_->log_validation(step, validate(), tokens_seen, elapsed_s());

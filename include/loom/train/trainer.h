@@ -60,7 +60,15 @@ class Trainer {
     at::Tensor grad_norm;  // already global
   };
 
+  // The steps since the last logged one: their time, data time, wait in collectives, bytes.
+  struct Window {
+    double time = 0, data = 0, wait = 0;
+    int64_t steps = 0;
+    uint64_t comm_start = 0;  // the runtime's wire bytes when the window began
+  };
+
   double train_step(int64_t step, PendingStep& pending, metrics::StepMetrics& m);
+  void log_window(int64_t step, int64_t tokens_seen, metrics::StepMetrics& m);
   // Reduces and reads the pending steps' losses and norms into `result` (a collective).
   void flush_pending(TrainResult& result, metrics::StepMetrics& last);
   double validate();
@@ -78,6 +86,7 @@ class Trainer {
   std::unique_ptr<metrics::StepProfiler> profiler_;  // profiling.* traces and memory snapshots
   std::unique_ptr<metrics::StepBreakdown> breakdown_;  // metrics.step_breakdown
   std::vector<PendingStep> pending_;
+  Window window_;
   metrics::PeakFlops peak_;
   // Training time: of the earlier attempts (from the checkpoint) plus this one's.
   double elapsed_before_ = 0;
