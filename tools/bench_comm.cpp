@@ -13,7 +13,7 @@
 #include "loom/core/logging.h"
 #include "loom/core/strings.h"
 #include "loom/distributed/process_groups.h"
-#include "loom/distributed/world_info.h"
+#include "loom/launch/world_info.h"
 
 namespace {
 

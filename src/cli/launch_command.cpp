@@ -12,7 +12,7 @@
 #include "loom/core/logging.h"
 #include "loom/core/strings.h"
 #include "loom/distributed/elastic_rendezvous.h"
-#include "loom/distributed/launcher.h"
+#include "loom/launch/launcher.h"
 
 namespace loom::cli {
 namespace {

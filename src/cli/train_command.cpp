@@ -13,9 +13,9 @@
 #include "loom/core/logging.h"
 #include "loom/core/signals.h"
 #include "loom/distributed/flight_recorder.h"
-#include "loom/distributed/heartbeat.h"
-#include "loom/distributed/worker_group.h"
-#include "loom/distributed/world_info.h"
+#include "loom/launch/heartbeat.h"
+#include "loom/launch/worker_group.h"
+#include "loom/launch/world_info.h"
 #include "loom/train/trainer.h"
 
 namespace loom::cli {

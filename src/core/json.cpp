@@ -1,5 +1,7 @@
 #include "loom/core/json.h"
 
+#include <fstream>
+
 #include <set>
 
 #include "loom/core/check.h"
@@ -12,6 +14,24 @@ namespace {
 constexpr int kMaxDepth = 256;
 
 }  // namespace
+
+int64_t for_each_json_line(
+    const std::string& path, const std::string& role,
+    const std::function<void(const nlohmann::json& value, const std::string& where,
+                             int64_t line)>& visit) {
+  std::ifstream in(path);
+  LOOM_CHECK_AS(InputError, in.good(), role, ": cannot read '", path, "'");
+  std::string text;
+  int64_t line = 0, visited = 0;
+  while (std::getline(in, text)) {
+    ++line;
+    if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = path + ":" + std::to_string(line);
+    visit(parse_strict(text, where), where, line);
+    ++visited;
+  }
+  return visited;
+}
 
 nlohmann::json parse_strict(std::string_view text, const std::string& source) {
   // The parser callback sees every key before it is stored: one set of keys per open object.

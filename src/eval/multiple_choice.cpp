@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "loom/core/check.h"
+#include "loom/core/json.h"
 
 namespace loom::eval {
 namespace {
@@ -66,21 +67,9 @@ int64_t utf8_characters(const std::string& text) {
 }
 
 std::vector<ChoiceItem> read_choice_items(const std::string& path) {
-  std::ifstream in(path);
-  LOOM_CHECK_AS(InputError, in.good(), "cannot read task file '", path, "'");
   std::vector<ChoiceItem> items;
-  std::string text;
-  int64_t line = 0;
-  while (std::getline(in, text)) {
-    ++line;
-    if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
-    const std::string where = path + ":" + std::to_string(line);
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::exception& error) {
-      LOOM_THROW(InputError, where, ": not valid JSON: ", error.what());
-    }
+  json::for_each_json_line(path, "task file", [&](const nlohmann::json& j,
+                                                  const std::string& where, int64_t line) {
     LOOM_CHECK_AS(InputError,
                   j.is_object() && j.contains("context") && j["context"].is_string() &&
                       j.contains("choices") && j["choices"].is_array() && j.contains("answer") &&
@@ -98,11 +87,12 @@ std::vector<ChoiceItem> read_choice_items(const std::string& path) {
     }
     LOOM_CHECK_AS(InputError, item.choices.size() >= 2, where, ": needs at least two choices");
     item.answer = j["answer"].get<int64_t>();
-    LOOM_CHECK_AS(InputError, item.answer >= 0 && item.answer < static_cast<int64_t>(item.choices.size()),
+    LOOM_CHECK_AS(InputError,
+                  item.answer >= 0 && item.answer < static_cast<int64_t>(item.choices.size()),
                   where, ": answer ", item.answer, " is not the index of one of the ",
                   item.choices.size(), " choices");
     items.push_back(std::move(item));
-  }
+  });
   LOOM_CHECK_AS(InputError, !items.empty(), "task file '", path, "' holds no items");
   return items;
 }

@@ -17,7 +17,7 @@
 #include "loom/data/packed_loader.h"
 #include "loom/data/prefetch.h"
 #include "loom/data/synthetic.h"
-#include "loom/distributed/world_info.h"
+#include "loom/launch/world_info.h"
 #include "loom/metrics/memory_estimate.h"
 #include "loom/parallel/pipeline/model_parts.h"
 #include "loom/parallel/pipeline/simulate.h"

@@ -5,7 +5,7 @@
 #include <algorithm>
 
 #include "loom/core/logging.h"
-#include "loom/distributed/launcher.h"
+#include "loom/launch/launcher.h"
 
 namespace loom::train {
 

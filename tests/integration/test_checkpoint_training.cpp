@@ -19,6 +19,7 @@
 #include "loom/data/synthetic.h"
 #include "loom/train/trainer.h"
 #include "support/metrics_log.h"
+#include "support/jobs.h"
 #include "support/process.h"
 
 using loom::config::JobConfig;
@@ -29,21 +30,8 @@ using loom::testing::copy_of_checkpoint;
 namespace {
 
 JobConfig small_job(const std::string& folder, int64_t steps) {
-  JobConfig c;
-  c.job.dump_folder = folder;
-  c.model.flavor = "debugmodel";
-  c.training.dataset = "synthetic";
-  c.training.local_batch_size = 4;
-  c.training.seq_len = 32;
-  c.training.steps = steps;
-  c.training.device = "cpu";
-  c.lr_scheduler.warmup_steps = 3;
+  JobConfig c = loom::testing::small_job(folder, {4, 32, steps, 3, 10, 11});
   c.lr_scheduler.total_steps = 20;  // the same schedule for 10-step and 20-step runs
-  c.optimizer.lr = 3e-3;
-  c.activation_checkpoint.mode = "none";
-  c.metrics.log_freq = 10;
-  c.metrics.peak_tflops = 1.0;
-  c.debug.seed = 11;
   c.checkpoint.enable = true;
   c.checkpoint.interval = 5;
   c.checkpoint.last_save_model_only = false;

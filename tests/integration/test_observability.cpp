@@ -17,6 +17,7 @@
 #include "loom/metrics/memory_estimate.h"
 #include "loom/metrics/profiler.h"
 #include "loom/train/trainer.h"
+#include "support/jobs.h"
 #include "support/process.h"
 
 using loom::config::JobConfig;
@@ -32,21 +33,7 @@ namespace {
 namespace fs = std::filesystem;
 
 JobConfig small_job(const std::string& name) {
-  JobConfig c;
-  c.job.dump_folder = fresh_temp_dir("obs_" + name);
-  c.model.flavor = "debugmodel";
-  c.training.dataset = "synthetic";
-  c.training.local_batch_size = 4;
-  c.training.seq_len = 32;
-  c.training.steps = 6;
-  c.training.device = "cpu";
-  c.lr_scheduler.warmup_steps = 2;
-  c.optimizer.lr = 3e-3;
-  c.activation_checkpoint.mode = "none";
-  c.metrics.log_freq = 2;
-  c.metrics.peak_tflops = 1.0;
-  c.debug.seed = 11;
-  return c;
+  return loom::testing::small_job(fresh_temp_dir("obs_" + name));
 }
 
 // The step and validation rows (each start of a run also writes a start record, without step).

@@ -18,6 +18,7 @@
 #include "loom/data/synthetic.h"
 #include "loom/train/threads.h"
 #include "loom/train/trainer.h"
+#include "support/jobs.h"
 #include "support/process.h"
 
 using loom::config::JobConfig;
@@ -26,21 +27,8 @@ using loom::train::Trainer;
 namespace {
 
 JobConfig small_job(const std::string& name) {
-  JobConfig c;
-  c.job.dump_folder = loom::testing::fresh_temp_dir("train_" + name);
-  c.model.flavor = "debugmodel";
-  c.training.dataset = "synthetic";
-  c.training.local_batch_size = 8;
-  c.training.seq_len = 64;
-  c.training.steps = 30;
-  c.training.device = "cpu";
-  c.lr_scheduler.warmup_steps = 5;
-  c.optimizer.lr = 3e-3;
-  c.activation_checkpoint.mode = "none";
-  c.metrics.log_freq = 10;
-  c.metrics.peak_tflops = 1.0;  // skip the GEMM measurement in tests
-  c.debug.seed = 17;
-  return c;
+  return loom::testing::small_job(loom::testing::fresh_temp_dir("train_" + name),
+                                  {8, 64, 30, 5, 10, 17});
 }
 
 // A fixed sequence of samples handed out in order, whatever the batch size of each call.

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "loom/distributed/process_groups.h"
-#include "loom/distributed/world_info.h"
+#include "loom/launch/world_info.h"
 #include "support/process.h"
 
 namespace loom::testing {

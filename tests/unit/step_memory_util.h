@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "comm_test_util.h"
+#include "support/jobs.h"
 #include "loom/distributed/runtime.h"
 #include "loom/models/model_spec.h"
 #include "loom/parallel/pipeline/model_parts.h"
@@ -22,26 +23,12 @@ namespace loom::testing {
 constexpr int64_t kSeq = 16, kVocab = 512, kRows = 2;
 constexpr uint64_t kSeed = 7;
 
-struct Layout {
-  const char* name;
-  int dp_shard = 1;
-  int dp_replicate = 1;
-  int tp = 1;
-  int pp = 1;
-  int world() const { return dp_shard * dp_replicate * tp * pp; }
-};
-
 inline config::JobConfig step_memory_job(const Layout& l) {
   config::JobConfig c;  // llama3 debugmodel: dim 256, 6 blocks
   c.training.seq_len = kSeq;
   c.training.local_batch_size = kRows;
-  c.parallelism.data_parallel_shard_degree = l.dp_shard;
-  c.parallelism.data_parallel_replicate_degree = l.dp_replicate;
-  c.parallelism.tensor_parallel_degree = l.tp;
-  c.parallelism.pipeline_parallel_degree = l.pp;
   c.parallelism.pipeline_parallel_microbatch_size = 1;
-  c.comm.trace_buf_size = 0;
-  return c;
+  return with_layout(c, l);
 }
 
 // One rank's model and the function that trains it one step on `rows`.

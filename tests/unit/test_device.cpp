@@ -12,6 +12,7 @@
 #include "loom/core/device.h"
 #include "loom/distributed/runtime.h"
 #include "support/process.h"
+#include "support/scoped_env.h"
 
 namespace {
 
@@ -48,29 +49,7 @@ TEST(GpuPerLocalRank, NoGpuFailsAsSuch) {
   EXPECT_TRUE(contains(failure("cuda", 1, 0), "training.device = 'cuda'"));
 }
 
-// Sets the torchrun variables for one test and restores the old values afterwards.
-class ScopedEnv {
- public:
-  explicit ScopedEnv(const std::map<std::string, std::string>& values) {
-    for (const auto& [name, value] : values) {
-      const char* old = std::getenv(name.c_str());
-      saved_[name] = old ? std::optional<std::string>(old) : std::nullopt;
-      ::setenv(name.c_str(), value.c_str(), 1);
-    }
-  }
-  ~ScopedEnv() {
-    for (const auto& [name, value] : saved_) {
-      if (value) {
-        ::setenv(name.c_str(), value->c_str(), 1);
-      } else {
-        ::unsetenv(name.c_str());
-      }
-    }
-  }
-
- private:
-  std::map<std::string, std::optional<std::string>> saved_;
-};
+using loom::testing::ScopedEnv;
 
 // One more local rank than this machine has GPUs (any machine): the runtime refuses before it
 // joins the rendezvous, which would otherwise wait for ranks that never come.

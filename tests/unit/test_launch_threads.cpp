@@ -1,7 +1,7 @@
 // The per-worker thread count `loom launch` sets when OMP_NUM_THREADS is unset.
 #include <gtest/gtest.h>
 
-#include "loom/distributed/launcher.h"
+#include "loom/launch/launcher.h"
 
 using loom::distributed::available_cpus;
 using loom::distributed::threads_per_rank;

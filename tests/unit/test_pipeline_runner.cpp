@@ -12,6 +12,7 @@
 #include <map>
 
 #include "comm_test_util.h"
+#include "support/jobs.h"
 #include "loom/core/check.h"
 #include "loom/distributed/runtime.h"
 #include "loom/models/model_spec.h"
@@ -27,27 +28,26 @@ namespace {
 constexpr int64_t kSeq = 16, kVocab = 512;
 constexpr uint64_t kSeed = 5;
 
-struct Layout {
+// pp 2 under `schedule`, with the other degrees of a testing::Layout.
+struct Layout : testing::Layout {
   std::string schedule;
-  int dp_shard = 1;
-  int tp = 1;
-  int dp_replicate = 1;
+  Layout(std::string schedule_name, int shard = 1, int tensor = 1, int replicate = 1)
+      : schedule(std::move(schedule_name)) {
+    pp = 2;
+    dp_shard = shard;
+    tp = tensor;
+    dp_replicate = replicate;
+  }
   int dp() const { return dp_shard * dp_replicate; }
-  int world() const { return 2 * dp() * tp; }
 };
 
 config::JobConfig job(const Layout& l) {
   config::JobConfig c;  // llama3 debugmodel: dim 256, 6 blocks
   c.training.seq_len = kSeq;
   c.training.local_batch_size = 4;
-  c.parallelism.pipeline_parallel_degree = 2;
   c.parallelism.pipeline_parallel_schedule = l.schedule;
   c.parallelism.pipeline_parallel_microbatch_size = 2;
-  c.parallelism.data_parallel_shard_degree = l.dp_shard;
-  c.parallelism.data_parallel_replicate_degree = l.dp_replicate;
-  c.parallelism.tensor_parallel_degree = l.tp;
-  c.comm.trace_buf_size = 0;
-  return c;
+  return testing::with_layout(c, l);
 }
 
 // Two passes of 4 rows per data-parallel rank: [passes x dp x 4, seq + 1] tokens.

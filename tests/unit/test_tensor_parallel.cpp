@@ -11,6 +11,7 @@
 #include <map>
 
 #include "comm_test_util.h"
+#include "support/jobs.h"
 #include "loom/config/loader.h"
 #include "loom/distributed/runtime.h"
 #include "loom/models/common/decoder_parallelize.h"
@@ -174,14 +175,12 @@ constexpr uint64_t kSeed = 11;
 constexpr int64_t kSeq = 16;
 constexpr int64_t kVocab = 203;  // 102 + 101 rows on 2 ranks, 51 x 3 + 50 on 4
 
-struct Layout {
-  int tp = 2;
-  int dp_shard = 1;
-  int dp_replicate = 1;
+// tp 2 by default, with the other degrees of a testing::Layout and what TP itself varies.
+struct Layout : testing::Layout {
   bool loss_parallel = true;
   int micro = 1;  // microbatches per data-parallel rank
   std::string ac = "none";
-  int world() const { return tp * dp_shard * dp_replicate; }
+  Layout() { tp = 2; }
 };
 
 config::JobConfig job(const Layout& l) {
@@ -191,12 +190,8 @@ config::JobConfig job(const Layout& l) {
   c.optimizer.eps = 1.0;
   c.optimizer.weight_decay = 0.1;
   c.activation_checkpoint.mode = l.ac;
-  c.parallelism.tensor_parallel_degree = l.tp;
-  c.parallelism.data_parallel_shard_degree = l.dp_shard;
-  c.parallelism.data_parallel_replicate_degree = l.dp_replicate;
   c.parallelism.disable_loss_parallel = !l.loss_parallel;
-  c.comm.trace_buf_size = 0;
-  return c;
+  return testing::with_layout(c, l);
 }
 
 at::Tensor token_batch(int64_t rows) {

@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "loom/core/check.h"
-#include "loom/distributed/worker_group.h"
-#include "loom/distributed/worker_output.h"
+#include "loom/launch/worker_group.h"
+#include "loom/launch/worker_output.h"
 #include "support/process.h"
 
 using loom::distributed::LineSplitter;

@@ -9,7 +9,8 @@
 #include <string>
 
 #include "loom/core/check.h"
-#include "loom/distributed/world_info.h"
+#include "loom/launch/world_info.h"
+#include "support/scoped_env.h"
 
 using loom::InputError;
 using loom::distributed::read_world_info;
@@ -41,28 +42,11 @@ const char* const kVariables[] = {"RANK",
                                   "SLURM_STEP_ID",
                                   "SLURM_RESTART_COUNT"};
 
-class ScopedEnv {
+// Sets `values` with every variable the runtime reads cleared first.
+class ScopedEnv : public loom::testing::ScopedEnv {
  public:
-  explicit ScopedEnv(const std::map<std::string, std::string>& values) {
-    for (const char* name : kVariables) {
-      const char* old = std::getenv(name);
-      saved_[name] = old ? std::optional<std::string>(old) : std::nullopt;
-      ::unsetenv(name);
-    }
-    for (const auto& [name, value] : values) ::setenv(name.c_str(), value.c_str(), 1);
-  }
-  ~ScopedEnv() {
-    for (const auto& [name, value] : saved_) {
-      if (value) {
-        ::setenv(name.c_str(), value->c_str(), 1);
-      } else {
-        ::unsetenv(name.c_str());
-      }
-    }
-  }
-
- private:
-  std::map<std::string, std::optional<std::string>> saved_;
+  explicit ScopedEnv(const std::map<std::string, std::string>& values)
+      : loom::testing::ScopedEnv(values, {std::begin(kVariables), std::end(kVariables)}) {}
 };
 
 const std::map<std::string, std::string> kTorchrun = {{"RANK", "5"},

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <string>
 #include <string_view>
@@ -16,6 +17,14 @@ namespace loom::json {
 
 // Parses `text`; `source` (a path, "path: header", ...) starts every error message.
 nlohmann::json parse_strict(std::string_view text, const std::string& source);
+
+// Each non-blank line of a JSON-lines file, parsed strictly, handed to `visit` with its
+// "path:line" (for the visitor's own errors) and line number. `role` names the file where it cannot be read
+// ("--prompts", "task file"). Returns the number of lines visited.
+int64_t for_each_json_line(
+    const std::string& path, const std::string& role,
+    const std::function<void(const nlohmann::json& value, const std::string& where,
+                             int64_t line)>& visit);
 
 // files::read_file (regular files only) + parse_strict.
 nlohmann::json read_file_strict(const std::string& path, const std::string& role,

@@ -28,7 +28,7 @@
 #include <string>
 #include <thread>
 
-#include "loom/distributed/launcher.h"
+#include "loom/launch/launcher.h"
 
 namespace loom::distributed {
 

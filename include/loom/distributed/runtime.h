@@ -11,7 +11,7 @@
 #include "loom/distributed/device_mesh.h"
 #include "loom/distributed/parallel_dims.h"
 #include "loom/distributed/process_groups.h"
-#include "loom/distributed/world_info.h"
+#include "loom/launch/world_info.h"
 
 namespace loom::distributed {
 

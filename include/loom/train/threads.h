@@ -2,7 +2,7 @@
 // follows it) does the compute; beside it run the data prefetch thread, the asynchronous
 // checkpoint writer and the collectives' Gloo threads, which mostly wait. Oversubscription comes
 // from the intra-op pools: `ranks` processes on a node each running `intra_op` threads on
-// `cpus` CPUs. loom launch sizes OMP_NUM_THREADS to avoid it (distributed/launcher.h); a value
+// `cpus` CPUs. loom launch sizes OMP_NUM_THREADS to avoid it (launch/launcher.h); a value
 // set by hand, or a launcher that does not, can still oversubscribe, and spinning OpenMP threads
 // then slow every rank down by much more than the extra threads add.
 #pragma once

@@ -1,4 +1,4 @@
-#include "loom/distributed/worker_group.h"
+#include "loom/launch/worker_group.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -13,7 +13,7 @@
 #include <cstring>
 
 #include "loom/core/check.h"
-#include "loom/distributed/heartbeat.h"
+#include "loom/launch/heartbeat.h"
 
 namespace loom::distributed {
 namespace {

@@ -1,4 +1,4 @@
-#include "loom/distributed/launcher.h"
+#include "loom/launch/launcher.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -23,10 +23,10 @@
 #include "loom/core/files.h"
 #include "loom/core/logging.h"
 #include "loom/core/strings.h"
-#include "loom/distributed/heartbeat.h"
+#include "loom/launch/heartbeat.h"
 #include "loom/distributed/store_socket.h"
-#include "loom/distributed/worker_group.h"
-#include "loom/distributed/world_info.h"
+#include "loom/launch/worker_group.h"
+#include "loom/launch/world_info.h"
 
 extern char** environ;
 

@@ -1,4 +1,4 @@
-#include "loom/distributed/worker_output.h"
+#include "loom/launch/worker_output.h"
 
 #include <fcntl.h>
 #include <unistd.h>

@@ -1,4 +1,4 @@
-#include "loom/distributed/heartbeat.h"
+#include "loom/launch/heartbeat.h"
 
 #include <fcntl.h>
 #include <unistd.h>

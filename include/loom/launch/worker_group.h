@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "loom/distributed/worker_output.h"
+#include "loom/launch/worker_output.h"
 
 namespace loom::distributed {
 

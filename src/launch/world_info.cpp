@@ -1,4 +1,4 @@
-#include "loom/distributed/world_info.h"
+#include "loom/launch/world_info.h"
 
 #include <optional>
 #include <string>
