@@ -4,7 +4,7 @@
 // 5.25 (tests/data/hf_qwen3/transformers5, its own config.json layout), loaded as `loom generate`
 // and `loom eval` load a folder: logits within 1e-5 of transformers' in float32, greedy tokens
 // with the KV cache equal to transformers' generate(), and import then export writes back exactly
-// the folder's tensors (no lm_head.weight for a tied model).
+// the folder's tensors (no lm_head.weight for a tied model), in float32 and in bfloat16.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -139,33 +139,57 @@ TEST_F(HfQwen3, GreedyTokensWithTheCacheEqualTransformers) {
   }
 }
 
+namespace {
+
+// `folder` imported, then the step exported in `dtype`: the same tensor names, dtypes and bits.
+// Returns the export.
+std::string expect_round_trip(const std::string& folder, const std::string& dtype, bool tied,
+                              const std::string& what) {
+  const std::string checkpoint = loom::testing::fresh_temp_dir("qwen3_rt_ckpt");
+  loom::checkpoint::import_from_hf(folder, checkpoint);
+  const std::string exported = loom::testing::fresh_temp_dir("qwen3_rt_export");
+  loom::checkpoint::HfExportOptions options;
+  options.dtype = dtype;
+  options.overwrite = true;
+  loom::checkpoint::export_to_hf(checkpoint + "/step-0", exported, options);
+  const auto original = tensors_of(folder + "/model.safetensors");
+  const auto back = tensors_of(exported + "/model.safetensors");
+  std::set<std::string> names_a, names_b;
+  for (const auto& [name, t] : original) names_a.insert(name);
+  for (const auto& [name, t] : back) names_b.insert(name);
+  EXPECT_EQ(names_a, names_b) << what;
+  for (const auto& [name, tensor] : original) {
+    auto it = back.find(name);
+    if (it == back.end()) continue;
+    EXPECT_EQ(it->second.scalar_type(), tensor.scalar_type()) << what << ": " << name;
+    EXPECT_TRUE(at::equal(tensor, it->second)) << what << ": " << name;
+  }
+  const json config = json::parse(std::ifstream(exported + "/config.json"));
+  EXPECT_EQ(config.at("architectures")[0], "Qwen3ForCausalLM");
+  EXPECT_EQ(config.at("tie_word_embeddings"), tied);
+  EXPECT_EQ(config.at("head_dim"), 16);
+  return exported;
+}
+
+}  // namespace
+
 TEST_F(HfQwen3, ImportThenExportIsBitwiseTheOriginal) {
   for (const auto& [what, folder, tied] : folders()) {
-    const std::string checkpoint = loom::testing::fresh_temp_dir("qwen3_rt_ckpt");
-    loom::checkpoint::import_from_hf(folder, checkpoint);
-    const std::string exported = loom::testing::fresh_temp_dir("qwen3_rt_export");
-    loom::checkpoint::HfExportOptions options;
-    options.dtype = "float32";
-    options.overwrite = true;
-    loom::checkpoint::export_to_hf(checkpoint + "/step-0", exported, options);
-    const auto original = tensors_of(folder + "/model.safetensors");
-    const auto back = tensors_of(exported + "/model.safetensors");
-    std::set<std::string> names_a, names_b;
-    for (const auto& [name, t] : original) names_a.insert(name);
-    for (const auto& [name, t] : back) names_b.insert(name);
-    EXPECT_EQ(names_a, names_b) << what;
-    for (const auto& [name, tensor] : original) {
-      auto it = back.find(name);
-      if (it == back.end()) continue;
-      EXPECT_EQ(it->second.scalar_type(), tensor.scalar_type()) << what << ": " << name;
-      EXPECT_TRUE(at::equal(tensor, it->second)) << what << ": " << name;
-    }
-    const json config = json::parse(std::ifstream(exported + "/config.json"));
-    EXPECT_EQ(config.at("architectures")[0], "Qwen3ForCausalLM");
-    EXPECT_EQ(config.at("tie_word_embeddings"), tied);
-    EXPECT_EQ(config.at("head_dim"), 16);
+    const std::string exported = expect_round_trip(folder, "float32", tied, what);
     // The export computes what the original does.
     fs::copy_file(folder + "/reference.safetensors", exported + "/reference.safetensors");
     EXPECT_LT(logits_difference(exported), 1e-5) << what;
   }
+  // In bfloat16, as Qwen publishes its models.
+  const std::string bf16 = loom::testing::fresh_temp_dir("qwen3_bf16");
+  fs::copy(kTransformers5 + "/tied", bf16);
+  loom::checkpoint::NamedTensors weights;
+  for (const auto& [name, t] : tensors_of(bf16 + "/model.safetensors")) {
+    weights.emplace_back(name, t.to(at::kBFloat16));
+  }
+  loom::checkpoint::save_safetensors(bf16 + "/model.safetensors", weights, {{"format", "pt"}});
+  json config = json::parse(std::ifstream(bf16 + "/config.json"));
+  config["dtype"] = "bfloat16";
+  std::ofstream(bf16 + "/config.json") << config.dump(1);
+  expect_round_trip(bf16, "bfloat16", true, "transformers 5, tied, bfloat16");
 }
