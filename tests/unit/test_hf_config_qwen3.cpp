@@ -118,9 +118,9 @@ TEST(HfConfigQwen3, BothLayoutsReadTheSameShape) {
   hub_style["torch_dtype"] = "bfloat16";
   hub_style["rope_theta"] = 1000000;
   const std::vector<std::pair<std::string, json>> configs = {
-      {"transformers 4", qwen3_layout4()},    {"transformers 5", qwen3_layout5()},
-      {"5, window kept", v5_window},          {"5, switch left out", v5_unset_switch},
-      {"5, switch null", v5_null_switch},     {"4.51", hub_style}};
+      {"transformers 4", qwen3_layout4()}, {"transformers 5", qwen3_layout5()},
+      {"5, window kept", v5_window},       {"5, switch left out", v5_unset_switch},
+      {"5, switch null", v5_null_switch},  {"4.51", hub_style}};
   for (const auto& [what, config] : configs) {
     const DecoderArgs args = read_qwen3(config);
     EXPECT_EQ(args.head_dim(), 32) << what;  // not hidden_size / heads = 16
@@ -138,8 +138,8 @@ TEST(HfConfigQwen3, BothLayoutsReadTheSameShape) {
 
 TEST(HfConfigQwen3, SavedByTransformers5) {
   // save_pretrained's own file (tools/make_hf_qwen3_model.py under transformers 5.25).
-  const json config = json::parse(std::ifstream(std::string(LOOM_SOURCE_DIR) +
-                                                "/tests/data/hf_qwen3/transformers5/tied/config.json"));
+  const json config = json::parse(std::ifstream(
+      std::string(LOOM_SOURCE_DIR) + "/tests/data/hf_qwen3/transformers5/tied/config.json"));
   ASSERT_TRUE(config.contains("rope_parameters"));
   const DecoderArgs args = read_qwen3(config);
   EXPECT_EQ(args.dim, 32);

@@ -25,7 +25,8 @@ using nlohmann::json;
 
 namespace {
 
-const std::string kTransformers5 = std::string(LOOM_SOURCE_DIR) + "/tests/data/hf_qwen3/transformers5";
+const std::string kTransformers5 =
+    std::string(LOOM_SOURCE_DIR) + "/tests/data/hf_qwen3/transformers5";
 
 std::map<std::string, at::Tensor> tensors_of(const std::string& file) {
   std::map<std::string, at::Tensor> out;

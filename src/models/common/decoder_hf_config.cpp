@@ -295,9 +295,8 @@ DecoderArgs decoder_args_from_hf_config(const nlohmann::json& config, const std:
   if (!config.contains("num_key_value_heads") && dialect.default_kv_heads) {
     args.n_kv_heads = *dialect.default_kv_heads;
     LOOM_CHECK_AS(InputError, args.n_heads % *args.n_kv_heads == 0, source,
-                  ": num_key_value_heads is missing, and ", dialect.architecture,
-                  "'s default (", *args.n_kv_heads, ") does not divide num_attention_heads (",
-                  args.n_heads, ")");
+                  ": num_key_value_heads is missing, and ", dialect.architecture, "'s default (",
+                  *args.n_kv_heads, ") does not divide num_attention_heads (", args.n_heads, ")");
   }
   args.vocab_size = json::int_field(config, "vocab_size", source, 1, kMaxSize);
   args.max_seq_len = is_set(config, "max_position_embeddings")
