@@ -9,7 +9,8 @@ eager attention):
   * perplexity over sliding windows of new texts (the windows of docs/generate_eval.md,
     computed here independently) within 1e-4 relative;
   * greedy generation with the KV cache emits exactly transformers' greedy tokens for several
-    prompts (transformers' generate with its own cache);
+    prompts (transformers' generate with its own cache), with the trained weights and with
+    seeded noise added to them (the trained ones repeat ' the'; the noisy ones vary);
   * batched prompts of different lengths give the same tokens as one by one;
   * loading the Hugging Face folder itself gives the same tokens and perplexity as the native
     checkpoint;
@@ -208,6 +209,49 @@ def check(loom, work, step, texts, prompt_list):
             failures.append(f"batched differs from one by one for {p!r}")
         if from_hf[i]["tokens"] != batched[i]["tokens"]:
             failures.append(f"the Hugging Face folder generates differently for {p!r}")
+    failures += check_varied_generation(loom, work, hf, prompts, [b["prompt_ids"] for b in batched],
+                                        eos, pad)
+    return failures
+
+
+def check_varied_generation(loom, work, hf, prompts, prompt_ids, eos, pad):
+    """24 steps leave the debug models repeating their most frequent token (' the'), which a
+    wrong cache or RoPE would repeat as well. The export's weights with seeded noise (3x each
+    tensor's spread; norms kept) generate varied tokens: `loom generate` on that folder must
+    emit transformers' greedy tokens there too."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+    noisy = f"{work}/noisy"
+    os.makedirs(noisy)
+    generator = torch.Generator().manual_seed(0)
+    weights = {k: v if k.endswith("norm.weight")
+               else v + 3 * v.std() * torch.randn(v.shape, generator=generator)
+               for k, v in sorted(load_file(f"{hf}/model.safetensors").items())}
+    save_file(weights, f"{noisy}/model.safetensors", metadata={"format": "pt"})
+    for f in os.listdir(hf):
+        if f != "model.safetensors":
+            os.symlink(f"{hf}/{f}", f"{noisy}/{f}")
+    model = AutoModelForCausalLM.from_pretrained(noisy, dtype=torch.float32,
+                                                 attn_implementation="eager").eval()
+    got = [json.loads(l) for l in run(loom, "generate", "--prompts", prompts, "--format", "json",
+                                      "--max-new-tokens", str(NEW_TOKENS), "--checkpoint", noisy,
+                                      "--tokenizer", "brown_bpe", "--batch-size", "4").splitlines()]
+    failures = []
+    for ids, row in zip(prompt_ids, got):
+        with torch.no_grad():
+            out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids)),
+                                 do_sample=False, max_new_tokens=NEW_TOKENS, eos_token_id=eos,
+                                 pad_token_id=pad, use_cache=True)
+        reference = out[0, len(ids):].tolist()
+        print(f"noisy weights, prompt ids {ids}: {len(set(reference))} distinct tokens of "
+              f"{len(reference)}, loom == transformers: {row['tokens'] == reference}")
+        if row["tokens"] != reference:
+            failures.append(f"noisy weights: greedy tokens differ after {ids}: loom "
+                            f"{row['tokens']} transformers {reference}")
+        if len(set(reference)) < 5:
+            failures.append(f"noisy weights: transformers generates only {set(reference)} after "
+                            f"{ids}; the comparison would not see the cache's positions")
     return failures
 
 

@@ -1,21 +1,23 @@
-// Qwen3 against transformers: tiny random Qwen3ForCausalLM models made by the setup venv's
-// transformers inside the test (tools/make_hf_qwen3_model.py: head_dim 32 where hidden_size /
-// heads is 16, grouped kv heads, q/k norms away from 1, tied and untied heads) give, loaded as
-// `loom generate` and `loom eval` load a folder, transformers' logits within 1e-5 in float32;
-// the same model in transformers 5's config layout gives the same logits; and import then export
-// writes back exactly the folder's tensors.
+// Qwen3 against transformers. Tiny random Qwen3ForCausalLM models (tools/make_hf_qwen3_model.py:
+// head_dim 16 where hidden_size / heads is 8, grouped kv heads, q/k norms away from 1), tied and
+// untied, made by the setup venv's transformers 4 inside the test, and one saved by transformers
+// 5.25 (tests/data/hf_qwen3/transformers5, its own config.json layout), loaded as `loom generate`
+// and `loom eval` load a folder: logits within 1e-5 of transformers' in float32, greedy tokens
+// with the KV cache equal to transformers' generate(), and import then export writes back exactly
+// the folder's tensors (no lm_head.weight for a tied model), in float32 and in bfloat16.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <set>
 
 #include "loom/checkpoint/hf.h"
 #include "loom/checkpoint/safetensors.h"
+#include "loom/generate/generator.h"
 #include "loom/generate/inference_model.h"
-#include "loom/models/common/decoder_model.h"
 #include "support/process.h"
 
 namespace fs = std::filesystem;
@@ -23,16 +25,8 @@ using nlohmann::json;
 
 namespace {
 
-// Folders `name`/tied and `name`/untied made by transformers (one Python start for both), each
-// with reference.safetensors (ids, logits).
-std::string make_models(const std::string& name) {
-  const std::string folder = loom::testing::fresh_temp_dir(name);
-  const std::string command = std::string("'") + LOOM_PYTHON + "' '" + LOOM_SOURCE_DIR +
-                              "/tools/make_hf_qwen3_model.py' '" + folder + "'";
-  const auto made = loom::testing::run_command(command);
-  EXPECT_EQ(made.exit_code, 0) << made.output;
-  return folder;
-}
+const std::string kTransformers5 =
+    std::string(LOOM_SOURCE_DIR) + "/tests/data/hf_qwen3/transformers5";
 
 std::map<std::string, at::Tensor> tensors_of(const std::string& file) {
   std::map<std::string, at::Tensor> out;
@@ -40,83 +34,163 @@ std::map<std::string, at::Tensor> tensors_of(const std::string& file) {
   return out;
 }
 
-// loom's logits for the reference ids, the folder loaded as generate/eval load it.
-at::Tensor loom_logits(const std::string& folder, const at::Tensor& ids) {
+loom::generate::InferenceModel load(const std::string& folder) {
   loom::generate::ModelSource source;
   source.checkpoint = folder;
   source.tokenizer = "byte";
   source.device = "cpu";
   auto model = loom::generate::load_inference_model(source);
   EXPECT_EQ(model.spec->name, "qwen3");
-  return model.forward(ids);
+  EXPECT_EQ(model.format, "huggingface");
+  return model;
 }
 
-void expect_transformers_logits(const std::string& folder, const std::string& what) {
+std::vector<int32_t> row_of(const at::Tensor& ids) {
+  const at::Tensor row = ids.reshape({-1}).to(at::kInt).contiguous();
+  return std::vector<int32_t>(row.data_ptr<int32_t>(), row.data_ptr<int32_t>() + row.numel());
+}
+
+// `folder`'s logits on its reference ids, loom against the transformers that saved it.
+double logits_difference(const std::string& folder) {
   auto reference = tensors_of(folder + "/reference.safetensors");
-  const at::Tensor got = loom_logits(folder, reference.at("ids"));
-  const double worst = (got - reference.at("logits")).abs().max().item<double>();
-  EXPECT_LT(worst, 1e-5) << what;
-  std::printf("%s: max |loom - transformers| logit %.2e\n", what.c_str(), worst);
+  auto model = load(folder);
+  const at::Tensor got = model.forward(reference.at("ids"));
+  const at::Tensor want = reference.at("logits");
+  EXPECT_EQ(got.sizes(), want.sizes()) << folder;
+  return (got - want).abs().max().item<double>();
 }
 
-// The folder's config.json as transformers 5 writes it (rope_parameters, dtype).
-void rewrite_in_layout5(const std::string& folder) {
-  json config = json::parse(std::ifstream(folder + "/config.json"));
-  const double theta = config.at("rope_theta").get<double>();
-  config.erase("rope_theta");
-  config.erase("rope_scaling");
-  config.erase("torch_dtype");
-  config["dtype"] = "float32";
-  config["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", theta}};
-  config["transformers_version"] = "5.0.0";
-  std::ofstream(folder + "/config.json") << config.dump(1);
+class HfQwen3 : public ::testing::Test {
+ protected:
+  // tied/ and untied/ made by the venv's transformers (one Python start for the suite), each with
+  // reference.safetensors; and the transformers 5 fixture.
+  static void SetUpTestSuite() {
+    made_ = new std::string(loom::testing::fresh_temp_dir("qwen3_models"));
+    const std::string command = std::string("'") + LOOM_PYTHON + "' '" + LOOM_SOURCE_DIR +
+                                "/tools/make_hf_qwen3_model.py' '" + *made_ + "'";
+    const auto result = loom::testing::run_command(command);
+    ASSERT_EQ(result.exit_code, 0) << result.output;
+  }
+  static void TearDownTestSuite() {
+    delete made_;
+    made_ = nullptr;
+  }
+  // (what, folder, tied)
+  static std::vector<std::tuple<std::string, std::string, bool>> folders() {
+    return {{"transformers 4, tied", *made_ + "/tied", true},
+            {"transformers 4, untied", *made_ + "/untied", false},
+            {"transformers 5, tied", kTransformers5 + "/tied", true}};
+  }
+  static std::string* made_;
+};
+
+std::string* HfQwen3::made_ = nullptr;
+
+}  // namespace
+
+TEST_F(HfQwen3, FoldersHaveTheShapeThatSetsQwen3Apart) {
+  for (const auto& [what, folder, tied] : folders()) {
+    const json config = json::parse(std::ifstream(folder + "/config.json"));
+    EXPECT_EQ(config.at("head_dim"), 16) << what;
+    EXPECT_EQ(config.at("hidden_size").get<int>() / config.at("num_attention_heads").get<int>(), 8);
+    EXPECT_EQ(config.at("num_key_value_heads"), 2) << what;
+    EXPECT_EQ(config.at("tie_word_embeddings"), tied) << what;
+    EXPECT_EQ(tensors_of(folder + "/model.safetensors").count("lm_head.weight"), tied ? 0u : 1u);
+  }
+  // The fixture is in transformers 5's own layout: RoPE in rope_parameters only.
+  const json v5 = json::parse(std::ifstream(kTransformers5 + "/tied/config.json"));
+  EXPECT_EQ(v5.at("transformers_version").get<std::string>().substr(0, 2), "5.");
+  EXPECT_FALSE(v5.contains("rope_theta"));
+  EXPECT_EQ(v5.at("rope_parameters").at("rope_theta"), 1e6);
+}
+
+TEST_F(HfQwen3, LogitsEqualTransformers) {
+  for (const auto& [what, folder, tied] : folders()) {
+    const double worst = logits_difference(folder);
+    EXPECT_LT(worst, 1e-5) << what;
+    std::printf("%s: max |loom - transformers| logit %.2e\n", what.c_str(), worst);
+  }
+  // The comparison would notice transformers 5's rope_parameters being misread: the same folder
+  // with theta 10000 (the default a reader falls back on) computes far from the reference.
+  const std::string misread = loom::testing::fresh_temp_dir("qwen3_theta10000");
+  fs::copy(kTransformers5 + "/tied", misread);
+  json config = json::parse(std::ifstream(misread + "/config.json"));
+  config["rope_parameters"]["rope_theta"] = 10000.0;
+  std::ofstream(misread + "/config.json") << config.dump(1);
+  const double moved = logits_difference(misread);
+  EXPECT_GT(moved, 0.1);
+  std::printf("transformers 5 folder read with theta 10000: max logit difference %.2f\n", moved);
+}
+
+TEST_F(HfQwen3, GreedyTokensWithTheCacheEqualTransformers) {
+  for (const auto& [what, folder, tied] : folders()) {
+    auto reference = tensors_of(folder + "/reference.safetensors");
+    const std::vector<int32_t> want = row_of(reference.at("greedy"));
+    auto model = load(folder);
+    loom::generate::GenerationOptions options;
+    options.max_new_tokens = static_cast<int64_t>(want.size());
+    options.stop_at_eos = false;  // transformers generated without an end token
+    options.add_bos = false;      // the prompt is the reference's ids as they are
+    loom::generate::Generator generator(model, options);
+    const auto completions = generator.generate({row_of(reference.at("prompt"))}, 0);
+    ASSERT_EQ(completions.size(), 1u);
+    EXPECT_EQ(completions[0].tokens, want) << what;
+    // Not one token repeated: the comparison sees the cache's positions.
+    EXPECT_GT(std::set<int32_t>(want.begin(), want.end()).size(), 4u) << what;
+  }
+}
+
+namespace {
+
+// `folder` imported, then the step exported in `dtype`: the same tensor names, dtypes and bits.
+// Returns the export.
+std::string expect_round_trip(const std::string& folder, const std::string& dtype, bool tied,
+                              const std::string& what) {
+  const std::string checkpoint = loom::testing::fresh_temp_dir("qwen3_rt_ckpt");
+  loom::checkpoint::import_from_hf(folder, checkpoint);
+  const std::string exported = loom::testing::fresh_temp_dir("qwen3_rt_export");
+  loom::checkpoint::HfExportOptions options;
+  options.dtype = dtype;
+  options.overwrite = true;
+  loom::checkpoint::export_to_hf(checkpoint + "/step-0", exported, options);
+  const auto original = tensors_of(folder + "/model.safetensors");
+  const auto back = tensors_of(exported + "/model.safetensors");
+  std::set<std::string> names_a, names_b;
+  for (const auto& [name, t] : original) names_a.insert(name);
+  for (const auto& [name, t] : back) names_b.insert(name);
+  EXPECT_EQ(names_a, names_b) << what;
+  for (const auto& [name, tensor] : original) {
+    auto it = back.find(name);
+    if (it == back.end()) continue;
+    EXPECT_EQ(it->second.scalar_type(), tensor.scalar_type()) << what << ": " << name;
+    EXPECT_TRUE(at::equal(tensor, it->second)) << what << ": " << name;
+  }
+  const json config = json::parse(std::ifstream(exported + "/config.json"));
+  EXPECT_EQ(config.at("architectures")[0], "Qwen3ForCausalLM");
+  EXPECT_EQ(config.at("tie_word_embeddings"), tied);
+  EXPECT_EQ(config.at("head_dim"), 16);
+  return exported;
 }
 
 }  // namespace
 
-TEST(HfQwen3, LogitsEqualTransformersTiedAndUntied) {
-  const std::string made = make_models("qwen3_logits");
-  for (bool tied : {true, false}) {
-    const std::string folder = made + (tied ? "/tied" : "/untied");
-    json config = json::parse(std::ifstream(folder + "/config.json"));
-    ASSERT_EQ(config.at("head_dim"), 32);
-    ASSERT_EQ(config.at("hidden_size").get<int>() / config.at("num_attention_heads").get<int>(),
-              16);
-    expect_transformers_logits(folder, tied ? "tied" : "untied");
-    rewrite_in_layout5(folder);
-    expect_transformers_logits(folder, tied ? "tied, transformers 5 layout" : "untied, layout 5");
-  }
-}
-
-TEST(HfQwen3, ImportThenExportIsBitwiseTheOriginal) {
-  const std::string made = make_models("qwen3_round_trip");
-  for (bool tied : {true, false}) {
-    const std::string folder = made + (tied ? "/tied" : "/untied");
-    const std::string checkpoint = loom::testing::fresh_temp_dir("qwen3_rt_ckpt");
-    loom::checkpoint::import_from_hf(folder, checkpoint);
-    const std::string exported = loom::testing::fresh_temp_dir("qwen3_rt_export");
-    loom::checkpoint::HfExportOptions options;
-    options.dtype = "float32";
-    options.overwrite = true;
-    loom::checkpoint::export_to_hf(checkpoint + "/step-0", exported, options);
-    const auto original = tensors_of(folder + "/model.safetensors");
-    const auto back = tensors_of(exported + "/model.safetensors");
-    std::set<std::string> names_a, names_b;
-    for (const auto& [name, t] : original) names_a.insert(name);
-    for (const auto& [name, t] : back) names_b.insert(name);
-    EXPECT_EQ(names_a, names_b);
-    EXPECT_EQ(back.count("lm_head.weight"), tied ? 0u : 1u);
-    for (const auto& [name, tensor] : original) {
-      auto it = back.find(name);
-      if (it == back.end()) continue;
-      EXPECT_TRUE(at::equal(tensor, it->second)) << name;
-    }
-    const json config = json::parse(std::ifstream(exported + "/config.json"));
-    EXPECT_EQ(config.at("architectures")[0], "Qwen3ForCausalLM");
-    EXPECT_EQ(config.at("tie_word_embeddings"), tied);
-    EXPECT_EQ(config.at("head_dim"), 32);
+TEST_F(HfQwen3, ImportThenExportIsBitwiseTheOriginal) {
+  for (const auto& [what, folder, tied] : folders()) {
+    const std::string exported = expect_round_trip(folder, "float32", tied, what);
     // The export computes what the original does.
     fs::copy_file(folder + "/reference.safetensors", exported + "/reference.safetensors");
-    expect_transformers_logits(exported, tied ? "export of the import (tied)" : "export (untied)");
+    EXPECT_LT(logits_difference(exported), 1e-5) << what;
   }
+  // In bfloat16, as Qwen publishes its models.
+  const std::string bf16 = loom::testing::fresh_temp_dir("qwen3_bf16");
+  fs::copy(kTransformers5 + "/tied", bf16);
+  loom::checkpoint::NamedTensors weights;
+  for (const auto& [name, t] : tensors_of(bf16 + "/model.safetensors")) {
+    weights.emplace_back(name, t.to(at::kBFloat16));
+  }
+  loom::checkpoint::save_safetensors(bf16 + "/model.safetensors", weights, {{"format", "pt"}});
+  json config = json::parse(std::ifstream(bf16 + "/config.json"));
+  config["dtype"] = "bfloat16";
+  std::ofstream(bf16 + "/config.json") << config.dump(1);
+  expect_round_trip(bf16, "bfloat16", true, "transformers 5, tied, bfloat16");
 }

@@ -107,9 +107,11 @@ const std::set<std::string>& familiar_keys() {
 void check_requirements(const Json& config, const std::string& source,
                         const DecoderHfDialect& dialect) {
   std::vector<std::string> unfamiliar;
-  // Qwen's configs keep a window size that use_sliding_window = false switches off.
-  const bool windows_off = config.contains("use_sliding_window") &&
-                           config.at("use_sliding_window") == Json(false);
+  // Qwen's configs keep a window size that use_sliding_window = false switches off (Qwen3Config
+  // also when the switch is left out or null: it defaults to false).
+  const bool windows_off = is_set(config, "use_sliding_window")
+                               ? config.at("use_sliding_window") == Json(false)
+                               : dialect.window_switch;
   for (const auto& [key, value] : config.items()) {
     bool known = familiar_keys().count(key) > 0;
     if (key == "sliding_window" && windows_off) continue;
@@ -290,6 +292,12 @@ DecoderArgs decoder_args_from_hf_config(const nlohmann::json& config, const std:
   args.n_kv_heads = is_set(config, "num_key_value_heads")
                         ? json::int_field(config, "num_key_value_heads", source, 1, args.n_heads)
                         : args.n_heads;
+  if (!config.contains("num_key_value_heads") && dialect.default_kv_heads) {
+    args.n_kv_heads = *dialect.default_kv_heads;
+    LOOM_CHECK_AS(InputError, args.n_heads % *args.n_kv_heads == 0, source,
+                  ": num_key_value_heads is missing, and ", dialect.architecture, "'s default (",
+                  *args.n_kv_heads, ") does not divide num_attention_heads (", args.n_heads, ")");
+  }
   args.vocab_size = json::int_field(config, "vocab_size", source, 1, kMaxSize);
   args.max_seq_len = is_set(config, "max_position_embeddings")
                          ? json::int_field(config, "max_position_embeddings", source, 1, kMaxSize)
@@ -315,6 +323,14 @@ DecoderArgs decoder_args_from_hf_config(const nlohmann::json& config, const std:
   args.hidden_dim = json::int_field(config, "intermediate_size", source, 1, kMaxSize);
   args.qk_norm = dialect.qk_norm;
   args.rope_layout = dialect.rope_layout;
+
+  // transformers refuses a layer_types of another length (their types are checked above).
+  if (is_set(config, "layer_types")) {
+    LOOM_CHECK_AS(InputError,
+                  static_cast<int64_t>(config.at("layer_types").size()) == args.n_layers, source,
+                  ": layer_types has ", config.at("layer_types").size(),
+                  " entries; num_hidden_layers is ", args.n_layers);
+  }
 
   const Rope rope = read_rope(config, source);
   args.rope_theta = rope.theta > 0 ? rope.theta : dialect.default_rope_theta;

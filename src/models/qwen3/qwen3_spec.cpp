@@ -20,6 +20,8 @@ ModelSpec qwen3_spec() {
   family.hf.default_rope_theta = 10000.0;
   family.hf.default_norm_eps = 1e-6;
   family.hf.default_head_dim = 128;
+  family.hf.default_kv_heads = 32;
+  family.hf.window_switch = true;
   return decoder_family_spec(family);
 }
 

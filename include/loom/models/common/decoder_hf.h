@@ -36,7 +36,13 @@ struct DecoderHfDialect {
   double default_rope_theta = 10000.0;
   double default_norm_eps = 1e-6;
   std::optional<int64_t> default_head_dim;  // unset: hidden_size / num_attention_heads
+  // For a num_key_value_heads left out (null means num_attention_heads in every class); unset:
+  // num_attention_heads.
+  std::optional<int64_t> default_kv_heads;
   bool default_tie = false;
+  // The class reads use_sliding_window, default false (Qwen's): sliding_window is switched off
+  // unless use_sliding_window is true. Otherwise only an explicit false switches it off.
+  bool window_switch = false;
 };
 
 // The decoder arguments of a config.json (`source` names it in errors), in the layout of
