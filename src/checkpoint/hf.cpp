@@ -249,7 +249,9 @@ void import_from_hf(const std::string& hf_folder, const std::string& checkpoint_
   nlohmann::json part = write_chunk_file(temp + "/rank-00000.safetensors", chunks);
   part["state"] = {{"rank", 0}, {"world_size", 1}, {"dp_rank", 0}, {"dp_size", 1}};
   files::write_atomic(temp + "/rank-00000.json", part.dump());
-  nlohmann::json index = step_index({part}, {0, 1, 1, true});
+  StepHeader header;
+  header.model_only = true;  // step 0 of one writer: the weights alone
+  nlohmann::json index = step_index({part}, header);
   index["source"] = "huggingface:" + hf_folder;
   files::write_atomic(temp + "/index.json", index.dump(1));
   files::write_atomic(temp + "/hf_config.json", source.hf_config.dump(2));
