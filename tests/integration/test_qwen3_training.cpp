@@ -65,14 +65,14 @@ void expect_matches_one_rank(const std::string& folder, const std::string& what)
   expect_losses_close(want, logged_losses(folder), 1e-5, what);
 }
 
-// Resumes `from`'s step-10 checkpoint in another layout: the last 10 steps continue as the
-// one-rank run's.
+// Resumes `from`'s step-10 checkpoint in another layout, in the test folder `name` (unique across
+// the default and slow binaries, which ctest may run side by side): the last 10 steps continue
+// as the one-rank run's.
 void expect_resumes_like_one_rank(const std::string& from, int ranks, const std::string& layout,
-                                  const std::string& what) {
+                                  const std::string& name, const std::string& what) {
   const auto want = logged_losses(one_rank());
   ASSERT_EQ(want.size(), 20u);
-  static int count = 0;
-  const std::string folder = copy_of_checkpoint(from, 10, "qwen3_reshard_" + std::to_string(count++));
+  const std::string folder = copy_of_checkpoint(from, 10, "qwen3_resume_" + name);
   const std::string args = job("--job.dump_folder " + folder + layout);
   auto result = run_loom(ranks > 1 ? launch_args(ranks, args) : args);
   ASSERT_EQ(result.exit_code, 0) << result.output;
@@ -84,7 +84,7 @@ void expect_resumes_like_one_rank(const std::string& from, int ranks, const std:
 LOOM_TEST(Qwen3Training, PipelineWithTiedEmbeddingsTrainsLikeOneRankAndReshards) {
   const std::string pp2 = layout_run("pp2_1f1b", 2, pipeline("1F1B"));
   expect_matches_one_rank(pp2, "qwen3 pp 2 1F1B");
-  expect_resumes_like_one_rank(pp2, 1, "", "qwen3 pp 2 -> 1 rank");
+  expect_resumes_like_one_rank(pp2, 1, "", "pp2_to_one", "qwen3 pp 2 -> 1 rank");
 }
 
 LOOM_SLOW_TEST(Qwen3Training, EveryLayoutTrainsLikeOneRank) {
@@ -94,21 +94,22 @@ LOOM_SLOW_TEST(Qwen3Training, EveryLayoutTrainsLikeOneRank) {
                           "qwen3 pp 2 Interleaved1F1B");
   expect_matches_one_rank(layout_run("fsdp2_tp2", 4, kFsdp2 + kTp2), "qwen3 FSDP x 2 x TP x 2");
   expect_matches_one_rank(
-      layout_run("pp2_fsdp2_tp2", 8,
-                 pipeline("Interleaved1F1B") + kFsdp2 + kTp2),
+      layout_run("pp2_fsdp2_tp2", 8, pipeline("Interleaved1F1B") + kFsdp2 + kTp2),
       "qwen3 pp 2 x FSDP x 2 x TP x 2");
 }
 
 LOOM_SLOW_TEST(Qwen3Training, CheckpointsReshardBetweenLayouts) {
-  expect_resumes_like_one_rank(one_rank(), 2, pipeline("Interleaved1F1B"), "qwen3 1 rank -> pp 2");
-  expect_resumes_like_one_rank(layout_run("fsdp2", 2, kFsdp2), 2, kTp2, "qwen3 FSDP x 2 -> TP x 2");
-  expect_resumes_like_one_rank(layout_run("tp2", 2, kTp2), 2, pipeline("1F1B"),
+  expect_resumes_like_one_rank(one_rank(), 2, pipeline("Interleaved1F1B"), "one_to_pp2",
+                               "qwen3 1 rank -> pp 2");
+  expect_resumes_like_one_rank(layout_run("fsdp2", 2, kFsdp2), 2, kTp2, "fsdp2_to_tp2",
+                               "qwen3 FSDP x 2 -> TP x 2");
+  expect_resumes_like_one_rank(layout_run("tp2", 2, kTp2), 2, pipeline("1F1B"), "tp2_to_pp2",
                                "qwen3 TP x 2 -> pp 2");
   expect_resumes_like_one_rank(
-      layout_run("pp2_fsdp2_tp2", 8,
-                 pipeline("Interleaved1F1B") + kFsdp2 + kTp2),
-      1, "", "qwen3 pp 2 x FSDP x 2 x TP x 2 -> 1 rank");
-  expect_resumes_like_one_rank(one_rank(), 4, kFsdp2 + kTp2, "qwen3 1 rank -> FSDP x 2 x TP x 2");
+      layout_run("pp2_fsdp2_tp2", 8, pipeline("Interleaved1F1B") + kFsdp2 + kTp2), 1, "",
+      "pp2_fsdp2_tp2_to_one", "qwen3 pp 2 x FSDP x 2 x TP x 2 -> 1 rank");
+  expect_resumes_like_one_rank(one_rank(), 4, kFsdp2 + kTp2, "one_to_fsdp2_tp2",
+                               "qwen3 1 rank -> FSDP x 2 x TP x 2");
 }
 
 }  // namespace
