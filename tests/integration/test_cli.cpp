@@ -180,6 +180,42 @@ TEST(Cli, PlanModelPrintsTheSummaryWithoutAllocating) {
   EXPECT_TRUE(contains(bad.output, "unknown llama3 flavor '9B'")) << bad.output;
 }
 
+// Qwen3's flavors against the published models' sizes, counted from each Hugging Face
+// config.json's shapes (q/k norms of head_dim 128, head_dim x heads != dim from 4B up); 0.6B, 1.7B
+// and 4B tie the head to the token table (tie_word_embeddings), so their table counts once. The
+// Hub lists Qwen3-1.7B as 2.03B because its safetensors also store the tied head; the model has
+// 1,720,574,976 distinct parameters (Qwen3-1.7B's card: 1.7B, 1.4B non-embedding).
+TEST(Cli, PlanModelCountsQwen3FlavorsAsHuggingFace) {
+  struct Flavor {
+    const char* name;
+    const char* parameters;
+    bool tied;
+  };
+  for (const Flavor& flavor :
+       {Flavor{"0.6B", "596049920 (596.05M)", true}, Flavor{"1.7B", "1720574976 (1.72B)", true},
+        Flavor{"4B", "4022468096 (4.02B)", true}, Flavor{"8B", "8190735360 (8.19B)", false},
+        Flavor{"14B", "14768307200 (14.77B)", false},
+        Flavor{"32B", "32762123264 (32.76B)", false}}) {
+    SCOPED_TRACE(flavor.name);
+    auto result = run_loom(std::string("plan model --model.name qwen3 --model.flavor ") +
+                           flavor.name + " --training.dataset synthetic --no-shapes");
+    ASSERT_EQ(result.exit_code, 0) << result.output;
+    EXPECT_TRUE(contains(result.output, std::string("parameters: ") + flavor.parameters))
+        << result.output;
+    EXPECT_EQ(contains(result.output, "vocab 151936 (tied embeddings)"), flavor.tied)
+        << result.output;
+  }
+  // The shipped 0.6B job (its tokenizer not downloaded: the flavor's published vocabulary).
+  auto shipped =
+      run_loom("plan model --config " LOOM_SOURCE_DIR "/configs/qwen3_0.6b.toml --no-shapes");
+  ASSERT_EQ(shipped.exit_code, 0) << shipped.output;
+  EXPECT_TRUE(contains(shipped.output, "qwen3 0.6B: dim 1024, layers 28")) << shipped.output;
+  EXPECT_TRUE(contains(shipped.output, "parameters: 596049920 (596.05M)")) << shipped.output;
+  auto bad = run_loom("plan model --model.name qwen3 --model.flavor 9B");
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_TRUE(contains(bad.output, "unknown qwen3 flavor '9B'")) << bad.output;
+}
+
 // The bubble `loom plan schedule` prints against the closed forms, a CSV round trip through the
 // binary, and bad pipeline combinations failing with the keys named (plan and config validate).
 TEST(Cli, PlanScheduleTimelineAndBubble) {
