@@ -15,12 +15,14 @@ ModelSpec llama3_spec();
 }
 namespace qwen3 {
 ModelSpec qwen3_spec();
+ModelSpec qwen3_moe_spec();
 }
 
 namespace {
 
 const std::vector<ModelSpec>& registry() {
-  static const std::vector<ModelSpec> specs = {llama::llama3_spec(), qwen3::qwen3_spec()};
+  static const std::vector<ModelSpec> specs = {llama::llama3_spec(), qwen3::qwen3_spec(),
+                                                qwen3::qwen3_moe_spec()};
   return specs;
 }
 

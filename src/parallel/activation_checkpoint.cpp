@@ -18,6 +18,21 @@
 namespace loom::parallel {
 namespace {
 
+enum class RegionPhase { kNone, kForward, kRecompute };
+thread_local RegionPhase region_phase = RegionPhase::kNone;
+
+// Sets the thread's region phase while alive (regions may nest), then restores the previous one.
+class PhaseScope {
+ public:
+  explicit PhaseScope(RegionPhase phase) : previous_(region_phase) { region_phase = phase; }
+  ~PhaseScope() { region_phase = previous_; }
+  PhaseScope(const PhaseScope&) = delete;
+  PhaseScope& operator=(const PhaseScope&) = delete;
+
+ private:
+  RegionPhase previous_;
+};
+
 // The autocast state of the forward (thread-local), so that the recompute in backward runs the
 // same function: without it, a bf16-autocast forward would be recomputed in float32 and
 // backward would differentiate a different function.
@@ -119,6 +134,7 @@ class CheckpointBackward : public torch::autograd::Node {
       {
         torch::autograd::AutoGradMode enable_grad(true);
         AutocastScope same_autocast(autocast_);
+        PhaseScope recompute(RegionPhase::kRecompute);
         output = fn_(input);
       }
       check_leaves_are_listed(output, input, parameters_);
@@ -155,6 +171,7 @@ at::Tensor checkpoint(const CheckpointedFn& fn, const at::Tensor& input,
   at::Tensor output;
   {
     torch::autograd::AutoGradMode no_grad(false);
+    PhaseScope first_forward(RegionPhase::kForward);
     output = fn(input);
   }
   auto node = std::shared_ptr<CheckpointBackward>(
@@ -164,6 +181,11 @@ at::Tensor checkpoint(const CheckpointedFn& fn, const at::Tensor& input,
   node->set_next_edges(torch::autograd::collect_next_edges(edges_of));
   torch::autograd::set_history(output, node);
   return output;
+}
+
+bool in_training_forward() {
+  if (region_phase == RegionPhase::kRecompute) return false;
+  return region_phase == RegionPhase::kForward || torch::autograd::GradMode::is_enabled();
 }
 
 std::vector<bool> blocks_to_checkpoint(const std::string& mode, const std::string& selective_option,

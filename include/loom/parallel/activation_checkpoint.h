@@ -25,6 +25,12 @@ using CheckpointedFn = std::function<at::Tensor(const at::Tensor&)>;
 at::Tensor checkpoint(const CheckpointedFn& fn, const at::Tensor& input,
                       const std::vector<at::Tensor>& parameters);
 
+// Whether the code running now is a training forward seen once per step: grad mode on outside
+// any checkpointed region, or a checkpointed region's first (no-grad) forward, but not its
+// recompute in backward nor a no-grad evaluation. State that a forward accumulates (a mixture of
+// experts' token counts) counts only then.
+bool in_training_forward();
+
 // Which of n blocks to checkpoint for activation_checkpoint.mode / selective_ac_option:
 // "none": none; "full": all; "selective" with N: every N-th (blocks N-1, 2N-1, ...).
 std::vector<bool> blocks_to_checkpoint(const std::string& mode, const std::string& selective_option,

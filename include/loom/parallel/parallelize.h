@@ -60,6 +60,10 @@ struct ParallelModel {
   // mixed_precision_param).
   std::optional<at::ScalarType> autocast;
   std::string description;  // one line for the log: wrappers and their groups
+  // State the model updates after each optimizer step with the groups it was parallelized over
+  // (a mixture of experts' balancing bias); empty for none. Family hooks call it
+  // (ModelSpec::after_optimizer_step).
+  std::function<void()> after_optimizer_step;
   // What crosses a pipeline stage boundary for a microbatch of (rows, seq) tokens: the hidden
   // state's local shape and dtype under this layout.
   std::function<std::vector<int64_t>(int64_t rows, int64_t seq)> boundary_shape;

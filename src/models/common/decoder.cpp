@@ -13,22 +13,31 @@ TransformerBlockImpl::TransformerBlockImpl(int64_t id, const DecoderArgs& args,
     : layer_id(id),
       hooks_(hooks),
       attention_name_("layers." + std::to_string(id) + ".attention"),
-      feed_forward_name_("layers." + std::to_string(id) + ".feed_forward") {
+      feed_forward_name_("layers." + std::to_string(id) +
+                         (args.is_moe_layer(id) ? ".moe" : ".feed_forward")) {
   attention = register_module("attention", Attention(args, options));
-  feed_forward = register_module("feed_forward", FeedForward(args, options));
+  if (args.is_moe_layer(id)) {
+    moe = register_module("moe", MoE(args, options));
+  } else {
+    feed_forward = register_module("feed_forward", FeedForward(args, options));
+  }
   attention_norm = register_module("attention_norm", RMSNorm(args.dim, args.norm_eps, options));
   ffn_norm = register_module("ffn_norm", RMSNorm(args.dim, args.norm_eps, options));
 }
 
 at::Tensor TransformerBlockImpl::forward(const at::Tensor& x, const at::Tensor& freqs_cis) {
   auto attend = [&](const at::Tensor& in) { return attention->forward(in, freqs_cis); };
-  auto feed = [&](const at::Tensor& in) { return feed_forward->forward(in); };
+  auto feed = [&](const at::Tensor& in) { return this->feed(in); };
   // The norms take the residual stream's adds and gradient sums into their own passes: x and
   // h each have one user (forward_residual), which also returns them for the residual path.
   auto [residual, normed] = attention_norm->forward_residual(x, at::Tensor());
   at::Tensor attended = hooks_ ? hooks_->run(attention_name_, normed, attend) : attend(normed);
   auto [h, h_normed] = ffn_norm->forward_residual(residual, attended);
   return h + (hooks_ ? hooks_->run(feed_forward_name_, h_normed, feed) : feed(h_normed));
+}
+
+at::Tensor TransformerBlockImpl::feed(const at::Tensor& h_normed) {
+  return moe ? moe->forward(h_normed) : feed_forward->forward(h_normed);
 }
 
 TransformerImpl::TransformerImpl(const DecoderArgs& model_args, const at::TensorOptions& options,
@@ -86,7 +95,8 @@ std::vector<std::string> TransformerImpl::hook_points() const {
     names.push_back(module);
     if (module.rfind("layers.", 0) == 0) {
       names.push_back(module + ".attention");
-      names.push_back(module + ".feed_forward");
+      const int64_t layer = std::stoll(module.substr(7));
+      names.push_back(module + (args.is_moe_layer(layer) ? ".moe" : ".feed_forward"));
     }
   }
   return names;

@@ -29,6 +29,7 @@ void DecoderArgs::validate(const std::string& family) const {
                 ": the feed-forward size (hidden_dim, or multiple_of) must be positive");
   LOOM_CHECK_AS(InputError, norm_eps > 0 && rope_theta > 0 && max_seq_len > 0, family,
                 ": norm_eps, rope_theta and max_seq_len must be positive");
+  if (moe) moe->validate(family, n_layers);
 }
 
 }  // namespace loom::models

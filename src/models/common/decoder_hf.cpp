@@ -26,6 +26,10 @@ const std::vector<std::pair<std::string, std::string>>& layer_names() {
       {"feed_forward.w1.weight", "mlp.gate_proj.weight"},
       {"feed_forward.w2.weight", "mlp.down_proj.weight"},
       {"feed_forward.w3.weight", "mlp.up_proj.weight"},
+      {"moe.router.gate.weight", "mlp.gate.weight"},
+      {"moe.shared_experts.w1.weight", "mlp.shared_experts.gate_proj.weight"},
+      {"moe.shared_experts.w2.weight", "mlp.shared_experts.down_proj.weight"},
+      {"moe.shared_experts.w3.weight", "mlp.shared_experts.up_proj.weight"},
       {"attention_norm.weight", "input_layernorm.weight"},
       {"ffn_norm.weight", "post_attention_layernorm.weight"}};
   return names;
@@ -57,6 +61,63 @@ std::string map_name(const std::string& name, bool to_hf) {
              " decoder counterpart");
 }
 
+// The routed experts: loom stacks them ([E, F, D] "layers.N.moe.experts.w1"), transformers 4
+// keeps one matrix per expert ("model.layers.N.mlp.experts.E.gate_proj.weight"). An imported
+// expert waits in the tensor map as "layers.N.moe.experts.w1/E" until finish_import stacks them.
+const std::vector<std::pair<std::string, std::string>>& expert_names() {
+  static const std::vector<std::pair<std::string, std::string>> names = {
+      {"w1", "gate_proj"}, {"w2", "down_proj"}, {"w3", "up_proj"}};
+  return names;
+}
+
+std::optional<std::pair<std::string, at::Tensor>> expert_to_loom(const std::string& hf_name,
+                                                                 const at::Tensor& value) {
+  static const std::regex pattern(
+      "model\\.layers\\.([0-9]{1,9})\\.mlp\\.experts\\.([0-9]{1,9})\\.([a-z_]+)\\.weight");
+  std::smatch match;
+  if (!std::regex_match(hf_name, match, pattern)) return std::nullopt;
+  for (const auto& [loom, hf] : expert_names()) {
+    if (match[3].str() != hf) continue;
+    return std::make_pair("layers." + match[1].str() + ".moe.experts." + loom + "/" +
+                              std::to_string(std::stoll(match[2].str())),
+                          value);
+  }
+  LOOM_THROW(InputError, "tensor '", hf_name, "' is no expert projection loom knows (",
+             "gate_proj, up_proj, down_proj)");
+}
+
+// Stacks each "<name>/E" group of `tensors` into <name> [E, ..], checking every expert 0..E-1 is
+// there once with one shape, and that there are `num_experts`.
+void stack_experts(std::map<std::string, at::Tensor>& tensors, int64_t num_experts,
+                   const std::string& source) {
+  std::map<std::string, std::map<int64_t, at::Tensor>> groups;
+  for (auto it = tensors.begin(); it != tensors.end();) {
+    const auto slash = it->first.rfind('/');
+    if (slash == std::string::npos) {
+      ++it;
+      continue;
+    }
+    groups[it->first.substr(0, slash)][std::stoll(it->first.substr(slash + 1))] = it->second;
+    it = tensors.erase(it);
+  }
+  for (auto& [name, experts] : groups) {
+    std::vector<at::Tensor> stacked;
+    for (const auto& [index, tensor] : experts) {
+      LOOM_CHECK_AS(InputError, index == static_cast<int64_t>(stacked.size()), source,
+                    ": expert ", stacked.size(), " of ", name, " is missing (the folder has ",
+                    experts.size(), " experts for it, up to index ", experts.rbegin()->first, ")");
+      LOOM_CHECK_AS(InputError, tensor.sizes() == experts.begin()->second.sizes(), source,
+                    ": expert ", index, " of ", name, " has shape ", tensor.sizes(),
+                    ", expert 0 has ", experts.begin()->second.sizes());
+      stacked.push_back(tensor);
+    }
+    LOOM_CHECK_AS(InputError, static_cast<int64_t>(stacked.size()) == num_experts, source, ": ",
+                  name, " has ", stacked.size(), " experts; config.json says num_experts = ",
+                  num_experts);
+    tensors[name] = at::stack(stacked);
+  }
+}
+
 class DecoderStateDictAdapter final : public StateDictAdapter {
  public:
   DecoderStateDictAdapter(const DecoderArgs& args, const DecoderHfDialect& dialect)
@@ -68,12 +129,32 @@ class DecoderStateDictAdapter final : public StateDictAdapter {
 
   std::vector<std::pair<std::string, at::Tensor>> to_hf(const std::string& name,
                                                         const at::Tensor& value) const override {
-    return {{decoder_hf_name(name), permute(name, value, true)}};
+    static const std::regex experts("layers\\.([0-9]+)\\.moe\\.experts\\.(w[123])");
+    std::smatch match;
+    if (!std::regex_match(name, match, experts)) {
+      return {{decoder_hf_name(name), permute(name, value, true)}};
+    }
+    std::string hf;
+    for (const auto& [loom, hf_name] : expert_names()) {
+      if (loom == match[2].str()) hf = hf_name;
+    }
+    std::vector<std::pair<std::string, at::Tensor>> out;
+    for (int64_t e = 0; e < value.size(0); ++e) {
+      out.emplace_back("model.layers." + match[1].str() + ".mlp.experts." + std::to_string(e) +
+                           "." + hf + ".weight",
+                       value.select(0, e).contiguous());
+    }
+    return out;
   }
 
   std::optional<std::pair<std::string, at::Tensor>> from_hf(
       const std::string& hf_name, const at::Tensor& value) const override {
     if (strings::ends_with(hf_name, "rotary_emb.inv_freq")) return std::nullopt;  // a buffer
+    if (auto expert = expert_to_loom(hf_name, value)) {
+      LOOM_CHECK_AS(InputError, args_.moe.has_value(), "tensor '", hf_name,
+                    "' is a routed expert, which ", dialect_.family, " models do not have");
+      return expert;
+    }
     const std::string name = decoder_loom_name(hf_name);
     const bool qk_norm = strings::ends_with(name, "attention.q_norm.weight") ||
                          strings::ends_with(name, "attention.k_norm.weight");
@@ -84,6 +165,7 @@ class DecoderStateDictAdapter final : public StateDictAdapter {
 
   void finish_import(std::map<std::string, at::Tensor>& tensors, const nlohmann::json& config,
                      const std::string& source) const override {
+    stack_experts(tensors, args_.moe ? args_.moe->num_experts : 0, source);
     const bool folder_ties = config.contains("tie_word_embeddings") &&
                              config.at("tie_word_embeddings") == nlohmann::json(true);
     auto embedding = tensors.find("tok_embeddings.weight");

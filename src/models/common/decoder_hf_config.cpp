@@ -85,7 +85,9 @@ const std::set<std::string>& familiar_keys() {
       "model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
       "num_key_value_heads", "head_dim", "vocab_size", "max_position_embeddings", "rms_norm_eps",
       "rope_theta", "rope_scaling", "rope_parameters", "original_max_position_embeddings",
-      "tie_word_embeddings", "max_window_layers",
+      "tie_word_embeddings", "max_window_layers", "num_experts", "num_experts_per_tok",
+      "moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers",
+      "output_router_logits", "router_aux_loss_coef",
       // inert for the forward pass
       "architectures", "attention_dropout", "initializer_range", "pretraining_tp", "use_cache",
       "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id",
@@ -271,6 +273,41 @@ Rope read_rope(const Json& config, const std::string& source) {
   return rope;
 }
 
+// Qwen3MoeConfig's routing keys, with its defaults for those a file leaves out. The auxiliary loss
+// settings (output_router_logits, router_aux_loss_coef) only add a training loss in transformers
+// and do not change the forward pass.
+MoEArgs read_moe(const Json& config, const std::string& source, const DecoderArgs& args,
+                 MoEArgs moe) {
+  constexpr int64_t kMaxSize = int64_t{1} << 31;
+  auto int_or = [&](const char* key, int64_t fallback, int64_t low) {
+    return is_set(config, key) ? json::int_field(config, key, source, low, kMaxSize) : fallback;
+  };
+  moe.num_experts = int_or("num_experts", 128, 1);
+  moe.top_k = int_or("num_experts_per_tok", 8, 1);
+  moe.hidden_dim = int_or("moe_intermediate_size", 768, 1);
+  moe.route_norm = is_set(config, "norm_topk_prob") && json::bool_field(config, "norm_topk_prob", source);
+  moe.score_function = ScoreFunction::kSoftmax;
+  moe.route_scale = 1.0;
+  moe.num_expert_groups = 0;
+  moe.num_limited_groups = 0;
+  moe.num_shared_experts = 0;
+  moe.first_dense_layers = 0;
+  moe.sparse_step = int_or("decoder_sparse_step", 1, 1);
+  moe.dense_layers.clear();
+  if (is_set(config, "mlp_only_layers")) {
+    const Json& layers = config.at("mlp_only_layers");
+    LOOM_CHECK_AS(InputError, layers.is_array(), source,
+                  ": mlp_only_layers must be a list of layer indices, found ", layers.dump());
+    for (const Json& layer : layers) {
+      moe.dense_layers.push_back(
+          json::as_int(layer, source + ": mlp_only_layers", 0, args.n_layers - 1));
+    }
+  }
+  LOOM_CHECK_AS(InputError, moe.top_k <= moe.num_experts, source, ": num_experts_per_tok (",
+                moe.top_k, ") exceeds num_experts (", moe.num_experts, ")");
+  return moe;
+}
+
 }  // namespace
 
 DecoderArgs decoder_args_from_hf_config(const nlohmann::json& config, const std::string& source,
@@ -336,6 +373,7 @@ DecoderArgs decoder_args_from_hf_config(const nlohmann::json& config, const std:
   args.rope_theta = rope.theta > 0 ? rope.theta : dialect.default_rope_theta;
   args.use_scaled_rope = rope.llama3;
   if (rope.llama3) args.rope_scaling = rope.scaling;
+  if (dialect.moe) args.moe = read_moe(config, source, args, *dialect.moe);
   args.validate(dialect.family);
   return args;
 }
@@ -358,6 +396,24 @@ nlohmann::json decoder_hf_config(const DecoderArgs& a, const std::string& dtype,
             {"tie_word_embeddings", a.tie_embeddings},
             {"torch_dtype", dtype}};
   if (dialect.model_type == "llama") c["mlp_bias"] = false;
+  if (a.moe) {
+    const MoEArgs& m = *a.moe;
+    LOOM_CHECK_AS(InputError,
+                  dialect.moe && m.score_function == ScoreFunction::kSoftmax &&
+                      m.route_scale == 1.0 && m.num_expert_groups <= 1 &&
+                      m.num_shared_experts == 0 && m.first_dense_layers == 0,
+                  dialect.architecture, " cannot describe this mixture of experts (", 
+                  to_string(m.score_function), " scores, route_scale ", m.route_scale, ", ",
+                  m.num_expert_groups, " expert groups, ", m.num_shared_experts,
+                  " shared experts, ", m.first_dense_layers, " leading dense layers); transformers "
+                  "would compute another model");
+    c["num_experts"] = a.moe->num_experts;
+    c["num_experts_per_tok"] = a.moe->top_k;
+    c["moe_intermediate_size"] = a.moe->hidden_dim;
+    c["norm_topk_prob"] = a.moe->route_norm;
+    c["decoder_sparse_step"] = a.moe->sparse_step;
+    c["mlp_only_layers"] = a.moe->dense_layers;
+  }
   if (dialect.qk_norm) {
     c["use_sliding_window"] = false;
     c["sliding_window"] = nullptr;

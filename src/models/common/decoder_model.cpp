@@ -33,6 +33,14 @@ void DecoderModel::init_parameter(const std::string& name, at::Tensor& full, uin
 
 void DecoderModel::init_weights(uint64_t seed) {
   models::init_weights(model_, seed, init_);
+  init_buffers(model_->freqs_cis.defined() ? model_->freqs_cis.device() : at::Device(at::kCPU));
+}
+
+void DecoderModel::init_buffers(const at::Device& device) {
+  model_->init_freqs_cis(device);
+  for (auto& block : model_->blocks) {
+    if (block->moe) block->moe->init_buffers(device);
+  }
 }
 
 double decoder_flops_per_token(int64_t active_params, const DecoderArgs& args, int64_t layers,
@@ -54,8 +62,13 @@ ModelSummary DecoderModel::summary(int64_t seq_len) const {
     if (item.key() == "tok_embeddings.weight") s.embedding_params += shape.numel;
     s.parameters.push_back(std::move(shape));
   }
-  // The lookup costs no multiplies; a tied table multiplies once more, as the head.
+  // The lookup costs no multiplies; a tied table multiplies once more, as the head. A token
+  // multiplies with top_k of each mixture's routed experts.
   s.active_params = s.total_params - s.embedding_params;
+  for (const auto& shape : s.parameters) {
+    if (!a.moe || shape.name.find(".moe.experts.") == std::string::npos) continue;
+    s.active_params -= shape.numel / a.moe->num_experts * (a.moe->num_experts - a.moe->top_k);
+  }
   if (a.tie_embeddings && model_->part.head) s.active_params += a.vocab_size * a.dim;
   s.flops_per_token = decoder_flops_per_token(
       s.active_params, a, static_cast<int64_t>(model_->blocks.size()), seq_len);
@@ -67,6 +80,14 @@ ModelSummary DecoderModel::summary(int64_t seq_len) const {
     << (a.use_scaled_rope ? " (Llama 3.1 scaling)" : "")
     << (a.rope_layout == RopeLayout::kHalves ? " (rotate-half)" : "") << ", norm eps "
     << a.norm_eps;
+  if (a.moe) {
+    d << "; mixture of " << a.moe->num_experts << " experts (top " << a.moe->top_k << ", width "
+      << a.moe->hidden_dim << ", " << to_string(a.moe->score_function)
+      << (a.moe->route_norm ? ", normalized gates" : "");
+    if (a.moe->num_shared_experts > 0) d << ", " << a.moe->num_shared_experts << " shared";
+    if (a.moe->load_balance_coeff > 0) d << ", balancing bias " << a.moe->load_balance_coeff;
+    d << ")";
+  }
   s.description = d.str();
   return s;
 }

@@ -162,6 +162,17 @@ std::vector<parallel::TpRule> decoder_tensor_parallel_plan(const CausalLM& part,
 
 void check_decoder_parallelism(const DecoderArgs& args, const config::JobConfig& config) {
   const int64_t tp = config.parallelism.tensor_parallel_degree;
+  if (args.moe) {
+    LOOM_CHECK_AS(InputError, tp <= 1, "parallelism.tensor_parallel_degree = ", tp, ": ",
+                  config.model.name, " flavor '", config.model.flavor,
+                  "' has mixture-of-experts layers, which loom does not split by tensor "
+                  "parallelism yet; use data or pipeline parallelism");
+    LOOM_CHECK_AS(InputError, config.parallelism.expert_parallel_degree <= 1,
+                  "parallelism.expert_parallel_degree = ",
+                  config.parallelism.expert_parallel_degree,
+                  ": expert parallelism is not implemented yet; experts are FSDP-sharded with "
+                  "the other parameters");
+  }
   if (tp <= 1) return;
   LOOM_CHECK_AS(InputError, args.n_heads % tp == 0 && args.kv_heads() % tp == 0,
                 "parallelism.tensor_parallel_degree = ", tp, " must divide the attention heads "
@@ -239,6 +250,36 @@ void tie_pipeline_copies(parallel::ParallelModel& out, const parallel::ParallelC
       std::make_unique<parallel::TiedParameterSync>(std::move(tensors), pp, peer));
 }
 
+// The mixture-of-experts layers of `parts`, in layer order.
+std::vector<MoE> moe_layers(const std::vector<std::unique_ptr<CausalLM>>& parts) {
+  std::vector<MoE> layers;
+  for (const auto& part : parts) {
+    auto* decoder = dynamic_cast<DecoderModel*>(part.get());
+    if (decoder == nullptr) continue;
+    for (auto& block : decoder->transformer()->blocks) {
+      if (block->moe) layers.push_back(block->moe);
+    }
+  }
+  return layers;
+}
+
+// DeepSeek-V3's balancing after each optimizer step: the step's token counts of every layer are
+// summed over the ranks that route different tokens through the same layers (dp x cp; a
+// pipeline stage's own layers), so every rank moves the bias alike.
+std::function<void()> balance_experts(std::vector<MoE> layers,
+                                      std::shared_ptr<distributed::Comm> token_group) {
+  if (layers.empty()) return {};
+  return [layers = std::move(layers), token_group]() mutable {
+    std::vector<at::Tensor> counts;
+    for (auto& layer : layers) counts.push_back(layer->take_load_statistics().tokens_per_expert);
+    at::Tensor global = at::stack(counts);
+    if (token_group && token_group->size() > 1) token_group->all_reduce(global);
+    for (size_t i = 0; i < layers.size(); ++i) {
+      layers[i]->update_expert_bias(global.select(0, static_cast<int64_t>(i)));
+    }
+  };
+}
+
 }  // namespace
 
 parallel::ParallelModel parallelize_decoder(std::vector<std::unique_ptr<CausalLM>> parts,
@@ -278,6 +319,8 @@ parallel::ParallelModel parallelize_decoder(std::vector<std::unique_ptr<CausalLM
         out.parameters, context.runtime.group_ptr(MeshGroup::tp)));
   }
   const int64_t dim = decoder_args(*parts.front()).dim;
+  out.after_optimizer_step =
+      balance_experts(moe_layers(parts), context.runtime.group_ptr(MeshGroup::loss));
   for (auto& part : parts) out.parts.push_back(std::move(part));
   // 5. A tied table's two pipeline copies, once each copy's gradient is complete.
   tie_pipeline_copies(out, context);

@@ -6,11 +6,13 @@
 
 namespace loom::models {
 
-FeedForwardImpl::FeedForwardImpl(const DecoderArgs& args, const at::TensorOptions& options) {
-  const int64_t hidden = args.ffn_hidden_dim();
-  w1 = register_module("w1", Linear(args.dim, hidden, options));
-  w2 = register_module("w2", Linear(hidden, args.dim, options));
-  w3 = register_module("w3", Linear(args.dim, hidden, options));
+FeedForwardImpl::FeedForwardImpl(const DecoderArgs& args, const at::TensorOptions& options)
+    : FeedForwardImpl(args.dim, args.ffn_hidden_dim(), options) {}
+
+FeedForwardImpl::FeedForwardImpl(int64_t dim, int64_t hidden, const at::TensorOptions& options) {
+  w1 = register_module("w1", Linear(dim, hidden, options));
+  w2 = register_module("w2", Linear(hidden, dim, options));
+  w3 = register_module("w3", Linear(dim, hidden, options));
 }
 
 at::Tensor FeedForwardImpl::forward(const at::Tensor& x) {

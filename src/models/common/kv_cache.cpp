@@ -82,7 +82,7 @@ at::Tensor forward_cached(TransformerImpl& model, const at::Tensor& tokens, KVCa
     auto& block = model.blocks[i];
     h = h + block->attention->forward_cached(block->attention_norm->forward(h), rotations,
                                              cache.keys[i], cache.values[i], start, mask);
-    h = h + block->feed_forward->forward(block->ffn_norm->forward(h));
+    h = h + block->feed(block->ffn_norm->forward(h));
   }
   cache.length_ = start + q;
   if (last_only) h = h.slice(1, q - 1, q);

@@ -15,16 +15,25 @@ void WeightModule::replace_weight(const at::Tensor& value) {
   parameters_["weight"] = value;
 }
 
+void ParameterTableModule::replace(const std::string& key, const at::Tensor& value) {
+  LOOM_CHECK(parameters_.contains(key), "replace: module ", name(), " has no parameter ", key);
+  parameters_[key] = value;
+}
+
 void replace_parameter(torch::nn::Module& root, const std::string& name, const at::Tensor& value) {
   const auto dot = name.rfind('.');
-  LOOM_CHECK(dot != std::string::npos && name.substr(dot + 1) == "weight", "replace_parameter: '",
-             name, "' is not a module's weight");
+  LOOM_CHECK(dot != std::string::npos, "replace_parameter: '", name, "' names no module");
   const std::string path = name.substr(0, dot);
+  const std::string key = name.substr(dot + 1);
   for (const auto& item : root.named_modules()) {
     if (item.key() != path) continue;
+    if (auto* table = dynamic_cast<ParameterTableModule*>(item.value().get())) {
+      table->replace(key, value);
+      return;
+    }
     auto* owner = dynamic_cast<WeightModule*>(item.value().get());
-    LOOM_CHECK(owner != nullptr, "replace_parameter: module '", path,
-               "' has no replaceable weight");
+    LOOM_CHECK(owner != nullptr && key == "weight", "replace_parameter: module '", path,
+               "' has no replaceable ", key);
     owner->replace_weight(value);
     return;
   }

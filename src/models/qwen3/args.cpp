@@ -49,6 +49,47 @@ const std::map<std::string, DecoderArgs>& qwen3_flavors() {
   return flavors;
 }
 
+namespace {
+
+struct MoEShape {
+  int64_t num_experts, top_k, hidden_dim;
+};
+
+DecoderArgs moe_args_of(DecoderArgs args, const MoEShape& shape) {
+  MoEArgs moe = qwen3_moe_routing();
+  moe.num_experts = shape.num_experts;
+  moe.top_k = shape.top_k;
+  moe.hidden_dim = shape.hidden_dim;
+  args.moe = moe;
+  return args;
+}
+
+}  // namespace
+
+MoEArgs qwen3_moe_routing() {
+  MoEArgs moe;
+  moe.score_function = ScoreFunction::kSoftmax;
+  moe.route_norm = true;  // Qwen3-MoE's norm_topk_prob
+  moe.load_balance_coeff = 1e-3;
+  return moe;
+}
+
+const std::map<std::string, DecoderArgs>& qwen3_moe_flavors() {
+  static const std::map<std::string, DecoderArgs> flavors = [] {
+    // A CPU-sized model: 8 experts of width 256, two per token, head_dim 32.
+    DecoderArgs debug = args_of({256, 4, 8, 4, 768, 2048, 4096, false});
+    debug.head_dim_override = 32;
+    return std::map<std::string, DecoderArgs>{
+        {"debugmodel_moe", moe_args_of(debug, {8, 2, 256})},
+        {"30B-A3B", moe_args_of(args_of({2048, 48, 32, 4, 6144, 151936, 40960, false}),
+                                {128, 8, 768})},
+        {"235B-A22B", moe_args_of(args_of({4096, 94, 64, 4, 12288, 151936, 40960, false}),
+                                  {128, 8, 1536})},
+    };
+  }();
+  return flavors;
+}
+
 void init_parameter(const DecoderArgs& /*args*/, const std::string& name, at::Tensor& param,
                     uint64_t seed) {
   at::NoGradGuard no_grad;
@@ -64,7 +105,14 @@ void init_parameter(const DecoderArgs& /*args*/, const std::string& name, at::Te
                      strings::ends_with(name, "attention.wo.weight") ||
                      strings::ends_with(name, "feed_forward.w1.weight") ||
                      strings::ends_with(name, "feed_forward.w2.weight") ||
-                     strings::ends_with(name, "feed_forward.w3.weight");
+                     strings::ends_with(name, "feed_forward.w3.weight") ||
+                     strings::ends_with(name, "moe.router.gate.weight") ||
+                     strings::ends_with(name, "moe.experts.w1") ||
+                     strings::ends_with(name, "moe.experts.w2") ||
+                     strings::ends_with(name, "moe.experts.w3") ||
+                     strings::ends_with(name, "moe.shared_experts.w1.weight") ||
+                     strings::ends_with(name, "moe.shared_experts.w2.weight") ||
+                     strings::ends_with(name, "moe.shared_experts.w3.weight");
   LOOM_CHECK(known, "qwen3 init: no rule for parameter ", name);
   param.normal_(0.0, 0.02, parameter_generator(param.device(), seed, name));
 }

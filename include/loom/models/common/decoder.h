@@ -17,20 +17,24 @@
 #include "loom/models/common/attention.h"
 #include "loom/models/common/decoder_args.h"
 #include "loom/models/common/feed_forward.h"
+#include "loom/models/common/moe.h"
 
 namespace loom::models {
 
 class TransformerBlockImpl : public torch::nn::Module {
  public:
-  // `hooks`: the model's hook table (its "layers.N.attention" and "layers.N.feed_forward"
-  // entries run around those submodules); null for a block used on its own.
+  // `hooks`: the model's hook table (its "layers.N.attention" and "layers.N.feed_forward" or
+  // "layers.N.moe" entries run around those submodules); null for a block used on its own.
   TransformerBlockImpl(int64_t layer_id, const DecoderArgs& args, const at::TensorOptions& options,
                        const ForwardHookTable* hooks = nullptr);
   at::Tensor forward(const at::Tensor& x, const at::Tensor& freqs_cis);
+  // The feed-forward of this block (dense or mixture) on normed hidden states, without hooks.
+  at::Tensor feed(const at::Tensor& h_normed);
 
   int64_t layer_id;
   Attention attention{nullptr};
-  FeedForward feed_forward{nullptr};
+  FeedForward feed_forward{nullptr};  // null on a mixture-of-experts layer
+  MoE moe{nullptr};                   // null on a dense layer
   RMSNorm attention_norm{nullptr}, ffn_norm{nullptr};
 
  private:

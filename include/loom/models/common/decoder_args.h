@@ -8,6 +8,8 @@
 #include <optional>
 #include <string>
 
+#include "loom/models/common/moe_args.h"
+
 namespace loom::models {
 
 // Llama 3.1 RoPE frequency scaling (long-context extension).
@@ -48,10 +50,13 @@ struct DecoderArgs {
   // Output projections of block i are initialized with std 0.02 / sqrt(2 (i + 1)) when true,
   // 0.02 / sqrt(2 n_layers) when false (Llama's init).
   bool depth_init = true;
+  // Mixture-of-experts feed-forward on the layers MoEArgs::is_moe_layer picks; unset: dense.
+  std::optional<MoEArgs> moe;
 
   int64_t head_dim() const { return head_dim_override.value_or(dim / n_heads); }
   int64_t kv_heads() const { return n_kv_heads.value_or(n_heads); }
   int64_t ffn_hidden_dim() const;
+  bool is_moe_layer(int64_t layer) const { return moe && moe->is_moe_layer(layer); }
   // Throws loom::InputError naming `family` and the first inconsistent argument.
   void validate(const std::string& family = "decoder") const;
 };

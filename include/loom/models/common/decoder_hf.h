@@ -43,6 +43,9 @@ struct DecoderHfDialect {
   // The class reads use_sliding_window, default false (Qwen's): sliding_window is switched off
   // unless use_sliding_window is true. Otherwise only an explicit false switches it off.
   bool window_switch = false;
+  // A mixture-of-experts class (Qwen3MoeForCausalLM): the routing settings config.json does not
+  // carry (the balancing bias, capacity) come from here, the shapes and top-k from the file.
+  std::optional<MoEArgs> moe;
 };
 
 // The decoder arguments of a config.json (`source` names it in errors), in the layout of

@@ -31,7 +31,7 @@ class DecoderModel final : public CausalLM {
 
   void replace_parameter(const std::string& name, const at::Tensor& value) override;
   void init_parameter(const std::string& name, at::Tensor& full, uint64_t seed) override;
-  void init_buffers(const at::Device& device) override { model_->init_freqs_cis(device); }
+  void init_buffers(const at::Device& device) override;
   void init_weights(uint64_t seed) override;
 
   int64_t max_seq_len() const override { return model_->args.max_seq_len; }

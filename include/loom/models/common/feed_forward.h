@@ -9,6 +9,7 @@ namespace loom::models {
 class FeedForwardImpl : public torch::nn::Module {
  public:
   FeedForwardImpl(const DecoderArgs& args, const at::TensorOptions& options);
+  FeedForwardImpl(int64_t dim, int64_t hidden, const at::TensorOptions& options);
   at::Tensor forward(const at::Tensor& x);
 
   Linear w1{nullptr}, w2{nullptr}, w3{nullptr};

@@ -25,8 +25,17 @@ class WeightModule : public torch::nn::Module {
   explicit WeightModule(at::Tensor initial);
 };
 
+// A module that reads its parameters from its table at each call, never from cached members, so
+// that replace() (FSDP's swap of a meta or sharded tensor) takes effect for any of them.
+class ParameterTableModule : public torch::nn::Module {
+ public:
+  // Throws InternalError when the module has no parameter `key`.
+  void replace(const std::string& key, const at::Tensor& value);
+  const at::Tensor& param(const std::string& key) const { return parameters_[key]; }
+};
+
 // Replaces the parameter `name` ("layers.0.attention.wq.weight") of `root`; throws
-// InternalError when no WeightModule owns it.
+// InternalError when no WeightModule or ParameterTableModule owns it.
 void replace_parameter(torch::nn::Module& root, const std::string& name, const at::Tensor& value);
 
 // y = x W^T, no bias (Llama has none).

@@ -16,6 +16,13 @@ namespace loom::models::qwen3 {
 // debugmodel, 0.6B, 1.7B, 4B, 8B, 14B, 32B; vocab_size is a default the tokenizer may replace.
 const std::map<std::string, DecoderArgs>& qwen3_flavors();
 
+// Qwen3-MoE (every layer a mixture of softmax-routed experts, top-k gates renormalized): flavors
+// debugmodel_moe (CPU-sized), 30B-A3B and 235B-A22B with Qwen's shapes.
+const std::map<std::string, DecoderArgs>& qwen3_moe_flavors();
+// The routing Qwen3-MoE trains with in loom: softmax scores, norm_topk_prob, and DeepSeek-V3's
+// balancing bias with coefficient 1e-3 (torchtitan's default; Hugging Face configs carry none).
+MoEArgs qwen3_moe_routing();
+
 // Qwen3's initialization (torchtitan's): every projection and the table normal with std 0.02,
 // norms 1. Layout-independent (common/init.h).
 void init_parameter(const DecoderArgs& args, const std::string& name, at::Tensor& param,

@@ -1,0 +1,180 @@
+#include "loom/models/common/moe.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <cmath>
+
+#include "loom/core/check.h"
+#include "loom/models/kernels/swiglu.h"
+#include "loom/parallel/activation_checkpoint.h"
+
+namespace loom::models {
+namespace {
+
+// Identity on the layer's output whose backward also sends `scale` as the gradient of the
+// auxiliary loss (Megatron's MoEAuxLossAutoScaler): the loss trains the router without being
+// added to the language-model loss the trainer reports.
+class AttachAuxLoss : public torch::autograd::Function<AttachAuxLoss> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& output,
+                            const at::Tensor& aux, double scale) {
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["aux_options"] = aux.scalar_type();
+    return output.view_as(output);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const double scale = ctx->saved_data["scale"].toDouble();
+    const auto dtype = ctx->saved_data["aux_options"].toScalarType();
+    at::Tensor aux_grad = at::full({}, scale, grads.at(0).options().dtype(dtype));
+    return {grads.at(0), aux_grad, at::Tensor()};
+  }
+};
+
+}  // namespace
+
+GroupedExpertsImpl::GroupedExpertsImpl(int64_t num_experts, int64_t dim, int64_t hidden,
+                                       bool grouped, const at::TensorOptions& options)
+    : use_grouped_mm(grouped) {
+  register_parameter("w1", at::empty({num_experts, hidden, dim}, options));
+  register_parameter("w2", at::empty({num_experts, dim, hidden}, options));
+  register_parameter("w3", at::empty({num_experts, hidden, dim}, options));
+}
+
+at::Tensor GroupedExpertsImpl::forward(const at::Tensor& tokens, const at::Tensor& counts) {
+  // Read through the table at each call: FSDP swaps the parameters as it gathers.
+  auto project = [&](const at::Tensor& in, const char* key) {
+    return grouped_matmul(in, param(key).transpose(-2, -1), counts, use_grouped_mm);
+  };
+  return project(kernels::swiglu(project(tokens, "w1"), project(tokens, "w3")), "w2");
+}
+
+MoEImpl::MoEImpl(const DecoderArgs& decoder, const at::TensorOptions& options)
+    : args(*decoder.moe) {
+  router = register_module("router", TokenChoiceRouter(decoder.dim, args, options));
+  experts = register_module("experts", GroupedExperts(args.num_experts, decoder.dim,
+                                                      args.hidden_dim, args.use_grouped_mm,
+                                                      options));
+  if (args.num_shared_experts > 0) {
+    shared_experts = register_module(
+        "shared_experts",
+        FeedForward(decoder.dim, args.hidden_dim * args.num_shared_experts, options));
+  }
+  // Float32 whatever the model's dtype: the bias moves by coeff (1e-3) steps.
+  const at::TensorOptions state = options.dtype(at::kFloat);
+  expert_bias = at::zeros({args.num_experts}, state);
+  tokens_per_expert = at::zeros({args.num_experts}, state);
+}
+
+void MoEImpl::set_dispatcher(std::shared_ptr<TokenDispatcher> dispatcher) {
+  dispatcher_ = std::move(dispatcher);
+}
+
+at::Tensor MoEImpl::run_experts(const at::Tensor& routed, const at::Tensor& counts) {
+  if (!dispatcher_) return experts->forward(routed, counts);
+  auto dispatched = dispatcher_->dispatch(routed, counts);
+  at::Tensor out = experts->forward(dispatched.tokens, dispatched.local_counts);
+  return dispatcher_->combine(out);
+}
+
+at::Tensor MoEImpl::aux_loss(const Routing& routing, const at::Tensor& counts, int64_t batch,
+                             int64_t seq) const {
+  const double e = static_cast<double>(args.num_experts);
+  const double k = static_cast<double>(args.top_k);
+  if (args.aux_loss_type == AuxLossType::kGlobal) {
+    // Switch-transformer balance: E * sum_e (share of routed copies) * (mean probability).
+    const double t = static_cast<double>(routing.probs.size(0));
+    return (routing.probs.sum(0) * counts.to(at::kFloat)).sum() * (e / (k * t * t));
+  }
+  // The same per sequence, averaged over the micro-batch's sequences.
+  const at::Tensor probs = routing.probs.view({batch, seq, -1});
+  const at::Tensor per_sequence =
+      at::zeros({batch, args.num_experts}, probs.options())
+          .scatter_add_(1, routing.experts.view({batch, -1}),
+                        at::ones({batch, seq * args.top_k}, probs.options()));
+  const double s = static_cast<double>(seq);
+  return ((probs.sum(1) * per_sequence).sum(1) * (e / (k * s * s))).mean();
+}
+
+at::Tensor MoEImpl::forward(const at::Tensor& x) {
+  const int64_t dim = x.size(-1);
+  const at::Tensor tokens = x.reshape({-1, dim});
+  const int64_t n = tokens.size(0);
+  const int64_t k = args.top_k;
+  const bool training = parallel::in_training_forward();
+  Routing routing =
+      router->forward(tokens, args.load_balance_coeff > 0 ? expert_bias : at::Tensor());
+
+  const at::Tensor flat = routing.experts.reshape({-1});
+  at::Tensor counts = at::bincount(flat, {}, args.num_experts);
+  if (training) {
+    at::NoGradGuard no_grad;
+    tokens_per_expert.add_(counts);
+  }
+  // Routed copies sorted by expert; a stable sort keeps each expert's tokens in token order.
+  at::Tensor order = std::get<1>(flat.sort(std::optional<bool>(true), 0));
+  at::Tensor gates = routing.gates.reshape({-1}).index_select(0, order);
+  if (args.capacity_factor > 0) {
+    // Each expert keeps its first `capacity` tokens; the rest pass through the residual only.
+    const auto capacity = static_cast<int64_t>(std::ceil(
+        args.capacity_factor * static_cast<double>(n * k) / static_cast<double>(args.num_experts)));
+    const at::Tensor starts = counts.cumsum(0) - counts;
+    const at::Tensor rank = at::arange(n * k, flat.options()) -
+                            starts.index_select(0, flat.index_select(0, order));
+    const at::Tensor kept = (rank < capacity).nonzero().squeeze(1);
+    const at::Tensor kept_counts = counts.clamp_max(capacity);
+    dropped_ += static_cast<double>((counts - kept_counts).sum().item<int64_t>());
+    order = order.index_select(0, kept);
+    gates = gates.index_select(0, kept);
+    counts = kept_counts;
+  }
+  const at::Tensor routed = tokens.index_select(0, order.div(k, "floor"));
+  const at::Tensor out = run_experts(routed, counts) * gates.unsqueeze(1).to(routed.scalar_type());
+  // Back to (token, choice) order, then each token's sum over its k choices.
+  at::Tensor combined = at::zeros({n * k, dim}, out.options()).index_copy(0, order, out);
+  combined = combined.view({n, k, dim}).sum(1);
+  if (shared_experts) combined = combined + shared_experts->forward(tokens);
+
+  if (args.aux_loss_coeff > 0 && training && at::GradMode::is_enabled()) {
+    const int64_t batch = x.dim() == 3 ? x.size(0) : 1;
+    const at::Tensor aux =
+        aux_loss(routing, at::bincount(flat, {}, args.num_experts), batch, n / batch) *
+        args.aux_loss_coeff;
+    aux_sum_ += aux.item<double>();
+    ++aux_count_;
+    combined = AttachAuxLoss::apply(combined, aux, aux_loss_scale_);
+  }
+  return combined.view(x.sizes());
+}
+
+void MoEImpl::init_buffers(const at::Device& device) {
+  if (!expert_bias.is_meta() && expert_bias.device() == device) return;
+  const at::TensorOptions state = at::TensorOptions().dtype(at::kFloat).device(device);
+  expert_bias = at::zeros({args.num_experts}, state);
+  tokens_per_expert = at::zeros({args.num_experts}, state);
+}
+
+MoELoad MoEImpl::take_load_statistics() {
+  MoELoad load;
+  load.tokens_per_expert = tokens_per_expert.clone();
+  load.dropped_tokens = dropped_;
+  load.aux_loss = aux_sum_;
+  load.aux_loss_count = aux_count_;
+  tokens_per_expert.zero_();
+  dropped_ = 0;
+  aux_sum_ = 0;
+  aux_count_ = 0;
+  return load;
+}
+
+void MoEImpl::update_expert_bias(const at::Tensor& global_tokens_per_expert) {
+  if (args.load_balance_coeff <= 0) return;
+  at::NoGradGuard no_grad;
+  const at::Tensor load = global_tokens_per_expert.to(expert_bias.device(), at::kFloat);
+  // Under-loaded experts (below the mean) become likelier to be picked, over-loaded ones less.
+  expert_bias.add_((load.mean() - load).sign() * args.load_balance_coeff);
+  expert_bias.sub_(expert_bias.mean());
+}
+
+}  // namespace loom::models
