@@ -24,6 +24,8 @@ constexpr GroupName kGroupNames[] = {{"pp", MeshGroup::pp},
                                      {"dp", MeshGroup::dp},
                                      {"fsdp", MeshGroup::fsdp},
                                      {"loss", MeshGroup::loss},
+                                     {"ep", MeshGroup::ep},
+                                     {"efsdp", MeshGroup::efsdp},
                                      {"dp_shard_cp", MeshGroup::fsdp},
                                      {"dp_cp", MeshGroup::loss}};
 
@@ -57,6 +59,8 @@ std::vector<MeshDim> mesh_dims_of(MeshGroup group) {
     case MeshGroup::dp: return {MeshDim::dp_replicate, MeshDim::dp_shard};
     case MeshGroup::fsdp: return {MeshDim::dp_shard, MeshDim::cp};
     case MeshGroup::loss: return {MeshDim::dp_replicate, MeshDim::dp_shard, MeshDim::cp};
+    case MeshGroup::ep: return {MeshDim::dp_shard};
+    case MeshGroup::efsdp: return {MeshDim::dp_shard, MeshDim::cp};
   }
   LOOM_THROW(InternalError, "unknown MeshGroup ", static_cast<int>(group));
 }
@@ -72,7 +76,9 @@ MeshGroup mesh_group_from_name(std::string_view name) {
 }
 
 DeviceMesh::DeviceMesh(const ParallelDims& dims)
-    : sizes_{dims.pp, dims.dp_replicate, dims.dp_shard, dims.cp, dims.tp} {
+    : sizes_{dims.pp, dims.dp_replicate, dims.dp_shard, dims.cp, dims.tp}, ep_(dims.ep) {
+  LOOM_CHECK(ep_ >= 1 && dims.dp_shard % ep_ == 0, "expert parallelism ", ep_,
+             " must divide dp_shard ", dims.dp_shard);
   int64_t stride = 1;
   for (int d = kNumMeshDims - 1; d >= 0; --d) {
     LOOM_CHECK(sizes_[d] >= 1, "mesh dimension ", to_string(static_cast<MeshDim>(d)), " has size ",
@@ -85,9 +91,50 @@ DeviceMesh::DeviceMesh(const ParallelDims& dims)
              world_size_);
 }
 
+DeviceMesh::GroupAxes DeviceMesh::axes_of(MeshGroup group) const {
+  const int64_t shard = size(MeshDim::dp_shard);
+  switch (group) {
+    case MeshGroup::ep: return {{MeshDim::dp_shard}, {ep_}};
+    case MeshGroup::efsdp:
+      return {{MeshDim::dp_shard, MeshDim::cp}, {shard / ep_, size(MeshDim::cp)}};
+    default: break;
+  }
+  GroupAxes axes{mesh_dims_of(group), {}};
+  for (MeshDim dim : axes.dims) axes.sizes.push_back(size(dim));
+  return axes;
+}
+
+std::vector<int64_t> DeviceMesh::axes_values(MeshGroup group, const MeshCoord& coord) const {
+  const int64_t shard = coord[index(MeshDim::dp_shard)];
+  switch (group) {
+    case MeshGroup::ep: return {shard % ep_};
+    case MeshGroup::efsdp: return {shard / ep_, coord[index(MeshDim::cp)]};
+    default: break;
+  }
+  std::vector<int64_t> values;
+  for (MeshDim dim : mesh_dims_of(group)) values.push_back(coord[index(dim)]);
+  return values;
+}
+
+MeshCoord DeviceMesh::with_axes(MeshGroup group, MeshCoord coord,
+                                const std::vector<int64_t>& values) const {
+  int64_t& shard = coord[index(MeshDim::dp_shard)];
+  switch (group) {
+    case MeshGroup::ep: shard = shard / ep_ * ep_ + values[0]; return coord;
+    case MeshGroup::efsdp:
+      shard = values[0] * ep_ + shard % ep_;
+      coord[index(MeshDim::cp)] = values[1];
+      return coord;
+    default: break;
+  }
+  const auto dims = mesh_dims_of(group);
+  for (size_t i = 0; i < dims.size(); ++i) coord[index(dims[i])] = values[i];
+  return coord;
+}
+
 int64_t DeviceMesh::size(MeshGroup group) const {
   int64_t n = 1;
-  for (MeshDim dim : mesh_dims_of(group)) n *= size(dim);
+  for (int64_t s : axes_of(group).sizes) n *= s;
   return n;
 }
 
@@ -115,28 +162,30 @@ int64_t DeviceMesh::rank_of(const MeshCoord& coord) const {
 }
 
 std::vector<int64_t> DeviceMesh::group_ranks(MeshGroup group, int64_t rank) const {
-  const std::vector<MeshDim> dims = mesh_dims_of(group);
-  MeshCoord coord = coordinate(rank);
+  const GroupAxes axes = axes_of(group);
+  const MeshCoord coord = coordinate(rank);
   const int64_t n = size(group);
   std::vector<int64_t> ranks;
   ranks.reserve(static_cast<size_t>(n));
-  // Walk the group's coordinates row-major (last dimension fastest); the other coordinates stay
+  // Walk the group's coordinates row-major (last axis fastest); the other coordinates stay
   // those of `rank`. Row-major order within the group is ascending global rank order.
+  std::vector<int64_t> values(axes.sizes.size());
   for (int64_t i = 0; i < n; ++i) {
     int64_t rest = i;
-    for (auto it = dims.rbegin(); it != dims.rend(); ++it) {
-      coord[index(*it)] = rest % size(*it);
-      rest /= size(*it);
+    for (size_t a = values.size(); a-- > 0;) {
+      values[a] = rest % axes.sizes[a];
+      rest /= axes.sizes[a];
     }
-    ranks.push_back(rank_of(coord));
+    ranks.push_back(rank_of(with_axes(group, coord, values)));
   }
   return ranks;
 }
 
 int64_t DeviceMesh::group_rank(MeshGroup group, int64_t rank) const {
-  const MeshCoord coord = coordinate(rank);
+  const GroupAxes axes = axes_of(group);
+  const std::vector<int64_t> values = axes_values(group, coordinate(rank));
   int64_t local = 0;
-  for (MeshDim dim : mesh_dims_of(group)) local = local * size(dim) + coord[index(dim)];
+  for (size_t a = 0; a < values.size(); ++a) local = local * axes.sizes[a] + values[a];
   return local;
 }
 

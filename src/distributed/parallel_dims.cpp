@@ -49,12 +49,6 @@ ParallelDims ParallelDims::from_config(const config::ParallelismSection& p, int6
                 "parallelism.data_parallel_shard_degree must be >= 1, or -1 for the ranks left "
                 "over by the other degrees, got ",
                 p.data_parallel_shard_degree);
-  // Experts would be split over (part of) dp_shard x cp, as in torchtitan; without a
-  // mixture-of-experts model there is nothing to split.
-  LOOM_CHECK_AS(InputError, p.expert_parallel_degree == 1,
-                "parallelism.expert_parallel_degree = ", p.expert_parallel_degree,
-                " is not supported: loom has no mixture-of-experts model yet; set it to 1");
-
   ParallelDims dims;
   dims.pp = p.pipeline_parallel_degree;
   dims.dp_replicate = p.data_parallel_replicate_degree;
@@ -87,17 +81,28 @@ ParallelDims ParallelDims::from_config(const config::ParallelismSection& p, int6
   auto total = product(all);
   LOOM_CHECK_AS(InputError, total && *total == world_size, "parallelism: ", product_text(all),
                 ", but the world size is ", world_size);
+  // Expert parallelism borrows its ranks from dp_shard (torchtitan borrows from dp_shard x cp;
+  // loom has no context parallelism yet).
+  LOOM_CHECK_AS(InputError, dims.dp_shard % dims.ep == 0,
+                "parallelism.expert_parallel_degree = ", dims.ep,
+                " must divide data_parallel_shard_degree = ", dims.dp_shard,
+                ": expert-parallel ranks are taken from the FSDP ranks, which split the tokens");
+  LOOM_CHECK_AS(InputError, p.expert_tensor_parallel_degree == 1,
+                "parallelism.expert_tensor_parallel_degree = ", p.expert_tensor_parallel_degree,
+                ": loom does not split experts by tensor parallelism; set it to 1");
   return dims;
 }
 
 std::string ParallelDims::describe() const {
   return detail::concat("world ", world_size, " = pp ", pp, " x dp_replicate ", dp_replicate,
-                        " x dp_shard ", dp_shard, " x cp ", cp, " x tp ", tp);
+                        " x dp_shard ", dp_shard, " x cp ", cp, " x tp ", tp,
+                        ep > 1 ? detail::concat(" (ep ", ep, " of dp_shard)") : std::string());
 }
 
 std::string ParallelDims::layout() const {
   return detail::concat("pp ", pp, ", dp_replicate ", dp_replicate, ", dp_shard ", dp_shard,
-                        ", cp ", cp, ", tp ", tp);
+                        ", cp ", cp, ", tp ", tp,
+                        ep > 1 ? detail::concat(", ep ", ep) : std::string());
 }
 
 }  // namespace loom::distributed

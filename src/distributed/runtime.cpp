@@ -52,6 +52,10 @@ ParallelRuntime::ParallelRuntime(const config::JobConfig& config, WorldInfo worl
     groups_[static_cast<size_t>(kind)] =
         groups_owner_->new_group(to_string(kind), to_int(mesh_.group_ranks(kind, world_.rank)));
   }
+  for (MeshGroup kind : kExpertMeshGroups) {
+    groups_[static_cast<size_t>(kind)] =
+        groups_owner_->new_group(to_string(kind), to_int(mesh_.group_ranks(kind, world_.rank)));
+  }
   if (world_.world_size > 1) {
     log::get("runtime")->info("rank {} ({} launch, local rank {}, node {}): {}", world_.rank,
                               world_.source, world_.local_rank, world_.group_rank,

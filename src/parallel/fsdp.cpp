@@ -30,6 +30,7 @@ struct FullyShardedDataParallel::Param {
 struct FullyShardedDataParallel::Unit {
   enum class State { kSharded, kGathering, kUnsharded };
   std::string name;
+  std::shared_ptr<distributed::Comm> shard;  // the ranks that split this unit's parameters
   std::vector<Param> params;
   int64_t chunk = 0;  // per-rank buffer: sum of the parameters' chunks
   // float32 [chunk]: the shards live here, at their offsets (zeros in the padding), so that the
@@ -150,6 +151,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(
   for (size_t u = 0; u < units.size(); ++u) {
     auto unit = std::make_unique<Unit>();
     unit->name = units[u].name;
+    unit->shard = units[u].shard_group ? units[u].shard_group : shard_;
     // The unit that ends the forward (its backward follows at once): the last one, or one that
     // spans the model (a tied embedding table's, which runs first and last).
     const bool last = units[u].modules.back() == units.back().modules.back() ||
@@ -164,7 +166,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(
           given != placements.end() ? given->second : Placement::whole(it->second.sizes());
       LOOM_CHECK(before.lengths == it->second.sizes().vec(), "FSDP: parameter ", name,
                  " has shape ", it->second.sizes(), " but its placement is ", before.describe());
-      unit->params.push_back(shard_parameter(name, before, u, unit->chunk, seed));
+      unit->params.push_back(shard_parameter(name, before, u, *unit->shard, unit->chunk, seed));
       unit->chunk += unit->params.back().chunk;
       names_.push_back(name);
       existing.erase(it);
@@ -201,6 +203,17 @@ std::string FullyShardedDataParallel::describe() const {
   std::string text = "FSDP: " + std::to_string(names_.size()) + " parameters in " +
                      std::to_string(units_.size()) + " units sharded over group '" + shard_->name() +
                      "' (" + std::to_string(shard_->size()) + " ranks)";
+  int64_t others = 0;
+  const distributed::Comm* other = nullptr;
+  for (const auto& unit : units_) {
+    if (unit->shard == shard_) continue;
+    ++others;
+    other = unit->shard.get();
+  }
+  if (other != nullptr) {
+    text += ", " + std::to_string(others) + " of them over '" + other->name() + "' (" +
+            std::to_string(other->size()) + ")";
+  }
   if (replicate_ && replicate_->size() > 1) {
     text += ", replicated over '" + replicate_->name() + "' (" +
             std::to_string(replicate_->size()) + ")";
@@ -213,12 +226,12 @@ std::string FullyShardedDataParallel::describe() const {
 
 // This rank's shard of one parameter, and the unsharded holder that replaces it in the model.
 FullyShardedDataParallel::Param FullyShardedDataParallel::shard_parameter(
-    const std::string& name, const Placement& before, size_t unit, int64_t offset,
-    uint64_t seed) {
+    const std::string& name, const Placement& before, size_t unit, distributed::Comm& group,
+    int64_t offset, uint64_t seed) {
   const std::vector<int64_t>& shape = before.lengths;
   LOOM_CHECK(!shape.empty() && shape[0] > 0, "FSDP: parameter ", name, " has no dim 0 to shard");
-  const int64_t n = shard_->size();
-  const ShardRange rows = shard_range(shape[0], shard_->rank(), n);
+  const int64_t n = group.size();
+  const ShardRange rows = shard_range(shape[0], group.rank(), n);
   Param p;
   p.name = name;
   p.numel = c10::multiply_integers(shape);
@@ -226,7 +239,7 @@ FullyShardedDataParallel::Param FullyShardedDataParallel::shard_parameter(
   p.chunk = rows.padded * row;
   p.local_numel = rows.count * row;
   p.offset = offset;
-  p.placement = before.shard(0, shard_->rank(), n);
+  p.placement = before.shard(0, group.rank(), n);
   if (replicate_) p.placement = p.placement.replicate(MeshAxis::of(replicate_), false);
   p.shard = materialize_local(model_, name, p.placement,
                               at::TensorOptions().dtype(at::kFloat).device(device_), seed);
@@ -270,8 +283,8 @@ void FullyShardedDataParallel::start_unshard(Unit& unit, bool prefetch) {
   // Nothing writes the shards while a gather reads them: the optimizer steps after the
   // gradient sync, which waits for every unit's gather.
   unit.gather_in = unit.shards.to(options_.param_dtype);  // the buffer itself when float32
-  unit.gather_out = at::empty({unit.chunk * shard_->size()}, options);
-  unit.gather_work = shard_->all_gather_into_tensor(unit.gather_out, unit.gather_in, true);
+  unit.gather_out = at::empty({unit.chunk * unit.shard->size()}, options);
+  unit.gather_work = unit.shard->all_gather_into_tensor(unit.gather_out, unit.gather_in, true);
   unit.state = Unit::State::kGathering;
   ++stats_.all_gathers;
   int64_t gathered = 0;
@@ -285,7 +298,7 @@ void FullyShardedDataParallel::wait_unshard(Unit& unit) {
   start_unshard(unit, false);
   unit.gather_work.wait();
   at::NoGradGuard no_grad;
-  const at::Tensor rows = unit.gather_out.view({shard_->size(), unit.chunk});
+  const at::Tensor rows = unit.gather_out.view({unit.shard->size(), unit.chunk});
   for (auto& p : unit.params) {
     allocate_storage(p.unsharded);
     // variable_data(): a fresh version counter, so autograd's saved copies stay valid.
@@ -345,7 +358,7 @@ void FullyShardedDataParallel::launch_reduce_scatter(Unit& unit) {
   // The previous microbatch's result joins the float32 sum before new buffers are taken.
   if (unit.reduce_launched) fold_reduce_scatter(unit);
   at::NoGradGuard no_grad;
-  const int64_t n = shard_->size();
+  const int64_t n = unit.shard->size();
   const auto options = at::TensorOptions().dtype(options_.reduce_dtype).device(device_);
   unit.reduce_in = at::empty({n * unit.chunk}, options);  // every element written below
   const at::Tensor rows = unit.reduce_in.view({n, unit.chunk});
@@ -359,8 +372,8 @@ void FullyShardedDataParallel::launch_reduce_scatter(Unit& unit) {
     p.unsharded.mutable_grad() = at::Tensor();  // the unsharded gradient is no longer needed
   }
   unit.reduce_out = at::empty({unit.chunk}, options);
-  unit.reduce_work = shard_->reduce_scatter_tensor(unit.reduce_out, unit.reduce_in,
-                                                   distributed::ReduceOp::kSum, true);
+  unit.reduce_work = unit.shard->reduce_scatter_tensor(unit.reduce_out, unit.reduce_in,
+                                                       distributed::ReduceOp::kSum, true);
   unit.reduce_launched = true;
   unit.reduced_this_backward = true;
   ++stats_.reduce_scatters;
@@ -433,10 +446,11 @@ at::Tensor FullyShardedDataParallel::full_parameter(const std::string& name) {
       const auto options = at::TensorOptions().dtype(at::kFloat).device(device_);
       at::Tensor in = at::zeros({p.chunk}, options);
       in.narrow(0, 0, p.local_numel).copy_(p.shard.detach().reshape({-1}));
-      at::Tensor out = at::empty({p.chunk * shard_->size()}, options);
-      shard_->all_gather_into_tensor(out, in);
+      distributed::Comm& group = *unit->shard;
+      at::Tensor out = at::empty({p.chunk * group.size()}, options);
+      group.all_gather_into_tensor(out, in);
       at::Tensor full = at::empty(p.unsharded.sizes(), options);
-      copy_rows_to_flat(full.view({-1}), out.view({shard_->size(), p.chunk}), p.numel);
+      copy_rows_to_flat(full.view({-1}), out.view({group.size(), p.chunk}), p.numel);
       return full;
     }
   }
@@ -459,7 +473,7 @@ int64_t FullyShardedDataParallel::total_numel() const {
 
 int64_t FullyShardedDataParallel::gathered_bytes() const {
   int64_t total = 0;
-  for (const auto& unit : units_) total += unit->chunk * shard_->size();
+  for (const auto& unit : units_) total += unit->chunk * unit->shard->size();
   return total * static_cast<int64_t>(c10::elementSize(options_.param_dtype));
 }
 

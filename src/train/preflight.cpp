@@ -22,7 +22,8 @@ namespace {
 int64_t fixed_degrees(const config::ParallelismSection& p) {
   return p.pipeline_parallel_degree * p.data_parallel_replicate_degree * p.context_parallel_degree *
          p.tensor_parallel_degree *
-         (p.data_parallel_shard_degree > 0 ? p.data_parallel_shard_degree : 1);
+         (p.data_parallel_shard_degree > 0 ? p.data_parallel_shard_degree
+                                           : p.expert_parallel_degree);  // ep divides dp_shard
 }
 
 void check_dataset(const std::string& name, const std::optional<std::string>& path,

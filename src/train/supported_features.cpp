@@ -20,7 +20,7 @@ bool collect_problem(std::vector<std::string>& problems, const std::function<voi
 }
 
 bool degrees_supported(const config::ParallelismSection& p) {
-  return p.context_parallel_degree == 1 && p.expert_parallel_degree == 1;
+  return p.context_parallel_degree == 1;
 }
 
 std::vector<std::string> unsupported_features(const config::JobConfig& config,
@@ -31,11 +31,6 @@ std::vector<std::string> unsupported_features(const config::JobConfig& config,
     problems.push_back(
         detail::concat("parallelism.context_parallel_degree = ", p.context_parallel_degree,
                        ": context parallelism is not implemented yet; set it to 1"));
-  }
-  if (p.expert_parallel_degree != 1) {
-    problems.push_back(
-        detail::concat("parallelism.expert_parallel_degree = ", p.expert_parallel_degree,
-                       " is not supported: loom has no mixture-of-experts model yet; set it to 1"));
   }
   if (p.enable_async_tensor_parallel) {
     problems.push_back(

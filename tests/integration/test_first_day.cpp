@@ -289,16 +289,15 @@ TEST(FirstDay, ConfigValidateCatchesWhatTrainWouldRefuse) {
   EXPECT_EQ(any.exit_code, 0) << any.output;
 
   // Every refusal at once, each said once, and the same list from `loom train` (both run one
-  // function): an unknown model, cp 2, ep 2, float8, c4 and a validation longer than training.
+  // function): an unknown model, cp 2, float8, c4 and a validation longer than training.
   const std::string all_bad =
       config +
       " --model.name llama9 --parallelism.context_parallel_degree 2"
-      " --parallelism.expert_parallel_degree 2 --model.converters float8 --training.dataset c4"
+      " --model.converters float8 --training.dataset c4"
       " --training.seq_len 128";
   const std::vector<std::string> refusals = {
       "model.name: unknown model 'llama9'",
       "context_parallel_degree = 2",
-      "expert_parallel_degree = 2",
       "model.converters = [float8]",
       "training.dataset = 'c4'",
       "validation.seq_len (256) exceeds training.seq_len (128)"};

@@ -158,14 +158,49 @@ TEST(ParallelDims, RejectsDegreesBelowOne) {
   EXPECT_EQ(input_error(section(1, 1, -1, 1, 1), 0), "the world size must be >= 1, got 0");
 }
 
-TEST(ParallelDims, ExpertParallelismIsRejectedClearly) {
-  ParallelismSection p = section(1, 1, -1, 1, 1);
+TEST(ParallelDims, ExpertParallelismTakesItsRanksFromTheShardDegree) {
+  ParallelismSection p = section(1, 1, -1, 1, 2);
   p.expert_parallel_degree = 2;
+  const ParallelDims d = ParallelDims::from_config(p, 8);
+  EXPECT_EQ(d.ep, 2);
+  EXPECT_EQ(d.dp_shard, 4);
+  EXPECT_EQ(d.layout(), "pp 1, dp_replicate 1, dp_shard 4, cp 1, tp 2, ep 2");
+  p.expert_parallel_degree = 3;
   std::string message = input_error(p, 8);
-  EXPECT_NE(message.find("parallelism.expert_parallel_degree = 2 is not supported"),
+  EXPECT_NE(message.find("parallelism.expert_parallel_degree = 3 must divide "
+                         "data_parallel_shard_degree = 4"),
             std::string::npos)
       << message;
-  EXPECT_NE(message.find("set it to 1"), std::string::npos) << message;
+  p.expert_parallel_degree = 1;
+  p.expert_tensor_parallel_degree = 2;
+  message = input_error(p, 8);
+  EXPECT_NE(message.find("parallelism.expert_tensor_parallel_degree = 2"), std::string::npos)
+      << message;
+}
+
+// ep splits dp_shard's coordinate into (c / ep, c % ep): ep groups are neighbours in dp_shard,
+// efsdp groups take one rank of each ep group.
+TEST(DeviceMesh, ExpertGroupsSplitTheShardDimension) {
+  ParallelismSection p = section(1, 2, 4, 1, 1);
+  p.expert_parallel_degree = 2;
+  DeviceMesh mesh(ParallelDims::from_config(p, 8));
+  EXPECT_EQ(mesh.size(MeshGroup::ep), 2);
+  EXPECT_EQ(mesh.size(MeshGroup::efsdp), 2);
+  EXPECT_EQ(mesh.all_groups(MeshGroup::ep), (Groups{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
+  EXPECT_EQ(mesh.all_groups(MeshGroup::efsdp), (Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
+  EXPECT_EQ(mesh.group_rank(MeshGroup::ep, 3), 1);
+  EXPECT_EQ(mesh.group_rank(MeshGroup::efsdp, 3), 1);
+  EXPECT_EQ(mesh.all_groups("ep"), mesh.all_groups(MeshGroup::ep));
+  // With tp inside: the ep partners of a rank share its tp coordinate.
+  ParallelismSection q = section(1, 1, 2, 1, 2);
+  q.expert_parallel_degree = 2;
+  DeviceMesh with_tp(ParallelDims::from_config(q, 4));
+  EXPECT_EQ(with_tp.all_groups(MeshGroup::ep), (Groups{{0, 2}, {1, 3}}));
+  EXPECT_EQ(with_tp.size(MeshGroup::efsdp), 1);
+  // ep = 1: efsdp is fsdp.
+  DeviceMesh plain(ParallelDims::from_config(section(1, 1, 4, 1, 2), 8));
+  EXPECT_EQ(plain.all_groups(MeshGroup::efsdp), plain.all_groups(MeshGroup::fsdp));
+  EXPECT_EQ(plain.size(MeshGroup::ep), 1);
 }
 
 TEST(ParallelDims, HugeDegreesDoNotOverflow) {
@@ -219,6 +254,8 @@ std::set<int> dims_in(MeshGroup group) {
     case MeshGroup::dp: return {1, 2};
     case MeshGroup::fsdp: return {2, 3};
     case MeshGroup::loss: return {1, 2, 3};
+    case MeshGroup::ep:
+    case MeshGroup::efsdp: return {};  // parts of dp_shard: ExpertGroupsSplitTheShardDimension
   }
   return {};
 }
@@ -357,7 +394,7 @@ TEST(DeviceMesh, UnknownNamesAndOutOfRangeRanksAreInternalErrors) {
   } catch (const loom::InternalError& error) {
     EXPECT_EQ(error.message(),
               "unknown mesh group 'fsdp_tp'; valid names: pp, dp_replicate, dp_shard, cp, tp, dp, "
-              "fsdp, loss, dp_shard_cp, dp_cp");
+              "fsdp, loss, ep, efsdp, dp_shard_cp, dp_cp");
   }
   EXPECT_THROW(mesh.group_ranks(MeshGroup::tp, 4), loom::InternalError);
   EXPECT_THROW(mesh.coordinate(-1), loom::InternalError);

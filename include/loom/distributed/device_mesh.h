@@ -8,6 +8,11 @@
 // tokens make up one global batch: loss and gradient averaging). Within a group, ranks are in
 // ascending order and a rank's index is its group rank (the row-major index of its coordinates
 // in G's dimensions). Pure arithmetic; the process groups themselves are built elsewhere.
+//
+// Expert parallelism borrows its ranks from dp_shard, as torchtitan does: dp_shard's coordinate
+// c splits into (c / ep, c % ep). The ep group holds the ranks that differ only in c % ep (they
+// exchange tokens and split the experts); efsdp holds those that differ in c / ep and cp (they
+// shard each expert's block with FSDP). With ep = 1, ep is one rank and efsdp equals fsdp.
 #pragma once
 
 #include <array>
@@ -25,14 +30,19 @@ constexpr int kNumMeshDims = 5;
 using MeshCoord = std::array<int64_t, kNumMeshDims>;  // indexed by static_cast<int>(MeshDim)
 
 // Kinds of process groups: the five dimensions, then the flattened ones.
-enum class MeshGroup { pp, dp_replicate, dp_shard, cp, tp, dp, fsdp, loss };
+enum class MeshGroup { pp, dp_replicate, dp_shard, cp, tp, dp, fsdp, loss, ep, efsdp };
+// The groups made of whole mesh dimensions.
 constexpr std::array<MeshGroup, 8> kAllMeshGroups = {
     MeshGroup::pp, MeshGroup::dp_replicate, MeshGroup::dp_shard, MeshGroup::cp,
     MeshGroup::tp, MeshGroup::dp,           MeshGroup::fsdp,     MeshGroup::loss};
+// The expert-parallel groups, which split dp_shard (see above).
+constexpr std::array<MeshGroup, 2> kExpertMeshGroups = {MeshGroup::ep, MeshGroup::efsdp};
+constexpr size_t kMeshGroupCount = kAllMeshGroups.size() + kExpertMeshGroups.size();
 
 const char* to_string(MeshDim dim);
 const char* to_string(MeshGroup group);
-// The dimensions a group kind spans, in mesh order.
+// The dimensions a group kind spans, in mesh order (ep and efsdp: dp_shard, of which they take
+// a part, and efsdp also cp).
 std::vector<MeshDim> mesh_dims_of(MeshGroup group);
 // Accepts the names above and torchtitan's aliases "dp_shard_cp" (fsdp) and "dp_cp" (loss);
 // anything else is an InternalError listing the valid names (names come from code, not users).
@@ -44,6 +54,7 @@ class DeviceMesh {
 
   int64_t world_size() const { return world_size_; }
   int64_t size(MeshDim dim) const { return sizes_[static_cast<int>(dim)]; }
+  int64_t ep() const { return ep_; }
   // Ranks per group of this kind (the product of its dimensions' sizes).
   int64_t size(MeshGroup group) const;
 
@@ -71,8 +82,19 @@ class DeviceMesh {
 
  private:
   void check_rank(int64_t rank) const;
+  // The sizes of the dimensions a group walks: whole mesh dimensions, or for ep and efsdp the
+  // parts of dp_shard as pseudo-dimensions (efsdp: [dp_shard / ep, cp], ep: [ep]).
+  struct GroupAxes {
+    std::vector<MeshDim> dims;
+    std::vector<int64_t> sizes;
+  };
+  GroupAxes axes_of(MeshGroup group) const;
+  // `coord` with the group's axis values `values` put in (the ep parts combine into dp_shard).
+  MeshCoord with_axes(MeshGroup group, MeshCoord coord, const std::vector<int64_t>& values) const;
+  std::vector<int64_t> axes_values(MeshGroup group, const MeshCoord& coord) const;
 
   MeshCoord sizes_;
+  int64_t ep_ = 1;
   MeshCoord strides_;
   int64_t world_size_;
 };

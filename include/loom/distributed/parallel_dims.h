@@ -16,7 +16,7 @@ struct ParallelDims {
   int64_t dp_shard = 1;      // ranks that shard parameters (FSDP)
   int64_t cp = 1;            // ranks that split the sequence
   int64_t tp = 1;            // tensor-parallel ranks
-  int64_t ep = 1;            // expert-parallel ranks (only 1 is supported: no MoE model yet)
+  int64_t ep = 1;            // expert-parallel ranks, a part of dp_shard (device_mesh.h)
   int64_t world_size = 1;
   bool disable_loss_parallel = false;
 

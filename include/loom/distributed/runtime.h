@@ -52,7 +52,7 @@ class ParallelRuntime {
   ParallelDims dims_;
   DeviceMesh mesh_;
   std::unique_ptr<ProcessGroups> groups_owner_;
-  std::array<std::shared_ptr<Comm>, kAllMeshGroups.size()> groups_;
+  std::array<std::shared_ptr<Comm>, kMeshGroupCount> groups_;
 };
 
 }  // namespace loom::distributed

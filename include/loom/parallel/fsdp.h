@@ -76,11 +76,14 @@ struct FsdpOptions {
 FsdpOptions fsdp_options(const config::JobConfig& config, at::ScalarType param_dtype);
 
 // A group of parameters gathered and reduced together, and the model modules whose forward it
-// wraps (the first one's start gathers it, the last one's end may free it).
+// wraps (the first one's start gathers it, the last one's end may free it). `shard_group`
+// replaces the wrapper's shard group for this unit (experts under expert parallelism are
+// sharded over the ranks that hold the same experts); null: the wrapper's.
 struct FsdpUnit {
   std::string name;
   std::vector<std::string> modules;
   std::vector<std::string> parameters;
+  std::shared_ptr<distributed::Comm> shard_group;
 };
 
 struct FsdpStats {
@@ -148,7 +151,7 @@ class FullyShardedDataParallel final : public GradientSync {
   struct Param;
   struct Unit;
   Param shard_parameter(const std::string& name, const Placement& before, size_t unit,
-                        int64_t offset, uint64_t seed);
+                        distributed::Comm& group, int64_t offset, uint64_t seed);
   void install_hooks(const std::vector<FsdpUnit>& units);
   void pack_shards(Unit& unit);
   void fold_reduce_scatter(Unit& unit);

@@ -9,6 +9,7 @@
 #include "loom/models/common/decoder_model.h"
 #include "loom/models/loss.h"
 #include "loom/parallel/data_parallel.h"
+#include "loom/parallel/expert_parallel.h"
 #include "loom/parallel/loss_parallel.h"
 #include "loom/parallel/tensor_parallel.h"
 #include "loom/parallel/tied_parameters.h"
@@ -26,6 +27,12 @@ parallel::MeshAxis tp_axis(const parallel::ParallelContext& context) {
   auto tp = parallel::MeshAxis::of(context.runtime.group_ptr(MeshGroup::tp));
   tp.name = "tp";
   return tp;
+}
+
+parallel::MeshAxis expert_axis(const parallel::ParallelContext& context) {
+  auto ep = parallel::MeshAxis::of(context.runtime.group_ptr(MeshGroup::ep));
+  ep.name = "ep";
+  return ep;
 }
 
 bool uses_fsdp(const parallel::ParallelContext& context) {
@@ -81,7 +88,8 @@ parallel::GradientSync* apply_fsdp(ParallelModel& out, CausalLM& model,
                                    const parallel::ParallelContext& context) {
   const at::ScalarType compute = context.autocast_dtype.value_or(context.param_dtype);
   auto fsdp = std::make_unique<parallel::FullyShardedDataParallel>(
-      model, decoder_fsdp_units(model), boxes, context.runtime.group_ptr(MeshGroup::fsdp),
+      model, decoder_fsdp_units(model, context.runtime.group_ptr(MeshGroup::efsdp)), boxes,
+      context.runtime.group_ptr(MeshGroup::fsdp),
       context.runtime.group_ptr(MeshGroup::dp_replicate), context.device, context.seed,
       parallel::fsdp_options(context.config, compute));
   const auto& names = fsdp->parameter_names();
@@ -162,16 +170,20 @@ std::vector<parallel::TpRule> decoder_tensor_parallel_plan(const CausalLM& part,
 
 void check_decoder_parallelism(const DecoderArgs& args, const config::JobConfig& config) {
   const int64_t tp = config.parallelism.tensor_parallel_degree;
-  if (args.moe) {
+  const int64_t ep = config.parallelism.expert_parallel_degree;
+  if (!args.moe) {
+    LOOM_CHECK_AS(InputError, ep <= 1, "parallelism.expert_parallel_degree = ", ep, ": ",
+                  config.model.name, " flavor '", config.model.flavor,
+                  "' has no mixture-of-experts layers to split; set it to 1");
+  } else {
     LOOM_CHECK_AS(InputError, tp <= 1, "parallelism.tensor_parallel_degree = ", tp, ": ",
                   config.model.name, " flavor '", config.model.flavor,
                   "' has mixture-of-experts layers, which loom does not split by tensor "
-                  "parallelism yet; use data or pipeline parallelism");
-    LOOM_CHECK_AS(InputError, config.parallelism.expert_parallel_degree <= 1,
-                  "parallelism.expert_parallel_degree = ",
-                  config.parallelism.expert_parallel_degree,
-                  ": expert parallelism is not implemented yet; experts are FSDP-sharded with "
-                  "the other parameters");
+                  "parallelism yet; use data, expert or pipeline parallelism");
+    LOOM_CHECK_AS(InputError, args.moe->num_experts % ep == 0,
+                  "parallelism.expert_parallel_degree = ", ep, " must divide the ",
+                  args.moe->num_experts, " experts of ", config.model.name, " flavor '",
+                  config.model.flavor, "': each expert-parallel rank holds the same number");
   }
   if (tp <= 1) return;
   LOOM_CHECK_AS(InputError, args.n_heads % tp == 0 && args.kv_heads() % tp == 0,
@@ -181,13 +193,19 @@ void check_decoder_parallelism(const DecoderArgs& args, const config::JobConfig&
                 "): tensor parallelism splits whole heads");
 }
 
-std::vector<parallel::FsdpUnit> decoder_fsdp_units(CausalLM& model) {
+std::vector<parallel::FsdpUnit> decoder_fsdp_units(
+    CausalLM& model, std::shared_ptr<distributed::Comm> expert_group) {
   std::map<std::string, std::vector<std::string>> params_of;
+  std::map<std::string, std::vector<std::string>> experts_of;  // by block
   for (const auto& item : model.module().named_parameters()) {
     const std::string& name = item.key();
     std::string module = name.substr(0, name.rfind('.'));  // "layers.3.attention.wq"
     if (module.rfind("layers.", 0) == 0) {
       module = module.substr(0, module.find('.', std::string("layers.").size()));  // "layers.3"
+      if (name.find(".moe.experts.") != std::string::npos) {
+        experts_of[module].push_back(name);
+        continue;
+      }
     }
     params_of[module].push_back(name);
   }
@@ -207,7 +225,12 @@ std::vector<parallel::FsdpUnit> decoder_fsdp_units(CausalLM& model) {
       if (tied && !spans) units.back().parameters.push_back("tok_embeddings.weight");
       continue;
     }
-    units.push_back({module, {module}, std::move(params)});
+    units.push_back({module, {module}, std::move(params), nullptr});
+    auto experts = experts_of.find(module);
+    if (experts != experts_of.end()) {
+      units.push_back({module + ".moe.experts", {module + ".moe"}, std::move(experts->second),
+                       expert_group});
+    }
   }
   if (spans) {
     // [tok_embeddings] ... [norm+output] -> [tok_embeddings ... output] first, blocks after.
@@ -296,8 +319,10 @@ parallel::ParallelModel parallelize_decoder(std::vector<std::unique_ptr<CausalLM
   for (auto& part : parts) {
     LOOM_CHECK(part->module().parameters().empty() || part->module().parameters().front().is_meta(),
                "parallelize_decoder expects model parts built on the meta device");
-    // 1. Tensor and sequence parallelism: boxes and region hooks.
+    // 1. Tensor and sequence parallelism: boxes and region hooks; the routed experts split over
+    // the ep ranks.
     boxes.push_back(apply_tp(*part, context));
+    parallel::split_experts(*part, boxes.back(), expert_axis(context));
     if (part->part().head) {
       head_boxes = &boxes.back();
       head_weight_name = head_weight(*part);
@@ -319,6 +344,13 @@ parallel::ParallelModel parallelize_decoder(std::vector<std::unique_ptr<CausalLM
         out.parameters, context.runtime.group_ptr(MeshGroup::tp)));
   }
   const int64_t dim = decoder_args(*parts.front()).dim;
+  if (dims.ep_enabled()) {
+    const auto ep = context.runtime.group_ptr(MeshGroup::ep);
+    for (auto& layer : moe_layers(parts)) {
+      layer->set_dispatcher(
+          std::make_shared<parallel::AllToAllTokenDispatcher>(ep, layer->args.num_experts));
+    }
+  }
   out.after_optimizer_step =
       balance_experts(moe_layers(parts), context.runtime.group_ptr(MeshGroup::loss));
   for (auto& part : parts) out.parts.push_back(std::move(part));

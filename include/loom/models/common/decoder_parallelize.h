@@ -3,7 +3,8 @@
 // checkpointing, then FSDP/HSDP (units: the embedding, each block, [norm + output]; with tied
 // embeddings the table's unit spans the whole forward) or DDP, the materialization of every local
 // parameter, TP's gradient all-reduce of the replicated norms, and under pipeline parallelism the
-// sum of a tied table's gradients between the first and last stages.
+// sum of a tied table's gradients between the first and last stages. Mixture-of-experts layers
+// split their routed experts over the ep group (parallel/expert_parallel.h), the rest as above.
 #pragma once
 
 #include <memory>
@@ -34,7 +35,10 @@ std::vector<parallel::TpRule> decoder_tensor_parallel_plan(const CausalLM& part,
 // not divide by tensor_parallel_degree). Runs before the rendezvous.
 void check_decoder_parallelism(const DecoderArgs& args, const config::JobConfig& config);
 
-// FSDP's units for a decoder part, in forward order.
-std::vector<parallel::FsdpUnit> decoder_fsdp_units(CausalLM& model);
+// FSDP's units for a decoder part, in forward order. A mixture-of-experts block's routed experts
+// form a unit of their own after the block's (around its moe module, as torchtitan wraps
+// moe.experts), sharded over `expert_group` (null: the wrapper's group).
+std::vector<parallel::FsdpUnit> decoder_fsdp_units(
+    CausalLM& model, std::shared_ptr<distributed::Comm> expert_group = nullptr);
 
 }  // namespace loom::models
