@@ -110,6 +110,9 @@ std::unique_ptr<CheckpointManager::Snapshot> CheckpointManager::snapshot(int64_t
   std::vector<at::Tensor> params;
   for (const auto& target : targets_.parameters) params.push_back(target.tensor.detach());
   std::vector<LocalChunk> all = parameter_chunks("model.", params);
+  for (const auto& buffer : targets_.buffers) {
+    all.push_back(placed_chunk("model." + buffer.name, buffer.tensor.detach(), buffer.placement));
+  }
   nlohmann::json optimizer_steps = nlohmann::json::object();
   if (!model_only && targets_.optimizer) {
     std::vector<at::Tensor> avg, avg_sq;

@@ -185,6 +185,10 @@ ResumePoint CheckpointManager::load_from(const std::string& step_folder, bool mo
   for (const auto& target : targets_.parameters) params.push_back(target.tensor.detach());
   if (!excluded("model")) {
     for (const auto& chunk : parameter_chunks("model.", params)) reader.read(chunk);
+    for (const auto& buffer : targets_.buffers) {
+      const std::string fqn = "model." + buffer.name;
+      if (reader.has(fqn)) reader.read(placed_chunk(fqn, buffer.tensor.detach(), buffer.placement));
+    }
   }
   model_only = model_only || reader.checked_index().model_only;
   if (model_only) return point;

@@ -213,6 +213,7 @@ void build_data(Run& run, std::unique_ptr<data::BatchSource> source,
 void build_checkpointer(Run& run, std::function<double()> elapsed_s) {
   checkpoint::CheckpointTargets targets;
   targets.parameters = run.model.parameters;
+  targets.buffers = run.model.buffers;
   targets.optimizer = run.optimizer.get();
   targets.data = run.source.get();
   targets.elapsed_s = std::move(elapsed_s);

@@ -38,6 +38,9 @@ namespace loom::checkpoint {
 // state is found by those tensors, and the data source.
 struct CheckpointTargets {
   std::vector<parallel::ModelParameter> parameters;
+  // State the model keeps besides its parameters (ParallelModel::buffers), saved under "model."
+  // too; a checkpoint without one (older, or imported) leaves its value as it is.
+  std::vector<parallel::ModelParameter> buffers;
   torch::optim::Optimizer* optimizer = nullptr;
   data::BatchSource* data = nullptr;
   // Training time so far, summed over the run's attempts (train_state.json's elapsed_s).

@@ -48,6 +48,9 @@ struct ParallelModel {
   // One part without pipeline parallelism; the parts this rank runs otherwise.
   std::vector<std::unique_ptr<models::CausalLM>> parts;
   std::vector<ModelParameter> parameters;
+  // State the model keeps besides its parameters (a mixture of experts' balancing bias): saved
+  // and loaded with checkpoints, never optimized. Placements as for parameters.
+  std::vector<ModelParameter> buffers;
   // Declared after `parts`: destroyed first (wrappers unhook themselves from the parts).
   std::vector<std::unique_ptr<GradientSync>> wrappers;
   std::unique_ptr<GradientSync> gradient_sync;

@@ -8,6 +8,7 @@
 
 #include "loom/core/check.h"
 #include "loom/core/json.h"
+#include "loom/core/logging.h"
 #include "loom/core/strings.h"
 #include "loom/models/common/decoder_model.h"
 
@@ -130,6 +131,16 @@ class DecoderStateDictAdapter final : public StateDictAdapter {
   std::vector<std::pair<std::string, at::Tensor>> to_hf(const std::string& name,
                                                         const at::Tensor& value) const override {
     static const std::regex experts("layers\\.([0-9]+)\\.moe\\.experts\\.(w[123])");
+    if (strings::ends_with(name, ".moe.expert_bias")) {
+      // Balancing state of the training run: transformers' decoders route without it.
+      if (value.abs().max().item<double>() > 0) {
+        log::get("checkpoint")->warn(
+            "{}: the routing bias of auxiliary-loss-free balancing has no Hugging Face "
+            "counterpart and is left out; the exported model picks experts without it",
+            name);
+      }
+      return {};
+    }
     std::smatch match;
     if (!std::regex_match(name, match, experts)) {
       return {{decoder_hf_name(name), permute(name, value, true)}};

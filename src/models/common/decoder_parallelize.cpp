@@ -273,17 +273,40 @@ void tie_pipeline_copies(parallel::ParallelModel& out, const parallel::ParallelC
       std::make_unique<parallel::TiedParameterSync>(std::move(tensors), pp, peer));
 }
 
-// The mixture-of-experts layers of `parts`, in layer order.
-std::vector<MoE> moe_layers(const std::vector<std::unique_ptr<CausalLM>>& parts) {
-  std::vector<MoE> layers;
+// The mixture-of-experts layers of `parts`, in layer order, with their blocks' names.
+std::vector<std::pair<std::string, MoE>> named_moe_layers(
+    const std::vector<std::unique_ptr<CausalLM>>& parts) {
+  std::vector<std::pair<std::string, MoE>> layers;
   for (const auto& part : parts) {
     auto* decoder = dynamic_cast<DecoderModel*>(part.get());
     if (decoder == nullptr) continue;
     for (auto& block : decoder->transformer()->blocks) {
-      if (block->moe) layers.push_back(block->moe);
+      if (block->moe) layers.emplace_back("layers." + std::to_string(block->layer_id), block->moe);
     }
   }
   return layers;
+}
+
+std::vector<MoE> moe_layers(const std::vector<std::unique_ptr<CausalLM>>& parts) {
+  std::vector<MoE> layers;
+  for (auto& [name, layer] : named_moe_layers(parts)) layers.push_back(layer);
+  return layers;
+}
+
+// Each layer's balancing bias, for checkpoints: the same on every rank that holds the layer (one
+// pipeline stage's data-, expert- and tensor-parallel ranks).
+void add_balancing_state(ParallelModel& out, const std::vector<std::unique_ptr<CausalLM>>& parts,
+                         const parallel::ParallelContext& context) {
+  for (auto& [name, layer] : named_moe_layers(parts)) {
+    Placement placement = Placement::whole(layer->expert_bias.sizes());
+    for (MeshGroup group : {MeshGroup::dp_replicate, MeshGroup::fsdp, MeshGroup::tp}) {
+      auto comm = context.runtime.group_ptr(group);
+      if (comm->size() > 1) {
+        placement = placement.replicate(parallel::MeshAxis::of(comm), /*partial=*/false);
+      }
+    }
+    out.buffers.push_back({name + ".moe.expert_bias", layer->expert_bias, std::move(placement)});
+  }
 }
 
 // DeepSeek-V3's balancing after each optimizer step: the step's token counts of every layer are
@@ -351,6 +374,7 @@ parallel::ParallelModel parallelize_decoder(std::vector<std::unique_ptr<CausalLM
           std::make_shared<parallel::AllToAllTokenDispatcher>(ep, layer->args.num_experts));
     }
   }
+  add_balancing_state(out, parts, context);
   out.after_optimizer_step =
       balance_experts(moe_layers(parts), context.runtime.group_ptr(MeshGroup::loss));
   for (auto& part : parts) out.parts.push_back(std::move(part));
