@@ -81,11 +81,12 @@ void add_model_sections(Schema& s) {
   SectionBuilder<ModelSection> model(s, "model", "Which model to train.",
                                      [](JobConfig& c) -> ModelSection& { return c.model; });
   model.field("name", &ModelSection::name,
-              "Model family in the model registry: llama3 or qwen3 (`loom plan model` names the "
-              "registered ones).");
+              "Model family in the model registry: llama3, qwen3 or qwen3_moe (`loom plan model` "
+              "names the registered ones).");
   model.field("flavor", &ModelSection::flavor,
               "Size of the model family (llama3: debugmodel, 100M, 8B, 8B_4layers, 70B, 405B; "
-              "qwen3: debugmodel, 0.6B, 1.7B, 4B, 8B, 14B, 32B).");
+              "qwen3: debugmodel, 0.6B, 1.7B, 4B, 8B, 14B, 32B; qwen3_moe: debugmodel_moe, "
+              "30B-A3B, 235B-A22B).");
   model.field("hf_assets_path", &ModelSection::hf_assets_path,
               "Folder with Hugging Face assets: tokenizer files, config.json, safetensors.");
   model.field(
@@ -99,6 +100,17 @@ void add_model_sections(Schema& s) {
       .field("print_after_conversion", &ModelSection::print_after_conversion,
              "Print the model after converters ran.")
       .unimplemented();
+  model
+      .field("moe_load_balance_coeff", &ModelSection::moe_load_balance_coeff,
+             "Mixture-of-experts flavors: the step of DeepSeek-V3's auxiliary-loss-free "
+             "balancing bias after each optimizer step (0: off); unset: the flavor's (qwen3_moe: "
+             "1e-3).")
+      .min(0);
+  model
+      .field("moe_aux_loss_coeff", &ModelSection::moe_aux_loss_coeff,
+             "Mixture-of-experts flavors: the weight of the load-balancing auxiliary loss "
+             "(Megatron's moe_aux_loss_coeff; 0: off); unset: the flavor's (qwen3_moe: 0).")
+      .min(0);
 
   SectionBuilder<OptimizerSection> opt(
       s, "optimizer", "The optimizer.",
@@ -525,8 +537,9 @@ void add_runtime_sections(Schema& s) {
   dbg.field("deterministic_warn_only", &DebugSection::deterministic_warn_only,
             "Warn instead of failing on ops without a deterministic kernel.");
   dbg.field("moe_force_load_balance", &DebugSection::moe_force_load_balance,
-            "Route tokens evenly to experts.")
-      .unimplemented();
+            "Route the copies of the tokens to the experts round-robin (each expert gets "
+            "tokens x top_k / experts), ignoring the router's choice; for load and throughput "
+            "experiments.");
   dbg.field("force_fsdp", &DebugSection::force_fsdp,
             "loom: apply FSDP even when data_parallel_shard_degree is 1 (each shard group is one "
             "rank holding whole parameters; with replicas, HSDP): runs FSDP's code paths on a "

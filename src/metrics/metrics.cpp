@@ -193,6 +193,7 @@ std::string MetricsLogger::to_json_line(const StepMetrics& m, double wall_time) 
   if (m.val_loss) j["val_loss"] = *m.val_loss;
   if (m.pp_bubble_pct) j["pp_bubble_pct"] = *m.pp_bubble_pct;
   for (const auto& [block, norm] : m.block_grad_norms) j["grad_norm/" + block] = norm;
+  for (const auto& [key, value] : m.model_metrics) j[key] = value;
   if (m.breakdown) {
     for (size_t c = 0; c < kStepCategories; ++c) {
       j[std::string("breakdown/") + step_category_name(static_cast<StepCategory>(c)) + "_ms"] =

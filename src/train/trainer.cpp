@@ -177,7 +177,9 @@ double Trainer::train_step(int64_t step, PendingStep& pending, metrics::StepMetr
   m.lr = config_.optimizer.lr * run.schedule->factor(step - 1 - lr_step_offset_);
   set_learning_rate(*run.optimizer, m.lr);
   run.optimizer->step();
-  if (run.spec->after_optimizer_step) run.spec->after_optimizer_step(run.model);
+  if (run.spec->after_optimizer_step) {
+    m.model_metrics = run.spec->after_optimizer_step(run.model, is_log_step(step));
+  }
   return data_time;
 }
 

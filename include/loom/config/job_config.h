@@ -55,6 +55,9 @@ struct ModelSection {
   std::optional<std::string> tokenizer_path;
   StringList converters;
   bool print_after_conversion = false;
+  // Mixture-of-experts flavors: the flavor's balancing coefficients unless set.
+  std::optional<double> moe_load_balance_coeff;
+  std::optional<double> moe_aux_loss_coeff;
 };
 
 struct OptimizerSection {

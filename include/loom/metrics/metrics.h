@@ -44,6 +44,9 @@ struct StepMetrics {
   // metrics.log_layer_grad_norms: the gradient norm of each block ("layers.0", ...,
   // "tok_embeddings", "norm", "output"), logged as "grad_norm/<block>".
   std::vector<std::pair<std::string, double>> block_grad_norms;
+  // What the model reports after its optimizer step (ModelSpec::after_optimizer_step), logged
+  // under its own keys: a mixture of experts' "moe/..." load statistics (docs/metrics.md).
+  std::vector<std::pair<std::string, double>> model_metrics;
   // metrics.step_breakdown: per-step milliseconds by category over the logging window, logged as
   // "breakdown/<category>_ms", "breakdown/overhead_pct" and "breakdown/ops_per_step".
   std::optional<StepBreakdownValues> breakdown;

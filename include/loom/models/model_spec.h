@@ -88,8 +88,10 @@ struct ModelSpec {
                                                  const config::Provenance& provenance)>
       plan_pipeline;
   // Runs after each optimizer step on every rank (e.g. a mixture of experts' load-balancing bias
-  // update); may use the model's process groups. May be empty.
-  std::function<void(parallel::ParallelModel& model)> after_optimizer_step;
+  // update); may use the model's process groups. On a logged step it returns scalars for the
+  // metrics log (the same on every rank). May be empty.
+  std::function<parallel::ModelMetrics(parallel::ParallelModel& model, bool log_step)>
+      after_optimizer_step;
   HfFormat hf;
 };
 

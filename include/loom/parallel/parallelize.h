@@ -40,6 +40,9 @@ struct ModelParameter {
   Placement placement;
 };
 
+// Named scalars a model reports for the metrics log ("moe/load_max_mean", ...).
+using ModelMetrics = std::vector<std::pair<std::string, double>>;
+
 // Summed token cross-entropy of the last part's output against the labels (the trainer divides
 // by the step's valid tokens).
 using LossFunction = std::function<at::Tensor(const at::Tensor& output, const at::Tensor& labels)>;
@@ -65,8 +68,9 @@ struct ParallelModel {
   std::string description;  // one line for the log: wrappers and their groups
   // State the model updates after each optimizer step with the groups it was parallelized over
   // (a mixture of experts' balancing bias); empty for none. Family hooks call it
-  // (ModelSpec::after_optimizer_step).
-  std::function<void()> after_optimizer_step;
+  // (ModelSpec::after_optimizer_step). On a logged step (`log_step`) it returns named scalars
+  // for metrics.jsonl, the same on every rank.
+  std::function<ModelMetrics(bool log_step)> after_optimizer_step;
   // What crosses a pipeline stage boundary for a microbatch of (rows, seq) tokens: the hidden
   // state's local shape and dtype under this layout.
   std::function<std::vector<int64_t>(int64_t rows, int64_t seq)> boundary_shape;

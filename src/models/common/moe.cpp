@@ -65,6 +65,8 @@ MoEImpl::MoEImpl(const DecoderArgs& decoder, const at::TensorOptions& options)
   const at::TensorOptions state = options.dtype(at::kFloat);
   expert_bias = at::zeros({args.num_experts}, state);
   tokens_per_expert = at::zeros({args.num_experts}, state);
+  dropped_ = at::zeros({}, state);
+  aux_sum_ = at::zeros({}, state);
 }
 
 void MoEImpl::set_dispatcher(std::shared_ptr<TokenDispatcher> dispatcher) {
@@ -103,8 +105,8 @@ at::Tensor MoEImpl::forward(const at::Tensor& x) {
   const int64_t n = tokens.size(0);
   const int64_t k = args.top_k;
   const bool training = parallel::in_training_forward();
-  Routing routing =
-      router->forward(tokens, args.load_balance_coeff > 0 ? expert_bias : at::Tensor());
+  // The bias (zeros until balancing moves it, or loaded from a checkpoint) shifts the choice.
+  Routing routing = router->forward(tokens, expert_bias);
 
   const at::Tensor flat = routing.experts.reshape({-1});
   at::Tensor counts = at::bincount(flat, {}, args.num_experts);
@@ -124,7 +126,7 @@ at::Tensor MoEImpl::forward(const at::Tensor& x) {
                             starts.index_select(0, flat.index_select(0, order));
     const at::Tensor kept = (rank < capacity).nonzero().squeeze(1);
     const at::Tensor kept_counts = counts.clamp_max(capacity);
-    dropped_ += static_cast<double>((counts - kept_counts).sum().item<int64_t>());
+    if (training) dropped_.add_((counts - kept_counts).sum());
     order = order.index_select(0, kept);
     gates = gates.index_select(0, kept);
     counts = kept_counts;
@@ -141,7 +143,7 @@ at::Tensor MoEImpl::forward(const at::Tensor& x) {
     const at::Tensor aux =
         aux_loss(routing, at::bincount(flat, {}, args.num_experts), batch, n / batch) *
         args.aux_loss_coeff;
-    aux_sum_ += aux.item<double>();
+    aux_sum_.add_(aux.detach());
     ++aux_count_;
     combined = AttachAuxLoss::apply(combined, aux, aux_loss_scale_);
   }
@@ -153,17 +155,19 @@ void MoEImpl::init_buffers(const at::Device& device) {
   const at::TensorOptions state = at::TensorOptions().dtype(at::kFloat).device(device);
   expert_bias = at::zeros({args.num_experts}, state);
   tokens_per_expert = at::zeros({args.num_experts}, state);
+  dropped_ = at::zeros({}, state);
+  aux_sum_ = at::zeros({}, state);
 }
 
 MoELoad MoEImpl::take_load_statistics() {
   MoELoad load;
   load.tokens_per_expert = tokens_per_expert.clone();
-  load.dropped_tokens = dropped_;
-  load.aux_loss = aux_sum_;
+  load.dropped_tokens = dropped_.clone();
+  load.aux_loss = aux_sum_.clone();
   load.aux_loss_count = aux_count_;
   tokens_per_expert.zero_();
-  dropped_ = 0;
-  aux_sum_ = 0;
+  dropped_.zero_();
+  aux_sum_.zero_();
   aux_count_ = 0;
   return load;
 }

@@ -122,11 +122,22 @@ Routing TokenChoiceRouterImpl::forward(const at::Tensor& x, const at::Tensor& ex
   } else {
     choice = scores.detach();
   }
-  const bool biased = expert_bias.defined();
-  if (biased) choice = choice + expert_bias;
-  if (args.num_expert_groups > 1) choice = limit_to_groups(choice, biased);
+  if (expert_bias.defined()) choice = choice + expert_bias;
+  // DeepSeek-V3 scores a group by its best two biased experts when it balances by the bias.
+  if (args.num_expert_groups > 1) {
+    choice = limit_to_groups(choice, expert_bias.defined() && args.load_balance_coeff > 0);
+  }
   Routing routing;
-  routing.experts = std::get<1>(choice.topk(args.top_k, -1, /*largest=*/true, /*sorted=*/true));
+  if (force_load_balance) {
+    // debug.moe_force_load_balance: copy i of the flattened (token, choice) list goes to expert
+    // i mod E, whatever the scores; the gates stay the scores of those experts.
+    const int64_t tokens = x.size(0);
+    routing.experts = at::arange(tokens * args.top_k, logits.options().dtype(at::kLong))
+                          .remainder(args.num_experts)
+                          .view({tokens, args.top_k});
+  } else {
+    routing.experts = std::get<1>(choice.topk(args.top_k, -1, /*largest=*/true, /*sorted=*/true));
+  }
   at::Tensor gates = scores.gather(1, routing.experts);
   if (args.route_norm) gates = gates / (gates.sum(-1, /*keepdim=*/true) + 1e-20);
   if (args.route_scale != 1.0) gates = gates * args.route_scale;

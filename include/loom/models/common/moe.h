@@ -66,6 +66,9 @@ class TokenChoiceRouterImpl : public torch::nn::Module {
   Routing forward(const at::Tensor& x, const at::Tensor& expert_bias);
   Linear gate{nullptr};
   MoEArgs args;
+  // debug.moe_force_load_balance: round-robin routing (each expert gets T·K/E copies) for
+  // load-balance and throughput experiments; never for real training.
+  bool force_load_balance = false;
 
  private:
   at::Tensor limit_to_groups(const at::Tensor& choice, bool biased) const;
@@ -77,11 +80,12 @@ TORCH_MODULE(TokenChoiceRouter);
 at::Tensor sinkhorn(const at::Tensor& logits, int64_t iterations);
 
 // What one MoE layer saw since the last read (take_load_statistics).
+// Tensors on the layer's device, so reading them costs no synchronization per forward.
 struct MoELoad {
   at::Tensor tokens_per_expert;  // [E] float32, this rank's tokens, summed over micro-batches
-  double dropped_tokens = 0;     // routed copies dropped by the capacity factor
-  double aux_loss = 0;           // sum of the auxiliary losses of the micro-batches
-  int64_t aux_loss_count = 0;
+  at::Tensor dropped_tokens;     // [] float32: routed copies dropped by the capacity factor
+  at::Tensor aux_loss;           // [] float32: sum of the micro-batches' auxiliary losses
+  int64_t aux_loss_count = 0;    // micro-batches that computed one
 };
 
 class MoEImpl : public torch::nn::Module {
@@ -119,7 +123,7 @@ class MoEImpl : public torch::nn::Module {
                       int64_t seq) const;
   std::shared_ptr<TokenDispatcher> dispatcher_;
   double aux_loss_scale_ = 1.0;
-  double dropped_ = 0, aux_sum_ = 0;
+  at::Tensor dropped_, aux_sum_;  // [] float32, like tokens_per_expert
   int64_t aux_count_ = 0;
 };
 TORCH_MODULE(MoE);
