@@ -1,0 +1,306 @@
+// Expert parallelism on thread ranks over Gloo. One MoE layer split over ep ranks against the
+// whole layer in one process: outputs, every expert's gradient (each the sum over the tokens
+// of every rank that reached it, once: a double-counted expert gradient shows as x2), the
+// router's gradient summed over ranks; the dispatch traffic against its formula; and the whole
+// qwen3_moe model under ep x FSDP against one process for one step, with the balancing bias
+// identical on every rank and summing to 0 after its update, and unmoved under uniform routing.
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+
+#include "comm_test_util.h"
+#include "support/jobs.h"
+#include "loom/distributed/runtime.h"
+#include "loom/models/common/moe.h"
+#include "loom/models/loss.h"
+#include "loom/models/model_spec.h"
+#include "loom/models/qwen3/args.h"
+#include "loom/parallel/expert_parallel.h"
+#include "loom/train/grad_clip.h"
+#include "loom/train/optimizer.h"
+
+namespace loom {
+namespace {
+
+using distributed::Collective;
+using distributed::ProcessGroups;
+
+at::Tensor random(at::IntArrayRef shape, uint64_t seed, double scale = 1.0) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  return at::randn(shape, gen, at::kFloat) * scale;
+}
+
+void expect_close(const at::Tensor& got, const at::Tensor& want, const std::string& what) {
+  LOOM_CHECK(got.sizes() == want.sizes(), what, ": shape ", got.sizes(), " vs ", want.sizes());
+  LOOM_CHECK(at::allclose(got, want, 1e-5, 1e-6), what, " differs: max abs diff ",
+             (got - want).abs().max().item<double>());
+}
+
+// 8 experts of width 32 over a 64-wide model, top 2, softmax scores normalized over the top k.
+models::DecoderArgs layer_args() {
+  models::DecoderArgs args = models::qwen3::qwen3_moe_flavors().at("debugmodel_moe");
+  args.dim = 64;
+  args.moe->hidden_dim = 32;
+  return args;
+}
+
+models::MoE whole_layer(const models::DecoderArgs& args) {
+  models::MoE layer(args, at::TensorOptions().dtype(at::kFloat));
+  uint64_t seed = 100;
+  for (auto& item : layer->named_parameters()) {
+    at::NoGradGuard no_grad;
+    item.value().copy_(random(item.value().sizes(), ++seed, 0.2));
+  }
+  layer->init_buffers(at::kCPU);
+  return layer;
+}
+
+constexpr int64_t kRowsPerRank = 16;
+
+struct LayerReference {
+  at::Tensor out;                            // [ranks * rows, D]
+  std::map<std::string, at::Tensor> grads;   // every parameter's
+};
+
+LayerReference layer_reference(const models::DecoderArgs& args, const at::Tensor& x,
+                               const at::Tensor& weights) {
+  auto layer = whole_layer(args);
+  LayerReference ref;
+  ref.out = layer->forward(x);
+  (ref.out * weights).sum().backward();
+  for (auto& item : layer->named_parameters()) ref.grads[item.key()] = item.value().grad().clone();
+  ref.out = ref.out.detach();
+  return ref;
+}
+
+// Runs the layer on `ranks` thread ranks, rank r holding experts [r·E/P, (r+1)·E/P) and tokens
+// rows [r·16, (r+1)·16); `check` sees the ep group's wire bytes of forward and backward.
+void run_layer(int ranks, bool uniform,
+               const std::function<void(int rank, double forward_bytes,
+                                        double backward_bytes)>& check = {}) {
+  const auto args = layer_args();
+  const at::Tensor x = random({ranks * kRowsPerRank, args.dim}, 7).requires_grad_(true);
+  const at::Tensor weights = random({ranks * kRowsPerRank, args.dim}, 8);
+  LayerReference ref;
+  if (!uniform) ref = layer_reference(args, x, weights);
+  const auto errors = testing::run_ranks(ranks, [&](ProcessGroups& groups) {
+    auto ep = groups.world_ptr();
+    const int rank = ep->rank();
+    auto layer = whole_layer(args);
+    layer->router->force_load_balance = uniform;
+    const int64_t local = args.moe->num_experts / ranks;
+    for (const char* key : {"w1", "w2", "w3"}) {
+      at::Tensor block = layer->experts->param(key).detach().narrow(0, rank * local, local).clone();
+      block.set_requires_grad(true);
+      layer->experts->replace(key, block);
+    }
+    layer->set_dispatcher(
+        std::make_shared<parallel::AllToAllTokenDispatcher>(ep, args.moe->num_experts));
+    // The input needs its gradient, as in a model: both all-to-alls run again in backward.
+    const at::Tensor mine =
+        x.narrow(0, rank * kRowsPerRank, kRowsPerRank).detach().requires_grad_(true);
+    const auto before = ep->counters()[Collective::kAllToAll].wire_bytes.load();
+    at::Tensor out = layer->forward(mine);
+    const auto after_forward = ep->counters()[Collective::kAllToAll].wire_bytes.load();
+    (out * weights.narrow(0, rank * kRowsPerRank, kRowsPerRank)).sum().backward();
+    const auto after_backward = ep->counters()[Collective::kAllToAll].wire_bytes.load();
+    if (!uniform) {
+      expect_close(out.detach(), ref.out.narrow(0, rank * kRowsPerRank, kRowsPerRank), "output");
+      for (auto& item : layer->named_parameters()) {
+        const std::string& name = item.key();
+        at::Tensor grad = item.value().grad();
+        if (name.rfind("experts.", 0) == 0) {
+          // The sum over every rank's tokens, once.
+          expect_close(grad, ref.grads.at(name).narrow(0, rank * local, local), name);
+        } else {
+          ep->all_reduce(grad);  // the router's: each rank's tokens' share
+          expect_close(grad, ref.grads.at(name), name);
+        }
+      }
+    }
+    if (check) {
+      check(rank, static_cast<double>(after_forward - before),
+            static_cast<double>(after_backward - after_forward));
+    }
+  });
+  LOOM_EXPECT_RANKS_OK(errors);
+}
+
+TEST(ExpertParallelLayer, TwoRanksEqualTheWholeLayer) { run_layer(2, false); }
+
+TEST(ExpertParallelLayer, FourRanksEqualTheWholeLayer) { run_layer(4, false); }
+
+// Round-robin routing sends each rank's T·K copies evenly to the E experts, so (P−1)/P of them
+// leave the rank: dispatch and combine each move T·K·(P−1)/P rows of D floats; the counts
+// all-to-all sends E/P int64 to each of the P−1 peers. Backward mirrors the two row exchanges.
+TEST(ExpertParallelLayer, DispatchTrafficFollowsTheFormula) {
+  for (int ranks : {2, 4}) {
+    run_layer(ranks, true, [&](int rank, double forward, double backward) {
+      const auto args = layer_args();
+      const double p = ranks, tk = kRowsPerRank * args.moe->top_k, d = args.dim;
+      const double rows_out = tk * (p - 1) / p;
+      const double counts = (p - 1) * (args.moe->num_experts / p) * 8;
+      const double want_forward = 2 * rows_out * d * 4 + counts;
+      const double want_backward = 2 * rows_out * d * 4;
+      LOOM_CHECK(forward == want_forward, "forward all-to-all bytes ", forward, " vs formula ",
+                 want_forward);
+      LOOM_CHECK(backward == want_backward, "backward all-to-all bytes ", backward,
+                 " vs formula ", want_backward);
+      if (rank == 0) {
+        std::printf("[ep] P=%d: forward %.0f B (formula %.0f), backward %.0f B (formula %.0f)\n",
+                    ranks, forward, want_forward, backward, want_backward);
+      }
+    });
+  }
+}
+
+// ---- The whole model: one step of qwen3_moe under ep x FSDP against one process ----
+
+constexpr uint64_t kSeed = 11;
+constexpr int64_t kSeq = 16;
+constexpr int64_t kVocab = 211;
+
+config::JobConfig moe_job(int dp_shard, int ep, bool uniform) {
+  config::JobConfig c;
+  c.model.name = "qwen3_moe";
+  c.model.flavor = "debugmodel_moe";
+  c.training.seq_len = kSeq;
+  c.optimizer.lr = 1.0;  // see test_fsdp.cpp: a large, smooth first AdamW step
+  c.optimizer.eps = 1.0;
+  c.optimizer.weight_decay = 0.1;
+  c.debug.moe_force_load_balance = uniform;
+  c.parallelism.expert_parallel_degree = ep;
+  testing::Layout l;
+  l.dp_shard = dp_shard;
+  return testing::with_layout(c, l);
+}
+
+at::Tensor token_batch(int64_t rows) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
+  return at::randint(0, kVocab, {rows, kSeq + 1}, gen, at::kLong);
+}
+
+struct ModelReference {
+  std::map<std::string, at::Tensor> after_step;
+  double loss = 0, norm = 0;
+};
+
+ModelReference model_reference(const at::Tensor& batch) {
+  const auto config = moe_job(1, 1, false);
+  auto model = models::build_model(config, kVocab, at::TensorOptions().dtype(at::kFloat));
+  model->init_weights(kSeed);
+  std::vector<at::Tensor> params;
+  for (const auto& item : model->module().named_parameters()) params.push_back(item.value());
+  at::Tensor loss = models::cross_entropy_sum(model->forward(batch.narrow(1, 0, kSeq)),
+                                             batch.narrow(1, 1, kSeq)) /
+                    static_cast<double>(batch.size(0) * kSeq);
+  loss.backward();
+  ModelReference ref;
+  ref.loss = loss.item<double>();
+  ref.norm = train::clip_grad_norm(params, 0.5);
+  train::build_optimizer(config.optimizer, params)->step();
+  for (const auto& item : model->module().named_parameters()) {
+    ref.after_step[item.key()] = item.value().detach().clone();
+  }
+  return ref;
+}
+
+// One step on `world` thread ranks (dp_shard = world, ep of them splitting the experts): loss,
+// clipped norm and every parameter after AdamW as one process; then the balancing update.
+void run_model_step(int world, int ep, bool uniform,
+                    const std::function<void(distributed::ParallelRuntime&,
+                                             parallel::ParallelModel&,
+                                             const parallel::ModelMetrics&)>& check) {
+  const int64_t rows = 2;
+  const at::Tensor batch = token_batch(rows * world);
+  ModelReference ref;
+  if (!uniform) ref = model_reference(batch);
+  const int port = testing::free_port();
+  const auto errors = testing::on_thread_ranks(world, [&](int rank) {
+    const auto config = moe_job(world, ep, uniform);
+    auto runtime = distributed::ParallelRuntime::for_world(
+        config, testing::thread_rank_world(rank, world, port));
+    const auto& spec = models::find_model_spec(config.model.name);
+    parallel::ParallelContext context{config, *runtime, at::kCPU, kSeed, at::kFloat, {}};
+    std::vector<std::unique_ptr<models::CausalLM>> parts;
+    parts.push_back(models::build_model(config, kVocab, at::TensorOptions().device(at::kMeta)));
+    auto pm = spec.parallelize(std::move(parts), context);
+    const at::Tensor mine = batch.narrow(0, runtime->dp_rank() * rows, rows);
+    pm.gradient_sync->prepare_microbatch(true);
+    at::Tensor loss = pm.loss(pm.parts[0]->forward(mine.narrow(1, 0, kSeq)),
+                              mine.narrow(1, 1, kSeq)) /
+                      static_cast<double>(batch.size(0) * kSeq);
+    loss.backward();
+    pm.gradient_sync->finish();
+    at::Tensor total = loss.detach().to(at::kDouble);
+    runtime->group(distributed::MeshGroup::loss).all_reduce(total);
+    const double norm =
+        train::clip_grad_norm(pm.tensors(), pm.placements(), 0.5, &runtime->world_group())
+            .item<double>();
+    train::build_optimizer(config.optimizer, pm.tensors())->step();
+    if (!uniform) {
+      LOOM_CHECK(std::abs(total.item<double>() - ref.loss) <= 1e-5 * ref.loss, "loss ",
+                 total.item<double>(), " vs ", ref.loss);
+      // An expert gradient counted twice would show here as a larger norm.
+      LOOM_CHECK(std::abs(norm - ref.norm) <= 1e-5 * ref.norm, "norm ", norm, " vs ", ref.norm);
+      for (const auto& p : pm.parameters) {
+        expect_close(p.tensor.detach(),
+                     parallel::local_view(ref.after_step.at(p.name), p.placement),
+                     "after step " + p.name + " (" + p.placement.describe() + ")");
+      }
+    }
+    const auto metrics = spec.after_optimizer_step(pm, true);
+    check(*runtime, pm, metrics);
+  });
+  LOOM_EXPECT_RANKS_OK(errors);
+}
+
+double metric(const parallel::ModelMetrics& metrics, const std::string& key) {
+  for (const auto& [k, v] : metrics) {
+    if (k == key) return v;
+  }
+  LOOM_THROW(InternalError, "no metric ", key);
+}
+
+// Every rank's biases, gathered: identical rows, each summing to 0.
+void expect_biases_agree(distributed::ParallelRuntime& runtime, parallel::ParallelModel& pm,
+                         bool moved) {
+  LOOM_CHECK(!pm.buffers.empty(), "no balancing state");
+  auto& world = runtime.world_group();
+  for (const auto& buffer : pm.buffers) {
+    const at::Tensor bias = buffer.tensor.detach().contiguous();
+    at::Tensor all = at::empty({world.size() * bias.numel()}, bias.options());
+    world.all_gather_into_tensor(all, bias);
+    const at::Tensor rows = all.view({world.size(), -1});
+    LOOM_CHECK(at::equal(rows, rows[0].expand_as(rows)), buffer.name, " differs between ranks: ",
+               rows);
+    LOOM_CHECK(std::abs(bias.sum().item<double>()) <= 1e-6, buffer.name, " sums to ",
+               bias.sum().item<double>());
+    LOOM_CHECK((bias.abs().max().item<double>() > 0) == moved, buffer.name,
+               moved ? " did not move" : " moved under uniform routing", ": ", bias);
+  }
+}
+
+TEST(ExpertParallelModel, EpTwoTimesFsdpTwoStepsLikeOneProcess) {
+  run_model_step(4, 2, false, [](auto& runtime, auto& pm, const auto& metrics) {
+    LOOM_CHECK(pm.description.find("efsdp") != std::string::npos, pm.description);
+    expect_biases_agree(runtime, pm, true);
+    LOOM_CHECK(metric(metrics, "moe/load_max_mean") >= 1.0, "load below its minimum");
+  });
+}
+
+// debug.moe_force_load_balance: every expert gets T·K/E copies (max/mean load exactly 1) and
+// the sign rule leaves the bias at 0.
+TEST(ExpertParallelModel, UniformRoutingLeavesTheBiasAlone) {
+  run_model_step(2, 2, true, [](auto& runtime, auto& pm, const auto& metrics) {
+    expect_biases_agree(runtime, pm, false);
+    EXPECT_EQ(metric(metrics, "moe/load_max_mean"), 1.0);
+    EXPECT_EQ(metric(metrics, "moe/dropped_tokens"), 0.0);
+  });
+}
+
+}  // namespace
+}  // namespace loom
