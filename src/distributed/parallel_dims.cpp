@@ -87,9 +87,11 @@ ParallelDims ParallelDims::from_config(const config::ParallelismSection& p, int6
                 "parallelism.expert_parallel_degree = ", dims.ep,
                 " must divide data_parallel_shard_degree = ", dims.dp_shard,
                 ": expert-parallel ranks are taken from the FSDP ranks, which split the tokens");
-  LOOM_CHECK_AS(InputError, p.expert_tensor_parallel_degree == 1,
+  LOOM_CHECK_AS(InputError,
+                p.expert_tensor_parallel_degree == 1 || p.expert_tensor_parallel_degree == dims.tp,
                 "parallelism.expert_tensor_parallel_degree = ", p.expert_tensor_parallel_degree,
-                ": loom does not split experts by tensor parallelism; set it to 1");
+                " must be 1 or tensor_parallel_degree (", dims.tp,
+                "): experts are split over the tensor-parallel ranks like the dense layers");
   return dims;
 }
 

@@ -183,6 +183,10 @@ at::Tensor checkpoint(const CheckpointedFn& fn, const at::Tensor& input,
   return output;
 }
 
+bool builds_backward_graph() {
+  return region_phase != RegionPhase::kForward && torch::autograd::GradMode::is_enabled();
+}
+
 bool in_training_forward() {
   if (region_phase == RegionPhase::kRecompute) return false;
   return region_phase == RegionPhase::kForward || torch::autograd::GradMode::is_enabled();

@@ -70,7 +70,8 @@ void check_every_rule_used(const models::CausalLM& model, const std::vector<TpRu
     bool used = false;
     for (const auto& [name, box] : boxes) {
       used = used || (rule.weight != WeightSplit::kNone &&
-                      matches_module_pattern(rule.module, name.substr(0, name.rfind('.'))));
+                      (matches_module_pattern(rule.module, name.substr(0, name.rfind('.'))) ||
+                       matches_module_pattern(rule.module, name)));
     }
     for (const auto& point : points) used = used || matches_module_pattern(rule.module, point);
     LOOM_CHECK(used, "tensor-parallel plan: rule '", rule.module,
@@ -79,10 +80,11 @@ void check_every_rule_used(const models::CausalLM& model, const std::vector<TpRu
 }
 
 // This rank's box of one weight under `split`.
-Placement split_box(const std::string& name, const Placement& box, WeightSplit split,
+Placement split_box(const std::string& name, const Placement& box, const TpRule& rule,
                     const MeshAxis& tp) {
+  const WeightSplit split = rule.weight;
   if (split == WeightSplit::kReplicated) return box.replicate(tp, /*partial_gradient=*/true);
-  const int64_t dim = split == WeightSplit::kRows ? 0 : 1;
+  const int64_t dim = rule.dim >= 0 ? rule.dim : split == WeightSplit::kRows ? 0 : 1;
   LOOM_CHECK(static_cast<int64_t>(box.lengths.size()) > dim, "tensor parallelism: ", name,
              " has no dim ", dim, " to split");
   const int64_t extent = box.lengths[static_cast<size_t>(dim)];
@@ -139,10 +141,11 @@ std::map<std::string, Placement> apply_tensor_parallel(models::CausalLM& model,
   for (const auto& item : model.module().named_parameters()) params[item.key()] = item.value();
   for (auto& [name, box] : boxes) {
     const auto dot = name.rfind('.');
-    if (dot == std::string::npos || name.substr(dot + 1) != "weight") continue;
-    const TpRule* rule = weight_rule(plan, name.substr(0, dot));
+    if (dot == std::string::npos) continue;
+    const TpRule* rule = name.substr(dot + 1) == "weight" ? weight_rule(plan, name.substr(0, dot))
+                                                          : weight_rule(plan, name);
     if (rule == nullptr) continue;
-    box = split_box(name, box, rule->weight, tp);
+    box = split_box(name, box, *rule, tp);
     if (rule->weight == WeightSplit::kReplicated) continue;
     const at::Tensor& current = params.at(name);
     LOOM_CHECK(current.is_meta(), "apply_tensor_parallel expects a model on the meta device");

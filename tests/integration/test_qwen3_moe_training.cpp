@@ -1,6 +1,6 @@
 // Mixture of experts end to end: qwen3_moe debugmodel_moe (8 experts, top 2, the
 // auxiliary-loss-free balancing bias on) trains like one rank with the same global batch for
-// 20 steps under expert parallelism, alone and composed with FSDP, HSDP and pipeline
+// 20 steps under expert parallelism, alone and composed with FSDP, HSDP, tensor and pipeline
 // parallelism, through `loom launch` (real processes over Gloo); checkpoints (the balancing bias
 // included) reshard between ep 2 and one rank. The default suite runs ep 2 and its reshard into
 // one rank; the other layouts are in the slow label.
@@ -93,6 +93,9 @@ LOOM_SLOW_TEST(Qwen3MoeTraining, EveryExpertLayoutTrainsLikeOneRank) {
                                     " --parallelism.pipeline_parallel_schedule 1F1B"),
       "qwen3_moe ep 2 x pp 2");
   expect_matches_one_rank(layout_run("fsdp2", 2, experts(1, 2, 2)), "qwen3_moe FSDP 2");
+  expect_matches_one_rank(
+      layout_run("ep2_tp2", 4, experts(2, 2, 2) + " --parallelism.tensor_parallel_degree 2"),
+      "qwen3_moe ep 2 x TP 2");
 }
 
 LOOM_SLOW_TEST(Qwen3MoeTraining, CheckpointsReshardIntoExpertParallelism) {

@@ -163,7 +163,18 @@ constexpr uint64_t kSeed = 11;
 constexpr int64_t kSeq = 16;
 constexpr int64_t kVocab = 211;
 
-config::JobConfig moe_job(int dp_shard, int ep, bool uniform) {
+// One step's layout: dp_shard x tp ranks, ep of dp_shard splitting the experts; the auxiliary
+// loss on or off.
+struct StepLayout {
+  int dp_shard = 1;
+  int tp = 1;
+  int ep = 1;
+  bool uniform = false;
+  double aux_loss_coeff = 0;
+  int world() const { return dp_shard * tp; }
+};
+
+config::JobConfig moe_job(const StepLayout& s) {
   config::JobConfig c;
   c.model.name = "qwen3_moe";
   c.model.flavor = "debugmodel_moe";
@@ -171,10 +182,12 @@ config::JobConfig moe_job(int dp_shard, int ep, bool uniform) {
   c.optimizer.lr = 1.0;  // see test_fsdp.cpp: a large, smooth first AdamW step
   c.optimizer.eps = 1.0;
   c.optimizer.weight_decay = 0.1;
-  c.debug.moe_force_load_balance = uniform;
-  c.parallelism.expert_parallel_degree = ep;
+  c.debug.moe_force_load_balance = s.uniform;
+  c.model.moe_aux_loss_coeff = s.aux_loss_coeff;
+  c.parallelism.expert_parallel_degree = s.ep;
   testing::Layout l;
-  l.dp_shard = dp_shard;
+  l.dp_shard = s.dp_shard;
+  l.tp = s.tp;
   return testing::with_layout(c, l);
 }
 
@@ -188,10 +201,15 @@ struct ModelReference {
   double loss = 0, norm = 0;
 };
 
-ModelReference model_reference(const at::Tensor& batch) {
-  const auto config = moe_job(1, 1, false);
+ModelReference model_reference(const at::Tensor& batch, double aux_loss_coeff) {
+  StepLayout one;
+  one.aux_loss_coeff = aux_loss_coeff;
+  const auto config = moe_job(one);
   auto model = models::build_model(config, kVocab, at::TensorOptions().dtype(at::kFloat));
   model->init_weights(kSeed);
+  for (auto& item : model->module().named_modules()) {
+    if (auto* moe = item.value()->as<models::MoEImpl>()) moe->args.aux_loss_coeff = aux_loss_coeff;
+  }
   std::vector<at::Tensor> params;
   for (const auto& item : model->module().named_parameters()) params.push_back(item.value());
   at::Tensor loss = models::cross_entropy_sum(model->forward(batch.narrow(1, 0, kSeq)),
@@ -208,19 +226,21 @@ ModelReference model_reference(const at::Tensor& batch) {
   return ref;
 }
 
-// One step on `world` thread ranks (dp_shard = world, ep of them splitting the experts): loss,
-// clipped norm and every parameter after AdamW as one process; then the balancing update.
-void run_model_step(int world, int ep, bool uniform,
+// One step of `layout` on thread ranks: loss, clipped norm and every parameter after AdamW as
+// one process; then the balancing update.
+void run_model_step(const StepLayout& layout,
                     const std::function<void(distributed::ParallelRuntime&,
                                              parallel::ParallelModel&,
                                              const parallel::ModelMetrics&)>& check) {
   const int64_t rows = 2;
-  const at::Tensor batch = token_batch(rows * world);
+  const int world = layout.world();
+  const bool uniform = layout.uniform;
+  const at::Tensor batch = token_batch(rows * layout.dp_shard);
   ModelReference ref;
-  if (!uniform) ref = model_reference(batch);
+  if (!uniform) ref = model_reference(batch, layout.aux_loss_coeff);
   const int port = testing::free_port();
   const auto errors = testing::on_thread_ranks(world, [&](int rank) {
-    const auto config = moe_job(world, ep, uniform);
+    const auto config = moe_job(layout);
     auto runtime = distributed::ParallelRuntime::for_world(
         config, testing::thread_rank_world(rank, world, port));
     const auto& spec = models::find_model_spec(config.model.name);
@@ -285,7 +305,10 @@ void expect_biases_agree(distributed::ParallelRuntime& runtime, parallel::Parall
 }
 
 TEST(ExpertParallelModel, EpTwoTimesFsdpTwoStepsLikeOneProcess) {
-  run_model_step(4, 2, false, [](auto& runtime, auto& pm, const auto& metrics) {
+  StepLayout layout;
+  layout.dp_shard = 4;
+  layout.ep = 2;
+  run_model_step(layout, [](auto& runtime, auto& pm, const auto& metrics) {
     LOOM_CHECK(pm.description.find("efsdp") != std::string::npos, pm.description);
     expect_biases_agree(runtime, pm, true);
     LOOM_CHECK(metric(metrics, "moe/load_max_mean") >= 1.0, "load below its minimum");
@@ -295,10 +318,40 @@ TEST(ExpertParallelModel, EpTwoTimesFsdpTwoStepsLikeOneProcess) {
 // debug.moe_force_load_balance: every expert gets T·K/E copies (max/mean load exactly 1) and
 // the sign rule leaves the bias at 0.
 TEST(ExpertParallelModel, UniformRoutingLeavesTheBiasAlone) {
-  run_model_step(2, 2, true, [](auto& runtime, auto& pm, const auto& metrics) {
+  StepLayout layout;
+  layout.dp_shard = 2;
+  layout.ep = 2;
+  layout.uniform = true;
+  run_model_step(layout, [](auto& runtime, auto& pm, const auto& metrics) {
     expect_biases_agree(runtime, pm, false);
     EXPECT_EQ(metric(metrics, "moe/load_max_mean"), 1.0);
     EXPECT_EQ(metric(metrics, "moe/dropped_tokens"), 0.0);
+  });
+}
+
+// Tensor parallelism inside the MoE layers (experts split along their hidden features, the
+// router whole with partial gradients) under ep 2.
+TEST(ExpertParallelModel, EpTwoTimesTpTwoStepsLikeOneProcess) {
+  StepLayout layout;
+  layout.dp_shard = 2;
+  layout.tp = 2;
+  layout.ep = 2;
+  run_model_step(layout, [](auto& runtime, auto& pm, const auto&) {
+    LOOM_CHECK(pm.description.find("TP") != std::string::npos, pm.description);
+    expect_biases_agree(runtime, pm, true);
+  });
+}
+
+// The auxiliary loss (Megatron's "aux_loss": over each rank's micro-batch, so equal to one
+// process's only where the micro-batch is the same) under tp 2: its gradient counted once, not
+// once per tp rank, and attached in the recompute of the blocks that selective activation
+// checkpointing (the default: every second block) wraps.
+TEST(ExpertParallelModel, AuxiliaryLossUnderTpTwoStepsLikeOneProcess) {
+  StepLayout layout;
+  layout.tp = 2;
+  layout.aux_loss_coeff = 0.1;
+  run_model_step(layout, [](auto&, auto&, const auto& metrics) {
+    LOOM_CHECK(metric(metrics, "moe/aux_loss") > 0, "no auxiliary loss logged");
   });
 }
 

@@ -172,9 +172,9 @@ TEST(ParallelDims, ExpertParallelismTakesItsRanksFromTheShardDegree) {
             std::string::npos)
       << message;
   p.expert_parallel_degree = 1;
-  p.expert_tensor_parallel_degree = 2;
+  p.expert_tensor_parallel_degree = 4;
   message = input_error(p, 8);
-  EXPECT_NE(message.find("parallelism.expert_tensor_parallel_degree = 2"), std::string::npos)
+  EXPECT_NE(message.find("parallelism.expert_tensor_parallel_degree = 4"), std::string::npos)
       << message;
 }
 

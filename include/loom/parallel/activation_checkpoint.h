@@ -30,6 +30,10 @@ at::Tensor checkpoint(const CheckpointedFn& fn, const at::Tensor& input,
 // recompute in backward nor a no-grad evaluation. State that a forward accumulates (a mixture of
 // experts' token counts) counts only then.
 bool in_training_forward();
+// Whether this forward builds the graph a backward will run through: an ordinary forward with
+// gradients on, or an activation-checkpointed region's recompute (not its first, gradient-free
+// forward). Losses attached to the graph (a MoE auxiliary loss) attach here.
+bool builds_backward_graph();
 
 // Which of n blocks to checkpoint for activation_checkpoint.mode / selective_ac_option:
 // "none": none; "full": all; "selective" with N: every N-th (blocks N-1, 2N-1, ...).

@@ -41,13 +41,16 @@ enum class OutputLayout {
 };
 
 // One entry of a plan. `module` names a submodule; '*' matches any one dotted component
-// ("layers.*.attention.wq"). Weight rules match the module's `.weight`; input/output rules need
-// the module among the model's hook points.
+// ("layers.*.attention.wq"). Weight rules match the module's `.weight`, or a parameter by its
+// whole name ("layers.*.moe.experts.w1": stacked expert weights); input/output rules need the
+// module among the model's hook points. `dim` replaces the split's dimension (kRows: 0,
+// kColumns: 1), e.g. 1 for the hidden features of [experts, hidden, dim] weights.
 struct TpRule {
   std::string module;
   WeightSplit weight = WeightSplit::kNone;
   InputLayout input = InputLayout::kAsIs;
   OutputLayout output = OutputLayout::kAsIs;
+  int64_t dim = -1;
 };
 
 // The styles of torchtitan's plans, by name.

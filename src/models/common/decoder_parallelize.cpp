@@ -161,11 +161,36 @@ std::vector<parallel::TpRule> decoder_tensor_parallel_plan(const CausalLM& part,
     plan.push_back({"layers.*.attention.q_norm", WeightSplit::kReplicated});
     plan.push_back({"layers.*.attention.k_norm", WeightSplit::kReplicated});
   }
-  plan.insert(plan.end(), {sequence_parallel("layers.*.ffn_norm"),
-                           sequence_region("layers.*.feed_forward"),
-                           colwise("layers.*.feed_forward.w1"),
-                           rowwise("layers.*.feed_forward.w2"),
-                           colwise("layers.*.feed_forward.w3"), sequence_parallel("norm"), output});
+  plan.push_back(sequence_parallel("layers.*.ffn_norm"));
+  bool dense = false, sparse = false;
+  for (int64_t layer = 0; layer < args.n_layers; ++layer) {
+    (args.is_moe_layer(layer) ? sparse : dense) = true;
+  }
+  if (dense) {
+    plan.insert(plan.end(), {sequence_region("layers.*.feed_forward"),
+                             colwise("layers.*.feed_forward.w1"),
+                             rowwise("layers.*.feed_forward.w2"),
+                             colwise("layers.*.feed_forward.w3")});
+  }
+  if (sparse) {
+    // Every tp rank routes the whole gathered sequence alike (the gate is whole, its gradient a
+    // partial sum) and holds a slice of every expert's hidden features: w1/w3 [E, F, D] split
+    // along F, w2 [E, D, F] too; the layer's output is a partial sum like the MLP's.
+    TpRule w1{"layers.*.moe.experts.w1", WeightSplit::kRows};
+    w1.dim = 1;
+    TpRule w3 = w1;
+    w3.module = "layers.*.moe.experts.w3";
+    TpRule w2{"layers.*.moe.experts.w2", WeightSplit::kColumns};
+    w2.dim = 2;
+    plan.insert(plan.end(), {sequence_region("layers.*.moe"),
+                             {"layers.*.moe.router.gate", WeightSplit::kReplicated}, w1, w2, w3});
+    if (args.moe->num_shared_experts > 0) {
+      plan.insert(plan.end(), {colwise("layers.*.moe.shared_experts.w1"),
+                               rowwise("layers.*.moe.shared_experts.w2"),
+                               colwise("layers.*.moe.shared_experts.w3")});
+    }
+  }
+  plan.insert(plan.end(), {sequence_parallel("norm"), output});
   return plan;
 }
 
@@ -184,10 +209,16 @@ void check_decoder_parallelism(const DecoderArgs& args, const config::JobConfig&
                     "' has no mixture-of-experts layers; remove the key");
     }
   } else {
-    LOOM_CHECK_AS(InputError, tp <= 1, "parallelism.tensor_parallel_degree = ", tp, ": ",
-                  config.model.name, " flavor '", config.model.flavor,
-                  "' has mixture-of-experts layers, which loom does not split by tensor "
-                  "parallelism yet; use data, expert or pipeline parallelism");
+    const int64_t etp = config.parallelism.expert_tensor_parallel_degree;
+    LOOM_CHECK_AS(InputError, etp == 1 || etp == tp,
+                  "parallelism.expert_tensor_parallel_degree = ", etp,
+                  ": loom splits the experts over the tensor-parallel ranks like the dense "
+                  "layers (expert_tensor_parallel_degree = tensor_parallel_degree = ", tp,
+                  "); set it to ", tp, " or 1");
+    LOOM_CHECK_AS(InputError, args.moe->hidden_dim % tp == 0,
+                  "parallelism.tensor_parallel_degree = ", tp, " must divide the experts' "
+                  "hidden width ", args.moe->hidden_dim, " of ", config.model.name, " flavor '",
+                  config.model.flavor, "'");
     LOOM_CHECK_AS(InputError, args.moe->num_experts % ep == 0,
                   "parallelism.expert_parallel_degree = ", ep, " must divide the ",
                   args.moe->num_experts, " experts of ", config.model.name, " flavor '",
@@ -432,8 +463,11 @@ void scale_aux_losses(std::vector<MoE> layers, const parallel::ParallelContext& 
                                        : t.local_batch_size;
   const int64_t forwards =
       std::max<int64_t>(1, global / dims.dp_degree() / std::max<int64_t>(1, rows_per_forward));
+  // Tensor-parallel ranks route the same tokens: each adds the same auxiliary gradient to the
+  // router's partial sums, which TP then adds up.
   for (auto& layer : layers) {
-    layer->set_aux_loss_scale(1.0 / static_cast<double>(forwards * dims.dp_cp_degree()));
+    layer->set_aux_loss_scale(1.0 /
+                              static_cast<double>(forwards * dims.dp_cp_degree() * dims.tp));
   }
 }
 

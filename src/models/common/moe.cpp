@@ -138,14 +138,19 @@ at::Tensor MoEImpl::forward(const at::Tensor& x) {
   combined = combined.view({n, k, dim}).sum(1);
   if (shared_experts) combined = combined + shared_experts->forward(tokens);
 
-  if (args.aux_loss_coeff > 0 && training && at::GradMode::is_enabled()) {
+  // Under activation checkpointing the first forward runs without gradients (it counts the
+  // loss) and the recompute builds the graph (it attaches it).
+  const bool attach = parallel::builds_backward_graph();
+  if (args.aux_loss_coeff > 0 && (training || attach)) {
     const int64_t batch = x.dim() == 3 ? x.size(0) : 1;
     const at::Tensor aux =
         aux_loss(routing, at::bincount(flat, {}, args.num_experts), batch, n / batch) *
         args.aux_loss_coeff;
-    aux_sum_.add_(aux.detach());
-    ++aux_count_;
-    combined = AttachAuxLoss::apply(combined, aux, aux_loss_scale_);
+    if (training) {
+      aux_sum_.add_(aux.detach());
+      ++aux_count_;
+    }
+    if (attach) combined = AttachAuxLoss::apply(combined, aux, aux_loss_scale_);
   }
   return combined.view(x.sizes());
 }
