@@ -1,7 +1,9 @@
 // loom_bench_kernels: each fused CPU kernel (src/models/kernels) against the unfused ATen ops it
 // replaces, forward + backward on the shapes of the debug and 100M models. Runs the two
 // alternately (A B A B ...) and prints the median time of each and the median of the per-round
-// ratios, so load from other work on the machine hits both alike.
+// ratios, so load from other work on the machine hits both alike. The routed experts of a
+// mixture of experts are timed the same way: one grouped GEMM (at::_grouped_mm) per projection
+// ("fused") against a matmul per expert ("eager").
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <CLI/CLI.hpp>
@@ -22,6 +24,7 @@
 #include "loom/models/llama/args.h"
 #include "loom/models/common/rope.h"
 #include "loom/models/kernels/swiglu.h"
+#include "loom/models/common/moe.h"
 
 namespace {
 
@@ -118,6 +121,23 @@ std::function<void()> rotary_step(const at::Tensor& q0, const at::Tensor& k0,
   };
 }
 
+// The routed experts' forward and backward on `tokens` copies sorted by expert (`counts`).
+std::function<void()> experts_step(const at::Tensor& tokens, const at::Tensor& counts,
+                                   int64_t experts, int64_t hidden, bool grouped) {
+  at::manual_seed(1);
+  auto module = std::make_shared<loom::models::GroupedExpertsImpl>(
+      experts, tokens.size(1), hidden, grouped, at::TensorOptions().dtype(at::kFloat));
+  for (auto& p : module->parameters()) {
+    at::NoGradGuard no_grad;
+    p.normal_(0, 0.02);
+  }
+  const at::Tensor g = at::randn(tokens.sizes());
+  return [=] {
+    at::Tensor x = tokens.detach().requires_grad_(true);
+    torch::autograd::backward({module->forward(x, counts)}, {g});
+  };
+}
+
 // Times `fused` and `eager` alternately and prints both medians and the median speed-up.
 void compare(const char* kernel, const char* shape, const std::function<void()>& fused,
              const std::function<void()>& eager, int rounds, int iters, bool cold) {
@@ -193,6 +213,23 @@ int main(int argc, char** argv) {
     at::Tensor q = at::randn(shape.dims), k = at::randn(shape.dims), g = at::randn(shape.dims);
     compare("rope q+k", shape.name, rotary_step(q, k, freqs, g, true),
             rotary_step(q, k, freqs, g, false), rounds, iters, cold);
+  }
+  // Routed copies of [batch 4 x seq 256] tokens, top 2 of 8 experts with uneven counts (as a
+  // router early in training makes them): debugmodel_moe (dim 256, expert width 256) and a
+  // 100M-sized one (768, 768).
+  std::printf("moe experts: grouped GEMM %s here\n",
+              loom::models::grouped_mm_supported(at::kCPU, at::kFloat, 256, 256)
+                  ? "available"
+                  : "unavailable (both columns run the loop)");
+  for (const Shape& shape : {Shape{"debug_moe", {2048, 256, 256}}, Shape{"100M_moe", {2048, 768, 768}}}) {
+    at::manual_seed(0);
+    const int64_t experts = 8;
+    at::Tensor choice = at::multinomial(at::softmax(at::randn({experts}), 0), shape.dims[0], true);
+    at::Tensor counts = at::bincount(choice, {}, experts);
+    at::Tensor tokens = at::randn({shape.dims[0], shape.dims[1]});
+    compare("experts", shape.name,
+            experts_step(tokens, counts, experts, shape.dims[2], true),
+            experts_step(tokens, counts, experts, shape.dims[2], false), rounds, iters, cold);
   }
   return 0;
 }

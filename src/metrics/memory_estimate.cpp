@@ -20,6 +20,14 @@ int64_t rows_of(const models::ModelSummary& model, const std::string& name) {
   return 0;
 }
 
+// Dimension `d` of parameter `name` (0 when absent).
+int64_t extent_of(const models::ModelSummary& model, const std::string& name, size_t d) {
+  for (const auto& p : model.parameters) {
+    if (p.name == name && p.shape.size() > d) return p.shape[d];
+  }
+  return 0;
+}
+
 int64_t cols_of(const models::ModelSummary& model, const std::string& name) {
   for (const auto& p : model.parameters) {
     if (p.name == name && p.shape.size() > 1) return p.shape[1];
@@ -64,13 +72,22 @@ MemoryEstimate estimate_memory(const models::ModelSummary& model, const config::
   const std::string block = first_block + ".";
   const int64_t q = rows_of(model, block + "attention.wq.weight");
   const int64_t kv = rows_of(model, block + "attention.wk.weight");
-  const int64_t hidden = rows_of(model, block + "feed_forward.w1.weight");
+  // A dense block's MLP width, or a mixture of experts' per token: top_k routed experts (their
+  // copies of the token in and out, and their hidden features) plus the shared experts.
+  int64_t hidden = rows_of(model, block + "feed_forward.w1.weight");
+  int64_t routed_copies = 0;
+  if (hidden == 0 && model.experts_per_token > 0) {
+    hidden = model.experts_per_token * extent_of(model, block + "moe.experts.w1", 1) +
+             rows_of(model, block + "moe.shared_experts.w1.weight");
+    routed_copies = 2 * model.experts_per_token;
+  }
   // The model width from a block (a pipeline stage may hold neither embedding nor output).
   int64_t dim = cols_of(model, block + "attention.wq.weight");
   if (dim == 0) dim = cols_of(model, "tok_embeddings.weight");
   if (dim == 0) dim = cols_of(model, "output.weight");
   const int64_t vocab = rows_of(model, "output.weight");  // logits only where the output is
-  const double per_block = static_cast<double>(4 * dim + 3 * q + 3 * kv + 4 * hidden);
+  const double per_block =
+      static_cast<double>(4 * dim + 3 * q + 3 * kv + 4 * hidden + routed_copies * dim);
   const auto& ac = config.activation_checkpoint;
   int64_t checkpointed = 0;
   if (n_blocks > 0) {
@@ -100,6 +117,7 @@ models::ModelSummary combine_summaries(const std::vector<models::ModelSummary>& 
     all.seq_len = part.seq_len;
     all.total_params += part.total_params;
     all.embedding_params += part.embedding_params;
+    all.experts_per_token = std::max(all.experts_per_token, part.experts_per_token);
     all.parameters.insert(all.parameters.end(), part.parameters.begin(), part.parameters.end());
   }
   return all;

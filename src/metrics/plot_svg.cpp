@@ -145,10 +145,18 @@ std::string plot_svg(const std::vector<RunLog>& runs, const PlotOptions& options
     const char* title;
     const char* key;
   };
-  const PanelSpec specs[] = {{"loss (dashed: val_loss)", "loss"},
-                             {"learning rate", "lr"},
-                             {"throughput (tokens/s per device)", "tps"},
-                             {"peak memory (GiB)", "mem_peak_gib"}};
+  std::vector<PanelSpec> specs = {{"loss (dashed: val_loss)", "loss"},
+                                  {"learning rate", "lr"},
+                                  {"throughput (tokens/s per device)", "tps"},
+                                  {"peak memory (GiB)", "mem_peak_gib"}};
+  // Mixture-of-experts runs add their expert load (1 = balanced) and the balancing bias range.
+  bool moe = false;
+  for (const auto& run : runs) moe = moe || !series(run.train, "moe/load_max_mean", false).empty();
+  if (moe) {
+    specs.push_back({"expert load, max/mean over experts (worst layer)", "moe/load_max_mean"});
+    specs.push_back({"balancing bias, max (dashed: min)", "moe/bias_max"});
+  }
+  const double height = kHeight + (moe ? kPanelH + 80 : 0);
   std::string title = options.title;
   if (title.empty()) {
     for (const auto& run : runs) title += (title.empty() ? "" : " vs ") + run.name;
@@ -159,7 +167,7 @@ std::string plot_svg(const std::vector<RunLog>& runs, const PlotOptions& options
       "viewBox=\"0 0 {0} {1}\" font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\">\n"
       "<rect width=\"{0}\" height=\"{1}\" fill=\"#fafafa\"/>\n"
       "<text x=\"{2}\" y=\"28\" font-size=\"18\" text-anchor=\"middle\">{3}</text>\n",
-      kWidth, kHeight, kWidth / 2, escape(title));
+      kWidth, height, kWidth / 2, escape(title));
   // Legend: one swatch per run.
   double lx = 70;
   for (size_t i = 0; i < runs.size(); ++i) {
@@ -178,6 +186,9 @@ std::string plot_svg(const std::vector<RunLog>& runs, const PlotOptions& options
       lines.push_back({series(runs[i].train, specs[p].key, options.by_tokens), color, false});
       if (p == 0) {
         lines.push_back({series(runs[i].validation, "val_loss", options.by_tokens), color, true});
+      }
+      if (std::string(specs[p].key) == "moe/bias_max") {
+        lines.push_back({series(runs[i].train, "moe/bias_min", options.by_tokens), color, true});
       }
     }
     const double x0 = 70 + static_cast<double>(p % 2) * (kPanelW + 90);

@@ -30,6 +30,7 @@ struct ModelSummary {
   // Parameters one token multiplies with (a mixture of experts: its routed experts only; a tied
   // table: once, as the head): 6 FLOPs each per trained token.
   int64_t active_params = 0;
+  int64_t experts_per_token = 0;  // a mixture of experts' top_k (0: dense)
   double flops_per_token = 0;    // training (forward + backward) FLOPs per token at seq_len
   int64_t seq_len = 0;
   std::vector<ParameterShape> parameters;

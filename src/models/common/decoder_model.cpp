@@ -65,6 +65,7 @@ ModelSummary DecoderModel::summary(int64_t seq_len) const {
   // The lookup costs no multiplies; a tied table multiplies once more, as the head. A token
   // multiplies with top_k of each mixture's routed experts.
   s.active_params = s.total_params - s.embedding_params;
+  if (a.moe) s.experts_per_token = a.moe->top_k;
   for (const auto& shape : s.parameters) {
     if (!a.moe || shape.name.find(".moe.experts.") == std::string::npos) continue;
     s.active_params -= shape.numel / a.moe->num_experts * (a.moe->num_experts - a.moe->top_k);
