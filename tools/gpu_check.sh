@@ -145,6 +145,9 @@ run_training "100M FSDP" 100M 16 2048 40 --debug.force_fsdp true
 run_training "8B_4layers bf16" 8B_4layers 2 4096 20
 # The second family: Qwen3 0.6B (q/k norm, head_dim 128, tied 151936-token table).
 run_training "qwen3 0.6B bf16" 0.6B 4 4096 20 --model.name qwen3
+# Mixture of experts: the grouped GEMM on CUDA bf16 (sm90+), routing, the balancing bias.
+DRY_FLAVOR=debugmodel_moe run_training "qwen3_moe debug bf16" debugmodel_moe 16 2048 40 \
+  --model.name qwen3_moe
 
 if ((CPU_SUITE)); then
   phase "CPU suite (CUDA hidden)"

@@ -258,7 +258,7 @@ run_training() {
   if ((DRY_RUN)); then
     "$LOOM" config validate "${size[@]}" "${common[@]}" >> "$OUT/train.log" 2>&1 \
       || phase_fails "the GPU run's config is invalid (train.log)"
-    size=(--training.device cpu --model.flavor debugmodel --training.local_batch_size 2
+    size=(--training.device cpu --model.flavor "${DRY_FLAVOR:-debugmodel}" --training.local_batch_size 2
           --training.seq_len 64 --training.steps 4 --metrics.log_freq 2)
   fi
   echo "\$ loom train ${size[*]} ${common[*]}" >> "$OUT/train.log"
