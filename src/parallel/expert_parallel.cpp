@@ -104,8 +104,7 @@ models::TokenDispatcher::Dispatched AllToAllTokenDispatcher::dispatch(const at::
     }
   }
   const auto index_options = at::TensorOptions().dtype(at::kLong);
-  const at::Tensor to_expert =
-      at::tensor(order, index_options).to(routed.device());
+  const at::Tensor to_expert = at::tensor(order, index_options).to(routed.device());
   to_source_order_ = at::empty_like(to_expert).index_put_(
       {to_expert}, at::arange(static_cast<int64_t>(order.size()), to_expert.options()));
   Dispatched out;
@@ -128,8 +127,8 @@ void split_experts(models::CausalLM& model, std::map<std::string, Placement>& bo
   for (const auto& item : model.module().named_parameters()) current[item.key()] = item.value();
   for (auto& [name, box] : boxes) {
     if (name.find(".moe.experts.") == std::string::npos) continue;
-    LOOM_CHECK(box.lengths[0] % ep.size == 0, "expert parallelism: ", name, " has ",
-               box.lengths[0], " experts, which do not split over ", ep.size, " ranks");
+    LOOM_CHECK(box.lengths[0] % ep.size == 0, "expert parallelism: ", name, " has ", box.lengths[0],
+               " experts, which do not split over ", ep.size, " ranks");
     box = box.shard(0, ep.rank, ep.size);
     model.replace_parameter(name, at::empty(box.lengths, current.at(name).options()));
   }

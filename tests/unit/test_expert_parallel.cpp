@@ -12,7 +12,6 @@
 #include <map>
 
 #include "comm_test_util.h"
-#include "support/jobs.h"
 #include "loom/distributed/runtime.h"
 #include "loom/models/common/moe.h"
 #include "loom/models/loss.h"
@@ -21,6 +20,7 @@
 #include "loom/parallel/expert_parallel.h"
 #include "loom/train/grad_clip.h"
 #include "loom/train/optimizer.h"
+#include "support/jobs.h"
 
 namespace loom {
 namespace {
@@ -61,8 +61,8 @@ models::MoE whole_layer(const models::DecoderArgs& args) {
 constexpr int64_t kRowsPerRank = 16;
 
 struct LayerReference {
-  at::Tensor out;                            // [ranks * rows, D]
-  std::map<std::string, at::Tensor> grads;   // every parameter's
+  at::Tensor out;                           // [ranks * rows, D]
+  std::map<std::string, at::Tensor> grads;  // every parameter's
 };
 
 LayerReference layer_reference(const models::DecoderArgs& args, const at::Tensor& x,
@@ -78,9 +78,9 @@ LayerReference layer_reference(const models::DecoderArgs& args, const at::Tensor
 
 // Runs the layer on `ranks` thread ranks, rank r holding experts [r·E/P, (r+1)·E/P) and tokens
 // rows [r·16, (r+1)·16); `check` sees the ep group's wire bytes of forward and backward.
-void run_layer(int ranks, bool uniform,
-               const std::function<void(int rank, double forward_bytes,
-                                        double backward_bytes)>& check = {}) {
+void run_layer(
+    int ranks, bool uniform,
+    const std::function<void(int rank, double forward_bytes, double backward_bytes)>& check = {}) {
   const auto args = layer_args();
   const at::Tensor x = random({ranks * kRowsPerRank, args.dim}, 7).requires_grad_(true);
   const at::Tensor weights = random({ranks * kRowsPerRank, args.dim}, 8);
@@ -129,9 +129,13 @@ void run_layer(int ranks, bool uniform,
   LOOM_EXPECT_RANKS_OK(errors);
 }
 
-TEST(ExpertParallelLayer, TwoRanksEqualTheWholeLayer) { run_layer(2, false); }
+TEST(ExpertParallelLayer, TwoRanksEqualTheWholeLayer) {
+  run_layer(2, false);
+}
 
-TEST(ExpertParallelLayer, FourRanksEqualTheWholeLayer) { run_layer(4, false); }
+TEST(ExpertParallelLayer, FourRanksEqualTheWholeLayer) {
+  run_layer(4, false);
+}
 
 // Round-robin routing sends each rank's T·K copies evenly to the E experts, so (P−1)/P of them
 // leave the rank: dispatch and combine each move T·K·(P−1)/P rows of D floats; the counts
@@ -147,8 +151,8 @@ TEST(ExpertParallelLayer, DispatchTrafficFollowsTheFormula) {
       const double want_backward = 2 * rows_out * d * 4;
       LOOM_CHECK(forward == want_forward, "forward all-to-all bytes ", forward, " vs formula ",
                  want_forward);
-      LOOM_CHECK(backward == want_backward, "backward all-to-all bytes ", backward,
-                 " vs formula ", want_backward);
+      LOOM_CHECK(backward == want_backward, "backward all-to-all bytes ", backward, " vs formula ",
+                 want_backward);
       if (rank == 0) {
         std::printf("[ep] P=%d: forward %.0f B (formula %.0f), backward %.0f B (formula %.0f)\n",
                     ranks, forward, want_forward, backward, want_backward);
@@ -213,7 +217,7 @@ ModelReference model_reference(const at::Tensor& batch, double aux_loss_coeff) {
   std::vector<at::Tensor> params;
   for (const auto& item : model->module().named_parameters()) params.push_back(item.value());
   at::Tensor loss = models::cross_entropy_sum(model->forward(batch.narrow(1, 0, kSeq)),
-                                             batch.narrow(1, 1, kSeq)) /
+                                              batch.narrow(1, 1, kSeq)) /
                     static_cast<double>(batch.size(0) * kSeq);
   loss.backward();
   ModelReference ref;
@@ -228,10 +232,10 @@ ModelReference model_reference(const at::Tensor& batch, double aux_loss_coeff) {
 
 // One step of `layout` on thread ranks: loss, clipped norm and every parameter after AdamW as
 // one process; then the balancing update.
-void run_model_step(const StepLayout& layout,
-                    const std::function<void(distributed::ParallelRuntime&,
-                                             parallel::ParallelModel&,
-                                             const parallel::ModelMetrics&)>& check) {
+void run_model_step(
+    const StepLayout& layout,
+    const std::function<void(distributed::ParallelRuntime&, parallel::ParallelModel&,
+                             const parallel::ModelMetrics&)>& check) {
   const int64_t rows = 2;
   const int world = layout.world();
   const bool uniform = layout.uniform;
@@ -250,9 +254,9 @@ void run_model_step(const StepLayout& layout,
     auto pm = spec.parallelize(std::move(parts), context);
     const at::Tensor mine = batch.narrow(0, runtime->dp_rank() * rows, rows);
     pm.gradient_sync->prepare_microbatch(true);
-    at::Tensor loss = pm.loss(pm.parts[0]->forward(mine.narrow(1, 0, kSeq)),
-                              mine.narrow(1, 1, kSeq)) /
-                      static_cast<double>(batch.size(0) * kSeq);
+    at::Tensor loss =
+        pm.loss(pm.parts[0]->forward(mine.narrow(1, 0, kSeq)), mine.narrow(1, 1, kSeq)) /
+        static_cast<double>(batch.size(0) * kSeq);
     loss.backward();
     pm.gradient_sync->finish();
     at::Tensor total = loss.detach().to(at::kDouble);
@@ -295,8 +299,8 @@ void expect_biases_agree(distributed::ParallelRuntime& runtime, parallel::Parall
     at::Tensor all = at::empty({world.size() * bias.numel()}, bias.options());
     world.all_gather_into_tensor(all, bias);
     const at::Tensor rows = all.view({world.size(), -1});
-    LOOM_CHECK(at::equal(rows, rows[0].expand_as(rows)), buffer.name, " differs between ranks: ",
-               rows);
+    LOOM_CHECK(at::equal(rows, rows[0].expand_as(rows)), buffer.name,
+               " differs between ranks: ", rows);
     LOOM_CHECK(std::abs(bias.sum().item<double>()) <= 1e-6, buffer.name, " sums to ",
                bias.sum().item<double>());
     LOOM_CHECK((bias.abs().max().item<double>() > 0) == moved, buffer.name,

@@ -37,7 +37,8 @@ std::vector<MoE> moe_layers(const std::vector<std::unique_ptr<CausalLM>>& parts)
 
 // Each layer's balancing bias, for checkpoints: the same on every rank that holds the layer (one
 // pipeline stage's data-, expert- and tensor-parallel ranks).
-void add_balancing_state(parallel::ParallelModel& out, const std::vector<std::unique_ptr<CausalLM>>& parts,
+void add_balancing_state(parallel::ParallelModel& out,
+                         const std::vector<std::unique_ptr<CausalLM>>& parts,
                          const parallel::ParallelContext& context) {
   for (auto& [name, layer] : named_moe_layers(parts)) {
     Placement placement = Placement::whole(layer->expert_bias.sizes());
@@ -59,9 +60,9 @@ at::Tensor global_load(std::vector<std::pair<std::string, MoE>>& layers,
   for (auto& [name, layer] : layers) {
     MoELoad load = layer->take_load_statistics();
     const auto options = load.tokens_per_expert.options();
-    rows.push_back(at::cat({load.tokens_per_expert, load.dropped_tokens.view({1}),
-                            load.aux_loss.view({1}),
-                            at::full({1}, static_cast<double>(load.aux_loss_count), options)}));
+    rows.push_back(
+        at::cat({load.tokens_per_expert, load.dropped_tokens.view({1}), load.aux_loss.view({1}),
+                 at::full({1}, static_cast<double>(load.aux_loss_count), options)}));
   }
   at::Tensor global = at::stack(rows);
   if (token_group.size() > 1) token_group.all_reduce(global);
@@ -159,18 +160,17 @@ std::function<parallel::ModelMetrics(bool)> moe_after_step(
 void scale_aux_losses(std::vector<MoE> layers, const parallel::ParallelContext& context) {
   const auto& t = context.config.training;
   const auto& dims = context.runtime.dims();
-  const int64_t global = t.global_batch_size > 0 ? t.global_batch_size
-                                                  : t.local_batch_size * dims.dp_degree();
-  const int64_t rows_per_forward = dims.pp > 1
-                                       ? context.config.parallelism.pipeline_parallel_microbatch_size
-                                       : t.local_batch_size;
+  const int64_t global =
+      t.global_batch_size > 0 ? t.global_batch_size : t.local_batch_size * dims.dp_degree();
+  const int64_t rows_per_forward =
+      dims.pp > 1 ? context.config.parallelism.pipeline_parallel_microbatch_size
+                  : t.local_batch_size;
   const int64_t forwards =
       std::max<int64_t>(1, global / dims.dp_degree() / std::max<int64_t>(1, rows_per_forward));
   // Tensor-parallel ranks route the same tokens: each adds the same auxiliary gradient to the
   // router's partial sums, which TP then adds up.
   for (auto& layer : layers) {
-    layer->set_aux_loss_scale(1.0 /
-                              static_cast<double>(forwards * dims.dp_cp_degree() * dims.tp));
+    layer->set_aux_loss_scale(1.0 / static_cast<double>(forwards * dims.dp_cp_degree() * dims.tp));
   }
 }
 

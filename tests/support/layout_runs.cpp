@@ -1,0 +1,41 @@
+#include "support/layout_runs.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "support/metrics_log.h"
+#include "support/process.h"
+
+namespace loom::testing {
+
+const std::string& LayoutRuns::one_rank() {
+  if (one_rank_.empty()) one_rank_ = shared_run(prefix_ + "_one_rank", job_(""));
+  return one_rank_;
+}
+
+std::string LayoutRuns::layout_run(const std::string& name, int ranks, const std::string& layout) {
+  return shared_run(prefix_ + "_" + name, launch_args(ranks, job_(layout), "{port}"));
+}
+
+void LayoutRuns::expect_matches_one_rank(const std::string& folder, const std::string& what) {
+  const auto want = logged_losses(one_rank());
+  ASSERT_EQ(want.size(), 20u);
+  expect_losses_close(want, logged_losses(folder), 1e-5, what);
+}
+
+void LayoutRuns::expect_resumes_like_one_rank(const std::string& from, int ranks,
+                                              const std::string& layout, const std::string& name,
+                                              const std::string& what) {
+  const auto want = logged_losses(one_rank());
+  ASSERT_EQ(want.size(), 20u);
+  const std::string folder = copy_of_checkpoint(from, 10, prefix_ + "_resume_" + name);
+  const std::string args = job_("--job.dump_folder " + folder + layout);
+  auto result = run_loom(ranks > 1 ? launch_args(ranks, args) : args);
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("resumed from"), std::string::npos) << result.output;
+  expect_losses_close(std::vector<double>(want.begin() + 10, want.end()), logged_losses(folder),
+                      1e-5, what);
+}
+
+}  // namespace loom::testing

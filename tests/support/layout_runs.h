@@ -1,0 +1,36 @@
+// A family's end-to-end layout tests share one shape: a one-rank run of a 20-step job with
+// checkpoints at 10 and 20, layouts of the same job through `loom launch` whose losses must
+// match it, and resumes of a layout's step-10 checkpoint in another layout whose last 10 steps
+// must continue it. LayoutRuns holds that shape for one job; runs are cached by shared_run.
+#pragma once
+
+#include <functional>
+#include <string>
+
+namespace loom::testing {
+
+class LayoutRuns {
+ public:
+  // `prefix` names the runs' folders ("qwen3_moe" -> "qwen3_moe_one_rank"); `job(extra)` is
+  // the train command with `extra` appended (20 steps, checkpoints at 10).
+  LayoutRuns(std::string prefix, std::function<std::string(const std::string&)> job)
+      : prefix_(std::move(prefix)), job_(std::move(job)) {}
+
+  const std::string& one_rank();
+  // A layout's run on `ranks` ranks (cached across the tests of one binary build).
+  std::string layout_run(const std::string& name, int ranks, const std::string& layout);
+  // The 20 losses of `folder` within 1e-5 of one rank's.
+  void expect_matches_one_rank(const std::string& folder, const std::string& what);
+  // Resumes `from`'s step-10 checkpoint in `layout` on `ranks` ranks, in the test folder
+  // <prefix>_resume_<name> (unique across the default and slow binaries, which ctest may run
+  // side by side): its last 10 steps continue as the one-rank run's.
+  void expect_resumes_like_one_rank(const std::string& from, int ranks, const std::string& layout,
+                                    const std::string& name, const std::string& what);
+
+ private:
+  std::string prefix_;
+  std::function<std::string(const std::string&)> job_;
+  std::string one_rank_;
+};
+
+}  // namespace loom::testing
