@@ -128,6 +128,11 @@ void export_to_hf(const std::string& step_path, const std::string& output,
   for (const auto& item : source.model->module().named_parameters()) wanted.insert(item.key());
 
   CheckpointReader reader(step);
+  // Model state that is not a parameter (a MoE layer's balancing bias) goes through the adapter
+  // too, which maps it or leaves it out (with a warning where that changes the model).
+  for (const auto& fqn : reader.tensor_names()) {
+    if (fqn.rfind("model.", 0) == 0) wanted.insert(fqn.substr(6));
+  }
   prepare_export_folder(output, options.overwrite);
   std::vector<NamedTensors> shards(1);
   std::vector<uint64_t> shard_bytes(1, 0);

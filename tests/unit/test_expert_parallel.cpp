@@ -359,5 +359,33 @@ TEST(ExpertParallelModel, AuxiliaryLossUnderTpTwoStepsLikeOneProcess) {
   });
 }
 
+// Refused before any rendezvous, naming the key and the reason.
+TEST(ExpertParallelModel, LayoutsThatDoNotFitAreRefusedWithTheKey) {
+  auto refusal = [](config::JobConfig c) {
+    try {
+      models::find_model_spec(c.model.name).check_parallelism(c);
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  StepLayout layout;
+  layout.dp_shard = 6;
+  layout.ep = 3;
+  EXPECT_NE(refusal(moe_job(layout)).find("expert_parallel_degree = 3 must divide the 8 experts"),
+            std::string::npos);
+  config::JobConfig dense;
+  dense.parallelism.expert_parallel_degree = 2;
+  EXPECT_NE(refusal(dense).find("has no mixture-of-experts layers to split"), std::string::npos);
+  dense.parallelism.expert_parallel_degree = 1;
+  dense.model.moe_load_balance_coeff = 1e-3;
+  EXPECT_NE(refusal(dense).find("model.moe_load_balance_coeff"), std::string::npos);
+  config::JobConfig etp = moe_job(StepLayout{});
+  etp.parallelism.tensor_parallel_degree = 2;
+  etp.parallelism.expert_tensor_parallel_degree = 4;
+  EXPECT_NE(refusal(etp).find("expert_tensor_parallel_degree = 4"), std::string::npos);
+  EXPECT_EQ(refusal(moe_job(StepLayout{})), "accepted");
+}
+
 }  // namespace
 }  // namespace loom
