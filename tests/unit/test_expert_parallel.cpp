@@ -20,6 +20,7 @@
 #include "loom/parallel/expert_parallel.h"
 #include "loom/train/grad_clip.h"
 #include "loom/train/optimizer.h"
+#include "one_process_step.h"
 #include "support/jobs.h"
 
 namespace loom {
@@ -200,34 +201,20 @@ at::Tensor token_batch(int64_t rows) {
   return at::randint(0, kVocab, {rows, kSeq + 1}, gen, at::kLong);
 }
 
-struct ModelReference {
-  std::map<std::string, at::Tensor> after_step;
-  double loss = 0, norm = 0;
-};
+using ModelReference = testing::OneProcessStep;
 
+// The auxiliary loss's coefficient is a job key the parallelize function applies: set it here.
 ModelReference model_reference(const at::Tensor& batch, double aux_loss_coeff) {
   StepLayout one;
   one.aux_loss_coeff = aux_loss_coeff;
-  const auto config = moe_job(one);
-  auto model = models::build_model(config, kVocab, at::TensorOptions().dtype(at::kFloat));
-  model->init_weights(kSeed);
-  for (auto& item : model->module().named_modules()) {
-    if (auto* moe = item.value()->as<models::MoEImpl>()) moe->args.aux_loss_coeff = aux_loss_coeff;
-  }
-  std::vector<at::Tensor> params;
-  for (const auto& item : model->module().named_parameters()) params.push_back(item.value());
-  at::Tensor loss = models::cross_entropy_sum(model->forward(batch.narrow(1, 0, kSeq)),
-                                              batch.narrow(1, 1, kSeq)) /
-                    static_cast<double>(batch.size(0) * kSeq);
-  loss.backward();
-  ModelReference ref;
-  ref.loss = loss.item<double>();
-  ref.norm = train::clip_grad_norm(params, 0.5);
-  train::build_optimizer(config.optimizer, params)->step();
-  for (const auto& item : model->module().named_parameters()) {
-    ref.after_step[item.key()] = item.value().detach().clone();
-  }
-  return ref;
+  return testing::one_process_step(moe_job(one), kVocab, kSeed, batch, kSeq,
+                                   [aux_loss_coeff](models::CausalLM& model) {
+                                     for (auto& item : model.module().named_modules()) {
+                                       if (auto* moe = item.value()->as<models::MoEImpl>()) {
+                                         moe->args.aux_loss_coeff = aux_loss_coeff;
+                                       }
+                                     }
+                                   });
 }
 
 // One step of `layout` on thread ranks: loss, clipped norm and every parameter after AdamW as

@@ -19,6 +19,7 @@
 #include "loom/generate/generator.h"
 #include "loom/generate/inference_model.h"
 #include "support/process.h"
+#include "unit/hf_test_util.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -28,26 +29,11 @@ namespace {
 const std::string kTransformers5 =
     std::string(LOOM_SOURCE_DIR) + "/tests/data/hf_qwen3/transformers5";
 
-std::map<std::string, at::Tensor> tensors_of(const std::string& file) {
-  std::map<std::string, at::Tensor> out;
-  for (auto& [name, tensor] : loom::checkpoint::load_safetensors(file).tensors) out[name] = tensor;
-  return out;
-}
+using loom::testing::row_of;
+using loom::testing::tensors_of;
 
 loom::generate::InferenceModel load(const std::string& folder) {
-  loom::generate::ModelSource source;
-  source.checkpoint = folder;
-  source.tokenizer = "byte";
-  source.device = "cpu";
-  auto model = loom::generate::load_inference_model(source);
-  EXPECT_EQ(model.spec->name, "qwen3");
-  EXPECT_EQ(model.format, "huggingface");
-  return model;
-}
-
-std::vector<int32_t> row_of(const at::Tensor& ids) {
-  const at::Tensor row = ids.reshape({-1}).to(at::kInt).contiguous();
-  return std::vector<int32_t>(row.data_ptr<int32_t>(), row.data_ptr<int32_t>() + row.numel());
+  return loom::testing::load_hf_folder(folder, "qwen3");
 }
 
 // `folder`'s logits on its reference ids, loom against the transformers that saved it.

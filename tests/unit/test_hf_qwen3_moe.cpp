@@ -19,31 +19,18 @@
 #include "loom/generate/inference_model.h"
 #include "loom/models/common/decoder_model.h"
 #include "support/process.h"
+#include "unit/hf_test_util.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
 
-std::map<std::string, at::Tensor> tensors_of(const std::string& file) {
-  std::map<std::string, at::Tensor> out;
-  for (auto& [name, tensor] : loom::checkpoint::load_safetensors(file).tensors) out[name] = tensor;
-  return out;
-}
+using loom::testing::row_of;
+using loom::testing::tensors_of;
 
 loom::generate::InferenceModel load(const std::string& folder) {
-  loom::generate::ModelSource source;
-  source.checkpoint = folder;
-  source.tokenizer = "byte";
-  source.device = "cpu";
-  auto model = loom::generate::load_inference_model(source);
-  EXPECT_EQ(model.spec->name, "qwen3_moe");
-  return model;
-}
-
-std::vector<int32_t> row_of(const at::Tensor& ids) {
-  const at::Tensor row = ids.reshape({-1}).to(at::kInt).contiguous();
-  return std::vector<int32_t>(row.data_ptr<int32_t>(), row.data_ptr<int32_t>() + row.numel());
+  return loom::testing::load_hf_folder(folder, "qwen3_moe");
 }
 
 class HfQwen3Moe : public ::testing::Test {
@@ -106,8 +93,10 @@ TEST_F(HfQwen3Moe, MoEBlockAndLogitsEqualTransformers) {
     auto& moe = block->moe;
     moe->router->args.route_norm = !moe->router->args.route_norm;
     at::NoGradGuard no_grad;
-    const double flipped =
-        (moe->forward(reference.at("block_in")) - reference.at("block_out")).abs().max().item<double>();
+    const double flipped = (moe->forward(reference.at("block_in")) - reference.at("block_out"))
+                               .abs()
+                               .max()
+                               .item<double>();
     EXPECT_GT(flipped, 1e-2) << folder;
   }
 }

@@ -11,18 +11,19 @@
 #include <map>
 
 #include "comm_test_util.h"
-#include "support/jobs.h"
 #include "loom/config/loader.h"
 #include "loom/distributed/runtime.h"
 #include "loom/models/common/decoder_parallelize.h"
+#include "loom/models/loss.h"
 #include "loom/models/model_spec.h"
 #include "loom/parallel/loss_parallel.h"
 #include "loom/parallel/tensor_parallel.h"
 #include "loom/parallel/tp_regions.h"
 #include "loom/train/grad_clip.h"
-#include "loom/models/loss.h"
 #include "loom/train/optimizer.h"
 #include "loom/train/supported_features.h"
+#include "one_process_step.h"
+#include "support/jobs.h"
 
 namespace loom {
 namespace {
@@ -99,8 +100,8 @@ TEST(TensorParallelRegions, ForwardAndBackwardMatchTheUnsplitOps) {
 TEST(TensorParallelRegions, VocabParallelLossMatchesCrossEntropy) {
   const int64_t vocab = 11;
   const at::Tensor logits = random({2, 5, vocab}, 7).to(at::kFloat) * 4;
-  at::Tensor labels = at::randint(0, vocab, {2, 5}, at::make_generator<at::CPUGeneratorImpl>(8),
-                                  at::kLong);
+  at::Tensor labels =
+      at::randint(0, vocab, {2, 5}, at::make_generator<at::CPUGeneratorImpl>(8), at::kLong);
   labels.index_put_({0, 1}, models::kIgnoreIndex);
   labels.index_put_({1, 4}, models::kIgnoreIndex);
   at::Tensor whole = logits.clone().set_requires_grad(true);
@@ -112,8 +113,8 @@ TEST(TensorParallelRegions, VocabParallelLossMatchesCrossEntropy) {
       const int64_t piece = (vocab + world - 1) / world, first = r * piece;
       at::Tensor local =
           logits.narrow(2, first, std::min(piece, vocab - first)).clone().set_requires_grad(true);
-      at::Tensor got = parallel::vocab_parallel_cross_entropy_sum(local, labels, first,
-                                                                  groups.world());
+      at::Tensor got =
+          parallel::vocab_parallel_cross_entropy_sum(local, labels, first, groups.world());
       expect_close(got, want.detach(), "loss");
       got.backward();
       expect_close(local.grad(), whole.grad().narrow(2, first, local.size(2)), "gradient");
@@ -145,8 +146,8 @@ TEST(TensorParallelPlan, LlamaPlanAppliesAndTyposAreRefused) {
     return boxes;
   };
   auto model = meta_model();
-  auto boxes = parallel::apply_tensor_parallel(*model, models::decoder_tensor_parallel_plan(*model, true),
-                                               tp, boxes_of(*model));
+  auto boxes = parallel::apply_tensor_parallel(
+      *model, models::decoder_tensor_parallel_plan(*model, true), tp, boxes_of(*model));
   // One tp rank: every box whole (the splits are checked on 2 and 4 ranks below).
   EXPECT_TRUE(boxes.at("layers.0.attention.wq.weight").is_whole());
   EXPECT_EQ(boxes.size(), model->module().named_parameters().size());
@@ -165,8 +166,8 @@ TEST(TensorParallelPlan, LlamaPlanAppliesAndTyposAreRefused) {
   middle.embedding = false;
   middle.head = false;
   auto part = meta_model(middle);
-  EXPECT_NO_THROW(parallel::apply_tensor_parallel(*part, models::decoder_tensor_parallel_plan(*part, true),
-                                                  tp, boxes_of(*part)));
+  EXPECT_NO_THROW(parallel::apply_tensor_parallel(
+      *part, models::decoder_tensor_parallel_plan(*part, true), tp, boxes_of(*part)));
 }
 
 // ---- The whole model: one training step of parallelize_llama against one process ----
@@ -199,30 +200,10 @@ at::Tensor token_batch(int64_t rows) {
   return at::randint(0, kVocab, {rows, kSeq + 1}, gen, at::kLong);
 }
 
-struct Reference {
-  std::map<std::string, at::Tensor> after_step;
-  double loss = 0;
-  double norm = 0;
-};
+using Reference = testing::OneProcessStep;
 
 Reference reference(const Layout& l, const at::Tensor& batch) {
-  auto config = job(l);
-  auto model = models::build_model(config, kVocab, at::TensorOptions().dtype(at::kFloat));
-  model->init_weights(kSeed);
-  std::vector<at::Tensor> params;
-  for (const auto& item : model->module().named_parameters()) params.push_back(item.value());
-  at::Tensor loss = models::cross_entropy_sum(model->forward(batch.narrow(1, 0, kSeq)),
-                                             batch.narrow(1, 1, kSeq)) /
-                    static_cast<double>(batch.size(0) * kSeq);
-  loss.backward();
-  Reference ref;
-  ref.loss = loss.item<double>();
-  ref.norm = train::clip_grad_norm(params, 0.5);
-  train::build_optimizer(config.optimizer, params)->step();
-  for (const auto& item : model->module().named_parameters()) {
-    ref.after_step[item.key()] = item.value().detach().clone();
-  }
-  return ref;
+  return testing::one_process_step(job(l), kVocab, kSeed, batch, kSeq);
 }
 
 // The parallelized model of one thread rank, with its runtime.
@@ -233,8 +214,8 @@ struct RankModel {
 
 RankModel parallelize(const config::JobConfig& config, int rank, int world, int port) {
   RankModel out;
-  out.runtime =
-      distributed::ParallelRuntime::for_world(config, testing::thread_rank_world(rank, world, port));
+  out.runtime = distributed::ParallelRuntime::for_world(
+      config, testing::thread_rank_world(rank, world, port));
   const auto& spec = models::find_model_spec(config.model.name);
   parallel::ParallelContext context{config, *out.runtime, at::kCPU, kSeed, at::kFloat, {}};
   std::vector<std::unique_ptr<models::CausalLM>> parts;
@@ -284,29 +265,29 @@ void run_step(const Layout& l,
     auto& pm = rm.model;
     const int64_t dp_rank = rm.runtime->dp_rank();
     const double tokens = static_cast<double>(batch.size(0) * kSeq);
-    expect_tensor_parallel_boxes(pm, l.tp, rm.runtime->mesh().coordinate(
-                                               rank, distributed::MeshDim::tp));
+    expect_tensor_parallel_boxes(pm, l.tp,
+                                 rm.runtime->mesh().coordinate(rank, distributed::MeshDim::tp));
     auto& tp_group = rm.runtime->group(distributed::MeshGroup::tp);
     const auto tp_before = tp_group.counters().total_wire_bytes();
     at::Tensor loss_sum = at::zeros({}, at::kDouble);
     for (int m = 0; m < l.micro; ++m) {
       pm.gradient_sync->prepare_microbatch(m + 1 == l.micro);
       const at::Tensor micro = batch.narrow(0, (dp_rank * l.micro + m) * rows, rows);
-      at::Tensor loss = pm.loss(pm.parts[0]->forward(micro.narrow(1, 0, kSeq)),
-                                micro.narrow(1, 1, kSeq)) / tokens;
+      at::Tensor loss =
+          pm.loss(pm.parts[0]->forward(micro.narrow(1, 0, kSeq)), micro.narrow(1, 1, kSeq)) /
+          tokens;
       loss.backward();
       loss_sum += loss.detach().to(at::kDouble);
     }
     pm.gradient_sync->finish();
-    const double tp_bytes =
-        static_cast<double>(tp_group.counters().total_wire_bytes() - tp_before);
+    const double tp_bytes = static_cast<double>(tp_group.counters().total_wire_bytes() - tp_before);
     auto& loss_group = rm.runtime->group(distributed::MeshGroup::loss);
     if (loss_group.size() > 1) loss_group.all_reduce(loss_sum);
     const double loss = loss_sum.item<double>();
     LOOM_CHECK(std::abs(loss - ref.loss) <= 1e-5 * ref.loss, "loss ", loss, " vs ", ref.loss);
-    const double norm = train::clip_grad_norm(pm.tensors(), pm.placements(), 0.5,
-                                              &rm.runtime->world_group())
-                            .item<double>();
+    const double norm =
+        train::clip_grad_norm(pm.tensors(), pm.placements(), 0.5, &rm.runtime->world_group())
+            .item<double>();
     LOOM_CHECK(std::abs(norm - ref.norm) <= 1e-5 * ref.norm, "norm ", norm, " vs ", ref.norm);
     train::build_optimizer(config.optimizer, pm.tensors())->step();
     for (const auto& p : pm.parameters) {
@@ -318,7 +299,9 @@ void run_step(const Layout& l,
   LOOM_EXPECT_RANKS_OK(errors);
 }
 
-TEST(TensorParallelLlama, TwoRanksStepLikeOneProcess) { run_step({}); }
+TEST(TensorParallelLlama, TwoRanksStepLikeOneProcess) {
+  run_step({});
+}
 
 TEST(TensorParallelLlama, LossParallelOffGathersTheLogitsAndStepsTheSame) {
   Layout l;
@@ -358,8 +341,7 @@ TEST(TensorParallelLlama, TrafficFollowsTheFormula) {
       const double act = b * s * d * 4;
       double want = (8 * layers + 4) * act * ring + 2 * 4 * (2 * layers + 1) * d * ring;
       // Without loss parallelism the logits are gathered instead: b·s·N·ceil(V/N) floats.
-      want += loss_parallel ? 2 * 12 * b * s * ring
-                            : b * s * n * std::ceil(kVocab / n) * 4 * ring;
+      want += loss_parallel ? 2 * 12 * b * s * ring : b * s * n * std::ceil(kVocab / n) * 4 * ring;
       LOOM_CHECK(std::abs(wire - want) <= 0.01 * want, "tp wire bytes ", wire, " vs formula ",
                  want);
       if (rm.runtime->rank() == 0) {
