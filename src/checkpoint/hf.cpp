@@ -16,9 +16,9 @@
 #include "loom/core/check.h"
 #include "loom/core/files.h"
 #include "loom/core/json.h"
+#include "loom/core/logging.h"
 #include "loom/core/strings.h"
 #include "loom/data/tokenizer.h"
-#include "loom/core/logging.h"
 #include "state_io.h"
 
 namespace loom::checkpoint {
@@ -93,6 +93,7 @@ SourcedModel step_model(const std::string& step, models::BuildOptions options,
     if (!flavor) flavor = job.model.flavor;
     out.tokenizer = data::tokenizer_location(job.model.tokenizer_path, job.model.hf_assets_path);
     if (options.max_seq_len <= 0) options.max_seq_len = job.training.seq_len;
+    options.trained_seq_len = job.training.seq_len;
   }
   LOOM_CHECK_AS(InputError, name && flavor, "checkpoint '", step,
                 "' has no config.toml, so its model is unknown: pass --model NAME and --flavor "
@@ -141,7 +142,12 @@ void export_to_hf(const std::string& step_path, const std::string& output,
     const std::string fqn = "model." + name;
     LOOM_CHECK_AS(InputError, reader.has(fqn), "checkpoint '", step, "' lacks ", fqn,
                   " (its config describes another model?)");
-    for (auto& [hf, tensor] : adapter->to_hf(name, reader.read_whole(fqn).to(type))) {
+    // Routing state stays float32 (its 1e-3 steps would round away in bfloat16), as DeepSeek's
+    // own files keep e_score_correction_bias.
+    const bool state =
+        name.size() > 16 && name.compare(name.size() - 16, 16, ".moe.expert_bias") == 0;
+    const at::Tensor whole = reader.read_whole(fqn);
+    for (auto& [hf, tensor] : adapter->to_hf(name, state ? whole : whole.to(type))) {
       const auto bytes = static_cast<uint64_t>(tensor.nbytes());
       if (shard_bytes.back() > 0 && shard_bytes.back() + bytes > options.max_shard_bytes) {
         shards.emplace_back();
@@ -198,8 +204,8 @@ std::vector<std::string> weight_files(const std::string& hf_folder) {
     LOOM_CHECK_AS(InputError, it.value().is_string(), index_path, ": weight_map['", it.key(),
                   "'] must be a file name");
     const auto file = it.value().get<std::string>();
-    LOOM_CHECK_AS(InputError, files::is_contained_relative_path(file), index_path,
-                  ": weight_map['", it.key(), "'] = '", file,
+    LOOM_CHECK_AS(InputError, files::is_contained_relative_path(file), index_path, ": weight_map['",
+                  it.key(), "'] = '", file,
                   "' lies outside the folder (absolute, empty or with '..')");
     unique.insert(file);
   }
@@ -242,6 +248,9 @@ void import_from_hf(const std::string& hf_folder, const std::string& checkpoint_
   for (const auto& item : const_cast<models::CausalLM&>(model).module().named_parameters()) {
     wanted.insert(item.key());
   }
+  for (const auto& [name, tensor] : const_cast<models::CausalLM&>(model).named_state_buffers()) {
+    wanted.insert(name);
+  }
   for (auto& [name, tensor] : read_hf_weights(hf_folder, *source.spec, model)) {
     LOOM_CHECK_AS(InputError, wanted.count(name), hf_folder, ": tensor '", name,
                   "' has no place in the ", source.spec->name, " model");
@@ -271,10 +280,13 @@ void import_from_hf(const std::string& hf_folder, const std::string& checkpoint_
 }
 
 std::vector<std::string> arithmetic_differences(const nlohmann::json& a, const nlohmann::json& b) {
-  static const std::set<std::string> inert = {
-      "vocab_size", "max_position_embeddings", "torch_dtype", "dtype", "tie_word_embeddings",
-      "architectures", "transformers_version", "bos_token_id", "eos_token_id", "pad_token_id",
-      "_name_or_path", "use_cache", "initializer_range", "attention_dropout"};
+  static const std::set<std::string> inert = {"vocab_size",           "max_position_embeddings",
+                                              "torch_dtype",          "dtype",
+                                              "tie_word_embeddings",  "architectures",
+                                              "transformers_version", "bos_token_id",
+                                              "eos_token_id",         "pad_token_id",
+                                              "_name_or_path",        "use_cache",
+                                              "initializer_range",    "attention_dropout"};
   std::set<std::string> keys;
   for (const auto& [key, value] : a.items()) keys.insert(key);
   for (const auto& [key, value] : b.items()) keys.insert(key);

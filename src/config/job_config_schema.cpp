@@ -81,12 +81,13 @@ void add_model_sections(Schema& s) {
   SectionBuilder<ModelSection> model(s, "model", "Which model to train.",
                                      [](JobConfig& c) -> ModelSection& { return c.model; });
   model.field("name", &ModelSection::name,
-              "Model family in the model registry: llama3, qwen3 or qwen3_moe (`loom plan model` "
+              "Model family in the model registry: llama3, qwen3, qwen3_moe or deepseek_v3 (`loom "
+              "plan model` "
               "names the registered ones).");
   model.field("flavor", &ModelSection::flavor,
               "Size of the model family (llama3: debugmodel, 100M, 8B, 8B_4layers, 70B, 405B; "
               "qwen3: debugmodel, 0.6B, 1.7B, 4B, 8B, 14B, 32B; qwen3_moe: debugmodel_moe, "
-              "30B-A3B, 235B-A22B).");
+              "30B-A3B, 235B-A22B; deepseek_v3: debugmodel, 16B, 236B, 671B).");
   model.field("hf_assets_path", &ModelSection::hf_assets_path,
               "Folder with Hugging Face assets: tokenizer files, config.json, safetensors.");
   model.field(
@@ -103,7 +104,8 @@ void add_model_sections(Schema& s) {
   model
       .field("moe_load_balance_coeff", &ModelSection::moe_load_balance_coeff,
              "Mixture-of-experts flavors: the step of DeepSeek-V3's auxiliary-loss-free "
-             "balancing bias after each optimizer step (0: off); unset: the flavor's (qwen3_moe: "
+             "balancing bias after each optimizer step (0: off); unset: the flavor's (qwen3_moe, "
+             "deepseek_v3: "
              "1e-3).")
       .min(0);
   model
@@ -447,8 +449,7 @@ void add_unimplemented_sections(Schema& s) {
            "Kernel of the MXFP8 dim-1 cast.")
       .choices({"triton", "cuda", "torch"})
       .unimplemented();
-  mx.field("recipe_name", &MXLinearSection::recipe_name, "MX recipe.")
-      .unimplemented();
+  mx.field("recipe_name", &MXLinearSection::recipe_name, "MX recipe.").unimplemented();
   mx.field("filter_fqns", &MXLinearSection::filter_fqns, "Linear layers left in high precision.")
       .unimplemented();
   s.add_section({"quantize.grouped_mm", "Low-precision grouped matmuls of MoE experts."});
@@ -461,7 +462,8 @@ void add_unimplemented_sections(Schema& s) {
   SectionBuilder<MXGroupedMMSection> gmx(
       s, "quantize.grouped_mm.mx", "MXFP8 grouped matmuls.",
       [](JobConfig& c) -> MXGroupedMMSection& { return c.quantize.grouped_mm.mx; }, false);
-  gmx.field("recipe_name", &MXGroupedMMSection::recipe_name, "MX recipe.").choices({"mxfp8"})
+  gmx.field("recipe_name", &MXGroupedMMSection::recipe_name, "MX recipe.")
+      .choices({"mxfp8"})
       .unimplemented();
   gmx.field("fqns", &MXGroupedMMSection::fqns, "MoE modules converted (a name or a list).")
       .scalar_as_list()
@@ -508,9 +510,11 @@ void add_runtime_sections(Schema& s) {
            "torchft collective timeout.")
       .min(1)
       .unimplemented();
-  ft.field("replica_id", &FaultToleranceSection::replica_id, "This replica group's id.").min(0)
+  ft.field("replica_id", &FaultToleranceSection::replica_id, "This replica group's id.")
+      .min(0)
       .unimplemented();
-  ft.field("group_size", &FaultToleranceSection::group_size, "Number of replica groups.").min(0)
+  ft.field("group_size", &FaultToleranceSection::group_size, "Number of replica groups.")
+      .min(0)
       .unimplemented();
   ft.field("min_replica_size", &FaultToleranceSection::min_replica_size,
            "Replicas needed per step.")

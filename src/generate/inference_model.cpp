@@ -39,14 +39,25 @@ void load_native(models::CausalLM& model, const std::string& step) {
     LOOM_CHECK_AS(InputError, reader.has(fqn), "checkpoint '", step, "' lacks ", fqn,
                   " (a different model or flavor?)");
     const auto shape = reader.global_shape(fqn);
-    LOOM_CHECK_AS(InputError, shape == item.value().sizes().vec(), "checkpoint '", step, "': ",
-                  fqn, " has shape ", at::IntArrayRef(shape), ", the model expects ",
+    LOOM_CHECK_AS(InputError, shape == item.value().sizes().vec(), "checkpoint '", step, "': ", fqn,
+                  " has shape ", at::IntArrayRef(shape), ", the model expects ",
                   item.value().sizes(), " (a different flavor?)");
     checkpoint::LocalChunk request;
     request.fqn = fqn;
     request.global_shape = shape;
     request.offsets.assign(shape.size(), 0);
     request.tensor = item.value();
+    reader.read(request);
+  }
+  // State buffers (a mixture's balancing bias) where the checkpoint has them: it changes routing.
+  for (auto& [name, tensor] : model.named_state_buffers()) {
+    const std::string fqn = "model." + name;
+    if (!reader.has(fqn)) continue;
+    checkpoint::LocalChunk request;
+    request.fqn = fqn;
+    request.global_shape = tensor.sizes().vec();
+    request.offsets.assign(tensor.dim(), 0);
+    request.tensor = tensor;
     reader.read(request);
   }
 }
@@ -59,10 +70,18 @@ void load_hf(models::CausalLM& model, const models::ModelSpec& spec, const std::
     auto it = weights.find(item.key());
     LOOM_CHECK_AS(InputError, it != weights.end(), "'", folder, "' lacks the weight of ",
                   item.key());
-    LOOM_CHECK_AS(InputError, it->second.sizes() == item.value().sizes(), "'", folder, "': ",
-                  item.key(), " has shape ", it->second.sizes(), ", config.json implies ",
+    LOOM_CHECK_AS(InputError, it->second.sizes() == item.value().sizes(), "'", folder,
+                  "': ", item.key(), " has shape ", it->second.sizes(), ", config.json implies ",
                   item.value().sizes());
     item.value().copy_(it->second);
+    weights.erase(it);
+  }
+  for (auto& [name, tensor] : model.named_state_buffers()) {
+    auto it = weights.find(name);
+    if (it == weights.end()) continue;  // transformers starts such buffers at zero as well
+    LOOM_CHECK_AS(InputError, it->second.sizes() == tensor.sizes(), "'", folder, "': ", name,
+                  " has shape ", it->second.sizes(), ", config.json implies ", tensor.sizes());
+    tensor.copy_(it->second);
     weights.erase(it);
   }
   LOOM_CHECK_AS(InputError, weights.empty(), "'", folder, "' holds ",
@@ -112,7 +131,8 @@ InferenceModel load_inference_model(const ModelSource& source) {
   build.max_seq_len = source.max_seq_len.value_or(0);
   InferenceModel out;
   checkpoint::SourcedModel sourced;
-  const bool hf = fs::is_directory(source.checkpoint) && checkpoint::is_hf_folder(source.checkpoint);
+  const bool hf =
+      fs::is_directory(source.checkpoint) && checkpoint::is_hf_folder(source.checkpoint);
   if (hf) {
     out.step_folder = source.checkpoint;
     out.format = "huggingface";
@@ -134,13 +154,13 @@ InferenceModel load_inference_model(const ModelSource& source) {
                 " tokens, more than the model's embedding (", out.model->vocab_size(),
                 "): a different tokenizer than the model was trained with?");
   out.dtype = source.dtype;
+  out.model->init_buffers(device);  // before loading: the state buffers are read into it
   if (hf) {
     load_hf(*out.model, *out.spec, source.checkpoint);
   } else {
     load_native(*out.model, out.step_folder);
   }
   for (auto& p : out.model->module().parameters()) p.set_requires_grad(false);
-  out.model->init_buffers(device);
   out.model->module().eval();
   return out;
 }

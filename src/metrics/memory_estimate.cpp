@@ -70,8 +70,12 @@ MemoryEstimate estimate_memory(const models::ModelSummary& model, const config::
   }
   const int64_t n_blocks = static_cast<int64_t>(block_numel.size());
   const std::string block = first_block + ".";
-  const int64_t q = rows_of(model, block + "attention.wq.weight");
-  const int64_t kv = rows_of(model, block + "attention.wk.weight");
+  // Grouped-query attention's q and k widths, or latent attention's (its wkv_b makes keys and
+  // values together).
+  const int64_t q = std::max(rows_of(model, block + "attention.wq.weight"),
+                             rows_of(model, block + "attention.wq_b.weight"));
+  const int64_t kv = std::max(rows_of(model, block + "attention.wk.weight"),
+                              rows_of(model, block + "attention.wkv_b.weight") / 2);
   // A dense block's MLP width, or a mixture of experts' per token: top_k routed experts (their
   // copies of the token in and out, and their hidden features) plus the shared experts.
   int64_t hidden = rows_of(model, block + "feed_forward.w1.weight");
@@ -82,7 +86,9 @@ MemoryEstimate estimate_memory(const models::ModelSummary& model, const config::
     routed_copies = 2 * model.experts_per_token;
   }
   // The model width from a block (a pipeline stage may hold neither embedding nor output).
-  int64_t dim = cols_of(model, block + "attention.wq.weight");
+  int64_t dim = cols_of(model, block + "attention.wo.weight") > 0
+                    ? rows_of(model, block + "attention.wo.weight")
+                    : 0;
   if (dim == 0) dim = cols_of(model, "tok_embeddings.weight");
   if (dim == 0) dim = cols_of(model, "output.weight");
   const int64_t vocab = rows_of(model, "output.weight");  // logits only where the output is

@@ -13,16 +13,20 @@ namespace loom::models {
 namespace llama {
 ModelSpec llama3_spec();
 }
+namespace deepseek_v3 {
+ModelSpec deepseek_v3_spec();
+}
 namespace qwen3 {
 ModelSpec qwen3_spec();
 ModelSpec qwen3_moe_spec();
-}
+}  // namespace qwen3
 
 namespace {
 
 const std::vector<ModelSpec>& registry() {
   static const std::vector<ModelSpec> specs = {llama::llama3_spec(), qwen3::qwen3_spec(),
-                                                qwen3::qwen3_moe_spec()};
+                                               qwen3::qwen3_moe_spec(),
+                                               deepseek_v3::deepseek_v3_spec()};
   return specs;
 }
 
@@ -97,10 +101,10 @@ const ModelSpec& find_hf_model_spec(const nlohmann::json& config, const std::str
   for (const auto& spec : registry()) {
     for (const auto& type : spec.hf.model_types) known.push_back("\"" + type + "\"");
   }
-  LOOM_CHECK_AS(InputError, config.is_object() && config.contains("model_type") &&
-                                config.at("model_type").is_string(),
-                source, ": model_type is missing or not a string; loom reads ",
-                strings::join(known, ", "));
+  LOOM_CHECK_AS(
+      InputError,
+      config.is_object() && config.contains("model_type") && config.at("model_type").is_string(),
+      source, ": model_type is missing or not a string; loom reads ", strings::join(known, ", "));
   const std::string type = config.at("model_type").get<std::string>();
   for (const auto& spec : registry()) {
     for (const auto& t : spec.hf.model_types) {
@@ -119,7 +123,9 @@ std::string format_summary(const ModelSummary& s, bool with_shapes) {
       << "  parameters: " << s.total_params << " ("
       << human_count(static_cast<double>(s.total_params)) << "), embedding " << s.embedding_params
       << ", non-embedding " << (s.total_params - s.embedding_params) << ", active per token "
-      << s.active_params << "\n"
+      << s.active_params << " (" << human_count(static_cast<double>(s.active_params)) << "; "
+      << human_count(static_cast<double>(s.active_params + s.embedding_params))
+      << " counting the token table)\n"
       << "  training FLOPs per token at seq_len " << s.seq_len << ": " << flops << " ("
       << human_count(s.flops_per_token) << ")\n";
   if (with_shapes) {

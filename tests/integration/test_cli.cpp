@@ -180,6 +180,32 @@ TEST(Cli, PlanModelPrintsTheSummaryWithoutAllocating) {
   EXPECT_TRUE(contains(bad.output, "unknown llama3 flavor '9B'")) << bad.output;
 }
 
+// DeepSeek-V3 671B (torchtitan's flavor = the Hugging Face config's shapes, without the
+// multi-token-prediction layer): 671.03B parameters; a token multiplies with the attention, the
+// three dense MLPs, 8 routed + 1 shared expert per mixture and the head: 36.63B (37.55B counting
+// the token table as torchtitan's log does; DeepSeek publishes "37B activated"). FLOPs per token
+// at 4096: 6 x 36.63B + 6 x 61 layers x 128 heads x (192 + 128) x 4096.
+TEST(Cli, PlanModelCountsDeepseekV3AsPublished) {
+  auto result = run_loom(
+      "plan model --model.name deepseek_v3 --model.flavor 671B --training.seq_len 4096 "
+      "--training.dataset synthetic --no-shapes");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_TRUE(contains(result.output, "parameters: 671026404352 (671.03B)")) << result.output;
+  EXPECT_TRUE(contains(result.output, "active per token 36625603584 (36.63B; 37.55B counting"))
+      << result.output;
+  EXPECT_TRUE(contains(result.output, "training FLOPs per token at seq_len 4096: 2.812e+11"))
+      << result.output;
+  EXPECT_TRUE(contains(result.output, "latent attention: q rank 1536, kv rank 512"))
+      << result.output;
+  // Beyond the original 4096 positions the flavor switches YaRN on, as torchtitan's does.
+  auto long_context = run_loom(
+      "plan model --model.name deepseek_v3 --model.flavor 671B --training.seq_len 16384 "
+      "--training.dataset synthetic --no-shapes");
+  ASSERT_EQ(long_context.exit_code, 0) << long_context.output;
+  EXPECT_TRUE(contains(long_context.output, "(YaRN x40")) << long_context.output;
+  EXPECT_FALSE(contains(result.output, "YaRN")) << result.output;
+}
+
 // Qwen3's flavors against the published models' sizes, counted from each Hugging Face
 // config.json's shapes (q/k norms of head_dim 128, head_dim x heads != dim from 4B up); 0.6B, 1.7B
 // and 4B tie the head to the token table (tie_word_embeddings), so their table counts once. The

@@ -26,9 +26,9 @@ std::vector<std::string> toml_files_in(const std::string& folder) {
 TEST(ConfigFiles, ShippedConfigsAreValidAndUseOnlyImplementedKeys) {
   auto files = toml_files_in("configs");
   // The jobs loom ships: each family's debug model and published sizes.
-  for (const char* shipped : {"llama3_debug.toml", "llama3_8b.toml", "llama3_70b.toml",
-                              "llama3_405b.toml", "qwen3_debug.toml", "qwen3_0.6b.toml",
-                              "qwen3_moe_debug.toml"}) {
+  for (const char* shipped :
+       {"llama3_debug.toml", "llama3_8b.toml", "llama3_70b.toml", "llama3_405b.toml",
+        "qwen3_debug.toml", "qwen3_0.6b.toml", "qwen3_moe_debug.toml", "deepseek_v3_debug.toml"}) {
     const std::string path = std::string(LOOM_SOURCE_DIR) + "/configs/" + shipped;
     EXPECT_NE(std::find(files.begin(), files.end(), path), files.end()) << shipped;
   }

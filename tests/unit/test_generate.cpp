@@ -9,9 +9,10 @@
 #include "loom/data/tokenizer.h"
 #include "loom/generate/generator.h"
 #include "loom/generate/prompts.h"
-#include "loom/models/llama/init.h"
 #include "loom/models/common/init.h"
 #include "loom/models/common/kv_cache.h"
+#include "loom/models/deepseek_v3/args.h"
+#include "loom/models/llama/init.h"
 #include "support/process.h"
 #include "unit/model_test_util.h"
 
@@ -32,78 +33,111 @@ Transformer tiny_model(int64_t vocab = 97, uint64_t seed = 7) {
   return model;
 }
 
+// The same size with multi-head latent attention (DeepSeek-V3's: q bottleneck, YaRN beyond 16
+// positions with rotations of magnitude != 1): its cache holds latents, not keys and values.
+Transformer tiny_latent_model(uint64_t seed = 7) {
+  auto args = testing::tiny_llama_args();
+  args.max_seq_len = 48;
+  args.n_kv_heads.reset();
+  args.use_scaled_rope = false;
+  args.mla = models::MLAArgs{8, 16, 8, 8, 12, 1e-6};
+  models::YarnScaling yarn;
+  yarn.factor = 4.0;
+  yarn.original_max_position_embeddings = 16;
+  yarn.mscale = 1.0;
+  yarn.mscale_all_dim = 0.5;
+  args.yarn = yarn;
+  Transformer model(args, at::TensorOptions().dtype(at::kFloat));
+  models::init_weights(model, seed, models::deepseek_v3::init_parameter);
+  model->init_freqs_cis(at::kCPU);
+  return model;
+}
+
+std::vector<Transformer> both_attentions() {
+  return {tiny_model(), tiny_latent_model()};
+}
+
 at::Tensor random_tokens(int64_t rows, int64_t length, int64_t vocab, uint64_t seed) {
   auto generator = at::make_generator<at::CPUGeneratorImpl>(seed);
   return at::randint(vocab, {rows, length}, generator, at::kLong);
 }
 
 TEST(KVCache, IncrementalDecodingMatchesTheFullForward) {
-  Transformer model = tiny_model();
-  at::NoGradGuard no_grad;
-  const at::Tensor tokens = random_tokens(2, 12, 97, 1);
-  const at::Tensor full = model->forward(tokens);
-  // Prefill 5, then a chunk of 4 (a causal mask at an offset), then one token at a time.
-  KVCache cache(model->args, 2, 12, at::TensorOptions().dtype(at::kFloat));
-  std::vector<at::Tensor> parts;
-  parts.push_back(forward_cached(*model, tokens.slice(1, 0, 5), cache));
-  parts.push_back(forward_cached(*model, tokens.slice(1, 5, 9), cache));
-  for (int64_t i = 9; i < 12; ++i) parts.push_back(forward_cached(*model, tokens.slice(1, i, i + 1), cache));
-  const at::Tensor cached = at::cat(parts, 1);
-  EXPECT_EQ(cache.length(), 12);
-  EXPECT_LT((cached - full).abs().max().item<double>(), 2e-5);
-  // last_only returns the last slot's logits alone.
-  KVCache again(model->args, 2, 12, at::TensorOptions().dtype(at::kFloat));
-  const at::Tensor last = forward_cached(*model, tokens, again, /*last_only=*/true);
-  EXPECT_EQ(last.size(1), 1);
-  EXPECT_LT((last.select(1, 0) - full.select(1, 11)).abs().max().item<double>(), 2e-5);
+  for (Transformer model : both_attentions()) {
+    SCOPED_TRACE(model->args.mla ? "latent attention" : "grouped-query attention");
+    at::NoGradGuard no_grad;
+    const at::Tensor tokens = random_tokens(2, 12, 97, 1);
+    const at::Tensor full = model->forward(tokens);
+    // Prefill 5, then a chunk of 4 (a causal mask at an offset), then one token at a time.
+    KVCache cache(model->args, 2, 12, at::TensorOptions().dtype(at::kFloat));
+    std::vector<at::Tensor> parts;
+    parts.push_back(forward_cached(*model, tokens.slice(1, 0, 5), cache));
+    parts.push_back(forward_cached(*model, tokens.slice(1, 5, 9), cache));
+    for (int64_t i = 9; i < 12; ++i)
+      parts.push_back(forward_cached(*model, tokens.slice(1, i, i + 1), cache));
+    const at::Tensor cached = at::cat(parts, 1);
+    EXPECT_EQ(cache.length(), 12);
+    EXPECT_LT((cached - full).abs().max().item<double>(), 2e-5);
+    // last_only returns the last slot's logits alone.
+    KVCache again(model->args, 2, 12, at::TensorOptions().dtype(at::kFloat));
+    const at::Tensor last = forward_cached(*model, tokens, again, /*last_only=*/true);
+    EXPECT_EQ(last.size(1), 1);
+    EXPECT_LT((last.select(1, 0) - full.select(1, 11)).abs().max().item<double>(), 2e-5);
+  }
 }
 
 TEST(KVCache, LeftPaddedRowsComputeWhatTheyWouldAlone) {
-  Transformer model = tiny_model();
-  at::NoGradGuard no_grad;
-  const std::vector<int64_t> lengths = {3, 7, 5};
-  const int64_t longest = 7, steps = 4;
-  const at::Tensor prompts = random_tokens(3, longest, 97, 2);
-  const at::Tensor continuation = random_tokens(3, steps, 97, 3);
-  std::vector<int64_t> padding;
-  at::Tensor batch = at::zeros({3, longest}, at::kLong);
-  for (int64_t r = 0; r < 3; ++r) {
-    padding.push_back(longest - lengths[r]);
-    batch[r].slice(0, padding[r]).copy_(prompts[r].slice(0, 0, lengths[r]));
-  }
-  KVCache cache(model->args, 3, longest + steps, at::TensorOptions().dtype(at::kFloat), padding);
-  std::vector<at::Tensor> batched = {forward_cached(*model, batch, cache, true)};
-  for (int64_t s = 0; s < steps; ++s) {
-    batched.push_back(forward_cached(*model, continuation.slice(1, s, s + 1), cache));
-  }
-  for (int64_t r = 0; r < 3; ++r) {
-    // The row alone, without cache: its prompt and continuation in one full forward.
-    at::Tensor alone = at::cat({prompts[r].slice(0, 0, lengths[r]), continuation[r]}).unsqueeze(0);
-    at::Tensor full = model->forward(alone);
-    for (int64_t s = 0; s <= steps; ++s) {
-      at::Tensor expected = full[0][lengths[r] - 1 + s];
-      EXPECT_LT((batched[static_cast<size_t>(s)][r][0] - expected).abs().max().item<double>(), 2e-5)
-          << "row " << r << " step " << s;
+  for (Transformer model : both_attentions()) {
+    SCOPED_TRACE(model->args.mla ? "latent attention" : "grouped-query attention");
+    at::NoGradGuard no_grad;
+    const std::vector<int64_t> lengths = {3, 7, 5};
+    const int64_t longest = 7, steps = 4;
+    const at::Tensor prompts = random_tokens(3, longest, 97, 2);
+    const at::Tensor continuation = random_tokens(3, steps, 97, 3);
+    std::vector<int64_t> padding;
+    at::Tensor batch = at::zeros({3, longest}, at::kLong);
+    for (int64_t r = 0; r < 3; ++r) {
+      padding.push_back(longest - lengths[r]);
+      batch[r].slice(0, padding[r]).copy_(prompts[r].slice(0, 0, lengths[r]));
+    }
+    KVCache cache(model->args, 3, longest + steps, at::TensorOptions().dtype(at::kFloat), padding);
+    std::vector<at::Tensor> batched = {forward_cached(*model, batch, cache, true)};
+    for (int64_t s = 0; s < steps; ++s) {
+      batched.push_back(forward_cached(*model, continuation.slice(1, s, s + 1), cache));
+    }
+    for (int64_t r = 0; r < 3; ++r) {
+      // The row alone, without cache: its prompt and continuation in one full forward.
+      at::Tensor alone =
+          at::cat({prompts[r].slice(0, 0, lengths[r]), continuation[r]}).unsqueeze(0);
+      at::Tensor full = model->forward(alone);
+      for (int64_t s = 0; s <= steps; ++s) {
+        at::Tensor expected = full[0][lengths[r] - 1 + s];
+        EXPECT_LT((batched[static_cast<size_t>(s)][r][0] - expected).abs().max().item<double>(),
+                  2e-5)
+            << "row " << r << " step " << s;
+      }
     }
   }
 }
 
 TEST(KVCache, DroppedRowsLeaveTheOthersUnchanged) {
-  Transformer model = tiny_model();
-  at::NoGradGuard no_grad;
-  const at::Tensor tokens = random_tokens(3, 9, 97, 4);
-  KVCache cache(model->args, 3, 9, at::TensorOptions().dtype(at::kFloat), {2, 0, 1});
-  at::Tensor prompt = tokens.slice(1, 0, 6).clone();
-  forward_cached(*model, prompt, cache);
-  cache.keep_rows({0, 2});
-  EXPECT_EQ(cache.batch(), 2);
-  at::Tensor step = at::stack({tokens[0][6], tokens[2][6]}).view({2, 1});
-  at::Tensor out = forward_cached(*model, step, cache);
-  for (int64_t k = 0; k < 2; ++k) {
-    const int64_t r = k == 0 ? 0 : 2, pad = r == 0 ? 2 : 1;
-    at::Tensor alone = tokens[r].slice(0, pad, 7).unsqueeze(0);
-    at::Tensor full = model->forward(alone);
-    EXPECT_LT((out[k][0] - full[0][-1]).abs().max().item<double>(), 2e-5);
+  for (Transformer model : both_attentions()) {
+    SCOPED_TRACE(model->args.mla ? "latent attention" : "grouped-query attention");
+    at::NoGradGuard no_grad;
+    const at::Tensor tokens = random_tokens(3, 9, 97, 4);
+    KVCache cache(model->args, 3, 9, at::TensorOptions().dtype(at::kFloat), {2, 0, 1});
+    at::Tensor prompt = tokens.slice(1, 0, 6).clone();
+    forward_cached(*model, prompt, cache);
+    cache.keep_rows({0, 2});
+    EXPECT_EQ(cache.batch(), 2);
+    at::Tensor step = at::stack({tokens[0][6], tokens[2][6]}).view({2, 1});
+    at::Tensor out = forward_cached(*model, step, cache);
+    for (int64_t k = 0; k < 2; ++k) {
+      const int64_t r = k == 0 ? 0 : 2, pad = r == 0 ? 2 : 1;
+      at::Tensor alone = tokens[r].slice(0, pad, 7).unsqueeze(0);
+      at::Tensor full = model->forward(alone);
+      EXPECT_LT((out[k][0] - full[0][-1]).abs().max().item<double>(), 2e-5);
+    }
   }
 }
 
@@ -268,7 +302,8 @@ TEST(Generator, PromptsMustLeaveRoomInTheContext) {
 TEST(Prompts, BadLinesAreNamedByLine) {
   const std::string dir = testing::fresh_temp_dir("prompts_unit");
   const std::string path = dir + "/p.jsonl";
-  std::ofstream(path) << "{\"prompt\": \"one\", \"id\": 7}\n\n{\"text\": \"two\"}\n{\"prompt\": 3}\n";
+  std::ofstream(path)
+      << "{\"prompt\": \"one\", \"id\": 7}\n\n{\"text\": \"two\"}\n{\"prompt\": 3}\n";
   try {
     generate::read_prompts(path);
     FAIL() << "no error";

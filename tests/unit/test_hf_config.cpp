@@ -35,10 +35,9 @@ loom::models::BuildOptions on_meta() {
 }
 
 std::unique_ptr<loom::models::DecoderModel> model_of(const LlamaArgs& args) {
-  return std::make_unique<loom::models::DecoderModel>("llama3", "test", args,
-                                                      on_meta().tensor_options,
-                                                      loom::models::ModelPart{},
-                                                      loom::models::llama::init_parameter);
+  return std::make_unique<loom::models::DecoderModel>(
+      "llama3", "test", args, on_meta().tensor_options, loom::models::ModelPart{},
+      loom::models::llama::init_parameter);
 }
 
 // The config.json loom exports for `args`.
@@ -202,13 +201,13 @@ TEST(HfConfig, TwoRopeDescriptionsMustAgree) {
 }
 
 TEST(HfConfig, UnsupportedRopeIsRefusedByName) {
-  for (const std::string type : {"linear", "dynamic", "yarn", "longrope", "mrope"}) {
+  for (const std::string type : {"linear", "dynamic", "longrope", "mrope"}) {
     json old_layout = layout4(10000.0, false);
     old_layout["rope_scaling"] = {{"rope_type", type}, {"factor", 2.0}};
     EXPECT_NE(refusal(old_layout)
                   .find("model/config.json: rope_scaling.rope_type is \"" + type +
-                        "\"; loom implements the RoPE types \"default\" and "
-                        "\"llama3\" only"),
+                        "\"; loom implements the RoPE types \"default\", \"llama3\" and "
+                        "\"yarn\" only"),
               std::string::npos)
         << refusal(old_layout);
     json new_layout = layout5(old_layout);
@@ -259,7 +258,8 @@ TEST(HfConfig, FieldsThatChangeTheArithmeticAreRefusedByName) {
       {"auto_map", {{"AutoModelForCausalLM", "modeling.MyLlama"}}, "auto_map is "},
       {"pruned_heads", {{"0", {1}}}, "pruned_heads is "},
       {"head_dim", 32, "head_dim is 32; loom needs hidden_size / num_attention_heads = 16"},
-      {"model_type", "mistral", "model_type is \"mistral\"; the llama3 family reads \"llama\" models"},
+      {"model_type", "mistral",
+       "model_type is \"mistral\"; the llama3 family reads \"llama\" models"},
   };
   for (const auto& make : {+[](json c) { return c; }, +[](json c) { return layout5(c); }}) {
     for (const auto& [key, value, message] : cases) {
@@ -376,7 +376,7 @@ TEST(HfConfig, ImportRefusesBeforeWriting) {
   const std::string folder = loom::testing::fresh_temp_dir("hf_refused");
   fs::copy_file(kFixtures + "/transformers5/model.safetensors", folder + "/model.safetensors");
   json config = read_json(kFixtures + "/transformers5/config.json");
-  config["rope_parameters"]["rope_type"] = "yarn";
+  config["rope_parameters"]["rope_type"] = "longrope";
   std::ofstream(folder + "/config.json") << config.dump(1);
   const std::string out = loom::testing::fresh_temp_dir("hf_refused_out");
   EXPECT_THROW(loom::checkpoint::import_from_hf(folder, out), loom::InputError);
@@ -384,12 +384,12 @@ TEST(HfConfig, ImportRefusesBeforeWriting) {
   // The caller's check sees config.json's arguments first.
   const std::string ok = loom::testing::fresh_temp_dir("hf_accept");
   double theta = 0;
-  EXPECT_THROW(loom::checkpoint::import_from_hf(kFixtures + "/transformers5", ok,
-                                                [&](const loom::checkpoint::SourcedModel& source) {
-                                                  theta = loom::models::decoder_args(
-                                                              *source.model).rope_theta;
-                                                  LOOM_THROW(loom::InputError, "no");
-                                                }),
+  EXPECT_THROW(loom::checkpoint::import_from_hf(
+                   kFixtures + "/transformers5", ok,
+                   [&](const loom::checkpoint::SourcedModel& source) {
+                     theta = loom::models::decoder_args(*source.model).rope_theta;
+                     LOOM_THROW(loom::InputError, "no");
+                   }),
                loom::InputError);
   EXPECT_EQ(theta, 500000.0);
   EXPECT_FALSE(fs::exists(ok + "/step-0"));

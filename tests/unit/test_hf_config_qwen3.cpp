@@ -5,6 +5,8 @@
 // (windows, biases, another RoPE type, sliding layers) refused by name.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
@@ -245,19 +247,19 @@ TEST(HfConfigQwen3, FieldsThatChangeTheArithmeticAreRefusedByName) {
        "layer_types has 3 entries; num_hidden_layers is 2"},
       {qwen3_layout4(),
        "rope_scaling",
-       {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 32768}},
-       "rope_scaling.rope_type is \"yarn\""},
+       {{"rope_type", "yarn"}, {"factor", 0.5}, {"original_max_position_embeddings", 32768}},
+       "rope_scaling.factor is 0.5; YaRN extends the context, so it must be at least 1"},
       {qwen3_layout4(),
        "rope_scaling",
        {{"type", "dynamic"}, {"factor", 2.0}},
        "rope_scaling.rope_type is \"dynamic\""},
       {qwen3_layout5(),
        "rope_parameters",
-       {{"rope_type", "yarn"},
+       {{"rope_type", "longrope"},
         {"rope_theta", 1000000.0},
         {"factor", 4.0},
         {"original_max_position_embeddings", 32768}},
-       "rope_parameters.rope_type is \"yarn\""},
+       "rope_parameters.rope_type is \"longrope\""},
       {qwen3_layout5(),
        "rope_parameters",
        {{"rope_type", "linear"}, {"rope_theta", 1000000.0}, {"factor", 2.0}},
@@ -300,4 +302,42 @@ TEST(HfConfigQwen3, TheRegistryFindsTheFamilyByModelType) {
               std::string::npos)
         << e.what();
   }
+}
+
+// Qwen3's long-context setting (its model cards: YaRN, factor 4 over 32768 positions) reads in
+// both layouts, with transformers' defaults for what it leaves out, and is written back as read.
+TEST(HfConfigQwen3, YarnReadsInBothLayoutsAndWritesBack) {
+  json old_layout = qwen3_layout4();
+  old_layout["rope_scaling"] = {
+      {"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 32768}};
+  json new_layout = qwen3_layout5();
+  new_layout["rope_parameters"] = {{"rope_type", "yarn"},
+                                   {"rope_theta", 1000000.0},
+                                   {"factor", 4.0},
+                                   {"original_max_position_embeddings", 32768}};
+  for (const json& config : {old_layout, new_layout}) {
+    const DecoderArgs args = read_qwen3(config);
+    ASSERT_TRUE(args.yarn.has_value());
+    EXPECT_TRUE(args.yarn_active());
+    EXPECT_EQ(args.yarn->factor, 4.0);
+    EXPECT_EQ(args.yarn->original_max_position_embeddings, 32768);
+    EXPECT_EQ(args.yarn->beta_fast, 32.0);
+    EXPECT_EQ(args.yarn->beta_slow, 1.0);
+    // transformers' attention_factor without mscale: 0.1 ln(factor) + 1, on cos and sin.
+    EXPECT_NEAR(args.yarn->rotation_scale(), 0.1 * std::log(4.0) + 1.0, 1e-12);
+    EXPECT_EQ(args.yarn->softmax_scale_factor(), 1.0);  // MLA only
+    auto model = loom::models::find_model_spec("qwen3").hf.build_from_config(
+        config, "qwen3/config.json", on_meta());
+    const json written =
+        loom::models::find_model_spec("qwen3").hf.adapter(*model)->hf_config("float32");
+    EXPECT_EQ(written.at("rope_scaling").at("rope_type"), "yarn");
+    const DecoderArgs back = read_qwen3(written);
+    ASSERT_TRUE(back.yarn.has_value());
+    EXPECT_EQ(back.yarn->factor, 4.0);
+    EXPECT_EQ(back.yarn->original_max_position_embeddings, 32768);
+  }
+  // Without the original context, transformers takes max_position_embeddings.
+  old_layout["rope_scaling"].erase("original_max_position_embeddings");
+  EXPECT_EQ(read_qwen3(old_layout).yarn->original_max_position_embeddings,
+            old_layout.at("max_position_embeddings").get<int64_t>());
 }

@@ -31,7 +31,7 @@ struct ModelSummary {
   // table: once, as the head): 6 FLOPs each per trained token.
   int64_t active_params = 0;
   int64_t experts_per_token = 0;  // a mixture of experts' top_k (0: dense)
-  double flops_per_token = 0;    // training (forward + backward) FLOPs per token at seq_len
+  double flops_per_token = 0;     // training (forward + backward) FLOPs per token at seq_len
   int64_t seq_len = 0;
   std::vector<ParameterShape> parameters;
   std::string description;  // family-specific dimensions, one line
@@ -90,6 +90,10 @@ class CausalLM {
   virtual void init_parameter(const std::string& name, at::Tensor& full, uint64_t seed) = 0;
   // Non-parameter state (rope tables) on `device`, once the parameters are real.
   virtual void init_buffers(const at::Device& device) = 0;
+  // State that is not a parameter but belongs with the weights (a mixture's balancing bias,
+  // "layers.3.moe.expert_bias"), by global name: read from checkpoints and Hugging Face folders
+  // that hold it. The tensors are current after init_buffers.
+  virtual std::vector<std::pair<std::string, at::Tensor>> named_state_buffers() { return {}; }
   // Draws every parameter in place, whole (models built directly on a real device: tests, tools).
   virtual void init_weights(uint64_t seed) = 0;
 

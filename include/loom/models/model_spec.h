@@ -15,8 +15,8 @@
 #include <utility>
 #include <vector>
 
-#include "loom/config/job_config.h"
 #include "loom/config/diagnostics.h"
+#include "loom/config/job_config.h"
 #include "loom/models/causal_lm.h"
 #include "loom/parallel/parallelize.h"
 #include "loom/parallel/pipeline/plan.h"
@@ -25,8 +25,12 @@ namespace loom::models {
 
 struct BuildOptions {
   std::string flavor;
-  int64_t vocab_size = 0;            // 0: the flavor's default
-  int64_t max_seq_len = 0;           // 0: the flavor's default
+  int64_t vocab_size = 0;   // 0: the flavor's default
+  int64_t max_seq_len = 0;  // 0: the flavor's default
+  // The context the weights were trained at, when max_seq_len overrides it (inference with a
+  // longer or shorter window): what depends on the training context (a flavor's YaRN switch)
+  // follows this one. 0: max_seq_len.
+  int64_t trained_seq_len = 0;
   at::TensorOptions tensor_options;  // device (meta for planning) and dtype
   ModelPart part;                    // the whole model by default
 };

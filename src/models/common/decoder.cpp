@@ -15,7 +15,11 @@ TransformerBlockImpl::TransformerBlockImpl(int64_t id, const DecoderArgs& args,
       attention_name_("layers." + std::to_string(id) + ".attention"),
       feed_forward_name_("layers." + std::to_string(id) +
                          (args.is_moe_layer(id) ? ".moe" : ".feed_forward")) {
-  attention = register_module("attention", Attention(args, options));
+  if (args.mla) {
+    latent_attention = register_module("attention", LatentAttention(args, options));
+  } else {
+    attention = register_module("attention", Attention(args, options));
+  }
   if (args.is_moe_layer(id)) {
     moe = register_module("moe", MoE(args, options));
   } else {
@@ -26,7 +30,7 @@ TransformerBlockImpl::TransformerBlockImpl(int64_t id, const DecoderArgs& args,
 }
 
 at::Tensor TransformerBlockImpl::forward(const at::Tensor& x, const at::Tensor& freqs_cis) {
-  auto attend = [&](const at::Tensor& in) { return attention->forward(in, freqs_cis); };
+  auto attend = [&](const at::Tensor& in) { return this->attend(in, freqs_cis); };
   auto feed = [&](const at::Tensor& in) { return this->feed(in); };
   // The norms take the residual stream's adds and gradient sums into their own passes: x and
   // h each have one user (forward_residual), which also returns them for the residual path.
@@ -34,6 +38,11 @@ at::Tensor TransformerBlockImpl::forward(const at::Tensor& x, const at::Tensor& 
   at::Tensor attended = hooks_ ? hooks_->run(attention_name_, normed, attend) : attend(normed);
   auto [h, h_normed] = ffn_norm->forward_residual(residual, attended);
   return h + (hooks_ ? hooks_->run(feed_forward_name_, h_normed, feed) : feed(h_normed));
+}
+
+at::Tensor TransformerBlockImpl::attend(const at::Tensor& normed, const at::Tensor& freqs_cis) {
+  return latent_attention ? latent_attention->forward(normed, freqs_cis)
+                          : attention->forward(normed, freqs_cis);
 }
 
 at::Tensor TransformerBlockImpl::feed(const at::Tensor& h_normed) {
@@ -67,7 +76,8 @@ TransformerImpl::TransformerImpl(const DecoderArgs& model_args, const at::Tensor
     }
   }
   runners_.resize(blocks.size());
-  for (const auto& block : blocks) block_names_.push_back("layers." + std::to_string(block->layer_id));
+  for (const auto& block : blocks)
+    block_names_.push_back("layers." + std::to_string(block->layer_id));
 }
 
 at::Tensor TransformerImpl::project_output(const at::Tensor& h) {
@@ -105,8 +115,8 @@ std::vector<std::string> TransformerImpl::hook_points() const {
 void TransformerImpl::set_forward_hooks(const std::string& module, const std::string& owner,
                                         ForwardHooks hooks) {
   const auto known = hook_points();
-  LOOM_CHECK(std::find(known.begin(), known.end(), module) != known.end(),
-             "no hookable module '", module, "' in this model part");
+  LOOM_CHECK(std::find(known.begin(), known.end(), module) != known.end(), "no hookable module '",
+             module, "' in this model part");
   hooks_.set(module, owner, std::move(hooks));
 }
 
@@ -125,11 +135,11 @@ at::Tensor TransformerImpl::forward(const at::Tensor& input) {
   const int64_t seq = input.size(1);
   LOOM_CHECK_AS(InputError, seq <= args.max_seq_len, "sequence of ", seq,
                 " tokens is longer than max_seq_len ", args.max_seq_len);
-  at::Tensor h = part.embedding ? hooks_.run("tok_embeddings", input,
-                                              [&](const at::Tensor& ids) {
-                                                return tok_embeddings->forward(ids);
-                                              })
-                                : input;
+  at::Tensor h =
+      part.embedding
+          ? hooks_.run("tok_embeddings", input,
+                       [&](const at::Tensor& ids) { return tok_embeddings->forward(ids); })
+          : input;
   for (size_t i = 0; i < blocks.size(); ++i) {
     h = hooks_.run(block_names_[i], h, [&](const at::Tensor& x) {
       return runners_[i] ? runners_[i](blocks[i], x, freqs_cis) : blocks[i]->forward(x, freqs_cis);

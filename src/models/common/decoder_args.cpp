@@ -1,5 +1,7 @@
 #include "loom/models/common/decoder_args.h"
 
+#include <cmath>
+
 #include "loom/core/check.h"
 
 namespace loom::models {
@@ -16,6 +18,29 @@ int64_t DecoderArgs::ffn_hidden_dim() const {
   return hidden_dim ? *hidden_dim : models::ffn_hidden_dim(dim, multiple_of, ffn_dim_multiplier);
 }
 
+namespace {
+
+// YaRN's attention temperature: 0.1 * m * ln(scale) + 1 beyond the original context.
+double yarn_mscale(double scale, double m) {
+  return scale <= 1.0 ? 1.0 : 0.1 * m * std::log(scale) + 1.0;
+}
+
+}  // namespace
+
+double YarnScaling::rotation_scale() const {
+  if (attention_factor) return *attention_factor;
+  if (mscale > 0 && mscale_all_dim > 0) {
+    return yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim);
+  }
+  return yarn_mscale(factor, 1.0);
+}
+
+double YarnScaling::softmax_scale_factor() const {
+  if (mscale_all_dim <= 0) return 1.0;
+  const double m = yarn_mscale(factor, mscale_all_dim);
+  return m * m;
+}
+
 void DecoderArgs::validate(const std::string& family) const {
   LOOM_CHECK_AS(InputError, dim > 0 && n_layers > 0 && n_heads > 0 && vocab_size > 0, family,
                 ": dim, n_layers, n_heads and vocab_size must be positive");
@@ -29,6 +54,28 @@ void DecoderArgs::validate(const std::string& family) const {
                 ": the feed-forward size (hidden_dim, or multiple_of) must be positive");
   LOOM_CHECK_AS(InputError, norm_eps > 0 && rope_theta > 0 && max_seq_len > 0, family,
                 ": norm_eps, rope_theta and max_seq_len must be positive");
+  if (mla) {
+    LOOM_CHECK_AS(InputError,
+                  mla->q_lora_rank >= 0 && mla->kv_lora_rank > 0 && mla->qk_nope_head_dim >= 0 &&
+                      mla->v_head_dim > 0 && mla->norm_eps > 0,
+                  family,
+                  ": MLA kv_lora_rank, v_head_dim and norm_eps must be positive, "
+                  "q_lora_rank and qk_nope_head_dim at least 0");
+    LOOM_CHECK_AS(InputError, mla->qk_rope_head_dim > 0 && mla->qk_rope_head_dim % 2 == 0, family,
+                  ": MLA qk_rope_head_dim (", mla->qk_rope_head_dim,
+                  ") must be even and positive for rotary embeddings");
+    LOOM_CHECK_AS(InputError, kv_heads() == n_heads && !qk_norm, family,
+                  ": latent attention has one key and value per head and no q/k head norms");
+  }
+  if (yarn) {
+    LOOM_CHECK_AS(InputError, !use_scaled_rope, family,
+                  ": YaRN and Llama 3.1 RoPE scaling exclude each other");
+    LOOM_CHECK_AS(InputError,
+                  yarn->factor >= 1.0 && yarn->original_max_position_embeddings > 0 &&
+                      yarn->beta_fast > 0 && yarn->beta_slow > 0 && yarn->mscale >= 0 &&
+                      yarn->mscale_all_dim >= 0 && yarn->attention_factor.value_or(1.0) > 0,
+                  family, ": YaRN factor must be >= 1, its betas and original context positive");
+  }
   if (moe) moe->validate(family, n_layers);
 }
 

@@ -12,7 +12,19 @@ ModelSpec decoder_family_spec(const DecoderFamily& family) {
   // Arguments with the build's vocabulary and context overrides, as a DecoderModel.
   auto build = [family](DecoderArgs args, const BuildOptions& options) {
     if (options.vocab_size > 0) args.vocab_size = options.vocab_size;
+    const int64_t trained = options.trained_seq_len > 0 ? options.trained_seq_len
+                            : options.max_seq_len > 0   ? options.max_seq_len
+                                                        : args.max_seq_len;
     if (options.max_seq_len > 0) args.max_seq_len = options.max_seq_len;
+    // A flavor's YaRN is on when the model trains beyond the original context; resolved here,
+    // from the training context, so that a different inference window cannot switch it.
+    if (args.yarn && args.yarn->only_beyond_original) {
+      if (trained > args.yarn->original_max_position_embeddings) {
+        args.yarn->only_beyond_original = false;
+      } else {
+        args.yarn.reset();
+      }
+    }
     return std::unique_ptr<CausalLM>(std::make_unique<DecoderModel>(
         family.name, options.flavor, args, options.tensor_options, options.part, family.init));
   };

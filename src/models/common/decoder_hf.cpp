@@ -36,6 +36,18 @@ const std::vector<std::pair<std::string, std::string>>& layer_names() {
   return names;
 }
 
+// Multi-head latent attention's (DeepseekV3Attention's), looked up before layer_names().
+const std::vector<std::pair<std::string, std::string>>& latent_attention_names() {
+  static const std::vector<std::pair<std::string, std::string>> names = {
+      {"attention.wq_a.weight", "self_attn.q_a_proj.weight"},
+      {"attention.q_norm.weight", "self_attn.q_a_layernorm.weight"},
+      {"attention.wq_b.weight", "self_attn.q_b_proj.weight"},
+      {"attention.wkv_a.weight", "self_attn.kv_a_proj_with_mqa.weight"},
+      {"attention.kv_norm.weight", "self_attn.kv_a_layernorm.weight"},
+      {"attention.wkv_b.weight", "self_attn.kv_b_proj.weight"}};
+  return names;
+}
+
 const std::vector<std::pair<std::string, std::string>>& top_names() {
   static const std::vector<std::pair<std::string, std::string>> names = {
       {"tok_embeddings.weight", "model.embed_tokens.weight"},
@@ -44,7 +56,7 @@ const std::vector<std::pair<std::string, std::string>>& top_names() {
   return names;
 }
 
-std::string map_name(const std::string& name, bool to_hf) {
+std::string map_name(const std::string& name, bool to_hf, bool latent_attention = false) {
   for (const auto& [loom, hf] : top_names()) {
     if (name == (to_hf ? loom : hf)) return to_hf ? hf : loom;
   }
@@ -52,9 +64,12 @@ std::string map_name(const std::string& name, bool to_hf) {
   static const std::regex hf_layer("model\\.layers\\.([0-9]+)\\.(.+)");
   std::smatch match;
   if (std::regex_match(name, match, to_hf ? loom_layer : hf_layer)) {
-    for (const auto& [loom, hf] : layer_names()) {
-      if (match[2].str() == (to_hf ? loom : hf)) {
-        return (to_hf ? "model.layers." : "layers.") + match[1].str() + "." + (to_hf ? hf : loom);
+    for (const auto* table : {&latent_attention_names(), &layer_names()}) {
+      if (table == &latent_attention_names() && !latent_attention) continue;
+      for (const auto& [loom, hf] : *table) {
+        if (match[2].str() == (to_hf ? loom : hf)) {
+          return (to_hf ? "model.layers." : "layers.") + match[1].str() + "." + (to_hf ? hf : loom);
+        }
       }
     }
   }
@@ -104,17 +119,17 @@ void stack_experts(std::map<std::string, at::Tensor>& tensors, int64_t num_exper
   for (auto& [name, experts] : groups) {
     std::vector<at::Tensor> stacked;
     for (const auto& [index, tensor] : experts) {
-      LOOM_CHECK_AS(InputError, index == static_cast<int64_t>(stacked.size()), source,
-                    ": expert ", stacked.size(), " of ", name, " is missing (the folder has ",
-                    experts.size(), " experts for it, up to index ", experts.rbegin()->first, ")");
+      LOOM_CHECK_AS(InputError, index == static_cast<int64_t>(stacked.size()), source, ": expert ",
+                    stacked.size(), " of ", name, " is missing (the folder has ", experts.size(),
+                    " experts for it, up to index ", experts.rbegin()->first, ")");
       LOOM_CHECK_AS(InputError, tensor.sizes() == experts.begin()->second.sizes(), source,
                     ": expert ", index, " of ", name, " has shape ", tensor.sizes(),
                     ", expert 0 has ", experts.begin()->second.sizes());
       stacked.push_back(tensor);
     }
     LOOM_CHECK_AS(InputError, static_cast<int64_t>(stacked.size()) == num_experts, source, ": ",
-                  name, " has ", stacked.size(), " experts; config.json says num_experts = ",
-                  num_experts);
+                  name, " has ", stacked.size(),
+                  " experts; config.json says num_experts = ", num_experts);
     tensors[name] = at::stack(stacked);
   }
 }
@@ -131,19 +146,25 @@ class DecoderStateDictAdapter final : public StateDictAdapter {
   std::vector<std::pair<std::string, at::Tensor>> to_hf(const std::string& name,
                                                         const at::Tensor& value) const override {
     static const std::regex experts("layers\\.([0-9]+)\\.moe\\.experts\\.(w[123])");
+    if (strings::ends_with(name, ".moe.expert_bias") && !dialect_.expert_bias_name.empty()) {
+      const std::string layer =
+          name.substr(0, name.size() - std::string(".moe.expert_bias").size());
+      return {{"model." + layer + ".mlp.gate." + dialect_.expert_bias_name, value}};
+    }
     if (strings::ends_with(name, ".moe.expert_bias")) {
       // Balancing state of the training run: transformers' decoders route without it.
       if (value.abs().max().item<double>() > 0) {
-        log::get("checkpoint")->warn(
-            "{}: the routing bias of auxiliary-loss-free balancing has no Hugging Face "
-            "counterpart and is left out; the exported model picks experts without it",
-            name);
+        log::get("checkpoint")
+            ->warn(
+                "{}: the routing bias of auxiliary-loss-free balancing has no Hugging Face "
+                "counterpart and is left out; the exported model picks experts without it",
+                name);
       }
       return {};
     }
     std::smatch match;
     if (!std::regex_match(name, match, experts)) {
-      return {{decoder_hf_name(name), permute(name, value, true)}};
+      return {{map_name(name, true, args_.mla.has_value()), permute(name, value, true)}};
     }
     std::string hf;
     for (const auto& [loom, hf_name] : expert_names()) {
@@ -161,15 +182,38 @@ class DecoderStateDictAdapter final : public StateDictAdapter {
   std::optional<std::pair<std::string, at::Tensor>> from_hf(
       const std::string& hf_name, const at::Tensor& value) const override {
     if (strings::ends_with(hf_name, "rotary_emb.inv_freq")) return std::nullopt;  // a buffer
+    if (auto layer = beyond_last_layer(hf_name)) {
+      // DeepSeek-V3's multi-token-prediction module (num_nextn_predict_layers) sits in the
+      // layers after the model's; transformers does not load it either.
+      if (!warned_extra_layers_) {
+        log::get("checkpoint")
+            ->warn(
+                "{}: leaving out layer {} and any layer after the model's {} "
+                "(a multi-token-prediction module, unused by "
+                "transformers' {})",
+                hf_name, *layer, args_.n_layers, dialect_.architecture);
+        warned_extra_layers_ = true;
+      }
+      return std::nullopt;
+    }
     if (auto expert = expert_to_loom(hf_name, value)) {
       LOOM_CHECK_AS(InputError, args_.moe.has_value(), "tensor '", hf_name,
                     "' is a routed expert, which ", dialect_.family, " models do not have");
       return expert;
     }
-    const std::string name = decoder_loom_name(hf_name);
+    if (!dialect_.expert_bias_name.empty()) {
+      static const std::regex bias("model\\.layers\\.([0-9]{1,9})\\.mlp\\.gate\\.(.+)");
+      std::smatch match;
+      if (std::regex_match(hf_name, match, bias) && match[2].str() == dialect_.expert_bias_name) {
+        return std::make_pair("layers." + match[1].str() + ".moe.expert_bias", value);
+      }
+    }
+    const std::string name = map_name(hf_name, false, args_.mla.has_value());
     const bool qk_norm = strings::ends_with(name, "attention.q_norm.weight") ||
                          strings::ends_with(name, "attention.k_norm.weight");
-    LOOM_CHECK_AS(InputError, args_.qk_norm || !qk_norm, "tensor '", hf_name,
+    const bool latent_q_norm = args_.mla && args_.mla->q_lora_rank > 0 &&
+                               strings::ends_with(name, "attention.q_norm.weight");
+    LOOM_CHECK_AS(InputError, args_.qk_norm || latent_q_norm || !qk_norm, "tensor '", hf_name,
                   "' is a q/k norm, which ", dialect_.family, " models do not have");
     return std::make_pair(name, permute(name, value, false));
   }
@@ -192,7 +236,8 @@ class DecoderStateDictAdapter final : public StateDictAdapter {
       if (head != tensors.end()) {
         LOOM_CHECK_AS(InputError, at::equal(head->second, embedding->second), source,
                       ": lm_head.weight differs from model.embed_tokens.weight, but this ",
-                      dialect_.family, " model ties them (one table): untie the flavor or use "
+                      dialect_.family,
+                      " model ties them (one table): untie the flavor or use "
                       "a folder whose head is its embedding");
         tensors.erase(head);
       }
@@ -202,9 +247,19 @@ class DecoderStateDictAdapter final : public StateDictAdapter {
   }
 
  private:
-  // loom's interleaved q/k rows <-> transformers' halves; the halves layout needs none.
+  // Layer N of a tensor name in a layer past the model's last, if it is one.
+  std::optional<int64_t> beyond_last_layer(const std::string& hf_name) const {
+    static const std::regex layer("model\\.layers\\.([0-9]{1,9})\\..+");
+    std::smatch match;
+    if (!args_.mla || !std::regex_match(hf_name, match, layer)) return std::nullopt;
+    const int64_t index = std::stoll(match[1].str());
+    return index >= args_.n_layers ? std::optional<int64_t>(index) : std::nullopt;
+  }
+
+  // loom's interleaved q/k rows <-> transformers' halves; the halves layout needs none, nor does
+  // latent attention (transformers reads DeepSeek's interleaved rotary features as they are).
   at::Tensor permute(const std::string& name, const at::Tensor& value, bool to_hf) const {
-    if (args_.rope_layout == RopeLayout::kHalves) return value;
+    if (args_.rope_layout == RopeLayout::kHalves || args_.mla) return value;
     if (strings::ends_with(name, "attention.wq.weight")) {
       return permute_rotary_rows(value, args_.n_heads, to_hf);
     }
@@ -216,6 +271,7 @@ class DecoderStateDictAdapter final : public StateDictAdapter {
 
   DecoderArgs args_;
   DecoderHfDialect dialect_;
+  mutable bool warned_extra_layers_ = false;
 };
 
 }  // namespace

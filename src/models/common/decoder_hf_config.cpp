@@ -5,10 +5,10 @@
 #include <set>
 #include <sstream>
 
-#include "loom/models/common/decoder_hf.h"
 #include "loom/core/check.h"
 #include "loom/core/json.h"
 #include "loom/core/logging.h"
+#include "loom/models/common/decoder_hf.h"
 
 namespace loom::models {
 namespace {
@@ -115,7 +115,7 @@ void check_requirements(const Json& config, const std::string& source,
                                ? config.at("use_sliding_window") == Json(false)
                                : dialect.window_switch;
   for (const auto& [key, value] : config.items()) {
-    bool known = familiar_keys().count(key) > 0;
+    bool known = familiar_keys().count(key) > 0 || dialect.extra_keys.count(key) > 0;
     if (key == "sliding_window" && windows_off) continue;
     for (const auto& requirement : requirements()) {
       if (key != requirement.key) continue;
@@ -129,9 +129,8 @@ void check_requirements(const Json& config, const std::string& source,
     std::string list;
     for (const auto& key : unfamiliar) list += (list.empty() ? "" : ", ") + key;
     log::get("checkpoint")
-        ->warn(
-            "{}: ignoring unfamiliar keys {} (transformers' {} does not read them either)",
-            source, list, dialect.architecture);
+        ->warn("{}: ignoring unfamiliar keys {} (transformers' {} does not read them either)",
+               source, list, dialect.architecture);
   }
 }
 
@@ -140,22 +139,25 @@ struct Rope {
   double theta = 0;  // unset: the dialect's default
   bool llama3 = false;
   RopeScaling scaling;
+  std::optional<YarnScaling> yarn;
 
-  bool operator==(const Rope& o) const {
-    return theta == o.theta && llama3 == o.llama3 &&
-           (!llama3 || (scaling.factor == o.scaling.factor &&
-                        scaling.low_freq_factor == o.scaling.low_freq_factor &&
-                        scaling.high_freq_factor == o.scaling.high_freq_factor &&
-                        scaling.original_max_position_embeddings ==
-                            o.scaling.original_max_position_embeddings));
-  }
+  bool operator==(const Rope& o) const { return describe() == o.describe(); }
   std::string describe() const {
     std::ostringstream out;
-    out << (llama3 ? "llama3" : "default") << " with theta " << theta;
+    out.precision(17);
+    out << (llama3 ? "llama3" : yarn ? "yarn" : "default") << " with theta " << theta;
     if (llama3) {
       out << ", factor " << scaling.factor << ", low_freq_factor " << scaling.low_freq_factor
           << ", high_freq_factor " << scaling.high_freq_factor
           << ", original_max_position_embeddings " << scaling.original_max_position_embeddings;
+    }
+    if (yarn) {
+      out << ", factor " << yarn->factor << ", original_max_position_embeddings "
+          << yarn->original_max_position_embeddings << ", beta_fast " << yarn->beta_fast
+          << ", beta_slow " << yarn->beta_slow << ", mscale " << yarn->mscale << ", mscale_all_dim "
+          << yarn->mscale_all_dim << ", attention_factor "
+          << (yarn->attention_factor ? *yarn->attention_factor : -1.0) << ", truncate "
+          << yarn->truncate;
     }
     return out.str();
   }
@@ -190,14 +192,18 @@ std::string rope_type(const Json& dict, const std::string& dict_name, const std:
   LOOM_CHECK_AS(InputError, !value || value->is_string(), source, ": ", dict_name,
                 ".rope_type must be a string, found ", value ? value->dump() : "");
   const std::string type = value ? value->get<std::string>() : "default";
-  LOOM_CHECK_AS(InputError, type == "default" || type == "llama3", source, ": ", dict_name,
-                ".rope_type is \"", type,
-                "\"; loom implements the RoPE types \"default\" and \"llama3\" only");
+  LOOM_CHECK_AS(InputError, type == "default" || type == "llama3" || type == "yarn", source, ": ",
+                dict_name, ".rope_type is \"", type,
+                "\"; loom implements the RoPE types \"default\", \"llama3\" and \"yarn\" only");
 
   std::set<std::string> allowed = {"rope_type", "type", "rope_theta", "partial_rotary_factor"};
   if (type == "llama3") {
     allowed.insert(
         {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"});
+  }
+  if (type == "yarn") {
+    allowed.insert({"factor", "original_max_position_embeddings", "beta_fast", "beta_slow",
+                    "mscale", "mscale_all_dim", "attention_factor", "truncate"});
   }
   for (const auto& [key, parameter] : dict.items()) {
     LOOM_CHECK_AS(InputError, allowed.count(key) > 0, source, ": ", dict_name, ".", key, " (",
@@ -215,8 +221,8 @@ std::string rope_type(const Json& dict, const std::string& dict_name, const std:
 // Llama 3.1's frequency scaling: every parameter is required (transformers 4 requires them; 5
 // would fill original_max_position_embeddings from max_position_embeddings, which loom does not
 // guess).
-RopeScaling llama3_scaling(const Json& config, const Json& dict,
-                                          const std::string& dict_name, const std::string& source) {
+RopeScaling llama3_scaling(const Json& config, const Json& dict, const std::string& dict_name,
+                           const std::string& source) {
   auto parameter = [&](const char* key) {
     LOOM_CHECK_AS(InputError, is_set(dict, key), source, ": ", dict_name, ".", key,
                   " is missing (rope_type \"llama3\" needs factor, low_freq_factor, "
@@ -240,10 +246,48 @@ RopeScaling llama3_scaling(const Json& config, const Json& dict,
   return s;
 }
 
+// YaRN as transformers reads it: factor required, the rest with its defaults
+// (original_max_position_embeddings: max_position_embeddings).
+YarnScaling yarn_scaling(const Json& config, const Json& dict, const std::string& dict_name,
+                         const std::string& source, int64_t max_positions) {
+  const std::string where = source + ": " + dict_name + ".";
+  LOOM_CHECK_AS(InputError, is_set(dict, "factor"), where,
+                "factor is missing (rope_type \"yarn\" needs it)");
+  YarnScaling y;
+  y.factor = positive_number(dict.at("factor"), where + "factor");
+  LOOM_CHECK_AS(InputError, y.factor >= 1.0, where, "factor is ", y.factor,
+                "; YaRN extends the context, so it must be at least 1");
+  auto number_or = [&](const char* key, double fallback) {
+    return is_set(dict, key) ? positive_number(dict.at(key), where + key) : fallback;
+  };
+  y.beta_fast = number_or("beta_fast", 32.0);
+  y.beta_slow = number_or("beta_slow", 1.0);
+  // transformers reads an mscale of 0 as unset, as loom does.
+  auto scale_or_unset = [&](const char* key) {
+    if (!is_set(dict, key)) return 0.0;
+    LOOM_CHECK_AS(InputError, dict.at(key).is_number() && dict.at(key).get<double>() >= 0, where,
+                  key, " must be a number >= 0, found ", dict.at(key).dump());
+    return dict.at(key).get<double>();
+  };
+  y.mscale = scale_or_unset("mscale");
+  y.mscale_all_dim = scale_or_unset("mscale_all_dim");
+  if (is_set(dict, "attention_factor")) {
+    y.attention_factor = positive_number(dict.at("attention_factor"), where + "attention_factor");
+  }
+  if (is_set(dict, "truncate")) y.truncate = json::bool_field(dict, "truncate", where);
+  // transformers' YaRN reads only the dictionary's value, else max_position_embeddings.
+  y.original_max_position_embeddings =
+      is_set(dict, "original_max_position_embeddings")
+          ? json::as_int(dict.at("original_max_position_embeddings"),
+                         where + "original_max_position_embeddings", 1, int64_t{1} << 40)
+          : max_positions;
+  return y;
+}
+
 // One RoPE dictionary: transformers 4's rope_scaling or transformers 5's rope_parameters
 // (`dict_name`), read with the top-level keys transformers falls back on.
 Rope read_rope(const Json& config, const Json& dict, const std::string& dict_name,
-               const std::string& source) {
+               const std::string& source, int64_t max_positions) {
   const std::string type = rope_type(dict, dict_name, source);
   Rope rope;
   if (const Json* theta = rope_value(config, dict, dict_name, "rope_theta", source)) {
@@ -251,6 +295,7 @@ Rope read_rope(const Json& config, const Json& dict, const std::string& dict_nam
   }
   rope.llama3 = type == "llama3";
   if (rope.llama3) rope.scaling = llama3_scaling(config, dict, dict_name, source);
+  if (type == "yarn") rope.yarn = yarn_scaling(config, dict, dict_name, source, max_positions);
   return rope;
 }
 
@@ -258,14 +303,21 @@ Rope read_rope(const Json& config, const Json& dict, const std::string& dict_nam
 // rope_parameters {rope_type, rope_theta, ...}. When both dictionaries are present, both versions
 // read rope_scaling (4 does not know rope_parameters; 5 lets rope_scaling replace it); loom
 // requires the two to agree so that the folder means one thing.
-Rope read_rope(const Json& config, const std::string& source) {
+Rope read_rope(const Json& config, const std::string& source, int64_t max_positions) {
   const bool scaling = is_set(config, "rope_scaling");
   const bool parameters = is_set(config, "rope_parameters");
-  if (!scaling && !parameters) return read_rope(config, Json::object(), "rope_parameters", source);
-  if (!scaling) return read_rope(config, config.at("rope_parameters"), "rope_parameters", source);
-  const Rope rope = read_rope(config, config.at("rope_scaling"), "rope_scaling", source);
+  if (!scaling && !parameters) {
+    return read_rope(config, Json::object(), "rope_parameters", source, max_positions);
+  }
+  if (!scaling) {
+    return read_rope(config, config.at("rope_parameters"), "rope_parameters", source,
+                     max_positions);
+  }
+  const Rope rope =
+      read_rope(config, config.at("rope_scaling"), "rope_scaling", source, max_positions);
   if (parameters) {
-    const Rope other = read_rope(config, config.at("rope_parameters"), "rope_parameters", source);
+    const Rope other =
+        read_rope(config, config.at("rope_parameters"), "rope_parameters", source, max_positions);
     LOOM_CHECK_AS(InputError, rope == other, source,
                   ": rope_scaling and rope_parameters describe different rotary embeddings (",
                   rope.describe(), " vs ", other.describe(), ")");
@@ -285,7 +337,8 @@ MoEArgs read_moe(const Json& config, const std::string& source, const DecoderArg
   moe.num_experts = int_or("num_experts", 128, 1);
   moe.top_k = int_or("num_experts_per_tok", 8, 1);
   moe.hidden_dim = int_or("moe_intermediate_size", 768, 1);
-  moe.route_norm = is_set(config, "norm_topk_prob") && json::bool_field(config, "norm_topk_prob", source);
+  moe.route_norm =
+      is_set(config, "norm_topk_prob") && json::bool_field(config, "norm_topk_prob", source);
   moe.score_function = ScoreFunction::kSoftmax;
   moe.route_scale = 1.0;
   moe.num_expert_groups = 0;
@@ -343,7 +396,8 @@ DecoderArgs decoder_args_from_hf_config(const nlohmann::json& config, const std:
                       ? positive_number(config.at("rms_norm_eps"), source + ": rms_norm_eps")
                       : dialect.default_norm_eps;
   std::optional<int64_t> head_dim = dialect.default_head_dim;
-  if (is_set(config, "head_dim")) head_dim = json::int_field(config, "head_dim", source, 1, kMaxSize);
+  if (is_set(config, "head_dim"))
+    head_dim = json::int_field(config, "head_dim", source, 1, kMaxSize);
   if (dialect.head_dim_free) {
     args.head_dim_override = head_dim.value_or(args.dim / args.n_heads);
   } else {
@@ -369,11 +423,13 @@ DecoderArgs decoder_args_from_hf_config(const nlohmann::json& config, const std:
                   " entries; num_hidden_layers is ", args.n_layers);
   }
 
-  const Rope rope = read_rope(config, source);
+  const Rope rope = read_rope(config, source, args.max_seq_len);
   args.rope_theta = rope.theta > 0 ? rope.theta : dialect.default_rope_theta;
   args.use_scaled_rope = rope.llama3;
   if (rope.llama3) args.rope_scaling = rope.scaling;
+  args.yarn = rope.yarn;
   if (dialect.moe) args.moe = read_moe(config, source, args, *dialect.moe);
+  if (dialect.read_extra) dialect.read_extra(config, source, args);
   args.validate(dialect.family);
   return args;
 }
@@ -396,16 +452,17 @@ nlohmann::json decoder_hf_config(const DecoderArgs& a, const std::string& dtype,
             {"tie_word_embeddings", a.tie_embeddings},
             {"torch_dtype", dtype}};
   if (dialect.model_type == "llama") c["mlp_bias"] = false;
-  if (a.moe) {
+  if (a.moe && !dialect.write_extra) {
     const MoEArgs& m = *a.moe;
     LOOM_CHECK_AS(InputError,
                   dialect.moe && m.score_function == ScoreFunction::kSoftmax &&
                       m.route_scale == 1.0 && m.num_expert_groups <= 1 &&
                       m.num_shared_experts == 0 && m.first_dense_layers == 0,
-                  dialect.architecture, " cannot describe this mixture of experts (", 
+                  dialect.architecture, " cannot describe this mixture of experts (",
                   to_string(m.score_function), " scores, route_scale ", m.route_scale, ", ",
                   m.num_expert_groups, " expert groups, ", m.num_shared_experts,
-                  " shared experts, ", m.first_dense_layers, " leading dense layers); transformers "
+                  " shared experts, ", m.first_dense_layers,
+                  " leading dense layers); transformers "
                   "would compute another model");
     c["num_experts"] = a.moe->num_experts;
     c["num_experts_per_tok"] = a.moe->top_k;
@@ -421,9 +478,26 @@ nlohmann::json decoder_hf_config(const DecoderArgs& a, const std::string& dtype,
   // Both layouts, saying the same: transformers 4 reads rope_theta and rope_scaling (and keeps
   // rope_parameters as an unused attribute); transformers 5 reads rope_scaling when present and
   // takes rope_theta from the top level, and tools written for 5 read rope_parameters.
-  Json parameters = {{"rope_type", a.use_scaled_rope ? "llama3" : "default"},
+  const bool yarn = a.yarn_active();
+  Json parameters = {{"rope_type", a.use_scaled_rope ? "llama3"
+                                   : yarn            ? "yarn"
+                                                     : "default"},
                      {"rope_theta", a.rope_theta}};
   c["rope_theta"] = a.rope_theta;
+  if (yarn) {
+    const YarnScaling& y = *a.yarn;
+    Json scaling = {{"rope_type", "yarn"},
+                    {"factor", y.factor},
+                    {"original_max_position_embeddings", y.original_max_position_embeddings},
+                    {"beta_fast", y.beta_fast},
+                    {"beta_slow", y.beta_slow}};
+    if (!y.truncate) scaling["truncate"] = false;
+    if (y.mscale > 0) scaling["mscale"] = y.mscale;
+    if (y.mscale_all_dim > 0) scaling["mscale_all_dim"] = y.mscale_all_dim;
+    if (y.attention_factor) scaling["attention_factor"] = *y.attention_factor;
+    c["rope_scaling"] = scaling;
+    parameters.update(scaling);
+  }
   if (a.use_scaled_rope) {
     Json scaling = {
         {"rope_type", "llama3"},
@@ -435,6 +509,7 @@ nlohmann::json decoder_hf_config(const DecoderArgs& a, const std::string& dtype,
     parameters.update(scaling);
   }
   c["rope_parameters"] = parameters;
+  if (dialect.write_extra) dialect.write_extra(a, c);
   return c;
 }
 

@@ -43,11 +43,24 @@ void DecoderModel::init_buffers(const at::Device& device) {
   }
 }
 
+std::vector<std::pair<std::string, at::Tensor>> DecoderModel::named_state_buffers() {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (auto& block : model_->blocks) {
+    if (block->moe) {
+      out.emplace_back("layers." + std::to_string(block->layer_id) + ".moe.expert_bias",
+                       block->moe->expert_bias);
+    }
+  }
+  return out;
+}
+
 double decoder_flops_per_token(int64_t active_params, const DecoderArgs& args, int64_t layers,
                                int64_t seq_len) {
+  const int64_t qk = args.mla ? args.mla->qk_head_dim() : args.head_dim();
+  const int64_t v = args.mla ? args.mla->v_head_dim : args.head_dim();
   return 6.0 * static_cast<double>(active_params) +
-         12.0 * static_cast<double>(layers) * static_cast<double>(args.n_heads) *
-             static_cast<double>(args.head_dim()) * static_cast<double>(seq_len);
+         6.0 * static_cast<double>(layers) * static_cast<double>(args.n_heads) *
+             static_cast<double>(qk + v) * static_cast<double>(seq_len);
 }
 
 ModelSummary DecoderModel::summary(int64_t seq_len) const {
@@ -71,21 +84,37 @@ ModelSummary DecoderModel::summary(int64_t seq_len) const {
     s.active_params -= shape.numel / a.moe->num_experts * (a.moe->num_experts - a.moe->top_k);
   }
   if (a.tie_embeddings && model_->part.head) s.active_params += a.vocab_size * a.dim;
-  s.flops_per_token = decoder_flops_per_token(
-      s.active_params, a, static_cast<int64_t>(model_->blocks.size()), seq_len);
+  s.flops_per_token = decoder_flops_per_token(s.active_params, a,
+                                              static_cast<int64_t>(model_->blocks.size()), seq_len);
   std::ostringstream d;
-  d << "dim " << a.dim << ", layers " << a.n_layers << ", heads " << a.n_heads << " (kv "
-    << a.kv_heads() << ", head_dim " << a.head_dim() << (a.qk_norm ? ", q/k norm" : "")
-    << "), ffn hidden " << a.ffn_hidden_dim() << ", vocab " << a.vocab_size
+  d << "dim " << a.dim << ", layers " << a.n_layers << ", heads " << a.n_heads;
+  if (a.mla) {
+    const MLAArgs& m = *a.mla;
+    d << " (latent attention: q rank " << m.q_lora_rank << ", kv rank " << m.kv_lora_rank << ", qk "
+      << m.qk_nope_head_dim << "+" << m.qk_rope_head_dim << " rope, v " << m.v_head_dim << ")";
+  } else {
+    d << " (kv " << a.kv_heads() << ", head_dim " << a.head_dim() << (a.qk_norm ? ", q/k norm" : "")
+      << ")";
+  }
+  d << ", ffn hidden " << a.ffn_hidden_dim() << ", vocab " << a.vocab_size
     << (a.tie_embeddings ? " (tied embeddings)" : "") << ", rope theta " << a.rope_theta
-    << (a.use_scaled_rope ? " (Llama 3.1 scaling)" : "")
-    << (a.rope_layout == RopeLayout::kHalves ? " (rotate-half)" : "") << ", norm eps "
+    << (a.use_scaled_rope ? " (Llama 3.1 scaling)" : "");
+  if (a.yarn_active()) {
+    d << " (YaRN x" << a.yarn->factor << " over " << a.yarn->original_max_position_embeddings
+      << " positions)";
+  }
+  d << (a.rope_layout == RopeLayout::kHalves ? " (rotate-half)" : "") << ", norm eps "
     << a.norm_eps;
   if (a.moe) {
     d << "; mixture of " << a.moe->num_experts << " experts (top " << a.moe->top_k << ", width "
       << a.moe->hidden_dim << ", " << to_string(a.moe->score_function)
       << (a.moe->route_norm ? ", normalized gates" : "");
     if (a.moe->num_shared_experts > 0) d << ", " << a.moe->num_shared_experts << " shared";
+    if (a.moe->num_expert_groups > 1) {
+      d << ", " << a.moe->num_limited_groups << " of " << a.moe->num_expert_groups << " groups";
+    }
+    if (a.moe->route_scale != 1.0) d << ", scaled " << a.moe->route_scale;
+    if (a.moe->first_dense_layers > 0) d << ", first " << a.moe->first_dense_layers << " dense";
     if (a.moe->load_balance_coeff > 0) d << ", balancing bias " << a.moe->load_balance_coeff;
     d << ")";
   }
@@ -94,19 +123,20 @@ ModelSummary DecoderModel::summary(int64_t seq_len) const {
 }
 
 void DecoderModel::apply_activation_checkpointing(const config::ActivationCheckpointSection& ac) {
-  auto wrap = parallel::blocks_to_checkpoint(ac.mode, ac.selective_ac_option, model_->args.n_layers);
+  auto wrap =
+      parallel::blocks_to_checkpoint(ac.mode, ac.selective_ac_option, model_->args.n_layers);
   for (const auto& block : model_->blocks) {
     const int64_t i = block->layer_id;
     if (!wrap[static_cast<size_t>(i)]) {
       model_->set_block_runner(i, nullptr);
       continue;
     }
-    model_->set_block_runner(i, [](TransformerBlock& wrapped, const at::Tensor& x,
-                                   const at::Tensor& freqs) {
-      return parallel::checkpoint(
-          [&wrapped, freqs](const at::Tensor& input) { return wrapped->forward(input, freqs); }, x,
-          wrapped->parameters());
-    });
+    model_->set_block_runner(
+        i, [](TransformerBlock& wrapped, const at::Tensor& x, const at::Tensor& freqs) {
+          return parallel::checkpoint(
+              [&wrapped, freqs](const at::Tensor& input) { return wrapped->forward(input, freqs); },
+              x, wrapped->parameters());
+        });
   }
 }
 
@@ -115,9 +145,9 @@ std::unique_ptr<InferenceCache> DecoderModel::new_inference_cache(int64_t batch,
   LOOM_CHECK(model_->part.embedding && model_->part.head && model_->tok_embeddings,
              "inference needs the whole model");
   const at::Tensor& weight = model_->tok_embeddings->weight;
-  return std::make_unique<KVCache>(model_->args, batch, capacity,
-                                   at::TensorOptions().dtype(weight.dtype()).device(weight.device()),
-                                   std::move(padding));
+  return std::make_unique<KVCache>(
+      model_->args, batch, capacity,
+      at::TensorOptions().dtype(weight.dtype()).device(weight.device()), std::move(padding));
 }
 
 at::Tensor DecoderModel::forward_cached(const at::Tensor& tokens, InferenceCache& cache,

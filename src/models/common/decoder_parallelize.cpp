@@ -55,7 +55,8 @@ std::map<std::string, Placement> initial_placements(CausalLM& model) {
 }
 
 // 1. Tensor parallelism: the plan splits the boxes and hooks the region changes in.
-std::map<std::string, Placement> apply_tp(CausalLM& model, const parallel::ParallelContext& context) {
+std::map<std::string, Placement> apply_tp(CausalLM& model,
+                                          const parallel::ParallelContext& context) {
   auto boxes = initial_placements(model);
   const auto& dims = context.runtime.dims();
   if (!dims.tp_enabled()) return boxes;
@@ -72,10 +73,10 @@ parallel::LossFunction make_loss(const std::map<std::string, Placement>* head_bo
   const auto& dims = context.runtime.dims();
   if (head_boxes && dims.tp_enabled() && dims.loss_parallel_enabled()) {
     const int64_t first = head_boxes->at(head_weight_name).offsets[0];
-    return [comm = tp_axis(context).comm, first](const at::Tensor& logits,
-                                                  const at::Tensor& labels) {
-      return parallel::vocab_parallel_cross_entropy_sum(logits, labels, first, *comm);
-    };
+    return
+        [comm = tp_axis(context).comm, first](const at::Tensor& logits, const at::Tensor& labels) {
+          return parallel::vocab_parallel_cross_entropy_sum(logits, labels, first, *comm);
+        };
   }
   return [](const at::Tensor& logits, const at::Tensor& labels) {
     return cross_entropy_sum(logits, labels);
@@ -151,11 +152,26 @@ std::vector<parallel::TpRule> decoder_tensor_parallel_plan(const CausalLM& part,
     plan.push_back({"tok_embeddings", WeightSplit::kRows});  // the head's copy, never looked up
   }
   plan.insert(plan.end(), {sequence_parallel("layers.*.attention_norm"),
-                           sequence_region("layers.*.attention"),
-                           colwise("layers.*.attention.wq"),
-                           colwise("layers.*.attention.wk"),
-                           colwise("layers.*.attention.wv"),
-                           rowwise("layers.*.attention.wo")});
+                           sequence_region("layers.*.attention")});
+  if (args.mla) {
+    // Latent attention (torchtitan's plan): the projections into the q and kv latents and their
+    // norms are whole on every rank (the latents are shared by all heads; their gradients are
+    // partial sums), the per-head ones split by heads.
+    if (args.mla->q_lora_rank == 0) {
+      plan.push_back(colwise("layers.*.attention.wq"));
+    } else {
+      plan.insert(plan.end(), {{"layers.*.attention.wq_a", WeightSplit::kReplicated},
+                               {"layers.*.attention.q_norm", WeightSplit::kReplicated},
+                               colwise("layers.*.attention.wq_b")});
+    }
+    plan.insert(plan.end(), {{"layers.*.attention.wkv_a", WeightSplit::kReplicated},
+                             {"layers.*.attention.kv_norm", WeightSplit::kReplicated},
+                             colwise("layers.*.attention.wkv_b"),
+                             rowwise("layers.*.attention.wo")});
+  } else {
+    plan.insert(plan.end(), {colwise("layers.*.attention.wq"), colwise("layers.*.attention.wk"),
+                             colwise("layers.*.attention.wv"), rowwise("layers.*.attention.wo")});
+  }
   if (args.qk_norm) {
     // Per-head norms act on this rank's heads: the weight is whole, its gradient a partial sum.
     plan.push_back({"layers.*.attention.q_norm", WeightSplit::kReplicated});
@@ -167,10 +183,9 @@ std::vector<parallel::TpRule> decoder_tensor_parallel_plan(const CausalLM& part,
     (args.is_moe_layer(layer) ? sparse : dense) = true;
   }
   if (dense) {
-    plan.insert(plan.end(), {sequence_region("layers.*.feed_forward"),
-                             colwise("layers.*.feed_forward.w1"),
-                             rowwise("layers.*.feed_forward.w2"),
-                             colwise("layers.*.feed_forward.w3")});
+    plan.insert(plan.end(),
+                {sequence_region("layers.*.feed_forward"), colwise("layers.*.feed_forward.w1"),
+                 rowwise("layers.*.feed_forward.w2"), colwise("layers.*.feed_forward.w3")});
   }
   if (sparse) {
     // Every tp rank routes the whole gathered sequence alike (the gate is whole, its gradient a
@@ -183,7 +198,10 @@ std::vector<parallel::TpRule> decoder_tensor_parallel_plan(const CausalLM& part,
     TpRule w2{"layers.*.moe.experts.w2", WeightSplit::kColumns};
     w2.dim = 2;
     plan.insert(plan.end(), {sequence_region("layers.*.moe"),
-                             {"layers.*.moe.router.gate", WeightSplit::kReplicated}, w1, w2, w3});
+                             {"layers.*.moe.router.gate", WeightSplit::kReplicated},
+                             w1,
+                             w2,
+                             w3});
     if (args.moe->num_shared_experts > 0) {
       plan.insert(plan.end(), {colwise("layers.*.moe.shared_experts.w1"),
                                rowwise("layers.*.moe.shared_experts.w2"),
@@ -201,9 +219,9 @@ void check_decoder_parallelism(const DecoderArgs& args, const config::JobConfig&
     LOOM_CHECK_AS(InputError, ep <= 1, "parallelism.expert_parallel_degree = ", ep, ": ",
                   config.model.name, " flavor '", config.model.flavor,
                   "' has no mixture-of-experts layers to split; set it to 1");
-    for (const auto& [key, value] : {std::pair{"moe_load_balance_coeff",
-                                               config.model.moe_load_balance_coeff},
-                                     std::pair{"moe_aux_loss_coeff", config.model.moe_aux_loss_coeff}}) {
+    for (const auto& [key, value] :
+         {std::pair{"moe_load_balance_coeff", config.model.moe_load_balance_coeff},
+          std::pair{"moe_aux_loss_coeff", config.model.moe_aux_loss_coeff}}) {
       LOOM_CHECK_AS(InputError, !value, "model.", key, " = ", value.value_or(0), ": ",
                     config.model.name, " flavor '", config.model.flavor,
                     "' has no mixture-of-experts layers; remove the key");
@@ -213,12 +231,13 @@ void check_decoder_parallelism(const DecoderArgs& args, const config::JobConfig&
     LOOM_CHECK_AS(InputError, etp == 1 || etp == tp,
                   "parallelism.expert_tensor_parallel_degree = ", etp,
                   ": loom splits the experts over the tensor-parallel ranks like the dense "
-                  "layers (expert_tensor_parallel_degree = tensor_parallel_degree = ", tp,
-                  "); set it to ", tp, " or 1");
-    LOOM_CHECK_AS(InputError, args.moe->hidden_dim % tp == 0,
-                  "parallelism.tensor_parallel_degree = ", tp, " must divide the experts' "
-                  "hidden width ", args.moe->hidden_dim, " of ", config.model.name, " flavor '",
-                  config.model.flavor, "'");
+                  "layers (expert_tensor_parallel_degree = tensor_parallel_degree = ",
+                  tp, "); set it to ", tp, " or 1");
+    LOOM_CHECK_AS(
+        InputError, args.moe->hidden_dim % tp == 0, "parallelism.tensor_parallel_degree = ", tp,
+        " must divide the experts' "
+        "hidden width ",
+        args.moe->hidden_dim, " of ", config.model.name, " flavor '", config.model.flavor, "'");
     LOOM_CHECK_AS(InputError, args.moe->num_experts % ep == 0,
                   "parallelism.expert_parallel_degree = ", ep, " must divide the ",
                   args.moe->num_experts, " experts of ", config.model.name, " flavor '",
@@ -226,10 +245,11 @@ void check_decoder_parallelism(const DecoderArgs& args, const config::JobConfig&
   }
   if (tp <= 1) return;
   LOOM_CHECK_AS(InputError, args.n_heads % tp == 0 && args.kv_heads() % tp == 0,
-                "parallelism.tensor_parallel_degree = ", tp, " must divide the attention heads "
-                "of ", config.model.name, " flavor '", config.model.flavor, "' (n_heads ",
-                args.n_heads, ", n_kv_heads ", args.kv_heads(),
-                "): tensor parallelism splits whole heads");
+                "parallelism.tensor_parallel_degree = ", tp,
+                " must divide the attention heads "
+                "of ",
+                config.model.name, " flavor '", config.model.flavor, "' (n_heads ", args.n_heads,
+                ", n_kv_heads ", args.kv_heads(), "): tensor parallelism splits whole heads");
 }
 
 std::vector<parallel::FsdpUnit> decoder_fsdp_units(
@@ -267,8 +287,8 @@ std::vector<parallel::FsdpUnit> decoder_fsdp_units(
     units.push_back({module, {module}, std::move(params), nullptr});
     auto experts = experts_of.find(module);
     if (experts != experts_of.end()) {
-      units.push_back({module + ".moe.experts", {module + ".moe"}, std::move(experts->second),
-                       expert_group});
+      units.push_back(
+          {module + ".moe.experts", {module + ".moe"}, std::move(experts->second), expert_group});
     }
   }
   if (spans) {

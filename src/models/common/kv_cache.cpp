@@ -19,16 +19,30 @@ KVCache::KVCache(const DecoderArgs& args, int64_t batch, int64_t capacity,
   padded_ = std::any_of(padding_.begin(), padding_.end(), [](int64_t p) { return p > 0; });
   padding_tensor_ = at::tensor(padding_, at::kLong).to(options.device());
   for (int64_t i = 0; i < args.n_layers; ++i) {
+    if (args.mla) {
+      latents.push_back(at::zeros({batch, capacity, args.mla->kv_lora_rank}, options));
+      rope_keys.push_back(at::zeros({batch, capacity, args.mla->qk_rope_head_dim}, options));
+      continue;
+    }
     keys.push_back(at::zeros({batch, args.kv_heads(), capacity, args.head_dim()}, options));
     values.push_back(at::zeros({batch, args.kv_heads(), capacity, args.head_dim()}, options));
   }
 }
 
+int64_t KVCache::bytes_per_slot() const {
+  int64_t bytes = 0;
+  for (const auto* layers : {&keys, &values, &latents, &rope_keys}) {
+    for (const auto& t : *layers) bytes += t.numel() / (batch_ * capacity_) * t.element_size();
+  }
+  return bytes;
+}
+
 void KVCache::keep_rows(const std::vector<int64_t>& rows) {
   LOOM_CHECK(!rows.empty(), "a KV cache keeps at least one row");
   at::Tensor index = at::tensor(rows, at::kLong).to(padding_tensor_.device());
-  for (auto& k : keys) k = k.index_select(0, index);
-  for (auto& v : values) v = v.index_select(0, index);
+  for (auto* layers : {&keys, &values, &latents, &rope_keys}) {
+    for (auto& t : *layers) t = t.index_select(0, index);
+  }
   std::vector<int64_t> padding;
   for (int64_t r : rows) padding.push_back(padding_.at(static_cast<size_t>(r)));
   padding_ = std::move(padding);
@@ -42,8 +56,8 @@ namespace {
 // Who attends to whom for slots [start, start + q): causal over slots, never to a row's padding.
 // A padding query attends to itself only (its output is never used; an empty row would be NaN).
 // Undefined when SDPA's own causal rule (start == 0) or no mask at all (one new slot) is exact.
-at::Tensor attention_mask(const KVCache& cache, int64_t start, int64_t q,
-                          const at::Tensor& padding, const at::Device& device) {
+at::Tensor attention_mask(const KVCache& cache, int64_t start, int64_t q, const at::Tensor& padding,
+                          const at::Device& device) {
   if (!cache.padded() && (start == 0 || q == 1)) return {};
   const auto opts = at::TensorOptions().dtype(at::kLong).device(device);
   at::Tensor query_slots = at::arange(start, start + q, opts).view({1, q, 1});
@@ -80,8 +94,12 @@ at::Tensor forward_cached(TransformerImpl& model, const at::Tensor& tokens, KVCa
   at::Tensor h = model.tok_embeddings->forward(tokens);
   for (size_t i = 0; i < model.blocks.size(); ++i) {
     auto& block = model.blocks[i];
-    h = h + block->attention->forward_cached(block->attention_norm->forward(h), rotations,
-                                             cache.keys[i], cache.values[i], start, mask);
+    const at::Tensor normed = block->attention_norm->forward(h);
+    h = h + (block->latent_attention
+                 ? block->latent_attention->forward_cached(normed, rotations, cache.latents[i],
+                                                           cache.rope_keys[i], start, mask)
+                 : block->attention->forward_cached(normed, rotations, cache.keys[i],
+                                                    cache.values[i], start, mask));
     h = h + block->feed(block->ffn_norm->forward(h));
   }
   cache.length_ = start + q;

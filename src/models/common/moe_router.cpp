@@ -96,11 +96,11 @@ TokenChoiceRouterImpl::TokenChoiceRouterImpl(int64_t dim, const MoEArgs& moe_arg
   gate = register_module("gate", Linear(dim, args.num_experts, options));
 }
 
-at::Tensor TokenChoiceRouterImpl::limit_to_groups(const at::Tensor& choice, bool biased) const {
+at::Tensor TokenChoiceRouterImpl::limit_to_groups(const at::Tensor& choice) const {
   const int64_t tokens = choice.size(0);
   const at::Tensor grouped = choice.view({tokens, args.num_expert_groups, -1});
-  // A group's score: its best expert, or with the balancing bias its best two (DeepSeek-V3).
-  const at::Tensor group_score = biased && grouped.size(2) >= 2
+  // A group's score: its best expert, or its best two (DeepSeek-V3).
+  const at::Tensor group_score = args.group_score == GroupScore::kTopTwoSum && grouped.size(2) >= 2
                                      ? std::get<0>(grouped.topk(2, -1)).sum(-1)
                                      : grouped.amax(-1);
   const at::Tensor best_groups = std::get<1>(group_score.topk(args.num_limited_groups, -1));
@@ -113,7 +113,9 @@ at::Tensor TokenChoiceRouterImpl::limit_to_groups(const at::Tensor& choice, bool
 }
 
 Routing TokenChoiceRouterImpl::forward(const at::Tensor& x, const at::Tensor& expert_bias) {
-  const at::Tensor logits = gate->forward(x).to(at::kFloat);
+  // Scores in float32 from float32 inputs and weights, whatever the model's dtype (as
+  // transformers' DeepseekV3TopkRouter): near-ties must not flip with the compute dtype.
+  const at::Tensor logits = at::linear(x.to(at::kFloat), gate->weight.to(at::kFloat));
   const bool softmax = args.score_function == ScoreFunction::kSoftmax;
   const at::Tensor scores = softmax ? logits.softmax(-1) : logits.sigmoid();
   at::Tensor choice;
@@ -123,10 +125,7 @@ Routing TokenChoiceRouterImpl::forward(const at::Tensor& x, const at::Tensor& ex
     choice = scores.detach();
   }
   if (expert_bias.defined()) choice = choice + expert_bias;
-  // DeepSeek-V3 scores a group by its best two biased experts when it balances by the bias.
-  if (args.num_expert_groups > 1) {
-    choice = limit_to_groups(choice, expert_bias.defined() && args.load_balance_coeff > 0);
-  }
+  if (args.num_expert_groups > 1) choice = limit_to_groups(choice);
   Routing routing;
   if (force_load_balance) {
     // debug.moe_force_load_balance: copy i of the flattened (token, choice) list goes to expert

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "loom/models/kernels/rotary.h"
@@ -29,12 +30,40 @@ at::Tensor rope_frequencies(int64_t head_dim, double theta, bool scaled,
   return at::where(middle, blended, out);
 }
 
-at::Tensor precompute_freqs_cis(const DecoderArgs& args, int64_t seq_len, const at::Device& device) {
-  at::Tensor freqs =
-      rope_frequencies(args.head_dim(), args.rope_theta, args.use_scaled_rope, args.rope_scaling);
+at::Tensor yarn_frequencies(int64_t dim, double theta, const YarnScaling& yarn) {
+  at::Tensor exponents = at::arange(0, dim, 2, at::kFloat).slice(0, 0, dim / 2) / dim;
+  at::Tensor extrapolated = 1.0 / at::pow(theta, exponents);
+  at::Tensor interpolated = extrapolated / yarn.factor;
+  // The pair index whose wavelength fits `rotations` times into the original context.
+  auto pair_of = [&](double rotations) {
+    return static_cast<double>(dim) *
+           std::log(static_cast<double>(yarn.original_max_position_embeddings) /
+                    (rotations * 2 * M_PI)) /
+           (2 * std::log(theta));
+  };
+  double low = pair_of(yarn.beta_fast), high = pair_of(yarn.beta_slow);
+  if (yarn.truncate) {
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
+  low = std::max(low, 0.0);
+  high = std::min(high, static_cast<double>(dim - 1));
+  if (low == high) high += 0.001;  // a ramp of no width
+  // 1 where pairs keep their frequency (fast, below `low`), 0 where they are interpolated.
+  at::Tensor keep = 1 - ((at::arange(dim / 2, at::kFloat) - low) / (high - low)).clamp(0, 1);
+  return interpolated * (1 - keep) + extrapolated * keep;
+}
+
+at::Tensor precompute_freqs_cis(const DecoderArgs& args, int64_t seq_len,
+                                const at::Device& device) {
+  const bool yarn = args.yarn_active();
+  at::Tensor freqs = yarn ? yarn_frequencies(args.rope_dim(), args.rope_theta, *args.yarn)
+                          : rope_frequencies(args.rope_dim(), args.rope_theta, args.use_scaled_rope,
+                                             args.rope_scaling);
   at::Tensor positions = at::arange(seq_len, at::kFloat);
   at::Tensor angles = at::outer(positions, freqs);
-  return at::polar(at::ones_like(angles), angles).to(device);
+  const double magnitude = yarn ? args.yarn->rotation_scale() : 1.0;
+  return at::polar(at::full_like(angles, magnitude), angles).to(device);
 }
 
 at::Tensor apply_rotary_emb(const at::Tensor& x, const at::Tensor& freqs_cis) {

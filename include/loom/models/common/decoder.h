@@ -17,6 +17,7 @@
 #include "loom/models/common/attention.h"
 #include "loom/models/common/decoder_args.h"
 #include "loom/models/common/feed_forward.h"
+#include "loom/models/common/latent_attention.h"
 #include "loom/models/common/moe.h"
 
 namespace loom::models {
@@ -30,11 +31,15 @@ class TransformerBlockImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& x, const at::Tensor& freqs_cis);
   // The feed-forward of this block (dense or mixture) on normed hidden states, without hooks.
   at::Tensor feed(const at::Tensor& h_normed);
+  // The attention of this block (grouped-query or latent) on normed hidden states, no hooks.
+  at::Tensor attend(const at::Tensor& normed, const at::Tensor& freqs_cis);
 
   int64_t layer_id;
-  Attention attention{nullptr};
-  FeedForward feed_forward{nullptr};  // null on a mixture-of-experts layer
-  MoE moe{nullptr};                   // null on a dense layer
+  // Registered as "attention" either way: grouped-query, or latent (DeepSeek-V3's MLA).
+  Attention attention{nullptr};               // null with MLA
+  LatentAttention latent_attention{nullptr};  // null without MLA
+  FeedForward feed_forward{nullptr};          // null on a mixture-of-experts layer
+  MoE moe{nullptr};                           // null on a dense layer
   RMSNorm attention_norm{nullptr}, ffn_norm{nullptr};
 
  private:
@@ -71,15 +76,15 @@ class TransformerImpl : public torch::nn::Module {
   ModelPart part;  // end_layer resolved
   // Null without the embedding, unless the head needs its tied table.
   Embedding tok_embeddings{nullptr};
-  std::shared_ptr<torch::nn::Module> layers;       // children named by global layer index
-  std::vector<TransformerBlock> blocks;            // this part's blocks, in order
-  RMSNorm norm{nullptr};                           // null without the head
-  Linear output{nullptr};                          // null without the head, or when tied
-  TiedLinear tied_output{nullptr};                 // the head when tied (registered as "output")
-  at::Tensor freqs_cis;  // not a parameter: never saved, recomputed from args
+  std::shared_ptr<torch::nn::Module> layers;  // children named by global layer index
+  std::vector<TransformerBlock> blocks;       // this part's blocks, in order
+  RMSNorm norm{nullptr};                      // null without the head
+  Linear output{nullptr};                     // null without the head, or when tied
+  TiedLinear tied_output{nullptr};            // the head when tied (registered as "output")
+  at::Tensor freqs_cis;                       // not a parameter: never saved, recomputed from args
 
  private:
-  std::vector<BlockRunner> runners_;     // per block of this part
+  std::vector<BlockRunner> runners_;      // per block of this part
   std::vector<std::string> block_names_;  // "layers.N", per block of this part
   // Shared with the blocks, which hold a pointer to it: never moved (the module is held by
   // pointer in its ModuleHolder).

@@ -20,6 +20,44 @@ struct RopeScaling {
   int64_t original_max_position_embeddings = 8192;
 };
 
+// YaRN RoPE scaling (transformers' rope_type "yarn", DeepSeek-V3's long context): per-pair
+// frequencies blended between the original and the interpolated ones by a ramp over
+// [beta_slow, beta_fast] rotations in the original context; the rotations' magnitude is
+// attention_factor, and multi-head latent attention multiplies its softmax scale by
+// mscale(factor, mscale_all_dim)^2 where mscale_all_dim is set.
+struct YarnScaling {
+  double factor = 40.0;
+  int64_t original_max_position_embeddings = 4096;
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  double mscale = 0.0;                     // 0: unset
+  double mscale_all_dim = 0.0;             // 0: unset
+  std::optional<double> attention_factor;  // unset: from factor, mscale and mscale_all_dim
+  bool truncate = true;                    // the ramp's ends rounded to whole pairs
+  // torchtitan's DeepSeek-V3 flavors pretrain at the original context with plain RoPE and switch
+  // YaRN on only for a longer max_seq_len; Hugging Face configs apply it whatever the length.
+  bool only_beyond_original = false;
+
+  // The magnitude of the rotations (transformers' attention_scaling on cos and sin).
+  double rotation_scale() const;
+  // The factor on MLA's softmax scale (1 without mscale_all_dim).
+  double softmax_scale_factor() const;
+};
+
+// Multi-head latent attention (DeepSeek-V2/V3): queries through an optional low-rank bottleneck
+// (q_lora_rank; 0: one projection), keys and values from a shared compressed latent of
+// kv_lora_rank features plus one rotary key of qk_rope_head_dim shared by every head.
+struct MLAArgs {
+  int64_t q_lora_rank = 0;
+  int64_t kv_lora_rank = 512;
+  int64_t qk_nope_head_dim = 128;
+  int64_t qk_rope_head_dim = 64;
+  int64_t v_head_dim = 128;
+  double norm_eps = 1e-6;  // the q and kv latent norms' (transformers' DeepseekV3RMSNorm default)
+
+  int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
+};
+
 // Which features of a head RoPE rotates together: adjacent pairs (x0, x1), (x2, x3), ... as Meta's
 // Llama and torchtitan's llama3, or the two halves (x_i, x_{i + head_dim/2}) as transformers and
 // Qwen. Attention only reads q·k, so the halves layout is computed as the pair layout on q and k
@@ -44,18 +82,28 @@ struct DecoderArgs {
   bool use_scaled_rope = true;
   RopeScaling rope_scaling;
   RopeLayout rope_layout = RopeLayout::kInterleaved;
-  bool qk_norm = false;         // RMSNorm over each q and k head before RoPE (Qwen3)
-  bool tie_embeddings = false;  // the output projection is the token embedding's table
+  std::optional<YarnScaling> yarn;  // instead of use_scaled_rope; applied when yarn_active()
+  bool qk_norm = false;             // RMSNorm over each q and k head before RoPE (Qwen3)
+  bool tie_embeddings = false;      // the output projection is the token embedding's table
   int64_t max_seq_len = 131072;
   // Output projections of block i are initialized with std 0.02 / sqrt(2 (i + 1)) when true,
   // 0.02 / sqrt(2 n_layers) when false (Llama's init).
   bool depth_init = true;
+  // Multi-head latent attention instead of grouped-query attention (n_kv_heads, head_dim and
+  // qk_norm unused).
+  std::optional<MLAArgs> mla;
   // Mixture-of-experts feed-forward on the layers MoEArgs::is_moe_layer picks; unset: dense.
   std::optional<MoEArgs> moe;
 
   int64_t head_dim() const { return head_dim_override.value_or(dim / n_heads); }
   int64_t kv_heads() const { return n_kv_heads.value_or(n_heads); }
   int64_t ffn_hidden_dim() const;
+  // The features RoPE rotates per head: head_dim, or MLA's qk_rope_head_dim.
+  int64_t rope_dim() const { return mla ? mla->qk_rope_head_dim : head_dim(); }
+  bool yarn_active() const {
+    return yarn &&
+           (!yarn->only_beyond_original || max_seq_len > yarn->original_max_position_embeddings);
+  }
   bool is_moe_layer(int64_t layer) const { return moe && moe->is_moe_layer(layer); }
   // Throws loom::InputError naming `family` and the first inconsistent argument.
   void validate(const std::string& family = "decoder") const;

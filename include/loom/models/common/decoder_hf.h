@@ -16,6 +16,7 @@
 
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -29,7 +30,7 @@ struct DecoderHfDialect {
   std::string model_type;    // config.json's ("llama")
   std::string architecture;  // config.json's architectures[0] ("LlamaForCausalLM")
   RopeLayout rope_layout = RopeLayout::kInterleaved;  // loom's; transformers rotates halves
-  bool qk_norm = false;        // q_norm / k_norm per head (Qwen3)
+  bool qk_norm = false;                               // q_norm / k_norm per head (Qwen3)
   bool head_dim_free = false;  // head_dim may differ from hidden_size / num_attention_heads
   // The config class's defaults for keys a file leaves out (transformers does the same).
   int64_t default_max_positions = 2048;
@@ -46,6 +47,15 @@ struct DecoderHfDialect {
   // A mixture-of-experts class (Qwen3MoeForCausalLM): the routing settings config.json does not
   // carry (the balancing bias, capacity) come from here, the shapes and top-k from the file.
   std::optional<MoEArgs> moe;
+  // A family whose config.json says more than the shared keys (DeepSeek-V3's latent attention
+  // and routing): the keys it reads, its reader (after the shared keys, refusing what loom would
+  // compute differently) and its writer (after the shared keys; it owns the MoE keys then).
+  std::set<std::string> extra_keys;
+  std::function<void(const nlohmann::json&, const std::string&, DecoderArgs&)> read_extra;
+  std::function<void(const DecoderArgs&, nlohmann::json&)> write_extra;
+  // The tensor under mlp.gate holding the balancing bias ("e_score_correction_bias"); empty:
+  // the class has none (an export leaves loom's bias out, with a warning when it is not zero).
+  std::string expert_bias_name;
 };
 
 // The decoder arguments of a config.json (`source` names it in errors), in the layout of

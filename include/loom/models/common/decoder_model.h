@@ -32,6 +32,7 @@ class DecoderModel final : public CausalLM {
   void replace_parameter(const std::string& name, const at::Tensor& value) override;
   void init_parameter(const std::string& name, at::Tensor& full, uint64_t seed) override;
   void init_buffers(const at::Device& device) override;
+  std::vector<std::pair<std::string, at::Tensor>> named_state_buffers() override;
   void init_weights(uint64_t seed) override;
 
   int64_t max_seq_len() const override { return model_->args.max_seq_len; }
@@ -55,7 +56,8 @@ class DecoderModel final : public CausalLM {
 const DecoderArgs& decoder_args(const CausalLM& model);
 
 // Training FLOPs per token of a dense decoder: 6 per parameter a token multiplies with (forward 2,
-// backward 4) plus attention's scores and values, 12 * layers * heads * head_dim * seq_len.
+// backward 4) plus attention's scores and values, 6 * layers * heads * (q·k width + value width)
+// * seq_len (12 * layers * heads * head_dim * seq_len for grouped-query attention).
 double decoder_flops_per_token(int64_t active_params, const DecoderArgs& args, int64_t layers,
                                int64_t seq_len);
 

@@ -19,8 +19,8 @@ namespace loom::models {
 class KVCache final : public InferenceCache {
  public:
   // Room for `capacity` slots of `batch` rows, in the parameters' dtype and device.
-  KVCache(const DecoderArgs& args, int64_t batch, int64_t capacity, const at::TensorOptions& options,
-          std::vector<int64_t> padding = {});
+  KVCache(const DecoderArgs& args, int64_t batch, int64_t capacity,
+          const at::TensorOptions& options, std::vector<int64_t> padding = {});
 
   int64_t batch() const override { return batch_; }
   int64_t capacity() const override { return capacity_; }
@@ -31,8 +31,14 @@ class KVCache final : public InferenceCache {
   // Keeps only these rows (indices into the current batch, in order): finished sequences leave.
   void keep_rows(const std::vector<int64_t>& rows) override;
 
-  // Per layer [batch, kv_heads, capacity, head_dim].
+  // Grouped-query attention: per layer [batch, kv_heads, capacity, head_dim].
   std::vector<at::Tensor> keys, values;
+  // Latent attention (MLA) instead: per layer the normed kv latent [batch, capacity,
+  // kv_lora_rank] and the rotated shared key [batch, capacity, qk_rope_head_dim].
+  std::vector<at::Tensor> latents, rope_keys;
+
+  // Bytes the cache holds per token slot over all layers (both kinds).
+  int64_t bytes_per_slot() const;
 
  private:
   friend at::Tensor forward_cached(TransformerImpl&, const at::Tensor&, KVCache&, bool);

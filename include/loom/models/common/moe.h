@@ -71,7 +71,7 @@ class TokenChoiceRouterImpl : public torch::nn::Module {
   bool force_load_balance = false;
 
  private:
-  at::Tensor limit_to_groups(const at::Tensor& choice, bool biased) const;
+  at::Tensor limit_to_groups(const at::Tensor& choice) const;
 };
 TORCH_MODULE(TokenChoiceRouter);
 

@@ -15,6 +15,10 @@ const char* to_string(ScoreFunction f);
 // ("seq_aux_loss", DeepSeek-V3's complementary loss) or over the micro-batch ("aux_loss").
 enum class AuxLossType { kSequence, kGlobal };
 
+// How group-limited routing scores a group: by its best expert (DeepSeek-V2) or by the sum of its
+// best two (DeepSeek-V3's noaux_tc, torchtitan, transformers' DeepseekV3TopkRouter).
+enum class GroupScore { kBestExpert, kTopTwoSum };
+
 struct MoEArgs {
   int64_t num_experts = 8;
   int64_t top_k = 1;
@@ -27,6 +31,7 @@ struct MoEArgs {
   // its experts within its num_limited_groups best groups. 0: off.
   int64_t num_expert_groups = 0;
   int64_t num_limited_groups = 0;
+  GroupScore group_score = GroupScore::kTopTwoSum;
   // Sinkhorn-balanced expert choice while training (gpt-neox, Megatron's "sinkhorn" router): the
   // experts are picked from the Sinkhorn-normalized scores, gate values stay the plain scores.
   bool sinkhorn = false;

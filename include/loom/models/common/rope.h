@@ -15,7 +15,11 @@ namespace loom::models {
 at::Tensor rope_frequencies(int64_t head_dim, double theta, bool scaled,
                             const RopeScaling& scaling);
 
-// Complex rotations [seq_len, head_dim / 2] (complex64) on `device`.
+// YaRN's per-pair frequencies [dim / 2] in float32 (transformers' _compute_yarn_parameters).
+at::Tensor yarn_frequencies(int64_t dim, double theta, const YarnScaling& yarn);
+
+// Complex rotations [seq_len, rope_dim / 2] (complex64) on `device`; of magnitude
+// yarn->rotation_scale() under YaRN, 1 otherwise.
 at::Tensor precompute_freqs_cis(const DecoderArgs& args, int64_t seq_len, const at::Device& device);
 
 // A head's features reordered from the halves layout to adjacent pairs: (x_0, x_{h/2}, x_1,

@@ -1,0 +1,69 @@
+// DeepSeek-V3 end to end: deepseek_v3 debugmodel (latent attention, one dense layer then
+// mixtures of 8 experts with group-limited sigmoid routing, 2 shared experts and the balancing
+// bias) trains like one rank with the same global batch for 20 steps under FSDP, tensor (latent
+// attention split by heads, its latent projections whole), expert and pipeline parallelism (the
+// dense layer and the mixtures in different stages) and expert x FSDP, through `loom launch`;
+// checkpoints reshard between ep 2 and one rank both ways. The default suite runs ep 2; the
+// other layouts and the reshards are in the slow label.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "support/layout_runs.h"
+#include "support/test_sets.h"
+
+namespace {
+
+using loom::testing::LayoutRuns;
+
+// Global batch 4 of 16 tokens; checkpoints at 10 and 20.
+std::string job(const std::string& extra = "") {
+  return "train --config " LOOM_SOURCE_DIR
+         "/configs/deepseek_v3_debug.toml --training.steps 20"
+         " --training.seq_len 16 --training.local_batch_size 4 --training.global_batch_size 4"
+         " --parallelism.pipeline_parallel_microbatch_size 1 --validation.enable false"
+         " --metrics.log_freq 1 --metrics.peak_tflops 1 --debug.seed 13"
+         " --lr_scheduler.warmup_steps 2 --lr_scheduler.total_steps 20"
+         " --comm.init_timeout_seconds 60 --comm.train_timeout_seconds 60"
+         " --checkpoint.enable true --checkpoint.interval 10 --checkpoint.keep_latest_k 0 " +
+         extra;
+}
+
+std::string layout(int ep, int dp_shard, int local_batch) {
+  return " --parallelism.expert_parallel_degree " + std::to_string(ep) +
+         " --parallelism.data_parallel_shard_degree " + std::to_string(dp_shard) +
+         " --training.local_batch_size " + std::to_string(local_batch);
+}
+
+LayoutRuns& runs() {
+  static LayoutRuns instance("deepseek_v3", job);
+  return instance;
+}
+
+LOOM_TEST(DeepseekV3Training, ExpertParallelTrainsLikeOneRank) {
+  runs().expect_matches_one_rank(runs().layout_run("ep2", 2, layout(2, 2, 2)), "deepseek_v3 ep 2");
+}
+
+LOOM_SLOW_TEST(DeepseekV3Training, EveryLayoutTrainsLikeOneRank) {
+  runs().expect_matches_one_rank(runs().layout_run("fsdp2", 2, layout(1, 2, 2)),
+                                 "deepseek_v3 FSDP 2");
+  runs().expect_matches_one_rank(
+      runs().layout_run("tp2", 2, layout(1, 1, 4) + " --parallelism.tensor_parallel_degree 2"),
+      "deepseek_v3 TP 2");
+  runs().expect_matches_one_rank(
+      runs().layout_run("pp2", 2,
+                        layout(1, 1, 4) + " --parallelism.pipeline_parallel_degree 2"
+                                          " --parallelism.pipeline_parallel_schedule 1F1B"),
+      "deepseek_v3 pp 2 (dense layer and mixtures in different stages)");
+  runs().expect_matches_one_rank(runs().layout_run("ep2_fsdp4", 4, layout(2, 4, 1)),
+                                 "deepseek_v3 ep 2 x FSDP 2 (dp_shard 4)");
+}
+
+LOOM_SLOW_TEST(DeepseekV3Training, CheckpointsReshardBetweenExpertParallelAndOneRank) {
+  runs().expect_resumes_like_one_rank(runs().layout_run("ep2", 2, layout(2, 2, 2)), 1, "",
+                                      "ep2_to_one", "deepseek_v3 ep 2 -> 1 rank");
+  runs().expect_resumes_like_one_rank(runs().one_rank(), 2, layout(2, 2, 2), "one_to_ep2",
+                                      "deepseek_v3 1 rank -> ep 2");
+}
+
+}  // namespace

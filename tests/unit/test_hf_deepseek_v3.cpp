@@ -1,0 +1,214 @@
+// DeepSeek-V3 against transformers. Tiny random DeepseekV3ForCausalLM models made by the setup
+// venv's transformers inside the test (tools/make_hf_deepseek_v3_model.py): latent attention with
+// and without the q bottleneck, YaRN with the softmax-scale correction, interleaved and
+// rotate-half rotary features, two dense layers then mixtures of 8 experts with group limits,
+// sigmoid scores, a shared expert and a non-zero e_score_correction_bias. Checked: the first MoE
+// block alone and the whole model's logits within 1e-5 of transformers' in float32, greedy tokens
+// with the latent cache equal to transformers' generate() and to loom's own decoding without a
+// cache, the cache's size per token, and import then export writing back the folder's tensors.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "loom/checkpoint/hf.h"
+#include "loom/checkpoint/safetensors.h"
+#include "loom/generate/generator.h"
+#include "loom/generate/inference_model.h"
+#include "loom/models/common/decoder_model.h"
+#include "loom/models/common/kv_cache.h"
+#include "loom/models/model_spec.h"
+#include "support/process.h"
+#include "unit/hf_test_util.h"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+using loom::testing::row_of;
+using loom::testing::tensors_of;
+
+loom::generate::InferenceModel load(const std::string& folder) {
+  return loom::testing::load_hf_folder(folder, "deepseek_v3");
+}
+
+class HfDeepseekV3 : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    made_ = new std::string(loom::testing::fresh_temp_dir("deepseek_v3_models"));
+    const std::string command = std::string("'") + LOOM_PYTHON + "' '" + LOOM_SOURCE_DIR +
+                                "/tools/make_hf_deepseek_v3_model.py' '" + *made_ + "'";
+    const auto result = loom::testing::run_command(command);
+    ASSERT_EQ(result.exit_code, 0) << result.output;
+  }
+  static void TearDownTestSuite() {
+    delete made_;
+    made_ = nullptr;
+  }
+  static std::vector<std::string> folders() { return {*made_ + "/qlora", *made_ + "/plain"}; }
+  static std::string* made_;
+};
+
+std::string* HfDeepseekV3::made_ = nullptr;
+
+}  // namespace
+
+TEST_F(HfDeepseekV3, ReadsLatentAttentionRoutingAndTheBias) {
+  for (size_t v = 0; v < 2; ++v) {
+    auto model = load(folders()[v]);
+    auto& decoder = dynamic_cast<loom::models::DecoderModel&>(*model.model);
+    const auto& args = decoder.args();
+    ASSERT_TRUE(args.mla && args.moe && args.yarn);
+    EXPECT_EQ(args.mla->q_lora_rank, v == 0 ? 24 : 0);
+    EXPECT_EQ(args.rope_layout,
+              v == 0 ? loom::models::RopeLayout::kInterleaved : loom::models::RopeLayout::kHalves);
+    EXPECT_EQ(args.moe->num_expert_groups, 4);
+    EXPECT_EQ(args.moe->num_limited_groups, 2);
+    EXPECT_EQ(args.moe->score_function, loom::models::ScoreFunction::kSigmoid);
+    EXPECT_DOUBLE_EQ(args.moe->route_scale, 2.5);
+    const auto& blocks = decoder.transformer()->blocks;
+    ASSERT_EQ(blocks.size(), 4u);
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      EXPECT_EQ(static_cast<bool>(blocks[i]->moe), i >= 2) << "layer " << i;
+      EXPECT_TRUE(blocks[i]->latent_attention);
+    }
+    // The bias came from the folder (the test's values are in (0, 0.3)), not zeros.
+    EXPECT_GT(blocks[2]->moe->expert_bias.min().item<double>(), 0.0);
+  }
+}
+
+TEST_F(HfDeepseekV3, MoEBlockAndLogitsEqualTransformers) {
+  for (const std::string& folder : folders()) {
+    auto reference = tensors_of(folder + "/reference.safetensors");
+    auto model = load(folder);
+    auto& decoder = dynamic_cast<loom::models::DecoderModel&>(*model.model);
+    auto& block = decoder.transformer()->blocks.at(reference.at("block_layer").item<int64_t>());
+    ASSERT_TRUE(block->moe);
+    at::NoGradGuard no_grad;
+    const at::Tensor block_out = block->moe->forward(reference.at("block_in"));
+    const double block_worst = (block_out - reference.at("block_out")).abs().max().item<double>();
+    EXPECT_LT(block_worst, 1e-5) << folder;
+    const at::Tensor logits = model.forward(reference.at("ids"));
+    ASSERT_EQ(logits.sizes(), reference.at("logits").sizes());
+    const double worst = (logits - reference.at("logits")).abs().max().item<double>();
+    EXPECT_LT(worst, 1e-5) << folder;
+    std::printf("%s: max |loom - transformers| MoE block %.2e, logits %.2e\n", folder.c_str(),
+                block_worst, worst);
+    // The check sees the bias: routing without it moves the block's output.
+    const at::Tensor bias = block->moe->expert_bias.clone();
+    block->moe->expert_bias.zero_();
+    const double unbiased =
+        (block->moe->forward(reference.at("block_in")) - reference.at("block_out"))
+            .abs()
+            .max()
+            .item<double>();
+    block->moe->expert_bias.copy_(bias);
+    EXPECT_GT(unbiased, 1e-3) << folder;
+  }
+}
+
+TEST_F(HfDeepseekV3, GreedyTokensWithTheLatentCacheEqualTransformersAndNoCache) {
+  for (const std::string& folder : folders()) {
+    auto reference = tensors_of(folder + "/reference.safetensors");
+    const std::vector<int32_t> want = row_of(reference.at("greedy"));
+    auto model = load(folder);
+    loom::generate::GenerationOptions options;
+    options.max_new_tokens = static_cast<int64_t>(want.size());
+    options.stop_at_eos = false;
+    options.add_bos = false;
+    loom::generate::Generator generator(model, options);
+    const auto completions = generator.generate({row_of(reference.at("prompt"))}, 0);
+    ASSERT_EQ(completions.size(), 1u);
+    EXPECT_EQ(completions[0].tokens, want) << folder;
+    EXPECT_GT(std::set<int32_t>(want.begin(), want.end()).size(), 4u) << folder;
+
+    // loom without a cache: the whole sequence through forward() at every step.
+    at::Tensor ids = reference.at("prompt").clone();
+    for (size_t i = 0; i < want.size(); ++i) {
+      const at::Tensor next = model.forward(ids).select(1, ids.size(1) - 1).argmax(-1, true);
+      ids = at::cat({ids, next.to(at::kLong)}, 1);
+    }
+    EXPECT_EQ(row_of(ids.slice(1, reference.at("prompt").size(1))), want) << folder;
+
+    // The cache holds the normed latent and the rotary key per layer, not per-head keys/values.
+    auto cache = model.model->new_inference_cache(1, 8, {});
+    const auto& kv = dynamic_cast<const loom::models::KVCache&>(*cache);
+    EXPECT_TRUE(kv.keys.empty());
+    EXPECT_EQ(kv.bytes_per_slot(), 4 * (16 + 8) * 4);  // layers x (kv rank + rope) x float32
+  }
+}
+
+TEST_F(HfDeepseekV3, ImportThenExportWritesTheFolderBack) {
+  for (const std::string& folder : folders()) {
+    const std::string checkpoint = loom::testing::fresh_temp_dir("deepseek_v3_ckpt");
+    loom::checkpoint::import_from_hf(folder, checkpoint);
+    const std::string exported = loom::testing::fresh_temp_dir("deepseek_v3_export");
+    loom::checkpoint::HfExportOptions options;
+    options.overwrite = true;
+    options.dtype = "float32";
+    loom::checkpoint::export_to_hf(checkpoint + "/step-0", exported, options);
+    const auto original = tensors_of(folder + "/model.safetensors");
+    const auto back = tensors_of(exported + "/model.safetensors");
+    ASSERT_EQ(original.size(), back.size()) << folder;
+    for (const auto& [name, tensor] : original) {
+      auto it = back.find(name);
+      ASSERT_NE(it, back.end()) << folder << ": " << name;
+      EXPECT_TRUE(at::equal(tensor, it->second)) << folder << ": " << name;
+    }
+    const json config = json::parse(std::ifstream(exported + "/config.json"));
+    const json source = json::parse(std::ifstream(folder + "/config.json"));
+    EXPECT_EQ(config.at("architectures")[0], "DeepseekV3ForCausalLM");
+    for (const char* key :
+         {"q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+          "head_dim", "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size",
+          "n_shared_experts", "n_group", "topk_group", "norm_topk_prob", "routed_scaling_factor",
+          "first_k_dense_replace", "rope_interleave", "rope_scaling"}) {
+      EXPECT_EQ(config.at(key), source.at(key)) << folder << ": " << key;
+    }
+    // The exported folder is the same model: loom reads it back to the same logits.
+    auto reference = tensors_of(folder + "/reference.safetensors");
+    auto model = load(exported);
+    const double worst =
+        (model.forward(reference.at("ids")) - reference.at("logits")).abs().max().item<double>();
+    EXPECT_LT(worst, 1e-5) << folder;
+  }
+}
+
+TEST_F(HfDeepseekV3, SettingsTransformersIgnoresAreRefusedByName) {
+  const std::string folder = loom::testing::fresh_temp_dir("deepseek_v3_softmax");
+  fs::copy(folders()[0], folder, fs::copy_options::recursive);
+  json config = json::parse(std::ifstream(folder + "/config.json"));
+  config["scoring_func"] = "softmax";
+  std::ofstream(folder + "/config.json") << config.dump(2);
+  try {
+    load(folder);
+    FAIL() << "a softmax-scored DeepSeek folder was accepted";
+  } catch (const loom::InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("scoring_func is \"softmax\""), std::string::npos)
+        << e.what();
+  }
+}
+
+// The flavors' YaRN (torchtitan's: on beyond 4096 trained positions) follows the context the
+// weights were trained at, not the window a generation asks for.
+TEST(DeepseekV3Flavors, YarnFollowsTheTrainingContextNotTheWindow) {
+  const auto& spec = loom::models::find_model_spec("deepseek_v3");
+  loom::models::BuildOptions options;
+  options.flavor = "debugmodel";
+  options.tensor_options = at::TensorOptions().device(at::kMeta).dtype(at::kFloat);
+  options.max_seq_len = 16384;
+  options.trained_seq_len = 2048;
+  EXPECT_FALSE(loom::models::decoder_args(*spec.build(options)).yarn_active());
+  options.max_seq_len = 2048;
+  options.trained_seq_len = 8192;
+  const auto long_trained = loom::models::decoder_args(*spec.build(options));
+  ASSERT_TRUE(long_trained.yarn_active());
+  EXPECT_EQ(long_trained.yarn->factor, 40.0);
+  options.trained_seq_len = 0;  // training itself: the context is max_seq_len
+  EXPECT_FALSE(loom::models::decoder_args(*spec.build(options)).yarn_active());
+}
