@@ -5,11 +5,14 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "loom/checkpoint/hf.h"
 #include "loom/checkpoint/safetensors.h"
 #include "loom/generate/inference_model.h"
+#include "support/process.h"
 
 namespace loom::testing {
 
@@ -30,6 +33,53 @@ inline generate::InferenceModel load_hf_folder(const std::string& folder,
   EXPECT_EQ(model.spec->name, family);
   EXPECT_EQ(model.format, "huggingface");
   return model;
+}
+
+#ifdef LOOM_PYTHON
+// The folders tools/`script` writes with the test venv's transformers (one per variant), made
+// once per test binary run into a fresh `name` folder.
+inline std::vector<std::string> made_by_transformers(const std::string& script,
+                                                     const std::string& name,
+                                                     const std::vector<std::string>& variants) {
+  static std::map<std::string, std::string> made;  // script -> its output folder
+  auto it = made.find(script);
+  if (it == made.end()) {
+    const std::string out = fresh_temp_dir(name);
+    const auto result = run_command(std::string("'") + LOOM_PYTHON + "' '" + LOOM_SOURCE_DIR +
+                                    "/tools/" + script + "' '" + out + "'");
+    if (result.exit_code != 0) throw std::runtime_error(script + " failed:\n" + result.output);
+    it = made.emplace(script, out).first;
+  }
+  std::vector<std::string> folders;
+  for (const auto& variant : variants) folders.push_back(it->second + "/" + variant);
+  return folders;
+}
+#endif
+
+// Imports a Hugging Face folder, exports the imported step again in float32, and checks that
+// every tensor of the folder comes back bitwise under its name (and nothing else does). Returns
+// the export's folder.
+inline std::string expect_import_export_bitwise(const std::string& folder,
+                                                const std::string& name) {
+  const std::string checkpoint = fresh_temp_dir(name + "_ckpt");
+  checkpoint::import_from_hf(folder, checkpoint);
+  const std::string exported = fresh_temp_dir(name + "_export");
+  checkpoint::HfExportOptions options;
+  options.overwrite = true;
+  options.dtype = "float32";
+  checkpoint::export_to_hf(checkpoint + "/step-0", exported, options);
+  const auto original = tensors_of(folder + "/model.safetensors");
+  const auto back = tensors_of(exported + "/model.safetensors");
+  EXPECT_EQ(original.size(), back.size()) << folder;
+  for (const auto& [tensor_name, tensor] : original) {
+    auto it = back.find(tensor_name);
+    if (it == back.end()) {
+      ADD_FAILURE() << folder << ": " << tensor_name << " is not in the export";
+      continue;
+    }
+    EXPECT_TRUE(at::equal(tensor, it->second)) << folder << ": " << tensor_name;
+  }
+  return exported;
 }
 
 inline std::vector<int32_t> row_of(const at::Tensor& ids) {

@@ -37,28 +37,14 @@ loom::generate::InferenceModel load(const std::string& folder) {
   return loom::testing::load_hf_folder(folder, "deepseek_v3");
 }
 
-class HfDeepseekV3 : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    made_ = new std::string(loom::testing::fresh_temp_dir("deepseek_v3_models"));
-    const std::string command = std::string("'") + LOOM_PYTHON + "' '" + LOOM_SOURCE_DIR +
-                                "/tools/make_hf_deepseek_v3_model.py' '" + *made_ + "'";
-    const auto result = loom::testing::run_command(command);
-    ASSERT_EQ(result.exit_code, 0) << result.output;
-  }
-  static void TearDownTestSuite() {
-    delete made_;
-    made_ = nullptr;
-  }
-  static std::vector<std::string> folders() { return {*made_ + "/qlora", *made_ + "/plain"}; }
-  static std::string* made_;
-};
-
-std::string* HfDeepseekV3::made_ = nullptr;
+std::vector<std::string> folders() {
+  return loom::testing::made_by_transformers("make_hf_deepseek_v3_model.py", "deepseek_v3_models",
+                                             {"qlora", "plain"});
+}
 
 }  // namespace
 
-TEST_F(HfDeepseekV3, ReadsLatentAttentionRoutingAndTheBias) {
+TEST(HfDeepseekV3, ReadsLatentAttentionRoutingAndTheBias) {
   for (size_t v = 0; v < 2; ++v) {
     auto model = load(folders()[v]);
     auto& decoder = dynamic_cast<loom::models::DecoderModel&>(*model.model);
@@ -82,7 +68,7 @@ TEST_F(HfDeepseekV3, ReadsLatentAttentionRoutingAndTheBias) {
   }
 }
 
-TEST_F(HfDeepseekV3, MoEBlockAndLogitsEqualTransformers) {
+TEST(HfDeepseekV3, MoEBlockAndLogitsEqualTransformers) {
   for (const std::string& folder : folders()) {
     auto reference = tensors_of(folder + "/reference.safetensors");
     auto model = load(folder);
@@ -112,7 +98,7 @@ TEST_F(HfDeepseekV3, MoEBlockAndLogitsEqualTransformers) {
   }
 }
 
-TEST_F(HfDeepseekV3, GreedyTokensWithTheLatentCacheEqualTransformersAndNoCache) {
+TEST(HfDeepseekV3, GreedyTokensWithTheLatentCacheEqualTransformersAndNoCache) {
   for (const std::string& folder : folders()) {
     auto reference = tensors_of(folder + "/reference.safetensors");
     const std::vector<int32_t> want = row_of(reference.at("greedy"));
@@ -143,23 +129,9 @@ TEST_F(HfDeepseekV3, GreedyTokensWithTheLatentCacheEqualTransformersAndNoCache) 
   }
 }
 
-TEST_F(HfDeepseekV3, ImportThenExportWritesTheFolderBack) {
+TEST(HfDeepseekV3, ImportThenExportWritesTheFolderBack) {
   for (const std::string& folder : folders()) {
-    const std::string checkpoint = loom::testing::fresh_temp_dir("deepseek_v3_ckpt");
-    loom::checkpoint::import_from_hf(folder, checkpoint);
-    const std::string exported = loom::testing::fresh_temp_dir("deepseek_v3_export");
-    loom::checkpoint::HfExportOptions options;
-    options.overwrite = true;
-    options.dtype = "float32";
-    loom::checkpoint::export_to_hf(checkpoint + "/step-0", exported, options);
-    const auto original = tensors_of(folder + "/model.safetensors");
-    const auto back = tensors_of(exported + "/model.safetensors");
-    ASSERT_EQ(original.size(), back.size()) << folder;
-    for (const auto& [name, tensor] : original) {
-      auto it = back.find(name);
-      ASSERT_NE(it, back.end()) << folder << ": " << name;
-      EXPECT_TRUE(at::equal(tensor, it->second)) << folder << ": " << name;
-    }
+    const std::string exported = loom::testing::expect_import_export_bitwise(folder, "deepseek_v3");
     const json config = json::parse(std::ifstream(exported + "/config.json"));
     const json source = json::parse(std::ifstream(folder + "/config.json"));
     EXPECT_EQ(config.at("architectures")[0], "DeepseekV3ForCausalLM");
@@ -179,7 +151,7 @@ TEST_F(HfDeepseekV3, ImportThenExportWritesTheFolderBack) {
   }
 }
 
-TEST_F(HfDeepseekV3, SettingsTransformersIgnoresAreRefusedByName) {
+TEST(HfDeepseekV3, SettingsTransformersIgnoresAreRefusedByName) {
   const std::string folder = loom::testing::fresh_temp_dir("deepseek_v3_softmax");
   fs::copy(folders()[0], folder, fs::copy_options::recursive);
   json config = json::parse(std::ifstream(folder + "/config.json"));

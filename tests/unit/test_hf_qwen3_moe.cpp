@@ -33,28 +33,14 @@ loom::generate::InferenceModel load(const std::string& folder) {
   return loom::testing::load_hf_folder(folder, "qwen3_moe");
 }
 
-class HfQwen3Moe : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    made_ = new std::string(loom::testing::fresh_temp_dir("qwen3_moe_models"));
-    const std::string command = std::string("'") + LOOM_PYTHON + "' '" + LOOM_SOURCE_DIR +
-                                "/tools/make_hf_qwen3_moe_model.py' '" + *made_ + "'";
-    const auto result = loom::testing::run_command(command);
-    ASSERT_EQ(result.exit_code, 0) << result.output;
-  }
-  static void TearDownTestSuite() {
-    delete made_;
-    made_ = nullptr;
-  }
-  static std::vector<std::string> folders() { return {*made_ + "/normed", *made_ + "/plain"}; }
-  static std::string* made_;
-};
-
-std::string* HfQwen3Moe::made_ = nullptr;
+std::vector<std::string> folders() {
+  return loom::testing::made_by_transformers("make_hf_qwen3_moe_model.py", "qwen3_moe_models",
+                                             {"normed", "plain"});
+}
 
 }  // namespace
 
-TEST_F(HfQwen3Moe, LayersAreMixturesWhereTransformersPutsThem) {
+TEST(HfQwen3Moe, LayersAreMixturesWhereTransformersPutsThem) {
   const std::vector<std::vector<bool>> want = {{true, false, true}, {false, true, false, true}};
   for (size_t v = 0; v < 2; ++v) {
     auto model = load(folders()[v]);
@@ -69,7 +55,7 @@ TEST_F(HfQwen3Moe, LayersAreMixturesWhereTransformersPutsThem) {
   }
 }
 
-TEST_F(HfQwen3Moe, MoEBlockAndLogitsEqualTransformers) {
+TEST(HfQwen3Moe, MoEBlockAndLogitsEqualTransformers) {
   for (const std::string& folder : folders()) {
     auto reference = tensors_of(folder + "/reference.safetensors");
     auto model = load(folder);
@@ -101,7 +87,7 @@ TEST_F(HfQwen3Moe, MoEBlockAndLogitsEqualTransformers) {
   }
 }
 
-TEST_F(HfQwen3Moe, GreedyTokensWithTheCacheEqualTransformers) {
+TEST(HfQwen3Moe, GreedyTokensWithTheCacheEqualTransformers) {
   for (const std::string& folder : folders()) {
     auto reference = tensors_of(folder + "/reference.safetensors");
     const std::vector<int32_t> want = row_of(reference.at("greedy"));
@@ -118,23 +104,9 @@ TEST_F(HfQwen3Moe, GreedyTokensWithTheCacheEqualTransformers) {
   }
 }
 
-TEST_F(HfQwen3Moe, ImportThenExportIsBitwiseTheOriginal) {
+TEST(HfQwen3Moe, ImportThenExportIsBitwiseTheOriginal) {
   for (const std::string& folder : folders()) {
-    const std::string checkpoint = loom::testing::fresh_temp_dir("qwen3_moe_ckpt");
-    loom::checkpoint::import_from_hf(folder, checkpoint);
-    const std::string exported = loom::testing::fresh_temp_dir("qwen3_moe_export");
-    loom::checkpoint::HfExportOptions options;
-    options.overwrite = true;
-    options.dtype = "float32";
-    loom::checkpoint::export_to_hf(checkpoint + "/step-0", exported, options);
-    const auto original = tensors_of(folder + "/model.safetensors");
-    const auto back = tensors_of(exported + "/model.safetensors");
-    ASSERT_EQ(original.size(), back.size()) << folder;
-    for (const auto& [name, tensor] : original) {
-      auto it = back.find(name);
-      ASSERT_NE(it, back.end()) << folder << ": " << name;
-      EXPECT_TRUE(at::equal(tensor, it->second)) << folder << ": " << name;
-    }
+    const std::string exported = loom::testing::expect_import_export_bitwise(folder, "qwen3_moe");
     const json config = json::parse(std::ifstream(exported + "/config.json"));
     const json source = json::parse(std::ifstream(folder + "/config.json"));
     EXPECT_EQ(config.at("architectures")[0], "Qwen3MoeForCausalLM");
@@ -145,7 +117,7 @@ TEST_F(HfQwen3Moe, ImportThenExportIsBitwiseTheOriginal) {
   }
 }
 
-TEST_F(HfQwen3Moe, AMissingExpertIsNamed) {
+TEST(HfQwen3Moe, AMissingExpertIsNamed) {
   const std::string folder = loom::testing::fresh_temp_dir("qwen3_moe_missing");
   fs::copy(folders()[0], folder, fs::copy_options::recursive);
   loom::checkpoint::NamedTensors kept;
