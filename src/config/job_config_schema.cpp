@@ -109,6 +109,12 @@ void add_model_sections(Schema& s) {
              "1e-3).")
       .min(0);
   model
+      .field("attn_mask_type", &ModelSection::attn_mask_type,
+             "Attention mask of packed rows: causal (a token sees every earlier token of its row) "
+             "or block_causal (only the earlier tokens of its own document, RoPE positions "
+             "restarting at each document's BOS; torchtitan's key).")
+      .choices({"causal", "block_causal"});
+  model
       .field("moe_aux_loss_coeff", &ModelSection::moe_aux_loss_coeff,
              "Mixture-of-experts flavors: the weight of the load-balancing auxiliary loss "
              "(Megatron's moe_aux_loss_coeff; 0: off); unset: the flavor's (qwen3_moe: 0).")
@@ -317,12 +323,14 @@ void add_parallelism_section(Schema& s) {
           "Ranks splitting the sequence dimension.")
       .min(1);
   p.field("context_parallel_load_balancer", &ParallelismSection::context_parallel_load_balancer,
-          "Context-parallel load balancing of causal attention.")
-      .unimplemented();
+          "How a sequence is split over the cp ranks: headtail (2 cp chunks, rank r holds "
+          "chunks r and 2cp-1-r, so causal work is even) or none (contiguous shares).")
+      .choices({"headtail", "none"});
   p.field("context_parallel_rotate_method", &ParallelismSection::context_parallel_rotate_method,
-          "Collective that exchanges key/value shards.")
-      .choices({"allgather", "alltoall"})
-      .unimplemented();
+          "How attention reaches the other cp ranks' keys and values: allgather (all-gathered, "
+          "their gradients reduce-scattered); alltoall (the ring) is refused as not implemented "
+          "yet.")
+      .choices({"allgather", "alltoall"});
   p.field("expert_parallel_degree", &ParallelismSection::expert_parallel_degree,
           "Ranks splitting MoE experts.")
       .min(1);

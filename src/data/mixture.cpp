@@ -81,7 +81,9 @@ Batch MixtureSource::next(int64_t batch_size, int64_t seq_len) {
     if (j >= first && j < first + batch_size) loaders_[c]->read_sample(k, out + (j - first) * span);
   }
   consumed_ += global;
-  return {samples.slice(1, 0, seq_len).contiguous(), samples.slice(1, 1, span).contiguous()};
+  Batch batch{samples.slice(1, 0, seq_len).contiguous(), samples.slice(1, 1, span).contiguous()};
+  if (options_.bos_id >= 0) mark_documents(batch, options_.bos_id);
+  return batch;
 }
 
 int64_t MixtureSource::records_skipped() const {

@@ -72,7 +72,20 @@ Batch PackedLoader::next(int64_t batch_size, int64_t seq_len) {
   const int64_t first = consumed_ + options_.dp_rank * batch_size;  // this rank's slice
   for (int64_t b = 0; b < batch_size; ++b) read_sample(first + b, out + b * (seq_len + 1));
   consumed_ += batch_size * options_.dp_world;
-  return {samples.slice(1, 0, seq_len).contiguous(), samples.slice(1, 1, seq_len + 1).contiguous()};
+  Batch batch{samples.slice(1, 0, seq_len).contiguous(),
+              samples.slice(1, 1, seq_len + 1).contiguous()};
+  if (options_.bos_id >= 0) mark_documents(batch, options_.bos_id);
+  return batch;
+}
+
+void mark_documents(Batch& batch, int64_t bos) {
+  at::Tensor starts = batch.inputs.eq(bos);
+  starts.select(1, 0).fill_(true);
+  batch.documents = starts.to(at::kLong).cumsum(1) - 1;
+  // A token's position: its index minus its document's start, the running maximum of starts.
+  const at::Tensor index = at::arange(batch.inputs.size(1), at::kLong).expand_as(batch.inputs);
+  const at::Tensor start = std::get<0>(at::where(starts, index, 0).cummax(1));
+  batch.positions = index - start;
 }
 
 void PackedLoader::read_sample(int64_t index, int64_t* out) {
@@ -147,8 +160,8 @@ std::unique_ptr<PackedLoader> open_dataset(const std::string& name,
     log::get("data")->info(
         "{}: prepared, {} documents, {} tokens in {} {} shards (mmap), {} samples of {} "
         "tokens",
-        dataset_label(name, path, stream->folder()), stream->documents(), stream->size(), stream->shard_count(),
-        stream->dtype(), *loader->samples_per_epoch(), options.seq_len);
+        dataset_label(name, path, stream->folder()), stream->documents(), stream->size(),
+        stream->shard_count(), stream->dtype(), *loader->samples_per_epoch(), options.seq_len);
     return loader;
   }
   std::vector<std::string> documents;
@@ -162,8 +175,8 @@ std::unique_ptr<PackedLoader> open_dataset(const std::string& name,
   auto loader = std::make_unique<PackedLoader>(documents, tokenizer, options);
   loader->set_records_skipped(skipped);
   log::get("data")->info("{}: {} documents, {} tokens ({} tokenizer), {} samples of {} tokens",
-                         dataset_label(name, path, file), documents.size(), loader->total_tokens(), tokenizer.name(),
-                         *loader->samples_per_epoch(), options.seq_len);
+                         dataset_label(name, path, file), documents.size(), loader->total_tokens(),
+                         tokenizer.name(), *loader->samples_per_epoch(), options.seq_len);
   return loader;
 }
 

@@ -48,6 +48,7 @@ std::unique_ptr<data::BatchSource> dataset_source(const std::string& name,
                                                    options.dp_world);
   }
   LOOM_CHECK(tokenizer != nullptr, "a real dataset needs the tokenizer");
+  options.bos_id = tokenizer->bos_id();  // batches carry their documents (block_causal)
   if (!mixture.empty()) {
     const std::string key = section + ".dataset_mixture";
     std::vector<data::MixtureComponent> components;
@@ -99,9 +100,9 @@ void setup_runtime(Run& run) {
   const auto compute = autocast_dtype(t, run.device);
   log->info(
       "device {}, parameters {}, compute {}, seed {}{}, gradient accumulation {} x local batch {}",
-      run.device.str(), t.dtype, compute ? std::string(c10::toString(*compute)) : t.dtype,
-      run.seed, c.debug.seed ? "" : " (random: set debug.seed to reproduce)",
-      run.accumulation_steps, t.local_batch_size);
+      run.device.str(), t.dtype, compute ? std::string(c10::toString(*compute)) : t.dtype, run.seed,
+      c.debug.seed ? "" : " (random: set debug.seed to reproduce)", run.accumulation_steps,
+      t.local_batch_size);
 }
 
 // This rank's share: its pipeline stages, split over FSDP's shards and the tp ranks, with the
@@ -181,11 +182,10 @@ void build_data(Run& run, std::unique_ptr<data::BatchSource> source,
   const int64_t dp_rank = run.runtime->dp_rank(), dp_size = run.runtime->dp_size();
   auto train_source =
       source ? std::move(source)
-             : dataset_source(t.dataset, t.dataset_path, t.dataset_mixture, run.tokenizer.get(),
-                              vocab,
-                              {t.seq_len, run.seed, true, dp_rank, dp_size, skip_bad,
-                               t.dataset_text_field},
-                              "training");
+             : dataset_source(
+                   t.dataset, t.dataset_path, t.dataset_mixture, run.tokenizer.get(), vocab,
+                   {t.seq_len, run.seed, true, dp_rank, dp_size, skip_bad, t.dataset_text_field},
+                   "training");
   // A background thread keeps the next two microbatches ready.
   run.source = std::make_unique<data::PrefetchingSource>(std::move(train_source),
                                                          t.local_batch_size, t.seq_len, 2);
@@ -194,11 +194,10 @@ void build_data(Run& run, std::unique_ptr<data::BatchSource> source,
   auto validation =
       validation_source
           ? std::move(validation_source)
-          : dataset_source(v.dataset, v.dataset_path, v.dataset_mixture, run.tokenizer.get(),
-                           vocab,
-                           {v.seq_len, run.seed + 1, false, dp_rank, dp_size, skip_bad,
-                            v.dataset_text_field},
-                           "validation");
+          : dataset_source(
+                v.dataset, v.dataset_path, v.dataset_mixture, run.tokenizer.get(), vocab,
+                {v.seq_len, run.seed + 1, false, dp_rank, dp_size, skip_bad, v.dataset_text_field},
+                "validation");
   LOOM_CHECK_AS(InputError, v.steps > 0 || validation->samples_per_epoch(),
                 "validation.steps = -1 (the whole set) needs a finite validation dataset; set a "
                 "step count for '",
@@ -247,8 +246,8 @@ std::unique_ptr<Run> build_run(config::JobConfig config, std::unique_ptr<data::B
   // Everything this job asks that loom cannot do, all at once and before any rendezvous: every
   // rank refuses alike (the same checks `loom config validate` runs).
   const auto world = distributed::read_world_info();
-  run->device = device::resolve_device(run->config.training.device, world.local_rank,
-                                       "training.device");
+  run->device =
+      device::resolve_device(run->config.training.device, world.local_rank, "training.device");
   Preflight checked = preflight(run->config, {world.world_size, run->device, source == nullptr});
   throw_if_refused(checked.problems, "loom train cannot start this job");
   run->tokenizer = std::move(checked.tokenizer);

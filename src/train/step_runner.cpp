@@ -5,6 +5,7 @@
 #include <fmt/ranges.h>
 
 #include "loom/core/logging.h"
+#include "loom/parallel/context_parallel.h"
 #include "loom/parallel/pipeline/runner.h"
 #include "loom/parallel/pipeline/simulate.h"
 #include "loom/train/mixed_precision.h"
@@ -13,26 +14,42 @@ namespace loom::train {
 namespace {
 
 // The whole model on this rank (data and tensor parallel wrappers inside it).
+// The tokens a rank computes of a batch and where they sit: the whole rows, or its context-
+// parallel share; documents and their positions under block_causal.
+parallel::ContextShard place_tokens(const data::Batch& batch, bool block_causal,
+                                    const parallel::ContextParallel* context) {
+  const at::Tensor documents = block_causal ? batch.documents : at::Tensor();
+  const at::Tensor positions = block_causal ? batch.positions : at::Tensor();
+  if (context) return context->shard(batch.inputs, batch.labels, documents, positions);
+  parallel::ContextShard whole{batch.inputs, batch.labels, {}};
+  whole.layout.documents = documents;
+  whole.layout.positions = positions;
+  return whole;
+}
+
 class LocalStepRunner final : public StepRunner {
  public:
-  LocalStepRunner(parallel::ParallelModel& model, const at::Device& device)
-      : model_(model), device_(device) {}
+  LocalStepRunner(parallel::ParallelModel& model, const at::Device& device, bool block_causal)
+      : model_(model), device_(device), block_causal_(block_causal) {}
 
   at::Tensor train_microbatch(const data::Batch& batch, double valid_tokens, bool last) override {
     model_.gradient_sync->prepare_microbatch(last);
+    const auto tokens = place_tokens(batch, block_causal_, model_.context.get());
     at::Tensor loss;
     {
       AutocastGuard autocast(device_.type(), model_.autocast);
-      at::Tensor output = model_.parts.front()->forward(batch.inputs.to(device_));
-      loss = model_.loss(output, batch.labels.to(device_)) / valid_tokens;
+      at::Tensor output = model_.parts.front()->forward(tokens.inputs.to(device_), tokens.layout);
+      loss = model_.loss(output, tokens.labels.to(device_)) / valid_tokens;
     }
     loss.backward();
     return loss.detach();
   }
 
-  at::Tensor eval_sum(const at::Tensor& inputs, const at::Tensor& labels) override {
+  at::Tensor eval_sum(const data::Batch& batch) override {
+    const auto tokens = place_tokens(batch, block_causal_, model_.context.get());
     AutocastGuard autocast(device_.type(), model_.autocast);
-    return model_.loss(model_.parts.front()->forward(inputs.to(device_)), labels.to(device_));
+    return model_.loss(model_.parts.front()->forward(tokens.inputs.to(device_), tokens.layout),
+                       tokens.labels.to(device_));
   }
 
   at::Tensor complete_losses(at::Tensor losses, metrics::StepMetrics& /*window*/) override {
@@ -42,6 +59,7 @@ class LocalStepRunner final : public StepRunner {
  private:
   parallel::ParallelModel& model_;
   at::Device device_;
+  bool block_causal_;
 };
 
 // The rank's stages under the pipeline schedule: the schedule runs backward and arms each stage's
@@ -57,8 +75,8 @@ class PipelineStepRunner final : public StepRunner {
                                last);
   }
 
-  at::Tensor eval_sum(const at::Tensor& inputs, const at::Tensor& labels) override {
-    return runner_->eval_sum(inputs.to(device_), labels.to(device_));
+  at::Tensor eval_sum(const data::Batch& batch) override {
+    return runner_->eval_sum(batch.inputs.to(device_), batch.labels.to(device_));
   }
 
   // The losses live on the last stage (zeros elsewhere); with them, each pp rank's busy and
@@ -108,8 +126,8 @@ std::unique_ptr<StepRunner> pipeline_runner(parallel::ParallelModel& model,
   };
   std::vector<models::CausalLM*> parts;
   for (auto& part : model.parts) parts.push_back(part.get());
-  const auto pp_rank = static_cast<int>(
-      runtime.mesh().group_rank(distributed::MeshGroup::pp, runtime.rank()));
+  const auto pp_rank =
+      static_cast<int>(runtime.mesh().group_rank(distributed::MeshGroup::pp, runtime.rank()));
   auto runner = std::make_unique<parallel::pipeline::PipelineRunner>(
       plan, pp_rank, std::move(parts), model.part_syncs,
       runtime.group_ptr(distributed::MeshGroup::pp), std::move(options));
@@ -129,7 +147,8 @@ std::unique_ptr<StepRunner> make_step_runner(
     distributed::ParallelRuntime& runtime, const at::Device& device,
     const config::JobConfig& config) {
   if (plan) return pipeline_runner(model, *plan, runtime, device, config);
-  return std::make_unique<LocalStepRunner>(model, device);
+  return std::make_unique<LocalStepRunner>(model, device,
+                                           config.model.attn_mask_type == "block_causal");
 }
 
 }  // namespace loom::train

@@ -19,19 +19,14 @@ bool collect_problem(std::vector<std::string>& problems, const std::function<voi
   }
 }
 
-bool degrees_supported(const config::ParallelismSection& p) {
-  return p.context_parallel_degree == 1;
+bool degrees_supported(const config::ParallelismSection& /*p*/) {
+  return true;
 }
 
 std::vector<std::string> unsupported_features(const config::JobConfig& config,
                                               const config::Provenance& provenance) {
   std::vector<std::string> problems;
   const auto& p = config.parallelism;
-  if (p.context_parallel_degree != 1) {
-    problems.push_back(
-        detail::concat("parallelism.context_parallel_degree = ", p.context_parallel_degree,
-                       ": context parallelism is not implemented yet; set it to 1"));
-  }
   if (p.enable_async_tensor_parallel) {
     problems.push_back(
         "parallelism.enable_async_tensor_parallel = true: async tensor parallelism (overlapping "
@@ -44,16 +39,15 @@ std::vector<std::string> unsupported_features(const config::JobConfig& config,
   }
   const models::ModelSpec* spec = nullptr;
   collect_problem(problems, [&] { spec = &models::find_model_spec(config.model.name); });
-  if (!spec || !collect_problem(problems, [&] { models::check_flavor(*spec, config.model.flavor); })) {
+  if (!spec ||
+      !collect_problem(problems, [&] { models::check_flavor(*spec, config.model.flavor); })) {
     return problems;  // the rest needs the model's shape
   }
   if (spec->check_parallelism) collect_problem(problems, [&] { spec->check_parallelism(config); });
   // The stage split, microbatch count and schedule: on every rank before the rendezvous, so a
   // bad combination is an error naming the keys, never a hang in a send or receive.
   if (p.pipeline_parallel_degree > 1) {
-    collect_problem(problems, [&] {
-      models::plan_pipeline(config, provenance);
-    });
+    collect_problem(problems, [&] { models::plan_pipeline(config, provenance); });
   }
   return problems;
 }

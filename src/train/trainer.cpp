@@ -61,8 +61,7 @@ std::string describe_steps_run(const TrainResult& result, int64_t resumed_from, 
 
 // metrics.jsonl's start record: which run, resumed from where, with which config and layout.
 metrics::RunStart run_start(const config::JobConfig& config, const distributed::ParallelDims& dims,
-                            const checkpoint::ResumePoint& resume,
-                            const metrics::PeakFlops& peak) {
+                            const checkpoint::ResumePoint& resume, const metrics::PeakFlops& peak) {
   metrics::RunStart start;
   start.first_step = resume.step + 1;
   start.total_steps = config.training.steps;
@@ -119,8 +118,8 @@ void Trainer::log_window(int64_t step, int64_t tokens_seen, metrics::StepMetrics
   m.since_start_s = metrics::seconds_since_process_start();
   m.data_skipped = run_->source->records_skipped();
   const uint64_t comm_now = run_->runtime->total_wire_bytes();
-  m.comm_mb = static_cast<double>(comm_now - window_.comm_start) / 1e6 /
-              static_cast<double>(window_.steps);
+  m.comm_mb =
+      static_cast<double>(comm_now - window_.comm_start) / 1e6 / static_cast<double>(window_.steps);
   metrics_->log_step(m);
   window_ = Window{};
   window_.comm_start = comm_now;
@@ -148,7 +147,9 @@ double Trainer::train_step(int64_t step, PendingStep& pending, metrics::StepMetr
   // The loss is normalized by the tokens of the global batch, summed over the ranks sharing it
   // (counted on the host from the host batch: no device sync).
   auto& loss_group = run.runtime->group(distributed::MeshGroup::loss);
-  valid_tokens = static_cast<int64_t>(sum_over(loss_group, static_cast<double>(valid_tokens)));
+  // Context-parallel ranks read the same rows (each trains a share of their tokens).
+  valid_tokens = static_cast<int64_t>(sum_over(loss_group, static_cast<double>(valid_tokens))) /
+                 run.runtime->dims().cp;
   LOOM_CHECK_AS(InputError, valid_tokens > 0, "step ", step, ": the batch has no token to predict");
 
   run.optimizer->zero_grad();
@@ -172,8 +173,8 @@ double Trainer::train_step(int64_t step, PendingStep& pending, metrics::StepMetr
   RECORD_USER_SCOPE("loom::optimizer");
   pending.step = step;
   pending.loss = loss_sum.to(at::kDouble);
-  pending.grad_norm = clip_grad_norm(run.local_tensors, run.placements, t.max_norm,
-                                     &run.runtime->world_group());
+  pending.grad_norm =
+      clip_grad_norm(run.local_tensors, run.placements, t.max_norm, &run.runtime->world_group());
   m.lr = config_.optimizer.lr * run.schedule->factor(step - 1 - lr_step_offset_);
   set_learning_rate(*run.optimizer, m.lr);
   run.optimizer->step();
@@ -208,10 +209,8 @@ void Trainer::flush_pending(TrainResult& result, metrics::StepMetrics& last) {
 
 double Trainer::validate() {
   return run_->validator->run(
-      [&](const at::Tensor& inputs, const at::Tensor& labels) {
-        return run_->steps->eval_sum(inputs, labels);
-      },
-      run_->runtime->group(distributed::MeshGroup::loss));
+      [&](const data::Batch& batch) { return run_->steps->eval_sum(batch); },
+      run_->runtime->group(distributed::MeshGroup::loss), run_->runtime->dims().cp);
 }
 
 int Trainer::any_rank_stopping() {
@@ -310,10 +309,11 @@ TrainResult Trainer::train(const std::function<void()>& on_started) {
   result.comm_wire_bytes = run_->runtime->total_wire_bytes();
   result.first_step = resume.step + 1;
   result.elapsed_s = seconds_since(start);
-  log->info("{} in {:.1f} s ({:.2f} MB sent over the process groups by this rank); metrics in "
-            "{}/metrics.jsonl",
-            describe_steps_run(result, resume.step, t.steps), result.elapsed_s,
-            static_cast<double>(result.comm_wire_bytes) / 1e6, config_.job.dump_folder);
+  log->info(
+      "{} in {:.1f} s ({:.2f} MB sent over the process groups by this rank); metrics in "
+      "{}/metrics.jsonl",
+      describe_steps_run(result, resume.step, t.steps), result.elapsed_s,
+      static_cast<double>(result.comm_wire_bytes) / 1e6, config_.job.dump_folder);
   return result;
 }
 

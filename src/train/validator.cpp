@@ -34,7 +34,8 @@ int64_t Validator::masked_rows(int64_t batch, const ValidationOptions& options,
   return options.local_batch_size - inside;
 }
 
-double Validator::run(const LossSum& loss_sum, distributed::Comm& loss_group) {
+double Validator::run(const LossSum& loss_sum, distributed::Comm& loss_group,
+                      int64_t token_copies) {
   at::NoGradGuard no_grad;
   // Every evaluation reads the same samples: the first batches of the set, not the next ones.
   source_->load_state(start_state_);
@@ -46,16 +47,18 @@ double Validator::run(const LossSum& loss_sum, distributed::Comm& loss_group) {
     if (options_.steps <= 0) {
       // The remainder past the end of the set wrapped around to its start: read, not counted.
       const int64_t masked = masked_rows(i, options_, *samples);
-      if (masked > 0) batch.labels.slice(0, options_.local_batch_size - masked).fill_(models::kIgnoreIndex);
+      if (masked > 0)
+        batch.labels.slice(0, options_.local_batch_size - masked).fill_(models::kIgnoreIndex);
     }
-    at::Tensor loss = loss_sum(batch.inputs, batch.labels).to(at::kDouble).reshape({1});
+    at::Tensor loss = loss_sum(batch).to(at::kDouble).reshape({1});
     total = total.defined() ? total + loss : loss;
     tokens += models::count_valid_tokens(batch.labels);
   }
   at::Tensor totals =
       at::cat({total.to(at::kCPU), at::full({1}, static_cast<double>(tokens), at::kDouble)});
   if (loss_group.size() > 1) loss_group.all_reduce(totals);
-  return totals[0].item<double>() / std::max(totals[1].item<double>(), 1.0);
+  const double all_tokens = totals[1].item<double>() / static_cast<double>(token_copies);
+  return totals[0].item<double>() / std::max(all_tokens, 1.0);
 }
 
 }  // namespace loom::train

@@ -32,7 +32,7 @@ std::vector<nlohmann::json> read_jsonl(const std::string& path) {
 std::string write_corpus(const std::string& folder, int documents) {
   const std::string path = folder + "/corpus.jsonl";
   std::ofstream out(path);
-  const char* words[] = {"river", "stone", "lamp",  "north", "quiet", "market",
+  const char* words[] = {"river", "stone", "lamp",   "north",  "quiet", "market",
                          "salt",  "wheel", "bright", "copper", "field", "winter"};
   for (int d = 0; d < documents; ++d) {
     std::string text;
@@ -136,8 +136,9 @@ TEST(FirstDay, ConfigChangeOnResumeIsNamedNotCalledCorruption) {
   auto summary = run_loom("checkpoint inspect --verify " + folder + "/checkpoint/step-2");
   ASSERT_EQ(summary.exit_code, 0) << summary.output;
   EXPECT_LT(std::count(summary.output.begin(), summary.output.end(), '\n'), 15) << summary.output;
-  for (const char* want : {"step 2, complete", "model ", "optimizer.exp_avg_sq", "largest parameter",
-                           "train state: step 2", "every chunk matches its CRC-32", "--tensors"}) {
+  for (const char* want :
+       {"step 2, complete", "model ", "optimizer.exp_avg_sq", "largest parameter",
+        "train state: step 2", "every chunk matches its CRC-32", "--tensors"}) {
     EXPECT_NE(summary.output.find(want), std::string::npos) << want << "\n" << summary.output;
   }
   EXPECT_EQ(summary.output.find("model.layers.0.attention.wq.weight"), std::string::npos);
@@ -145,11 +146,10 @@ TEST(FirstDay, ConfigChangeOnResumeIsNamedNotCalledCorruption) {
   ASSERT_EQ(listing.exit_code, 0) << listing.output;
   EXPECT_NE(listing.output.find("model.layers.0.attention.wq.weight"), std::string::npos);
 
-  auto changed = run_loom(base_args(folder) + " --training.steps 4 --training.seq_len 16" +
-                          checkpoints);
+  auto changed =
+      run_loom(base_args(folder) + " --training.steps 4 --training.seq_len 16" + checkpoints);
   EXPECT_EQ(changed.exit_code, 2) << changed.output;
-  EXPECT_NE(changed.output.find("training.seq_len 32 -> 16"), std::string::npos)
-      << changed.output;
+  EXPECT_NE(changed.output.find("training.seq_len 32 -> 16"), std::string::npos) << changed.output;
   EXPECT_NE(changed.output.find("exclude_from_loading"), std::string::npos) << changed.output;
   EXPECT_EQ(changed.output.find("falling back"), std::string::npos) << changed.output;
   EXPECT_EQ(changed.output.find("unreadable"), std::string::npos) << changed.output;
@@ -189,8 +189,8 @@ TEST(FirstDay, SignalStopExitsWithTheSignalsCodeAndSaysWhereToResume) {
                           std::to_string(step + 2));
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   const std::string ran = "finished: 2 steps (steps " + std::to_string(step + 1) + "-" +
-                          std::to_string(step + 2) + ", resumed from step " +
-                          std::to_string(step) + ") of " + std::to_string(step + 2);
+                          std::to_string(step + 2) + ", resumed from step " + std::to_string(step) +
+                          ") of " + std::to_string(step + 2);
   EXPECT_NE(resumed.output.find(ran), std::string::npos) << resumed.output;
 }
 
@@ -252,20 +252,20 @@ TEST(FirstDay, MetricsLogTellsRunsApartAndKeepsCountingTime) {
 }
 
 // `loom config validate` refuses what `loom train` would, without a world: an unimplemented
-// degree (reported before any world-size arithmetic), torchtitan's c4 (with what to do), a
-// missing tokenizer; with --world-size / --nproc-per-node it checks the layout too. Both list
-// every problem at once, the same ones.
+// feature, a layout that does not fit the world, torchtitan's c4 (with what to do), a missing
+// tokenizer; with --world-size / --nproc-per-node it checks the layout too. Both list every
+// problem at once, the same ones.
 TEST(FirstDay, ConfigValidateCatchesWhatTrainWouldRefuse) {
   const std::string config = " --config " LOOM_SOURCE_DIR "/configs/llama3_debug.toml";
   auto bad = run_loom("config validate" + config +
+                      " --parallelism.enable_async_tensor_parallel true"
                       " --parallelism.context_parallel_degree 2 --world-size 3"
                       " --training.dataset c4 --model.tokenizer_path /nonexistent/tokenizer.json");
   EXPECT_EQ(bad.exit_code, 2) << bad.output;
-  const auto unimplemented = bad.output.find("context_parallel_degree = 2");
-  EXPECT_NE(unimplemented, std::string::npos) << bad.output;
+  EXPECT_NE(bad.output.find("enable_async_tensor_parallel = true"), std::string::npos)
+      << bad.output;
   EXPECT_NE(bad.output.find("not implemented"), std::string::npos) << bad.output;
-  EXPECT_EQ(bad.output.find("world size 3"), std::string::npos) << "arithmetic after "
-                                                                << bad.output;
+  EXPECT_NE(bad.output.find("world size 3"), std::string::npos) << bad.output;
   EXPECT_NE(bad.output.find("training.dataset = 'c4'"), std::string::npos) << bad.output;
   EXPECT_NE(bad.output.find("dataset_path"), std::string::npos) << bad.output;
   EXPECT_NE(bad.output.find("model.tokenizer_path = '/nonexistent/tokenizer.json'"),
@@ -273,10 +273,11 @@ TEST(FirstDay, ConfigValidateCatchesWhatTrainWouldRefuse) {
       << bad.output;
 
   // Layouts: 2 replicas x 3 shards cannot run on 4 ranks; -1 shards fit any multiple of 2.
-  auto layout = run_loom("config validate" + config +
-                         " --parallelism.data_parallel_replicate_degree 2"
-                         " --parallelism.data_parallel_shard_degree 3 --training.global_batch_size 24"
-                         " --nproc-per-node 4");
+  auto layout =
+      run_loom("config validate" + config +
+               " --parallelism.data_parallel_replicate_degree 2"
+               " --parallelism.data_parallel_shard_degree 3 --training.global_batch_size 24"
+               " --nproc-per-node 4");
   EXPECT_EQ(layout.exit_code, 2) << layout.output;
   EXPECT_NE(layout.output.find("world size"), std::string::npos) << layout.output;
   auto fits = run_loom("config validate" + config +
@@ -290,16 +291,13 @@ TEST(FirstDay, ConfigValidateCatchesWhatTrainWouldRefuse) {
 
   // Every refusal at once, each said once, and the same list from `loom train` (both run one
   // function): an unknown model, cp 2, float8, c4 and a validation longer than training.
-  const std::string all_bad =
-      config +
-      " --model.name llama9 --parallelism.context_parallel_degree 2"
-      " --model.converters float8 --training.dataset c4"
-      " --training.seq_len 128";
+  const std::string all_bad = config +
+                              " --model.name llama9 --parallelism.enable_async_tensor_parallel true"
+                              " --model.converters float8 --training.dataset c4"
+                              " --training.seq_len 128";
   const std::vector<std::string> refusals = {
-      "model.name: unknown model 'llama9'",
-      "context_parallel_degree = 2",
-      "model.converters = [float8]",
-      "training.dataset = 'c4'",
+      "model.name: unknown model 'llama9'", "enable_async_tensor_parallel = true",
+      "model.converters = [float8]", "training.dataset = 'c4'",
       "validation.seq_len (256) exceeds training.seq_len (128)"};
   auto every = run_loom("config validate" + all_bad);
   auto train =
@@ -398,8 +396,9 @@ TEST(FirstDay, HelpTextsAreReadable) {
   }
   auto prepare = run_loom("prepare-data --help");
   EXPECT_NE(prepare.output.find("--shard-tokens TOKENS"), std::string::npos) << prepare.output;
-  auto zero = run_loom("prepare-data --tokenizer byte --input brown --output /nonexistent/x"
-                       " --shard-tokens 0");
+  auto zero = run_loom(
+      "prepare-data --tokenizer byte --input brown --output /nonexistent/x"
+      " --shard-tokens 0");
   EXPECT_EQ(zero.exit_code, 2) << zero.output;
 }
 

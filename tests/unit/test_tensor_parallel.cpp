@@ -377,8 +377,18 @@ TEST(TensorParallelLlama, HeadsAndFeaturesThatDoNotFitAreRefusedWithTheKey) {
   c.model.converters = {"float8"};
   EXPECT_NE(refusal(c).find("model.converters"), std::string::npos);
   c.model.converters = {};
+  // Context parallelism: the sequence must split into 2 cp chunks of tp-divisible length, by the
+  // implemented method.
   c.parallelism.context_parallel_degree = 2;
-  EXPECT_NE(refusal(c).find("context_parallel_degree = 2"), std::string::npos);
+  EXPECT_EQ(refusal(c), "");
+  c.parallelism.context_parallel_rotate_method = "alltoall";
+  EXPECT_NE(refusal(c).find("context_parallel_rotate_method = \"alltoall\""), std::string::npos)
+      << refusal(c);
+  c.parallelism.context_parallel_rotate_method = "allgather";
+  c.training.seq_len = 2052;
+  EXPECT_NE(refusal(c).find("training.seq_len = 2052 must split into 4 context-parallel chunks"),
+            std::string::npos)
+      << refusal(c);
 }
 
 }  // namespace

@@ -58,6 +58,8 @@ struct ModelSection {
   // Mixture-of-experts flavors: the flavor's balancing coefficients unless set.
   std::optional<double> moe_load_balance_coeff;
   std::optional<double> moe_aux_loss_coeff;
+  // "causal", or "block_causal": a token of a packed row attends only within its document.
+  std::string attn_mask_type = "causal";
 };
 
 struct OptimizerSection {

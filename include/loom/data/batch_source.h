@@ -13,7 +13,16 @@ namespace loom::data {
 struct Batch {
   at::Tensor inputs;  // [batch, seq_len] int64 token ids
   at::Tensor labels;  // [batch, seq_len] int64 next tokens, -100 where nothing is predicted
+  // Packed rows' documents (sources that know the tokenizer's BOS): the document index of each
+  // input token within its row and its position in that document, both [batch, seq_len] int64.
+  // Undefined: each row is one document.
+  at::Tensor documents;
+  at::Tensor positions;
 };
+
+// Fills batch.documents and batch.positions: a document starts at each `bos` token and at the
+// row's first token (a window may begin inside a document); positions count from 0 at a start.
+void mark_documents(Batch& batch, int64_t bos);
 
 class BatchSource {
  public:

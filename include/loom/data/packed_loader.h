@@ -29,8 +29,9 @@ struct PackedLoaderOptions {
   bool shuffle = true;  // validation reads in order
   int64_t dp_rank = 0;
   int64_t dp_world = 1;
-  bool skip_bad_records = false;  // training.dataset_on_error = "skip"
+  bool skip_bad_records = false;    // training.dataset_on_error = "skip"
   std::string text_field = "text";  // the JSON field of a record's text (dataset_text_field)
+  int64_t bos_id = -1;  // the tokenizer's BOS: batches carry document boundaries; -1: none
 };
 
 class PackedLoader : public BatchSource {

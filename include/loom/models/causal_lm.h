@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "loom/config/job_config.h"
+#include "loom/core/check.h"
+#include "loom/models/common/attention_backend.h"
 #include "loom/models/forward_hooks.h"
 
 namespace loom::models {
@@ -65,6 +67,19 @@ class CausalLM {
   // (with the embedding) or hidden states [bs, seq, dim], and returns logits (with the head) or
   // hidden states.
   virtual at::Tensor forward(const at::Tensor& input) = 0;
+  // The same with the tokens placed by `layout` (RoPE positions that restart per document,
+  // block-causal documents, context-parallel slots). A family without it accepts only the
+  // trivial layout.
+  virtual at::Tensor forward(const at::Tensor& input, const TokenLayout& layout) {
+    LOOM_CHECK_AS(InputError, layout.trivial(),
+                  "this model family takes no document masks or context-parallel layouts");
+    return forward(input);
+  }
+  // How attention is computed in every layer (context parallelism); a family without the seam
+  // refuses any.
+  virtual void set_attention_backend(AttentionBackend backend) {
+    LOOM_CHECK_AS(InputError, !backend, "this model family has no attention backend seam");
+  }
   virtual torch::nn::Module& module() = 0;
   virtual const ModelPart& part() const = 0;
   virtual ModelSummary summary(int64_t seq_len) const = 0;

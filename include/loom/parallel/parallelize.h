@@ -20,17 +20,19 @@
 namespace loom::distributed {
 class ParallelRuntime;
 struct ParallelDims;
-}
+}  // namespace loom::distributed
 
 namespace loom::parallel {
+
+class ContextParallel;
 
 struct ParallelContext {
   const config::JobConfig& config;
   distributed::ParallelRuntime& runtime;
   at::Device device{at::kCPU};
   uint64_t seed = 0;
-  at::ScalarType param_dtype = at::kFloat;          // training.dtype
-  std::optional<at::ScalarType> autocast_dtype;     // mixed_precision_param where it applies
+  at::ScalarType param_dtype = at::kFloat;       // training.dtype
+  std::optional<at::ScalarType> autocast_dtype;  // mixed_precision_param where it applies
 };
 
 // A parameter the optimizer steps: its global name, the local tensor, and where it sits.
@@ -54,6 +56,8 @@ struct ParallelModel {
   // State the model keeps besides its parameters (a mixture of experts' balancing bias): saved
   // and loaded with checkpoints, never optimized. Placements as for parameters.
   std::vector<ModelParameter> buffers;
+  // Context parallelism: how a batch is split over the cp ranks (null without it).
+  std::shared_ptr<ContextParallel> context;
   // Declared after `parts`: destroyed first (wrappers unhook themselves from the parts).
   std::vector<std::unique_ptr<GradientSync>> wrappers;
   std::unique_ptr<GradientSync> gradient_sync;

@@ -25,11 +25,10 @@ class StepRunner {
   // whole step, so accumulation equals one big batch), with the gradient sync armed for the step's
   // `last` microbatch. Returns this rank's part of the loss, detached (zero on a pipeline rank
   // without the last stage).
-  virtual at::Tensor train_microbatch(const data::Batch& batch, double valid_tokens,
-                                      bool last) = 0;
+  virtual at::Tensor train_microbatch(const data::Batch& batch, double valid_tokens, bool last) = 0;
   // The summed token loss of a validation batch, forward only (complete on every rank that
   // computes it; zero on pipeline ranks without the last stage).
-  virtual at::Tensor eval_sum(const at::Tensor& inputs, const at::Tensor& labels) = 0;
+  virtual at::Tensor eval_sum(const data::Batch& batch) = 0;
   // `losses` of the window's steps, already summed over the loss group, made complete on every
   // rank (a pipeline's live on its last stage); adds the window's runner statistics to `window`
   // (pp_bubble_pct). A collective.

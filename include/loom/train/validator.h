@@ -30,8 +30,8 @@ struct ValidationOptions {
 
 class Validator {
  public:
-  // Sum of token losses of a batch (inputs, labels on the CPU), as a device tensor.
-  using LossSum = std::function<at::Tensor(const at::Tensor& inputs, const at::Tensor& labels)>;
+  // Sum of token losses of a batch (on the CPU), as a device tensor.
+  using LossSum = std::function<at::Tensor(const data::Batch& batch)>;
 
   // Throws InputError when steps = -1 and the source has no end.
   Validator(std::unique_ptr<data::BatchSource> source, ValidationOptions options);
@@ -42,7 +42,9 @@ class Validator {
   std::optional<int64_t> set_samples() const { return source_->samples_per_epoch(); }
 
   // The mean token loss over the evaluation's samples, equal on every rank of `loss_group`.
-  double run(const LossSum& loss_sum, distributed::Comm& loss_group);
+  // `token_copies`: ranks of the group reading the same rows (context parallelism's cp ranks
+  // each score a share of every row, and count all of its tokens).
+  double run(const LossSum& loss_sum, distributed::Comm& loss_group, int64_t token_copies = 1);
 
   // Rows of this rank's slice of global batch `batch` that lie past the end of the set.
   static int64_t masked_rows(int64_t batch, const ValidationOptions& options, int64_t set_samples);

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <cmath>
 #include <tuple>
 
 #include "loom/models/common/rope.h"
@@ -45,18 +46,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> AttentionImpl::project(const at::
   return {q, k, v};
 }
 
-at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& freqs_cis) {
+at::Tensor AttentionImpl::forward(const at::Tensor& x, const AttentionInputs& in) {
   const auto bs = x.size(0), seq = x.size(1);
   auto [q, k, v] = project(x);
   const int64_t local_heads = q.size(2);
-  std::tie(q, k) = rotate_qk(q, k, freqs_cis, rope_layout);
+  if (in.rotations.defined()) {  // positions of the layout (documents, context-parallel chunks)
+    q = apply_rotary_emb_at(q, in.rotations, rope_layout);
+    k = apply_rotary_emb_at(k, in.rotations, rope_layout);
+  } else {
+    std::tie(q, k) = rotate_qk(q, k, in.freqs_cis, rope_layout);
+  }
   const int64_t n_rep = local_heads / k.size(2);
   k = repeat_kv(k, n_rep);
   v = repeat_kv(v, n_rep);
-  // SDPA wants [bs, heads, seq, head_dim]; on CUDA it picks flash / memory-efficient kernels.
-  at::Tensor out = at::scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
-                                                    v.transpose(1, 2), /*attn_mask=*/{},
-                                                    /*dropout_p=*/0.0, /*is_causal=*/true);
+  // The backend takes [bs, heads, seq, head_dim]; on CUDA SDPA picks flash / memory-efficient.
+  at::Tensor out = in.attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                             1.0 / std::sqrt(static_cast<double>(head_dim)));
   return wo->forward(out.transpose(1, 2).contiguous().view({bs, seq, local_heads * head_dim}));
 }
 

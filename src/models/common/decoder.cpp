@@ -29,8 +29,8 @@ TransformerBlockImpl::TransformerBlockImpl(int64_t id, const DecoderArgs& args,
   ffn_norm = register_module("ffn_norm", RMSNorm(args.dim, args.norm_eps, options));
 }
 
-at::Tensor TransformerBlockImpl::forward(const at::Tensor& x, const at::Tensor& freqs_cis) {
-  auto attend = [&](const at::Tensor& in) { return this->attend(in, freqs_cis); };
+at::Tensor TransformerBlockImpl::forward(const at::Tensor& x, const AttentionInputs& inputs) {
+  auto attend = [&](const at::Tensor& in) { return this->attend(in, inputs); };
   auto feed = [&](const at::Tensor& in) { return this->feed(in); };
   // The norms take the residual stream's adds and gradient sums into their own passes: x and
   // h each have one user (forward_residual), which also returns them for the residual path.
@@ -40,9 +40,8 @@ at::Tensor TransformerBlockImpl::forward(const at::Tensor& x, const at::Tensor& 
   return h + (hooks_ ? hooks_->run(feed_forward_name_, h_normed, feed) : feed(h_normed));
 }
 
-at::Tensor TransformerBlockImpl::attend(const at::Tensor& normed, const at::Tensor& freqs_cis) {
-  return latent_attention ? latent_attention->forward(normed, freqs_cis)
-                          : attention->forward(normed, freqs_cis);
+at::Tensor TransformerBlockImpl::attend(const at::Tensor& normed, const AttentionInputs& in) {
+  return latent_attention ? latent_attention->forward(normed, in) : attention->forward(normed, in);
 }
 
 at::Tensor TransformerBlockImpl::feed(const at::Tensor& h_normed) {
@@ -130,11 +129,20 @@ void TransformerImpl::set_block_runner(int64_t layer_id, BlockRunner runner) {
   LOOM_THROW(InternalError, "layer ", layer_id, " is not in this model part");
 }
 
-at::Tensor TransformerImpl::forward(const at::Tensor& input) {
+at::Tensor TransformerImpl::forward(const at::Tensor& input, const TokenLayout& layout) {
   LOOM_CHECK(blocks.empty() || freqs_cis.defined(), "init_freqs_cis() must run before forward");
   const int64_t seq = input.size(1);
   LOOM_CHECK_AS(InputError, seq <= args.max_seq_len, "sequence of ", seq,
                 " tokens is longer than max_seq_len ", args.max_seq_len);
+  AttentionInputs in{freqs_cis, {}, layout, &backend_};
+  if (layout.positions.defined() && !blocks.empty()) {
+    // Each token's RoPE row (positions restart per document, or are a chunk of the row).
+    const at::Tensor positions = layout.positions.to(freqs_cis.device());
+    LOOM_CHECK(
+        positions.dim() == 2 && positions.size(0) == input.size(0) && positions.size(1) == seq,
+        "positions ", positions.sizes(), " for input ", input.sizes());
+    in.rotations = freqs_cis.index_select(0, positions.flatten()).view({input.size(0), seq, -1});
+  }
   at::Tensor h =
       part.embedding
           ? hooks_.run("tok_embeddings", input,
@@ -142,7 +150,7 @@ at::Tensor TransformerImpl::forward(const at::Tensor& input) {
           : input;
   for (size_t i = 0; i < blocks.size(); ++i) {
     h = hooks_.run(block_names_[i], h, [&](const at::Tensor& x) {
-      return runners_[i] ? runners_[i](blocks[i], x, freqs_cis) : blocks[i]->forward(x, freqs_cis);
+      return runners_[i] ? runners_[i](blocks[i], x, in) : blocks[i]->forward(x, in);
     });
   }
   if (!part.head) return h;

@@ -132,10 +132,11 @@ void DecoderModel::apply_activation_checkpointing(const config::ActivationCheckp
       continue;
     }
     model_->set_block_runner(
-        i, [](TransformerBlock& wrapped, const at::Tensor& x, const at::Tensor& freqs) {
+        i, [](TransformerBlock& wrapped, const at::Tensor& x, const AttentionInputs& in) {
+          // The recompute runs in backward with its own copy of the inputs (tensors shared).
           return parallel::checkpoint(
-              [&wrapped, freqs](const at::Tensor& input) { return wrapped->forward(input, freqs); },
-              x, wrapped->parameters());
+              [&wrapped, in](const at::Tensor& input) { return wrapped->forward(input, in); }, x,
+              wrapped->parameters());
         });
   }
 }

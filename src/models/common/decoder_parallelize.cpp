@@ -9,6 +9,7 @@
 #include "loom/models/common/decoder_model.h"
 #include "loom/models/common/moe_parallelize.h"
 #include "loom/models/loss.h"
+#include "loom/parallel/context_parallel.h"
 #include "loom/parallel/data_parallel.h"
 #include "loom/parallel/expert_parallel.h"
 #include "loom/parallel/loss_parallel.h"
@@ -243,6 +244,37 @@ void check_decoder_parallelism(const DecoderArgs& args, const config::JobConfig&
                   args.moe->num_experts, " experts of ", config.model.name, " flavor '",
                   config.model.flavor, "': each expert-parallel rank holds the same number");
   }
+  LOOM_CHECK_AS(
+      InputError,
+      config.model.attn_mask_type == "causal" || config.parallelism.pipeline_parallel_degree == 1,
+      "model.attn_mask_type = \"", config.model.attn_mask_type,
+      "\" with pipeline_parallel_degree = ", config.parallelism.pipeline_parallel_degree,
+      ": document masks inside pipeline stages are not implemented yet");
+  const int64_t cp = config.parallelism.context_parallel_degree;
+  if (cp > 1) {
+    const bool head_tail =
+        config.parallelism.context_parallel_load_balancer.value_or("none") == "headtail";
+    const int64_t chunks = head_tail ? 2 * cp : cp;
+    std::vector<std::pair<const char*, int64_t>> lengths = {
+        {"training.seq_len", config.training.seq_len}};
+    if (config.validation.enable)
+      lengths.emplace_back("validation.seq_len", config.validation.seq_len);
+    for (const auto& [key, seq] : lengths) {
+      LOOM_CHECK_AS(InputError, seq % (chunks * tp) == 0, key, " = ", seq, " must split into ",
+                    chunks, " context-parallel chunks",
+                    tp > 1 ? " of a multiple of tensor_parallel_degree tokens" : "",
+                    " (parallelism.context_parallel_degree = ", cp,
+                    head_tail ? ", head-tail load balancing" : "", ")");
+    }
+    LOOM_CHECK_AS(InputError, config.parallelism.context_parallel_rotate_method == "allgather",
+                  "parallelism.context_parallel_rotate_method = \"",
+                  config.parallelism.context_parallel_rotate_method,
+                  "\": the ring (alltoall) is not implemented yet; use \"allgather\"");
+    LOOM_CHECK_AS(InputError, config.parallelism.pipeline_parallel_degree == 1,
+                  "parallelism.context_parallel_degree = ", cp,
+                  " with pipeline_parallel_degree = ", config.parallelism.pipeline_parallel_degree,
+                  ": context parallelism inside pipeline stages is not implemented yet");
+  }
   if (tp <= 1) return;
   LOOM_CHECK_AS(InputError, args.n_heads % tp == 0 && args.kv_heads() % tp == 0,
                 "parallelism.tensor_parallel_degree = ", tp,
@@ -332,15 +364,33 @@ void tie_pipeline_copies(parallel::ParallelModel& out, const parallel::ParallelC
       std::make_unique<parallel::TiedParameterSync>(std::move(tensors), pp, peer));
 }
 
+// The job's split of each sequence over the cp ranks (parallelism.context_parallel_*).
+std::shared_ptr<parallel::ContextParallel> make_context_parallel(
+    const parallel::ParallelContext& context) {
+  const auto& p = context.config.parallelism;
+  const std::string balancer = p.context_parallel_load_balancer.value_or("none");
+  LOOM_CHECK_AS(InputError, balancer == "headtail" || balancer == "none",
+                "parallelism.context_parallel_load_balancer = \"", balancer,
+                "\": loom balances by \"headtail\" (or \"none\": contiguous shares)");
+  return std::make_shared<parallel::ContextParallel>(context.runtime.group_ptr(MeshGroup::cp),
+                                                     balancer == "headtail"
+                                                         ? parallel::ContextBalancer::kHeadTail
+                                                         : parallel::ContextBalancer::kNone,
+                                                     p.context_parallel_rotate_method);
+}
+
 }  // namespace
 
 parallel::ParallelModel parallelize_decoder(std::vector<std::unique_ptr<CausalLM>> parts,
                                             const parallel::ParallelContext& context) {
   const auto& dims = context.runtime.dims();
-  LOOM_CHECK_AS(InputError, dims.cp == 1, "parallelism.context_parallel_degree = ", dims.cp,
-                ": context parallelism is not implemented yet");
   LOOM_CHECK(!parts.empty(), "parallelize_decoder needs at least one model part");
   ParallelModel out;
+  // 0. Context parallelism: each layer's attention gathers the other cp ranks' keys and values.
+  if (dims.cp > 1) {
+    out.context = make_context_parallel(context);
+    for (auto& part : parts) part->set_attention_backend(out.context->backend());
+  }
   const std::map<std::string, Placement>* head_boxes = nullptr;
   std::string head_weight_name;
   std::vector<std::map<std::string, Placement>> boxes;

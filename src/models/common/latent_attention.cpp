@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <tuple>
 
 #include "loom/models/common/rope.h"
 
@@ -37,24 +38,28 @@ at::Tensor LatentAttentionImpl::queries(const at::Tensor& x) {
   return q.view({bs, seq, -1, mla.qk_head_dim()});
 }
 
-at::Tensor LatentAttentionImpl::forward(const at::Tensor& x, const at::Tensor& freqs_cis) {
+at::Tensor LatentAttentionImpl::forward(const at::Tensor& x, const AttentionInputs& in) {
   const auto bs = x.size(0), seq = x.size(1);
   const int64_t nope = mla.qk_nope_head_dim, rope = mla.qk_rope_head_dim, v_dim = mla.v_head_dim;
   const at::Tensor q = queries(x);
   const int64_t heads = q.size(2);
   const at::Tensor kv = wkv_a->forward(x);
   const at::Tensor latent = kv.narrow(-1, 0, mla.kv_lora_rank);
-  auto [q_rot, k_rot] = rotate_qk(q.narrow(-1, nope, rope).contiguous(),
-                                  kv.narrow(-1, mla.kv_lora_rank, rope).unsqueeze(2).contiguous(),
-                                  freqs_cis, rope_layout);
+  at::Tensor q_rot = q.narrow(-1, nope, rope).contiguous();
+  at::Tensor k_rot = kv.narrow(-1, mla.kv_lora_rank, rope).unsqueeze(2).contiguous();
+  if (in.rotations.defined()) {
+    q_rot = apply_rotary_emb_at(q_rot, in.rotations, rope_layout);
+    k_rot = apply_rotary_emb_at(k_rot, in.rotations, rope_layout);
+  } else {
+    std::tie(q_rot, k_rot) = rotate_qk(q_rot, k_rot, in.freqs_cis, rope_layout);
+  }
   const at::Tensor expanded = wkv_b->forward(kv_norm->forward(latent)).view({bs, seq, heads, -1});
   const at::Tensor query = at::cat({q.narrow(-1, 0, nope), q_rot}, -1);
   const at::Tensor key =
       at::cat({expanded.narrow(-1, 0, nope), k_rot.expand({bs, seq, heads, rope})}, -1);
   const at::Tensor value = expanded.narrow(-1, nope, v_dim);
-  at::Tensor out = at::scaled_dot_product_attention(
-      query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), /*attn_mask=*/{},
-      /*dropout_p=*/0.0, /*is_causal=*/true, softmax_scale);
+  at::Tensor out =
+      in.attend(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), softmax_scale);
   return wo->forward(out.transpose(1, 2).reshape({bs, seq, heads * v_dim}));
 }
 

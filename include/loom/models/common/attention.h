@@ -2,6 +2,7 @@
 // each q and k head before the rotation (Qwen3's qk_norm).
 #pragma once
 
+#include "loom/models/common/attention_backend.h"
 #include "loom/models/common/decoder_args.h"
 #include "loom/models/common/layers.h"
 
@@ -10,8 +11,12 @@ namespace loom::models {
 class AttentionImpl : public torch::nn::Module {
  public:
   AttentionImpl(const DecoderArgs& args, const at::TensorOptions& options);
-  // x [bs, seq, dim], freqs_cis [>= seq, head_dim / 2] -> [bs, seq, dim]
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& freqs_cis);
+  // x [bs, seq, dim] -> [bs, seq, dim], rotated and attended as `in` says.
+  at::Tensor forward(const at::Tensor& x, const AttentionInputs& in);
+  // Tokens at positions 0..seq-1 of one causal row: freqs_cis [>= seq, head_dim / 2].
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& freqs_cis) {
+    return forward(x, AttentionInputs{freqs_cis});
+  }
   // Inference with a key/value cache (kv_cache.h): x [bs, q, dim] are the tokens of cache slots
   // [start, start + q), rotations [bs, q, head_dim / 2] their RoPE rows. Writes their keys and
   // values into `keys`/`values` [bs, kv_heads, capacity, head_dim] and attends over slots
@@ -22,7 +27,7 @@ class AttentionImpl : public torch::nn::Module {
 
   Linear wq{nullptr}, wk{nullptr}, wv{nullptr}, wo{nullptr};
   RMSNorm q_norm{nullptr}, k_norm{nullptr};  // null without qk_norm
-  int64_t n_heads;     // of the whole model (forward() reads this rank's from wq's shape)
+  int64_t n_heads;  // of the whole model (forward() reads this rank's from wq's shape)
   int64_t n_kv_heads;
   int64_t head_dim;
   RopeLayout rope_layout;

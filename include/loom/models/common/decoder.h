@@ -28,11 +28,11 @@ class TransformerBlockImpl : public torch::nn::Module {
   // "layers.N.moe" entries run around those submodules); null for a block used on its own.
   TransformerBlockImpl(int64_t layer_id, const DecoderArgs& args, const at::TensorOptions& options,
                        const ForwardHookTable* hooks = nullptr);
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& freqs_cis);
+  at::Tensor forward(const at::Tensor& x, const AttentionInputs& in);
   // The feed-forward of this block (dense or mixture) on normed hidden states, without hooks.
   at::Tensor feed(const at::Tensor& h_normed);
   // The attention of this block (grouped-query or latent) on normed hidden states, no hooks.
-  at::Tensor attend(const at::Tensor& normed, const at::Tensor& freqs_cis);
+  at::Tensor attend(const at::Tensor& normed, const AttentionInputs& in);
 
   int64_t layer_id;
   // Registered as "attention" either way: grouped-query, or latent (DeepSeek-V3's MLA).
@@ -51,14 +51,17 @@ TORCH_MODULE(TransformerBlock);
 // How a block runs in forward: directly, or wrapped (activation checkpointing). The wrapper gets
 // the block and its inputs and returns the block's output.
 using BlockRunner =
-    std::function<at::Tensor(TransformerBlock&, const at::Tensor&, const at::Tensor&)>;
+    std::function<at::Tensor(TransformerBlock&, const at::Tensor&, const AttentionInputs&)>;
 
 class TransformerImpl : public torch::nn::Module {
  public:
   TransformerImpl(const DecoderArgs& args, const at::TensorOptions& options, ModelPart part = {});
   // With the embedding: tokens [bs, seq] int64; else hidden states [bs, seq, dim]. With the
-  // head: logits [bs, seq, vocab] float32; else hidden states.
-  at::Tensor forward(const at::Tensor& input);
+  // head: logits [bs, seq, vocab] float32; else hidden states. `layout` places the tokens
+  // (RoPE positions, documents, context-parallel slots); the default is one causal row.
+  at::Tensor forward(const at::Tensor& input, const TokenLayout& layout = {});
+  // How every layer computes attention (context parallelism); empty: local_attention.
+  void set_attention_backend(AttentionBackend backend) { backend_ = std::move(backend); }
 
   // Rotations for up to args.max_seq_len positions on `device` (after materialization).
   void init_freqs_cis(const at::Device& device);
@@ -84,7 +87,8 @@ class TransformerImpl : public torch::nn::Module {
   at::Tensor freqs_cis;                       // not a parameter: never saved, recomputed from args
 
  private:
-  std::vector<BlockRunner> runners_;      // per block of this part
+  std::vector<BlockRunner> runners_;  // per block of this part
+  AttentionBackend backend_;
   std::vector<std::string> block_names_;  // "layers.N", per block of this part
   // Shared with the blocks, which hold a pointer to it: never moved (the module is held by
   // pointer in its ModuleHolder).

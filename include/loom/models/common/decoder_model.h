@@ -18,6 +18,12 @@ class DecoderModel final : public CausalLM {
                const at::TensorOptions& options, const ModelPart& part, ParameterInit init);
 
   at::Tensor forward(const at::Tensor& input) override { return model_->forward(input); }
+  at::Tensor forward(const at::Tensor& input, const TokenLayout& layout) override {
+    return model_->forward(input, layout);
+  }
+  void set_attention_backend(AttentionBackend backend) override {
+    model_->set_attention_backend(std::move(backend));
+  }
   torch::nn::Module& module() override { return *model_; }
   const ModelPart& part() const override { return model_->part; }
   ModelSummary summary(int64_t seq_len) const override;

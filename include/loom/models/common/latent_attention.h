@@ -9,6 +9,7 @@
 // value half applied after the attention, so the cache never holds per-head keys or values.
 #pragma once
 
+#include "loom/models/common/attention_backend.h"
 #include "loom/models/common/decoder_args.h"
 #include "loom/models/common/layers.h"
 
@@ -17,8 +18,11 @@ namespace loom::models {
 class LatentAttentionImpl : public torch::nn::Module {
  public:
   LatentAttentionImpl(const DecoderArgs& args, const at::TensorOptions& options);
-  // x [bs, seq, dim], freqs_cis [>= seq, qk_rope_head_dim / 2] -> [bs, seq, dim]
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& freqs_cis);
+  // x [bs, seq, dim] -> [bs, seq, dim], rotated and attended as `in` says.
+  at::Tensor forward(const at::Tensor& x, const AttentionInputs& in);
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& freqs_cis) {
+    return forward(x, AttentionInputs{freqs_cis});
+  }
   // Inference (see AttentionImpl::forward_cached for slots, rotations and mask): writes the
   // tokens' normed latents into `latents` [bs, capacity, kv_lora_rank] and rotated keys into
   // `rope_keys` [bs, capacity, qk_rope_head_dim], attends over slots [0, start + q).

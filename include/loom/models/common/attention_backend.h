@@ -1,0 +1,59 @@
+// The seam between the model and how attention is computed. Every attention layer hands its
+// q, k, v and the batch's TokenLayout (where each token sits: RoPE position, document, slot of
+// the whole row) to one AttentionBackend. The default runs SDPA on the local tokens; context
+// parallelism (parallel/context_parallel.h) installs one that brings the other ranks' keys and
+// values, without the model knowing.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+
+namespace loom::models {
+
+struct TokenLayout {
+  // RoPE position of each token [b, s] int64; undefined: 0, 1, ..., s-1 in every row.
+  at::Tensor positions;
+  // Document index of each token within its row [b, s] int64: a token attends only to earlier
+  // tokens of its own document (block_causal). Undefined: one document per row (causal).
+  at::Tensor documents;
+  // Index of each of the s local tokens in the whole row [s] int64, increasing (context
+  // parallelism's chunks). Undefined: 0, 1, ..., s-1.
+  at::Tensor slots;
+  // Under context parallelism, the keys' slots [t] and documents [b, t] (undefined: the queries').
+  at::Tensor key_slots;
+  at::Tensor key_documents;
+
+  bool trivial() const { return !positions.defined() && !documents.defined() && !slots.defined(); }
+};
+
+// q [b, h, s, d], k [b, h, t, d], v [b, h, t, dv] (k and v with q's heads) -> [b, h, s, dv], the
+// softmax scaled by `scale`; `layout` describes the s query tokens.
+using AttentionBackend =
+    std::function<at::Tensor(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             double scale, const TokenLayout& layout)>;
+
+// What every attention layer of one forward shares: the RoPE table, each token's rotation when
+// the layout gives positions, the layout and the backend.
+struct AttentionInputs {
+  at::Tensor freqs_cis;  // [>= s, rope_dim / 2] complex
+  at::Tensor
+      rotations;  // [b, s, rope_dim / 2]: freqs_cis at layout.positions; undefined: rows 0..s-1
+  TokenLayout layout;
+  const AttentionBackend* backend = nullptr;  // null or empty: local_attention
+
+  at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                    double scale) const;
+};
+
+// Attention over the local tokens alone (t == s): SDPA's causal kernel for a trivial layout,
+// else with causal_mask of the layout's slots and documents.
+at::Tensor local_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           double scale, const TokenLayout& layout);
+
+// Who may attend to whom, bool [b or 1, 1, s, t]: key slot <= query slot, and the same document
+// when documents are given (query_documents [b, s] and key_documents [b, t], or undefined).
+at::Tensor causal_mask(const at::Tensor& query_slots, const at::Tensor& key_slots,
+                       const at::Tensor& query_documents, const at::Tensor& key_documents);
+
+}  // namespace loom::models

@@ -1,0 +1,144 @@
+// Context parallelism end to end: the llama3 debug model on rows packed from short documents
+// trains like one rank with the same global batch for 20 steps (validation included) when each
+// sequence is split over cp ranks (head-tail), under the causal and the block_causal mask, alone
+// and with FSDP and TP; checkpoints resume into another cp. Through `loom launch` (processes over
+// Gloo). The default suite runs cp 2 under block_causal; the other layouts are in the slow label.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "support/layout_runs.h"
+#include "support/metrics_log.h"
+#include "support/process.h"
+#include "support/test_sets.h"
+
+namespace {
+
+using loom::testing::LayoutRuns;
+
+// Short documents (8 to 40 words), so that most rows of 32 tokens hold several.
+const std::string& short_documents() {
+  static const std::string file = [] {
+    const std::string folder = loom::testing::fresh_temp_dir("cp_documents");
+    const std::string path = folder + "/short.jsonl";
+    std::ofstream out(path);
+    const char* words[] = {"the",          "jury", "said",       "it",    "did",
+                           "find",         "that", "many",       "of",    "Georgia's",
+                           "registration", "and",  "election",   "laws",  "are",
+                           "outmoded",     "or",   "inadequate", "often", "ambiguous"};
+    for (int doc = 0; doc < 400; ++doc) {
+      std::string text;
+      const int length = 8 + (doc * 7) % 33;
+      for (int w = 0; w < length; ++w)
+        text += std::string(w ? " " : "") + words[(doc * 3 + w * 5) % 20];
+      out << "{\"text\": \"" << text << ".\"}\n";
+    }
+    return path;
+  }();
+  return file;
+}
+
+// Global batch 4 of 32 tokens on every layout (cp ranks share rows); validation at 10 and 20.
+std::string job(const std::string& mask, const std::string& extra) {
+  return "train --config " LOOM_SOURCE_DIR
+         "/configs/llama3_debug.toml --training.steps 20"
+         " --training.dataset_path " +
+         short_documents() +
+         " --training.seq_len 32 --training.local_batch_size 4 --training.global_batch_size 4"
+         " --validation.enable true --validation.dataset_path " +
+         short_documents() +
+         " --validation.freq 10 --validation.steps 2 --validation.seq_len 32"
+         " --validation.local_batch_size 4 --model.attn_mask_type " +
+         mask +
+         " --metrics.log_freq 1 --metrics.peak_tflops 1 --debug.seed 11"
+         " --lr_scheduler.warmup_steps 2 --lr_scheduler.total_steps 20"
+         " --comm.init_timeout_seconds 60 --comm.train_timeout_seconds 60"
+         " --checkpoint.enable true --checkpoint.interval 10 --checkpoint.keep_latest_k 0 " +
+         extra;
+}
+
+LayoutRuns& block_causal() {
+  static LayoutRuns instance("cp_block_causal",
+                             [](const std::string& extra) { return job("block_causal", extra); });
+  return instance;
+}
+
+LayoutRuns& causal() {
+  static LayoutRuns instance("cp_causal",
+                             [](const std::string& extra) { return job("causal", extra); });
+  return instance;
+}
+
+std::vector<double> val_losses(const std::string& folder) {
+  std::vector<double> out;
+  std::ifstream in(folder + "/metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    auto row = nlohmann::json::parse(line, nullptr, false);
+    if (row.is_object() && row.contains("val_loss")) out.push_back(row["val_loss"].get<double>());
+  }
+  return out;
+}
+
+// Training losses and the validation losses at steps 10 and 20 (same rows: the layouts keep the
+// global validation batch) within 1e-5 of one rank's.
+void expect_like_one_rank(LayoutRuns& runs, const std::string& folder, const std::string& what) {
+  runs.expect_matches_one_rank(folder, what);
+  const auto want = val_losses(runs.one_rank()), got = val_losses(folder);
+  ASSERT_EQ(want.size(), 2u) << what;
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_NEAR(got[i], want[i], 1e-5 * want[i]) << what << ": validation " << i;
+  }
+}
+
+std::string context(int cp) {
+  return " --parallelism.context_parallel_degree " + std::to_string(cp) +
+         " --parallelism.data_parallel_shard_degree 1";
+}
+
+LOOM_TEST(ContextParallelTraining, BlockCausalCp2TrainsLikeOneRank) {
+  expect_like_one_rank(block_causal(), block_causal().layout_run("cp2", 2, context(2)),
+                       "block_causal cp 2");
+}
+
+LOOM_SLOW_TEST(ContextParallelTraining, EveryLayoutTrainsLikeOneRank) {
+  expect_like_one_rank(causal(), causal().layout_run("cp2", 2, context(2)), "causal cp 2");
+  expect_like_one_rank(causal(), causal().layout_run("cp4", 4, context(4)), "causal cp 4");
+  expect_like_one_rank(block_causal(), block_causal().layout_run("cp4", 4, context(4)),
+                       "block_causal cp 4");
+  // dp_shard 2: each data-parallel rank reads half of the global batches.
+  expect_like_one_rank(causal(),
+                       causal().layout_run("cp2_fsdp2", 4,
+                                           " --parallelism.context_parallel_degree 2"
+                                           " --parallelism.data_parallel_shard_degree 2"
+                                           " --training.local_batch_size 2"
+                                           " --validation.local_batch_size 2"),
+                       "causal cp 2 x FSDP 2");
+  expect_like_one_rank(block_causal(),
+                       block_causal().layout_run(
+                           "cp2_tp2", 4, context(2) + " --parallelism.tensor_parallel_degree 2"),
+                       "block_causal cp 2 x TP 2");
+  expect_like_one_rank(
+      causal(),
+      causal().layout_run("cp2_none", 2,
+                          context(2) + " --parallelism.context_parallel_load_balancer none"),
+      "causal cp 2, contiguous shares");
+  // The two masks train different models on these rows (the check sees the documents).
+  const auto a = loom::testing::logged_losses(causal().one_rank());
+  const auto b = loom::testing::logged_losses(block_causal().one_rank());
+  EXPECT_GT(std::abs(a.back() - b.back()), 1e-3);
+}
+
+LOOM_SLOW_TEST(ContextParallelTraining, CheckpointsResumeIntoAnotherCp) {
+  block_causal().expect_resumes_like_one_rank(block_causal().layout_run("cp2", 2, context(2)), 1,
+                                              "", "cp2_to_one", "block_causal cp 2 -> 1 rank");
+  block_causal().expect_resumes_like_one_rank(block_causal().one_rank(), 4, context(4),
+                                              "one_to_cp4", "block_causal 1 rank -> cp 4");
+}
+
+}  // namespace
