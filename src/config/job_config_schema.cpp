@@ -328,8 +328,8 @@ void add_parallelism_section(Schema& s) {
       .choices({"headtail", "none"});
   p.field("context_parallel_rotate_method", &ParallelismSection::context_parallel_rotate_method,
           "How attention reaches the other cp ranks' keys and values: allgather (all-gathered, "
-          "their gradients reduce-scattered); alltoall (the ring) is refused as not implemented "
-          "yet.")
+          "their gradients reduce-scattered) or alltoall (the ring: key/value blocks passed rank "
+          "to rank while the current block computes, merged by log-sum-exp).")
       .choices({"allgather", "alltoall"});
   p.field("expert_parallel_degree", &ParallelismSection::expert_parallel_degree,
           "Ranks splitting MoE experts.")

@@ -37,10 +37,9 @@ at::Tensor gather_context(const at::Tensor& x, distributed::Comm& cp) {
 ContextParallel::ContextParallel(std::shared_ptr<distributed::Comm> cp, ContextBalancer balancer,
                                  std::string method)
     : cp_(std::move(cp)), balancer_(balancer), method_(std::move(method)) {
-  LOOM_CHECK_AS(InputError, method_ == "allgather",
+  LOOM_CHECK_AS(InputError, method_ == "allgather" || method_ == "alltoall",
                 "parallelism.context_parallel_rotate_method = \"", method_,
-                "\": loom implements \"allgather\" (keys and values all-gathered); the ring "
-                "(\"alltoall\") is not implemented yet");
+                "\": expected \"allgather\" or \"alltoall\"");
 }
 
 int64_t ContextParallel::degree() const {
@@ -72,6 +71,12 @@ ContextShard ContextParallel::shard(const at::Tensor& inputs, const at::Tensor& 
 
 models::AttentionBackend ContextParallel::backend() const {
   auto cp = cp_;
+  if (method_ == "alltoall") {
+    return [cp](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                const models::TokenLayout& layout) {
+      return ring_attention(q, k, v, scale, layout, *cp);
+    };
+  }
   return [cp](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
               const models::TokenLayout& layout) {
     LOOM_CHECK(layout.slots.defined() && layout.key_slots.defined(),

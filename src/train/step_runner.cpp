@@ -67,16 +67,18 @@ class LocalStepRunner final : public StepRunner {
 class PipelineStepRunner final : public StepRunner {
  public:
   PipelineStepRunner(std::unique_ptr<parallel::pipeline::PipelineRunner> runner,
-                     const at::Device& device)
-      : runner_(std::move(runner)), device_(device) {}
+                     parallel::ParallelModel& model, const at::Device& device, bool block_causal)
+      : runner_(std::move(runner)), model_(model), device_(device), block_causal_(block_causal) {}
 
   at::Tensor train_microbatch(const data::Batch& batch, double valid_tokens, bool last) override {
-    return runner_->train_pass(batch.inputs.to(device_), batch.labels.to(device_), valid_tokens,
-                               last);
+    const auto tokens = place_tokens(batch, block_causal_, model_.context.get());
+    return runner_->train_pass(tokens.inputs.to(device_), tokens.labels.to(device_), valid_tokens,
+                               last, tokens.layout);
   }
 
   at::Tensor eval_sum(const data::Batch& batch) override {
-    return runner_->eval_sum(batch.inputs.to(device_), batch.labels.to(device_));
+    const auto tokens = place_tokens(batch, block_causal_, model_.context.get());
+    return runner_->eval_sum(tokens.inputs.to(device_), tokens.labels.to(device_), tokens.layout);
   }
 
   // The losses live on the last stage (zeros elsewhere); with them, each pp rank's busy and
@@ -104,7 +106,9 @@ class PipelineStepRunner final : public StepRunner {
 
  private:
   std::unique_ptr<parallel::pipeline::PipelineRunner> runner_;
+  parallel::ParallelModel& model_;
   at::Device device_;
+  bool block_causal_;
 };
 
 std::unique_ptr<StepRunner> pipeline_runner(parallel::ParallelModel& model,
@@ -116,9 +120,10 @@ std::unique_ptr<StepRunner> pipeline_runner(parallel::ParallelModel& model,
   options.boundary_shape = model.boundary_shape;
   options.boundary_dtype = model.boundary_dtype;
   options.device = device;
-  options.forward = [&model, device](models::CausalLM& part, const at::Tensor& input) {
+  options.forward = [&model, device](models::CausalLM& part, const at::Tensor& input,
+                                     const models::TokenLayout& layout) {
     AutocastGuard autocast(device.type(), model.autocast);
-    return part.forward(input.device() == device ? input : input.to(device));
+    return part.forward(input.device() == device ? input : input.to(device), layout);
   };
   options.loss_sum = [&model, device](const at::Tensor& output, const at::Tensor& labels) {
     AutocastGuard autocast(device.type(), model.autocast);
@@ -137,7 +142,8 @@ std::unique_ptr<StepRunner> pipeline_runner(parallel::ParallelModel& model,
       plan.schedule.name, plan.split.pp, plan.schedule.stages(), plan.split.stages_per_rank,
       plan.microbatches, config.parallelism.pipeline_parallel_microbatch_size,
       fmt::join(plan.schedule.stages_of_rank(pp_rank), ", "));
-  return std::make_unique<PipelineStepRunner>(std::move(runner), device);
+  return std::make_unique<PipelineStepRunner>(std::move(runner), model, device,
+                                              config.model.attn_mask_type == "block_causal");
 }
 
 }  // namespace

@@ -1,8 +1,9 @@
 // Context parallelism end to end: the llama3 debug model on rows packed from short documents
 // trains like one rank with the same global batch for 20 steps (validation included) when each
-// sequence is split over cp ranks (head-tail), under the causal and the block_causal mask, alone
-// and with FSDP and TP; checkpoints resume into another cp. Through `loom launch` (processes over
-// Gloo). The default suite runs cp 2 under block_causal; the other layouts are in the slow label.
+// sequence is split over cp ranks (head-tail), under the causal and the block_causal mask, by
+// both attention methods (all-gather and the ring), alone and with FSDP, TP and PP; checkpoints
+// resume into another cp. Through `loom launch` (processes over Gloo). The default suite runs
+// the ring at cp 2 under block_causal; the other layouts are in the slow label.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -96,21 +97,37 @@ void expect_like_one_rank(LayoutRuns& runs, const std::string& folder, const std
   }
 }
 
-std::string context(int cp) {
+// cp ranks by `method` (allgather or alltoall, the ring), with no data-parallel sharding.
+std::string context(int cp, const std::string& method = "alltoall") {
   return " --parallelism.context_parallel_degree " + std::to_string(cp) +
+         " --parallelism.context_parallel_rotate_method " + method +
          " --parallelism.data_parallel_shard_degree 1";
 }
 
-LOOM_TEST(ContextParallelTraining, BlockCausalCp2TrainsLikeOneRank) {
+std::string pipeline(int pp) {
+  return " --parallelism.pipeline_parallel_degree " + std::to_string(pp) +
+         " --parallelism.pipeline_parallel_schedule 1F1B"
+         " --parallelism.pipeline_parallel_microbatch_size 2";
+}
+
+LOOM_TEST(ContextParallelTraining, BlockCausalRingCp2TrainsLikeOneRank) {
   expect_like_one_rank(block_causal(), block_causal().layout_run("cp2", 2, context(2)),
-                       "block_causal cp 2");
+                       "block_causal cp 2, ring");
 }
 
 LOOM_SLOW_TEST(ContextParallelTraining, EveryLayoutTrainsLikeOneRank) {
-  expect_like_one_rank(causal(), causal().layout_run("cp2", 2, context(2)), "causal cp 2");
-  expect_like_one_rank(causal(), causal().layout_run("cp4", 4, context(4)), "causal cp 4");
-  expect_like_one_rank(block_causal(), block_causal().layout_run("cp4", 4, context(4)),
-                       "block_causal cp 4");
+  expect_like_one_rank(block_causal(),
+                       block_causal().layout_run("cp2_allgather", 2, context(2, "allgather")),
+                       "block_causal cp 2, all-gather");
+  for (const std::string method : {"allgather", "alltoall"}) {
+    expect_like_one_rank(causal(), causal().layout_run("cp2_" + method, 2, context(2, method)),
+                         "causal cp 2, " + method);
+    expect_like_one_rank(causal(), causal().layout_run("cp4_" + method, 4, context(4, method)),
+                         "causal cp 4, " + method);
+    expect_like_one_rank(block_causal(),
+                         block_causal().layout_run("cp4_" + method, 4, context(4, method)),
+                         "block_causal cp 4, " + method);
+  }
   // dp_shard 2: each data-parallel rank reads half of the global batches.
   expect_like_one_rank(causal(),
                        causal().layout_run("cp2_fsdp2", 4,
@@ -122,12 +139,21 @@ LOOM_SLOW_TEST(ContextParallelTraining, EveryLayoutTrainsLikeOneRank) {
   expect_like_one_rank(block_causal(),
                        block_causal().layout_run(
                            "cp2_tp2", 4, context(2) + " --parallelism.tensor_parallel_degree 2"),
-                       "block_causal cp 2 x TP 2");
+                       "block_causal cp 2 x TP 2, ring");
+  // Two microbatches of 2 rows through two stages, each stage's tokens split over cp 2.
+  expect_like_one_rank(causal(), causal().layout_run("cp2_pp2", 4, context(2) + pipeline(2)),
+                       "causal cp 2 x PP 2, ring");
+  expect_like_one_rank(
+      block_causal(),
+      block_causal().layout_run("cp2_pp2", 4, context(2, "allgather") + pipeline(2)),
+      "block_causal cp 2 x PP 2, all-gather");
+  expect_like_one_rank(block_causal(), block_causal().layout_run("pp2", 2, pipeline(2)),
+                       "block_causal PP 2");
   expect_like_one_rank(
       causal(),
       causal().layout_run("cp2_none", 2,
                           context(2) + " --parallelism.context_parallel_load_balancer none"),
-      "causal cp 2, contiguous shares");
+      "causal cp 2, contiguous shares, ring");
   // The two masks train different models on these rows (the check sees the documents).
   const auto a = loom::testing::logged_losses(causal().one_rank());
   const auto b = loom::testing::logged_losses(block_causal().one_rank());

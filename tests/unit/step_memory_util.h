@@ -61,7 +61,8 @@ struct RankTrainer {
       parallel::pipeline::PipelineRunnerOptions options;
       options.boundary_shape = model.boundary_shape;
       options.boundary_dtype = model.boundary_dtype;
-      options.forward = [](models::CausalLM& part, const at::Tensor& x) { return part.forward(x); };
+      options.forward = [](models::CausalLM& part, const at::Tensor& x,
+                           const models::TokenLayout& layout) { return part.forward(x, layout); };
       options.loss_sum = model.loss;
       std::vector<models::CausalLM*> raw;
       for (auto& part : model.parts) raw.push_back(part.get());

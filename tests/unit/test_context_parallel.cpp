@@ -5,6 +5,8 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
+#include <array>
+
 #include "comm_test_util.h"
 #include "loom/data/batch_source.h"
 #include "loom/models/common/attention_backend.h"
@@ -111,10 +113,13 @@ TEST(ContextParallel, BlockCausalEqualsRunningEachDocumentAlone) {
             1e-6);
 }
 
-// q, k, v of a whole row split over cp thread ranks by the head-tail order: each rank's output
-// rows and its share of the q, k, v gradients equal one process's; the all-gather sends (cp-1)/cp
-// of the row's k and v per rank forward and the reduce-scatter as much backward.
-void check_allgather_attention(int cp, bool documents) {
+// q, k, v of a whole row split over cp thread ranks: each rank's output rows and its share of the
+// q, k, v gradients equal one process's, and the bytes on the wire are the method's formula.
+// allgather: the all-gather sends (cp-1)/cp of the row's k and v per rank forward, the
+// reduce-scatter as much backward. alltoall (the ring): cp - 1 messages of this rank's k and v
+// forward; backward cp - 1 again and cp of their gradients (each block's accumulator goes home).
+void check_context_attention(int cp, bool documents, const std::string& method,
+                             ContextBalancer balancer) {
   const int64_t b = 2, h = 3, s = 16, d = 8;
   const at::Tensor q = random({b, h, s, d}, 1).requires_grad_(true);
   const at::Tensor k = random({b, h, s, d}, 2).requires_grad_(true);
@@ -132,7 +137,7 @@ void check_allgather_attention(int cp, bool documents) {
   (out * weights).sum().backward();
   const auto errors = testing::run_ranks(cp, [&](ProcessGroups& groups) {
     auto group = groups.world_ptr();
-    parallel::ContextParallel context(group, ContextBalancer::kHeadTail, "allgather");
+    parallel::ContextParallel context(group, balancer, method);
     const at::Tensor tokens = at::arange(s, at::kLong).expand({b, s}).contiguous();
     const auto shard = context.shard(tokens, tokens, docs, at::Tensor());
     const at::Tensor slots = shard.layout.slots;
@@ -140,17 +145,19 @@ void check_allgather_attention(int cp, bool documents) {
       return t.detach().index_select(2, slots).requires_grad_(true);
     };
     const at::Tensor ql = mine(q), kl = mine(k), vl = mine(v);
-    const auto gathered = [&] {
-      return group->counters()[Collective::kAllGather].wire_bytes.load();
+    auto wire = [&] {
+      std::array<int64_t, 3> bytes{};
+      for (auto [i, c] : {std::pair{0, Collective::kAllGather},
+                          std::pair{1, Collective::kReduceScatter}, std::pair{2, Collective::kSend}}) {
+        bytes[i] = group->counters()[c].wire_bytes.load();
+      }
+      return bytes;
     };
-    const auto scattered = [&] {
-      return group->counters()[Collective::kReduceScatter].wire_bytes.load();
-    };
-    const auto g0 = gathered(), r0 = scattered();
+    const auto before = wire();
     const at::Tensor local = context.backend()(ql, kl, vl, scale, shard.layout);
-    const auto g1 = gathered();
+    const auto forward = wire();
     (local * weights.index_select(2, slots)).sum().backward();
-    const auto r1 = scattered();
+    const auto after = wire();
     LOOM_CHECK((local - out.detach().index_select(2, slots)).abs().max().item<double>() < 1e-6,
                "rank ", group->rank(), ": output differs");
     for (const auto& [mine_t, whole_t] : {std::pair{ql, q}, std::pair{kl, k}, std::pair{vl, v}}) {
@@ -158,12 +165,20 @@ void check_allgather_attention(int cp, bool documents) {
           (mine_t.grad() - whole_t.grad().index_select(2, slots)).abs().max().item<double>();
       LOOM_CHECK(diff < 1e-5, "rank ", group->rank(), ": gradient differs by ", diff);
     }
-    // k and v, each b x h x (s / cp) x d float32 from every other rank.
-    const double expected = 2.0 * (cp - 1) * b * h * (s / cp) * d * 4;
-    LOOM_CHECK(static_cast<double>(g1 - g0) == expected, "all-gather bytes ", g1 - g0,
-               ", expected ", expected);
-    LOOM_CHECK(static_cast<double>(r1 - r0) == expected, "reduce-scatter bytes ", r1 - r0,
-               ", expected ", expected);
+    // k and v of this rank: 2 b h (s / cp) d float32.
+    const int64_t kv = 2 * b * h * (s / cp) * d * 4;
+    const std::array<int64_t, 3> expect_forward =
+        method == "allgather" ? std::array<int64_t, 3>{(cp - 1) * kv, 0, 0}
+                              : std::array<int64_t, 3>{0, 0, (cp - 1) * kv};
+    const std::array<int64_t, 3> expect_backward =
+        method == "allgather" ? std::array<int64_t, 3>{0, (cp - 1) * kv, 0}
+                              : std::array<int64_t, 3>{0, 0, (2 * cp - 1) * kv};
+    for (int i = 0; i < 3; ++i) {
+      LOOM_CHECK(forward[i] - before[i] == expect_forward[i], "forward bytes [", i, "] ",
+                 forward[i] - before[i], ", expected ", expect_forward[i]);
+      LOOM_CHECK(after[i] - forward[i] == expect_backward[i], "backward bytes [", i, "] ",
+                 after[i] - forward[i], ", expected ", expect_backward[i]);
+    }
   });
   EXPECT_TRUE(errors.empty()) << testing::joined(errors);
 }
@@ -172,9 +187,20 @@ TEST(ContextParallel, AllGatherAttentionEqualsOneProcessWithItsBytes) {
   for (int cp : {2, 4}) {
     for (bool documents : {false, true}) {
       SCOPED_TRACE("cp " + std::to_string(cp) + (documents ? " block_causal" : " causal"));
-      check_allgather_attention(cp, documents);
+      check_context_attention(cp, documents, "allgather", ContextBalancer::kHeadTail);
     }
   }
+}
+
+TEST(ContextParallel, RingAttentionEqualsOneProcessWithItsBytes) {
+  for (int cp : {2, 4}) {
+    for (bool documents : {false, true}) {
+      SCOPED_TRACE("cp " + std::to_string(cp) + (documents ? " block_causal" : " causal"));
+      check_context_attention(cp, documents, "alltoall", ContextBalancer::kHeadTail);
+    }
+  }
+  // Contiguous shares: blocks wholly in a rank's future are skipped, their gradients still travel.
+  check_context_attention(4, true, "alltoall", ContextBalancer::kNone);
 }
 
 }  // namespace

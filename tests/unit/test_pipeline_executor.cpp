@@ -81,7 +81,7 @@ class LinearStage : public PipelineStage {
   LinearStage(int64_t first, int64_t end) : first_(first) {
     for (int64_t l = first; l < end; ++l) layers_.push_back(make_layer(static_cast<int>(l)));
   }
-  at::Tensor forward(const at::Tensor& input) override { return run_layers(layers_, input); }
+  at::Tensor forward(const at::Tensor& input, int /*microbatch*/) override { return run_layers(layers_, input); }
   std::vector<at::Tensor> parameters() override {
     std::vector<at::Tensor> out;
     for (auto& l : layers_) {
@@ -243,7 +243,7 @@ class DelayStage : public PipelineStage {
  public:
   explicit DelayStage(int64_t forward_ms)
       : forward_ms_(forward_ms), scale_(at::ones({1}, f64).requires_grad_(true)) {}
-  at::Tensor forward(const at::Tensor& input) override {
+  at::Tensor forward(const at::Tensor& input, int /*microbatch*/) override {
     return Delay::apply(input * scale_, forward_ms_);
   }
   std::vector<at::Tensor> parameters() override { return {scale_}; }

@@ -111,9 +111,8 @@ void run_layout(const Layout& l) {
     parallel::pipeline::PipelineRunnerOptions options;
     options.boundary_shape = pm.boundary_shape;
     options.boundary_dtype = pm.boundary_dtype;
-    options.forward = [](models::CausalLM& part, const at::Tensor& x) {
-      return part.forward(x);
-    };
+    options.forward = [](models::CausalLM& part, const at::Tensor& x,
+                         const models::TokenLayout& layout) { return part.forward(x, layout); };
     options.loss_sum = pm.loss;
     std::vector<models::CausalLM*> raw;
     for (auto& part : pm.parts) raw.push_back(part.get());

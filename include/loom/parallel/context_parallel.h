@@ -41,7 +41,8 @@ struct ContextShard {
 
 class ContextParallel {
  public:
-  // `method`: "allgather" (keys and values all-gathered, their gradients reduce-scattered).
+  // `method`: "allgather" (keys and values all-gathered, their gradients reduce-scattered) or
+  // "alltoall" (the ring: key/value blocks passed rank to rank, see ring_attention).
   ContextParallel(std::shared_ptr<distributed::Comm> cp, ContextBalancer balancer,
                   std::string method);
 
@@ -66,5 +67,13 @@ class ContextParallel {
 // sequence (dim 2); backward: reduce-scatter of their gradients (each rank's queries contribute
 // to every key). Through Comm, so the byte counters see it.
 at::Tensor gather_context(const at::Tensor& x, distributed::Comm& cp);
+
+// The ring method: attention of this rank's queries against every rank's keys, the key/value
+// blocks passed to the next rank while the current block computes (cp - 1 messages of k and v
+// forward; backward cp - 1 again, and cp messages of their gradients travelling home), partial
+// results merged by their log-sum-exp. Computes in float32; saves only the local q, k, v, the
+// output and the log-sum-exp. `layout` as ContextParallel::shard makes it.
+at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          double scale, const models::TokenLayout& layout, distributed::Comm& cp);
 
 }  // namespace loom::parallel

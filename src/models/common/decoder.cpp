@@ -137,11 +137,14 @@ at::Tensor TransformerImpl::forward(const at::Tensor& input, const TokenLayout& 
   AttentionInputs in{freqs_cis, {}, layout, &backend_};
   if (layout.positions.defined() && !blocks.empty()) {
     // Each token's RoPE row (positions restart per document, or are a chunk of the row).
+    // A later pipeline stage's input is the hidden state, sequence-split under TP: the positions
+    // are of the whole microbatch's tokens.
     const at::Tensor positions = layout.positions.to(freqs_cis.device());
-    LOOM_CHECK(
-        positions.dim() == 2 && positions.size(0) == input.size(0) && positions.size(1) == seq,
-        "positions ", positions.sizes(), " for input ", input.sizes());
-    in.rotations = freqs_cis.index_select(0, positions.flatten()).view({input.size(0), seq, -1});
+    LOOM_CHECK(positions.dim() == 2 && positions.size(0) == input.size(0) &&
+                   (!part.embedding || positions.size(1) == seq),
+               "positions ", positions.sizes(), " for input ", input.sizes());
+    in.rotations = freqs_cis.index_select(0, positions.flatten())
+                       .view({input.size(0), positions.size(1), -1});
   }
   at::Tensor h =
       part.embedding

@@ -244,12 +244,6 @@ void check_decoder_parallelism(const DecoderArgs& args, const config::JobConfig&
                   args.moe->num_experts, " experts of ", config.model.name, " flavor '",
                   config.model.flavor, "': each expert-parallel rank holds the same number");
   }
-  LOOM_CHECK_AS(
-      InputError,
-      config.model.attn_mask_type == "causal" || config.parallelism.pipeline_parallel_degree == 1,
-      "model.attn_mask_type = \"", config.model.attn_mask_type,
-      "\" with pipeline_parallel_degree = ", config.parallelism.pipeline_parallel_degree,
-      ": document masks inside pipeline stages are not implemented yet");
   const int64_t cp = config.parallelism.context_parallel_degree;
   if (cp > 1) {
     const bool head_tail =
@@ -266,14 +260,6 @@ void check_decoder_parallelism(const DecoderArgs& args, const config::JobConfig&
                     " (parallelism.context_parallel_degree = ", cp,
                     head_tail ? ", head-tail load balancing" : "", ")");
     }
-    LOOM_CHECK_AS(InputError, config.parallelism.context_parallel_rotate_method == "allgather",
-                  "parallelism.context_parallel_rotate_method = \"",
-                  config.parallelism.context_parallel_rotate_method,
-                  "\": the ring (alltoall) is not implemented yet; use \"allgather\"");
-    LOOM_CHECK_AS(InputError, config.parallelism.pipeline_parallel_degree == 1,
-                  "parallelism.context_parallel_degree = ", cp,
-                  " with pipeline_parallel_degree = ", config.parallelism.pipeline_parallel_degree,
-                  ": context parallelism inside pipeline stages is not implemented yet");
   }
   if (tp <= 1) return;
   LOOM_CHECK_AS(InputError, args.n_heads % tp == 0 && args.kv_heads() % tp == 0,

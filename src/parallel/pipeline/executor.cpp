@@ -83,7 +83,7 @@ struct PipelineExecutor::Impl {
     } else {
       input = inputs.at(key).requires_grad_(true);
     }
-    at::Tensor out = stage_of(a).forward(input);
+    at::Tensor out = stage_of(a).forward(input, a.microbatch);
     if (a.stage == last()) {
       out = options.loss(out, targets.at(static_cast<size_t>(a.microbatch)));
       losses.at(static_cast<size_t>(a.microbatch)) = out.detach();

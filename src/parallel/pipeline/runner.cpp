@@ -11,10 +11,11 @@ namespace loom::parallel::pipeline {
 // a part's last op computes in another dtype than the next part's input expects).
 class PipelineRunner::Stage final : public PipelineStage {
  public:
-  Stage(models::CausalLM& part, const PipelineRunnerOptions& options, bool head)
-      : part_(part), options_(options), head_(head) {}
-  at::Tensor forward(const at::Tensor& input) override {
-    at::Tensor out = options_.forward(part_, input);
+  Stage(models::CausalLM& part, const PipelineRunnerOptions& options,
+        const std::vector<models::TokenLayout>& layouts, bool head)
+      : part_(part), options_(options), layouts_(layouts), head_(head) {}
+  at::Tensor forward(const at::Tensor& input, int microbatch) override {
+    at::Tensor out = options_.forward(part_, input, layouts_.at(static_cast<size_t>(microbatch)));
     return head_ ? out : out.to(options_.boundary_dtype);
   }
   std::vector<at::Tensor> parameters() override { return part_.module().parameters(); }
@@ -22,6 +23,7 @@ class PipelineRunner::Stage final : public PipelineStage {
  private:
   models::CausalLM& part_;
   const PipelineRunnerOptions& options_;
+  const std::vector<models::TokenLayout>& layouts_;
   bool head_;
 };
 
@@ -39,7 +41,7 @@ PipelineRunner::PipelineRunner(PipelinePlan plan, int pp_rank,
              "the pipeline runner needs a forward, a loss and the boundary shape");
   const int last = plan_.schedule.stages() - 1;
   for (size_t i = 0; i < parts.size(); ++i) {
-    stages_.push_back(std::make_unique<Stage>(*parts[i], options_, stages[i] == last));
+    stages_.push_back(std::make_unique<Stage>(*parts[i], options_, layouts_, stages[i] == last));
     sync_of_stage_[stages[i]] = part_syncs[i];
   }
   for (const Action& a : plan_.schedule.actions.at(static_cast<size_t>(rank_))) {
@@ -69,9 +71,27 @@ std::vector<at::Tensor> PipelineRunner::split_rows(const at::Tensor& batch,
   return out;
 }
 
+void PipelineRunner::split_layout(const models::TokenLayout& layout, int64_t rows,
+                                  int64_t microbatches) {
+  layouts_.assign(static_cast<size_t>(microbatches), layout);
+  // Per-row tensors follow their rows; slots are the same for every row.
+  auto split = [&](at::Tensor models::TokenLayout::*member) {
+    const at::Tensor& whole = layout.*member;
+    if (!whole.defined() || whole.dim() != 2) return;
+    LOOM_CHECK(whole.size(0) == rows, "a layout of ", whole.size(0), " rows for ", rows);
+    const auto pieces = whole.chunk(microbatches, 0);
+    for (size_t i = 0; i < pieces.size(); ++i) layouts_[i].*member = pieces[i];
+  };
+  split(&models::TokenLayout::positions);
+  split(&models::TokenLayout::documents);
+  split(&models::TokenLayout::key_documents);
+}
+
 at::Tensor PipelineRunner::train_pass(const at::Tensor& inputs, const at::Tensor& labels,
-                                      double divisor, bool last_pass) {
+                                      double divisor, bool last_pass,
+                                      const models::TokenLayout& layout) {
   const int64_t m = plan_.microbatches;
+  split_layout(layout, inputs.size(0), m);
   const std::vector<int64_t> shape = options_.boundary_shape(inputs.size(0) / m, inputs.size(1));
   if (!executor_ || shape != executor_shape_) {
     ExecutorOptions eo;
@@ -108,10 +128,12 @@ at::Tensor PipelineRunner::train_pass(const at::Tensor& inputs, const at::Tensor
   return total;
 }
 
-at::Tensor PipelineRunner::eval_sum(const at::Tensor& inputs, const at::Tensor& labels) {
+at::Tensor PipelineRunner::eval_sum(const at::Tensor& inputs, const at::Tensor& labels,
+                                    const models::TokenLayout& layout) {
   const int64_t rows = inputs.size(0);
   const int64_t size = rows / plan_.microbatches;  // the training microbatch size
   const int64_t m = size > 0 && rows % size == 0 ? rows / size : 1;
+  split_layout(layout, rows, m);
   const Schedule schedule =
       make_forward_schedule(plan_.schedule.pp, plan_.schedule.stages_per_rank, static_cast<int>(m));
   ExecutorOptions eo;

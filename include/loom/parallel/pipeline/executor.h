@@ -35,7 +35,9 @@ namespace loom::parallel::pipeline {
 class PipelineStage {
  public:
   virtual ~PipelineStage() = default;
-  virtual at::Tensor forward(const at::Tensor& input) = 0;
+  // `microbatch`: the index of the input's microbatch in the pass (the stage may need what the
+  // tokens of that microbatch are, e.g. their positions).
+  virtual at::Tensor forward(const at::Tensor& input, int microbatch) = 0;
   // The tensors W accumulates gradients into (the stage's trainable parameters).
   virtual std::vector<at::Tensor> parameters() = 0;
 };

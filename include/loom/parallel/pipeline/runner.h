@@ -34,8 +34,11 @@ struct PipelineRunnerOptions {
   std::function<std::vector<int64_t>(int64_t rows, int64_t seq)> boundary_shape;
   at::ScalarType boundary_dtype = at::kFloat;
   at::Device device = at::kCPU;
-  // A part's forward (the trainer wraps autocast around it).
-  std::function<at::Tensor(models::CausalLM& part, const at::Tensor& input)> forward;
+  // A part's forward on a microbatch whose tokens sit as `layout` says (positions, documents,
+  // context-parallel slots; trivial: whole causal rows). The trainer wraps autocast around it.
+  std::function<at::Tensor(models::CausalLM& part, const at::Tensor& input,
+                           const models::TokenLayout& layout)>
+      forward;
   // The last part's output and the labels -> the microbatch's summed token loss.
   std::function<at::Tensor(const at::Tensor& output, const at::Tensor& labels)> loss_sum;
 };
@@ -53,13 +56,16 @@ class PipelineRunner {
   // microbatch size), each microbatch's loss divided by `divisor` (the step's valid tokens).
   // `last_pass`: the step's last (gradient accumulation), on which gradients are reduced.
   // Returns the pass's summed loss on the last stage's rank, a zero elsewhere (detached).
+  // `layout`: where the batch's tokens sit (its per-row tensors are split into the microbatches
+  // with the rows).
   at::Tensor train_pass(const at::Tensor& inputs, const at::Tensor& labels, double divisor,
-                        bool last_pass);
+                        bool last_pass, const models::TokenLayout& layout = {});
 
   // The summed token loss of a batch without gradients (validation), on every pp rank (a
   // collective over the pp group). Splits into microbatches of the training size when the
   // rows divide, else runs the batch as one.
-  at::Tensor eval_sum(const at::Tensor& inputs, const at::Tensor& labels);
+  at::Tensor eval_sum(const at::Tensor& inputs, const at::Tensor& labels,
+                      const models::TokenLayout& layout = {});
 
   bool holds_last_stage() const;
   distributed::Comm& group() { return *pp_; }
@@ -72,6 +78,7 @@ class PipelineRunner {
   class Stage;
   bool is_final_backward(const Action& action) const;
   std::vector<at::Tensor> split_rows(const at::Tensor& batch, int64_t microbatches) const;
+  void split_layout(const models::TokenLayout& layout, int64_t rows, int64_t microbatches);
 
   PipelinePlan plan_;
   int rank_;
@@ -82,6 +89,7 @@ class PipelineRunner {
   std::map<int, Action> final_backward_;  // per local stage: its last B or W of a pass
   std::unique_ptr<PipelineExecutor> executor_;
   std::vector<int64_t> executor_shape_;  // the boundary shape executor_ was built for
+  std::vector<models::TokenLayout> layouts_;  // of the running pass's microbatches
   double divisor_ = 1;
   bool last_pass_ = true;
   ExecutorStats stats_;
