@@ -556,6 +556,11 @@ void add_runtime_sections(Schema& s) {
             "loom: apply FSDP even when data_parallel_shard_degree is 1 (each shard group is one "
             "rank holding whole parameters; with replicas, HSDP): runs FSDP's code paths on a "
             "single device, e.g. one GPU.");
+  dbg.field("cpu_memory_limit_gib", &DebugSection::cpu_memory_limit_gib,
+            "loom: on CPU, fail with an out-of-memory error when this process's tensors would "
+            "take more than this many GiB (0: no limit), as a full GPU does: sizes a job on CPU "
+            "the way it will run on a device.")
+      .min(0.0);
 }
 
 Schema build_schema() {

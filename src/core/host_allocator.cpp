@@ -69,4 +69,14 @@ HostHeap host_heap() {
   return heap;
 }
 
+void reset_thread_heap_peak() {
+  if (mallctl != nullptr) mallctl("thread.peak.reset", nullptr, nullptr, nullptr, 0);
+}
+
+std::optional<uint64_t> thread_heap_peak() {
+  uint64_t peak = 0;
+  if (!read_mallctl("thread.peak.read", peak)) return std::nullopt;
+  return peak;
+}
+
 }  // namespace loom

@@ -83,11 +83,9 @@ models::AttentionBackend ContextParallel::backend() const {
                "context-parallel attention without the shard's slots");
     const at::Tensor keys = gather_context(k, *cp);
     const at::Tensor values = gather_context(v, *cp);
-    const at::Tensor mask = models::causal_mask(
-        layout.slots.to(q.device()), layout.key_slots.to(q.device()),
-        layout.documents.defined() ? layout.documents.to(q.device()) : at::Tensor(),
-        layout.key_documents.defined() ? layout.key_documents.to(q.device()) : at::Tensor());
-    return at::scaled_dot_product_attention(q, keys, values, mask, 0.0, /*is_causal=*/false, scale);
+    return models::masked_attention(
+        q, keys, values, scale,
+        {layout.slots, layout.key_slots, layout.documents, layout.key_documents});
   };
 }
 

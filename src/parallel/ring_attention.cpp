@@ -11,8 +11,6 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
-#include <array>
-#include <limits>
 
 #include "loom/core/check.h"
 #include "loom/distributed/comm.h"
@@ -23,8 +21,6 @@ namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-constexpr double kMinusInfinity = -std::numeric_limits<double>::infinity();
 
 // Where the queries and every rank's keys sit; blocks are cut from the key side in rank order.
 struct RingLayout {
@@ -90,59 +86,6 @@ std::pair<at::Tensor, at::Tensor> unpack(const at::Tensor& packed, const at::Ten
           packed.narrow(0, k_like.numel(), v_like.numel()).view(v_like.sizes())};
 }
 
-// One block's attention: the queries against one rank's keys under `mask` (bool [b|1, 1, n, n]).
-// On the CPU through ATen's fused flash kernel (no n x n scores kept: the ring's memory is the
-// point); elsewhere through plain matmuls in float32.
-struct BlockPartial {
-  at::Tensor out, lse;  // [b, h, n, dv], [b, h, n, 1]; rows with no visible key: 0 and -inf
-};
-
-at::Tensor additive(const at::Tensor& mask, const at::Tensor& like) {
-  return at::zeros(mask.sizes(), like.options()).masked_fill_(mask.logical_not(), kMinusInfinity);
-}
-
-at::Tensor masked_scores(const at::Tensor& q, const at::Tensor& k, double scale,
-                         const at::Tensor& mask) {
-  return at::matmul(q, k.transpose(-2, -1)).mul_(scale).masked_fill_(mask.logical_not(),
-                                                                      kMinusInfinity);
-}
-
-BlockPartial block_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                           double scale, const at::Tensor& mask) {
-  BlockPartial p;
-  if (q.is_cpu()) {
-    auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(
-        q, k, v, 0.0, /*is_causal=*/false, additive(mask, q), scale);
-    // The kernel reports 0 for a row that sees no key; the merge needs -inf there.
-    const at::Tensor blind = mask.any(-1, /*keepdim=*/true).logical_not();
-    p.out = out;
-    p.lse = lse.unsqueeze(-1).masked_fill(blind, kMinusInfinity);
-    return p;
-  }
-  const at::Tensor scores = masked_scores(q, k, scale, mask);
-  p.lse = scores.logsumexp(-1, /*keepdim=*/true);
-  p.out = at::matmul((scores - p.lse.masked_fill(p.lse.isinf(), 0.0)).exp_(), v);
-  return p;
-}
-
-// The block's share of dq, dk, dv given the merged output and log-sum-exp: P = e^(S - lse) and
-// dS = P (dP - rowsum(dout * out)), the softmax backward against the whole row's result.
-std::array<at::Tensor, 3> block_backward(const at::Tensor& dout, const at::Tensor& q,
-                                         const at::Tensor& k, const at::Tensor& v,
-                                         const at::Tensor& out, const at::Tensor& lse,
-                                         double scale, const at::Tensor& mask) {
-  if (q.is_cpu()) {
-    auto [dq, dk, dv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
-        dout, q, k, v, out, lse.squeeze(-1), 0.0, /*is_causal=*/false, additive(mask, q), scale);
-    return {dq, dk, dv};
-  }
-  const at::Tensor p = (masked_scores(q, k, scale, mask) - lse).exp_();
-  const at::Tensor dv = at::matmul(p.transpose(-2, -1), dout);
-  const at::Tensor delta = (dout * out).sum(-1, /*keepdim=*/true);
-  const at::Tensor ds = p.mul_(at::matmul(dout, v.transpose(-2, -1)).sub_(delta)).mul_(scale);
-  return {at::matmul(ds, k), at::matmul(ds.transpose(-2, -1), q), dv};
-}
-
 struct RingAttention : torch::autograd::Function<RingAttention> {
   // q [b, h, n, d], k [b, h, n, d], v [b, h, n, dv]; all float32 here (the caller casts).
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
@@ -159,7 +102,7 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
       const at::Tensor mask = layout.mask(source, q.device());
       if (mask.defined()) {
         const auto [kb, vb] = unpack(block, k, v);
-        const BlockPartial part = block_forward(q, kb, vb, scale, mask);
+        const models::AttentionPartial part = models::attention_partial(q, kb, vb, scale, mask);
         if (!out.defined()) {
           out = part.out;
           lse = part.lse;
@@ -200,7 +143,7 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
       const auto [kb, vb] = unpack(block, k, v);
       at::Tensor dk = at::zeros_like(k), dv = at::zeros_like(v);
       if (const at::Tensor mask = layout.mask(source, q.device()); mask.defined()) {
-        auto [dq_part, dk_part, dv_part] = block_backward(dout, q, kb, vb, out, lse, scale, mask);
+        auto [dq_part, dk_part, dv_part] = models::attention_partial_backward(dout, q, kb, vb, out, lse, scale, mask);
         dq.add_(dq_part);
         dk = dk_part;
         dv = dv_part;

@@ -10,6 +10,7 @@
 #include "loom/checkpoint/resume_batch.h"
 #include "loom/config/dataset_mixture.h"
 #include "loom/core/check.h"
+#include "loom/core/cpu_memory_limit.h"
 #include "loom/core/device.h"
 #include "loom/core/host_allocator.h"
 #include "loom/core/logging.h"
@@ -250,6 +251,12 @@ std::unique_ptr<Run> build_run(config::JobConfig config, std::unique_ptr<data::B
       device::resolve_device(run->config.training.device, world.local_rank, "training.device");
   Preflight checked = preflight(run->config, {world.world_size, run->device, source == nullptr});
   throw_if_refused(checked.problems, "loom train cannot start this job");
+  if (const double gib = run->config.debug.cpu_memory_limit_gib; gib > 0) {
+    LOOM_CHECK_AS(InputError, run->device.is_cpu(), "debug.cpu_memory_limit_gib = ", gib,
+                  " applies to CPU jobs; this job trains on ", run->device.str());
+    limit_cpu_tensor_memory(static_cast<uint64_t>(gib * (1ull << 30)),
+                            "debug.cpu_memory_limit_gib");
+  }
   run->tokenizer = std::move(checked.tokenizer);
   std::optional<parallel::pipeline::PipelinePlan> plan;
   if (run->config.parallelism.pipeline_parallel_degree > 1) {

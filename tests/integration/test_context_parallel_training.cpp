@@ -160,6 +160,32 @@ LOOM_SLOW_TEST(ContextParallelTraining, EveryLayoutTrainsLikeOneRank) {
   EXPECT_GT(std::abs(a.back() - b.back()), 1e-3);
 }
 
+// A row of 8192 tokens on the debug model needs ~0.8 GiB of tensors on one rank (activations
+// 0.69 GiB, docs/parallelism.md): under a 0.5 GiB capacity one rank runs out of memory at its
+// first step, and the same job over cp 4 (the ring, ~0.2 GiB of activations per rank) trains.
+LOOM_SLOW_TEST(ContextParallelTraining, ASequenceTooLongForOneRankTrainsAtCp4) {
+  const std::string job =
+      "train --config " LOOM_SOURCE_DIR
+      "/configs/llama3_debug.toml --training.steps 2 --training.seq_len 8192"
+      " --training.local_batch_size 1 --training.global_batch_size 1 --validation.enable false"
+      " --checkpoint.enable false --metrics.log_freq 1 --debug.seed 3"
+      " --comm.init_timeout_seconds 60 --comm.train_timeout_seconds 300"
+      " --debug.cpu_memory_limit_gib 0.5 --job.dump_folder ";
+  const std::string one_folder = loom::testing::fresh_temp_dir("cp_memory_one");
+  const auto one = loom::testing::run_loom(job + one_folder);
+  EXPECT_NE(one.exit_code, 0) << one.output;
+  EXPECT_NE(one.output.find("out of memory on cpu"), std::string::npos) << one.output;
+  EXPECT_NE(one.output.find("debug.cpu_memory_limit_gib = 0.500 GiB"), std::string::npos)
+      << one.output;
+  const std::string cp_folder = loom::testing::fresh_temp_dir("cp_memory_cp4");
+  const auto cp4 = loom::testing::run_loom(
+      loom::testing::launch_args(4, job + cp_folder + context(4, "alltoall")));
+  ASSERT_EQ(cp4.exit_code, 0) << cp4.output;
+  const auto losses = loom::testing::logged_losses(cp_folder);
+  ASSERT_EQ(losses.size(), 2u);
+  for (double loss : losses) EXPECT_TRUE(std::isfinite(loss) && loss > 0);
+}
+
 LOOM_SLOW_TEST(ContextParallelTraining, CheckpointsResumeIntoAnotherCp) {
   block_causal().expect_resumes_like_one_rank(block_causal().layout_run("cp2", 2, context(2)), 1,
                                               "", "cp2_to_one", "block_causal cp 2 -> 1 rank");

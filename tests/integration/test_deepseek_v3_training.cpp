@@ -57,6 +57,12 @@ LOOM_SLOW_TEST(DeepseekV3Training, EveryLayoutTrainsLikeOneRank) {
       "deepseek_v3 pp 2 (dense layer and mixtures in different stages)");
   runs().expect_matches_one_rank(runs().layout_run("ep2_fsdp4", 4, layout(2, 4, 1)),
                                  "deepseek_v3 ep 2 x FSDP 2 (dp_shard 4)");
+  // Latent attention's keys and values (value heads narrower than the keys) around the ring.
+  runs().expect_matches_one_rank(
+      runs().layout_run("cp2", 2,
+                        layout(1, 1, 4) + " --parallelism.context_parallel_degree 2"
+                                          " --parallelism.context_parallel_rotate_method alltoall"),
+      "deepseek_v3 cp 2, ring");
 }
 
 LOOM_SLOW_TEST(DeepseekV3Training, CheckpointsReshardBetweenExpertParallelAndOneRank) {

@@ -70,6 +70,18 @@ LOOM_SLOW_TEST(Qwen3MoeTraining, EveryExpertLayoutTrainsLikeOneRank) {
   runs().expect_matches_one_rank(
       runs().layout_run("ep2_tp2", 4, experts(2, 2, 2) + " --parallelism.tensor_parallel_degree 2"),
       "qwen3_moe ep 2 x TP 2");
+  // Each sequence split over cp 2 (the ring), alone and with ep 2 (the all-gather): the routers
+  // see each rank's tokens, the balancing counts sum over dp x cp.
+  runs().expect_matches_one_rank(
+      runs().layout_run("cp2", 2,
+                        experts(1, 1, 4) + " --parallelism.context_parallel_degree 2"
+                                           " --parallelism.context_parallel_rotate_method alltoall"),
+      "qwen3_moe cp 2, ring");
+  runs().expect_matches_one_rank(
+      runs().layout_run("ep2_cp2", 4,
+                        experts(2, 2, 2) + " --parallelism.context_parallel_degree 2"
+                                           " --parallelism.context_parallel_rotate_method allgather"),
+      "qwen3_moe ep 2 x cp 2, all-gather");
 }
 
 LOOM_SLOW_TEST(Qwen3MoeTraining, CheckpointsReshardIntoExpertParallelism) {

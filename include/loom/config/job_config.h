@@ -264,6 +264,9 @@ struct DebugSection {
   bool moe_force_load_balance = false;
   // loom: FSDP even when data_parallel_shard_degree is 1 (one-rank shard groups).
   bool force_fsdp = false;
+  // loom: a capacity for CPU tensors per process in GiB (0: none), the CPU's stand-in for a
+  // device's memory (core/cpu_memory_limit.h).
+  double cpu_memory_limit_gib = 0;
 };
 
 struct JobConfig {

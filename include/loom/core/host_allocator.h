@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace loom {
@@ -23,5 +24,11 @@ std::string describe_host_allocator();
 // The heap now: jemalloc's stats.allocated and stats.resident (refreshed), or glibc's mallinfo2
 // (in use; arena + mmapped bytes). Cheap enough for once per logged step, not per operator.
 HostHeap host_heap();
+
+// The calling thread's heap high-water mark since reset_thread_heap_peak(): the most that its
+// allocations minus its frees reached, in bytes (jemalloc's thread.peak; a rank thread's
+// activation peak when a step starts after the reset). nullopt without jemalloc.
+void reset_thread_heap_peak();
+std::optional<uint64_t> thread_heap_peak();
 
 }  // namespace loom

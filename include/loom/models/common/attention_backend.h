@@ -7,6 +7,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <array>
 #include <functional>
 
 namespace loom::models {
@@ -55,5 +56,39 @@ at::Tensor local_attention(const at::Tensor& q, const at::Tensor& k, const at::T
 // when documents are given (query_documents [b, s] and key_documents [b, t], or undefined).
 at::Tensor causal_mask(const at::Tensor& query_slots, const at::Tensor& key_slots,
                        const at::Tensor& query_documents, const at::Tensor& key_documents);
+
+// Who may attend to whom, as the small tensors that make the mask (causal_mask's arguments, on
+// any device; documents undefined: one document per row).
+struct MaskDescription {
+  at::Tensor query_slots, key_slots;          // [s], [t]
+  at::Tensor query_documents, key_documents;  // [b, s], [b, t]
+  at::Tensor build(const at::Device& device) const;  // bool [b or 1, 1, s, t] on `device`
+};
+
+// Attention under the described mask. On the CPU through the fused flash kernel, keeping only
+// q, k, v, the output and its log-sum-exp for backward, which rebuilds the mask: SDPA would keep
+// the mask as a float [s, t] per layer, more than the layer's other activations at long
+// sequences. Elsewhere SDPA with the mask.
+at::Tensor masked_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            double scale, const MaskDescription& where);
+
+// Softmax attention and its log-sum-exp under a bool mask [b or 1, 1, s, t], no autograd: the
+// pieces a caller merges (the ring of context parallelism) or differentiates itself. A row that
+// sees no key gets out 0 and lse -inf. CPU: the fused flash kernel (value heads of another size
+// are zero-padded); elsewhere float matmuls over the [s, t] scores.
+struct AttentionPartial {
+  at::Tensor out;  // [b, h, s, dv]
+  at::Tensor lse;  // [b, h, s, 1]
+};
+AttentionPartial attention_partial(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                   double scale, const at::Tensor& mask);
+
+// The gradients of q, k and v of one partial given the *final* output and log-sum-exp of the
+// rows (P = e^(S - lse), dS = P (dP - rowsum(dout * out))): summed over the partials of a row
+// they are the gradients of the merged attention.
+std::array<at::Tensor, 3> attention_partial_backward(const at::Tensor& dout, const at::Tensor& q,
+                                                     const at::Tensor& k, const at::Tensor& v,
+                                                     const at::Tensor& out, const at::Tensor& lse,
+                                                     double scale, const at::Tensor& mask);
 
 }  // namespace loom::models
