@@ -81,8 +81,9 @@ models::AttentionBackend ContextParallel::backend() const {
               const models::TokenLayout& layout) {
     LOOM_CHECK(layout.slots.defined() && layout.key_slots.defined(),
                "context-parallel attention without the shard's slots");
-    const at::Tensor keys = gather_context(k, *cp);
-    const at::Tensor values = gather_context(v, *cp);
+    // Gathered with their own heads, expanded to the queries' after.
+    const at::Tensor keys = models::expand_heads(gather_context(k, *cp), q.size(1));
+    const at::Tensor values = models::expand_heads(gather_context(v, *cp), q.size(1));
     return models::masked_attention(
         q, keys, values, scale,
         {layout.slots, layout.key_slots, layout.documents, layout.key_documents});

@@ -87,7 +87,8 @@ std::pair<at::Tensor, at::Tensor> unpack(const at::Tensor& packed, const at::Ten
 }
 
 struct RingAttention : torch::autograd::Function<RingAttention> {
-  // q [b, h, n, d], k [b, h, n, d], v [b, h, n, dv]; all float32 here (the caller casts).
+  // q [b, h, n, d], k [b, hk, n, d], v [b, hk, n, dv] (hk divides h; expanded per block after
+  // the transfer, so the ring carries hk heads); all float32 here (the caller casts).
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
                             const at::Tensor& v, double scale, distributed::Comm* cp,
                             const RingLayout& layout) {
@@ -102,7 +103,9 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
       const at::Tensor mask = layout.mask(source, q.device());
       if (mask.defined()) {
         const auto [kb, vb] = unpack(block, k, v);
-        const models::AttentionPartial part = models::attention_partial(q, kb, vb, scale, mask);
+        const models::AttentionPartial part = models::attention_partial(
+            q, models::expand_heads(kb, q.size(1)), models::expand_heads(vb, q.size(1)), scale,
+            mask);
         if (!out.defined()) {
           out = part.out;
           lse = part.lse;
@@ -143,10 +146,12 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
       const auto [kb, vb] = unpack(block, k, v);
       at::Tensor dk = at::zeros_like(k), dv = at::zeros_like(v);
       if (const at::Tensor mask = layout.mask(source, q.device()); mask.defined()) {
-        auto [dq_part, dk_part, dv_part] = models::attention_partial_backward(dout, q, kb, vb, out, lse, scale, mask);
+        auto [dq_part, dk_part, dv_part] = models::attention_partial_backward(
+            dout, q, models::expand_heads(kb, q.size(1)), models::expand_heads(vb, q.size(1)),
+            out, lse, scale, mask);
         dq.add_(dq_part);
-        dk = dk_part;
-        dv = dv_part;
+        dk = models::fold_heads(dk_part, k.size(1));
+        dv = models::fold_heads(dv_part, v.size(1));
       }
       // This block's k/v gradient, plus what the ranks before us accumulated into it.
       at::Tensor accumulated = pack(dk, dv);

@@ -118,13 +118,14 @@ TEST(ContextParallel, BlockCausalEqualsRunningEachDocumentAlone) {
 // allgather: the all-gather sends (cp-1)/cp of the row's k and v per rank forward, the
 // reduce-scatter as much backward. alltoall (the ring): cp - 1 messages of this rank's k and v
 // forward; backward cp - 1 again and cp of their gradients (each block's accumulator goes home).
-// `dv`: the values' head size (multi-head latent attention's differs from the keys').
+// `dv`: the values' head size (multi-head latent attention's differs from the keys'); `hk`: the
+// key/value heads (grouped-query attention when fewer than the queries' 4).
 void check_context_attention(int cp, bool documents, const std::string& method,
-                             ContextBalancer balancer, int64_t dv = 8) {
-  const int64_t b = 2, h = 3, s = 16, d = 8;
+                             ContextBalancer balancer, int64_t dv = 8, int64_t hk = 4) {
+  const int64_t b = 2, h = 4, s = 16, d = 8;
   const at::Tensor q = random({b, h, s, d}, 1).requires_grad_(true);
-  const at::Tensor k = random({b, h, s, d}, 2).requires_grad_(true);
-  const at::Tensor v = random({b, h, s, dv}, 3).requires_grad_(true);
+  const at::Tensor k = random({b, hk, s, d}, 2).requires_grad_(true);
+  const at::Tensor v = random({b, hk, s, dv}, 3).requires_grad_(true);
   const at::Tensor weights = random({b, h, s, dv}, 4);
   models::TokenLayout whole;
   at::Tensor docs;
@@ -166,8 +167,8 @@ void check_context_attention(int cp, bool documents, const std::string& method,
           (mine_t.grad() - whole_t.grad().index_select(2, slots)).abs().max().item<double>();
       LOOM_CHECK(diff < 1e-5, "rank ", group->rank(), ": gradient differs by ", diff);
     }
-    // k and v of this rank: b h (s / cp) (d + dv) float32.
-    const int64_t kv = b * h * (s / cp) * (d + dv) * 4;
+    // k and v of this rank, with their own heads: b hk (s / cp) (d + dv) float32.
+    const int64_t kv = b * hk * (s / cp) * (d + dv) * 4;
     const std::array<int64_t, 3> expect_forward =
         method == "allgather" ? std::array<int64_t, 3>{(cp - 1) * kv, 0, 0}
                               : std::array<int64_t, 3>{0, 0, (cp - 1) * kv};
@@ -206,6 +207,10 @@ TEST(ContextParallel, RingAttentionEqualsOneProcessWithItsBytes) {
   check_context_attention(2, true, "alltoall", ContextBalancer::kHeadTail, 6);
   check_context_attention(2, false, "alltoall", ContextBalancer::kHeadTail, 12);
   check_context_attention(2, true, "allgather", ContextBalancer::kHeadTail, 6);
+  // Grouped-query attention: one and two key/value heads for four query heads travel unexpanded.
+  check_context_attention(2, true, "alltoall", ContextBalancer::kHeadTail, 8, 1);
+  check_context_attention(4, false, "alltoall", ContextBalancer::kHeadTail, 6, 2);
+  check_context_attention(2, true, "allgather", ContextBalancer::kHeadTail, 8, 2);
 }
 
 }  // namespace

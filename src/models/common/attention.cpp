@@ -56,10 +56,8 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const AttentionInputs& in
   } else {
     std::tie(q, k) = rotate_qk(q, k, in.freqs_cis, rope_layout);
   }
-  const int64_t n_rep = local_heads / k.size(2);
-  k = repeat_kv(k, n_rep);
-  v = repeat_kv(v, n_rep);
-  // The backend takes [bs, heads, seq, head_dim]; on CUDA SDPA picks flash / memory-efficient.
+  // The backend takes [bs, heads, seq, head_dim], k and v with their own (grouped) heads; on
+  // CUDA SDPA picks flash / memory-efficient.
   at::Tensor out = in.attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                              1.0 / std::sqrt(static_cast<double>(head_dim)));
   return wo->forward(out.transpose(1, 2).contiguous().view({bs, seq, local_heads * head_dim}));

@@ -1,5 +1,7 @@
 #include "loom/models/common/attention_backend.h"
 
+#include "loom/core/check.h"
+
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -117,15 +119,33 @@ at::Tensor causal_mask(const at::Tensor& query_slots, const at::Tensor& key_slot
   return allowed;
 }
 
+at::Tensor expand_heads(const at::Tensor& x, int64_t heads) {
+  const int64_t kv_heads = x.size(1);
+  if (kv_heads == heads) return x;
+  LOOM_CHECK(heads % kv_heads == 0, heads, " query heads do not group into ", kv_heads,
+             " key/value heads");
+  const int64_t b = x.size(0), t = x.size(2), d = x.size(3);
+  return x.unsqueeze(2).expand({b, kv_heads, heads / kv_heads, t, d}).reshape({b, heads, t, d});
+}
+
+at::Tensor fold_heads(const at::Tensor& grad, int64_t kv_heads) {
+  const int64_t heads = grad.size(1);
+  if (kv_heads == heads) return grad;
+  return grad.reshape({grad.size(0), kv_heads, heads / kv_heads, grad.size(2), grad.size(3)})
+      .sum(2);
+}
+
 at::Tensor local_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            double scale, const TokenLayout& layout) {
+  const at::Tensor keys = expand_heads(k, q.size(1)), values = expand_heads(v, q.size(1));
   if (!layout.documents.defined() && !layout.slots.defined()) {
-    return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
+    return at::scaled_dot_product_attention(q, keys, values, /*attn_mask=*/{}, /*dropout_p=*/0.0,
                                             /*is_causal=*/true, scale);
   }
   const at::Tensor slots =
       layout.slots.defined() ? layout.slots : at::arange(q.size(2), at::kLong);
-  return masked_attention(q, k, v, scale, {slots, slots, layout.documents, layout.documents});
+  return masked_attention(q, keys, values, scale,
+                          {slots, slots, layout.documents, layout.documents});
 }
 
 at::Tensor masked_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

@@ -28,8 +28,10 @@ struct TokenLayout {
   bool trivial() const { return !positions.defined() && !documents.defined() && !slots.defined(); }
 };
 
-// q [b, h, s, d], k [b, h, t, d], v [b, h, t, dv] (k and v with q's heads) -> [b, h, s, dv], the
-// softmax scaled by `scale`; `layout` describes the s query tokens.
+// q [b, h, s, d], k [b, hk, t, d], v [b, hk, t, dv] -> [b, h, s, dv], the softmax scaled by
+// `scale`; `layout` describes the s query tokens. Grouped-query attention: hk divides h and q
+// head j reads k/v head j / (h / hk); backends expand the heads after any communication, so
+// context parallelism moves hk heads, not h.
 using AttentionBackend =
     std::function<at::Tensor(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                              double scale, const TokenLayout& layout)>;
@@ -46,6 +48,12 @@ struct AttentionInputs {
   at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                     double scale) const;
 };
+
+// k or v [b, hk, t, d] -> [b, heads, t, d], each head repeated heads / hk times in place
+// (differentiable: backward sums each group); `fold_heads` is that sum for gradients computed
+// outside autograd.
+at::Tensor expand_heads(const at::Tensor& x, int64_t heads);
+at::Tensor fold_heads(const at::Tensor& grad, int64_t kv_heads);
 
 // Attention over the local tokens alone (t == s): SDPA's causal kernel for a trivial layout,
 // else with causal_mask of the layout's slots and documents.
