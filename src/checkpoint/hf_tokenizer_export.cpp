@@ -9,6 +9,7 @@
 #include "loom/checkpoint/hf.h"
 #include "loom/core/check.h"
 #include "loom/core/files.h"
+#include "loom/core/json.h"
 #include "loom/core/logging.h"
 #include "loom/core/strings.h"
 #include "loom/data/tokenizer.h"
@@ -60,23 +61,24 @@ void export_tokenizer_to_hf(const std::string& location, int64_t max_seq_len,
   const std::string file = data::tokenizer_file(location);
   if (!strings::ends_with(file, ".json")) {
     log::get("checkpoint")
-        ->warn("export: the tokenizer '{}' has no tokenizer.json form, so the export has none "
-               "(transformers' AutoTokenizer will not load the folder); its bos/eos/pad ids {}/{}/"
-               "{} are in config.json and generation_config.json",
-               location, bos, eos, pad);
+        ->warn(
+            "export: the tokenizer '{}' has no tokenizer.json form, so the export has none "
+            "(transformers' AutoTokenizer will not load the folder); its bos/eos/pad ids {}/{}/"
+            "{} are in config.json and generation_config.json",
+            location, bos, eos, pad);
     return;
   }
   const std::string text = read_file(file);
   nlohmann::json parsed;
   try {
-    parsed = nlohmann::json::parse(text);
+    parsed = json::parse_bounded(text, file);
     const nlohmann::json config = {{"tokenizer_class", "PreTrainedTokenizerFast"},
                                    {"bos_token", token_text(parsed, bos, file)},
                                    {"eos_token", token_text(parsed, eos, file)},
                                    {"pad_token", token_text(parsed, pad, file)},
                                    {"model_max_length", max_seq_len},
-                                   // decoder-only models take no token_type_ids: generate(**tokenizer(text))
-                                   // would refuse them.
+                                   // decoder-only models take no token_type_ids:
+                                   // generate(**tokenizer(text)) would refuse them.
                                    {"model_input_names", {"input_ids", "attention_mask"}},
                                    {"clean_up_tokenization_spaces", false}};
     files::write_atomic(output + "/tokenizer_config.json", config.dump(2) + "\n");

@@ -18,7 +18,7 @@ std::optional<int64_t> resumable_global_batch(const config::JobConfig& config) {
     if (c.load_step >= 0 && step != c.load_step) continue;
     const std::string state_path = path + "/train_state.json";
     try {
-      const auto state = nlohmann::json::parse(detail::read_text(state_path));
+      const auto state = json::parse_bounded(detail::read_text(state_path), state_path);
       if (!state.contains("global_batch_size")) return std::nullopt;
       return json::int_field(state, "global_batch_size", state_path, 1);
     } catch (const std::exception& e) {

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "loom/core/check.h"
+#include "loom/core/files.h"
 #include "loom/core/json.h"
 
 namespace loom::checkpoint::detail {
@@ -83,8 +84,8 @@ TrainState read_train_state(const std::string& path, int64_t index_step) {
                 ", but the index is of step ", index_step);
   out.tokens_seen = json::int_field(j, "tokens_seen", path, 0);
   if (j.contains("elapsed_s")) {
-    LOOM_CHECK_AS(InputError, j["elapsed_s"].is_number() && j["elapsed_s"].get<double>() >= 0,
-                  path, ": elapsed_s must be a number >= 0");
+    LOOM_CHECK_AS(InputError, j["elapsed_s"].is_number() && j["elapsed_s"].get<double>() >= 0, path,
+                  ": elapsed_s must be a number >= 0");
     out.elapsed_s = j["elapsed_s"].get<double>();
   }
   out.lr_step = json::int_field(json::object_field(j, "lr_scheduler", path), "step",
@@ -93,10 +94,8 @@ TrainState read_train_state(const std::string& path, int64_t index_step) {
 }
 
 std::string read_text(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
+  // Regular files only (a FIFO would block), and small: these are loom's own notes.
+  return files::read_file(path, "checkpoint file", uint64_t{1} << 26);
 }
 
 const std::set<std::string>& loadable_parts() {

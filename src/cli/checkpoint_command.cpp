@@ -17,6 +17,7 @@
 #include "loom/checkpoint/hf.h"
 #include "loom/checkpoint/manager.h"
 #include "loom/core/check.h"
+#include "loom/core/json.h"
 
 namespace loom::cli {
 namespace {
@@ -63,11 +64,11 @@ void print_summary(const std::string& folder, const nlohmann::json& index) {
   if (!largest.empty()) std::cout << "  largest parameter: " << largest << "\n";
   if (fs::exists(folder + "/train_state.json")) {
     try {
-      std::ifstream in(folder + "/train_state.json");
-      const auto state = nlohmann::json::parse(in);
+      const auto state =
+          json::read_file_strict(folder + "/train_state.json", "train state", uint64_t{1} << 24);
       std::cout << fmt::format("  train state: step {}, {} tokens seen\n", state.value("step", -1),
                                state.value("tokens_seen", int64_t{-1}));
-    } catch (const nlohmann::json::exception&) {
+    } catch (const std::exception&) {  // not a regular file, too big, not JSON, wrong types
       std::cout << "  train state: unreadable train_state.json\n";
     }
   }
@@ -175,7 +176,8 @@ void add_checkpoint_command(CLI::App& app, CommandRun& run) {
   };
   auto transfer = std::make_shared<Transfer>();
   CLI::App* export_command = command->add_subcommand(
-      "export", "Write a checkpoint's model and tokenizer as a Hugging Face folder (its family's "
+      "export",
+      "Write a checkpoint's model and tokenizer as a Hugging Face folder (its family's "
       "transformers class)");
   export_command->add_option("--to", transfer->format, "Target format")
       ->check(CLI::IsMember({"hf"}))

@@ -3,11 +3,13 @@
 // loom metrics summary DUMP_FOLDER [--format json]: last, best and mean of every metric.
 #include <sys/ioctl.h>
 #include <unistd.h>
+#include <cmath>
 
 #include <chrono>
 #include <cstdlib>
 #include <iostream>
 #include <memory>
+#include <sstream>
 #include <thread>
 
 #include "commands.h"
@@ -80,6 +82,28 @@ int watch(const WatchArgs& args) {
   }
 }
 
+// CLI::Range lets NaN through (every comparison with it is false): a NaN interval spun.
+CLI::Validator finite_range(double low, double high) {
+  return CLI::Validator(
+      [low, high](std::string& text) -> std::string {
+        double value = 0;
+        try {
+          size_t used = 0;
+          value = std::stod(text, &used);
+          if (used != text.size()) return "'" + text + "' is not a number";
+        } catch (const std::exception&) {
+          return "'" + text + "' is not a number";
+        }
+        if (!std::isfinite(value) || value < low || value > high) {
+          std::ostringstream range;
+          range << "'" << text << "' is outside " << low << " to " << high;
+          return range.str();
+        }
+        return "";
+      },
+      "");
+}
+
 int plot(const std::vector<std::string>& folders, const std::string& output, bool by_tokens) {
   LOOM_CHECK_AS(InputError, output.size() > 4 && output.substr(output.size() - 4) == ".svg",
                 "metrics plot: -o must name an .svg file, got '", output, "'");
@@ -116,15 +140,14 @@ void add_metrics_command(CLI::App& app, CommandRun& run) {
       "watch", "Live view of a running job: latest values, sparklines, ETA, stalled/stopped");
   watch_command->add_option("dump_folder", w->folder, "The run's job.dump_folder")->required();
   watch_command->add_option("--compare", w->compare, "More runs to show beside it");
-  watch_command
-      ->add_option("--interval", w->interval_s, "Seconds between redraws, 0.05 to 3600")
+  watch_command->add_option("--interval", w->interval_s, "Seconds between redraws, 0.05 to 3600")
       ->type_name("SECONDS")
-      ->check(CLI::Range(0.05, 3600.0).description(""));
+      ->check(finite_range(0.05, 3600.0));
   watch_command
       ->add_option("--stall-factor", w->stall_factor,
                    "Stalled after this many median step intervals without a new step (>= 1)")
       ->type_name("FACTOR")
-      ->check(CLI::Range(1.0, 1e6).description(""));
+      ->check(finite_range(1.0, 1e6));
   watch_command->add_flag("--once", w->once, "Print one screen and exit");
   watch_command->callback([w, &run] { run = [w] { return watch(*w); }; });
 

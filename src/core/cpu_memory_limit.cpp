@@ -22,11 +22,11 @@ class LimitedCpuAllocator final : public c10::Allocator {
     const uint64_t limit = limit_.load();
     if (limit > 0 && live > limit) {
       live_.fetch_sub(n);
-      TORCH_CHECK_WITH(OutOfMemoryError, false,
-                       fmt::format("CPU tensor memory exhausted: allocating {:.1f} MiB with "
-                                   "{:.1f} MiB live would pass {} = {:.3f} GiB",
-                                   n / 1048576.0, (live - n) / 1048576.0, key(),
-                                   limit / 1073741824.0));
+      TORCH_CHECK_WITH(
+          OutOfMemoryError, false,
+          fmt::format("CPU tensor memory exhausted: allocating {:.1f} MiB with "
+                      "{:.1f} MiB live would pass {} = {:.3f} GiB",
+                      n / 1048576.0, (live - n) / 1048576.0, key(), limit / 1073741824.0));
     }
     c10::DataPtr inner;
     try {
@@ -117,8 +117,7 @@ void limit_cpu_tensor_memory(uint64_t bytes, const std::string& key) {
 }
 
 CpuTensorMemory cpu_tensor_memory() {
-  return LimitedCpuAllocator::instance ? LimitedCpuAllocator::instance->usage()
-                                       : CpuTensorMemory{};
+  return LimitedCpuAllocator::instance ? LimitedCpuAllocator::instance->usage() : CpuTensorMemory{};
 }
 
 }  // namespace loom

@@ -9,8 +9,8 @@
 #endif
 
 // jemalloc's control interface, present only where jemalloc is linked (weak: null otherwise).
-extern "C" int mallctl(const char* name, void* oldp, size_t* oldlenp, void* newp,
-                       size_t newlen) __attribute__((weak));
+extern "C" int mallctl(const char* name, void* oldp, size_t* oldlenp, void* newp, size_t newlen)
+    __attribute__((weak));
 
 namespace loom {
 namespace {

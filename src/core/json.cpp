@@ -17,8 +17,8 @@ constexpr int kMaxDepth = 256;
 
 int64_t for_each_json_line(
     const std::string& path, const std::string& role,
-    const std::function<void(const nlohmann::json& value, const std::string& where,
-                             int64_t line)>& visit) {
+    const std::function<void(const nlohmann::json& value, const std::string& where, int64_t line)>&
+        visit) {
   std::ifstream in(path);
   LOOM_CHECK_AS(InputError, in.good(), role, ": cannot read '", path, "'");
   std::string text;
@@ -59,6 +59,38 @@ nlohmann::json parse_strict(std::string_view text, const std::string& source) {
   LOOM_CHECK_AS(InputError, duplicate.empty(), source, ": key '", duplicate,
                 "' appears twice in one object (which one is meant is ambiguous)");
   return root;
+}
+
+namespace {
+
+// Refuses nesting deeper than kMaxDepth before the parser builds it.
+bool within_depth(int depth, nlohmann::json::parse_event_t event) {
+  using Event = nlohmann::json::parse_event_t;
+  return !((event == Event::object_start || event == Event::array_start) && depth >= kMaxDepth);
+}
+
+}  // namespace
+
+nlohmann::json parse_bounded(std::string_view text, const std::string& source) {
+  auto callback = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json&) {
+    if (!within_depth(depth, event)) {
+      LOOM_THROW(InputError, source, ": JSON nested deeper than ", kMaxDepth, " levels");
+    }
+    return true;
+  };
+  try {
+    return nlohmann::json::parse(text.begin(), text.end(), callback);
+  } catch (const nlohmann::json::exception& error) {  // parse_error, or out_of_range (1e999)
+    LOOM_THROW(InputError, source, ": not valid JSON: ", error.what());
+  }
+}
+
+nlohmann::json parse_or_discard(std::string_view text) {
+  try {
+    return parse_bounded(text, "");
+  } catch (const InputError&) {
+    return nlohmann::json(nlohmann::json::value_t::discarded);
+  }
 }
 
 nlohmann::json read_file_strict(const std::string& path, const std::string& role,

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "loom/core/check.h"
+#include "loom/core/json.h"
 
 namespace loom::distributed {
 namespace {
@@ -221,7 +222,8 @@ std::vector<json> read_flight_dumps(const std::string& folder) {
   std::sort(candidates.begin(), candidates.end());
   for (const auto& path : candidates) {
     std::ifstream in(path);
-    json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    json j = loom::json::parse_or_discard(text);
     if (j.is_discarded() || !j.is_object() || j.value("format", "") != "loom-flight-recorder/1") {
       continue;  // another JSON file in the folder
     }

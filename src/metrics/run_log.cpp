@@ -4,8 +4,10 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 
 #include "loom/core/check.h"
+#include "loom/core/json.h"
 
 namespace loom::metrics {
 namespace {
@@ -34,20 +36,34 @@ RunLog read_run(const std::string& folder) {
   if (run.name.empty() || run.name == ".") {
     run.name = fs::absolute(folder).lexically_normal().parent_path().filename().string();
   }
+  LOOM_CHECK_AS(InputError, fs::is_regular_file(path), path, ": not a regular file");
   std::ifstream in(path);
+  std::vector<std::string> texts;
+  for (std::string text; std::getline(in, text);) texts.push_back(std::move(text));
   std::vector<nlohmann::json> train, validation;
-  std::string text;
-  while (std::getline(in, text)) {
-    auto line = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-    // A line being written right now (live run) or foreign text: skipped.
-    if (line.is_discarded() || !line.is_object() || !line.contains("step")) continue;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    if (texts[i].find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = path + ":" + std::to_string(i + 1);
+    auto line = json::parse_or_discard(texts[i]);
+    if (line.is_discarded()) {
+      // Only the last line may be unfinished (a live run is writing it).
+      LOOM_CHECK_AS(InputError, i + 1 == texts.size(), where,
+                    ": not a metrics row (invalid JSON, or nested deeper than 256 levels)");
+      continue;
+    }
+    LOOM_CHECK_AS(InputError, line.is_object(), where, ": a metrics row must be a JSON object");
+    if (!line.contains("step")) continue;  // not a step's row
+    // An integer step: 3.5 or 1e300 would land on another row's step.
+    json::as_int(line["step"], where + ": step", 0, int64_t{1} << 53);
     (line.contains("loss") ? train : validation).push_back(std::move(line));
   }
   run.train = by_step(train);
   run.validation = by_step(validation);
   std::ifstream status(folder + "/run_status.json");
   if (status) {
-    auto j = nlohmann::json::parse(status, nullptr, false);
+    const std::string status_text((std::istreambuf_iterator<char>(status)),
+                                  std::istreambuf_iterator<char>());
+    auto j = json::parse_or_discard(status_text);
     if (!j.is_discarded() && j.is_object()) run.status = std::move(j);
   }
   return run;
@@ -67,12 +83,11 @@ std::vector<std::pair<double, double>> series(const std::vector<nlohmann::json>&
 }
 
 std::vector<std::string> numeric_keys(const std::vector<nlohmann::json>& lines) {
-  std::vector<std::string> keys;
+  std::vector<std::string> keys;  // in first-seen order
+  std::set<std::string> seen;     // linear in the keys, not quadratic
   for (const auto& line : lines) {
     for (const auto& [key, value] : line.items()) {
-      if (value.is_number() && std::find(keys.begin(), keys.end(), key) == keys.end()) {
-        keys.push_back(key);
-      }
+      if (value.is_number() && seen.insert(key).second) keys.push_back(key);
     }
   }
   return keys;

@@ -11,7 +11,6 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
-
 #include "loom/core/check.h"
 #include "loom/distributed/comm.h"
 #include "loom/parallel/context_parallel.h"
@@ -63,7 +62,8 @@ struct RingTransfer {
   std::vector<distributed::Work> works;
 
   static RingTransfer post(distributed::Comm& cp, const at::Tensor& outgoing) {
-    const int next = (cp.rank() + 1) % cp.size(), previous = (cp.rank() + cp.size() - 1) % cp.size();
+    const int next = (cp.rank() + 1) % cp.size(),
+              previous = (cp.rank() + cp.size() - 1) % cp.size();
     RingTransfer t;
     t.incoming = at::empty_like(outgoing);
     t.works = cp.batch_send_recv({{distributed::P2POp::Kind::kSend, outgoing, next},
@@ -103,9 +103,9 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
       const at::Tensor mask = layout.mask(source, q.device());
       if (mask.defined()) {
         const auto [kb, vb] = unpack(block, k, v);
-        const models::AttentionPartial part = models::attention_partial(
-            q, models::expand_heads(kb, q.size(1)), models::expand_heads(vb, q.size(1)), scale,
-            mask);
+        const models::AttentionPartial part =
+            models::attention_partial(q, models::expand_heads(kb, q.size(1)),
+                                      models::expand_heads(vb, q.size(1)), scale, mask);
         if (!out.defined()) {
           out = part.out;
           lse = part.lse;
@@ -129,8 +129,7 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3],
-                     &lse = saved[4];
+    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
     auto& cp = *reinterpret_cast<distributed::Comm*>(ctx->saved_data["comm"].toInt());
     const RingLayout layout = RingLayout::of(ctx);
     const double scale = ctx->saved_data["scale"].toDouble();
@@ -147,8 +146,8 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
       at::Tensor dk = at::zeros_like(k), dv = at::zeros_like(v);
       if (const at::Tensor mask = layout.mask(source, q.device()); mask.defined()) {
         auto [dq_part, dk_part, dv_part] = models::attention_partial_backward(
-            dout, q, models::expand_heads(kb, q.size(1)), models::expand_heads(vb, q.size(1)),
-            out, lse, scale, mask);
+            dout, q, models::expand_heads(kb, q.size(1)), models::expand_heads(vb, q.size(1)), out,
+            lse, scale, mask);
         dq.add_(dq_part);
         dk = models::fold_heads(dk_part, k.size(1));
         dv = models::fold_heads(dv_part, v.size(1));
@@ -167,8 +166,7 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
 }  // namespace
 
 at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                          double scale, const models::TokenLayout& layout,
-                          distributed::Comm& cp) {
+                          double scale, const models::TokenLayout& layout, distributed::Comm& cp) {
   LOOM_CHECK(layout.slots.defined() && layout.key_slots.defined(),
              "context-parallel attention without the shard's slots");
   LOOM_CHECK(k.size(2) == q.size(2) && layout.key_slots.size(0) == cp.size() * q.size(2),
@@ -183,9 +181,8 @@ at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
     ring.key_documents = layout.key_documents.to(q.device());
   }
   const auto dtype = q.scalar_type();
-  const at::Tensor out =
-      RingAttention::apply(q.to(at::kFloat), k.to(at::kFloat).contiguous(),
-                           v.to(at::kFloat).contiguous(), scale, &cp, ring);
+  const at::Tensor out = RingAttention::apply(q.to(at::kFloat), k.to(at::kFloat).contiguous(),
+                                              v.to(at::kFloat).contiguous(), scale, &cp, ring);
   return out.to(dtype);
 }
 

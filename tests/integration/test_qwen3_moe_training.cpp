@@ -74,13 +74,15 @@ LOOM_SLOW_TEST(Qwen3MoeTraining, EveryExpertLayoutTrainsLikeOneRank) {
   // see each rank's tokens, the balancing counts sum over dp x cp.
   runs().expect_matches_one_rank(
       runs().layout_run("cp2", 2,
-                        experts(1, 1, 4) + " --parallelism.context_parallel_degree 2"
-                                           " --parallelism.context_parallel_rotate_method alltoall"),
+                        experts(1, 1, 4) +
+                            " --parallelism.context_parallel_degree 2"
+                            " --parallelism.context_parallel_rotate_method alltoall"),
       "qwen3_moe cp 2, ring");
   runs().expect_matches_one_rank(
       runs().layout_run("ep2_cp2", 4,
-                        experts(2, 2, 2) + " --parallelism.context_parallel_degree 2"
-                                           " --parallelism.context_parallel_rotate_method allgather"),
+                        experts(2, 2, 2) +
+                            " --parallelism.context_parallel_degree 2"
+                            " --parallelism.context_parallel_rotate_method allgather"),
       "qwen3_moe ep 2 x cp 2, all-gather");
 }
 

@@ -9,7 +9,6 @@
 #include <optional>
 
 #include "comm_test_util.h"
-#include "support/jobs.h"
 #include "loom/distributed/runtime.h"
 #include "loom/models/model_spec.h"
 #include "loom/parallel/pipeline/model_parts.h"
@@ -17,6 +16,7 @@
 #include "loom/parallel/pipeline/runner.h"
 #include "loom/train/grad_clip.h"
 #include "loom/train/optimizer.h"
+#include "support/jobs.h"
 
 namespace loom::testing {
 
@@ -49,8 +49,8 @@ struct RankTrainer {
       plan = parallel::pipeline::plan_pipeline(config, 6);
       pp_rank = static_cast<int>(runtime->mesh().group_rank(distributed::MeshGroup::pp, rank));
       for (const auto& part : plan->split.parts_of_rank(pp_rank)) {
-        parts.push_back(models::build_model(config, kVocab, meta,
-                                            parallel::pipeline::to_model_part(part)));
+        parts.push_back(
+            models::build_model(config, kVocab, meta, parallel::pipeline::to_model_part(part)));
       }
     } else {
       parts.push_back(models::build_model(config, kVocab, meta));

@@ -62,8 +62,8 @@ Measurement measure(int64_t seq, int cp, const std::string& method) {
     if (model.context) tokens = model.context->shard(tokens.inputs, tokens.labels, {}, {});
     auto pass = [&] {
       model.gradient_sync->prepare_microbatch(true);
-      at::Tensor loss = model.loss(model.parts[0]->forward(tokens.inputs, tokens.layout),
-                                   tokens.labels);
+      at::Tensor loss =
+          model.loss(model.parts[0]->forward(tokens.inputs, tokens.layout), tokens.labels);
       loss.backward();
       return loss.item<double>();
     };

@@ -149,8 +149,9 @@ void check_context_attention(int cp, bool documents, const std::string& method,
     const at::Tensor ql = mine(q), kl = mine(k), vl = mine(v);
     auto wire = [&] {
       std::array<int64_t, 3> bytes{};
-      for (auto [i, c] : {std::pair{0, Collective::kAllGather},
-                          std::pair{1, Collective::kReduceScatter}, std::pair{2, Collective::kSend}}) {
+      for (auto [i, c] :
+           {std::pair{0, Collective::kAllGather}, std::pair{1, Collective::kReduceScatter},
+            std::pair{2, Collective::kSend}}) {
         bytes[i] = group->counters()[c].wire_bytes.load();
       }
       return bytes;
@@ -169,9 +170,9 @@ void check_context_attention(int cp, bool documents, const std::string& method,
     }
     // k and v of this rank, with their own heads: b hk (s / cp) (d + dv) float32.
     const int64_t kv = b * hk * (s / cp) * (d + dv) * 4;
-    const std::array<int64_t, 3> expect_forward =
-        method == "allgather" ? std::array<int64_t, 3>{(cp - 1) * kv, 0, 0}
-                              : std::array<int64_t, 3>{0, 0, (cp - 1) * kv};
+    const std::array<int64_t, 3> expect_forward = method == "allgather"
+                                                      ? std::array<int64_t, 3>{(cp - 1) * kv, 0, 0}
+                                                      : std::array<int64_t, 3>{0, 0, (cp - 1) * kv};
     const std::array<int64_t, 3> expect_backward =
         method == "allgather" ? std::array<int64_t, 3>{0, (cp - 1) * kv, 0}
                               : std::array<int64_t, 3>{0, 0, (2 * cp - 1) * kv};

@@ -73,6 +73,11 @@ TEST(Documents, BadInputNamesFileAndLine) {
   EXPECT_NE(error_of(write_file(dir, "bad.jsonl", "{\"text\": \"ok\"}\n{not json}\n"))
                 .find("bad.jsonl:2: invalid JSON"),
             std::string::npos);
+  // Nested a million deep: refused as it is read, not followed.
+  const std::string deep = std::string(1000000, '[') + std::string(1000000, ']');
+  EXPECT_NE(error_of(write_file(dir, "deep.jsonl", "{\"text\": " + deep + "}\n"))
+                .find("deep.jsonl:1: invalid JSON: JSON nested deeper than 256 levels"),
+            std::string::npos);
   EXPECT_NE(error_of(write_file(dir, "field.jsonl", "{\"text\": \"ok\"}\n{\"txt\": \"x\"}\n"))
                 .find("field.jsonl:2: no \"text\" field"),
             std::string::npos);

@@ -88,6 +88,38 @@ TEST(RunLog, ResumedStepsCountOnceAndPartialLinesAreSkipped) {
   EXPECT_NE(format_summary(s).find("val_loss"), std::string::npos);
 }
 
+// Hostile rows: only the last line may be unfinished; a damaged row elsewhere, a row nested a
+// million deep (it overflowed the stack of the tools that copy it), and steps that are not
+// integers (3.5 and 1e300 landed on other steps' rows) are errors naming file:line.
+TEST(RunLog, DamagedRowsAreErrorsNamingTheLine) {
+  auto error_of = [](const std::vector<std::string>& lines) {
+    try {
+      read_run(write_run("runlog_bad", lines, ""));
+    } catch (const loom::InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const std::string deep = std::string(1000000, '[') + std::string(1000000, ']');
+  EXPECT_NE(
+      error_of({train_line(1, 5, 1), "{\"step\": 2, \"loss\": " + deep + "}", train_line(3, 4, 3)})
+          .find("metrics.jsonl:2: not a metrics row"),
+      std::string::npos);
+  EXPECT_NE(error_of({"{\"step\":2,\"lo", train_line(3, 4, 3)}).find("metrics.jsonl:1:"),
+            std::string::npos);
+  EXPECT_NE(error_of({train_line(1, 5, 1), "{\"step\": 3.5, \"loss\": 1}"})
+                .find("metrics.jsonl:2: step must be an integer"),
+            std::string::npos);
+  EXPECT_NE(error_of({"{\"step\": 1e300, \"loss\": 1}"}).find("metrics.jsonl:1: step"),
+            std::string::npos);
+  EXPECT_NE(error_of({"{\"step\": \"two\", \"loss\": 1}"}).find("metrics.jsonl:1: step"),
+            std::string::npos);
+  EXPECT_NE(error_of({"[1, 2]", train_line(1, 5, 1)}).find("metrics.jsonl:1: a metrics row"),
+            std::string::npos);
+  // A deep row as the last line is a row being written: skipped.
+  EXPECT_EQ(read_run(write_run("runlog_tail", {train_line(1, 5, 1), deep}, "")).train.size(), 1u);
+}
+
 TEST(Watch, StatusLineSaysRunningStalledFinishedOrGone) {
   std::vector<std::string> lines;
   for (int i = 1; i <= 10; ++i) lines.push_back(train_line(i, 10.0 - i * 0.5, 1000 + 2 * i));

@@ -81,7 +81,9 @@ class LinearStage : public PipelineStage {
   LinearStage(int64_t first, int64_t end) : first_(first) {
     for (int64_t l = first; l < end; ++l) layers_.push_back(make_layer(static_cast<int>(l)));
   }
-  at::Tensor forward(const at::Tensor& input, int /*microbatch*/) override { return run_layers(layers_, input); }
+  at::Tensor forward(const at::Tensor& input, int /*microbatch*/) override {
+    return run_layers(layers_, input);
+  }
   std::vector<at::Tensor> parameters() override {
     std::vector<at::Tensor> out;
     for (auto& l : layers_) {

@@ -51,7 +51,9 @@ class CausalLMStage : public PipelineStage {
  public:
   explicit CausalLMStage(std::unique_ptr<loom::models::CausalLM> model)
       : model_(std::move(model)) {}
-  at::Tensor forward(const at::Tensor& input, int /*microbatch*/) override { return model_->forward(input); }
+  at::Tensor forward(const at::Tensor& input, int /*microbatch*/) override {
+    return model_->forward(input);
+  }
   std::vector<at::Tensor> parameters() override { return model_->module().parameters(); }
   loom::models::CausalLM& model() { return *model_; }
 

@@ -12,15 +12,15 @@
 #include <map>
 
 #include "comm_test_util.h"
-#include "support/jobs.h"
 #include "loom/core/check.h"
 #include "loom/distributed/runtime.h"
+#include "loom/models/loss.h"
 #include "loom/models/model_spec.h"
 #include "loom/parallel/fsdp.h"
 #include "loom/parallel/pipeline/model_parts.h"
 #include "loom/parallel/pipeline/runner.h"
 #include "loom/parallel/placement.h"
-#include "loom/models/loss.h"
+#include "support/jobs.h"
 
 namespace loom {
 namespace {
@@ -67,7 +67,7 @@ Reference reference(const Layout& l, const at::Tensor& batch) {
   model->init_weights(kSeed);
   const double tokens = static_cast<double>(batch.size(0) * kSeq);
   at::Tensor loss = models::cross_entropy_sum(model->forward(batch.narrow(1, 0, kSeq)),
-                                             batch.narrow(1, 1, kSeq)) /
+                                              batch.narrow(1, 1, kSeq)) /
                     tokens;
   loss.backward();
   Reference ref;
@@ -75,9 +75,9 @@ Reference reference(const Layout& l, const at::Tensor& batch) {
   for (const auto& p : model->module().named_parameters()) ref.grads[p.key()] = p.value().grad();
   at::NoGradGuard no_grad;
   const at::Tensor rows = batch.narrow(0, 0, 4);
-  ref.eval_sum = models::cross_entropy_sum(model->forward(rows.narrow(1, 0, kSeq)),
-                                          rows.narrow(1, 1, kSeq))
-                     .item<double>();
+  ref.eval_sum =
+      models::cross_entropy_sum(model->forward(rows.narrow(1, 0, kSeq)), rows.narrow(1, 1, kSeq))
+          .item<double>();
   return ref;
 }
 
@@ -101,8 +101,7 @@ void run_layout(const Layout& l) {
     const auto pp_rank = runtime->mesh().group_rank(distributed::MeshGroup::pp, rank);
     std::vector<std::unique_ptr<models::CausalLM>> parts;
     for (const auto& part : plan.split.parts_of_rank(static_cast<int>(pp_rank))) {
-      parts.push_back(models::build_model(config, kVocab,
-                                          at::TensorOptions().device(at::kMeta),
+      parts.push_back(models::build_model(config, kVocab, at::TensorOptions().device(at::kMeta),
                                           parallel::pipeline::to_model_part(part)));
     }
     const auto& spec = models::find_model_spec(config.model.name);
@@ -116,8 +115,7 @@ void run_layout(const Layout& l) {
     options.loss_sum = pm.loss;
     std::vector<models::CausalLM*> raw;
     for (auto& part : pm.parts) raw.push_back(part.get());
-    parallel::pipeline::PipelineRunner runner(plan, static_cast<int>(pp_rank), raw,
-                                              pm.part_syncs,
+    parallel::pipeline::PipelineRunner runner(plan, static_cast<int>(pp_rank), raw, pm.part_syncs,
                                               runtime->group_ptr(distributed::MeshGroup::pp),
                                               options);
     const int64_t dp_rank = runtime->dp_rank();
@@ -125,8 +123,9 @@ void run_layout(const Layout& l) {
     at::Tensor loss = at::zeros({}, at::kDouble);
     for (int pass = 0; pass < passes; ++pass) {
       const at::Tensor rows = batch.narrow(0, (dp_rank * passes + pass) * 4, 4);
-      loss += runner.train_pass(rows.narrow(1, 0, kSeq), rows.narrow(1, 1, kSeq), tokens,
-                                pass + 1 == passes)
+      loss += runner
+                  .train_pass(rows.narrow(1, 0, kSeq), rows.narrow(1, 1, kSeq), tokens,
+                              pass + 1 == passes)
                   .to(at::kDouble);
     }
     pm.gradient_sync->finish();
@@ -144,8 +143,8 @@ void run_layout(const Layout& l) {
       auto* fsdp = dynamic_cast<parallel::FullyShardedDataParallel*>(wrapper.get());
       if (fsdp == nullptr) continue;
       const auto units = static_cast<int64_t>(fsdp->num_units());
-      LOOM_CHECK(fsdp->stats().all_gathers == units, fsdp->stats().all_gathers,
-                 " all-gathers for ", units, " units: gathered again between microbatches");
+      LOOM_CHECK(fsdp->stats().all_gathers == units, fsdp->stats().all_gathers, " all-gathers for ",
+                 units, " units: gathered again between microbatches");
       LOOM_CHECK(fsdp->stats().reduce_scatters == units, fsdp->stats().reduce_scatters,
                  " reduce-scatters for ", units, " units");
       LOOM_CHECK(fsdp->unsharded_gradient_bytes() == 0, "unsharded gradients left over");
@@ -153,8 +152,8 @@ void run_layout(const Layout& l) {
     LOOM_CHECK(runner.take_stats().computes > 0, "the runner counted no compute");
     // Evaluation: every pp rank gets the summed loss of the batch.
     const at::Tensor rows = batch.narrow(0, 0, 4);
-    const double eval = runner.eval_sum(rows.narrow(1, 0, kSeq), rows.narrow(1, 1, kSeq))
-                            .item<double>();
+    const double eval =
+        runner.eval_sum(rows.narrow(1, 0, kSeq), rows.narrow(1, 1, kSeq)).item<double>();
     LOOM_CHECK(std::abs(eval - ref.eval_sum) <= 1e-5 * ref.eval_sum, "eval ", eval, " vs ",
                ref.eval_sum);
   });

@@ -18,13 +18,23 @@ namespace loom::json {
 // Parses `text`; `source` (a path, "path: header", ...) starts every error message.
 nlohmann::json parse_strict(std::string_view text, const std::string& source);
 
+// Parses `text` with nesting bounded as parse_strict (a value nested deeper is refused before it
+// is built: deep values overflow the stack of code that copies or walks them), a key twice
+// keeping the last value as JSON parsers commonly do. Errors start with `source`.
+nlohmann::json parse_bounded(std::string_view text, const std::string& source);
+
+// parse_bounded for readers that skip what they cannot use (a metrics row being written): an
+// invalid or too deeply nested text gives a discarded value (is_discarded()), no exception.
+nlohmann::json parse_or_discard(std::string_view text);
+
 // Each non-blank line of a JSON-lines file, parsed strictly, handed to `visit` with its
-// "path:line" (for the visitor's own errors) and line number. `role` names the file where it cannot be read
+// "path:line" (for the visitor's own errors) and line number. `role` names the file where it cannot
+// be read
 // ("--prompts", "task file"). Returns the number of lines visited.
 int64_t for_each_json_line(
     const std::string& path, const std::string& role,
-    const std::function<void(const nlohmann::json& value, const std::string& where,
-                             int64_t line)>& visit);
+    const std::function<void(const nlohmann::json& value, const std::string& where, int64_t line)>&
+        visit);
 
 // files::read_file (regular files only) + parse_strict.
 nlohmann::json read_file_strict(const std::string& path, const std::string& role,

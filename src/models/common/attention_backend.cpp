@@ -23,8 +23,9 @@ at::Tensor additive(const at::Tensor& mask, const at::Tensor& like) {
 
 at::Tensor masked_scores(const at::Tensor& q, const at::Tensor& k, double scale,
                          const at::Tensor& mask) {
-  return at::matmul(q, k.transpose(-2, -1)).mul_(scale).masked_fill_(mask.logical_not(),
-                                                                      kMinusInfinity);
+  return at::matmul(q, k.transpose(-2, -1))
+      .mul_(scale)
+      .masked_fill_(mask.logical_not(), kMinusInfinity);
 }
 
 // The fused kernel takes one head size: zero columns change neither the scores (q and k padded
@@ -53,10 +54,9 @@ struct MaskedAttention : torch::autograd::Function<MaskedAttention> {
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    MaskDescription where{ctx->saved_data["query_slots"].toTensor(),
-                          ctx->saved_data["key_slots"].toTensor(),
-                          ctx->saved_data["query_documents"].toTensor(),
-                          ctx->saved_data["key_documents"].toTensor()};
+    MaskDescription where{
+        ctx->saved_data["query_slots"].toTensor(), ctx->saved_data["key_slots"].toTensor(),
+        ctx->saved_data["query_documents"].toTensor(), ctx->saved_data["key_documents"].toTensor()};
     auto [dq, dk, dv] = attention_partial_backward(
         grads[0].contiguous(), saved[0], saved[1], saved[2], saved[3], saved[4],
         ctx->saved_data["scale"].toDouble(), where.build(saved[0].device()));
@@ -142,8 +142,7 @@ at::Tensor local_attention(const at::Tensor& q, const at::Tensor& k, const at::T
     return at::scaled_dot_product_attention(q, keys, values, /*attn_mask=*/{}, /*dropout_p=*/0.0,
                                             /*is_causal=*/true, scale);
   }
-  const at::Tensor slots =
-      layout.slots.defined() ? layout.slots : at::arange(q.size(2), at::kLong);
+  const at::Tensor slots = layout.slots.defined() ? layout.slots : at::arange(q.size(2), at::kLong);
   return masked_attention(q, keys, values, scale,
                           {slots, slots, layout.documents, layout.documents});
 }

@@ -143,8 +143,8 @@ at::Tensor TransformerImpl::forward(const at::Tensor& input, const TokenLayout& 
     LOOM_CHECK(positions.dim() == 2 && positions.size(0) == input.size(0) &&
                    (!part.embedding || positions.size(1) == seq),
                "positions ", positions.sizes(), " for input ", input.sizes());
-    in.rotations = freqs_cis.index_select(0, positions.flatten())
-                       .view({input.size(0), positions.size(1), -1});
+    in.rotations =
+        freqs_cis.index_select(0, positions.flatten()).view({input.size(0), positions.size(1), -1});
   }
   at::Tensor h =
       part.embedding

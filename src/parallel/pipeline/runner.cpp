@@ -27,11 +27,9 @@ class PipelineRunner::Stage final : public PipelineStage {
   bool head_;
 };
 
-PipelineRunner::PipelineRunner(PipelinePlan plan, int pp_rank,
-                               std::vector<models::CausalLM*> parts,
+PipelineRunner::PipelineRunner(PipelinePlan plan, int pp_rank, std::vector<models::CausalLM*> parts,
                                std::vector<GradientSync*> part_syncs,
-                               std::shared_ptr<distributed::Comm> pp,
-                               PipelineRunnerOptions options)
+                               std::shared_ptr<distributed::Comm> pp, PipelineRunnerOptions options)
     : plan_(std::move(plan)), rank_(pp_rank), pp_(std::move(pp)), options_(std::move(options)) {
   const auto stages = plan_.schedule.stages_of_rank(rank_);
   LOOM_CHECK(parts.size() == stages.size() && part_syncs.size() == parts.size(), "pipeline rank ",

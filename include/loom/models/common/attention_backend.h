@@ -68,8 +68,8 @@ at::Tensor causal_mask(const at::Tensor& query_slots, const at::Tensor& key_slot
 // Who may attend to whom, as the small tensors that make the mask (causal_mask's arguments, on
 // any device; documents undefined: one document per row).
 struct MaskDescription {
-  at::Tensor query_slots, key_slots;          // [s], [t]
-  at::Tensor query_documents, key_documents;  // [b, s], [b, t]
+  at::Tensor query_slots, key_slots;                 // [s], [t]
+  at::Tensor query_documents, key_documents;         // [b, s], [b, t]
   at::Tensor build(const at::Device& device) const;  // bool [b or 1, 1, s, t] on `device`
 };
 

@@ -88,7 +88,7 @@ class PipelineRunner {
   std::map<int, GradientSync*> sync_of_stage_;
   std::map<int, Action> final_backward_;  // per local stage: its last B or W of a pass
   std::unique_ptr<PipelineExecutor> executor_;
-  std::vector<int64_t> executor_shape_;  // the boundary shape executor_ was built for
+  std::vector<int64_t> executor_shape_;       // the boundary shape executor_ was built for
   std::vector<models::TokenLayout> layouts_;  // of the running pass's microbatches
   double divisor_ = 1;
   bool last_pass_ = true;
