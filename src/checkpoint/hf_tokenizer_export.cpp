@@ -18,6 +18,7 @@ namespace loom::checkpoint {
 namespace {
 
 std::string read_file(const std::string& path) {
+  files::require_regular_file(path, "export: the tokenizer");
   std::ifstream in(path, std::ios::binary);
   LOOM_CHECK_AS(InputError, in.good(), "export: cannot read the tokenizer '", path, "'");
   std::ostringstream text;

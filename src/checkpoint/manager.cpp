@@ -58,7 +58,7 @@ CheckpointManager::CheckpointManager(const config::JobConfig& config,
     : config_(config), runtime_(runtime), targets_(std::move(targets)) {
   const auto& c = config_.checkpoint;
   enabled_ = c.enable;
-  folder_ = (fs::path(config_.job.dump_folder) / c.folder).string();
+  folder_ = files::output_folder(config_.job.dump_folder, c.folder, "checkpoint.folder");
   for (const auto& part : c.exclude_from_loading) {
     LOOM_CHECK_AS(InputError, loadable_parts().count(part), "checkpoint.exclude_from_loading: '",
                   part, "' is not one of model, optimizer, lr_scheduler, dataloader, train_state");
@@ -297,15 +297,15 @@ void CheckpointManager::finalize(const Snapshot& s, const std::string& temp) {
   files::write_atomic(temp + "/index.json", index.dump(1));
   files::write_atomic(
       temp + "/train_state.json",
-      nlohmann::json({{"step", s.step},
-                      {"tokens_seen", s.tokens_seen},
-                      {"elapsed_s", s.elapsed_s},
-                      // Elastic resume on another world size keeps it (resume_batch.h).
-                      {"global_batch_size", config_.training.global_batch_size > 0
-                                                ? config_.training.global_batch_size
-                                                : config_.training.local_batch_size *
-                                                      runtime_.dp_size()},
-                      {"lr_scheduler", {{"step", s.step}}}})
+      nlohmann::json(
+          {{"step", s.step},
+           {"tokens_seen", s.tokens_seen},
+           {"elapsed_s", s.elapsed_s},
+           // Elastic resume on another world size keeps it (resume_batch.h).
+           {"global_batch_size", config_.training.global_batch_size > 0
+                                     ? config_.training.global_batch_size
+                                     : config_.training.local_batch_size * runtime_.dp_size()},
+           {"lr_scheduler", {{"step", s.step}}}})
           .dump(1));
   files::write_atomic(temp + "/config.toml", config::to_toml(config_));
   const std::string final_folder = step_folder(s.step);

@@ -4,6 +4,7 @@
 
 #include "loom/checkpoint/manager.h"
 #include "loom/core/check.h"
+#include "loom/core/files.h"
 #include "loom/core/json.h"
 #include "loom/core/logging.h"
 #include "state_io.h"
@@ -13,7 +14,8 @@ namespace loom::checkpoint {
 std::optional<int64_t> resumable_global_batch(const config::JobConfig& config) {
   const auto& c = config.checkpoint;
   if (!c.enable) return std::nullopt;
-  const std::string folder = (std::filesystem::path(config.job.dump_folder) / c.folder).string();
+  const std::string folder =
+      files::output_folder(config.job.dump_folder, c.folder, "checkpoint.folder");
   for (const auto& [step, path] : complete_steps(folder)) {
     if (c.load_step >= 0 && step != c.load_step) continue;
     const std::string state_path = path + "/train_state.json";

@@ -10,6 +10,7 @@
 
 #include "commands.h"
 #include "loom/core/check.h"
+#include "loom/core/files.h"
 #include "loom/core/json.h"
 #include "loom/core/strings.h"
 #include "loom/data/tokenizer.h"
@@ -28,6 +29,7 @@ struct TokenizeArgs {
 
 std::string read_input(const TokenizeArgs& args) {
   if (args.text) return *args.text;
+  files::require_regular_file(*args.input, "--input file");
   std::ifstream in(*args.input, std::ios::binary);
   LOOM_CHECK_AS(InputError, in.good(), "cannot open --input file '", *args.input, "'");
   std::ostringstream content;

@@ -31,7 +31,8 @@ void add_job_sections(Schema& s) {
   prof.field("enable_profiling", &ProfilingSection::enable_profiling,
              "Record Kineto profiler traces (Chrome/Perfetto JSON, CPU and CUDA activity).");
   prof.field("save_traces_folder", &ProfilingSection::save_traces_folder,
-             "Trace folder under dump_folder: `iteration_<step>/rank<r>_trace.json`.");
+             "Trace folder, `iteration_<step>/rank<r>_trace.json` in it. Relative: under "
+             "dump_folder (no \"..\"); absolute: as given.");
   prof.field("profile_freq", &ProfilingSection::profile_freq,
              "Record one profiling cycle every this many steps (ends at multiples of it).")
       .min(1);
@@ -57,7 +58,7 @@ void add_job_sections(Schema& s) {
   met.field("disable_color_printing", &MetricsSection::disable_color_printing,
             "Plain console lines without ANSI colors.");
   met.field("save_tb_folder", &MetricsSection::save_tb_folder,
-            "TensorBoard folder under dump_folder.");
+            "TensorBoard folder. Relative: under dump_folder (no \"..\"); absolute: as given.");
   met.field("save_for_all_ranks", &MetricsSection::save_for_all_ranks,
             "TensorBoard files from every rank (`<save_tb_folder>/rank_<r>`), not only rank 0.");
   met.field("peak_tflops", &MetricsSection::peak_tflops,
@@ -352,7 +353,8 @@ void add_checkpoint_sections(Schema& s) {
   ck.field("enable_ft_dataloader_checkpoints", &CheckpointSection::enable_ft_dataloader_checkpoints,
            "Data-loader checkpoints for torchft replicas.")
       .unimplemented();
-  ck.field("folder", &CheckpointSection::folder, "Checkpoint folder under dump_folder.");
+  ck.field("folder", &CheckpointSection::folder,
+           "Checkpoint folder. Relative: under dump_folder (no \"..\"); absolute: as given.");
   ck.field("interval", &CheckpointSection::interval, "Save every this many steps.").min(1);
   ck.field("initial_load_path", &CheckpointSection::initial_load_path,
            "Checkpoint to start from when the run has none of its own.");
@@ -491,8 +493,9 @@ void add_runtime_sections(Schema& s) {
              "Flight recorder: the last collectives each rank remembers (0 disables); dumped on "
              "a collective timeout or SIGUSR1, read with `loom debug hang`.")
       .min(0);
-  comm.field("save_traces_folder", &CommSection::save_traces_folder,
-             "Flight-recorder dump folder under dump_folder.");
+  comm.field(
+      "save_traces_folder", &CommSection::save_traces_folder,
+      "Flight-recorder dump folder. Relative: under dump_folder (no \"..\"); absolute: as given.");
   comm.field("save_traces_file_prefix", &CommSection::save_traces_file_prefix,
              "Flight-recorder file prefix: `<prefix><rank>.json`.");
   comm.field("mode", &CommSection::mode, "default, or simulated communication for dry runs.")

@@ -102,6 +102,15 @@ std::string read_file(const std::string& path, const std::string& role, uint64_t
   return content;
 }
 
+std::string output_folder(const std::string& dump_folder, const std::string& value,
+                          const std::string& key) {
+  if (!value.empty() && value.front() == '/') return value;
+  LOOM_CHECK_AS(InputError, value.empty() || is_contained_relative_path(value), key, " = \"", value,
+                "\": a relative folder must stay inside job.dump_folder (no \"..\"); "
+                "give an absolute path to write elsewhere");
+  return value.empty() ? dump_folder : (std::filesystem::path(dump_folder) / value).string();
+}
+
 bool is_contained_relative_path(const std::string& name) {
   if (name.empty() || name.front() == '/' || name.find('\0') != std::string::npos) return false;
   for (const auto& part : std::filesystem::path(name)) {

@@ -19,6 +19,7 @@ int64_t for_each_json_line(
     const std::string& path, const std::string& role,
     const std::function<void(const nlohmann::json& value, const std::string& where, int64_t line)>&
         visit) {
+  files::require_regular_file(path, role);  // a FIFO would block the read
   std::ifstream in(path);
   LOOM_CHECK_AS(InputError, in.good(), role, ": cannot read '", path, "'");
   std::string text;

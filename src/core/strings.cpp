@@ -126,6 +126,22 @@ std::optional<bool> parse_bool(std::string_view text) {
   return std::nullopt;
 }
 
+std::string printable(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (char c : text) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte < 0x20 || byte == 0x7f) {
+      char buffer[8];
+      std::snprintf(buffer, sizeof(buffer), "\\x%02x", byte);
+      out += buffer;
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
 std::string quote(std::string_view text) {
   std::string out = "\"";
   for (char c : text) {

@@ -10,6 +10,7 @@
 
 #include "loom/config/job_config.h"
 #include "loom/core/check.h"
+#include "loom/core/files.h"
 #include "loom/core/strings.h"
 #include "loom/data/assets.h"
 #include "loom/data/bpe_tokenizer.h"
@@ -40,6 +41,7 @@ TokenizerIdentity Tokenizer::identity() const {
 }
 
 std::string file_content_hash(const std::string& path) {
+  files::require_regular_file(path, "tokenizer file");
   std::ifstream in(path, std::ios::binary);
   LOOM_CHECK_AS(InputError, in.good(), "cannot read '", path, "': ", std::strerror(errno));
   uLong crc = crc32(0L, Z_NULL, 0);

@@ -214,7 +214,10 @@ std::vector<json> read_flight_dumps(const std::string& folder) {
   for (const auto& dir : {fs::path(folder) / "comm_traces", fs::path(folder)}) {
     if (!fs::is_directory(dir)) continue;
     for (const auto& item : fs::directory_iterator(dir)) {
-      if (item.path().extension() == ".json") candidates.push_back(item.path());
+      // Regular files only: a FIFO named *.json would block the read.
+      if (item.path().extension() == ".json" && fs::is_regular_file(item.path())) {
+        candidates.push_back(item.path());
+      }
     }
     if (!candidates.empty()) break;
   }

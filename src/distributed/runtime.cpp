@@ -4,6 +4,7 @@
 
 #include "loom/core/device.h"
 #include "loom/core/env.h"
+#include "loom/core/files.h"
 #include "loom/core/logging.h"
 
 namespace loom::distributed {
@@ -24,8 +25,9 @@ CommInit comm_init(const WorldInfo& world, const config::CommSection& comm,
   init.store_hosted_by_agent = env::get("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";
   init.trace_buffer_size = static_cast<size_t>(comm.trace_buf_size);
   init.collective_watchdog = true;
-  init.trace_dump_path = dump_folder + "/" + comm.save_traces_folder + "/" +
-                         comm.save_traces_file_prefix + std::to_string(world.rank) + ".json";
+  init.trace_dump_path =
+      files::output_folder(dump_folder, comm.save_traces_folder, "comm.save_traces_folder") + "/" +
+      comm.save_traces_file_prefix + std::to_string(world.rank) + ".json";
   return init;
 }
 
@@ -47,7 +49,8 @@ ParallelRuntime::ParallelRuntime(const config::JobConfig& config, WorldInfo worl
     device::check_gpu_per_local_rank(config.training.device, world_.local_world_size,
                                      device::query_accelerators().device_count);
   }
-  groups_owner_ = std::make_unique<ProcessGroups>(comm_init(world_, config.comm, config.job.dump_folder, with_cuda));
+  groups_owner_ = std::make_unique<ProcessGroups>(
+      comm_init(world_, config.comm, config.job.dump_folder, with_cuda));
   for (MeshGroup kind : kAllMeshGroups) {
     groups_[static_cast<size_t>(kind)] =
         groups_owner_->new_group(to_string(kind), to_int(mesh_.group_ranks(kind, world_.rank)));

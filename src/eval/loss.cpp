@@ -17,10 +17,15 @@ namespace loom::eval {
 at::Tensor target_nll_sums(const at::Tensor& logits, const at::Tensor& targets) {
   const int64_t bs = targets.size(0), seq = targets.size(1);
   at::Tensor t = targets.to(logits.device());
-  at::Tensor nll = at::cross_entropy_loss(logits.reshape({bs * seq, -1}).to(at::kFloat),
-                                          t.flatten(), /*weight=*/{}, at::Reduction::None,
-                                          kNotScored);
-  return nll.view({bs, seq}).to(at::kDouble).sum(1).cpu();
+  at::Tensor nll =
+      at::cross_entropy_loss(logits.reshape({bs * seq, -1}).to(at::kFloat), t.flatten(),
+                             /*weight=*/{}, at::Reduction::None, kNotScored);
+  at::Tensor sums = nll.view({bs, seq}).to(at::kDouble).sum(1).cpu();
+  // A NaN loss would print as null, and NaN log-likelihoods tie every choice.
+  LOOM_CHECK_AS(InputError, at::isfinite(sums).all().item<bool>(),
+                "the model's loss is not finite (NaN or infinite logits): the checkpoint's "
+                "weights hold NaN or Inf values, or overflow in this dtype");
+  return sums;
 }
 
 std::pair<at::Tensor, at::Tensor> pad_rows(const std::vector<std::vector<int64_t>>& inputs,
@@ -53,7 +58,8 @@ double LossResult::perplexity() const {
   return std::exp(loss());
 }
 
-LossResult evaluate_loss(const ForwardFn& forward, const std::vector<std::vector<int32_t>>& sequences,
+LossResult evaluate_loss(const ForwardFn& forward,
+                         const std::vector<std::vector<int32_t>>& sequences,
                          const std::vector<Window>& windows, int64_t batch_size,
                          const Progress& progress) {
   LOOM_CHECK_AS(InputError, batch_size > 0, "--batch-size must be positive");
@@ -99,10 +105,9 @@ LossResult evaluate_loss(const ForwardFn& forward, const std::vector<std::vector
 
 std::vector<std::string> read_text_dataset(const std::string& source,
                                            const std::string& text_field) {
-  const std::string location =
-      source == "brown" || source == "brown_validation"
-          ? data::dataset_location(source, std::nullopt, "--dataset")
-          : source;
+  const std::string location = source == "brown" || source == "brown_validation"
+                                   ? data::dataset_location(source, std::nullopt, "--dataset")
+                                   : source;
   LOOM_CHECK_AS(InputError, !data::is_prepared_dataset(location), "--dataset '", source,
                 "' is a prepared (pre-tokenized) dataset; loom eval reads text: point it at the "
                 "text files instead");

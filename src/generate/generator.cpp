@@ -112,8 +112,8 @@ at::Tensor left_padded(const std::vector<std::vector<int32_t>>& prompts,
                        std::vector<int64_t>& padding) {
   size_t longest = 0;
   for (const auto& p : prompts) longest = std::max(longest, p.size());
-  at::Tensor batch = at::zeros({static_cast<int64_t>(prompts.size()), static_cast<int64_t>(longest)},
-                               at::kLong);
+  at::Tensor batch =
+      at::zeros({static_cast<int64_t>(prompts.size()), static_cast<int64_t>(longest)}, at::kLong);
   auto ids = batch.accessor<int64_t, 2>();
   for (size_t i = 0; i < prompts.size(); ++i) {
     const size_t pad = longest - prompts[i].size();
@@ -129,10 +129,15 @@ at::Tensor left_padded(const std::vector<std::vector<int32_t>>& prompts,
 std::vector<int32_t> next_tokens(const at::Tensor& logits, const std::vector<Row*>& live,
                                  const SamplingOptions& sampling) {
   std::vector<int32_t> next(live.size());
+  // NaN logits would pick token 0 (NUL bytes) on every step: the weights are broken.
+  LOOM_CHECK_AS(InputError, at::isfinite(logits).all().item<bool>(),
+                "the model's logits are not finite (NaN or infinite): the checkpoint's weights "
+                "hold NaN or Inf values, or overflow in this dtype");
   if (sampling.greedy() && sampling.repetition_penalty == 1.0) {
     at::Tensor ids = logits.argmax(1).cpu();  // one transfer for the whole batch
     auto id = ids.accessor<int64_t, 1>();
-    for (size_t r = 0; r < live.size(); ++r) next[r] = static_cast<int32_t>(id[static_cast<int64_t>(r)]);
+    for (size_t r = 0; r < live.size(); ++r)
+      next[r] = static_cast<int32_t>(id[static_cast<int64_t>(r)]);
     return next;
   }
   for (size_t r = 0; r < live.size(); ++r) {
@@ -193,8 +198,8 @@ std::vector<Completion> Generator::generate(const std::vector<std::vector<int32_
   const at::Tensor batch = left_padded(prompts, padding);
   // A row never goes past the context, whatever max_new_tokens asks: no slot beyond that.
   const int64_t most_padding = *std::max_element(padding.begin(), padding.end());
-  const int64_t capacity = std::min(batch.size(1) + options_.max_new_tokens,
-                                    most_padding + model_.context());
+  const int64_t capacity =
+      std::min(batch.size(1) + options_.max_new_tokens, most_padding + model_.context());
   auto cache = model.new_inference_cache(batch.size(0), capacity, padding);
   std::vector<Row*> live;  // the rows in the cache, in cache order
   for (auto& row : rows) live.push_back(&row);
@@ -202,8 +207,7 @@ std::vector<Completion> Generator::generate(const std::vector<std::vector<int32_
   auto start = Clock::now();
   at::Tensor logits = model.forward_cached(batch.to(device), *cache, true);
   for (bool prefill = true;; prefill = false) {
-    const auto next = next_tokens(logits.select(1, 0).slice(1, 0, vocab), live,
-                                  options_.sampling);
+    const auto next = next_tokens(logits.select(1, 0).slice(1, 0, vocab), live, options_.sampling);
     std::vector<int64_t> keep;
     std::vector<Row*> still_live;
     for (size_t r = 0; r < live.size(); ++r) {
@@ -220,8 +224,8 @@ std::vector<Completion> Generator::generate(const std::vector<std::vector<int32_
     std::vector<int64_t> step;
     for (const Row* row : still_live) step.push_back(row->sequence.back());
     live = std::move(still_live);
-    logits = model.forward_cached(at::tensor(step, at::kLong).view({-1, 1}).to(device), *cache,
-                                  true);
+    logits =
+        model.forward_cached(at::tensor(step, at::kLong).view({-1, 1}).to(device), *cache, true);
   }
   std::vector<Completion> out;
   for (const auto& row : rows) out.push_back(completion_of(row));

@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sched.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -11,6 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstring>
 #include <map>
@@ -23,8 +25,8 @@
 #include "loom/core/files.h"
 #include "loom/core/logging.h"
 #include "loom/core/strings.h"
-#include "loom/launch/heartbeat.h"
 #include "loom/distributed/store_socket.h"
+#include "loom/launch/heartbeat.h"
 #include "loom/launch/worker_group.h"
 #include "loom/launch/world_info.h"
 
@@ -98,6 +100,24 @@ class SignalPipe {
   bool dump_requested_ = false;
   struct sigaction previous_[NSIG] = {};
 };
+
+// Waits up to `ms` for a terminating signal (SIGCHLD and SIGUSR1 do not end the wait); returns it,
+// or 0 when the time passed.
+int wait_for_signal(SignalPipe& signals, int ms) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+  while (true) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          deadline - std::chrono::steady_clock::now())
+                          .count();
+    if (left <= 0) return 0;
+    pollfd fd{signals.fd(), POLLIN, 0};
+    if (::poll(&fd, 1, static_cast<int>(left)) > 0) {
+      if (const int sig = signals.take_terminating(); sig != 0) return sig;
+    }
+  }
+}
+
+constexpr int kMaxRestartBackoffMs = 30000;
 
 // "[launch node<N>]"; an elastic node's rank changes every round, so it goes by its pid.
 std::shared_ptr<spdlog::logger> make_logger(const std::string& who) {
@@ -449,17 +469,30 @@ int LocalAgent::run() {
     rendezvous_->end_round("rank " + std::to_string(failed.spec.global_rank) + " failed");
     group.stop(SIGTERM, options_.grace_period_s, signals.fd(), escalate);
     if (pending_signal != 0) return 128 + pending_signal;
-    if (failures < options_.max_restarts) {
+    // Exit 2 is loom's "bad input" (config, data, checkpoint): a restart fails the same way.
+    const bool input_error = failed.exit_code() == 2;
+    if (input_error && failures < options_.max_restarts) {
+      logger->error(
+          "not restarting: exit 2 is an input error (config, data, checkpoint), which "
+          "a restart would meet again");
+    }
+    if (!input_error && failures < options_.max_restarts) {
       ++failures;
-      logger->warn("restarting the worker group ({} of at most {} restarts)", failures,
-                   options_.max_restarts);
+      // Exponential backoff, capped: a worker that dies at start would otherwise restart
+      // thousands of times a minute.
+      const int backoff_ms = std::min(kMaxRestartBackoffMs, 1000 << std::min(failures - 1, 10));
+      logger->warn("restarting the worker group in {:.1f} s ({} of at most {} restarts)",
+                   backoff_ms / 1000.0, failures, options_.max_restarts);
+      if (const int sig = wait_for_signal(signals, backoff_ms); sig != 0) {
+        logger->warn("received {} while waiting to restart: stopping", signal_name(sig));
+        return 128 + sig;
+      }
       continue;
     }
-    logger->error("job failed{}: {}",
-                  options_.max_restarts > 0
-                      ? " after " + std::to_string(options_.max_restarts) + " restart(s)"
-                      : std::string(),
-                  describe_worker(failed, round.group_rank));
+    logger->error(
+        "job failed{}: {}",
+        failures > 0 ? " after " + std::to_string(failures) + " restart(s)" : std::string(),
+        describe_worker(failed, round.group_rank));
     return failed.exit_code() == 0 ? 1 : failed.exit_code();
   }
 }

@@ -2,8 +2,8 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
-#include <sys/resource.h>
 #include <fmt/format.h>
+#include <sys/resource.h>
 #include <nlohmann/json.hpp>
 
 #include <unistd.h>
@@ -66,7 +66,8 @@ MetricsSinks metrics_sinks(const config::JobConfig& config, int rank, bool color
     sinks.status_path = dump + "/run_status.json";
   }
   if (config.metrics.enable_tensorboard && (main_rank || config.metrics.save_for_all_ranks)) {
-    sinks.tensorboard_folder = dump + "/" + config.metrics.save_tb_folder;
+    sinks.tensorboard_folder =
+        files::output_folder(dump, config.metrics.save_tb_folder, "metrics.save_tb_folder");
     if (config.metrics.save_for_all_ranks) {
       sinks.tensorboard_folder += "/rank_" + std::to_string(rank);
     }

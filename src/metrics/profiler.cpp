@@ -123,8 +123,9 @@ void StepProfiler::step_end(int64_t step) {
 void StepProfiler::stop_and_save(int64_t step) {
   auto result = kineto::disableProfiler();
   phase_ = Phase::kIdle;
-  const std::string folder =
-      dump_folder_ + "/" + options_.save_traces_folder + "/iteration_" + std::to_string(step);
+  const std::string folder = files::output_folder(dump_folder_, options_.save_traces_folder,
+                                                  "profiling.save_traces_folder") +
+                             "/iteration_" + std::to_string(step);
   files::create_directories(folder);
   const std::string path = folder + "/rank" + std::to_string(rank_) + "_trace.json";
   result->save(path);

@@ -59,7 +59,8 @@ RunLog read_run(const std::string& folder) {
   }
   run.train = by_step(train);
   run.validation = by_step(validation);
-  std::ifstream status(folder + "/run_status.json");
+  std::ifstream status;
+  if (fs::is_regular_file(folder + "/run_status.json")) status.open(folder + "/run_status.json");
   if (status) {
     const std::string status_text((std::istreambuf_iterator<char>(status)),
                                   std::istreambuf_iterator<char>());

@@ -1,4 +1,5 @@
 #include "loom/metrics/summary.h"
+#include "loom/core/strings.h"
 
 #include <fmt/format.h>
 
@@ -78,8 +79,9 @@ nlohmann::json summarize(const RunLog& run) {
 }
 
 std::string format_summary(const nlohmann::json& s) {
-  std::string out = fmt::format("run {} ({}): {} logged steps", s["run"].get<std::string>(),
-                                s["folder"].get<std::string>(), s["logged_steps"].get<size_t>());
+  std::string out = fmt::format(
+      "run {} ({}): {} logged steps", strings::printable(s["run"].get<std::string>()),
+      strings::printable(s["folder"].get<std::string>()), s["logged_steps"].get<size_t>());
   if (s.contains("first_step")) {
     out +=
         fmt::format(", steps {}-{}", s["first_step"].get<int64_t>(), s["last_step"].get<int64_t>());
@@ -90,8 +92,8 @@ std::string format_summary(const nlohmann::json& s) {
                      "best", "@step", "mean", "min", "max");
   for (const auto& [key, m] : s["metrics"].items()) {
     const bool has_best = m.contains("best");
-    out += fmt::format("  {:<24} {:>11} {:>11} {:>8} {:>11} {:>11} {:>11}\n", key,
-                       number(m["last"].get<double>()),
+    out += fmt::format("  {:<24} {:>11} {:>11} {:>8} {:>11} {:>11} {:>11}\n",
+                       strings::printable(key), number(m["last"].get<double>()),
                        has_best ? number(m["best"].get<double>()) : "-",
                        has_best ? fmt::format("{:.0f}", m["best_step"].get<double>()) : "-",
                        number(m["mean"].get<double>()), number(m["min"].get<double>()),

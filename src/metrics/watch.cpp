@@ -1,4 +1,5 @@
 #include "loom/metrics/watch.h"
+#include "loom/core/strings.h"
 
 #include <fmt/format.h>
 #include <signal.h>
@@ -191,7 +192,8 @@ std::string render_watch(const std::vector<RunLog>& runs, double now, const Watc
                                                                              : "\033[31m";
     const int64_t step = run.train.empty() ? 0 : run.train.back()["step"].get<int64_t>();
     const int64_t total = total_steps(run);
-    out += fmt::format("{}{}{}  ({})\n", bold, run.name, reset, run.folder);
+    out += fmt::format("{}{}{}  ({})\n", bold, strings::printable(run.name), reset,
+                       strings::printable(run.folder));
     if (total > 0) {
       const double fraction =
           std::clamp(static_cast<double>(step) / static_cast<double>(total), 0.0, 1.0);
@@ -239,7 +241,7 @@ std::string render_watch(const std::vector<RunLog>& runs, double now, const Watc
       for (const auto& l : run.train) {
         if (l["step"].get<int64_t>() <= common) loss = l["loss"].get<double>();
       }
-      line += fmt::format("  {} loss {:.4f}", run.name, loss);
+      line += fmt::format("  {} loss {:.4f}", strings::printable(run.name), loss);
     }
     out += line + "\n";
   }

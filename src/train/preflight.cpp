@@ -5,6 +5,7 @@
 #include <functional>
 
 #include "loom/core/check.h"
+#include "loom/core/files.h"
 #include "loom/data/documents.h"
 #include "loom/data/packed_loader.h"
 #include "loom/data/shards.h"
@@ -16,7 +17,6 @@
 
 namespace loom::train {
 namespace {
-
 
 // The ranks of one data-parallel group when dp_shard is -1: any multiple of the other degrees.
 int64_t fixed_degrees(const config::ParallelismSection& p) {
@@ -73,6 +73,19 @@ void check_training_keys(const config::JobConfig& config, const PreflightWorld& 
   if (name != "AdamW" && name != "Adam") {
     problems.push_back("optimizer.name: loom implements AdamW and Adam, got '" + name + "'");
   }
+  // Output subfolders: refused here, before any rank writes (files::output_folder's rule).
+  const std::pair<const char*, const std::string*> folders[] = {
+      {"metrics.save_tb_folder", &config.metrics.save_tb_folder},
+      {"profiling.save_traces_folder", &config.profiling.save_traces_folder},
+      {"comm.save_traces_folder", &config.comm.save_traces_folder},
+      {"checkpoint.folder", &config.checkpoint.folder}};
+  for (const auto& [key, value] : folders) {
+    try {
+      files::output_folder(config.job.dump_folder, *value, key);
+    } catch (const InputError& e) {
+      problems.push_back(e.message());
+    }
+  }
   if (config.metrics.step_breakdown && !world.device.is_cpu()) {
     problems.push_back("metrics.step_breakdown = true on " + world.device.str() +
                        ": it times operators on the host thread and CUDA kernels run "
@@ -108,12 +121,13 @@ Preflight preflight(const config::JobConfig& config, const PreflightWorld& world
   });
   if (world.check_datasets) {
     const auto& t = config.training;
-    collect_problem(problems,
-            [&] { check_dataset(t.dataset, t.dataset_path, t.dataset_mixture, "training"); });
+    collect_problem(
+        problems, [&] { check_dataset(t.dataset, t.dataset_path, t.dataset_mixture, "training"); });
     const auto& v = config.validation;
     if (v.enable) {
-      collect_problem(problems,
-              [&] { check_dataset(v.dataset, v.dataset_path, v.dataset_mixture, "validation"); });
+      collect_problem(problems, [&] {
+        check_dataset(v.dataset, v.dataset_path, v.dataset_mixture, "validation");
+      });
     }
   }
   // Parameter state is split over FSDP's shards, the tp ranks and (roughly evenly) the pipeline

@@ -115,6 +115,25 @@ TEST(Cli, BadConfigNamesEveryProblemAndExitsNonZero) {
   EXPECT_FALSE(std::filesystem::exists(dump));
 }
 
+// An output subfolder that climbs out of the dump folder is refused before anything is written;
+// an absolute one is accepted as given.
+TEST(Cli, OutputFoldersMayNotClimbOutOfTheDumpFolder) {
+  for (const char* key : {"metrics.save_tb_folder", "checkpoint.folder",
+                          "profiling.save_traces_folder", "comm.save_traces_folder"}) {
+    auto result =
+        run_loom("config validate --config " LOOM_SOURCE_DIR "/configs/llama3_debug.toml --" +
+                 std::string(key) + " ../elsewhere");
+    EXPECT_EQ(result.exit_code, 2) << result.output;
+    EXPECT_TRUE(contains(result.output, std::string(key) + " = \"../elsewhere\": a relative folder "
+                                                           "must stay inside job.dump_folder"))
+        << result.output;
+  }
+  EXPECT_EQ(run_loom("config validate --config " LOOM_SOURCE_DIR
+                     "/configs/llama3_debug.toml --metrics.save_tb_folder /tmp/loom_tb")
+                .exit_code,
+            0);
+}
+
 TEST(Cli, UnknownOverrideGetsASuggestion) {
   auto result = run_loom("config validate --trainig.steps 5");
   EXPECT_EQ(result.exit_code, 2) << result.output;

@@ -120,7 +120,7 @@ LOOM_SLOW_TEST(FaultTolerance, KilledWorkersResumeBitwiseAndANewWorldSizeKeepsTh
         kill_rank);
     ASSERT_EQ(result.exit_code, 0) << result.output;
     EXPECT_NE(result.output.find("killed by signal SIGKILL"), std::string::npos) << result.output;
-    EXPECT_NE(result.output.find("restarting the worker group (1 of at most 1 restarts)"),
+    EXPECT_NE(result.output.find("restarting the worker group in 1.0 s (1 of at most 1 restarts)"),
               std::string::npos)
         << result.output;
     EXPECT_EQ(losses_by_step(folder), want);
@@ -184,7 +184,7 @@ LOOM_TEST(FaultTolerance, StoppedWorkerIsNamedAsHungAndTheGroupRestarts) {
   EXPECT_NE(result.output.find("sent no heartbeat for more than 2 s: it is hung"),
             std::string::npos)
       << result.output;
-  EXPECT_NE(result.output.find("restarting the worker group (1 of at most 1 restarts)"),
+  EXPECT_NE(result.output.find("restarting the worker group in 1.0 s (1 of at most 1 restarts)"),
             std::string::npos)
       << result.output;
   EXPECT_EQ(losses_by_step(folder).size(), static_cast<size_t>(kSteps));

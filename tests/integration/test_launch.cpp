@@ -244,7 +244,8 @@ TEST(Launch, MaxRestartsRestartsTheGroup) {
   ASSERT_EQ(result.exit_code, 0) << result.output;
   EXPECT_TRUE(contains(result.output, "rank 1 (local rank 1 on node 0) exited with code 4"))
       << result.output;
-  EXPECT_TRUE(contains(result.output, "restarting the worker group (1 of at most 2 restarts)"))
+  EXPECT_TRUE(
+      contains(result.output, "restarting the worker group in 1.0 s (1 of at most 2 restarts)"))
       << result.output;
   EXPECT_EQ(read_text(dir + "/attempt_0/rank_1.log"), "attempt 0\n");
   EXPECT_EQ(read_text(dir + "/attempt_1/rank_0.log"), "attempt 1\n");
@@ -258,6 +259,15 @@ TEST(Launch, MaxRestartsRestartsTheGroup) {
   EXPECT_TRUE(contains(exhausted.output, "[rank0]: attempt 1")) << exhausted.output;
   EXPECT_TRUE(contains(exhausted.output, "job failed after 1 restart(s): rank 0"))
       << exhausted.output;
+
+  // Exit 2 (a config or input error) is not retried: it would fail the same way.
+  auto input_error =
+      launch("--nproc-per-node 1 --max-restarts 3 --master-port " + std::to_string(free_port()),
+             "echo attempt $TORCHELASTIC_RESTART_COUNT; exit 2");
+  EXPECT_EQ(input_error.exit_code, 2) << input_error.output;
+  EXPECT_TRUE(contains(input_error.output, "not restarting: exit 2 is an input error"))
+      << input_error.output;
+  EXPECT_FALSE(contains(input_error.output, "attempt 1")) << input_error.output;
 }
 
 TEST(Launch, SigtermIsForwardedToWorkers) {

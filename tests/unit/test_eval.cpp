@@ -95,9 +95,8 @@ struct Bigram {
 
 TEST(Loss, AnyWindowLayoutGivesTheSequenceLoss) {
   Bigram model(13);
-  std::vector<std::vector<int32_t>> sequences = {{1, 5, 7, 2, 2, 9, 12, 0, 3, 4, 6},
-                                                 {8, 1},
-                                                 {3, 3, 3, 11, 10, 5}};
+  std::vector<std::vector<int32_t>> sequences = {
+      {1, 5, 7, 2, 2, 9, 12, 0, 3, 4, 6}, {8, 1}, {3, 3, 3, 11, 10, 5}};
   double expected = 0;
   int64_t tokens = 0;
   for (const auto& s : sequences) {
@@ -132,6 +131,22 @@ TEST(Loss, UniformLogitsGivePerplexityOfTheVocabulary) {
   o.seq_len = 8;
   auto r = eval::evaluate_loss(uniform, sequences, make_windows({40}, o), 3);
   EXPECT_NEAR(r.perplexity(), 50.0, 1e-3);
+}
+
+// NaN weights give NaN logits: an error, not "loss": null with exit 0.
+TEST(Loss, NonFiniteLogitsAreAnError) {
+  eval::ForwardFn broken = [](const at::Tensor& tokens) {
+    return at::full({tokens.size(0), tokens.size(1), 50}, std::nan(""), at::kFloat);
+  };
+  std::vector<std::vector<int32_t>> sequences = {std::vector<int32_t>(40, 3)};
+  WindowOptions o;
+  o.seq_len = 8;
+  try {
+    eval::evaluate_loss(broken, sequences, make_windows({40}, o), 3);
+    ADD_FAILURE() << "a NaN loss was reported";
+  } catch (const loom::InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("loss is not finite"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Loss, DocumentsAreStreamedOrKeptApartAsTrainingPacksThem) {
@@ -173,9 +188,10 @@ TEST(MultipleChoice, ScoresSummedLogLikelihoodAndLengthNormalized) {
   int64_t best = 0, best_norm = 0;
   for (size_t c = 0; c < 3; ++c) {
     EXPECT_NEAR(r.per_item[0].loglik[c], loglik(choices[c]), 1e-4);
-    if (loglik(choices[c]) > loglik(choices[static_cast<size_t>(best)])) best = static_cast<int64_t>(c);
-    if (loglik(choices[c]) / choices[c].size() >
-        loglik(choices[static_cast<size_t>(best_norm)]) / choices[static_cast<size_t>(best_norm)].size())
+    if (loglik(choices[c]) > loglik(choices[static_cast<size_t>(best)]))
+      best = static_cast<int64_t>(c);
+    if (loglik(choices[c]) / choices[c].size() > loglik(choices[static_cast<size_t>(best_norm)]) /
+                                                     choices[static_cast<size_t>(best_norm)].size())
       best_norm = static_cast<int64_t>(c);
   }
   EXPECT_EQ(r.per_item[0].predicted, best);
@@ -192,8 +208,10 @@ TEST(MultipleChoice, BadItemsAreNamedByLine) {
        {std::string("{\"context\": \"x\", \"choices\": [\"a\"], \"answer\": 0}"),
         std::string("{\"context\": \"x\", \"choices\": [\"a\", \"b\"], \"answer\": 2}"),
         std::string("{\"question\": \"x\"}"), std::string("[1, 2")}) {
-    const auto path = write_file("bad.jsonl", "{\"context\": \"x\", \"choices\": [\"a\", \"b\"], "
-                                              "\"answer\": 0}\n" + bad + "\n");
+    const auto path = write_file("bad.jsonl",
+                                 "{\"context\": \"x\", \"choices\": [\"a\", \"b\"], "
+                                 "\"answer\": 0}\n" +
+                                     bad + "\n");
     try {
       eval::read_choice_items(path);
       FAIL() << "accepted " << bad;

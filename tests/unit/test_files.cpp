@@ -37,3 +37,23 @@ TEST(Files, CreateDirectoriesMakesParents) {
   loom::files::write_atomic(dir + "/blocker", "x");
   EXPECT_THROW(loom::files::create_directories(dir + "/blocker/sub"), loom::IoError);
 }
+
+// Output subfolders: relative inside the dump folder, absolute as given, climbing out refused
+// naming the key.
+TEST(Files, OutputFoldersStayInsideTheDumpFolderUnlessAbsolute) {
+  using loom::files::output_folder;
+  EXPECT_EQ(output_folder("/runs/a", "tb", "metrics.save_tb_folder"), "/runs/a/tb");
+  EXPECT_EQ(output_folder("/runs/a", "logs/tb", "metrics.save_tb_folder"), "/runs/a/logs/tb");
+  EXPECT_EQ(output_folder("/runs/a", "/shared/tb", "metrics.save_tb_folder"), "/shared/tb");
+  EXPECT_EQ(output_folder("/runs/a", "", "checkpoint.folder"), "/runs/a");
+  for (const char* escape : {"../x", "tb/../../x", ".."}) {
+    try {
+      output_folder("/runs/a", escape, "metrics.save_tb_folder");
+      ADD_FAILURE() << escape << " was accepted";
+    } catch (const loom::InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("metrics.save_tb_folder = \"" + std::string(escape)),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}

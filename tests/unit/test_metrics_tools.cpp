@@ -120,6 +120,15 @@ TEST(RunLog, DamagedRowsAreErrorsNamingTheLine) {
   EXPECT_EQ(read_run(write_run("runlog_tail", {train_line(1, 5, 1), deep}, "")).train.size(), 1u);
 }
 
+// A metric name with an escape sequence is shown, not obeyed by the terminal.
+TEST(RunLog, ControlCharactersInNamesArePrintedEscaped) {
+  const auto run =
+      read_run(write_run("runlog_escape", {"{\"step\":1,\"loss\":2,\"\\u001b[2Jx\":1}"}, ""));
+  const std::string text = format_summary(summarize(run));
+  EXPECT_EQ(text.find('\x1b'), std::string::npos) << text;
+  EXPECT_NE(text.find("\\x1b[2Jx"), std::string::npos) << text;
+}
+
 TEST(Watch, StatusLineSaysRunningStalledFinishedOrGone) {
   std::vector<std::string> lines;
   for (int i = 1; i <= 10; ++i) lines.push_back(train_line(i, 10.0 - i * 0.5, 1000 + 2 * i));

@@ -34,4 +34,11 @@ std::string read_file(const std::string& path, const std::string& role,
 // folder: relative, no "..", not empty.
 bool is_contained_relative_path(const std::string& name);
 
+// Where a job's output subfolder setting (metrics.save_tb_folder, checkpoint.folder, ...) points:
+// an absolute path as given (as torchtitan's os.path.join does), a relative one inside
+// `dump_folder`. A relative path that climbs out ("../x") is refused naming `key`
+// (loom::InputError): it would write beside other runs' output.
+std::string output_folder(const std::string& dump_folder, const std::string& value,
+                          const std::string& key);
+
 }  // namespace loom::files

@@ -32,4 +32,8 @@ std::optional<bool> parse_bool(std::string_view text);
 // A string quoted for messages and TOML/JSON output ("a\"b").
 std::string quote(std::string_view text);
 
+// `text` safe to print on a terminal: control characters (escape sequences that would move the
+// cursor or recolor the screen, a metric name from a hostile metrics.jsonl) as \xNN.
+std::string printable(std::string_view text);
+
 }  // namespace loom::strings

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "loom/core/check.h"
+#include "loom/core/files.h"
 #include "loom/core/strings.h"
 #include "loom/parallel/pipeline/schedule.h"
 #include "loom/parallel/pipeline/simulate.h"
@@ -92,6 +93,7 @@ void save_schedule_csv(const Schedule& schedule, const std::string& path) {
 
 Schedule load_schedule_csv(const std::string& path) {
   const std::string key = "parallelism.pipeline_parallel_schedule_csv";
+  files::require_regular_file(path, key);  // a FIFO would block the read
   std::ifstream in(path);
   LOOM_CHECK_AS(InputError, in.good(), key, ": cannot read ", strings::quote(path));
   Schedule s;

@@ -15,7 +15,7 @@ class AttentionImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& x, const AttentionInputs& in);
   // Tokens at positions 0..seq-1 of one causal row: freqs_cis [>= seq, head_dim / 2].
   at::Tensor forward(const at::Tensor& x, const at::Tensor& freqs_cis) {
-    return forward(x, AttentionInputs{freqs_cis});
+    return forward(x, AttentionInputs{freqs_cis, {}, {}, nullptr});
   }
   // Inference with a key/value cache (kv_cache.h): x [bs, q, dim] are the tokens of cache slots
   // [start, start + q), rotations [bs, q, head_dim / 2] their RoPE rows. Writes their keys and

@@ -21,7 +21,7 @@ class LatentAttentionImpl : public torch::nn::Module {
   // x [bs, seq, dim] -> [bs, seq, dim], rotated and attended as `in` says.
   at::Tensor forward(const at::Tensor& x, const AttentionInputs& in);
   at::Tensor forward(const at::Tensor& x, const at::Tensor& freqs_cis) {
-    return forward(x, AttentionInputs{freqs_cis});
+    return forward(x, AttentionInputs{freqs_cis, {}, {}, nullptr});
   }
   // Inference (see AttentionImpl::forward_cached for slots, rotations and mask): writes the
   // tokens' normed latents into `latents` [bs, capacity, kv_lora_rank] and rotated keys into
