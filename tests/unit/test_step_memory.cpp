@@ -17,20 +17,21 @@
 #include "loom/core/check.h"
 #include "loom/core/host_allocator.h"
 #include "step_memory_util.h"
+#include "support/test_sets.h"
 
 namespace loom {
 namespace {
 
-using testing::Layout;
-using testing::RankTrainer;
 using testing::kRows;
 using testing::kSeq;
 using testing::kVocab;
+using testing::Layout;
+using testing::RankTrainer;
 
 constexpr int kWarmupSteps = 10, kMeasuredSteps = 40;
 // Live bytes catch a leak (50 KB a step fails). The footprint may step up once when a rank
-// thread's arena takes a new extent (seen: 10-18 MiB by step 30 under HSDP's 4 threads, flat after);
-// glibc's fragmentation grew it ~240 MB over 40 steps.
+// thread's arena takes a new extent (seen: 10-18 MiB by step 30 under HSDP's 4 threads, flat
+// after); glibc's fragmentation grew it ~240 MB over 40 steps.
 constexpr uint64_t kMaxAllocatedGrowth = 2u << 20;
 constexpr uint64_t kMaxResidentGrowth = 32u << 20;
 
@@ -87,7 +88,7 @@ void expect_no_growth(const Layout& l) {
       << kMeasuredSteps << " steps: something keeps memory from every step";
 }
 
-TEST(StepMemory, LoomExecutablesUseJemalloc) {
+LOOM_TEST(StepMemory, LoomExecutablesUseJemalloc) {
   EXPECT_TRUE(host_allocator_is_jemalloc()) << describe_host_allocator();
   // The compiled-in settings (src/core/jemalloc_settings.cpp), unless the environment overrides.
   if (std::getenv("MALLOC_CONF") == nullptr) {
@@ -101,12 +102,25 @@ TEST(StepMemory, LoomExecutablesUseJemalloc) {
   EXPECT_GE(heap.resident, heap.allocated);
 }
 
-TEST(StepMemory, OneRankDoesNotGrow) { expect_no_growth({"one rank"}); }
-TEST(StepMemory, DdpDoesNotGrow) { expect_no_growth({"DDP x2", 1, 2}); }
-TEST(StepMemory, FsdpDoesNotGrow) { expect_no_growth({"FSDP x2", 2}); }
-TEST(StepMemory, HsdpDoesNotGrow) { expect_no_growth({"HSDP 2x2", 2, 2}); }
-TEST(StepMemory, TensorParallelDoesNotGrow) { expect_no_growth({"TP x2", 1, 1, 2}); }
-TEST(StepMemory, PipelineDoesNotGrow) { expect_no_growth({"PP x2 1F1B", 1, 1, 1, 2}); }
+LOOM_TEST(StepMemory, OneRankDoesNotGrow) {
+  expect_no_growth({"one rank"});
+}
+LOOM_TEST(StepMemory, DdpDoesNotGrow) {
+  expect_no_growth({"DDP x2", 1, 2});
+}
+LOOM_TEST(StepMemory, FsdpDoesNotGrow) {
+  expect_no_growth({"FSDP x2", 2});
+}
+// HSDP is FSDP with replicas (FSDP stays in the default suite): the slow label.
+LOOM_SLOW_TEST(StepMemory, HsdpDoesNotGrow) {
+  expect_no_growth({"HSDP 2x2", 2, 2});
+}
+LOOM_TEST(StepMemory, TensorParallelDoesNotGrow) {
+  expect_no_growth({"TP x2", 1, 1, 2});
+}
+LOOM_TEST(StepMemory, PipelineDoesNotGrow) {
+  expect_no_growth({"PP x2 1F1B", 1, 1, 1, 2});
+}
 
 }  // namespace
 }  // namespace loom
