@@ -50,8 +50,7 @@ struct RingLayout {
     if (slots.min().item<int64_t>() > query_slots.max().item<int64_t>()) return {};
     const at::Tensor documents =
         key_documents.defined() ? key_documents.narrow(1, source * block, block) : at::Tensor();
-    return models::causal_mask(query_slots.to(device), slots.to(device), query_documents,
-                               documents);
+    return models::MaskDescription{query_slots, slots, query_documents, documents}.build(device);
   }
 };
 
