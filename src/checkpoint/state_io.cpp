@@ -111,22 +111,6 @@ at::ScalarType export_type(const std::string& name) {
   LOOM_THROW(InputError, "export dtype must be float32, bfloat16 or float16, got '", name, "'");
 }
 
-std::optional<MomentState> moments(torch::optim::Optimizer& optimizer, const at::Tensor& p) {
-  auto it = optimizer.state().find(p.unsafeGetTensorImpl());
-  if (it == optimizer.state().end()) return std::nullopt;
-  if (auto m = moments_as<torch::optim::AdamWParamState>(*it->second)) return m;
-  if (auto m = moments_as<torch::optim::AdamParamState>(*it->second)) return m;
-  LOOM_THROW(Error, "checkpoint: the optimizer's state is neither Adam's nor AdamW's");
-}
-
-void set_moments(torch::optim::Optimizer& optimizer, const at::Tensor& p, const MomentState& m) {
-  const bool adamw = dynamic_cast<torch::optim::AdamW*>(&optimizer) != nullptr;
-  LOOM_CHECK(adamw || dynamic_cast<torch::optim::Adam*>(&optimizer) != nullptr,
-             "checkpoint: loom restores Adam and AdamW optimizer state only");
-  optimizer.state()[p.unsafeGetTensorImpl()] = adamw ? make_state<torch::optim::AdamWParamState>(m)
-                                                     : make_state<torch::optim::AdamParamState>(m);
-}
-
 bool is_loom_step_folder(const std::string& folder, std::string* why) {
   namespace fs = std::filesystem;
   static const std::regex ours(
@@ -194,3 +178,24 @@ void restore_generator(const std::vector<uint8_t>& bytes, const std::string& sou
 }
 
 }  // namespace loom::checkpoint::detail
+
+namespace loom::checkpoint {
+
+std::optional<MomentState> moments(torch::optim::Optimizer& optimizer, const at::Tensor& p) {
+  auto it = optimizer.state().find(p.unsafeGetTensorImpl());
+  if (it == optimizer.state().end()) return std::nullopt;
+  if (auto m = detail::moments_as<torch::optim::AdamWParamState>(*it->second)) return m;
+  if (auto m = detail::moments_as<torch::optim::AdamParamState>(*it->second)) return m;
+  LOOM_THROW(Error, "checkpoint: the optimizer's state is neither Adam's nor AdamW's");
+}
+
+void set_moments(torch::optim::Optimizer& optimizer, const at::Tensor& p, const MomentState& m) {
+  const bool adamw = dynamic_cast<torch::optim::AdamW*>(&optimizer) != nullptr;
+  LOOM_CHECK(adamw || dynamic_cast<torch::optim::Adam*>(&optimizer) != nullptr,
+             "checkpoint: loom restores Adam and AdamW optimizer state only");
+  optimizer.state()[p.unsafeGetTensorImpl()] =
+      adamw ? detail::make_state<torch::optim::AdamWParamState>(m)
+            : detail::make_state<torch::optim::AdamParamState>(m);
+}
+
+}  // namespace loom::checkpoint

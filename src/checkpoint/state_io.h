@@ -5,6 +5,8 @@
 #include <ATen/core/Tensor.h>
 #include <nlohmann/json.hpp>
 
+#include "loom/checkpoint/optimizer_moments.h"
+
 #include <chrono>
 #include <map>
 #include <optional>
@@ -50,14 +52,9 @@ std::string read_text(const std::string& path);
 const std::set<std::string>& loadable_parts();
 at::ScalarType export_type(const std::string& name);
 
-// Adam and AdamW keep the same per-parameter state under different classes.
-struct MomentState {
-  int64_t step = 0;
-  at::Tensor exp_avg, exp_avg_sq, max_exp_avg_sq;
-};
-// nullopt: the optimizer has not stepped this parameter yet.
-std::optional<MomentState> moments(torch::optim::Optimizer& optimizer, const at::Tensor& p);
-void set_moments(torch::optim::Optimizer& optimizer, const at::Tensor& p, const MomentState& m);
+using checkpoint::moments;
+using checkpoint::MomentState;
+using checkpoint::set_moments;
 
 // Whether `folder` holds only what loom writes into a checkpoint step (index.json,
 // train_state.json, config.toml, COMPLETE, rank-NNNNN.{safetensors,json,failed} and their

@@ -32,6 +32,7 @@ void add_launch_command(CLI::App& app, CommandRun& run);
 void add_checkpoint_command(CLI::App& app, CommandRun& run);
 void add_generate_command(CLI::App& app, CommandRun& run);
 void add_eval_command(CLI::App& app, CommandRun& run);
+void add_lighthouse_command(CLI::App& app, CommandRun& run);
 
 // --checkpoint, --device, --dtype, --flavor, --tokenizer, --max-seq-len (generate and eval).
 void add_model_source_options(CLI::App& command, generate::ModelSource& source);

@@ -12,6 +12,7 @@
 #include "loom/core/logging.h"
 #include "loom/core/strings.h"
 #include "loom/distributed/elastic_rendezvous.h"
+#include "loom/distributed/lighthouse.h"
 #include "loom/launch/launcher.h"
 
 namespace loom::cli {
@@ -37,6 +38,8 @@ struct LaunchArgs {
   std::string role = "rank";
   std::string rdzv_conf;
   std::optional<std::string> local_addr;
+  std::optional<std::string> lighthouse;  // host a lighthouse in this agent at HOST:PORT
+  int64_t lighthouse_min_replicas = 1;
   std::vector<std::string> command;
 };
 
@@ -53,8 +56,8 @@ std::pair<int, int> parse_nnodes(const std::string& text) {
   auto low = strings::parse_int(text.substr(0, colon));
   auto high = colon == std::string::npos ? low : strings::parse_int(text.substr(colon + 1));
   LOOM_CHECK_AS(InputError, low && high && *low >= 1 && *high <= 100000 && *low <= *high,
-                "--nnodes must be a positive integer or MIN:MAX with 1 <= MIN <= MAX, got '",
-                text, "'");
+                "--nnodes must be a positive integer or MIN:MAX with 1 <= MIN <= MAX, got '", text,
+                "'");
   return {static_cast<int>(*low), static_cast<int>(*high)};
 }
 
@@ -135,8 +138,8 @@ distributed::LaunchOptions to_options(const LaunchArgs& args) {
   }
   options.max_restarts = args.max_restarts;
   // Default: local rank 0's lines (rank 0 on the first node) and the other ranks' warnings and
-  // errors (one line per step, not one per rank); "all" shows every rank as torchrun does. Programs run with --no-python are not
-  // loom's, so their lines are all shown.
+  // errors (one line per step, not one per rank); "all" shows every rank as torchrun does. Programs
+  // run with --no-python are not loom's, so their lines are all shown.
   options.quiet_other_ranks = !args.no_python;
   if (args.local_ranks_filter && *args.local_ranks_filter == "all") {
     options.quiet_other_ranks = false;
@@ -183,7 +186,23 @@ std::unique_ptr<distributed::RendezvousHandler> make_rendezvous(
   return std::make_unique<distributed::ElasticRendezvous>(elastic);
 }
 
+// --lighthouse HOST:PORT: the fault-tolerant replica groups' lighthouse lives in this agent (for
+// as long as it runs), and the workers find it through TORCHFT_LIGHTHOUSE.
+std::unique_ptr<distributed::Lighthouse> start_lighthouse(const LaunchArgs& args) {
+  if (!args.lighthouse) return nullptr;
+  const auto [host, port] = distributed::parse_lighthouse_address(*args.lighthouse, "--lighthouse");
+  distributed::LighthouseOptions options;
+  options.host = host;
+  options.port = port;
+  options.rules.min_replicas = args.lighthouse_min_replicas;
+  auto lighthouse = std::make_unique<distributed::Lighthouse>(options);
+  const std::string connect = host == "0.0.0.0" ? "127.0.0.1" : host;
+  ::setenv("TORCHFT_LIGHTHOUSE", (connect + ":" + std::to_string(port)).c_str(), 1);
+  return lighthouse;
+}
+
 int run_launch(const LaunchArgs& args) {
+  const auto lighthouse = start_lighthouse(args);
   distributed::LaunchOptions options = to_options(args);
   if (is_elastic(args)) options.node_rank = 0;  // assigned by each round
   distributed::LocalAgent agent(options, make_rendezvous(args, options));
@@ -203,9 +222,10 @@ void add_launch_command(CLI::App& app, CommandRun& run) {
       ->add_option("--nproc-per-node,--nproc_per_node", args->nproc_per_node,
                    "Workers on this node: N, cpu, gpu or auto")
       ->capture_default_str();
-  command->add_option("--nnodes", args->nnodes,
-                      "Number of nodes: N, or MIN:MAX for an elastic job (c10d store at "
-                      "--rdzv-endpoint; docs/fault_tolerance.md)")
+  command
+      ->add_option("--nnodes", args->nnodes,
+                   "Number of nodes: N, or MIN:MAX for an elastic job (c10d store at "
+                   "--rdzv-endpoint; docs/fault_tolerance.md)")
       ->capture_default_str();
   command->add_option("--node-rank,--node_rank", args->node_rank, "This node's rank, 0..nnodes-1")
       ->capture_default_str();
@@ -266,6 +286,14 @@ void add_launch_command(CLI::App& app, CommandRun& run) {
       ->capture_default_str();
   command->add_option("--role", args->role, "Console prefix name: [<role><rank>]:")
       ->capture_default_str();
+  command->add_option("--lighthouse", args->lighthouse,
+                      "Host the lighthouse of fault-tolerant replica groups in this agent at "
+                      "HOST:PORT (workers get TORCHFT_LIGHTHOUSE; docs/fault_tolerance.md)");
+  command
+      ->add_option("--lighthouse-min-replicas", args->lighthouse_min_replicas,
+                   "With --lighthouse: replica groups a quorum needs at least")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   command->add_option("command", args->command,
                       "After --: the loom subcommand and its arguments (with --no-python: any "
                       "program)");

@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
   loom::cli::add_checkpoint_command(app, run);
   loom::cli::add_generate_command(app, run);
   loom::cli::add_eval_command(app, run);
+  loom::cli::add_lighthouse_command(app, run);
   loom::cli::add_metrics_command(app, run);
   loom::cli::add_debug_command(app, run);
 

@@ -511,27 +511,29 @@ void add_runtime_sections(Schema& s) {
       .unimplemented();
 
   SectionBuilder<FaultToleranceSection> ft(
-      s, "fault_tolerance", "torchft integration.",
-      [](JobConfig& c) -> FaultToleranceSection& { return c.fault_tolerance; }, false);
-  ft.field("enable", &FaultToleranceSection::enable, "Use torchft.");
-  ft.field("process_group", &FaultToleranceSection::process_group, "torchft backend.")
-      .choices({"gloo", "nccl"})
-      .unimplemented();
+      s, "fault_tolerance",
+      "Fault-tolerant replica groups (torchft's semantics; docs/fault_tolerance.md).",
+      [](JobConfig& c) -> FaultToleranceSection& { return c.fault_tolerance; });
+  ft.field("enable", &FaultToleranceSection::enable,
+           "Fault-tolerant replica groups: each `loom launch` is one group, a lighthouse "
+           "(TORCHFT_LIGHTHOUSE) forms a quorum per step; a failed group heals from a live one.");
+  ft.field("process_group", &FaultToleranceSection::process_group,
+           "Backend of the process groups across replica groups.")
+      .choices({"gloo", "nccl"});
   ft.field("process_group_timeout_ms", &FaultToleranceSection::process_group_timeout_ms,
-           "torchft collective timeout.")
-      .min(1)
-      .unimplemented();
-  ft.field("replica_id", &FaultToleranceSection::replica_id, "This replica group's id.")
-      .min(0)
-      .unimplemented();
-  ft.field("group_size", &FaultToleranceSection::group_size, "Number of replica groups.")
-      .min(0)
-      .unimplemented();
+           "Timeout of collectives across replica groups (a failure discards the step).")
+      .min(1);
+  ft.field("replica_id", &FaultToleranceSection::replica_id,
+           "This replica group's id (0 .. group_size - 1); it picks the group's data.")
+      .min(0);
+  ft.field("group_size", &FaultToleranceSection::group_size,
+           "Number of replica groups the data is split into.")
+      .min(0);
   ft.field("min_replica_size", &FaultToleranceSection::min_replica_size,
-           "Replicas needed per step.")
-      .min(1)
-      .unimplemented();
-  ft.field("semi_sync_method", &FaultToleranceSection::semi_sync_method, "local_sgd or diloco.")
+           "Replica groups a step needs to commit.")
+      .min(1);
+  ft.field("semi_sync_method", &FaultToleranceSection::semi_sync_method,
+           "local_sgd or diloco (not implemented yet: an error with enable).")
       .unimplemented();
 
   SectionBuilder<ExperimentalSection> exp(

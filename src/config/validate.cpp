@@ -1,5 +1,6 @@
 #include "loom/config/validate.h"
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -143,15 +144,15 @@ void check_combinations(const JobConfig& c, Checker& check) {
     const int64_t tp = p.tensor_parallel_degree;
     if (t.seq_len % tp != 0) {
       check.fail("training.seq_len", "must be a multiple of parallelism.tensor_parallel_degree (" +
-                                         std::to_string(tp) + "): sequence parallelism splits "
+                                         std::to_string(tp) +
+                                         "): sequence parallelism splits "
                                          "each sequence over the tensor-parallel ranks, got " +
                                          std::to_string(t.seq_len));
     }
     if (c.validation.enable && c.validation.seq_len % tp != 0) {
       check.fail("validation.seq_len",
-                 "must be a multiple of parallelism.tensor_parallel_degree (" +
-                     std::to_string(tp) + ") with tensor parallelism, got " +
-                     std::to_string(c.validation.seq_len));
+                 "must be a multiple of parallelism.tensor_parallel_degree (" + std::to_string(tp) +
+                     ") with tensor parallelism, got " + std::to_string(c.validation.seq_len));
     }
   }
   if (p.expert_tensor_parallel_degree != 1 &&
@@ -184,6 +185,35 @@ void check_combinations(const JobConfig& c, Checker& check) {
   if (!c.validation.dataset_mixture.empty() && c.validation.enable && c.validation.steps == -1) {
     check.fail("validation.steps",
                "must be a step count with validation.dataset_mixture (a mixture has no end)");
+  }
+  const auto& ft = c.fault_tolerance;
+  if (ft.enable) {
+    if (ft.group_size < 1) {
+      check.fail("fault_tolerance.group_size",
+                 "must be the number of replica groups (>= 1) with fault_tolerance.enable: the "
+                 "groups split the data by it, got " +
+                     std::to_string(ft.group_size));
+    } else if (ft.replica_id >= ft.group_size) {
+      check.fail("fault_tolerance.replica_id", "must be below fault_tolerance.group_size (" +
+                                                   std::to_string(ft.group_size) + "), got " +
+                                                   std::to_string(ft.replica_id));
+    }
+    if (ft.min_replica_size > std::max<int64_t>(ft.group_size, 1)) {
+      check.fail("fault_tolerance.min_replica_size",
+                 "must be at most fault_tolerance.group_size (" + std::to_string(ft.group_size) +
+                     "): no step could ever commit, got " + std::to_string(ft.min_replica_size));
+    }
+    if (ft.semi_sync_method) {
+      check.fail("fault_tolerance.semi_sync_method",
+                 "is not implemented yet (local_sgd / diloco): loom averages gradients every "
+                 "step; remove the key");
+    }
+    if (p.data_parallel_replicate_degree > 1) {
+      check.fail("parallelism.data_parallel_replicate_degree",
+                 "must be 1 with fault_tolerance.enable: the replica groups are the replicated "
+                 "dimension (one `loom launch` each), got " +
+                     std::to_string(p.data_parallel_replicate_degree));
+    }
   }
   if (c.lr_scheduler.total_steps && *c.lr_scheduler.total_steps < c.lr_scheduler.warmup_steps) {
     check.fail("lr_scheduler.total_steps", "must be at least lr_scheduler.warmup_steps (" +

@@ -195,6 +195,14 @@ std::string MetricsLogger::to_json_line(const StepMetrics& m, double wall_time) 
   if (m.pp_bubble_pct) j["pp_bubble_pct"] = *m.pp_bubble_pct;
   for (const auto& [block, norm] : m.block_grad_norms) j["grad_norm/" + block] = norm;
   for (const auto& [key, value] : m.model_metrics) j[key] = value;
+  if (m.quorum) {
+    j["ft/quorum_id"] = m.quorum->quorum_id;
+    j["ft/participants"] = m.quorum->participants;
+    j["ft/replicas"] = m.quorum->replicas;
+    if (m.quorum->healed_from) j["ft/healed_from"] = *m.quorum->healed_from;
+    j["ft/discarded_steps"] = m.quorum->discarded_steps;
+    j["ft/quorum_s"] = m.quorum->quorum_s;
+  }
   if (m.breakdown) {
     for (size_t c = 0; c < kStepCategories; ++c) {
       j[std::string("breakdown/") + step_category_name(static_cast<StepCategory>(c)) + "_ms"] =
@@ -225,8 +233,14 @@ void MetricsLogger::log_step(const StepMetrics& m) {
   const char* reset = color ? "\033[39m" : "";
   // An MFU over a peak measured on this machine is an estimate, and says so.
   // Pipeline runs add their measured bubble (pp_bubble_pct).
-  const std::string bubble =
+  std::string bubble =
       m.pp_bubble_pct ? fmt::format("  bubble: {:.1f}%", *m.pp_bubble_pct) : std::string();
+  if (m.quorum) {
+    bubble +=
+        fmt::format("  quorum: {} [{}]{}", m.quorum->quorum_id, m.quorum->participants,
+                    m.quorum->healed_from ? fmt::format(" healed from {}", *m.quorum->healed_from)
+                                          : std::string());
+  }
   log::get("metrics")->info(
       "{}step: {:>5}  {}loss: {:8.4f}  {}grad_norm: {:7.4f}  {}memory: {:6.2f}GiB  {}tps: {:.0f}  "
       "{}tflops: {:.3f}  {}mfu: {}{:.2f}%{}{}{}",

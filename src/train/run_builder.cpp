@@ -91,7 +91,9 @@ void setup_runtime(Run& run) {
     at::globalContext().setDeterministicAlgorithms(true, c.debug.deterministic_warn_only);
   }
   const auto& t = c.training;
-  const int64_t dp = run.runtime->dp_size();
+  // Fault-tolerant replica groups share the global batch: each trains 1 / group_size of it.
+  const auto& ft = c.fault_tolerance;
+  const int64_t dp = run.runtime->dp_size() * (ft.enable ? ft.group_size : 1);
   // Elastic resume: an unset global batch keeps the checkpoint's on a new world size.
   const int64_t global = checkpoint::resolve_global_batch(c, dp);
   if (global != t.global_batch_size && global != t.local_batch_size * dp) {
@@ -181,12 +183,18 @@ void build_data(Run& run, std::unique_ptr<data::BatchSource> source,
   const bool skip_bad = t.dataset_on_error == "skip";
   const int64_t vocab = run.model.parts.front()->vocab_size();
   const int64_t dp_rank = run.runtime->dp_rank(), dp_size = run.runtime->dp_size();
-  auto train_source =
-      source ? std::move(source)
-             : dataset_source(
-                   t.dataset, t.dataset_path, t.dataset_mixture, run.tokenizer.get(), vocab,
-                   {t.seq_len, run.seed, true, dp_rank, dp_size, skip_bad, t.dataset_text_field},
-                   "training");
+  // Fault-tolerant replica groups read disjoint slices: group r is data-parallel ranks
+  // r * dp .. (r + 1) * dp - 1 of group_size * dp (what an HSDP job of the same global batch
+  // reads). Validation stays per group (every group measures the same data).
+  const auto& ft = config.fault_tolerance;
+  const int64_t train_dp_rank = ft.enable ? ft.replica_id * dp_size + dp_rank : dp_rank;
+  const int64_t train_dp_size = ft.enable ? ft.group_size * dp_size : dp_size;
+  auto train_source = source ? std::move(source)
+                             : dataset_source(t.dataset, t.dataset_path, t.dataset_mixture,
+                                              run.tokenizer.get(), vocab,
+                                              {t.seq_len, run.seed, true, train_dp_rank,
+                                               train_dp_size, skip_bad, t.dataset_text_field},
+                                              "training");
   // A background thread keeps the next two microbatches ready.
   run.source = std::make_unique<data::PrefetchingSource>(std::move(train_source),
                                                          t.local_batch_size, t.seq_len, 2);
@@ -263,6 +271,15 @@ std::unique_ptr<Run> build_run(config::JobConfig config, std::unique_ptr<data::B
     plan = models::plan_pipeline(run->config);
   }
   setup_runtime(*run);
+  if (run->config.fault_tolerance.enable) {
+    // Before the model: the group beats (and so counts as alive) while it builds.
+    const auto& comm = run->config.comm;
+    run->replicas = std::make_unique<ReplicaManager>(
+        run->config.fault_tolerance, run->runtime->world_group_ptr(), lighthouse_address_from_env(),
+        world.restart_count,
+        std::chrono::milliseconds(std::min(comm.init_timeout_seconds, comm.train_timeout_seconds) *
+                                  800));
+  }
   build_model(*run, plan);
   run->steps = make_step_runner(run->model, plan, *run->runtime, run->device, run->config);
   build_data(*run, std::move(source), std::move(validation_source));

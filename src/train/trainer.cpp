@@ -132,17 +132,25 @@ bool Trainer::is_log_step(int64_t step) const {
 // One optimizer step over the step's microbatches, each loss divided by the valid tokens of the
 // whole step so that accumulation equals one big batch. Nothing here waits for the device: the
 // loss and the gradient norm stay tensors until a logging step reads them.
-double Trainer::train_step(int64_t step, PendingStep& pending, metrics::StepMetrics& m) {
+std::vector<data::Batch> Trainer::step_batches() {
+  if (!retry_.empty()) return std::exchange(retry_, {});
+  std::vector<data::Batch> micro;
+  for (int64_t i = 0; i < run_->accumulation_steps; ++i) {
+    RECORD_USER_SCOPE("loom::data");  // scopes name tools/step_breakdown.py's categories
+    micro.push_back(
+        run_->source->next(config_.training.local_batch_size, config_.training.seq_len));
+  }
+  return micro;
+}
+
+Trainer::StepOutcome Trainer::train_step(int64_t step, PendingStep& pending,
+                                         metrics::StepMetrics& m) {
   const auto& t = config_.training;
   Run& run = *run_;
   auto data_start = Clock::now();
-  std::vector<data::Batch> micro;
+  std::vector<data::Batch> micro = step_batches();
   int64_t valid_tokens = 0;
-  for (int64_t i = 0; i < run.accumulation_steps; ++i) {
-    RECORD_USER_SCOPE("loom::data");  // scopes name tools/step_breakdown.py's categories
-    micro.push_back(run.source->next(t.local_batch_size, t.seq_len));
-    valid_tokens += models::count_valid_tokens(micro.back().labels);
-  }
+  for (const auto& batch : micro) valid_tokens += models::count_valid_tokens(batch.labels);
   const double data_time = seconds_since(data_start);
   // The loss is normalized by the tokens of the global batch, summed over the ranks sharing it
   // (counted on the host from the host batch: no device sync).
@@ -160,6 +168,7 @@ double Trainer::train_step(int64_t step, PendingStep& pending, metrics::StepMetr
     loss_sum = loss_sum.defined() ? loss_sum + loss : loss;
   }
   run.model.gradient_sync->finish();
+  if (run.replicas) run.replicas->average(run.local_tensors, loss_sum, valid_tokens);
   if (config_.metrics.log_layer_grad_norms && is_log_step(step)) {
     // Over every rank: FSDP shards, TP pieces and pipeline stages each hold some of a block.
     std::vector<std::string> names;
@@ -175,13 +184,44 @@ double Trainer::train_step(int64_t step, PendingStep& pending, metrics::StepMetr
   pending.loss = loss_sum.to(at::kDouble);
   pending.grad_norm =
       clip_grad_norm(run.local_tensors, run.placements, t.max_norm, &run.runtime->world_group());
+  if (run.replicas && !run.replicas->should_commit(step)) {
+    retry_ = std::move(micro);
+    return {data_time, false};
+  }
   m.lr = config_.optimizer.lr * run.schedule->factor(step - 1 - lr_step_offset_);
   set_learning_rate(*run.optimizer, m.lr);
   run.optimizer->step();
   if (run.spec->after_optimizer_step) {
     m.model_metrics = run.spec->after_optimizer_step(run.model, is_log_step(step));
   }
-  return data_time;
+  return {data_time, true};
+}
+
+int64_t Trainer::join_quorum(int64_t committed, int64_t& tokens_seen) {
+  Run& run = *run_;
+  ReplicaState state;
+  state.parameters = run.local_tensors;
+  for (const auto& b : run.model.buffers) state.buffers.push_back(b.tensor);
+  state.optimizer = run.optimizer.get();
+  state.scalars = {tokens_seen, lr_step_offset_, static_cast<int64_t>(elapsed_s() * 1000)};
+  const int64_t now = run.replicas->start_step(committed, state);
+  if (now == committed) return committed;
+  tokens_seen = state.scalars[0];
+  lr_step_offset_ = state.scalars[1];
+  elapsed_before_ = static_cast<double>(state.scalars[2]) / 1000 - seconds_since(train_start_);
+  // The loader moves to the quorum's step: the batches of the steps this group did not train
+  // (its data depends on its replica id and the step alone, so nothing is skipped or repeated).
+  int64_t skip = (now - committed) * run.accumulation_steps;
+  if (!retry_.empty()) {
+    skip -= static_cast<int64_t>(retry_.size());
+    retry_.clear();
+  }
+  for (int64_t i = 0; i < skip; ++i) {
+    run.source->next(config_.training.local_batch_size, config_.training.seq_len);
+  }
+  log::get("trainer")->info("healed from replica group {}: step {} -> {} ({} batches skipped)",
+                            *run.replicas->report().healed_from, committed, now, skip);
+  return now;
 }
 
 void Trainer::flush_pending(TrainResult& result, metrics::StepMetrics& last) {
@@ -265,31 +305,52 @@ TrainResult Trainer::train(const std::function<void()>& on_started) {
   window_ = Window{};
   window_.comm_start = run_->runtime->total_wire_bytes();
   for (int64_t step = resume.step + 1; step <= t.steps; ++step) {
+    if (run_->replicas) {
+      step = join_quorum(step - 1, tokens_seen) + 1;
+      if (step > t.steps) break;
+    }
     metrics::StepMetrics m;
     profiler_->step_begin(step);
     if (breakdown_) breakdown_->step_begin();
     const auto step_start = Clock::now();
     const double wait_start = distributed::comm_wait_seconds();
     pending_.emplace_back();
+    StepOutcome outcome;
     try {
-      window_.data += train_step(step, pending_.back(), m);
+      outcome = train_step(step, pending_.back(), m);
     } catch (const c10::OutOfMemoryError& e) {
       profiler_->out_of_memory(step, e.what_without_backtrace());  // throws, naming a snapshot
     }
+    window_.data += outcome.data_time;
     window_.time += seconds_since(step_start);
     window_.wait += distributed::comm_wait_seconds() - wait_start;
     if (breakdown_) breakdown_->step_end();
     profiler_->step_end(step);
+    if (!outcome.committed) {  // the replica groups discarded it: the same step again
+      pending_.pop_back();
+      ++discarded_steps_;
+      --step;
+      continue;
+    }
     ++window_.steps;
     if (step == resume.step + 1) run_->runtime->use_train_timeout();
     result.steps_completed = step;
-    tokens_seen += global_tokens_per_step;
+    const bool healed = run_->replicas && run_->replicas->report().healed_from.has_value();
+    if (run_->replicas) {
+      const auto& q = run_->replicas->report();
+      m.quorum = metrics::QuorumMetrics{q.quorum_id,   q.participants,   q.replicas,
+                                        q.healed_from, discarded_steps_, q.quorum_seconds};
+    }
+    // Every replica group of the quorum trained a global batch of this group's size.
+    tokens_seen +=
+        global_tokens_per_step * (run_->replicas ? run_->replicas->report().replicas : 1);
     const int stop_signal = any_rank_stopping();
     const bool stopping = stop_signal != 0;
     // Losses are read (one host sync, one all-reduce) only when they are logged.
-    if (is_log_step(step) || step == resume.step + 1 || stopping) {
+    if (is_log_step(step) || step == resume.step + 1 || stopping || healed) {
       flush_pending(result, m);
       log_window(step, tokens_seen, m);
+      discarded_steps_ = 0;
     }
     if (run_->validator && step % config_.validation.freq == 0) {
       metrics_->log_validation(step, validate(), tokens_seen, elapsed_s());

@@ -116,11 +116,13 @@ TEST(ConfigErrors, SequenceLengthsMustSplitOverTensorParallelRanks) {
   std::string error = load_error(
       "[training]\nseq_len = 100\n[validation]\nenable = true\nseq_len = 30\n"
       "[parallelism]\ntensor_parallel_degree = 8\n");
-  EXPECT_TRUE(contains(error, "training.seq_len: must be a multiple of "
-                              "parallelism.tensor_parallel_degree (8)"))
+  EXPECT_TRUE(contains(error,
+                       "training.seq_len: must be a multiple of "
+                       "parallelism.tensor_parallel_degree (8)"))
       << error;
-  EXPECT_TRUE(contains(error, "validation.seq_len: must be a multiple of "
-                              "parallelism.tensor_parallel_degree (8)"))
+  EXPECT_TRUE(contains(error,
+                       "validation.seq_len: must be a multiple of "
+                       "parallelism.tensor_parallel_degree (8)"))
       << error;
   EXPECT_EQ(load_error("[training]\nseq_len = 128\n[parallelism]\ntensor_parallel_degree = 8\n"),
             "<loaded without error>");
@@ -184,4 +186,27 @@ dataset_mixture = ["brown_validation:0"]
   EXPECT_TRUE(contains(error, "weight must be a positive number, got -1")) << error;
   auto loaded = loom::testing::load_toml("[training]\ndataset_mixture = [\"brown:3\", \"x:1\"]\n");
   EXPECT_EQ(loaded.config.training.dataset_mixture, (std::vector<std::string>{"brown:3", "x:1"}));
+}
+
+TEST(ConfigErrors, FaultToleranceNeedsGroupsThatSplitTheData) {
+  std::string error = load_error(R"([fault_tolerance]
+enable = true
+replica_id = 3
+group_size = 2
+min_replica_size = 4
+semi_sync_method = "diloco"
+[parallelism]
+data_parallel_replicate_degree = 2
+)");
+  EXPECT_TRUE(contains(
+      error, "fault_tolerance.replica_id: must be below fault_tolerance.group_size (2), got 3"))
+      << error;
+  EXPECT_TRUE(contains(error, "fault_tolerance.min_replica_size: must be at most")) << error;
+  EXPECT_TRUE(contains(error, "fault_tolerance.semi_sync_method: is not implemented yet")) << error;
+  EXPECT_TRUE(contains(
+      error, "parallelism.data_parallel_replicate_degree: must be 1 with fault_tolerance.enable"))
+      << error;
+  error = load_error("[fault_tolerance]\nenable = true\n");
+  EXPECT_TRUE(contains(error, "fault_tolerance.group_size: must be the number of replica groups"))
+      << error;
 }

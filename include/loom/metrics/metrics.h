@@ -18,16 +18,26 @@
 
 namespace loom::metrics {
 
+// Fault-tolerant replica groups (fault_tolerance.enable): the quorum of the logged step.
+struct QuorumMetrics {
+  int64_t quorum_id = 0;
+  std::string participants;  // replica ids, "0,1"
+  int64_t replicas = 0;
+  std::optional<int64_t> healed_from;  // set on the step this group healed
+  int64_t discarded_steps = 0;         // attempts discarded since the last logged step
+  double quorum_s = 0;                 // the logged step's wait for its quorum (and healing)
+};
+
 struct StepMetrics {
   int64_t step = 0;
   double loss = 0;
   double grad_norm = 0;
   double lr = 0;
-  double tps = 0;           // tokens per second per device
-  double tflops = 0;        // achieved TFLOP/s per device
-  double mfu_pct = 0;       // model FLOPs utilization, percent of peak
+  double tps = 0;             // tokens per second per device
+  double tflops = 0;          // achieved TFLOP/s per device
+  double mfu_pct = 0;         // model FLOPs utilization, percent of peak
   bool mfu_estimate = false;  // the peak was measured on this machine (CPU), not known
-  double mem_peak_gib = 0;  // CUDA max allocated, or peak RSS on CPU
+  double mem_peak_gib = 0;    // CUDA max allocated, or peak RSS on CPU
   double step_time_s = 0;
   double data_time_pct = 0;  // share of the step spent waiting for data
   double comm_wait_pct = 0;  // share of the step blocked on collectives (distributed::Work)
@@ -50,6 +60,7 @@ struct StepMetrics {
   // metrics.step_breakdown: per-step milliseconds by category over the logging window, logged as
   // "breakdown/<category>_ms", "breakdown/overhead_pct" and "breakdown/ops_per_step".
   std::optional<StepBreakdownValues> breakdown;
+  std::optional<QuorumMetrics> quorum;
 };
 
 // The start record metrics.jsonl gets at each start of a run (fresh or resumed), so that runs
@@ -62,9 +73,9 @@ struct RunStart {
   std::string resumed_from;       // the checkpoint loaded, empty for a fresh run
   std::string config_hash;        // of the effective config (config_hash())
   int64_t world_size = 1;
-  std::string layout;             // "pp 1, dp_replicate 1, dp_shard 2, cp 1, tp 1"
-  double elapsed_s = 0;           // training time before this start (from the checkpoint)
-  std::string peak_source;        // where the MFU peak comes from (PeakFlops::source)
+  std::string layout;       // "pp 1, dp_replicate 1, dp_shard 2, cp 1, tp 1"
+  double elapsed_s = 0;     // training time before this start (from the checkpoint)
+  std::string peak_source;  // where the MFU peak comes from (PeakFlops::source)
 };
 
 // "crc32c:<8 hex>" of the effective config's TOML.
@@ -109,8 +120,7 @@ class MetricsLogger {
   // Same time keys as a step row: elapsed_s, since_start_s, wall_time.
   void log_validation(int64_t step, double val_loss, int64_t tokens_seen, double elapsed_s);
   // The JSON object of a start record, for tests.
-  static std::string start_json_line(const RunStart& start, double since_start_s,
-                                     double wall_time);
+  static std::string start_json_line(const RunStart& start, double since_start_s, double wall_time);
 
   // The JSON object for one step (what log_step appends), for tests.
   static std::string to_json_line(const StepMetrics& metrics, double wall_time);
@@ -132,9 +142,9 @@ class MetricsLogger {
 
 // Peak FLOP/s of one device, and how far to trust it.
 struct PeakFlops {
-  double flops = 0;         // 0: unknown (no MFU)
-  std::string source;       // "metrics.peak_tflops", "GPU table (H100)", "measured CPU GEMM"
-  bool estimate = false;    // measured here: MFU is marked as an estimate
+  double flops = 0;       // 0: unknown (no MFU)
+  std::string source;     // "metrics.peak_tflops", "GPU table (H100)", "measured CPU GEMM"
+  bool estimate = false;  // measured here: MFU is marked as an estimate
 };
 // metrics.peak_tflops if set; a table of GPUs (bf16 dense); on CPU the best of many float32
 // GEMMs measured now over all intra-op threads (an estimate: a busy machine measures low).

@@ -18,6 +18,7 @@
 #include "loom/parallel/parallelize.h"
 #include "loom/train/lr_scheduler.h"
 #include "loom/train/optimizer.h"
+#include "loom/train/replica_manager.h"
 #include "loom/train/step_runner.h"
 #include "loom/train/validator.h"
 
@@ -51,6 +52,8 @@ struct Run {
   std::unique_ptr<data::BatchSource> source;  // prefetching training batches
   std::unique_ptr<Validator> validator;       // null without validation
   std::unique_ptr<checkpoint::CheckpointManager> checkpoint;
+  // fault_tolerance.enable: this replica group's per-step quorum, averaging and healing.
+  std::unique_ptr<ReplicaManager> replicas;
 };
 
 // Builds the job's run on this rank, refusing (InputError, every problem at once, before any

@@ -26,9 +26,9 @@ struct TrainResult {
   std::vector<double> losses;  // one per step
   std::vector<double> grad_norms;
   bool stopped_by_signal = false;
-  int stop_signal = 0;      // the signal that stopped the run (any rank's), 0 if none
-  int64_t first_step = 1;   // the first step this run trained (resume step + 1)
-  double elapsed_s = 0;     // this run's training time
+  int stop_signal = 0;     // the signal that stopped the run (any rank's), 0 if none
+  int64_t first_step = 1;  // the first step this run trained (resume step + 1)
+  double elapsed_s = 0;    // this run's training time
   double peak_memory_gib = 0;
   uint64_t comm_wire_bytes = 0;  // sent by this rank over every group
 };
@@ -67,7 +67,16 @@ class Trainer {
     uint64_t comm_start = 0;  // the runtime's wire bytes when the window began
   };
 
-  double train_step(int64_t step, PendingStep& pending, metrics::StepMetrics& m);
+  struct StepOutcome {
+    double data_time = 0;
+    bool committed = true;  // false: fault-tolerant replica groups discarded it (retried)
+  };
+  StepOutcome train_step(int64_t step, PendingStep& pending, metrics::StepMetrics& m);
+  // The step's microbatches: the discarded attempt's again, or the loader's next.
+  std::vector<data::Batch> step_batches();
+  // Fault-tolerant replica groups: the step's quorum; returns the committed step to continue
+  // from (after healing, the quorum's), with tokens seen and the data loader moved along.
+  int64_t join_quorum(int64_t committed, int64_t& tokens_seen);
   void log_window(int64_t step, int64_t tokens_seen, metrics::StepMetrics& m);
   // Reduces and reads the pending steps' losses and norms into `result` (a collective).
   void flush_pending(TrainResult& result, metrics::StepMetrics& last);
@@ -81,11 +90,13 @@ class Trainer {
 
   std::unique_ptr<Run> run_;
   const config::JobConfig& config_;  // run_->config
-  int64_t lr_step_offset_ = 0;  // training step minus schedule step (lr_scheduler not resumed)
+  int64_t lr_step_offset_ = 0;       // training step minus schedule step (lr_scheduler not resumed)
   std::unique_ptr<metrics::MetricsLogger> metrics_;
-  std::unique_ptr<metrics::StepProfiler> profiler_;  // profiling.* traces and memory snapshots
+  std::unique_ptr<metrics::StepProfiler> profiler_;    // profiling.* traces and memory snapshots
   std::unique_ptr<metrics::StepBreakdown> breakdown_;  // metrics.step_breakdown
   std::vector<PendingStep> pending_;
+  std::vector<data::Batch> retry_;  // a discarded step's batches (fault tolerance)
+  int64_t discarded_steps_ = 0;     // since the last logged step
   Window window_;
   metrics::PeakFlops peak_;
   // Training time: of the earlier attempts (from the checkpoint) plus this one's.

@@ -1,0 +1,115 @@
+// Fault tolerance across replica groups (`[fault_tolerance] enable`, torchft's semantics): the
+// per-step manager every rank of a replica group runs. A replica group is one `loom launch` of
+// the job with its own FSDP/TP/PP layout; groups find each other through the lighthouse
+// (distributed/lighthouse.h, TORCHFT_LIGHTHOUSE) and average their gradients over the groups of
+// each step's quorum. A failed group stops only itself: its agent restarts it, it heals from a
+// live peer, and the others keep training.
+//
+// One attempted step, on every rank of a group:
+//   start_step      the group's first rank asks the lighthouse for a quorum with the step the
+//                   group committed; the answer is broadcast inside the group. A new quorum id
+//                   rebuilds this rank's replica process group (the ranks with this rank's place
+//                   in every member group, on a fresh store prefix). A group behind the quorum's
+//                   step receives, rank by rank from the same rank of an up-to-date group,
+//                   parameters, optimizer state, model buffers and the train state (tokens seen,
+//                   schedule offset), and moves to the quorum's step.
+//   average         after the group's own gradient sync: gradients (and the loss) averaged over
+//                   the quorum's groups, weighted by each group's valid tokens, so equal groups
+//                   train as one HSDP job of the same global batch.
+//   should_commit   the commit barrier: apply the step only if the quorum had at least
+//                   min_replica_size groups and no replica collective failed; every rank of the
+//                   group takes the same decision (an all-reduce inside the group), so no group
+//                   applies half a step. A discarded step is retried with the same batch.
+// A failure on the replica process group is not fatal: the step is discarded and the next
+// quorum (a new id: the group reports it broken) builds a new one. A failure inside the group is
+// fatal to the group (its agent restarts it, and it heals).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "loom/config/job_config.h"
+#include "loom/distributed/comm.h"
+#include "loom/distributed/quorum.h"
+
+namespace torch::optim {
+class Optimizer;
+}
+
+namespace loom::distributed {
+class LighthouseClient;
+}
+
+namespace loom::train {
+
+// What a healing group receives, in the same order on every group (same layout, same model).
+struct ReplicaState {
+  std::vector<at::Tensor> parameters;  // local tensors
+  std::vector<at::Tensor> buffers;
+  torch::optim::Optimizer* optimizer = nullptr;
+  // Train-state integers beside the step (tokens seen, schedule offset, elapsed ms).
+  std::vector<int64_t> scalars;
+};
+
+// The quorum of the step just started, for the metrics log and the console.
+struct QuorumReport {
+  int64_t quorum_id = 0;
+  std::string participants;  // replica ids, "0,1"
+  int64_t replicas = 0;
+  std::optional<int64_t> healed_from;  // this group healed from that replica group
+  double quorum_seconds = 0;           // spent in start_step (asking, rebuilding, healing)
+};
+
+class ReplicaManager {
+ public:
+  // `world`: the replica group's own world (every rank of this `loom launch`). Connects to the
+  // lighthouse; the group's first rank starts beating. `quorum_timeout`: how long a step may
+  // wait for its quorum (below the group's collective timeout: the other ranks wait meanwhile).
+  ReplicaManager(const config::FaultToleranceSection& section,
+                 std::shared_ptr<distributed::Comm> world, const std::string& lighthouse_address,
+                 int restart_count, std::chrono::milliseconds quorum_timeout);
+  ~ReplicaManager();
+
+  // The step this group has committed when the step may begin: `committed`, or the quorum's
+  // step after healing (then `state` holds the healthy group's values).
+  int64_t start_step(int64_t committed, ReplicaState& state);
+  // In place: every tensor's gradient and `loss_part` averaged over the quorum's groups, weighted
+  // by `valid_tokens` (this group's tokens of the step).
+  void average(const std::vector<at::Tensor>& parameters, at::Tensor& loss_part,
+               double valid_tokens);
+  bool should_commit(int64_t step);
+
+  const QuorumReport& report() const { return report_; }
+  int64_t replica_id() const { return section_.replica_id; }
+
+ private:
+  distributed::Quorum agree_on_quorum(int64_t committed);
+  void heal(const distributed::Quorum& q, ReplicaState& state);
+  void maybe_inject_fault(const char* where, int64_t step) const;
+
+  config::FaultToleranceSection section_;
+  std::shared_ptr<distributed::Comm> world_;
+  std::unique_ptr<distributed::LighthouseClient> lighthouse_;
+  std::shared_ptr<distributed::Comm> replicas_;  // this quorum's replica process group
+  int64_t quorum_id_ = -1;
+  int64_t members_ = 0;
+  int64_t seq_ = 0;
+  int64_t current_step_ = 0;  // the step being attempted
+  std::string incarnation_;
+  int restart_count_ = 0;
+  std::chrono::milliseconds quorum_timeout_;
+  bool broken_ = false;       // the replica group failed since the last quorum
+  bool step_failed_ = false;  // a replica collective of this step failed
+  QuorumReport report_;
+};
+
+// The lighthouse address of a fault-tolerant job: TORCHFT_LIGHTHOUSE; InputError when unset.
+std::string lighthouse_address_from_env();
+
+}  // namespace loom::train

@@ -1,0 +1,160 @@
+#include "loom/distributed/quorum.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <set>
+
+#include "loom/core/json.h"
+
+namespace loom::distributed {
+
+int Quorum::index_of(int64_t replica) const {
+  for (size_t i = 0; i < members.size(); ++i) {
+    if (members[i].replica == replica) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+std::vector<int> Quorum::up_to_date() const {
+  std::vector<int> out;
+  for (size_t i = 0; i < members.size(); ++i) {
+    if (members[i].step == max_step) out.push_back(static_cast<int>(i));
+  }
+  return out;
+}
+
+int Quorum::heal_source(int member) const {
+  if (members[static_cast<size_t>(member)].step == max_step) return -1;
+  const std::vector<int> sources = up_to_date();
+  int behind = 0;  // this member's rank among those behind
+  for (int i = 0; i < member; ++i) behind += members[static_cast<size_t>(i)].step != max_step;
+  return sources[static_cast<size_t>(behind) % sources.size()];
+}
+
+std::string Quorum::participants() const {
+  std::string text;
+  for (size_t i = 0; i < members.size(); ++i) {
+    text += (i ? "," : "") + std::to_string(members[i].replica);
+  }
+  return text;
+}
+
+nlohmann::json to_json(const QuorumRequest& r) {
+  return {{"replica", r.replica},
+          {"seq", r.seq},
+          {"step", r.step},
+          {"incarnation", r.incarnation},
+          {"group_broken", r.group_broken},
+          {"group_ranks", r.group_ranks}};
+}
+
+QuorumRequest request_from_json(const nlohmann::json& j, const std::string& where) {
+  QuorumRequest r;
+  r.replica = json::int_field(j, "replica", where, 0);
+  r.seq = json::int_field(j, "seq", where, 0);
+  r.step = json::int_field(j, "step", where, 0);
+  r.incarnation = json::string_field(j, "incarnation", where);
+  r.group_broken = json::bool_field(j, "group_broken", where);
+  r.group_ranks = json::int_field(j, "group_ranks", where, 1);
+  return r;
+}
+
+nlohmann::json to_json(const Quorum& q) {
+  nlohmann::json members = nlohmann::json::array();
+  for (const auto& m : q.members) {
+    members.push_back({{"replica", m.replica},
+                       {"step", m.step},
+                       {"incarnation", m.incarnation},
+                       {"group_ranks", m.group_ranks}});
+  }
+  return {{"id", q.id}, {"max_step", q.max_step}, {"members", members}};
+}
+
+Quorum quorum_from_json(const nlohmann::json& j, const std::string& where) {
+  Quorum q;
+  q.id = json::int_field(j, "id", where, 0);
+  q.max_step = json::int_field(j, "max_step", where, 0);
+  for (const auto& m : json::array_field(j, "members", where)) {
+    const std::string at = where + ": members";
+    q.members.push_back({json::int_field(m, "replica", at, 0), json::int_field(m, "step", at, 0),
+                         json::string_field(m, "incarnation", at),
+                         json::int_field(m, "group_ranks", at, 1)});
+  }
+  return q;
+}
+
+namespace {
+
+bool healthy(const LighthouseView& view, int64_t replica, LighthouseView::TimePoint now,
+             const QuorumRules& rules) {
+  auto it = view.last_heartbeat.find(replica);
+  return it != view.last_heartbeat.end() && now - it->second <= rules.heartbeat_timeout;
+}
+
+std::string list(const std::set<int64_t>& ids) {
+  std::string text;
+  for (int64_t id : ids) text += (text.empty() ? "" : ",") + std::to_string(id);
+  return text;
+}
+
+// The quorum of `askers`; a new id when anything a member's process group depends on changed.
+Quorum form(const LighthouseView& view, const std::set<int64_t>& askers) {
+  Quorum q;
+  bool broken = false;
+  for (int64_t replica : askers) {
+    const QuorumRequest& r = view.requests.at(replica);
+    q.members.push_back({r.replica, r.step, r.incarnation, r.group_ranks});
+    q.max_step = std::max(q.max_step, r.step);
+    broken = broken || r.group_broken;
+  }
+  const Quorum* prev = view.previous ? &*view.previous : nullptr;
+  bool same = prev && !broken && prev->members.size() == q.members.size();
+  for (size_t i = 0; same && i < q.members.size(); ++i) {
+    same = prev->members[i].replica == q.members[i].replica &&
+           prev->members[i].incarnation == q.members[i].incarnation;
+  }
+  q.id = prev ? prev->id + (same ? 0 : 1) : 1;
+  return q;
+}
+
+}  // namespace
+
+QuorumDecision decide_quorum(const LighthouseView& view, LighthouseView::TimePoint now,
+                             const QuorumRules& rules) {
+  std::set<int64_t> askers, beating, missing_previous;
+  for (const auto& [replica, request] : view.requests) {
+    if (healthy(view, replica, now, rules)) askers.insert(replica);
+  }
+  for (const auto& [replica, at] : view.last_heartbeat) {
+    if (now - at <= rules.heartbeat_timeout) beating.insert(replica);
+  }
+  QuorumDecision d;
+  if (static_cast<int64_t>(askers.size()) < rules.min_replicas) {
+    d.waiting_for = "waiting for at least " + std::to_string(rules.min_replicas) +
+                    " replica groups to ask (asked: " + list(askers) + ")";
+    return d;
+  }
+  if (view.previous) {
+    for (const auto& m : view.previous->members) {
+      if (beating.count(m.replica) && !askers.count(m.replica)) missing_previous.insert(m.replica);
+    }
+  }
+  std::set<int64_t> silent;  // beating but not asking
+  for (int64_t r : beating) {
+    if (!askers.count(r)) silent.insert(r);
+  }
+  const bool fast = view.previous && missing_previous.empty();
+  const bool everyone = silent.empty();
+  const bool timed_out = view.first_request && now - *view.first_request >= rules.join_timeout;
+  if (fast || everyone || timed_out) {
+    d.quorum = form(view, askers);
+    return d;
+  }
+  d.holding_up.assign(silent.begin(), silent.end());
+  d.waiting_for = "waiting for replica groups " + list(silent) +
+                  " (heartbeating, not asking yet) until join_timeout";
+  return d;
+}
+
+}  // namespace loom::distributed

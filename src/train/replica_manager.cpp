@@ -1,0 +1,306 @@
+#include "loom/train/replica_manager.h"
+
+#include <ATen/ATen.h>
+#include <torch/optim/optimizer.h>
+
+#include <fmt/format.h>
+#include <unistd.h>
+#include <nlohmann/json.hpp>
+
+#include <csignal>
+#include <random>
+
+#include "loom/checkpoint/optimizer_moments.h"
+#include "loom/core/check.h"
+#include "loom/core/env.h"
+#include "loom/core/json.h"
+#include "loom/core/logging.h"
+#include "loom/distributed/lighthouse.h"
+
+namespace loom::train {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using distributed::Quorum;
+
+// Gradients travel in buckets of at most this many elements (bounded extra memory).
+constexpr int64_t kBucketElements = int64_t{1} << 24;
+
+std::string new_incarnation() {
+  std::random_device random;
+  return fmt::format("{}-{:x}", ::getpid(), (uint64_t{random()} << 32) | random());
+}
+
+// `text` from the group's first rank on every rank of `group`.
+std::string broadcast_text(distributed::Comm& group, const std::string& text) {
+  if (group.size() == 1) return text;
+  at::Tensor size = at::full({1}, static_cast<int64_t>(text.size()), at::kLong);
+  group.broadcast(size, 0);
+  at::Tensor bytes = at::empty({size.item<int64_t>()}, at::kByte);
+  if (group.rank() == 0) std::memcpy(bytes.data_ptr(), text.data(), text.size());
+  group.broadcast(bytes, 0);
+  return {static_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(bytes.numel())};
+}
+
+// Whether every rank of `group` holds `ok`.
+bool all_agree(distributed::Comm& group, bool ok) {
+  if (group.size() == 1) return ok;
+  at::Tensor flag = at::full({1}, ok ? 1 : 0, at::kInt);
+  group.all_reduce(flag, distributed::ReduceOp::kMin);
+  return flag.item<int>() == 1;
+}
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// The tensors a healthy group sends and a healing one receives, in one order: the scalars and
+// the optimizer's per-parameter step counts, then each parameter with its moments, then buffers.
+std::vector<at::Tensor> state_tensors(ReplicaState& state) {
+  std::vector<at::Tensor> out;
+  std::vector<int64_t> header = state.scalars;
+  std::vector<at::Tensor> moments;
+  for (const at::Tensor& p : state.parameters) {
+    auto m = checkpoint::moments(*state.optimizer, p);
+    header.push_back(m ? m->step : 0);
+    moments.push_back(m ? m->exp_avg : at::zeros_like(p));
+    moments.push_back(m ? m->exp_avg_sq : at::zeros_like(p));
+  }
+  out.push_back(at::tensor(header, at::kLong));
+  for (size_t i = 0; i < state.parameters.size(); ++i) {
+    out.push_back(state.parameters[i].detach());
+    out.push_back(moments[2 * i]);
+    out.push_back(moments[2 * i + 1]);
+  }
+  for (const at::Tensor& b : state.buffers) out.push_back(b.detach());
+  return out;
+}
+
+}  // namespace
+
+std::string lighthouse_address_from_env() {
+  auto address = env::get("TORCHFT_LIGHTHOUSE");
+  LOOM_CHECK_AS(InputError, address && !address->empty(),
+                "fault_tolerance.enable = true needs the lighthouse's address in "
+                "TORCHFT_LIGHTHOUSE (HOST:PORT or http://HOST:PORT; start one with `loom "
+                "lighthouse --bind HOST:PORT`)");
+  return *address;
+}
+
+ReplicaManager::ReplicaManager(const config::FaultToleranceSection& section,
+                               std::shared_ptr<distributed::Comm> world,
+                               const std::string& lighthouse_address, int restart_count,
+                               std::chrono::milliseconds quorum_timeout)
+    : section_(section),
+      world_(std::move(world)),
+      incarnation_(new_incarnation()),
+      restart_count_(restart_count),
+      quorum_timeout_(quorum_timeout) {
+  lighthouse_ = std::make_unique<distributed::LighthouseClient>(
+      lighthouse_address, section_.replica_id, std::chrono::milliseconds(30000));
+  if (world_->rank() == 0) lighthouse_->start_heartbeat(std::chrono::milliseconds(100));
+  log::get("ft")->info("replica group {} of {} (lighthouse {}), min_replica_size {}",
+                       section_.replica_id, section_.group_size, lighthouse_address,
+                       section_.min_replica_size);
+}
+
+ReplicaManager::~ReplicaManager() = default;
+
+Quorum ReplicaManager::agree_on_quorum(int64_t committed) {
+  ++seq_;
+  std::string answer;
+  if (world_->rank() == 0) {
+    distributed::QuorumRequest request{section_.replica_id, seq_,    committed,
+                                       incarnation_,        broken_, world_->size()};
+    answer = distributed::to_json(lighthouse_->request_quorum(request, quorum_timeout_)).dump();
+  }
+  answer = broadcast_text(*world_, answer);
+  const std::string where = "quorum of replica group " + std::to_string(section_.replica_id);
+  Quorum q = distributed::quorum_from_json(json::parse_bounded(answer, where), where);
+  LOOM_CHECK_AS(distributed::CommError, q.index_of(section_.replica_id) >= 0, where,
+                ": this group is not a ", "member of the quorum it was answered");
+  for (const auto& m : q.members) {
+    LOOM_CHECK_AS(InputError, m.group_ranks == world_->size(), "fault_tolerance: replica group ",
+                  m.replica, " has ", m.group_ranks, " ranks and replica group ",
+                  section_.replica_id, " has ", world_->size(),
+                  "; every replica group of a job needs the same layout");
+  }
+  return q;
+}
+
+int64_t ReplicaManager::start_step(int64_t committed, ReplicaState& state) {
+  const auto start = Clock::now();
+  auto log = log::get("ft");
+  report_.healed_from.reset();
+  while (true) {
+    const Quorum q = agree_on_quorum(committed);
+    const int me = q.index_of(section_.replica_id);
+    bool ok = true;
+    if (q.id != quorum_id_) {
+      replicas_.reset();
+      try {
+        replicas_ = lighthouse_->replica_group(
+            q.id, world_->rank(), me, static_cast<int>(q.members.size()),
+            std::chrono::milliseconds(section_.process_group_timeout_ms), section_.process_group);
+      } catch (const distributed::CommError& e) {
+        log->warn("replica process group of quorum {} failed: {}", q.id, e.what());
+        ok = false;
+      }
+    }
+    const int source = q.heal_source(me);
+    if (ok && source >= 0) {
+      log->info("at step {}: healing from replica group {} (step {})", committed,
+                q.members[static_cast<size_t>(source)].replica, q.max_step);
+    }
+    bool any_heals = false;
+    for (size_t i = 0; i < q.members.size(); ++i)
+      any_heals |= q.heal_source(static_cast<int>(i)) >= 0;
+    if (ok && any_heals) {
+      try {
+        heal(q, state);
+      } catch (const distributed::CommError& e) {
+        log->warn("healing over quorum {} failed: {}", q.id, e.what());
+        ok = false;
+      }
+    }
+    if (!all_agree(*world_, ok)) {
+      broken_ = true;
+      quorum_id_ = -1;
+      continue;
+    }
+    quorum_id_ = q.id;
+    members_ = static_cast<int64_t>(q.members.size());
+    broken_ = false;
+    step_failed_ = false;
+    report_.quorum_id = q.id;
+    report_.participants = q.participants();
+    report_.replicas = members_;
+    if (source >= 0) {
+      report_.healed_from = q.members[static_cast<size_t>(source)].replica;
+      committed = q.max_step;
+    }
+    break;
+  }
+  report_.quorum_seconds = seconds_since(start);
+  current_step_ = committed + 1;
+  return committed;
+}
+
+// Point to point over the replica group: each up-to-date source sends to the members that heal
+// from it; a healing member receives into fresh tensors and copies them in only when everything
+// arrived (a failure midway leaves its state, and its step, as they were).
+void ReplicaManager::heal(const Quorum& q, ReplicaState& state) {
+  const int me = q.index_of(section_.replica_id);
+  std::vector<at::Tensor> mine = state_tensors(state);
+  std::vector<at::Tensor> incoming;
+  std::vector<distributed::P2POp> ops;
+  for (size_t i = 0; i < q.members.size(); ++i) {
+    if (q.heal_source(static_cast<int>(i)) != me) continue;
+    for (auto& t : mine)
+      ops.push_back({distributed::P2POp::Kind::kSend, t.contiguous(), static_cast<int>(i)});
+  }
+  const int source = q.heal_source(me);
+  if (source >= 0) {
+    for (auto& t : mine) {
+      incoming.push_back(at::empty_like(t, at::MemoryFormat::Contiguous));
+      ops.push_back({distributed::P2POp::Kind::kRecv, incoming.back(), source});
+    }
+  }
+  for (auto& work : replicas_->batch_send_recv(ops)) work.wait();
+  if (source < 0) return;
+  at::NoGradGuard no_grad;
+  const at::Tensor header = incoming[0];
+  const auto n_scalars = static_cast<int64_t>(state.scalars.size());
+  for (int64_t i = 0; i < n_scalars; ++i) state.scalars[i] = header[i].item<int64_t>();
+  for (size_t i = 0; i < state.parameters.size(); ++i) {
+    at::Tensor p = state.parameters[i];
+    p.detach().copy_(incoming[1 + 3 * i]);
+    const int64_t step = header[n_scalars + static_cast<int64_t>(i)].item<int64_t>();
+    if (step > 0) {
+      checkpoint::set_moments(*state.optimizer, p,
+                              {step, incoming[2 + 3 * i], incoming[3 + 3 * i], at::Tensor()});
+    } else {
+      state.optimizer->state().erase(p.unsafeGetTensorImpl());
+    }
+  }
+  const size_t first_buffer = 1 + 3 * state.parameters.size();
+  for (size_t i = 0; i < state.buffers.size(); ++i) {
+    state.buffers[i].detach().copy_(incoming[first_buffer + i]);
+  }
+}
+
+void ReplicaManager::average(const std::vector<at::Tensor>& parameters, at::Tensor& loss_part,
+                             double valid_tokens) {
+  maybe_inject_fault("before_average", current_step_);
+  if (members_ <= 1 || step_failed_) return;
+  try {
+    const double part = loss_part.to(at::kCPU).item<double>();
+    at::Tensor sums = at::tensor({valid_tokens, part * valid_tokens}, at::kDouble);
+    replicas_->all_reduce(sums);
+    const double total = sums[0].item<double>();
+    const double weight = valid_tokens / total;
+    loss_part = at::full_like(loss_part, sums[1].item<double>() / total);
+    std::vector<at::Tensor> bucket;
+    int64_t elements = 0;
+    auto flush = [&] {
+      if (bucket.empty()) return;
+      std::vector<at::Tensor> flat_parts;
+      for (const auto& g : bucket) flat_parts.push_back(g.reshape({-1}));
+      at::Tensor flat = at::cat(flat_parts).mul_(weight);
+      if (section_.process_group == "gloo") flat = flat.to(at::kCPU);
+      replicas_->all_reduce(flat);
+      int64_t offset = 0;
+      for (auto& g : bucket) {
+        g.copy_(flat.narrow(0, offset, g.numel()).view(g.sizes()));
+        offset += g.numel();
+      }
+      bucket.clear();
+      elements = 0;
+    };
+    for (const at::Tensor& p : parameters) {
+      at::Tensor g = p.grad();
+      if (!g.defined()) continue;
+      if (!bucket.empty() && (bucket.front().scalar_type() != g.scalar_type() ||
+                              elements + g.numel() > kBucketElements)) {
+        flush();
+      }
+      bucket.push_back(g);
+      elements += g.numel();
+    }
+    flush();
+  } catch (const distributed::CommError& e) {
+    log::get("ft")->warn("averaging over quorum {} failed: {}; the step is discarded", quorum_id_,
+                         e.what());
+    step_failed_ = true;
+    broken_ = true;
+  }
+}
+
+bool ReplicaManager::should_commit(int64_t step) {
+  maybe_inject_fault("before_commit", step);
+  const bool enough = members_ >= section_.min_replica_size;
+  const bool commit = all_agree(*world_, enough && !step_failed_);
+  if (!commit) {
+    log::get("ft")->warn("step {} discarded ({}); it is retried with the same batch", step,
+                         !enough ? fmt::format("quorum of {} replica groups < min_replica_size {}",
+                                               members_, section_.min_replica_size)
+                                 : "a replica collective failed, here or on another rank");
+  }
+  return commit;
+}
+
+// LOOM_FT_FAULT="replica=R,rank=K,step=S,at=WHERE": that rank of that group kills itself
+// (SIGKILL) at that point of step S (before_average: before the replica all-reduce;
+// before_commit: after it, before the commit barrier), on its first start only (the restarted group
+// must heal, not die again). A testing aid for docs/fault_tolerance.md's fault matrix.
+void ReplicaManager::maybe_inject_fault(const char* where, int64_t step) const {
+  static const std::optional<std::string> spec = env::get("LOOM_FT_FAULT");
+  if (!spec || restart_count_ != 0) return;
+  const std::string want = fmt::format("replica={},rank={},step={},at={}", section_.replica_id,
+                                       world_->rank(), step, where);
+  if (*spec != want) return;
+  log::get("ft")->warn("LOOM_FT_FAULT: killing this rank at {} of step {}", where, step);
+  ::kill(::getpid(), SIGKILL);
+}
+
+}  // namespace loom::train
