@@ -291,9 +291,10 @@ void add_launch_command(CLI::App& app, CommandRun& run) {
                       "HOST:PORT (workers get TORCHFT_LIGHTHOUSE; docs/fault_tolerance.md)");
   command
       ->add_option("--lighthouse-min-replicas", args->lighthouse_min_replicas,
-                   "With --lighthouse: replica groups a quorum needs at least")
+                   "With --lighthouse: replica groups a quorum needs at least (1 to 2^20)")
       ->capture_default_str()
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+      ->type_name("N")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20).description(""));
   command->add_option("command", args->command,
                       "After --: the loom subcommand and its arguments (with --no-python: any "
                       "program)");

@@ -26,22 +26,29 @@ void add_lighthouse_command(CLI::App& app, CommandRun& run) {
   auto args = std::make_shared<Args>();
   command->add_option("--bind", args->bind, "HOST:PORT to listen on")->capture_default_str();
   command
-      ->add_option("--min-replicas", args->min_replicas, "Replica groups a quorum needs at least")
+      ->add_option("--min-replicas", args->min_replicas,
+                   "Replica groups a quorum needs at least (1 to 2^20)")
       ->capture_default_str()
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+      ->type_name("N")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20).description(""));
   command
       ->add_option("--join-timeout-ms", args->join_timeout_ms,
-                   "How long a round waits for groups that beat but have not asked")
+                   "How long a round waits for groups that beat but have not asked (0 to 1 day)")
       ->capture_default_str()
-      ->check(CLI::Range(int64_t{0}, int64_t{86400000}));
+      ->type_name("MS")
+      ->check(CLI::Range(int64_t{0}, int64_t{86400000}).description(""));
   command
       ->add_option("--heartbeat-timeout-ms", args->heartbeat_timeout_ms,
-                   "Silence after which a group counts as gone")
+                   "Silence after which a group counts as gone (100 ms to 1 day)")
       ->capture_default_str()
-      ->check(CLI::Range(int64_t{100}, int64_t{86400000}));
-  command->add_option("--quorum-tick-ms", args->quorum_tick_ms, "How often the quorum is decided")
+      ->type_name("MS")
+      ->check(CLI::Range(int64_t{100}, int64_t{86400000}).description(""));
+  command
+      ->add_option("--quorum-tick-ms", args->quorum_tick_ms,
+                   "How often the quorum is decided (1 to 10000)")
       ->capture_default_str()
-      ->check(CLI::Range(int64_t{1}, int64_t{10000}));
+      ->type_name("MS")
+      ->check(CLI::Range(int64_t{1}, int64_t{10000}).description(""));
   command->callback([&run, args] {
     run = [args] {
       const auto [host, port] = distributed::parse_lighthouse_address(args->bind, "--bind");

@@ -387,8 +387,9 @@ TEST(FirstDay, LaunchShowsRankZeroAndOtherRanksWarnings) {
 // Help texts say ranges in words: no CLI11 "INT:INT in [1 - 1099511627776]"; the ranges still
 // hold.
 TEST(FirstDay, HelpTextsAreReadable) {
-  for (const char* command : {"prepare-data", "metrics watch", "launch", "checkpoint inspect",
-                              "checkpoint export", "config validate", "eval", "generate"}) {
+  for (const char* command :
+       {"prepare-data", "metrics watch", "launch", "checkpoint inspect", "checkpoint export",
+        "config validate", "eval", "generate", "lighthouse"}) {
     auto help = run_loom(std::string(command) + " --help");
     EXPECT_EQ(help.exit_code, 0) << command << "\n" << help.output;
     EXPECT_EQ(help.output.find("INT:INT"), std::string::npos) << command << "\n" << help.output;
