@@ -68,7 +68,8 @@ std::vector<nlohmann::json> read_jsonl(const std::string& path) {
 
 }  // namespace
 
-LOOM_TEST(Training, LossFallsClearlyIn30Steps) {
+// Slow label: the embedded-corpus run below covers "the loss falls" in the default suite.
+LOOM_SLOW_TEST(Training, LossFallsClearlyIn30Steps) {
   auto result = Trainer(small_job("falls")).train();
   ASSERT_EQ(result.losses.size(), 30u);
   // Embeddings N(0, 1) and an output std of dim^-0.5 start slightly above ln(vocab).
