@@ -533,8 +533,20 @@ void add_runtime_sections(Schema& s) {
            "Replica groups a step needs to commit.")
       .min(1);
   ft.field("semi_sync_method", &FaultToleranceSection::semi_sync_method,
-           "local_sgd or diloco (not implemented yet: an error with enable).")
-      .unimplemented();
+           "Semi-synchronous training across replica groups: local_sgd (parameters averaged "
+           "every sync_steps) or diloco (pseudo-gradients averaged, an outer Nesterov step); "
+           "unset: gradients averaged every step.")
+      .choices({"local_sgd", "diloco"});
+  ft.field("sync_steps", &FaultToleranceSection::sync_steps,
+           "Local steps between synchronizations (semi_sync_method).")
+      .min(1);
+  ft.field("outer_lr", &FaultToleranceSection::outer_lr,
+           "loom: DiLoCo's outer learning rate (Nesterov SGD on the averaged pseudo-gradients).")
+      .min(0);
+  ft.field("outer_momentum", &FaultToleranceSection::outer_momentum,
+           "loom: DiLoCo's outer Nesterov momentum.")
+      .min(0)
+      .max(1);
 
   SectionBuilder<ExperimentalSection> exp(
       s, "experimental", "Python extension hooks.",

@@ -203,11 +203,6 @@ void check_combinations(const JobConfig& c, Checker& check) {
                  "must be at most fault_tolerance.group_size (" + std::to_string(ft.group_size) +
                      "): no step could ever commit, got " + std::to_string(ft.min_replica_size));
     }
-    if (ft.semi_sync_method) {
-      check.fail("fault_tolerance.semi_sync_method",
-                 "is not implemented yet (local_sgd / diloco): loom averages gradients every "
-                 "step; remove the key");
-    }
     if (p.data_parallel_replicate_degree > 1) {
       check.fail("parallelism.data_parallel_replicate_degree",
                  "must be 1 with fault_tolerance.enable: the replica groups are the replicated "

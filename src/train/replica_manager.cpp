@@ -56,7 +56,7 @@ double seconds_since(Clock::time_point start) {
 
 // The tensors a healthy group sends and a healing one receives, in one order: the scalars and
 // the optimizer's per-parameter step counts, then each parameter with its moments, then buffers.
-std::vector<at::Tensor> state_tensors(ReplicaState& state) {
+std::vector<at::Tensor> state_tensors(ReplicaState& state, const std::vector<at::Tensor>& extra) {
   std::vector<at::Tensor> out;
   std::vector<int64_t> header = state.scalars;
   std::vector<at::Tensor> moments;
@@ -73,6 +73,7 @@ std::vector<at::Tensor> state_tensors(ReplicaState& state) {
     out.push_back(moments[2 * i + 1]);
   }
   for (const at::Tensor& b : state.buffers) out.push_back(b.detach());
+  for (const at::Tensor& t : extra) out.push_back(t);
   return out;
 }
 
@@ -179,6 +180,7 @@ int64_t ReplicaManager::start_step(int64_t committed, ReplicaState& state) {
       report_.healed_from = q.members[static_cast<size_t>(source)].replica;
       committed = q.max_step;
     }
+    if (semi_synchronous()) remember_period_start(state.parameters);
     break;
   }
   report_.quorum_seconds = seconds_since(start);
@@ -191,7 +193,10 @@ int64_t ReplicaManager::start_step(int64_t committed, ReplicaState& state) {
 // arrived (a failure midway leaves its state, and its step, as they were).
 void ReplicaManager::heal(const Quorum& q, ReplicaState& state) {
   const int me = q.index_of(section_.replica_id);
-  std::vector<at::Tensor> mine = state_tensors(state);
+  if (section_.semi_sync_method == "diloco" && outer_momentum_.empty()) {
+    for (const at::Tensor& p : state.parameters) outer_momentum_.push_back(at::zeros_like(p));
+  }
+  std::vector<at::Tensor> mine = state_tensors(state, outer_momentum_);
   std::vector<at::Tensor> incoming;
   std::vector<distributed::P2POp> ops;
   for (size_t i = 0; i < q.members.size(); ++i) {
@@ -226,6 +231,10 @@ void ReplicaManager::heal(const Quorum& q, ReplicaState& state) {
   const size_t first_buffer = 1 + 3 * state.parameters.size();
   for (size_t i = 0; i < state.buffers.size(); ++i) {
     state.buffers[i].detach().copy_(incoming[first_buffer + i]);
+  }
+  const size_t first_momentum = first_buffer + state.buffers.size();
+  for (size_t i = 0; i < outer_momentum_.size(); ++i) {
+    outer_momentum_[i].copy_(incoming[first_momentum + i]);
   }
 }
 
@@ -287,6 +296,72 @@ bool ReplicaManager::should_commit(int64_t step) {
                                  : "a replica collective failed, here or on another rank");
   }
   return commit;
+}
+
+bool ReplicaManager::starts_period(int64_t step) const {
+  return !semi_synchronous() || (step - 1) % section_.sync_steps == 0;
+}
+
+bool ReplicaManager::ends_period(int64_t step) const {
+  return !semi_synchronous() || step % section_.sync_steps == 0;
+}
+
+void ReplicaManager::remember_period_start(const std::vector<at::Tensor>& parameters) {
+  period_start_.clear();
+  for (const at::Tensor& p : parameters) period_start_.push_back(p.detach().clone());
+  if (section_.semi_sync_method == "diloco" && outer_momentum_.empty()) {
+    for (const at::Tensor& p : parameters) outer_momentum_.push_back(at::zeros_like(p));
+  }
+}
+
+bool ReplicaManager::synchronize(const std::vector<at::Tensor>& parameters, int64_t step) {
+  LOOM_CHECK(period_start_.size() == parameters.size(), "fault tolerance: step ", step,
+             " ends a period that never started (no quorum at its first step)");
+  maybe_inject_fault("before_sync", step);
+  const bool diloco = section_.semi_sync_method == "diloco";
+  at::NoGradGuard no_grad;
+  // The average over the quorum's groups, of the pseudo-gradients (DiLoCo) or the parameters.
+  std::vector<at::Tensor> averaged;
+  bool ok = members_ >= section_.min_replica_size;
+  try {
+    for (size_t i = 0; ok && i < parameters.size(); ++i) {
+      at::Tensor local = parameters[i].detach();
+      at::Tensor t = diloco ? period_start_[i] - local : local.clone();
+      if (section_.process_group == "gloo") t = t.to(at::kCPU);
+      if (members_ > 1) replicas_->all_reduce(t);
+      averaged.push_back(t.div_(static_cast<double>(members_)).to(local.device()));
+    }
+  } catch (const distributed::CommError& e) {
+    log::get("ft")->warn("synchronizing over quorum {} failed: {}", quorum_id_, e.what());
+    ok = false;
+    broken_ = true;
+  }
+  if (!all_agree(*world_, ok)) {
+    log::get("ft")->warn(
+        "step {}: the synchronization is discarded; the period's local steps "
+        "are undone (its start parameters restored)",
+        step);
+    for (size_t i = 0; i < parameters.size(); ++i) parameters[i].detach().copy_(period_start_[i]);
+    return false;
+  }
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    parameters[i].detach().copy_(diloco ? period_start_[i] : averaged[i]);
+  }
+  if (diloco) {
+    diloco_outer_step(parameters, averaged, outer_momentum_, section_.outer_lr,
+                      section_.outer_momentum);
+  }
+  return true;
+}
+
+void diloco_outer_step(const std::vector<at::Tensor>& parameters,
+                       const std::vector<at::Tensor>& averaged_deltas,
+                       std::vector<at::Tensor>& momentum, double lr, double mu) {
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    momentum[i].mul_(mu).add_(averaged_deltas[i]);
+    parameters[i].detach().sub_(averaged_deltas[i].add(momentum[i], mu), lr);
+  }
 }
 
 // LOOM_FT_FAULT="replica=R,rank=K,step=S,at=WHERE": that rank of that group kills itself

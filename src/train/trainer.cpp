@@ -168,7 +168,8 @@ Trainer::StepOutcome Trainer::train_step(int64_t step, PendingStep& pending,
     loss_sum = loss_sum.defined() ? loss_sum + loss : loss;
   }
   run.model.gradient_sync->finish();
-  if (run.replicas) run.replicas->average(run.local_tensors, loss_sum, valid_tokens);
+  const bool every_step = run.replicas && !run.replicas->semi_synchronous();
+  if (every_step) run.replicas->average(run.local_tensors, loss_sum, valid_tokens);
   if (config_.metrics.log_layer_grad_norms && is_log_step(step)) {
     // Over every rank: FSDP shards, TP pieces and pipeline stages each hold some of a block.
     std::vector<std::string> names;
@@ -184,7 +185,7 @@ Trainer::StepOutcome Trainer::train_step(int64_t step, PendingStep& pending,
   pending.loss = loss_sum.to(at::kDouble);
   pending.grad_norm =
       clip_grad_norm(run.local_tensors, run.placements, t.max_norm, &run.runtime->world_group());
-  if (run.replicas && !run.replicas->should_commit(step)) {
+  if (every_step && !run.replicas->should_commit(step)) {
     retry_ = std::move(micro);
     return {data_time, false};
   }
@@ -193,6 +194,11 @@ Trainer::StepOutcome Trainer::train_step(int64_t step, PendingStep& pending,
   run.optimizer->step();
   if (run.spec->after_optimizer_step) {
     m.model_metrics = run.spec->after_optimizer_step(run.model, is_log_step(step));
+  }
+  // Semi-synchronous replica groups meet at the end of each period (a failed meeting undoes the
+  // period's local steps, the step itself still counts).
+  if (run.replicas && run.replicas->semi_synchronous() && run.replicas->ends_period(step)) {
+    run.replicas->synchronize(run.local_tensors, step);
   }
   return {data_time, true};
 }
@@ -305,7 +311,7 @@ TrainResult Trainer::train(const std::function<void()>& on_started) {
   window_ = Window{};
   window_.comm_start = run_->runtime->total_wire_bytes();
   for (int64_t step = resume.step + 1; step <= t.steps; ++step) {
-    if (run_->replicas) {
+    if (run_->replicas && run_->replicas->starts_period(step)) {
       step = join_quorum(step - 1, tokens_seen) + 1;
       if (step > t.steps) break;
     }

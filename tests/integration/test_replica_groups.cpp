@@ -64,13 +64,14 @@ class LighthouseProcess {
 // One replica group: `loom launch` of 2 ranks (FSDP over them), up to 2 restarts.
 std::future<CommandResult> start_group(const LighthouseProcess& lighthouse, int replica,
                                        const std::string& folder, int steps,
-                                       const std::string& fault = "") {
+                                       const std::string& fault = "",
+                                       const std::string& extra = "") {
   std::string command = "TORCHFT_LIGHTHOUSE=" + lighthouse.address() + " ";
   if (!fault.empty()) command += "LOOM_FT_FAULT=" + fault + " ";
   command += std::string(LOOM_BINARY) + " launch --nproc-per-node 2 --master-port " +
              std::to_string(free_port()) + " --max-restarts 2 -- " + job_args(folder, steps) +
              " --fault_tolerance.enable true --fault_tolerance.group_size 2" +
-             " --fault_tolerance.replica_id " + std::to_string(replica) + " 2>&1";
+             " --fault_tolerance.replica_id " + std::to_string(replica) + extra + " 2>&1";
   return std::async(std::launch::async, [command] { return run_command(command); });
 }
 
@@ -205,6 +206,31 @@ LOOM_SLOW_TEST(ReplicaGroups, KilledAfterItsAllReduceHealsFromThePeerWithoutAChe
 
 LOOM_SLOW_TEST(ReplicaGroups, KilledBeforeItsAllReduceMakesThePeerDiscardThatStepOnly) {
   run_with_fault("ft_kill_before_average", "before_average", true);
+}
+
+// DiLoCo on two groups (sync_steps 5): the loss falls, and after the last synchronization both
+// groups hold the same parameters (the outer step's arithmetic is test_quorum's DiLoCo test).
+LOOM_SLOW_TEST(ReplicaGroups, DiLoCoTrainsAndTheGroupsAgreeAfterEachSync) {
+  const std::string folder = fresh_temp_dir("ft_diloco");
+  constexpr int kSteps = 20;
+  LighthouseProcess lighthouse(folder, 2);
+  const std::string diloco =
+      " --fault_tolerance.semi_sync_method diloco --fault_tolerance.sync_steps 5"
+      " --checkpoint.last_save_model_only true --lr_scheduler.warmup_steps 2";
+  auto g0 = start_group(lighthouse, 0, folder + "/g0", kSteps, "", diloco);
+  auto g1 = start_group(lighthouse, 1, folder + "/g1", kSteps, "", diloco);
+  const CommandResult r0 = g0.get(), r1 = g1.get();
+  ASSERT_EQ(r0.exit_code, 0) << r0.output;
+  ASSERT_EQ(r1.exit_code, 0) << r1.output;
+  const auto losses = loom::testing::losses_by_step(folder + "/g0");
+  ASSERT_EQ(losses.size(), static_cast<size_t>(kSteps));
+  EXPECT_LT(losses.at(kSteps), losses.at(1) - 0.5) << "DiLoCo trains";
+  const std::string sub = "/checkpoint/step-" + std::to_string(kSteps) + "/";
+  for (const char* file : {"rank-00000.safetensors", "rank-00001.safetensors"}) {
+    ASSERT_TRUE(fs::exists(folder + "/g0" + sub + file));
+    EXPECT_TRUE(bytes_of(folder + "/g0" + sub + file) == bytes_of(folder + "/g1" + sub + file))
+        << file << ": the groups' parameters differ after the synchronization";
+  }
 }
 
 }  // namespace

@@ -194,7 +194,6 @@ enable = true
 replica_id = 3
 group_size = 2
 min_replica_size = 4
-semi_sync_method = "diloco"
 [parallelism]
 data_parallel_replicate_degree = 2
 )");
@@ -202,10 +201,14 @@ data_parallel_replicate_degree = 2
       error, "fault_tolerance.replica_id: must be below fault_tolerance.group_size (2), got 3"))
       << error;
   EXPECT_TRUE(contains(error, "fault_tolerance.min_replica_size: must be at most")) << error;
-  EXPECT_TRUE(contains(error, "fault_tolerance.semi_sync_method: is not implemented yet")) << error;
   EXPECT_TRUE(contains(
       error, "parallelism.data_parallel_replicate_degree: must be 1 with fault_tolerance.enable"))
       << error;
+  // Field checks (reported before the combinations).
+  error = load_error("[fault_tolerance]\nsemi_sync_method = \"diloko\"\nsync_steps = 0\n");
+  EXPECT_TRUE(contains(error, "fault_tolerance.semi_sync_method: must be one of local_sgd, diloco"))
+      << error;
+  EXPECT_TRUE(contains(error, "fault_tolerance.sync_steps: must be >= 1, got 0")) << error;
   error = load_error("[fault_tolerance]\nenable = true\n");
   EXPECT_TRUE(contains(error, "fault_tolerance.group_size: must be the number of replica groups"))
       << error;

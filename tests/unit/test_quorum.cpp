@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
+#include <torch/optim/sgd.h>
 #include <nlohmann/json.hpp>
 
 #include <future>
@@ -12,6 +13,7 @@
 #include "loom/core/check.h"
 #include "loom/distributed/lighthouse.h"
 #include "loom/distributed/quorum.h"
+#include "loom/train/replica_manager.h"
 #include "support/test_sets.h"
 
 namespace {
@@ -233,6 +235,32 @@ LOOM_TEST(Lighthouse, RefusesAnAddressThatIsNotALighthouse) {
     EXPECT_NE(std::string(e.what()).find("127.0.0.1:1"), std::string::npos) << e.what();
   } catch (const loom::InputError& e) {
     FAIL() << e.what();
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// DiLoCo's outer step equals torch.optim.SGD(nesterov=True, momentum=mu) stepping on the
+// averaged pseudo-gradients, over several periods.
+LOOM_TEST(DiLoCo, OuterStepIsNesterovSgdOnTheAveragedPseudoGradients) {
+  at::manual_seed(3);
+  std::vector<at::Tensor> params = {at::randn({4, 3}), at::randn({5})};
+  std::vector<at::Tensor> reference;
+  for (const auto& p : params) reference.push_back(p.clone().requires_grad_(true));
+  torch::optim::SGD sgd(reference,
+                        torch::optim::SGDOptions(0.7).momentum(0.9).nesterov(true).dampening(0));
+  std::vector<at::Tensor> momentum = {at::zeros({4, 3}), at::zeros({5})};
+  for (int period = 0; period < 4; ++period) {
+    std::vector<at::Tensor> deltas = {at::randn({4, 3}) * 0.1, at::randn({5}) * 0.1};
+    loom::train::diloco_outer_step(params, deltas, momentum, 0.7, 0.9);
+    for (size_t i = 0; i < reference.size(); ++i) reference[i].mutable_grad() = deltas[i].clone();
+    sgd.step();
+    for (size_t i = 0; i < params.size(); ++i) {
+      EXPECT_LE((params[i] - reference[i].detach()).abs().max().item<double>(), 1e-6)
+          << "period " << period << ", tensor " << i;
+    }
   }
 }
 

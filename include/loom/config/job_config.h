@@ -235,7 +235,10 @@ struct FaultToleranceSection {
   int64_t replica_id = 0;
   int64_t group_size = 0;
   int64_t min_replica_size = 1;
-  std::optional<std::string> semi_sync_method;
+  std::optional<std::string> semi_sync_method;  // local_sgd | diloco
+  int64_t sync_steps = 5;
+  double outer_lr = 0.7;        // loom: DiLoCo's outer Nesterov SGD (the paper's values)
+  double outer_momentum = 0.9;  // loom
 };
 
 struct ExperimentalSection {

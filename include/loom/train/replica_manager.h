@@ -20,6 +20,14 @@
 //                   min_replica_size groups and no replica collective failed; every rank of the
 //                   group takes the same decision (an all-reduce inside the group), so no group
 //                   applies half a step. A discarded step is retried with the same batch.
+// Semi-synchronous modes (semi_sync_method, for groups on slow links): steps are local (no
+// replica collective, nothing to agree on) and the groups meet every sync_steps steps: a quorum
+// (and healing) at the start of each period, and at its end `synchronize`: local_sgd averages the
+// parameters; diloco averages the pseudo-gradients (the period's start parameters minus the
+// local ones), restores the start parameters and takes an outer Nesterov SGD step with them
+// (Douillard et al., 2023). A failed synchronization discards the period's local progress (the
+// start parameters come back) on every rank of the group.
+//
 // A failure on the replica process group is not fatal: the step is discarded and the next
 // quorum (a new id: the group reports it broken) builds a new one. A failure inside the group is
 // fatal to the group (its agent restarts it, and it heals).
@@ -85,6 +93,14 @@ class ReplicaManager {
                double valid_tokens);
   bool should_commit(int64_t step);
 
+  // Semi-synchronous modes: whether step `step` starts a period (asks for a quorum) or ends one
+  // (synchronizes); every step of the default mode does both.
+  bool semi_synchronous() const { return section_.semi_sync_method.has_value(); }
+  bool starts_period(int64_t step) const;
+  bool ends_period(int64_t step) const;
+  // At the end of a period, after the local optimizer step: returns whether it committed.
+  bool synchronize(const std::vector<at::Tensor>& parameters, int64_t step);
+
   const QuorumReport& report() const { return report_; }
   int64_t replica_id() const { return section_.replica_id; }
 
@@ -92,6 +108,8 @@ class ReplicaManager {
   distributed::Quorum agree_on_quorum(int64_t committed);
   void heal(const distributed::Quorum& q, ReplicaState& state);
   void maybe_inject_fault(const char* where, int64_t step) const;
+  // The period's starting point (DiLoCo's global parameters), after a quorum.
+  void remember_period_start(const std::vector<at::Tensor>& parameters);
 
   config::FaultToleranceSection section_;
   std::shared_ptr<distributed::Comm> world_;
@@ -104,10 +122,19 @@ class ReplicaManager {
   std::string incarnation_;
   int restart_count_ = 0;
   std::chrono::milliseconds quorum_timeout_;
-  bool broken_ = false;       // the replica group failed since the last quorum
-  bool step_failed_ = false;  // a replica collective of this step failed
+  bool broken_ = false;                     // the replica group failed since the last quorum
+  bool step_failed_ = false;                // a replica collective of this step failed
+  std::vector<at::Tensor> period_start_;    // semi-sync: parameters at the period's start
+  std::vector<at::Tensor> outer_momentum_;  // DiLoCo's Nesterov buffers (healed with the state)
   QuorumReport report_;
 };
+
+// DiLoCo's outer step, in place on each parameter (which holds the period's start values):
+// momentum = mu * momentum + delta; parameter -= lr * (delta + mu * momentum), with delta the
+// averaged pseudo-gradient (torch.optim.SGD's Nesterov rule with dampening 0).
+void diloco_outer_step(const std::vector<at::Tensor>& parameters,
+                       const std::vector<at::Tensor>& averaged_deltas,
+                       std::vector<at::Tensor>& momentum, double lr, double mu);
 
 // The lighthouse address of a fault-tolerant job: TORCHFT_LIGHTHOUSE; InputError when unset.
 std::string lighthouse_address_from_env();
