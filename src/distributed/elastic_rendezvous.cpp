@@ -100,6 +100,7 @@ ElasticRendezvous::ElasticRendezvous(ElasticOptions options)
     }
   }
   agree_on_run_id();
+  standby_port_ = pick_free_port();
   log::get("launch")->info("elastic rendezvous at {}:{} ({} the store), run {}, nodes {}..{}",
                            options_.endpoint_host, options_.endpoint_port,
                            hosts_store_ ? "hosting" : "client of", options_.run_id,
@@ -152,7 +153,7 @@ void ElasticRendezvous::keep_alive_loop() {
     }
     if (Clock::now() >= next && round >= 0 && index >= 0) {
       try {
-        store_->store->add(key(round, "alive/" + std::to_string(index)), 1);
+        current_store()->add(key(round, "alive/" + std::to_string(index)), 1);
       } catch (const std::exception&) {
         // The store host is gone; the agent notices through its workers.
       }
@@ -196,13 +197,78 @@ void ElasticRendezvous::lead(int64_t round) {
     std::this_thread::sleep_for(kPollStep);
   }
   const int64_t members = std::min<int64_t>(store_->counter(joined), options_.max_nodes);
-  store_->set(key(round, "master"),
-              options_.local_addr + ":" + std::to_string(pick_free_port()));
+  store_->set(key(round, "master"), options_.local_addr + ":" + std::to_string(pick_free_port()));
   store_->set(key(round, "closed"), std::to_string(members));
   logger->info("elastic rendezvous round {} closed with {} node(s)", round, members);
 }
 
+c10::intrusive_ptr<c10d::Store> ElasticRendezvous::current_store() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return store_->store;
+}
+
 RendezvousResult ElasticRendezvous::next_rendezvous(int /*attempt*/) {
+  for (;;) {
+    try {
+      return join_next_round();
+    } catch (const c10::DistError& e) {
+      log::get("launch")->warn("elastic rendezvous: the store at {}:{} stopped answering ({})",
+                               options_.endpoint_host, options_.endpoint_port, message_of(e));
+      if (!fail_over()) throw;
+    }
+  }
+}
+
+bool ElasticRendezvous::fail_over() {
+  auto logger = log::get("launch");
+  if (standbys_.empty() || standby_index_ < 0) return false;
+  const auto deadline = Clock::now() + seconds(options_.join_timeout_s);
+  // Each lower node gets a window per pass to come up as the host; the first pass gives the
+  // lowest survivor time to notice the loss itself.
+  const auto window = std::chrono::milliseconds(static_cast<int64_t>(
+      1000 * std::max(2.0, 2 * options_.keep_alive_interval_s * options_.keep_alive_max_attempt)));
+  while (Clock::now() < deadline) {
+    for (int j = 0; j <= standby_index_; ++j) {
+      const std::string& address = standbys_[static_cast<size_t>(j)];
+      const size_t colon = address.rfind(':');
+      const std::string host = address.substr(0, colon);
+      const int port = std::stoi(address.substr(colon + 1));
+      c10d::TCPStoreOptions options;
+      options.port = static_cast<std::uint16_t>(port);
+      options.waitWorkers = false;
+      options.timeout = window;
+      try {
+        c10::intrusive_ptr<c10d::Store> store;
+        if (j == standby_index_) {
+          options.isServer = true;
+          options.masterListenFd = bind_store_socket(host, port);
+          store = c10::make_intrusive<c10d::TCPStore>(host, options);
+          write_store_identity(*store, {options_.run_id, 0});
+          // The survivors join the round after the last one (keys of the old store are gone).
+          store->set(std::string(kPrefix) + "round", bytes(std::to_string(round_ + 1)));
+        } else {
+          options.isServer = false;
+          store = c10::make_intrusive<c10d::TCPStore>(host, options);
+          const std::string theirs = read_store_run_id(*store, address, window, "");
+          if (theirs != options_.run_id) continue;
+        }
+        {
+          std::lock_guard<std::mutex> lock(mutex_);
+          store_->store = store;
+          hosts_store_ = j == standby_index_;
+        }
+        logger->warn("elastic rendezvous: {} the store at {} (node {} of the last round)",
+                     hosts_store_ ? "took over" : "moved to", address, j);
+        return true;
+      } catch (const std::exception&) {
+        // Not up (yet), or this node's standby port is taken: the next candidate.
+      }
+    }
+  }
+  return false;
+}
+
+RendezvousResult ElasticRendezvous::join_next_round() {
   auto logger = log::get("launch");
   const std::string round_key = std::string(kPrefix) + "round";
   if (round_ >= 0) {
@@ -214,9 +280,9 @@ RendezvousResult ElasticRendezvous::next_rendezvous(int /*attempt*/) {
   const auto deadline = Clock::now() + seconds(options_.join_timeout_s);
   int64_t registered_waiting = -1;
   for (;;) {
-    LOOM_CHECK_AS(CommError, Clock::now() < deadline,
-                  "elastic rendezvous: not admitted within join_timeout = ",
-                  options_.join_timeout_s, " s");
+    LOOM_CHECK_AS(
+        CommError, Clock::now() < deadline,
+        "elastic rendezvous: not admitted within join_timeout = ", options_.join_timeout_s, " s");
     RendezvousResult result;
     if (store_->has(std::string(kPrefix) + "done")) {
       result.job_done = true;
@@ -226,9 +292,10 @@ RendezvousResult ElasticRendezvous::next_rendezvous(int /*attempt*/) {
     const int64_t round = std::stoll(store_->get(round_key));
     if (store_->has(key(round, "closed"))) {
       if (registered_waiting != round) {
-        logger->info("elastic rendezvous round {} is running: waiting to be admitted at its "
-                     "next step boundary",
-                     round);
+        logger->info(
+            "elastic rendezvous round {} is running: waiting to be admitted at its "
+            "next step boundary",
+            round);
         store_->store->add(key(round, "waiting"), 1);
         registered_waiting = round;
       }
@@ -238,6 +305,8 @@ RendezvousResult ElasticRendezvous::next_rendezvous(int /*attempt*/) {
     const int index = static_cast<int>(store_->store->add(key(round, "joined"), 1) - 1);
     store_->set(key(round, "nproc/" + std::to_string(index)),
                 std::to_string(options_.nproc_per_node));
+    store_->set(key(round, "standby/" + std::to_string(index)),
+                options_.local_addr + ":" + std::to_string(standby_port_));
     {
       std::lock_guard<std::mutex> lock(mutex_);
       round_ = round;
@@ -257,6 +326,11 @@ RendezvousResult ElasticRendezvous::next_rendezvous(int /*attempt*/) {
       registered_waiting = round;
       continue;
     }
+    standbys_.clear();
+    for (int j = 0; j < members; ++j) {
+      standbys_.push_back(store_->get(key(round, "standby/" + std::to_string(j))));
+    }
+    standby_index_ = index;
     int offset = 0, world = 0;
     for (int j = 0; j < members; ++j) {
       const int nproc = std::stoi(store_->get(key(round, "nproc/" + std::to_string(j))));
@@ -299,8 +373,8 @@ Membership ElasticRendezvous::poll_membership() {
       if (fresh || it->second.first != beats) {
         it->second = {beats, now};
       } else if (now - it->second.second > lost_after) {
-        log::get("launch")->error("node {} of round {} sent no keep-alive for {:.0f} s: lost",
-                                  j, round_, std::chrono::duration<double>(lost_after).count());
+        log::get("launch")->error("node {} of round {} sent no keep-alive for {:.0f} s: lost", j,
+                                  round_, std::chrono::duration<double>(lost_after).count());
         end_round("node " + std::to_string(j) + " lost");
         return Membership::kRoundEnded;
       }

@@ -83,8 +83,8 @@ TEST(LOOM_ELASTIC_SUITE, KilledNodeShrinksTheGroupAndTrainingContinues) {
   auto result = loom::testing::run_command(
       node(port) + " -- " + job(folder) + " > " + a + " 2>&1 & pa=$!; " +
       wait_for(a, "hosting the store") + node(port) + " -- " + job(folder) + " > " + b +
-      " 2>&1 & pb=$!; " + wait_for(a, "step: *4 ") +
-      "kill -KILL $pb; wait $pa; rc=$?; cat " + a + "; exit $rc");
+      " 2>&1 & pb=$!; " + wait_for(a, "step: *4 ") + "kill -KILL $pb; wait $pa; rc=$?; cat " + a +
+      "; exit $rc");
   ASSERT_EQ(result.exit_code, 0) << result.output << loom::testing::read_text(b);
   EXPECT_NE(result.output.find("world size " + std::to_string(2 * kNproc) + " (node 0 of 2)"),
             std::string::npos)
@@ -92,8 +92,7 @@ TEST(LOOM_ELASTIC_SUITE, KilledNodeShrinksTheGroupAndTrainingContinues) {
   EXPECT_NE(result.output.find("world size " + std::to_string(kNproc) + " (node 0 of 1)"),
             std::string::npos)
       << result.output;
-  EXPECT_NE(result.output.find("resumed from " + folder + "/checkpoint/step-3 "),
-            std::string::npos)
+  EXPECT_NE(result.output.find("resumed from " + folder + "/checkpoint/step-3 "), std::string::npos)
       << result.output;
   expect_losses_match_one_rank(folder);
 }
@@ -104,8 +103,8 @@ TEST(LOOM_ELASTIC_SUITE, LateNodeIsAdmittedAtTheNextStepBoundary) {
   const int port = loom::testing::free_port();
   // Node A starts alone (after the last call) and trains; node B arrives after step 2.
   auto result = loom::testing::run_command(
-      node(port) + " -- " + job(folder) + " > " + a + " 2>&1 & pa=$!; " +
-      wait_for(a, "step: *2 ") + node(port) + " -- " + job(folder) + " > " + b +
+      node(port) + " -- " + job(folder) + " > " + a + " 2>&1 & pa=$!; " + wait_for(a, "step: *2 ") +
+      node(port) + " -- " + job(folder) + " > " + b +
       " 2>&1 & pb=$!; wait $pa; ra=$?; wait $pb; rb=$?; cat " + a + "; echo '--- node b'; cat " +
       b + "; exit $((ra + rb))");
   ASSERT_EQ(result.exit_code, 0) << result.output;
@@ -119,6 +118,26 @@ TEST(LOOM_ELASTIC_SUITE, LateNodeIsAdmittedAtTheNextStepBoundary) {
 }
 
 #if LOOM_ELASTIC_NPROC > 1
+// The node hosting the rendezvous store (node A, which also leads the first round) is SIGKILLed
+// after step 4: node B takes the store over at its standby address, re-forms the group alone
+// and finishes from the last complete checkpoint, with the one-rank losses.
+TEST(LOOM_ELASTIC_SUITE, KilledStoreHostIsTakenOverByTheSurvivor) {
+  const std::string folder = fresh_temp_dir("elastic_store_host");
+  const std::string a = folder + "/a.log", b = folder + "/b.log";
+  const int port = loom::testing::free_port();
+  auto result = loom::testing::run_command(
+      node(port) + " -- " + job(folder) + " > " + a + " 2>&1 & pa=$!; " +
+      wait_for(a, "hosting the store") + node(port) + " -- " + job(folder) + " > " + b +
+      " 2>&1 & pb=$!; " + wait_for(a, "step: *4 ") + "kill -KILL $pa; wait $pb; rc=$?; cat " + b +
+      "; exit $rc");
+  ASSERT_EQ(result.exit_code, 0) << result.output << loom::testing::read_text(a);
+  EXPECT_NE(result.output.find("took over the store"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("world size " + std::to_string(kNproc) + " (node 0 of 1)"),
+            std::string::npos)
+      << result.output;
+  expect_losses_match_one_rank(folder);
+}
+
 // Preemption of one node (SIGTERM to its launcher): its workers finish the step and save, the
 // launcher exits 143, and the other node re-forms the group alone from that checkpoint, losing
 // nothing. (In the slow label only: the default suite covers SIGTERM and shrinking apart.)
@@ -139,8 +158,7 @@ TEST(LOOM_ELASTIC_SUITE, PreemptedNodeSavesAndTheOthersGoOnWithoutIt) {
             std::string::npos)
       << result.output;
   // The restart resumed from the step the preempted workers saved when they stopped (> 3).
-  EXPECT_EQ(result.output.find("resumed from " + folder + "/checkpoint/step-3 "),
-            std::string::npos)
+  EXPECT_EQ(result.output.find("resumed from " + folder + "/checkpoint/step-3 "), std::string::npos)
       << result.output;
   expect_losses_match_one_rank(folder);
 }

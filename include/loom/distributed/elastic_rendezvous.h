@@ -17,8 +17,12 @@
 //               without --rdzv-id takes it, one with another --rdzv-id is refused (another job
 //               uses the endpoint). Every worker of every round gets it as TORCHELASTIC_RUN_ID.
 //
-// The store lives in one agent: when that agent's node dies, the job ends (as torchrun's c10d
-// backend does); put it on the most reliable node.
+//   takeover    every agent publishes a standby address (its --local-addr, a port it picked)
+//               when it joins a round. When the store stops answering (its node died), the
+//               survivors of the last closed round fail over in that round's node order: an agent
+//               first tries each lower node's standby address, and hosts a new store at its own
+//               when none answers; the new host re-publishes the run id and opens the next round,
+//               which the survivors join. (torchrun's c10d backend ends the job instead.)
 #pragma once
 
 #include <chrono>
@@ -27,8 +31,15 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
+
+#include <c10/util/intrusive_ptr.h>
 
 #include "loom/launch/launcher.h"
+
+namespace c10d {
+class Store;
+}
 
 namespace loom::distributed {
 
@@ -70,6 +81,11 @@ class ElasticRendezvous : public RendezvousHandler {
   void lead(int64_t round);
   bool previous_members_gone(int64_t round);
   void keep_alive_loop();
+  RendezvousResult join_next_round();
+  // The store stopped answering: move to the successor's (or host it); false when this agent
+  // knows no successor (no round closed yet).
+  bool fail_over();
+  c10::intrusive_ptr<c10d::Store> current_store();
 
   ElasticOptions options_;
   std::unique_ptr<Store> store_;
@@ -80,6 +96,9 @@ class ElasticRendezvous : public RendezvousHandler {
   int members_ = 0;
   std::chrono::steady_clock::time_point last_poll_;
   std::map<int, std::pair<int64_t, std::chrono::steady_clock::time_point>> alive_seen_;
+  int standby_port_ = 0;
+  std::vector<std::string> standbys_;  // the last closed round's standby addresses, by node
+  int standby_index_ = -1;             // this agent's node index in that round
   bool stop_ = false;
   std::thread keep_alive_;
 };
