@@ -196,8 +196,9 @@ std::unique_ptr<distributed::Lighthouse> start_lighthouse(const LaunchArgs& args
   options.port = port;
   options.rules.min_replicas = args.lighthouse_min_replicas;
   auto lighthouse = std::make_unique<distributed::Lighthouse>(options);
+  // A TORCHFT_LIGHTHOUSE the user set (a list of every group's lighthouse, for failover) stays.
   const std::string connect = host == "0.0.0.0" ? "127.0.0.1" : host;
-  ::setenv("TORCHFT_LIGHTHOUSE", (connect + ":" + std::to_string(port)).c_str(), 1);
+  ::setenv("TORCHFT_LIGHTHOUSE", (connect + ":" + std::to_string(port)).c_str(), 0);
   return lighthouse;
 }
 

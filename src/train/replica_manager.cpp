@@ -15,6 +15,7 @@
 #include "loom/core/env.h"
 #include "loom/core/json.h"
 #include "loom/core/logging.h"
+#include "loom/core/strings.h"
 #include "loom/distributed/lighthouse.h"
 
 namespace loom::train {
@@ -48,6 +49,10 @@ bool all_agree(distributed::Comm& group, bool ok) {
   at::Tensor flag = at::full({1}, ok ? 1 : 0, at::kInt);
   group.all_reduce(flag, distributed::ReduceOp::kMin);
   return flag.item<int>() == 1;
+}
+
+std::string distributed_message(const c10::Error& e) {
+  return e.what_without_backtrace();
 }
 
 double seconds_since(Clock::time_point start) {
@@ -97,12 +102,31 @@ ReplicaManager::ReplicaManager(const config::FaultToleranceSection& section,
       incarnation_(new_incarnation()),
       restart_count_(restart_count),
       quorum_timeout_(quorum_timeout) {
-  lighthouse_ = std::make_unique<distributed::LighthouseClient>(
-      lighthouse_address, section_.replica_id, std::chrono::milliseconds(30000));
-  if (world_->rank() == 0) lighthouse_->start_heartbeat(std::chrono::milliseconds(100));
+  for (const std::string& address : strings::split_list(lighthouse_address)) {
+    lighthouses_.push_back(address);
+  }
+  LOOM_CHECK_AS(InputError, !lighthouses_.empty(), "TORCHFT_LIGHTHOUSE is empty");
+  // The first lighthouse of the list that answers (all groups start with the same list).
+  for (;;) {
+    try {
+      use_lighthouse(lighthouse_index_);
+      break;
+    } catch (const distributed::CommError&) {
+      if (lighthouse_index_ + 1 >= lighthouses_.size()) throw;
+      ++lighthouse_index_;
+    }
+  }
   log::get("ft")->info("replica group {} of {} (lighthouse {}), min_replica_size {}",
-                       section_.replica_id, section_.group_size, lighthouse_address,
+                       section_.replica_id, section_.group_size, lighthouses_[lighthouse_index_],
                        section_.min_replica_size);
+}
+
+void ReplicaManager::use_lighthouse(size_t index) {
+  lighthouse_.reset();  // stops the old heartbeat thread
+  lighthouse_index_ = index;
+  lighthouse_ = std::make_unique<distributed::LighthouseClient>(
+      lighthouses_[index], section_.replica_id, std::chrono::milliseconds(30000));
+  if (world_->rank() == 0) lighthouse_->start_heartbeat(std::chrono::milliseconds(100));
 }
 
 ReplicaManager::~ReplicaManager() = default;
@@ -113,11 +137,35 @@ Quorum ReplicaManager::agree_on_quorum(int64_t committed) {
   if (world_->rank() == 0) {
     distributed::QuorumRequest request{section_.replica_id, seq_,    committed,
                                        incarnation_,        broken_, world_->size()};
-    answer = distributed::to_json(lighthouse_->request_quorum(request, quorum_timeout_)).dump();
+    nlohmann::json j;
+    for (;;) {
+      try {
+        j["quorum"] = distributed::to_json(lighthouse_->request_quorum(request, quorum_timeout_));
+        break;
+      } catch (const c10::DistError& e) {
+        // The lighthouse's connection broke (its process died): the next one of the list, for
+        // good (a lighthouse that died never comes back into use, so groups cannot split).
+        if (lighthouse_index_ + 1 >= lighthouses_.size()) {
+          LOOM_THROW(distributed::CommError, "the lighthouse at ", lighthouses_[lighthouse_index_],
+                     " is gone (", distributed_message(e),
+                     ") and TORCHFT_LIGHTHOUSE lists no "
+                     "other");
+        }
+        log::get("ft")->warn("the lighthouse at {} is gone ({}); moving to {}",
+                             lighthouses_[lighthouse_index_], distributed_message(e),
+                             lighthouses_[lighthouse_index_ + 1]);
+        use_lighthouse(lighthouse_index_ + 1);
+      }
+    }
+    j["lighthouse"] = lighthouse_index_;
+    answer = j.dump();
   }
   answer = broadcast_text(*world_, answer);
   const std::string where = "quorum of replica group " + std::to_string(section_.replica_id);
-  Quorum q = distributed::quorum_from_json(json::parse_bounded(answer, where), where);
+  const nlohmann::json j = json::parse_bounded(answer, where);
+  const auto index = static_cast<size_t>(json::int_field(j, "lighthouse", where, 0));
+  if (index != lighthouse_index_) use_lighthouse(index);  // the group's first rank moved on
+  Quorum q = distributed::quorum_from_json(json::field(j, "quorum", where), where);
   LOOM_CHECK_AS(distributed::CommError, q.index_of(section_.replica_id) >= 0, where,
                 ": this group is not a ", "member of the quorum it was answered");
   for (const auto& m : q.members) {
@@ -137,7 +185,8 @@ int64_t ReplicaManager::start_step(int64_t committed, ReplicaState& state) {
     const Quorum q = agree_on_quorum(committed);
     const int me = q.index_of(section_.replica_id);
     bool ok = true;
-    if (q.id != quorum_id_) {
+    // A quorum of another lighthouse is new even under an old id (ids restart there).
+    if (q.id != quorum_id_ || lighthouse_index_ != group_lighthouse_) {
       replicas_.reset();
       try {
         replicas_ = lighthouse_->replica_group(
@@ -170,6 +219,7 @@ int64_t ReplicaManager::start_step(int64_t committed, ReplicaState& state) {
       continue;
     }
     quorum_id_ = q.id;
+    group_lighthouse_ = lighthouse_index_;
     members_ = static_cast<int64_t>(q.members.size());
     broken_ = false;
     step_failed_ = false;

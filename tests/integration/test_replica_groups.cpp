@@ -1,7 +1,7 @@
 // Fault-tolerant replica groups end to end (issue 34): a `loom lighthouse` process and two
 // replica groups, each a `loom launch` of 2 ranks with FSDP inside, on loopback.
 //  - without failures they train as one HSDP 2 x 2 job of the same global batch;
-//  - a rank of group 1 SIGKILLed after its replica all-reduce, before the commit barrier: group 0
+//  - a rank of group 1 SIGKILLed (step 15) after its replica all-reduce, before the commit barrier: group 0
 //    keeps committing, group 1's agent restarts it, it heals from group 0 (no checkpoint on the
 //    path) and both end with bitwise-equal weights and optimizer state;
 //  - a rank of group 1 killed before its replica all-reduce: group 0's all-reduce fails, it
@@ -53,7 +53,11 @@ class LighthouseProcess {
         std::to_string(kHeartbeatTimeoutMs) + " > " + folder + "/lighthouse.log 2>&1 & echo $!");
     pid_ = std::stoi(r.output);
   }
-  ~LighthouseProcess() { ::kill(pid_, SIGTERM); }
+  ~LighthouseProcess() { stop(SIGTERM); }
+  void stop(int signal) {
+    if (pid_ > 0) ::kill(pid_, signal);
+    pid_ = 0;
+  }
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
 
  private:
@@ -62,11 +66,11 @@ class LighthouseProcess {
 };
 
 // One replica group: `loom launch` of 2 ranks (FSDP over them), up to 2 restarts.
-std::future<CommandResult> start_group(const LighthouseProcess& lighthouse, int replica,
+std::future<CommandResult> start_group(const std::string& lighthouses, int replica,
                                        const std::string& folder, int steps,
                                        const std::string& fault = "",
                                        const std::string& extra = "") {
-  std::string command = "TORCHFT_LIGHTHOUSE=" + lighthouse.address() + " ";
+  std::string command = "TORCHFT_LIGHTHOUSE=" + lighthouses + " ";
   if (!fault.empty()) command += "LOOM_FT_FAULT=" + fault + " ";
   command += std::string(LOOM_BINARY) + " launch --nproc-per-node 2 --master-port " +
              std::to_string(free_port()) + " --max-restarts 2 -- " + job_args(folder, steps) +
@@ -120,8 +124,8 @@ LOOM_SLOW_TEST(ReplicaGroups, WithoutFailuresTrainLikeOneHsdpJob) {
   const std::string folder = fresh_temp_dir("ft_parity");
   constexpr int kSteps = 10;
   LighthouseProcess lighthouse(folder, 2);
-  auto g0 = start_group(lighthouse, 0, folder + "/g0", kSteps);
-  auto g1 = start_group(lighthouse, 1, folder + "/g1", kSteps);
+  auto g0 = start_group(lighthouse.address(), 0, folder + "/g0", kSteps);
+  auto g1 = start_group(lighthouse.address(), 1, folder + "/g1", kSteps);
   const CommandResult r0 = g0.get(), r1 = g1.get();
   ASSERT_EQ(r0.exit_code, 0) << r0.output;
   ASSERT_EQ(r1.exit_code, 0) << r1.output;
@@ -161,9 +165,13 @@ void run_with_fault(const std::string& name, const std::string& where, bool expe
   const std::string folder = fresh_temp_dir(name);
   constexpr int kSteps = 30;
   LighthouseProcess lighthouse(folder, 1);
-  auto g0 = start_group(lighthouse, 0, folder + "/g0", kSteps);
-  auto g1 =
-      start_group(lighthouse, 1, folder + "/g1", kSteps, "replica=1,rank=1,step=5,at=" + where);
+  auto g0 = start_group(lighthouse.address(), 0, folder + "/g0", kSteps);
+  // Group 1 starts once group 0 trained its first step (so group 0 never heals: it is the one
+  // whose every step is checked), and heals from it at once.
+  run_command("for i in $(seq 1 1200); do grep -q '\"step\":1,' " + folder +
+              "/g0/metrics.jsonl 2>/dev/null && break; sleep 0.1; done");
+  auto g1 = start_group(lighthouse.address(), 1, folder + "/g1", kSteps,
+                        "replica=1,rank=1,step=15,at=" + where);
   const CommandResult r0 = g0.get(), r1 = g1.get();
   ASSERT_EQ(r0.exit_code, 0) << r0.output;
   ASSERT_EQ(r1.exit_code, 0) << r1.output;
@@ -173,12 +181,12 @@ void run_with_fault(const std::string& name, const std::string& where, bool expe
   const auto rows1 = rows_by_step(folder + "/g1");
   int64_t healed_at = 0;
   for (const auto& [step, row] : rows1) {
-    if (step > 5 && row.row.contains("ft/healed_from")) {
+    if (step > 15 && row.row.contains("ft/healed_from")) {
       EXPECT_EQ(row.row["ft/healed_from"], 0);
       healed_at = step;
     }
   }
-  EXPECT_GT(healed_at, 5) << r1.output;
+  EXPECT_GT(healed_at, 15) << r1.output;
   const auto rows0 = rows_by_step(folder + "/g0");
   ASSERT_EQ(rows0.size(), static_cast<size_t>(kSteps)) << "group 0 committed every step";
   int64_t discarded = 0;
@@ -195,7 +203,7 @@ void run_with_fault(const std::string& name, const std::string& where, bool expe
       static_cast<long long>(discarded), static_cast<long long>(healed_at));
   // A step takes ~0.5 s here; one slow step of slack over the documented bound.
   EXPECT_LE(pause, (kHeartbeatTimeoutMs + kJoinTimeoutMs) / 1000.0 + 2.0);
-  EXPECT_FALSE(fs::exists(folder + "/g1/checkpoint/step-5")) << "no checkpoint on the path";
+  EXPECT_FALSE(fs::exists(folder + "/g1/checkpoint/step-15")) << "no checkpoint on the path";
   expect_same_state(folder + "/g0", folder + "/g1", kSteps);
   EXPECT_EQ(rows0.at(kSteps).row["loss"], rows1.at(kSteps).row["loss"]);
 }
@@ -217,8 +225,8 @@ LOOM_SLOW_TEST(ReplicaGroups, DiLoCoTrainsAndTheGroupsAgreeAfterEachSync) {
   const std::string diloco =
       " --fault_tolerance.semi_sync_method diloco --fault_tolerance.sync_steps 5"
       " --checkpoint.last_save_model_only true --lr_scheduler.warmup_steps 2";
-  auto g0 = start_group(lighthouse, 0, folder + "/g0", kSteps, "", diloco);
-  auto g1 = start_group(lighthouse, 1, folder + "/g1", kSteps, "", diloco);
+  auto g0 = start_group(lighthouse.address(), 0, folder + "/g0", kSteps, "", diloco);
+  auto g1 = start_group(lighthouse.address(), 1, folder + "/g1", kSteps, "", diloco);
   const CommandResult r0 = g0.get(), r1 = g1.get();
   ASSERT_EQ(r0.exit_code, 0) << r0.output;
   ASSERT_EQ(r1.exit_code, 0) << r1.output;
@@ -231,6 +239,31 @@ LOOM_SLOW_TEST(ReplicaGroups, DiLoCoTrainsAndTheGroupsAgreeAfterEachSync) {
     EXPECT_TRUE(bytes_of(folder + "/g0" + sub + file) == bytes_of(folder + "/g1" + sub + file))
         << file << ": the groups' parameters differ after the synchronization";
   }
+}
+
+// TORCHFT_LIGHTHOUSE lists two lighthouses; the first is SIGKILLed mid-run: both groups move to
+// the second (a new quorum, new replica process groups) and train on, ending bitwise equal.
+LOOM_SLOW_TEST(ReplicaGroups, GroupsMoveToTheNextLighthouseWhenTheirsDies) {
+  const std::string folder = fresh_temp_dir("ft_lighthouse_dies");
+  fs::create_directories(folder + "/first");
+  fs::create_directories(folder + "/second");
+  constexpr int kSteps = 20;
+  LighthouseProcess first(folder + "/first", 2), second(folder + "/second", 2);
+  const std::string both = first.address() + "," + second.address();
+  auto g0 = start_group(both, 0, folder + "/g0", kSteps);
+  auto g1 = start_group(both, 1, folder + "/g1", kSteps);
+  // Kill the first lighthouse once group 0 committed step 5.
+  run_command("for i in $(seq 1 1200); do grep -q '\"step\":5,' " + folder +
+              "/g0/metrics.jsonl 2>/dev/null && break; sleep 0.1; done");
+  first.stop(SIGKILL);
+  const CommandResult r0 = g0.get(), r1 = g1.get();
+  ASSERT_EQ(r0.exit_code, 0) << r0.output;
+  ASSERT_EQ(r1.exit_code, 0) << r1.output;
+  EXPECT_NE(r0.output.find("moving to " + second.address()), std::string::npos) << r0.output;
+  const auto rows = rows_by_step(folder + "/g0");
+  ASSERT_EQ(rows.size(), static_cast<size_t>(kSteps));
+  EXPECT_EQ(rows.at(kSteps).row["ft/participants"], "0,1");
+  expect_same_state(folder + "/g0", folder + "/g1", kSteps);
 }
 
 }  // namespace

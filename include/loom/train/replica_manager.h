@@ -106,6 +106,7 @@ class ReplicaManager {
 
  private:
   distributed::Quorum agree_on_quorum(int64_t committed);
+  void use_lighthouse(size_t index);
   void heal(const distributed::Quorum& q, ReplicaState& state);
   void maybe_inject_fault(const char* where, int64_t step) const;
   // The period's starting point (DiLoCo's global parameters), after a quorum.
@@ -113,6 +114,11 @@ class ReplicaManager {
 
   config::FaultToleranceSection section_;
   std::shared_ptr<distributed::Comm> world_;
+  // TORCHFT_LIGHTHOUSE may list several (comma-separated): the groups use the first that
+  // answers and move to the next when it dies.
+  std::vector<std::string> lighthouses_;
+  size_t lighthouse_index_ = 0;
+  size_t group_lighthouse_ = 0;  // the lighthouse the replica process group was built on
   std::unique_ptr<distributed::LighthouseClient> lighthouse_;
   std::shared_ptr<distributed::Comm> replicas_;  // this quorum's replica process group
   int64_t quorum_id_ = -1;
