@@ -158,30 +158,34 @@ LOOM_TEST(Lighthouse, FormsQuorumsAndReplicaGroupsOverItsStore) {
   options.tick = milliseconds(5);
   Lighthouse lighthouse(options);
   const std::string address = "http://" + lighthouse.address();
-  auto group = [&](int64_t replica, float value) {
-    LighthouseClient client(address, replica, milliseconds(5000));
-    client.start_heartbeat(milliseconds(20));
-    const Quorum q = client.request_quorum({replica, 1, 0, "i", false, 1}, milliseconds(10000));
+  // Both groups beat before either asks (a lone asker with min_replicas 1 would get a quorum of
+  // its own before the other group is heard of).
+  auto c0 = std::make_unique<LighthouseClient>(address, 0, milliseconds(5000));
+  auto c1 = std::make_unique<LighthouseClient>(address, 1, milliseconds(5000));
+  c0->start_heartbeat(milliseconds(20));
+  c1->start_heartbeat(milliseconds(20));
+  std::this_thread::sleep_for(milliseconds(100));
+  auto group = [&](LighthouseClient* client, int64_t replica, float value) {
+    const Quorum q = client->request_quorum({replica, 1, 0, "i", false, 1}, milliseconds(10000));
     auto comm =
-        client.replica_group(q.id, 0, q.index_of(replica), static_cast<int>(q.members.size()),
-                             milliseconds(10000), "gloo");
+        client->replica_group(q.id, 0, q.index_of(replica), static_cast<int>(q.members.size()),
+                              milliseconds(10000), "gloo");
     at::Tensor t = at::full({3}, value);
     comm->all_reduce(t);
     return std::make_pair(q, t[0].item<float>());
   };
-  auto a = std::async(std::launch::async, group, 0, 1.0f);
-  auto b = std::async(std::launch::async, group, 1, 2.0f);
+  auto a = std::async(std::launch::async, group, c0.get(), 0, 1.0f);
+  auto b = std::async(std::launch::async, group, c1.get(), 1, 2.0f);
   const auto [qa, sum_a] = a.get();
   const auto [qb, sum_b] = b.get();
   EXPECT_EQ(qa.participants(), "0,1");
   EXPECT_EQ(qa.id, qb.id);
   EXPECT_EQ(sum_a, 3.0f);
   EXPECT_EQ(sum_b, 3.0f);
+  c1.reset();  // group 1 stops beating
   // Group 1's client is gone (no heartbeat): group 0 asks again and forms a quorum alone.
-  LighthouseClient client(address, 0, milliseconds(5000));
-  client.start_heartbeat(milliseconds(20));
   const auto start = Clock::now();
-  const Quorum alone = client.request_quorum({0, 2, 1, "i", false, 1}, milliseconds(10000));
+  const Quorum alone = c0->request_quorum({0, 2, 1, "i", false, 1}, milliseconds(10000));
   EXPECT_EQ(alone.participants(), "0");
   EXPECT_GT(alone.id, qa.id);
   EXPECT_LT(Clock::now() - start, milliseconds(2500)) << "heartbeat_timeout, not join_timeout";
