@@ -1,0 +1,122 @@
+#include "loom/quantize/convert.h"
+
+#include "loom/core/check.h"
+#include "loom/core/logging.h"
+#include "loom/core/strings.h"
+
+namespace loom::quantize {
+
+namespace {
+
+bool is_float8(const std::string& converter) {
+  return converter == "float8" || converter == "quantize.linear.float8";
+}
+
+}  // namespace
+
+Float8LinearOptions float8_options(const config::JobConfig& config) {
+  const auto& f8 = config.quantize.linear.float8;
+  Float8LinearOptions options;
+  options.recipe =
+      float8_recipe(f8.recipe_name.value_or("tensorwise"), f8.round_scales_to_power_of_2);
+  options.emulate = f8.emulate;
+  options.fsdp_float8_all_gather = f8.enable_fsdp_float8_all_gather;
+  options.precompute_scales = f8.precompute_float8_dynamic_scale_for_fsdp;
+  LOOM_CHECK_AS(
+      InputError,
+      !options.fsdp_float8_all_gather || options.recipe.weight.scaling == Scaling::kTensorwise,
+      "quantize.linear.float8.enable_fsdp_float8_all_gather = true needs the tensorwise "
+      "recipe (recipe_name = '",
+      options.recipe.name, "' scales the weight per row)");
+  // As torchtitan: precomputed scales only mean something for the float8 all-gather.
+  options.precompute_scales = options.precompute_scales && options.fsdp_float8_all_gather;
+  return options;
+}
+
+std::vector<std::string> converter_problems(const config::JobConfig& config) {
+  std::vector<std::string> problems;
+  for (const auto& name : config.model.converters) {
+    if (is_float8(name)) {
+      try {
+        float8_options(config);
+      } catch (const Error& e) {
+        problems.push_back(e.message());
+      }
+    } else {
+      problems.push_back("model.converters: unknown converter '" + name +
+                         "' (loom has: float8; mx and grouped-GEMM converters are not "
+                         "implemented yet)");
+    }
+  }
+  const auto& grouped = config.quantize.grouped_mm.float8.fqns;
+  if (!grouped.empty()) {
+    problems.push_back("quantize.grouped_mm.float8.fqns = [" + strings::join(grouped, ", ") +
+                       "]: float8 grouped GEMMs of MoE experts are not implemented yet; remove "
+                       "the key");
+  }
+  return problems;
+}
+
+namespace {
+
+// Why a linear stays in high precision, or "" to convert it.
+std::string skip_reason(const std::string& fqn, const models::LinearImpl& linear,
+                        const std::vector<std::string>& filter_fqns) {
+  if (!linear.convertible) return "read directly by its owner";
+  if (fqn == "output") return "output layer";
+  for (const auto& filter : filter_fqns) {
+    if (fqn.find(filter) != std::string::npos) return "filter_fqns '" + filter + "'";
+  }
+  if (linear.in_features() % 16 != 0 || linear.out_features() % 16 != 0) {
+    return "dims " + std::to_string(linear.in_features()) + "x" +
+           std::to_string(linear.out_features()) + " not multiples of 16";
+  }
+  return "";
+}
+
+}  // namespace
+
+Conversion convert_to_float8(torch::nn::Module& root, const Float8LinearOptions& options,
+                             const std::vector<std::string>& filter_fqns) {
+  Conversion out;
+  for (const auto& item : root.named_modules("", /*include_self=*/false)) {
+    auto* linear = dynamic_cast<models::LinearImpl*>(item.value().get());
+    if (linear == nullptr) continue;
+    const std::string reason = skip_reason(item.key(), *linear, filter_fqns);
+    if (!reason.empty()) {
+      out.skipped.push_back(item.key() + " (" + reason + ")");
+      continue;
+    }
+    linear->compute = std::make_shared<Float8LinearCompute>(options);
+    out.converted.push_back(item.key());
+  }
+  return out;
+}
+
+void apply_converters(const std::vector<std::unique_ptr<models::CausalLM>>& parts,
+                      const config::JobConfig& config, distributed::Comm* tp_group) {
+  for (const auto& name : config.model.converters) {
+    LOOM_CHECK_AS(InputError, is_float8(name), "model.converters: unknown converter '", name, "'");
+    Float8LinearOptions options = float8_options(config);
+    options.amax_group = tp_group;
+    Conversion total;
+    for (const auto& part : parts) {
+      Conversion c =
+          convert_to_float8(part->module(), options, config.quantize.linear.float8.filter_fqns);
+      total.converted.insert(total.converted.end(), c.converted.begin(), c.converted.end());
+      total.skipped.insert(total.skipped.end(), c.skipped.begin(), c.skipped.end());
+    }
+    auto log = log::get("float8");
+    log->info("{} linear layers in {} (of {}); high precision: {}", total.converted.size(),
+              Float8LinearCompute(options).describe(),
+              total.converted.size() + total.skipped.size(),
+              total.skipped.empty() ? "none" : strings::join(total.skipped, ", "));
+    if (total.converted.empty()) {
+      log->warn(
+          "model.converters = [\"float8\"]: no linear layer here can be converted (all "
+          "filtered or not multiples of 16)");
+    }
+  }
+}
+
+}  // namespace loom::quantize
