@@ -178,6 +178,7 @@ double Trainer::train_step(int64_t step, PendingStep& pending, metrics::StepMetr
   m.lr = config_.optimizer.lr * run.schedule->factor(step - 1 - lr_step_offset_);
   set_learning_rate(*run.optimizer, m.lr);
   run.optimizer->step();
+  run.model.gradient_sync->after_optimizer_step();  // e.g. FSDP's precomputed float8 scales
   if (run.spec->after_optimizer_step) {
     m.model_metrics = run.spec->after_optimizer_step(run.model, is_log_step(step));
   }
