@@ -2,6 +2,9 @@
 
 #include <ATen/ATen.h>
 
+#include <map>
+#include <mutex>
+
 #if LOOM_WITH_CUDA
 #include <cuda_runtime_api.h>
 #endif
@@ -61,10 +64,18 @@ Float8Tensor quantize(const at::Tensor& x, const CastSpec& spec, int64_t reducti
 bool hardware_float8(const at::Device& device) {
 #if LOOM_WITH_CUDA
   if (!device.is_cuda()) return false;
-  cudaDeviceProp properties{};
+  // cudaGetDeviceProperties is slow: asked once per device index.
+  static std::mutex mutex;
+  static std::map<int, bool> known;
   const int index = device.has_index() ? device.index() : 0;
-  if (cudaGetDeviceProperties(&properties, index) != cudaSuccess) return false;
-  return properties.major > 8 || (properties.major == 8 && properties.minor >= 9);
+  const std::lock_guard<std::mutex> lock(mutex);
+  auto it = known.find(index);
+  if (it != known.end()) return it->second;
+  cudaDeviceProp properties{};
+  const bool ok = cudaGetDeviceProperties(&properties, index) == cudaSuccess &&
+                  (properties.major > 8 || (properties.major == 8 && properties.minor >= 9));
+  known[index] = ok;
+  return ok;
 #else
   (void)device;
   return false;
@@ -80,14 +91,25 @@ at::Tensor hardware_scaled_mm(const Float8Tensor& a, const Float8Tensor& b,
                               at::ScalarType out_dtype, bool fast_accum) {
   const at::Tensor left = a.data.contiguous();
   const at::Tensor right = b.data.t().contiguous().t();
-  const at::Tensor scale_a = a.scale.reciprocal().to(at::kFloat).contiguous();
-  const at::Tensor scale_b = b.scale.reciprocal().to(at::kFloat).contiguous();
-  // The row-wise kernels write bfloat16 only.
+  at::Tensor scale_a = a.scale.reciprocal().to(at::kFloat);
+  at::Tensor scale_b = b.scale.reciprocal().to(at::kFloat);
+  // The row-wise kernels take a scale per row and per column or none: a per-tensor scale next
+  // to a per-row one (rowwise_with_gw_hp's grad_input) is repeated along its side.
   const bool rowwise = scale_a.numel() > 1 || scale_b.numel() > 1;
+  if (rowwise) {
+    scale_a = scale_a.reshape({-1, 1}).expand({left.size(0), 1});
+    scale_b = scale_b.reshape({1, -1}).expand({1, right.size(1)});
+  }
+  // The row-wise kernels write bfloat16 only.
   const at::ScalarType kernel_dtype = rowwise ? at::kBFloat16 : out_dtype;
-  at::Tensor out = at::_scaled_mm(left, right, scale_a, scale_b, std::nullopt, std::nullopt,
-                                  kernel_dtype, fast_accum);
+  at::Tensor out = at::_scaled_mm(left, right, scale_a.contiguous(), scale_b.contiguous(),
+                                  std::nullopt, std::nullopt, kernel_dtype, fast_accum);
   return kernel_dtype == out_dtype ? out : out.to(out_dtype);
+}
+
+// cuBLASLt's float8 GEMMs need every dimension a multiple of 16.
+bool hardware_shapes(const Float8Tensor& a, const Float8Tensor& b) {
+  return a.data.size(0) % 16 == 0 && a.data.size(1) % 16 == 0 && b.data.size(1) % 16 == 0;
 }
 
 }  // namespace
@@ -96,7 +118,7 @@ at::Tensor scaled_mm(const Float8Tensor& a, const Float8Tensor& b, at::ScalarTyp
                      bool emulate, bool fast_accum) {
   LOOM_CHECK(a.data.dim() == 2 && b.data.dim() == 2 && a.data.size(1) == b.data.size(0),
              "float8 scaled_mm: shapes ", a.data.sizes(), " and ", b.data.sizes());
-  if (!emulate && hardware_float8(a.data.device())) {
+  if (!emulate && hardware_float8(a.data.device()) && hardware_shapes(a, b)) {
     return hardware_scaled_mm(a, b, out_dtype, fast_accum);
   }
   at::Tensor product = at::mm(a.dequantize(), b.dequantize());

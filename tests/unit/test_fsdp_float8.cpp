@@ -1,7 +1,8 @@
 // FSDP with float8 linears (quantize/float8_linear.h, parallel/fsdp.h) on thread ranks over
 // Gloo: the float8 all-gather's bytes against the bf16 gather's, and two FSDP ranks training
 // like one float8 process that runs their rows as two microbatches (tensorwise scales of
-// activations are per microbatch, so that is the one-rank run the layout must equal).
+// activations are per microbatch, so that is the one-rank run the layout must equal); tensor
+// parallelism with tensorwise scales shared over the tp group against one process.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
@@ -11,12 +12,14 @@
 #include <map>
 
 #include "comm_test_util.h"
+#include "loom/distributed/runtime.h"
 #include "loom/models/common/decoder_parallelize.h"
 #include "loom/models/loss.h"
 #include "loom/models/model_spec.h"
 #include "loom/parallel/fsdp.h"
 #include "loom/quantize/convert.h"
 #include "loom/train/optimizer.h"
+#include "support/jobs.h"
 
 namespace loom {
 namespace {
@@ -205,6 +208,61 @@ TEST(FsdpFloat8, TwoRanksWithFloat8AllGatherTrainLikeOneFloat8Process) {
 // Scales precomputed after the optimizer step (one all-reduce) give the same training.
 TEST(FsdpFloat8, PrecomputedScalesTrainTheSame) {
   train_like_one_process(true);
+}
+
+// TP x2 (column/row splits, sequence parallel): every tensorwise amax is reduced over the tp
+// group, so each shard casts with one process's scale; the loss and the gradients' global norm
+// then equal one float8 process's up to float32 summation order (and the rare element that
+// order moves across a float8 rounding boundary).
+TEST(TensorParallelFloat8, TwoRanksShareScalesAndMatchOneProcess) {
+  const at::Tensor batch = tokens(2);
+  auto config = job(false, false);
+  double want_loss = 0, want_norm = 0;
+  {
+    auto model = float8_model(config, at::TensorOptions().dtype(at::kFloat));
+    model->init_weights(kSeed);
+    at::Tensor l = loss_of(*model, batch, 2.0 * kSeq);
+    l.backward();
+    want_loss = l.item<double>();
+    double sq = 0;
+    for (const auto& p : model->module().parameters()) sq += p.grad().pow(2).sum().item<double>();
+    want_norm = std::sqrt(sq);
+  }
+  testing::Layout layout;
+  layout.tp = 2;
+  config = testing::with_layout(config, layout);
+  const int port = testing::free_port();
+  const auto errors = testing::on_thread_ranks(2, [&](int rank) {
+    auto runtime =
+        distributed::ParallelRuntime::for_world(config, testing::thread_rank_world(rank, 2, port));
+    std::vector<std::unique_ptr<models::CausalLM>> parts;
+    parts.push_back(models::build_model(config, kVocab, at::TensorOptions().device(at::kMeta)));
+    auto& tp = runtime->group(distributed::MeshGroup::tp);
+    quantize::apply_converters(parts, config, &tp);
+    parallel::ParallelContext context{config, *runtime, at::kCPU, kSeed, at::kFloat, {}};
+    auto pm = models::find_model_spec(config.model.name).parallelize(std::move(parts), context);
+    pm.gradient_sync->prepare_microbatch(true);
+    at::Tensor l =
+        pm.loss(pm.parts[0]->forward(batch.narrow(1, 0, kSeq)), batch.narrow(1, 1, kSeq)) /
+        (2.0 * kSeq);
+    l.backward();
+    pm.gradient_sync->finish();
+    const double loss = l.item<double>();
+    LOOM_CHECK(std::abs(loss - want_loss) <= 1e-5 * want_loss, "loss ", loss, " vs ", want_loss);
+    double sq = 0;
+    for (const auto& p : pm.parameters) {
+      bool replicated = false;
+      for (const auto& axis : p.placement.replicated) replicated |= axis.name == "tp";
+      const double part = p.tensor.grad().pow(2).sum().item<double>();
+      sq += replicated ? part / 2 : part;  // norms: the same gradient on both ranks
+    }
+    at::Tensor total = at::full({1}, sq, at::kDouble);
+    tp.all_reduce(total);
+    const double norm = std::sqrt(total.item<double>());
+    LOOM_CHECK(std::abs(norm - want_norm) <= 1e-3 * want_norm, "grad norm ", norm, " vs ",
+               want_norm);
+  });
+  LOOM_EXPECT_RANKS_OK(errors);
 }
 
 }  // namespace

@@ -10,7 +10,8 @@
 // scaled_mm(a, b) computes a @ b from float8 operands as cuBLAS/CUTLASS's at::_scaled_mm
 // defines it: each operand dequantized (data as float32 times 1/scale, the kernel's "scale"
 // argument), the product accumulated in float32, rounded once to the output dtype. On a CUDA
-// device that supports float8 it calls at::_scaled_mm; elsewhere (or when emulating) it computes
+// device that supports float8 it calls at::_scaled_mm (when every dimension is a multiple of 16,
+// the kernels' rule); elsewhere (or when emulating, or for other shapes) it computes
 // that definition with float32 tensors, which is what the CPU kernel of at::_scaled_mm does too
 // (tests/unit/test_float8.cpp compares them to 0.0).
 #pragma once
