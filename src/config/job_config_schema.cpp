@@ -98,7 +98,8 @@ void add_model_sections(Schema& s) {
   model.field("converters", &ModelSection::converters,
               "Model converters applied after building: float8 (also spelled "
               "quantize.linear.float8) makes the linear layers float8 as "
-              "[quantize.linear.float8] says (docs/float8.md).");
+              "[quantize.linear.float8] says; quantize.grouped_mm.float8 the MoE experts' "
+              "grouped GEMMs (docs/float8.md).");
   model
       .field("print_after_conversion", &ModelSection::print_after_conversion,
              "Print the model after converters ran.")
@@ -472,11 +473,14 @@ void add_unimplemented_sections(Schema& s) {
       .unimplemented();
   s.add_section({"quantize.grouped_mm", "Low-precision grouped matmuls of MoE experts."});
   SectionBuilder<Float8GroupedMMSection> gf8(
-      s, "quantize.grouped_mm.float8", "Float8 grouped matmuls.",
-      [](JobConfig& c) -> Float8GroupedMMSection& { return c.quantize.grouped_mm.float8; }, false);
-  gf8.field("fqns", &Float8GroupedMMSection::fqns, "MoE modules converted (a name or a list).")
-      .scalar_as_list()
-      .unimplemented();
+      s, "quantize.grouped_mm.float8",
+      "Float8 grouped matmuls of MoE routed experts (model.converters = "
+      "[\"quantize.grouped_mm.float8\"]; row-wise, emulated; docs/float8.md).",
+      [](JobConfig& c) -> Float8GroupedMMSection& { return c.quantize.grouped_mm.float8; });
+  gf8.field("fqns", &Float8GroupedMMSection::fqns,
+            "Routed-expert modules converted: those whose name contains one of these (a name or "
+            "a list, e.g. experts); empty: every one.")
+      .scalar_as_list();
   SectionBuilder<MXGroupedMMSection> gmx(
       s, "quantize.grouped_mm.mx", "MXFP8 grouped matmuls.",
       [](JobConfig& c) -> MXGroupedMMSection& { return c.quantize.grouped_mm.mx; }, false);

@@ -3,6 +3,7 @@
 #include "loom/core/check.h"
 #include "loom/core/logging.h"
 #include "loom/core/strings.h"
+#include "loom/quantize/float8_grouped.h"
 
 namespace loom::quantize {
 
@@ -11,6 +12,8 @@ namespace {
 bool is_float8(const std::string& converter) {
   return converter == "float8" || converter == "quantize.linear.float8";
 }
+
+constexpr const char* kGroupedFloat8 = "quantize.grouped_mm.float8";
 
 }  // namespace
 
@@ -36,6 +39,7 @@ Float8LinearOptions float8_options(const config::JobConfig& config) {
 std::vector<std::string> converter_problems(const config::JobConfig& config) {
   std::vector<std::string> problems;
   for (const auto& name : config.model.converters) {
+    if (name == kGroupedFloat8) continue;
     if (is_float8(name)) {
       try {
         float8_options(config);
@@ -44,15 +48,9 @@ std::vector<std::string> converter_problems(const config::JobConfig& config) {
       }
     } else {
       problems.push_back("model.converters: unknown converter '" + name +
-                         "' (loom has: float8; mx and grouped-GEMM converters are not "
+                         "' (loom has: float8, quantize.grouped_mm.float8; mx is not "
                          "implemented yet)");
     }
-  }
-  const auto& grouped = config.quantize.grouped_mm.float8.fqns;
-  if (!grouped.empty()) {
-    problems.push_back("quantize.grouped_mm.float8.fqns = [" + strings::join(grouped, ", ") +
-                       "]: float8 grouped GEMMs of MoE experts are not implemented yet; remove "
-                       "the key");
   }
   return problems;
 }
@@ -93,29 +91,60 @@ Conversion convert_to_float8(torch::nn::Module& root, const Float8LinearOptions&
   return out;
 }
 
+namespace {
+
+void apply_float8_linears(const std::vector<std::unique_ptr<models::CausalLM>>& parts,
+                          const config::JobConfig& config, distributed::Comm* tp_group) {
+  Float8LinearOptions options = float8_options(config);
+  options.amax_group = tp_group;
+  Conversion total;
+  for (const auto& part : parts) {
+    Conversion c =
+        convert_to_float8(part->module(), options, config.quantize.linear.float8.filter_fqns);
+    total.converted.insert(total.converted.end(), c.converted.begin(), c.converted.end());
+    total.skipped.insert(total.skipped.end(), c.skipped.begin(), c.skipped.end());
+  }
+  auto log = log::get("float8");
+  log->info("{} linear layers in {} (of {}); high precision: {}", total.converted.size(),
+            Float8LinearCompute(options).describe(), total.converted.size() + total.skipped.size(),
+            total.skipped.empty() ? "none" : strings::join(total.skipped, ", "));
+  if (total.converted.empty()) {
+    log->warn(
+        "model.converters = [\"float8\"]: no linear layer here can be converted (all "
+        "filtered or not multiples of 16)");
+  }
+}
+
+void apply_float8_grouped(const std::vector<std::unique_ptr<models::CausalLM>>& parts,
+                          const config::JobConfig& config) {
+  std::vector<std::string> converted;
+  for (const auto& part : parts) {
+    auto c = convert_grouped_to_float8(part->module(), config.quantize.grouped_mm.float8.fqns);
+    converted.insert(converted.end(), c.begin(), c.end());
+  }
+  auto log = log::get("float8");
+  if (converted.empty()) {
+    log->warn(
+        "model.converters = [\"{}\"]: no routed experts here match "
+        "quantize.grouped_mm.float8.fqns",
+        kGroupedFloat8);
+    return;
+  }
+  log->info("{} routed-expert modules in {}: {}", converted.size(),
+            Float8GroupedCompute().describe(), strings::join(converted, ", "));
+}
+
+}  // namespace
+
 void apply_converters(const std::vector<std::unique_ptr<models::CausalLM>>& parts,
                       const config::JobConfig& config, distributed::Comm* tp_group) {
   for (const auto& name : config.model.converters) {
+    if (name == kGroupedFloat8) {
+      apply_float8_grouped(parts, config);
+      continue;
+    }
     LOOM_CHECK_AS(InputError, is_float8(name), "model.converters: unknown converter '", name, "'");
-    Float8LinearOptions options = float8_options(config);
-    options.amax_group = tp_group;
-    Conversion total;
-    for (const auto& part : parts) {
-      Conversion c =
-          convert_to_float8(part->module(), options, config.quantize.linear.float8.filter_fqns);
-      total.converted.insert(total.converted.end(), c.converted.begin(), c.converted.end());
-      total.skipped.insert(total.skipped.end(), c.skipped.begin(), c.skipped.end());
-    }
-    auto log = log::get("float8");
-    log->info("{} linear layers in {} (of {}); high precision: {}", total.converted.size(),
-              Float8LinearCompute(options).describe(),
-              total.converted.size() + total.skipped.size(),
-              total.skipped.empty() ? "none" : strings::join(total.skipped, ", "));
-    if (total.converted.empty()) {
-      log->warn(
-          "model.converters = [\"float8\"]: no linear layer here can be converted (all "
-          "filtered or not multiples of 16)");
-    }
+    apply_float8_linears(parts, config, tp_group);
   }
 }
 

@@ -15,6 +15,7 @@
 #include "loom/models/model_spec.h"
 #include "loom/quantize/convert.h"
 #include "loom/quantize/float8.h"
+#include "loom/quantize/float8_grouped.h"
 #include "loom/quantize/float8_linear.h"
 #include "loom/train/supported_features.h"
 
@@ -231,4 +232,44 @@ recipe_name = "rowwize"
   problems = loom::train::unsupported_features(c, {});
   ASSERT_EQ(problems.size(), 1u);
   EXPECT_NE(problems[0].find("unknown converter 'mx'"), std::string::npos) << problems[0];
+}
+
+// Each group of the experts' grouped GEMM is a row-wise float8 GEMM (e4m3, power-of-two scales
+// along each GEMM's reduction dim), forward and both gradients; empty groups get zeros.
+TEST(Float8, GroupedGemmIsRowwisePerGroup) {
+  const at::Tensor x0 = randn({20, 32}, 9), w0 = randn({3, 32, 48}, 10) * 0.1;
+  const at::Tensor go = randn({20, 48}, 11);
+  const at::Tensor counts = at::tensor(std::vector<int64_t>{8, 0, 12});
+  at::Tensor x = x0.clone().set_requires_grad(true), w = w0.clone().set_requires_grad(true);
+  at::Tensor y = q::float8_grouped_mm(x, w, counts);
+  y.backward(go);
+  const q::CastSpec rows{q::Scaling::kAxiswise, q::Float8Format::kE4M3};
+  auto mm = [&](const at::Tensor& a, const at::Tensor& b) {
+    return q::scaled_mm(by_hand(a, rows, 1, true), by_hand(b, rows, 0, true), at::kFloat, true);
+  };
+  int64_t row = 0;
+  for (int64_t g : {0, 2}) {
+    const int64_t n = g == 0 ? 8 : 12;
+    const at::Tensor xg = x0.narrow(0, row, n), gog = go.narrow(0, row, n);
+    EXPECT_EQ(max_abs_diff(y.narrow(0, row, n), mm(xg, w0[g])), 0.0) << g;
+    EXPECT_EQ(max_abs_diff(x.grad().narrow(0, row, n), mm(gog, w0[g].t())), 0.0) << g;
+    EXPECT_EQ(max_abs_diff(w.grad()[g], mm(xg.t(), gog)), 0.0) << g;
+    row += n;
+  }
+  EXPECT_EQ(w.grad()[1].abs().max().item<float>(), 0.0f);
+  EXPECT_LT(max_abs_diff(y.narrow(0, 0, 8), at::mm(x0.narrow(0, 0, 8), w0[0])) /
+                at::mm(x0.narrow(0, 0, 8), w0[0]).abs().max().item<double>(),
+            0.08);
+  // The converter finds the MoE layers' routed experts by name.
+  loom::config::JobConfig config;
+  config.model.name = "qwen3_moe";
+  config.model.flavor = "debugmodel_moe";
+  config.model.converters = {"float8", "quantize.grouped_mm.float8"};
+  config.quantize.grouped_mm.float8.fqns = {"experts"};
+  EXPECT_TRUE(loom::train::unsupported_features(config, {}).empty());
+  auto model = loom::models::build_model(config, 0, at::TensorOptions().device(at::kMeta));
+  const auto converted = q::convert_grouped_to_float8(model->module(), {"experts"});
+  ASSERT_FALSE(converted.empty());
+  EXPECT_NE(converted.front().find("moe.experts"), std::string::npos) << converted.front();
+  EXPECT_TRUE(q::convert_grouped_to_float8(model->module(), {"no_such"}).empty());
 }
