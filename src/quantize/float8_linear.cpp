@@ -90,15 +90,18 @@ struct Float8LinearFunction : torch::autograd::Function<Float8LinearFunction> {
     ctx->saved_data["input_shape"] = input.sizes().vec();
     ctx->saved_data["input_dtype"] = input.scalar_type();
     ctx->saved_data["weight_dtype"] = weight.scalar_type();
-    // Operands cast the same way for a backward GEMM are kept in float8, the others in high
-    // precision (cast again there).
+    // The input, when cast the same way for the weight gradient, is kept in float8 (half the
+    // activation memory); otherwise in high precision and cast again in backward. The weight is
+    // kept as the parameter (FSDP frees and regathers it between forward and backward; a float8
+    // copy saved here would outlive the resharding) and cast again, or taken from `prepared`,
+    // which FSDP's float8 all-gather fills again before the unit's backward.
     const bool keep_xq = reusable(r.input_for_grad_weight, r.input);
-    const bool keep_wq = reusable(r.weight_for_grad_input, r.weight);
-    LOOM_CHECK(keep_wq || !prepared->defined(),
+    LOOM_CHECK(!prepared->defined() || reusable(r.weight_for_grad_input, r.weight),
                "float8: a prepared (FSDP float8-gathered) weight needs the tensorwise recipe");
     if (keep_xq) save_operand(ctx, "xq", xq);
-    if (keep_wq) save_operand(ctx, "wq", wq);
-    ctx->save_for_backward({keep_xq ? at::Tensor() : x, keep_wq ? at::Tensor() : weight});
+    ctx->saved_data["prepared"] =
+        prepared->defined() ? reinterpret_cast<int64_t>(prepared) : int64_t{0};
+    ctx->save_for_backward({keep_xq ? at::Tensor() : x, weight});
     std::vector<int64_t> out_shape = input.sizes().vec();
     out_shape.back() = weight.size(0);
     return y.view(out_shape);
@@ -115,8 +118,11 @@ struct Float8LinearFunction : torch::autograd::Function<Float8LinearFunction> {
     const Float8Tensor go_q = cast(go, r.grad_output, 1, options);
     at::Tensor grad_input, grad_weight;
     if (ctx->needs_input_grad(0)) {
-      Float8Tensor wq = saved_operand(ctx, "wq");
-      if (!wq.defined()) wq = cast(weight, r.weight_for_grad_input, 0, options);
+      const auto* prepared =
+          reinterpret_cast<const Float8Tensor*>(ctx->saved_data["prepared"].toInt());
+      const Float8Tensor wq = prepared != nullptr && prepared->defined()
+                                  ? *prepared
+                                  : cast(weight, r.weight_for_grad_input, 0, options);
       grad_input =
           scaled_mm(go_q, wq, ctx->saved_data["input_dtype"].toScalarType(), options.emulate)
               .view(ctx->saved_data["input_shape"].toIntVector());

@@ -4,6 +4,8 @@
 //   - the output layer (the head, FQN "output"), kept in high precision as torchtitan does;
 //   - linears whose in or out features are not multiples of 16 (the float8 GEMMs' constraint);
 //   - linears whose FQN contains one of quantize.linear.float8.filter_fqns.
+// "quantize.grouped_mm.float8" installs float8 grouped GEMMs in the MoE routed experts whose FQN
+// contains one of quantize.grouped_mm.float8.fqns (float8_grouped.h).
 // Converters run on the model built on the meta device, before its parallelize function: the
 // parameters (names, shapes, dtypes) do not change, so checkpoints and Hugging Face exports are
 // the same with and without a converter.

@@ -12,7 +12,8 @@
 //                     scales.
 // rowwise_with_gw_hp: rowwise forward, grad_input from row-scaled grad_output and a tensorwise
 //                     weight, grad_weight in high precision; e4m3; power-of-two scales.
-// Operands quantized the same way for two GEMMs (tensorwise input and weight) are cast once.
+// A tensorwise input is cast once and kept in float8 for the weight gradient; the weight is
+// kept as the parameter and cast again in backward (FSDP frees it in between).
 // The module's parameter is untouched: checkpoints hold the high-precision weight.
 #pragma once
 
@@ -57,8 +58,9 @@ struct Float8LinearOptions {
 
 // y = input @ weight^T in float8 as `options` says. `prepared_weight`: the weight already cast
 // with the recipe's tensorwise `weight` spec (FSDP's float8 all-gather), used in place of
-// casting `weight`; `weight` then only receives the gradient. The output is in `out_dtype`
-// (default: the input's), the gradients in their tensors' dtypes.
+// casting `weight`; `weight` then only receives the gradient. Backward reads `prepared_weight`
+// again (FSDP refills it before the unit's backward), so it must outlive the backward. The output
+// is in `out_dtype` (default: the input's), the gradients in their tensors' dtypes.
 at::Tensor float8_linear(const at::Tensor& input, const at::Tensor& weight,
                          const Float8LinearOptions& options,
                          const Float8Tensor& prepared_weight = {},
