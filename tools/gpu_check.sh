@@ -143,6 +143,16 @@ run_training "100M bf16" 100M 16 2048 40
 run_training "100M fp32" 100M 16 2048 40 --training.mixed_precision_param float32
 run_training "100M FSDP" 100M 16 2048 40 --debug.force_fsdp true
 run_training "8B_4layers bf16" 8B_4layers 2 4096 20
+# Float8 linears (issue 35), each recipe against the bf16 run above: tokens/s, MFU and peak
+# memory side by side in the report (at::_scaled_mm on sm89+; emulated in the dry run).
+run_training "8B_4layers float8 tensorwise" 8B_4layers 2 4096 20 --model.converters float8
+run_training "8B_4layers float8 rowwise" 8B_4layers 2 4096 20 --model.converters float8 \
+  --quantize.linear.float8.recipe_name rowwise
+run_training "8B_4layers float8 rowwise_with_gw_hp" 8B_4layers 2 4096 20 \
+  --model.converters float8 --quantize.linear.float8.recipe_name rowwise_with_gw_hp
+run_training "100M FSDP float8 all-gather" 100M 16 2048 40 --debug.force_fsdp true \
+  --model.converters float8 --quantize.linear.float8.enable_fsdp_float8_all_gather true \
+  --quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp true
 # The second family: Qwen3 0.6B (q/k norm, head_dim 128, tied 151936-token table).
 run_training "qwen3 0.6B bf16" 0.6B 4 4096 20 --model.name qwen3
 # Mixture of experts: the grouped GEMM on CUDA bf16 (sm90+), routing, the balancing bias.

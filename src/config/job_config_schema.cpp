@@ -96,8 +96,10 @@ void add_model_sections(Schema& s) {
       "Tokenizer file; when unset: hf_assets_path/tokenizer.json (an error when hf_assets_path was "
       "set and has none; the byte tokenizer when the default folder does not exist).");
   model.field("converters", &ModelSection::converters,
-              "Model converters applied after building (e.g. float8); not implemented yet: only "
-              "the empty list is accepted.");
+              "Model converters applied after building: float8 (also spelled "
+              "quantize.linear.float8) makes the linear layers float8 as "
+              "[quantize.linear.float8] says; quantize.grouped_mm.float8 the MoE experts' "
+              "grouped GEMMs (docs/float8.md).");
   model
       .field("print_after_conversion", &ModelSection::print_after_conversion,
              "Print the model after converters ran.")
@@ -435,23 +437,30 @@ void add_unimplemented_sections(Schema& s) {
   s.add_section({"quantize", "Low-precision training (torchao)."});
   s.add_section({"quantize.linear", "Low-precision linear layers."});
   SectionBuilder<Float8LinearSection> f8(
-      s, "quantize.linear.float8", "Float8 linear layers.",
-      [](JobConfig& c) -> Float8LinearSection& { return c.quantize.linear.float8; }, false);
+      s, "quantize.linear.float8",
+      "Float8 linear layers (model.converters = [\"float8\"]; docs/float8.md).",
+      [](JobConfig& c) -> Float8LinearSection& { return c.quantize.linear.float8; });
   f8.field("enable_fsdp_float8_all_gather", &Float8LinearSection::enable_fsdp_float8_all_gather,
-           "All-gather weights in float8.")
-      .unimplemented();
+           "FSDP all-gathers the converted linears' weights in float8 with their scales (half "
+           "the bytes of bfloat16); tensorwise recipe only.");
   f8.field("precompute_float8_dynamic_scale_for_fsdp",
            &Float8LinearSection::precompute_float8_dynamic_scale_for_fsdp,
-           "Compute float8 scales for all weights at once.")
-      .unimplemented();
+           "With the float8 all-gather: compute every converted weight's scale after the "
+           "optimizer step, in one all-reduce, instead of one all-reduce per FSDP unit gather.");
   f8.field("recipe_name", &Float8LinearSection::recipe_name,
-           "Float8 recipe (tensorwise, rowwise, rowwise_with_gw_hp).")
-      .unimplemented();
+           "Float8 recipe: tensorwise (one scale per tensor, e5m2 gradients), rowwise (scales "
+           "per row and column, e4m3, power-of-two scales) or rowwise_with_gw_hp (rowwise, "
+           "weight gradient in high precision); unset: tensorwise.")
+      .choices({"tensorwise", "rowwise", "rowwise_with_gw_hp"});
   f8.field("filter_fqns", &Float8LinearSection::filter_fqns,
-           "Linear layers left in high precision.")
-      .unimplemented();
-  f8.field("emulate", &Float8LinearSection::emulate, "Emulate float8 on hardware without it.")
-      .unimplemented();
+           "Linear layers left in high precision: those whose name contains one of these (the "
+           "output layer and layers with dims not multiples of 16 always are).");
+  f8.field("emulate", &Float8LinearSection::emulate,
+           "Emulate the float8 GEMMs (quantize, dequantize, float32 GEMM) even on a GPU with "
+           "float8 support; without such a GPU loom always emulates.");
+  f8.field("round_scales_to_power_of_2", &Float8LinearSection::round_scales_to_power_of_2,
+           "Round scales down to powers of two (loom's key); unset: the recipe's default "
+           "(tensorwise: false, rowwise recipes: true).");
   SectionBuilder<MXLinearSection> mx(
       s, "quantize.linear.mx", "MX (microscaling) linear layers.",
       [](JobConfig& c) -> MXLinearSection& { return c.quantize.linear.mx; }, false);
@@ -464,11 +473,14 @@ void add_unimplemented_sections(Schema& s) {
       .unimplemented();
   s.add_section({"quantize.grouped_mm", "Low-precision grouped matmuls of MoE experts."});
   SectionBuilder<Float8GroupedMMSection> gf8(
-      s, "quantize.grouped_mm.float8", "Float8 grouped matmuls.",
-      [](JobConfig& c) -> Float8GroupedMMSection& { return c.quantize.grouped_mm.float8; }, false);
-  gf8.field("fqns", &Float8GroupedMMSection::fqns, "MoE modules converted (a name or a list).")
-      .scalar_as_list()
-      .unimplemented();
+      s, "quantize.grouped_mm.float8",
+      "Float8 grouped matmuls of MoE routed experts (model.converters = "
+      "[\"quantize.grouped_mm.float8\"]; row-wise, emulated; docs/float8.md).",
+      [](JobConfig& c) -> Float8GroupedMMSection& { return c.quantize.grouped_mm.float8; });
+  gf8.field("fqns", &Float8GroupedMMSection::fqns,
+            "Routed-expert modules converted: those whose name contains one of these (a name or "
+            "a list, e.g. experts); empty: every one.")
+      .scalar_as_list();
   SectionBuilder<MXGroupedMMSection> gmx(
       s, "quantize.grouped_mm.mx", "MXFP8 grouped matmuls.",
       [](JobConfig& c) -> MXGroupedMMSection& { return c.quantize.grouped_mm.mx; }, false);

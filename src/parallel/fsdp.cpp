@@ -9,6 +9,7 @@
 #include <cmath>
 #include <map>
 
+#include "fsdp_internal.h"
 #include "loom/core/check.h"
 #include "loom/core/logging.h"
 #include "loom/parallel/grad_hooks.h"
@@ -16,95 +17,7 @@
 
 namespace loom::parallel {
 
-struct FullyShardedDataParallel::Param {
-  std::string name;
-  at::Tensor unsharded;  // the model's parameter: full shape, param dtype, storage freed if sharded
-  at::Tensor shard;      // float32 leaf: this rank's rows
-  int64_t numel = 0;
-  int64_t chunk = 0;        // elements per rank in collectives (padded rows x row size)
-  int64_t local_numel = 0;  // elements of `shard` (<= chunk)
-  int64_t offset = 0;       // of this parameter's chunk in the unit's per-rank buffer
-  Placement placement;      // of `shard` in the global parameter
-};
-
-struct FullyShardedDataParallel::Unit {
-  enum class State { kSharded, kGathering, kUnsharded };
-  std::string name;
-  std::shared_ptr<distributed::Comm> shard;  // the ranks that split this unit's parameters
-  std::vector<Param> params;
-  int64_t chunk = 0;  // per-rank buffer: sum of the parameters' chunks
-  // float32 [chunk]: the shards live here, at their offsets (zeros in the padding), so that the
-  // buffer is the all-gather's input as it is (float32) or after one cast.
-  at::Tensor shards;
-  bool reshard_after_forward = true;
-  State state = State::kSharded;
-  at::Tensor gather_in, gather_out;
-  distributed::Work gather_work;
-  size_t ready = 0;  // parameters whose gradient arrived in this backward
-  bool reduce_launched = false;        // a reduce-scatter not yet folded into grad_sum
-  bool reduced_this_backward = false;  // launched since the last prepare_microbatch
-  at::Tensor reduce_in, reduce_out;
-  distributed::Work reduce_work;
-  at::Tensor grad_sum;  // float32 [chunk]: reduced gradients, summed over the step's microbatches
-};
-
-namespace {
-
-// A leaf of `shape` whose storage holds nothing yet (allocated by unsharding). Saved for
-// backward by reference, so re-allocating its storage later is what backward reads.
-at::Tensor empty_unsharded(at::IntArrayRef shape, at::ScalarType dtype, const at::Device& device) {
-  at::Tensor t = at::empty({0}, at::TensorOptions().dtype(dtype).device(device));
-  t.unsafeGetTensorImpl()->set_sizes_contiguous(shape);
-  t.set_requires_grad(true);
-  return t;
-}
-
-void allocate_storage(const at::Tensor& t) {
-  const c10::DeviceGuard on_device(t.device());  // the allocator serves the current device
-  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
-  const size_t bytes = static_cast<size_t>(t.numel()) * t.element_size();
-  if (storage->nbytes() == bytes) return;
-  storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
-  storage->set_nbytes(bytes);
-}
-
-void free_storage(const at::Tensor& t) {
-  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
-  if (storage->nbytes() == 0) return;
-  storage->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));
-  storage->set_nbytes(0);
-}
-
-// Between a flat tensor of `numel` elements and its padded per-rank layout `rows` [N, chunk]:
-// rank k's chunk holds elements [k·chunk, (k+1)·chunk) of the flat tensor, zero padding past
-// numel (written here, so `rows` may come uninitialized: zeroing whole buffers first cost a
-// pass over every gradient).
-void copy_flat_to_rows(const at::Tensor& rows, const at::Tensor& flat, int64_t numel) {
-  const int64_t chunk = rows.size(1);
-  if (chunk == 0) return;
-  const int64_t full = numel / chunk;
-  if (full > 0) rows.narrow(0, 0, full).copy_(flat.narrow(0, 0, full * chunk).view({full, chunk}));
-  const int64_t rest = numel - full * chunk;
-  if (rest > 0) {
-    rows[full].narrow(0, 0, rest).copy_(flat.narrow(0, full * chunk, rest));
-    rows[full].narrow(0, rest, chunk - rest).zero_();
-  }
-  const int64_t first_padded_row = full + (rest > 0 ? 1 : 0);
-  if (first_padded_row < rows.size(0)) {
-    rows.narrow(0, first_padded_row, rows.size(0) - first_padded_row).zero_();
-  }
-}
-
-void copy_rows_to_flat(const at::Tensor& flat, const at::Tensor& rows, int64_t numel) {
-  const int64_t chunk = rows.size(1);
-  if (chunk == 0) return;
-  const int64_t full = numel / chunk;
-  if (full > 0) flat.narrow(0, 0, full * chunk).view({full, chunk}).copy_(rows.narrow(0, 0, full));
-  const int64_t rest = numel - full * chunk;
-  if (rest > 0) flat.narrow(0, full * chunk, rest).copy_(rows[full].narrow(0, 0, rest));
-}
-
-}  // namespace
+using namespace fsdp_detail;  // NOLINT(google-build-using-namespace): this file's own helpers
 
 ReshardPolicy parse_reshard_policy(const std::string& value) {
   if (value == "default") return ReshardPolicy::kDefault;
@@ -148,6 +61,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(
   at::NoGradGuard no_grad;
   std::map<std::string, at::Tensor> existing;
   for (const auto& item : model_.module().named_parameters()) existing[item.key()] = item.value();
+  const auto float8 = float8_linears(model_.module());
   for (size_t u = 0; u < units.size(); ++u) {
     auto unit = std::make_unique<Unit>();
     unit->name = units[u].name;
@@ -172,11 +86,12 @@ FullyShardedDataParallel::FullyShardedDataParallel(
       existing.erase(it);
     }
     pack_shards(*unit);
+    plan_float8_gather(*unit, float8);
     for (const auto& p : unit->params) shards_.push_back(p.shard);
     units_.push_back(std::move(unit));
   }
-  LOOM_CHECK(existing.empty(), "FSDP units leave ", existing.size(),
-             " parameters unsharded, e.g. ", existing.empty() ? "" : existing.begin()->first);
+  LOOM_CHECK(existing.empty(), "FSDP units leave ", existing.size(), " parameters unsharded, e.g. ",
+             existing.empty() ? "" : existing.begin()->first);
   model_.init_buffers(device_);
   install_hooks(units);
   const double local_mb = static_cast<double>(local_numel()) * 4 / (1 << 20);
@@ -201,8 +116,8 @@ void FullyShardedDataParallel::install_hooks(const std::vector<FsdpUnit>& units)
 
 std::string FullyShardedDataParallel::describe() const {
   std::string text = "FSDP: " + std::to_string(names_.size()) + " parameters in " +
-                     std::to_string(units_.size()) + " units sharded over group '" + shard_->name() +
-                     "' (" + std::to_string(shard_->size()) + " ranks)";
+                     std::to_string(units_.size()) + " units sharded over group '" +
+                     shard_->name() + "' (" + std::to_string(shard_->size()) + " ranks)";
   int64_t others = 0;
   const distributed::Comm* other = nullptr;
   for (const auto& unit : units_) {
@@ -218,6 +133,11 @@ std::string FullyShardedDataParallel::describe() const {
     text += ", replicated over '" + replicate_->name() + "' (" +
             std::to_string(replicate_->size()) + ")";
   }
+  int64_t float8 = 0;
+  for (const auto& unit : units_) {
+    for (const auto& p : unit->params) float8 += p.float8 != nullptr ? 1 : 0;
+  }
+  if (float8 > 0) text += ", " + std::to_string(float8) + " linear weights all-gathered in float8";
   text += std::string(", all-gather in ") + c10::toString(options_.param_dtype) +
           ", reduce-scatter in " + c10::toString(options_.reduce_dtype) +
           (options_.defer_gradient_sync ? ", gradient sync deferred to the last microbatch" : "");
@@ -282,8 +202,13 @@ void FullyShardedDataParallel::start_unshard(Unit& unit, bool prefetch) {
   const auto options = at::TensorOptions().dtype(options_.param_dtype).device(device_);
   // Nothing writes the shards while a gather reads them: the optimizer steps after the
   // gradient sync, which waits for every unit's gather.
-  unit.gather_in = unit.shards.to(options_.param_dtype);  // the buffer itself when float32
-  unit.gather_out = at::empty({unit.chunk * unit.shard->size()}, options);
+  if (unit.gather_bytes > 0) {
+    unit.gather_in = pack_float8_gather(unit);
+    unit.gather_out = at::empty({unit.gather_bytes * unit.shard->size()}, unit.gather_in.options());
+  } else {
+    unit.gather_in = unit.shards.to(options_.param_dtype);  // the buffer itself when float32
+    unit.gather_out = at::empty({unit.chunk * unit.shard->size()}, options);
+  }
   unit.gather_work = unit.shard->all_gather_into_tensor(unit.gather_out, unit.gather_in, true);
   unit.state = Unit::State::kGathering;
   ++stats_.all_gathers;
@@ -298,6 +223,13 @@ void FullyShardedDataParallel::wait_unshard(Unit& unit) {
   start_unshard(unit, false);
   unit.gather_work.wait();
   at::NoGradGuard no_grad;
+  if (unit.gather_bytes > 0) {
+    unpack_float8_gather(unit);
+    unit.gather_in = at::Tensor();
+    unit.gather_out = at::Tensor();
+    unit.state = Unit::State::kUnsharded;
+    return;
+  }
   const at::Tensor rows = unit.gather_out.view({unit.shard->size(), unit.chunk});
   for (auto& p : unit.params) {
     allocate_storage(p.unsharded);
@@ -316,7 +248,10 @@ void FullyShardedDataParallel::reshard(Unit& unit) {
     unit.gather_in = at::Tensor();
     unit.gather_out = at::Tensor();
   }
-  for (auto& p : unit.params) free_storage(p.unsharded);
+  for (auto& p : unit.params) {
+    free_storage(p.unsharded);
+    if (p.float8 != nullptr) p.float8->clear_gathered_weight();
+  }
   unit.state = Unit::State::kSharded;
 }
 
@@ -472,9 +407,13 @@ int64_t FullyShardedDataParallel::total_numel() const {
 }
 
 int64_t FullyShardedDataParallel::gathered_bytes() const {
+  const auto element = static_cast<int64_t>(c10::elementSize(options_.param_dtype));
   int64_t total = 0;
-  for (const auto& unit : units_) total += unit->chunk * unit->shard->size();
-  return total * static_cast<int64_t>(c10::elementSize(options_.param_dtype));
+  for (const auto& unit : units_) {
+    const int64_t per_rank = unit->gather_bytes > 0 ? unit->gather_bytes : unit->chunk * element;
+    total += per_rank * unit->shard->size();
+  }
+  return total;
 }
 
 const Placement& FullyShardedDataParallel::placement(const std::string& name) const {

@@ -22,6 +22,7 @@
 #include "loom/metrics/memory_estimate.h"
 #include "loom/parallel/pipeline/model_parts.h"
 #include "loom/parallel/pipeline/simulate.h"
+#include "loom/quantize/convert.h"
 #include "loom/train/mixed_precision.h"
 #include "loom/train/preflight.h"
 #include "loom/train/run.h"
@@ -163,6 +164,10 @@ void build_model(Run& run, const std::optional<parallel::pipeline::PipelinePlan>
     parts.push_back(models::build_model(config, vocab, meta));
   }
   const auto memory = estimate_rank_memory(run, plan, parts);
+  // model.converters (float8 linears), before the parallelisms wrap the parts.
+  const bool tp = run.runtime->dims().tp > 1;
+  quantize::apply_converters(parts, config,
+                             tp ? &run.runtime->group(distributed::MeshGroup::tp) : nullptr);
   run.model = run.spec->parallelize(std::move(parts), context);
   run.local_tensors = run.model.tensors();
   run.placements = run.model.placements();

@@ -6,6 +6,7 @@
 #include "loom/core/strings.h"
 #include "loom/models/model_spec.h"
 #include "loom/parallel/pipeline/plan.h"
+#include "loom/quantize/convert.h"
 
 namespace loom::train {
 
@@ -32,11 +33,7 @@ std::vector<std::string> unsupported_features(const config::JobConfig& config,
         "parallelism.enable_async_tensor_parallel = true: async tensor parallelism (overlapping "
         "TP's all-gathers with the matmuls) is not implemented yet; set it to false");
   }
-  if (!config.model.converters.empty()) {
-    problems.push_back("model.converters = [" + strings::join(config.model.converters, ", ") +
-                       "]: model converters (float8 linear layers) are not implemented yet; "
-                       "remove the key");
-  }
+  for (auto& problem : quantize::converter_problems(config)) problems.push_back(problem);
   const models::ModelSpec* spec = nullptr;
   collect_problem(problems, [&] { spec = &models::find_model_spec(config.model.name); });
   if (!spec ||

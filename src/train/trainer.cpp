@@ -200,6 +200,8 @@ Trainer::StepOutcome Trainer::train_step(int64_t step, PendingStep& pending,
   if (run.replicas && run.replicas->semi_synchronous() && run.replicas->ends_period(step)) {
     run.replicas->synchronize(run.local_tensors, step);
   }
+  // After every change to the parameters (e.g. FSDP's precomputed float8 scales).
+  run.model.gradient_sync->after_optimizer_step();
   return {data_time, true};
 }
 
@@ -212,6 +214,7 @@ int64_t Trainer::join_quorum(int64_t committed, int64_t& tokens_seen) {
   state.scalars = {tokens_seen, lr_step_offset_, static_cast<int64_t>(elapsed_s() * 1000)};
   const int64_t now = run.replicas->start_step(committed, state);
   if (now == committed) return committed;
+  run.model.gradient_sync->after_optimizer_step();  // the healed parameters' float8 scales
   tokens_seen = state.scalars[0];
   lr_step_offset_ = state.scalars[1];
   elapsed_before_ = static_cast<double>(state.scalars[2]) / 1000 - seconds_since(train_start_);

@@ -290,14 +290,15 @@ TEST(FirstDay, ConfigValidateCatchesWhatTrainWouldRefuse) {
   EXPECT_EQ(any.exit_code, 0) << any.output;
 
   // Every refusal at once, each said once, and the same list from `loom train` (both run one
-  // function): an unknown model, cp 2, float8, c4 and a validation longer than training.
+  // function): an unknown model, async TP, an unknown converter, c4 and a validation longer
+  // than training.
   const std::string all_bad = config +
                               " --model.name llama9 --parallelism.enable_async_tensor_parallel true"
-                              " --model.converters float8 --training.dataset c4"
+                              " --model.converters mx --training.dataset c4"
                               " --training.seq_len 128";
   const std::vector<std::string> refusals = {
       "model.name: unknown model 'llama9'", "enable_async_tensor_parallel = true",
-      "model.converters = [float8]", "training.dataset = 'c4'",
+      "model.converters: unknown converter 'mx'", "training.dataset = 'c4'",
       "validation.seq_len (256) exceeds training.seq_len (128)"};
   auto every = run_loom("config validate" + all_bad);
   auto train =
@@ -307,7 +308,7 @@ TEST(FirstDay, ConfigValidateCatchesWhatTrainWouldRefuse) {
     for (const auto& refusal : refusals) {
       EXPECT_NE(run->output.find(refusal), std::string::npos) << refusal << " in\n" << run->output;
     }
-    // float8 is refused, not also "accepted ... no effect"
+    // a refused key is not also "accepted ... no effect"
     EXPECT_EQ(run->output.find("no effect"), std::string::npos) << run->output;
   }
   auto seq = run_loom("config validate" + config + " --training.seq_len 128");

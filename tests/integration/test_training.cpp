@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include <csignal>
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 
@@ -313,4 +314,50 @@ LOOM_TEST(Threads, PlanFlagsMoreComputeThreadsThanCpus) {
   EXPECT_EQ(plan.intra_op, 2 * cpus);
   EXPECT_TRUE(plan.oversubscribed());
   at::set_num_threads(threads);
+}
+
+// Float8 linears (model.converters = ["float8"], emulated on CPU) against the float32 run of the
+// same job: 200 steps on the embedded corpus end (mean of the last 10 losses) within 3%.
+LOOM_SLOW_TEST(Float8Training, TwoHundredStepsEndWithinThreePercentOfHighPrecision) {
+  auto job = small_job("float8_ref");
+  job.training.steps = 200;
+  job.training.dataset = "brown";
+  job.model.tokenizer_path = "byte";
+  job.metrics.log_freq = 50;
+  auto tail_mean = [](const std::vector<double>& losses) {
+    double sum = 0;
+    for (size_t i = losses.size() - 10; i < losses.size(); ++i) sum += losses[i];
+    return sum / 10;
+  };
+  const double reference = tail_mean(Trainer(job).train().losses);
+  job.model.converters = {"float8"};
+  for (const char* recipe : {"tensorwise", "rowwise", "rowwise_with_gw_hp"}) {
+    job.quantize.linear.float8.recipe_name = recipe;
+    job.job.dump_folder = loom::testing::fresh_temp_dir(std::string("train_float8_") + recipe);
+    const double float8 = tail_mean(Trainer(job).train().losses);
+    std::printf("[float8] %s: last-10 mean loss %.4f vs float32 %.4f (%+.2f%%)\n", recipe, float8,
+                reference, 100 * (float8 / reference - 1));
+    EXPECT_NEAR(float8, reference, 0.03 * reference) << recipe;
+  }
+}
+
+// Float8 changes compute only: a float8 run's checkpoint resumes in float32 and back.
+LOOM_TEST(Float8Training, CheckpointsResumeAcrossFloat8AndHighPrecision) {
+  auto job = loom::testing::small_job(loom::testing::fresh_temp_dir("train_float8_resume"));
+  job.training.steps = 2;
+  job.checkpoint.enable = true;
+  job.checkpoint.interval = 2;
+  job.checkpoint.last_save_model_only = false;
+  job.model.converters = {"float8"};
+  auto first = Trainer(job).train();
+  ASSERT_EQ(first.losses.size(), 2u);
+  job.model.converters = {};
+  job.training.steps = 4;
+  auto high = Trainer(job).train();
+  ASSERT_EQ(high.losses.size(), 2u) << "resumed at step 2";
+  job.model.converters = {"float8"};
+  job.training.steps = 6;
+  auto again = Trainer(job).train();
+  ASSERT_EQ(again.losses.size(), 2u) << "resumed at step 4";
+  EXPECT_LT(again.losses.back(), first.losses.front());
 }

@@ -125,10 +125,10 @@ TEST(ConfigLoad, CommandLineBooleansListsAndOptionals) {
 TEST(ConfigLoad, UnimplementedKeysAreAcceptedAndListedOnce) {
   auto loaded = load_toml(
       "[compile]\nenable = true\ncomponents = [\"model\"]\n"
-      "[quantize.linear.float8]\nemulate = true\n[training]\nsteps = 3\n",
+      "[quantize.linear.mx]\nrecipe_name = \"mxfp8_cublas\"\n[training]\nsteps = 3\n",
       {{"compile.enable", "false"}});
   std::vector<std::string> expected = {"compile.components", "compile.enable",
-                                       "quantize.linear.float8.emulate"};
+                                       "quantize.linear.mx.recipe_name"};
   auto keys = loaded.unimplemented_keys;
   std::sort(keys.begin(), keys.end());
   EXPECT_EQ(keys, expected);

@@ -374,8 +374,10 @@ TEST(TensorParallelLlama, HeadsAndFeaturesThatDoNotFitAreRefusedWithTheKey) {
   c.parallelism.enable_async_tensor_parallel = true;
   EXPECT_NE(refusal(c).find("parallelism.enable_async_tensor_parallel"), std::string::npos);
   c.parallelism.enable_async_tensor_parallel = false;
-  c.model.converters = {"float8"};
-  EXPECT_NE(refusal(c).find("model.converters"), std::string::npos);
+  c.model.converters = {"float8"};  // tensorwise scales shared over the tp group
+  EXPECT_EQ(refusal(c), "");
+  c.model.converters = {"mx"};
+  EXPECT_NE(refusal(c).find("model.converters: unknown converter 'mx'"), std::string::npos);
   c.model.converters = {};
   // Context parallelism: the sequence must split into 2 cp chunks of tp-divisible length, by
   // either method.

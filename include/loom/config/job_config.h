@@ -186,6 +186,7 @@ struct Float8LinearSection {
   std::optional<std::string> recipe_name;
   StringList filter_fqns;
   bool emulate = false;
+  std::optional<bool> round_scales_to_power_of_2;  // unset: the recipe's default
 };
 
 struct MXLinearSection {

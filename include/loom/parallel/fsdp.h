@@ -28,6 +28,14 @@
 // in the compute dtype, and only the last microbatch reduce-scatters: 1/M-th the traffic for M
 // microbatches, at the memory of one full unsharded gradient copy.
 //
+// Float8 all-gather: the weights of linears a float8 converter set up with
+// enable_fsdp_float8_all_gather (quantize/float8_linear.h) are gathered as float8 data with the
+// scale from the whole weight's amax (one max all-reduce of the unit's amaxes over the shard
+// group, and the tp group under TP; or precomputed after the optimizer step): one byte per
+// element instead of the param dtype's, plus 4 bytes of scale per weight and rank. The linear
+// computes with the gathered float8 weight directly; the unsharded parameter holds its
+// dequantized value and receives the gradient as before.
+//
 // Gradients are summed, not averaged: the loss is already divided by the tokens of the global
 // batch. Activation checkpointing composes: its recompute runs inside the unit's backward, after
 // the pre-backward hook gathered the parameters.
@@ -46,6 +54,10 @@
 #include "loom/parallel/gradient_sync.h"
 #include "loom/parallel/placement.h"
 
+namespace loom::quantize {
+class Float8LinearCompute;
+}
+
 namespace loom::parallel {
 
 // parallelism.fsdp_reshard_after_forward, torchtitan's meaning: "always" frees every unit after
@@ -61,7 +73,7 @@ struct FsdpOptions {
   at::ScalarType param_dtype = at::kFloat;   // compute and all-gather dtype
   at::ScalarType reduce_dtype = at::kFloat;  // reduce-scatter (and HSDP all-reduce) dtype
   ReshardPolicy reshard = ReshardPolicy::kDefault;
-  bool prefetch = true;  // start the next unit's all-gather before it is needed
+  bool prefetch = true;              // start the next unit's all-gather before it is needed
   bool defer_gradient_sync = false;  // reduce-scatter on the last microbatch only (see above)
   // Keep the units gathered after a backward while gradient sync is off (FSDP2's
   // set_reshard_after_backward(False)): a pipeline stage's microbatches interleave forwards and
@@ -92,6 +104,8 @@ struct FsdpStats {
   int64_t reduce_scatters = 0;      // unit reduce-scatters issued
   int64_t launched_at_finish = 0;   // reduce-scatters of units with a parameter without gradient
   int64_t peak_gathered_units = 0;  // most units gathered (or gathering) at once
+  int64_t float8_gathers = 0;       // of all_gathers, units gathered in float8
+  int64_t float8_scale_all_reduces = 0;  // amax all-reduces for float8 weights' scales
 };
 
 class FullyShardedDataParallel final : public GradientSync {
@@ -119,6 +133,9 @@ class FullyShardedDataParallel final : public GradientSync {
   // the global gradient slices.
   void prepare_microbatch(bool last) override;
   void finish() override { finish_gradient_sync(); }
+  // With precompute_float8_dynamic_scale_for_fsdp: every float8-gathered weight's scale from
+  // one all-reduce of their amaxes (per shard group), used by the next gathers.
+  void after_optimizer_step() override;
   std::string describe() const override;
   // FSDP2's set_requires_gradient_sync: with sync off, unsharded gradients accumulate locally.
   void set_requires_gradient_sync(bool sync) { sync_ = sync; }
@@ -135,7 +152,8 @@ class FullyShardedDataParallel final : public GradientSync {
 
   int64_t local_numel() const;  // elements of this rank's shards
   int64_t total_numel() const;  // elements of the whole model
-  // Bytes one all-gather of every unit sends into the collective (padded, in param_dtype).
+  // Bytes one all-gather of every unit sends into the collective (padded, in param_dtype; for
+  // weights gathered in float8 one byte per element and a float32 scale per rank).
   int64_t gathered_bytes() const;
   size_t num_units() const { return units_.size(); }
   const FsdpStats& stats() const { return stats_; }
@@ -159,6 +177,12 @@ class FullyShardedDataParallel final : public GradientSync {
   void wait_unshard(Unit& unit);
   void reshard(Unit& unit);
   void launch_reduce_scatter(Unit& unit);
+  // Float8 all-gather (fsdp_float8.cpp).
+  void plan_float8_gather(Unit& unit,
+                          const std::map<std::string, quantize::Float8LinearCompute*>& float8);
+  at::Tensor float8_scales(const std::vector<Param*>& params, distributed::Comm& group);
+  at::Tensor pack_float8_gather(Unit& unit);
+  void unpack_float8_gather(Unit& unit);
 
   models::CausalLM& model_;
   std::shared_ptr<distributed::Comm> shard_;

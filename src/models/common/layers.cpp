@@ -44,6 +44,7 @@ LinearImpl::LinearImpl(int64_t in_features, int64_t out_features, const at::Tens
     : WeightModule(at::empty({out_features, in_features}, options)) {}
 
 at::Tensor LinearImpl::forward(const at::Tensor& input) {
+  if (compute) return compute->forward(input, weight);
   return at::linear(input, weight);
 }
 

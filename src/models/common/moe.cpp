@@ -45,7 +45,9 @@ GroupedExpertsImpl::GroupedExpertsImpl(int64_t num_experts, int64_t dim, int64_t
 at::Tensor GroupedExpertsImpl::forward(const at::Tensor& tokens, const at::Tensor& counts) {
   // Read through the table at each call: FSDP swaps the parameters as it gathers.
   auto project = [&](const at::Tensor& in, const char* key) {
-    return grouped_matmul(in, param(key).transpose(-2, -1), counts, use_grouped_mm);
+    const at::Tensor w = param(key).transpose(-2, -1);
+    return compute ? compute->forward(in, w, counts)
+                   : grouped_matmul(in, w, counts, use_grouped_mm);
   };
   return project(kernels::swiglu(project(tokens, "w1"), project(tokens, "w3")), "w2");
 }
@@ -53,9 +55,9 @@ at::Tensor GroupedExpertsImpl::forward(const at::Tensor& tokens, const at::Tenso
 MoEImpl::MoEImpl(const DecoderArgs& decoder, const at::TensorOptions& options)
     : args(*decoder.moe) {
   router = register_module("router", TokenChoiceRouter(decoder.dim, args, options));
-  experts = register_module("experts", GroupedExperts(args.num_experts, decoder.dim,
-                                                      args.hidden_dim, args.use_grouped_mm,
-                                                      options));
+  experts = register_module(
+      "experts",
+      GroupedExperts(args.num_experts, decoder.dim, args.hidden_dim, args.use_grouped_mm, options));
   if (args.num_shared_experts > 0) {
     shared_experts = register_module(
         "shared_experts",
@@ -122,8 +124,8 @@ at::Tensor MoEImpl::forward(const at::Tensor& x) {
     const auto capacity = static_cast<int64_t>(std::ceil(
         args.capacity_factor * static_cast<double>(n * k) / static_cast<double>(args.num_experts)));
     const at::Tensor starts = counts.cumsum(0) - counts;
-    const at::Tensor rank = at::arange(n * k, flat.options()) -
-                            starts.index_select(0, flat.index_select(0, order));
+    const at::Tensor rank =
+        at::arange(n * k, flat.options()) - starts.index_select(0, flat.index_select(0, order));
     const at::Tensor kept = (rank < capacity).nonzero().squeeze(1);
     const at::Tensor kept_counts = counts.clamp_max(capacity);
     if (training) dropped_.add_((counts - kept_counts).sum());

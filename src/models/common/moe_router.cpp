@@ -94,6 +94,7 @@ TokenChoiceRouterImpl::TokenChoiceRouterImpl(int64_t dim, const MoEArgs& moe_arg
                                              const at::TensorOptions& options)
     : args(moe_args) {
   gate = register_module("gate", Linear(dim, args.num_experts, options));
+  gate->convertible = false;  // forward reads its weight in float32, not through Linear
 }
 
 at::Tensor TokenChoiceRouterImpl::limit_to_groups(const at::Tensor& choice) const {

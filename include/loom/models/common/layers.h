@@ -38,11 +38,29 @@ class ParameterTableModule : public torch::nn::Module {
 // InternalError when no WeightModule or ParameterTableModule owns it.
 void replace_parameter(torch::nn::Module& root, const std::string& name, const at::Tensor& value);
 
+// How a Linear computes y = x W^T when a model converter changed it (float8 training,
+// quantize/float8_linear.h). The module keeps its parameter as it is: names, shapes and dtypes
+// in checkpoints do not change; only the matmul does.
+class LinearCompute {
+ public:
+  virtual ~LinearCompute() = default;
+  virtual at::Tensor forward(const at::Tensor& input, const at::Tensor& weight) = 0;
+  virtual std::string describe() const = 0;
+};
+
 // y = x W^T, no bias (Llama has none).
 class LinearImpl : public WeightModule {
  public:
   LinearImpl(int64_t in_features, int64_t out_features, const at::TensorOptions& options);
   at::Tensor forward(const at::Tensor& input);
+  int64_t in_features() const { return weight.size(1); }
+  int64_t out_features() const { return weight.size(0); }
+
+  // Null: at::linear. Set by a converter (quantize::convert_to_float8).
+  std::shared_ptr<LinearCompute> compute;
+  // False for a linear whose owner reads `weight` itself rather than calling forward (a MoE
+  // router's gate, in float32): converters leave it alone.
+  bool convertible = true;
 };
 TORCH_MODULE(Linear);
 

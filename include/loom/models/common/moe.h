@@ -10,6 +10,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <memory>
+#include <string>
 
 #include "loom/models/common/decoder_args.h"
 #include "loom/models/common/feed_forward.h"
@@ -40,6 +41,16 @@ at::Tensor grouped_matmul(const at::Tensor& x, const at::Tensor& w, const at::Te
 // Whether at::_grouped_mm runs x [N, K] · w [G, K, M] of `dtype` on `device` in this LibTorch.
 bool grouped_mm_supported(const at::Device& device, at::ScalarType dtype, int64_t k, int64_t m);
 
+// How the routed experts compute grouped_matmul when a converter changed it (float8 grouped
+// GEMMs, quantize/float8_grouped.h); the parameters stay as they are.
+class GroupedMatmulCompute {
+ public:
+  virtual ~GroupedMatmulCompute() = default;
+  virtual at::Tensor forward(const at::Tensor& x, const at::Tensor& w,
+                             const at::Tensor& counts) = 0;
+  virtual std::string describe() const = 0;
+};
+
 // The routed experts: w1, w3 [E, F, D] and w2 [E, D, F]; expert e computes
 // w2[e] (silu(w1[e] x) * w3[e] x). Under expert parallelism the module holds this rank's block of
 // experts (the parameters' placement says which).
@@ -50,6 +61,7 @@ class GroupedExpertsImpl : public ParameterTableModule {
   // tokens [N, D] sorted by local expert, counts [experts held] int64.
   at::Tensor forward(const at::Tensor& tokens, const at::Tensor& counts);
   bool use_grouped_mm;
+  std::shared_ptr<GroupedMatmulCompute> compute;  // null: grouped_matmul
 };
 TORCH_MODULE(GroupedExperts);
 

@@ -1,0 +1,35 @@
+// Float8 grouped GEMMs for a mixture of experts' routed experts (quantize.grouped_mm.float8):
+// y[rows of group g] = x[rows of g] · w[g], each group a row-wise float8 GEMM as the rowwise
+// recipe defines it (float8_linear.h): e4m3, power-of-two scales along each GEMM's reduction
+// dimension, for the forward GEMM and both backward GEMMs (grad_x = grad_y[g] · w[g]ᵀ,
+// grad_w[g] = x[g]ᵀ · grad_y[g], whose scales run over the group's tokens). Emulated in float32
+// on every device (loom does not call at::_scaled_grouped_mm yet), so the numbers are the
+// definition's wherever it runs.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+#include <vector>
+
+#include "loom/models/common/moe.h"
+
+namespace loom::quantize {
+
+// x [N, K] sorted by group, w [G, K, M], counts [G] int64 (sum N).
+at::Tensor float8_grouped_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& counts);
+
+class Float8GroupedCompute final : public models::GroupedMatmulCompute {
+ public:
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& w, const at::Tensor& counts) override {
+    return float8_grouped_mm(x, w, counts);
+  }
+  std::string describe() const override { return "float8 rowwise grouped GEMM (emulated)"; }
+};
+
+// Installs the compute in every GroupedExperts module of `root` whose FQN contains one of `fqns`
+// (every one when `fqns` is empty); returns their FQNs.
+std::vector<std::string> convert_grouped_to_float8(torch::nn::Module& root,
+                                                   const std::vector<std::string>& fqns);
+
+}  // namespace loom::quantize

@@ -1,0 +1,91 @@
+// Float8 linear layers: the recipes, the autograd function and the compute a converter installs
+// in a models::Linear (models/common/layers.h).
+//
+// A linear's three GEMMs, with the operand casts each recipe defines (torchao's recipes):
+//   output      = input @ weight^T          input: cast `input`,  weight: cast `weight`
+//   grad_input  = grad_output @ weight      grad_output: `grad_output`, weight:
+//   `weight_for_grad_input` grad_weight = grad_output^T @ input     `grad_output_for_grad_weight`,
+//   `input_for_grad_weight`
+// tensorwise:         one scale per tensor; e4m3 for input and weight, e5m2 for grad_output.
+// rowwise:            a scale per row of the left operand and per column of the right one
+//                     (along each GEMM's reduction dimension), e4m3 everywhere, power-of-two
+//                     scales.
+// rowwise_with_gw_hp: rowwise forward, grad_input from row-scaled grad_output and a tensorwise
+//                     weight, grad_weight in high precision; e4m3; power-of-two scales.
+// A tensorwise input is cast once and kept in float8 for the weight gradient; the weight is
+// kept as the parameter and cast again in backward (FSDP frees it in between).
+// The module's parameter is untouched: checkpoints hold the high-precision weight.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "loom/models/common/layers.h"
+#include "loom/quantize/float8.h"
+
+namespace loom::distributed {
+class Comm;
+}
+
+namespace loom::quantize {
+
+struct Float8Recipe {
+  std::string name;
+  CastSpec input, weight, grad_output;
+  CastSpec input_for_grad_weight, weight_for_grad_input, grad_output_for_grad_weight;
+  bool power_of_2 = false;
+};
+
+// "tensorwise", "rowwise" or "rowwise_with_gw_hp"; InputError naming
+// quantize.linear.float8.recipe_name otherwise. `power_of_2` overrides the recipe's default.
+Float8Recipe float8_recipe(const std::string& name, std::optional<bool> power_of_2 = {});
+
+struct Float8LinearOptions {
+  Float8Recipe recipe;
+  bool emulate = false;  // float32 emulation even where the hardware has float8 GEMMs
+  // Tensor parallelism: tensorwise amaxes are reduced (max) over this group, so every shard of a
+  // split weight or activation shares one scale, as one rank would compute it. Null: none.
+  distributed::Comm* amax_group = nullptr;
+  // FSDP (parallel/fsdp_float8.h): gather this weight in float8 with a scale over the whole
+  // weight, computed at each gather or once after each optimizer step (`precompute_scales`).
+  bool fsdp_float8_all_gather = false;
+  bool precompute_scales = false;
+};
+
+// y = input @ weight^T in float8 as `options` says. `prepared_weight`: the weight already cast
+// with the recipe's tensorwise `weight` spec (FSDP's float8 all-gather), used in place of
+// casting `weight`; `weight` then only receives the gradient. Backward reads `prepared_weight`
+// again (FSDP refills it before the unit's backward), so it must outlive the backward. The output
+// is in `out_dtype` (default: the input's), the gradients in their tensors' dtypes.
+at::Tensor float8_linear(const at::Tensor& input, const at::Tensor& weight,
+                         const Float8LinearOptions& options,
+                         const Float8Tensor& prepared_weight = {},
+                         std::optional<at::ScalarType> out_dtype = std::nullopt);
+
+// The compute a converter installs in a Linear.
+class Float8LinearCompute final : public models::LinearCompute {
+ public:
+  explicit Float8LinearCompute(Float8LinearOptions options) : options_(std::move(options)) {}
+  at::Tensor forward(const at::Tensor& input, const at::Tensor& weight) override;
+  std::string describe() const override;
+  const Float8LinearOptions& options() const { return options_; }
+
+  // FSDP's float8 all-gather: the gathered weight for the next forwards (until cleared), and a
+  // scale precomputed after the optimizer step (undefined: compute at the gather).
+  void set_gathered_weight(Float8Tensor weight) { gathered_ = std::move(weight); }
+  void clear_gathered_weight() { gathered_ = {}; }
+  at::Tensor precomputed_scale;
+
+ private:
+  Float8LinearOptions options_;
+  Float8Tensor gathered_;
+};
+
+// The Float8LinearCompute of a Linear module, or null.
+Float8LinearCompute* float8_compute(torch::nn::Module& module);
+
+}  // namespace loom::quantize

@@ -1,0 +1,151 @@
+#include "loom/quantize/convert.h"
+
+#include "loom/core/check.h"
+#include "loom/core/logging.h"
+#include "loom/core/strings.h"
+#include "loom/quantize/float8_grouped.h"
+
+namespace loom::quantize {
+
+namespace {
+
+bool is_float8(const std::string& converter) {
+  return converter == "float8" || converter == "quantize.linear.float8";
+}
+
+constexpr const char* kGroupedFloat8 = "quantize.grouped_mm.float8";
+
+}  // namespace
+
+Float8LinearOptions float8_options(const config::JobConfig& config) {
+  const auto& f8 = config.quantize.linear.float8;
+  Float8LinearOptions options;
+  options.recipe =
+      float8_recipe(f8.recipe_name.value_or("tensorwise"), f8.round_scales_to_power_of_2);
+  options.emulate = f8.emulate;
+  options.fsdp_float8_all_gather = f8.enable_fsdp_float8_all_gather;
+  options.precompute_scales = f8.precompute_float8_dynamic_scale_for_fsdp;
+  LOOM_CHECK_AS(
+      InputError,
+      !options.fsdp_float8_all_gather || options.recipe.weight.scaling == Scaling::kTensorwise,
+      "quantize.linear.float8.enable_fsdp_float8_all_gather = true needs the tensorwise "
+      "recipe (recipe_name = '",
+      options.recipe.name, "' scales the weight per row)");
+  // As torchtitan: precomputed scales only mean something for the float8 all-gather.
+  options.precompute_scales = options.precompute_scales && options.fsdp_float8_all_gather;
+  return options;
+}
+
+std::vector<std::string> converter_problems(const config::JobConfig& config) {
+  std::vector<std::string> problems;
+  for (const auto& name : config.model.converters) {
+    if (name == kGroupedFloat8) continue;
+    if (is_float8(name)) {
+      try {
+        float8_options(config);
+      } catch (const Error& e) {
+        problems.push_back(e.message());
+      }
+    } else {
+      problems.push_back("model.converters: unknown converter '" + name +
+                         "' (loom has: float8, quantize.grouped_mm.float8; mx is not "
+                         "implemented yet)");
+    }
+  }
+  return problems;
+}
+
+namespace {
+
+// Why a linear stays in high precision, or "" to convert it.
+std::string skip_reason(const std::string& fqn, const models::LinearImpl& linear,
+                        const std::vector<std::string>& filter_fqns) {
+  if (!linear.convertible) return "read directly by its owner";
+  if (fqn == "output") return "output layer";
+  for (const auto& filter : filter_fqns) {
+    if (fqn.find(filter) != std::string::npos) return "filter_fqns '" + filter + "'";
+  }
+  if (linear.in_features() % 16 != 0 || linear.out_features() % 16 != 0) {
+    return "dims " + std::to_string(linear.in_features()) + "x" +
+           std::to_string(linear.out_features()) + " not multiples of 16";
+  }
+  return "";
+}
+
+}  // namespace
+
+Conversion convert_to_float8(torch::nn::Module& root, const Float8LinearOptions& options,
+                             const std::vector<std::string>& filter_fqns) {
+  Conversion out;
+  for (const auto& item : root.named_modules("", /*include_self=*/false)) {
+    auto* linear = dynamic_cast<models::LinearImpl*>(item.value().get());
+    if (linear == nullptr) continue;
+    const std::string reason = skip_reason(item.key(), *linear, filter_fqns);
+    if (!reason.empty()) {
+      out.skipped.push_back(item.key() + " (" + reason + ")");
+      continue;
+    }
+    linear->compute = std::make_shared<Float8LinearCompute>(options);
+    out.converted.push_back(item.key());
+  }
+  return out;
+}
+
+namespace {
+
+void apply_float8_linears(const std::vector<std::unique_ptr<models::CausalLM>>& parts,
+                          const config::JobConfig& config, distributed::Comm* tp_group) {
+  Float8LinearOptions options = float8_options(config);
+  options.amax_group = tp_group;
+  Conversion total;
+  for (const auto& part : parts) {
+    Conversion c =
+        convert_to_float8(part->module(), options, config.quantize.linear.float8.filter_fqns);
+    total.converted.insert(total.converted.end(), c.converted.begin(), c.converted.end());
+    total.skipped.insert(total.skipped.end(), c.skipped.begin(), c.skipped.end());
+  }
+  auto log = log::get("float8");
+  log->info("{} linear layers in {} (of {}); high precision: {}", total.converted.size(),
+            Float8LinearCompute(options).describe(), total.converted.size() + total.skipped.size(),
+            total.skipped.empty() ? "none" : strings::join(total.skipped, ", "));
+  if (total.converted.empty()) {
+    log->warn(
+        "model.converters = [\"float8\"]: no linear layer here can be converted (all "
+        "filtered or not multiples of 16)");
+  }
+}
+
+void apply_float8_grouped(const std::vector<std::unique_ptr<models::CausalLM>>& parts,
+                          const config::JobConfig& config) {
+  std::vector<std::string> converted;
+  for (const auto& part : parts) {
+    auto c = convert_grouped_to_float8(part->module(), config.quantize.grouped_mm.float8.fqns);
+    converted.insert(converted.end(), c.begin(), c.end());
+  }
+  auto log = log::get("float8");
+  if (converted.empty()) {
+    log->warn(
+        "model.converters = [\"{}\"]: no routed experts here match "
+        "quantize.grouped_mm.float8.fqns",
+        kGroupedFloat8);
+    return;
+  }
+  log->info("{} routed-expert modules in {}: {}", converted.size(),
+            Float8GroupedCompute().describe(), strings::join(converted, ", "));
+}
+
+}  // namespace
+
+void apply_converters(const std::vector<std::unique_ptr<models::CausalLM>>& parts,
+                      const config::JobConfig& config, distributed::Comm* tp_group) {
+  for (const auto& name : config.model.converters) {
+    if (name == kGroupedFloat8) {
+      apply_float8_grouped(parts, config);
+      continue;
+    }
+    LOOM_CHECK_AS(InputError, is_float8(name), "model.converters: unknown converter '", name, "'");
+    apply_float8_linears(parts, config, tp_group);
+  }
+}
+
+}  // namespace loom::quantize

@@ -1,0 +1,187 @@
+#include "loom/quantize/float8_linear.h"
+
+#include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "loom/core/check.h"
+#include "loom/distributed/comm.h"
+
+namespace loom::quantize {
+
+Float8Recipe float8_recipe(const std::string& name, std::optional<bool> power_of_2) {
+  const CastSpec e4m3_tensor{Scaling::kTensorwise, Float8Format::kE4M3};
+  const CastSpec e4m3_axis{Scaling::kAxiswise, Float8Format::kE4M3};
+  const CastSpec high_precision{Scaling::kNone, Float8Format::kE4M3};
+  Float8Recipe r;
+  r.name = name;
+  if (name == "tensorwise") {
+    r.input = r.weight = r.input_for_grad_weight = r.weight_for_grad_input = e4m3_tensor;
+    r.grad_output = r.grad_output_for_grad_weight = {Scaling::kTensorwise, Float8Format::kE5M2};
+    r.power_of_2 = false;
+  } else if (name == "rowwise") {
+    r.input = r.weight = r.grad_output = e4m3_axis;
+    r.input_for_grad_weight = r.weight_for_grad_input = r.grad_output_for_grad_weight = e4m3_axis;
+    r.power_of_2 = true;
+  } else if (name == "rowwise_with_gw_hp") {
+    r.input = r.weight = r.grad_output = e4m3_axis;
+    r.weight_for_grad_input = e4m3_tensor;
+    r.input_for_grad_weight = r.grad_output_for_grad_weight = high_precision;
+    r.power_of_2 = true;
+  } else {
+    LOOM_THROW(InputError, "quantize.linear.float8.recipe_name: unknown recipe '", name,
+               "' (tensorwise, rowwise or rowwise_with_gw_hp)");
+  }
+  if (power_of_2) r.power_of_2 = *power_of_2;
+  return r;
+}
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// One operand's cast; tensorwise amaxes are shared over the tensor-parallel group.
+Float8Tensor cast(const at::Tensor& x, const CastSpec& spec, int64_t reduction_dim,
+                  const Float8LinearOptions& options) {
+  at::Tensor a = amax(x, spec.scaling, reduction_dim);
+  if (options.amax_group != nullptr && spec.scaling == Scaling::kTensorwise) {
+    at::Tensor flat = a.reshape({1});
+    options.amax_group->all_reduce(flat, distributed::ReduceOp::kMax);
+    a = flat.reshape({});
+  }
+  return quantize_with_scale(x, amax_to_scale(a, spec.format, options.recipe.power_of_2),
+                             spec.format);
+}
+
+bool reusable(const CastSpec& first, const CastSpec& second) {
+  return first == second && first.scaling == Scaling::kTensorwise;
+}
+
+void save_operand(AutogradContext* ctx, const std::string& key, const Float8Tensor& t) {
+  ctx->saved_data[key + "_data"] = t.data;
+  ctx->saved_data[key + "_scale"] = t.scale;
+}
+
+Float8Tensor saved_operand(AutogradContext* ctx, const std::string& key) {
+  auto data = ctx->saved_data.find(key + "_data");
+  if (data == ctx->saved_data.end()) return {};
+  return {data->second.toTensor(), ctx->saved_data[key + "_scale"].toTensor()};
+}
+
+// A GEMM of two high-precision operands (rowwise_with_gw_hp's weight gradient): in their dtype
+// when they agree, float32 otherwise.
+at::Tensor high_precision_mm(const at::Tensor& a, const at::Tensor& b, at::ScalarType out) {
+  if (a.scalar_type() == b.scalar_type()) return at::mm(a, b).to(out);
+  return at::mm(a.to(at::kFloat), b.to(at::kFloat)).to(out);
+}
+
+struct Float8LinearFunction : torch::autograd::Function<Float8LinearFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
+                            const Float8LinearOptions* options, const Float8Tensor* prepared,
+                            at::ScalarType out_dtype) {
+    const Float8Recipe& r = options->recipe;
+    const at::Tensor x = input.reshape({-1, input.size(-1)});
+    const Float8Tensor xq = cast(x, r.input, 1, *options);
+    const Float8Tensor wq = prepared->defined() ? *prepared : cast(weight, r.weight, 1, *options);
+    at::Tensor y = scaled_mm(xq, wq.t(), out_dtype, options->emulate, /*fast_accum=*/true);
+    ctx->saved_data["options"] = reinterpret_cast<int64_t>(options);
+    ctx->saved_data["input_shape"] = input.sizes().vec();
+    ctx->saved_data["input_dtype"] = input.scalar_type();
+    ctx->saved_data["weight_dtype"] = weight.scalar_type();
+    // The input, when cast the same way for the weight gradient, is kept in float8 (half the
+    // activation memory); otherwise in high precision and cast again in backward. The weight is
+    // kept as the parameter (FSDP frees and regathers it between forward and backward; a float8
+    // copy saved here would outlive the resharding) and cast again, or taken from `prepared`,
+    // which FSDP's float8 all-gather fills again before the unit's backward.
+    const bool keep_xq = reusable(r.input_for_grad_weight, r.input);
+    LOOM_CHECK(!prepared->defined() || reusable(r.weight_for_grad_input, r.weight),
+               "float8: a prepared (FSDP float8-gathered) weight needs the tensorwise recipe");
+    if (keep_xq) save_operand(ctx, "xq", xq);
+    ctx->saved_data["prepared"] =
+        prepared->defined() ? reinterpret_cast<int64_t>(prepared) : int64_t{0};
+    ctx->save_for_backward({keep_xq ? at::Tensor() : x, weight});
+    std::vector<int64_t> out_shape = input.sizes().vec();
+    out_shape.back() = weight.size(0);
+    return y.view(out_shape);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto& options =
+        *reinterpret_cast<const Float8LinearOptions*>(ctx->saved_data["options"].toInt());
+    const Float8Recipe& r = options.recipe;
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor& x = saved[0];
+    const at::Tensor& weight = saved[1];
+    const at::Tensor go = grads[0].reshape({-1, grads[0].size(-1)});
+    const Float8Tensor go_q = cast(go, r.grad_output, 1, options);
+    at::Tensor grad_input, grad_weight;
+    if (ctx->needs_input_grad(0)) {
+      const auto* prepared =
+          reinterpret_cast<const Float8Tensor*>(ctx->saved_data["prepared"].toInt());
+      const Float8Tensor wq = prepared != nullptr && prepared->defined()
+                                  ? *prepared
+                                  : cast(weight, r.weight_for_grad_input, 0, options);
+      grad_input =
+          scaled_mm(go_q, wq, ctx->saved_data["input_dtype"].toScalarType(), options.emulate)
+              .view(ctx->saved_data["input_shape"].toIntVector());
+    }
+    if (ctx->needs_input_grad(1)) {
+      grad_weight = weight_gradient(ctx, go, go_q, x, options);
+    }
+    return {grad_input, grad_weight, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+
+  // grad_output^T @ input, as the recipe casts it (or in high precision).
+  static at::Tensor weight_gradient(AutogradContext* ctx, const at::Tensor& go,
+                                    const Float8Tensor& go_q, const at::Tensor& x,
+                                    const Float8LinearOptions& options) {
+    const Float8Recipe& r = options.recipe;
+    const at::ScalarType dtype = ctx->saved_data["weight_dtype"].toScalarType();
+    if (r.grad_output_for_grad_weight.scaling == Scaling::kNone) {
+      return high_precision_mm(go.t(), x, dtype);
+    }
+    const Float8Tensor go_t = reusable(r.grad_output_for_grad_weight, r.grad_output)
+                                  ? go_q
+                                  : cast(go, r.grad_output_for_grad_weight, 0, options);
+    Float8Tensor xq = saved_operand(ctx, "xq");
+    if (!xq.defined()) xq = cast(x, r.input_for_grad_weight, 0, options);
+    return scaled_mm(go_t.t(), xq, dtype, options.emulate);
+  }
+};
+
+}  // namespace
+
+at::Tensor float8_linear(const at::Tensor& input, const at::Tensor& weight,
+                         const Float8LinearOptions& options, const Float8Tensor& prepared_weight,
+                         std::optional<at::ScalarType> out_dtype) {
+  return Float8LinearFunction::apply(input, weight, &options, &prepared_weight,
+                                     out_dtype.value_or(input.scalar_type()));
+}
+
+at::Tensor Float8LinearCompute::forward(const at::Tensor& input, const at::Tensor& weight) {
+  // Under autocast the output takes the autocast dtype (as at::linear's would); the GEMMs inside
+  // follow the recipe, not autocast.
+  const at::DeviceType device = input.device().type();
+  at::ScalarType out = input.scalar_type();
+  if (at::autocast::is_autocast_enabled(device)) out = at::autocast::get_autocast_dtype(device);
+  const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  return float8_linear(input, weight, options_, gathered_, out);
+}
+
+std::string Float8LinearCompute::describe() const {
+  std::string text = "float8 " + options_.recipe.name;
+  if (options_.recipe.power_of_2) text += ", power-of-two scales";
+  if (options_.emulate) text += ", emulated";
+  if (options_.fsdp_float8_all_gather) text += ", float8 all-gather";
+  return text;
+}
+
+Float8LinearCompute* float8_compute(torch::nn::Module& module) {
+  auto* linear = dynamic_cast<models::LinearImpl*>(&module);
+  if (linear == nullptr) return nullptr;
+  return dynamic_cast<Float8LinearCompute*>(linear->compute.get());
+}
+
+}  // namespace loom::quantize

@@ -1,0 +1,269 @@
+// FSDP with float8 linears (quantize/float8_linear.h, parallel/fsdp.h) on thread ranks over
+// Gloo: the float8 all-gather's bytes against the bf16 gather's, and two FSDP ranks training
+// like one float8 process that runs their rows as two microbatches (tensorwise scales of
+// activations are per microbatch, so that is the one-rank run the layout must equal); tensor
+// parallelism with tensorwise scales shared over the tp group against one process.
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <map>
+
+#include "comm_test_util.h"
+#include "loom/distributed/runtime.h"
+#include "loom/models/common/decoder_parallelize.h"
+#include "loom/models/loss.h"
+#include "loom/models/model_spec.h"
+#include "loom/parallel/fsdp.h"
+#include "loom/quantize/convert.h"
+#include "loom/train/optimizer.h"
+#include "support/jobs.h"
+
+namespace loom {
+namespace {
+
+using distributed::Collective;
+using distributed::ProcessGroups;
+using parallel::FsdpOptions;
+using parallel::FullyShardedDataParallel;
+using parallel::ReshardPolicy;
+
+constexpr uint64_t kSeed = 5;
+constexpr int64_t kSeq = 16;
+constexpr int64_t kVocab = 96;  // rows split evenly over 2 ranks
+
+config::JobConfig job(bool all_gather, bool precompute) {
+  config::JobConfig c;  // llama3 debugmodel: dim 256, 6 blocks
+  c.training.seq_len = kSeq;
+  c.optimizer.lr = 1e-2;
+  c.optimizer.eps = 1e-3;
+  c.model.converters = {"float8"};
+  auto& f8 = c.quantize.linear.float8;
+  f8.emulate = true;
+  f8.enable_fsdp_float8_all_gather = all_gather;
+  f8.precompute_float8_dynamic_scale_for_fsdp = precompute;
+  return c;
+}
+
+at::Tensor tokens(int64_t rows) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
+  return at::randint(0, kVocab, {rows, kSeq + 1}, gen, at::kLong);
+}
+
+std::unique_ptr<models::CausalLM> float8_model(const config::JobConfig& config,
+                                               const at::TensorOptions& options) {
+  auto model = models::build_model(config, kVocab, options);
+  auto c = quantize::convert_to_float8(model->module(), quantize::float8_options(config),
+                                       config.quantize.linear.float8.filter_fqns);
+  LOOM_CHECK(c.converted.size() == 6 * 7, "converted ", c.converted.size(), " linears");
+  return model;
+}
+
+at::Tensor loss_of(models::CausalLM& model, const at::Tensor& rows, double tokens_in_step) {
+  return models::cross_entropy_sum(model.forward(rows.narrow(1, 0, kSeq)),
+                                   rows.narrow(1, 1, kSeq)) /
+         tokens_in_step;
+}
+
+std::unique_ptr<FullyShardedDataParallel> shard(models::CausalLM& model,
+                                                std::shared_ptr<distributed::Comm> group,
+                                                const FsdpOptions& options) {
+  return std::make_unique<FullyShardedDataParallel>(
+      model, models::decoder_fsdp_units(model), std::map<std::string, parallel::Placement>{},
+      std::move(group), nullptr, at::kCPU, kSeed, options);
+}
+
+// The all-gather payload of one step (reshard "never": each unit gathered once) in bf16, with
+// and without the float8 all-gather.
+TEST(FsdpFloat8, AllGatherIsHalfTheBf16BytesPlusScales) {
+  std::map<bool, uint64_t> payload;
+  int64_t linear_elements = 0, linears = 0;
+  for (bool float8_gather : {false, true}) {
+    auto errors = testing::run_ranks(2, [&](ProcessGroups& groups) {
+      const auto config = job(float8_gather, false);
+      auto model = float8_model(config, at::TensorOptions().device(at::kMeta));
+      FsdpOptions options;
+      options.param_dtype = at::kBFloat16;
+      options.reshard = ReshardPolicy::kNever;
+      auto fsdp = shard(*model, groups.world_ptr(), options);
+      const at::Tensor batch = tokens(2);
+      groups.world().counters().reset();
+      loss_of(*model, batch, 4.0 * kSeq).backward();
+      fsdp->finish_gradient_sync();
+      const auto& gathers = groups.world().counters()[Collective::kAllGather];
+      LOOM_CHECK(gathers.payload_bytes == static_cast<uint64_t>(fsdp->gathered_bytes()), "counted ",
+                 gathers.payload_bytes.load(), " vs ", fsdp->gathered_bytes());
+      const auto& stats = fsdp->stats();
+      LOOM_CHECK(stats.float8_gathers == (float8_gather ? 6 : 0), "float8 gathers ",
+                 stats.float8_gathers);
+      // One max all-reduce of amaxes per block gathered (no precompute).
+      LOOM_CHECK(stats.float8_scale_all_reduces == (float8_gather ? 6 : 0), "scale all-reduces ",
+                 stats.float8_scale_all_reduces);
+      if (groups.rank() == 0) {
+        payload[float8_gather] = gathers.payload_bytes;
+        if (!float8_gather) {
+          for (const auto& item : model->module().named_parameters()) {
+            if (item.key().find("layers.") == 0 && item.value().dim() == 2) {
+              linear_elements += item.value().numel();
+              ++linears;
+            }
+          }
+        }
+      }
+    });
+    LOOM_EXPECT_RANKS_OK(errors);
+  }
+  ASSERT_EQ(linears, 42);
+  // The linears: 2 bytes an element in bf16, 1 in float8 plus a 4-byte scale per rank.
+  const uint64_t bf16_linears = static_cast<uint64_t>(linear_elements) * 2;
+  const uint64_t float8_linears = bf16_linears / 2 + static_cast<uint64_t>(linears) * 4 * 2;
+  EXPECT_EQ(payload[true], payload[false] - bf16_linears + float8_linears);
+  std::printf(
+      "[fsdp float8] all-gather payload per step: bf16 %llu B, float8 %llu B; linears "
+      "%llu -> %llu B (%.4f of bf16)\n",
+      static_cast<unsigned long long>(payload[false]),
+      static_cast<unsigned long long>(payload[true]), static_cast<unsigned long long>(bf16_linears),
+      static_cast<unsigned long long>(float8_linears),
+      static_cast<double>(float8_linears) / static_cast<double>(bf16_linears));
+}
+
+// One process: the float8 model, the two ranks' rows as two microbatches, AdamW.
+std::vector<double> one_process_losses(const at::Tensor& batch, int steps,
+                                       std::map<std::string, at::Tensor>& after_first) {
+  const auto config = job(false, false);
+  auto model = float8_model(config, at::TensorOptions().dtype(at::kFloat));
+  model->init_weights(kSeed);
+  std::vector<at::Tensor> params;
+  for (const auto& item : model->module().named_parameters()) params.push_back(item.value());
+  auto optimizer = train::build_optimizer(config.optimizer, params);
+  std::vector<double> losses;
+  for (int s = 0; s < steps; ++s) {
+    optimizer->zero_grad();
+    double loss = 0;
+    for (int m = 0; m < 2; ++m) {
+      at::Tensor l = loss_of(*model, batch.narrow(0, 2 * m, 2), 4.0 * kSeq);
+      l.backward();
+      loss += l.item<double>();
+    }
+    optimizer->step();
+    losses.push_back(loss);
+    if (s == 0) {
+      for (const auto& item : model->module().named_parameters()) {
+        after_first[item.key()] = item.value().detach().clone();
+      }
+    }
+  }
+  return losses;
+}
+
+void train_like_one_process(bool precompute) {
+  constexpr int kSteps = 2;
+  const at::Tensor batch = tokens(4);
+  std::map<std::string, at::Tensor> after_first;
+  const std::vector<double> want = one_process_losses(batch, kSteps, after_first);
+  {
+    auto errors = testing::run_ranks(2, [&](ProcessGroups& groups) {
+      const auto config = job(true, precompute);
+      auto model = float8_model(config, at::TensorOptions().device(at::kMeta));
+      auto fsdp = shard(*model, groups.world_ptr(), FsdpOptions{});
+      auto optimizer = train::build_optimizer(config.optimizer, fsdp->sharded_parameters());
+      for (int s = 0; s < kSteps; ++s) {
+        optimizer->zero_grad();
+        fsdp->prepare_microbatch(true);
+        at::Tensor l = loss_of(*model, batch.narrow(0, 2 * groups.rank(), 2), 4.0 * kSeq);
+        l.backward();
+        fsdp->finish();
+        optimizer->step();
+        fsdp->after_optimizer_step();
+        at::Tensor sum = l.detach().reshape({1});
+        groups.world().all_reduce(sum);
+        const double got = sum.item<double>();
+        LOOM_CHECK(std::abs(got - want[s]) <= 1e-5 * std::abs(want[s]), "step ", s, " loss ", got,
+                   " vs one process ", want[s], " (precompute ", precompute, ")");
+        if (s != 0) continue;
+        for (const auto& name : fsdp->parameter_names()) {
+          const at::Tensor full = fsdp->full_parameter(name);
+          LOOM_CHECK(at::allclose(full, after_first.at(name), 1e-5, 1e-6), name,
+                     " after the first step differs by ",
+                     (full - after_first.at(name)).abs().max().item<double>());
+        }
+      }
+      // Precomputed: one scale all-reduce after each step, none at the gathers after the first.
+      const auto& stats = fsdp->stats();
+      const int64_t gathers = 6 * (2 * kSteps);  // forward and backward per block and step
+      const int64_t reduces = precompute ? 6 * 2 + kSteps : gathers;
+      LOOM_CHECK(stats.float8_scale_all_reduces == reduces, "scale all-reduces ",
+                 stats.float8_scale_all_reduces, " vs ", reduces);
+    });
+    LOOM_EXPECT_RANKS_OK(errors);
+  }
+}
+
+TEST(FsdpFloat8, TwoRanksWithFloat8AllGatherTrainLikeOneFloat8Process) {
+  train_like_one_process(false);
+}
+
+// Scales precomputed after the optimizer step (one all-reduce) give the same training.
+TEST(FsdpFloat8, PrecomputedScalesTrainTheSame) {
+  train_like_one_process(true);
+}
+
+// TP x2 (column/row splits, sequence parallel): every tensorwise amax is reduced over the tp
+// group, so each shard casts with one process's scale; the loss and the gradients' global norm
+// then equal one float8 process's up to float32 summation order (and the rare element that
+// order moves across a float8 rounding boundary).
+TEST(TensorParallelFloat8, TwoRanksShareScalesAndMatchOneProcess) {
+  const at::Tensor batch = tokens(2);
+  auto config = job(false, false);
+  double want_loss = 0, want_norm = 0;
+  {
+    auto model = float8_model(config, at::TensorOptions().dtype(at::kFloat));
+    model->init_weights(kSeed);
+    at::Tensor l = loss_of(*model, batch, 2.0 * kSeq);
+    l.backward();
+    want_loss = l.item<double>();
+    double sq = 0;
+    for (const auto& p : model->module().parameters()) sq += p.grad().pow(2).sum().item<double>();
+    want_norm = std::sqrt(sq);
+  }
+  testing::Layout layout;
+  layout.tp = 2;
+  config = testing::with_layout(config, layout);
+  const int port = testing::free_port();
+  const auto errors = testing::on_thread_ranks(2, [&](int rank) {
+    auto runtime =
+        distributed::ParallelRuntime::for_world(config, testing::thread_rank_world(rank, 2, port));
+    std::vector<std::unique_ptr<models::CausalLM>> parts;
+    parts.push_back(models::build_model(config, kVocab, at::TensorOptions().device(at::kMeta)));
+    auto& tp = runtime->group(distributed::MeshGroup::tp);
+    quantize::apply_converters(parts, config, &tp);
+    parallel::ParallelContext context{config, *runtime, at::kCPU, kSeed, at::kFloat, {}};
+    auto pm = models::find_model_spec(config.model.name).parallelize(std::move(parts), context);
+    pm.gradient_sync->prepare_microbatch(true);
+    at::Tensor l =
+        pm.loss(pm.parts[0]->forward(batch.narrow(1, 0, kSeq)), batch.narrow(1, 1, kSeq)) /
+        (2.0 * kSeq);
+    l.backward();
+    pm.gradient_sync->finish();
+    const double loss = l.item<double>();
+    LOOM_CHECK(std::abs(loss - want_loss) <= 1e-5 * want_loss, "loss ", loss, " vs ", want_loss);
+    double sq = 0;
+    for (const auto& p : pm.parameters) {
+      bool replicated = false;
+      for (const auto& axis : p.placement.replicated) replicated |= axis.name == "tp";
+      const double part = p.tensor.grad().pow(2).sum().item<double>();
+      sq += replicated ? part / 2 : part;  // norms: the same gradient on both ranks
+    }
+    at::Tensor total = at::full({1}, sq, at::kDouble);
+    tp.all_reduce(total);
+    const double norm = std::sqrt(total.item<double>());
+    LOOM_CHECK(std::abs(norm - want_norm) <= 1e-3 * want_norm, "grad norm ", norm, " vs ",
+               want_norm);
+  });
+  LOOM_EXPECT_RANKS_OK(errors);
+}
+
+}  // namespace
+}  // namespace loom
