@@ -346,7 +346,9 @@ LOOM_SLOW_TEST(CheckpointTraining, TwoRankDataParallelResumeIsBitwiseTheStraight
                                      logged_losses(resumed), 0.0, "resumed vs straight");
 }
 
-LOOM_TEST(CheckpointTraining, CheckpointsResumeAcrossOneRankAndTwoRankDataParallel) {
+// Slow label: FsdpCheckpointsReshardIntoOneRankAndBack keeps 1 <-> 2 rank resharding in the
+// default suite.
+LOOM_SLOW_TEST(CheckpointTraining, CheckpointsResumeAcrossOneRankAndTwoRankDataParallel) {
   const auto want = steps_11_to_20(one_rank_global8_losses());
   auto expect_close = [&](const std::vector<double>& got, const char* what) {
     loom::testing::expect_losses_close(want, got, 1e-5, what);
