@@ -17,7 +17,11 @@
 #                CI covers it.
 # Environment: OUT (results; the device tool sets it; default gpu_out/, git-ignored),
 #   PYTHON (python3 there; the dry run uses .venv/bin/python), LOOM_GPU_WORK (dump folders;
-#   default a new folder in /tmp), LOOM_GPU_JOBS (default nproc), LOOM_GPU_TRAIN_TIMEOUT (120 s).
+#   default a new folder in /tmp), LOOM_GPU_JOBS (default nproc), LOOM_GPU_TRAIN_TIMEOUT (120 s),
+#   LOOM_GPU_RUNS (an extended regex: only the trainings whose names match, e.g. a rerun of
+#   those that failed), LOOM_GPU_CMAKE_ARGS (extra configure arguments; default
+#   -DLOOM_JEMALLOC=OFF: the lent machine's compiler links a static libstdc++ whose operator new
+#   clashes with jemalloc's at link time, seen 2026-12-04).
 #
 # $OUT receives 7 flat files (the device tool returns at most 8): results.md (each phase's status
 # and seconds, the training figures), gpu_check.log (everything printed), configure.log,
@@ -49,6 +53,7 @@ CARRY="${LOOM_GPU_CARRY:-$ROOT/.gpu_carry}"
 OUT="${OUT:-$ROOT/gpu_out}"
 WORK="${LOOM_GPU_WORK:-$(mktemp -d /tmp/loom-gpu-check.XXXXXX)}"
 JOBS="${LOOM_GPU_JOBS:-$(nproc)}"
+export LOOM_GPU_CMAKE_ARGS="${LOOM_GPU_CMAKE_ARGS--DLOOM_JEMALLOC=OFF}"
 TRAIN_TIMEOUT="${LOOM_GPU_TRAIN_TIMEOUT:-120}"
 if ((DRY_RUN)); then
   BUILD="$ROOT/build-gpu-dry"

@@ -120,8 +120,10 @@ void FullyShardedDataParallel::unpack_float8_gather(Unit& unit) {
       continue;
     }
     const auto format = p.float8->options().recipe.weight.format;
+    // A copy, also where one row is already contiguous (one rank): the bytes sit behind other
+    // parameters' and scales at any offset, and cuBLASLt's float8 GEMM needs 16-byte alignment.
     const at::Tensor data = rows.narrow(1, p.byte_offset, p.chunk)
-                                .contiguous()
+                                .clone(at::MemoryFormat::Contiguous)
                                 .view(quantize::scalar_type(format))
                                 .view({-1})
                                 .narrow(0, 0, p.numel)

@@ -130,6 +130,25 @@ void run_layer(
   LOOM_EXPECT_RANKS_OK(errors);
 }
 
+// Under autocast the routed tokens arrive in the compute dtype while the expert weights stay
+// float32; at::_grouped_mm (not on autocast's list) needs one dtype: the weights are cast, and
+// their gradient comes back in float32 (an H200 run failed here before).
+TEST(GroupedMatmul, ActivationsInTheComputeDtypeMeetFloat32Weights) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
+  const at::Tensor x = at::randn({6, 16}, gen).to(at::kBFloat16);
+  const at::Tensor w = at::randn({2, 16, 32}, gen).requires_grad_(true);
+  const at::Tensor counts = at::tensor({4, 2}, at::kLong);
+  const at::Tensor out = models::grouped_matmul(x, w, counts, /*grouped=*/true);
+  EXPECT_EQ(out.scalar_type(), at::kBFloat16);
+  const at::Tensor expected = at::cat({x.narrow(0, 0, 4).to(at::kFloat).matmul(w[0]),
+                                       x.narrow(0, 4, 2).to(at::kFloat).matmul(w[1])})
+                                  .detach();
+  EXPECT_TRUE(at::allclose(out.to(at::kFloat), expected, 0.05, 0.1));
+  out.to(at::kFloat).sum().backward();
+  ASSERT_TRUE(w.grad().defined());
+  EXPECT_EQ(w.grad().scalar_type(), at::kFloat);
+}
+
 TEST(ExpertParallelLayer, TwoRanksEqualTheWholeLayer) {
   run_layer(2, false);
 }

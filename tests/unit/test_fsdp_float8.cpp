@@ -18,6 +18,7 @@
 #include "loom/models/model_spec.h"
 #include "loom/parallel/fsdp.h"
 #include "loom/quantize/convert.h"
+#include "loom/quantize/float8_linear.h"
 #include "loom/train/optimizer.h"
 #include "support/jobs.h"
 
@@ -199,6 +200,34 @@ void train_like_one_process(bool precompute) {
     });
     LOOM_EXPECT_RANKS_OK(errors);
   }
+}
+
+// cuBLASLt's float8 GEMM refuses operands that are not 16-byte aligned
+// (CUBLAS_STATUS_NOT_SUPPORTED, seen on an H200): each gathered weight is its own aligned tensor,
+// also with one rank, whose single gathered row would otherwise be viewed in place behind other
+// parameters and scales.
+TEST(FsdpFloat8, GatheredWeightsAreAlignedForTheFloat8Gemm) {
+  auto errors = testing::run_ranks(1, [&](ProcessGroups& groups) {
+    const auto config = job(true, false);
+    auto model = float8_model(config, at::TensorOptions().device(at::kMeta));
+    FsdpOptions options;
+    options.param_dtype = at::kBFloat16;
+    options.reshard = ReshardPolicy::kNever;  // the gathered weights stay after the forward
+    auto fsdp = shard(*model, groups.world_ptr(), options);
+    (void)loss_of(*model, tokens(1), kSeq);
+    int checked = 0;
+    for (const auto& item : model->module().named_modules()) {
+      const auto* compute = quantize::float8_compute(*item.value());
+      if (compute == nullptr) continue;
+      const at::Tensor& data = compute->gathered_weight().data;
+      LOOM_CHECK(data.defined(), item.key(), ": no gathered weight");
+      LOOM_CHECK(reinterpret_cast<uintptr_t>(data.data_ptr()) % 16 == 0, item.key(),
+                 ": gathered float8 weight at a pointer not 16-byte aligned");
+      ++checked;
+    }
+    LOOM_CHECK(checked == 42, "checked ", checked, " gathered weights");
+  });
+  LOOM_EXPECT_RANKS_OK(errors);
 }
 
 TEST(FsdpFloat8, TwoRanksWithFloat8AllGatherTrainLikeOneFloat8Process) {

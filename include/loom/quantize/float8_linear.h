@@ -78,6 +78,7 @@ class Float8LinearCompute final : public models::LinearCompute {
   // scale precomputed after the optimizer step (undefined: compute at the gather).
   void set_gathered_weight(Float8Tensor weight) { gathered_ = std::move(weight); }
   void clear_gathered_weight() { gathered_ = {}; }
+  const Float8Tensor& gathered_weight() const { return gathered_; }
   at::Tensor precomputed_scale;
 
  private:

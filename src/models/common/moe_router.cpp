@@ -68,7 +68,10 @@ at::Tensor grouped_matmul(const at::Tensor& x, const at::Tensor& w, const at::Te
     return looped_matmul(x, w, counts);
   }
   const at::Tensor offsets = counts.cumsum(0).to(at::kInt);
-  return ContiguousGrad::apply(at::_grouped_mm(x, w, offsets));
+  // at::_grouped_mm is not on autocast's list: under mixed precision the activations arrive in
+  // the compute dtype and the float32 expert weights are cast to it, as autocast casts a matmul's.
+  const at::Tensor weights = w.scalar_type() == x.scalar_type() ? w : w.to(x.scalar_type());
+  return ContiguousGrad::apply(at::_grouped_mm(x, weights, offsets));
 }
 
 at::Tensor sinkhorn(const at::Tensor& logits, int64_t iterations) {
