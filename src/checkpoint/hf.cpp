@@ -6,14 +6,17 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <regex>
 #include <set>
 
 #include "loom/checkpoint/chunks.h"
 #include "loom/checkpoint/manager.h"
 #include "loom/checkpoint/safetensors.h"
+#include "loom/checkpoint/safetensors_header.h"
 #include "loom/config/loader.h"
 #include "loom/core/check.h"
+#include "loom/core/device.h"
 #include "loom/core/files.h"
 #include "loom/core/json.h"
 #include "loom/core/logging.h"
@@ -65,6 +68,53 @@ void prepare_export_folder(const std::string& output, bool overwrite) {
   files::create_directories(output);
 }
 
+// Names of the tensors a Hugging Face folder holds: its index's weight map, or the header of its
+// model.safetensors (read alone, the data untouched).
+std::vector<std::string> hf_tensor_names(const std::string& folder);
+
+// A config.json that declares more layers than the weights hold would build (and allocate)
+// them all before the missing weights are noticed: refused by name first.
+void check_layers_present(const nlohmann::json& config, const std::string& config_path,
+                          const std::string& folder) {
+  if (!config.is_object() || !config.contains("num_hidden_layers") ||
+      !config.at("num_hidden_layers").is_number_integer()) {
+    return;  // the family's reader names a missing or mistyped value
+  }
+  const auto declared = config.at("num_hidden_layers").get<int64_t>();
+  static const std::regex layer_name("model\\.layers\\.([0-9]{1,9})\\..*");
+  int64_t held = 0;
+  for (const auto& name : hf_tensor_names(folder)) {
+    std::smatch match;
+    if (std::regex_match(name, match, layer_name)) {
+      held = std::max<int64_t>(held, std::stoll(match[1].str()) + 1);
+    }
+  }
+  LOOM_CHECK_AS(InputError, declared <= held, config_path, ": num_hidden_layers is ", declared,
+                ", but the weights in '", folder, "' hold ", held,
+                " layers (model.layers.N.*): the config does not belong to these weights");
+}
+
+// A model for a real device is built on the meta device first: one whose sizes cannot fit (a
+// config typed wrong) is refused by name before any of it is allocated.
+std::unique_ptr<models::CausalLM> build_checked(
+    const std::function<std::unique_ptr<models::CausalLM>(const models::BuildOptions&)>& build,
+    const models::BuildOptions& options, const std::string& source) {
+  const at::Device device = options.tensor_options.device();
+  if (!device.is_meta()) {
+    models::BuildOptions planned = options;
+    planned.tensor_options = options.tensor_options.device(at::kMeta);
+    auto shape = build(planned);
+    double bytes = 0;
+    for (const auto& parameter : shape->module().parameters()) {
+      bytes += static_cast<double>(parameter.numel()) *
+               static_cast<double>(options.tensor_options.dtype().itemsize());
+    }
+    device::check_fits(bytes, device, "the weights of the model " + source + " describes",
+                       "is a size in it wrong, or is the model for a larger machine?");
+  }
+  return build(options);
+}
+
 }  // namespace
 
 // Where a step's model comes from: its config.toml, or an import's hf_config.json.
@@ -83,7 +133,11 @@ SourcedModel step_model(const std::string& step, models::BuildOptions options,
     LOOM_CHECK_AS(InputError, !overrides.name || *overrides.name == out.spec->name, "checkpoint '",
                   step, "' holds a ", out.spec->name, " model (", hf_config_path, "), not ",
                   *overrides.name);
-    out.model = out.spec->hf.build_from_config(out.hf_config, hf_config_path, options);
+    out.model = build_checked(
+        [&](const models::BuildOptions& o) {
+          return out.spec->hf.build_from_config(out.hf_config, hf_config_path, o);
+        },
+        options, "'" + hf_config_path + "'");
     return out;
   }
   std::optional<std::string> name = overrides.name, flavor = overrides.flavor;
@@ -103,7 +157,8 @@ SourcedModel step_model(const std::string& step, models::BuildOptions options,
   out.spec = &models::find_model_spec(*name);
   models::check_flavor(*out.spec, *flavor);
   options.flavor = *flavor;
-  out.model = out.spec->build(options);
+  out.model =
+      build_checked(out.spec->build, options, "'" + step + "' (" + *name + " " + *flavor + ")");
   return out;
 }
 
@@ -112,7 +167,12 @@ SourcedModel hf_model(const std::string& hf_folder, const models::BuildOptions& 
   SourcedModel out;
   out.hf_config = json::read_file_strict(path, "Hugging Face config");
   out.spec = &models::find_hf_model_spec(out.hf_config, path);
-  out.model = out.spec->hf.build_from_config(out.hf_config, path, options);
+  check_layers_present(out.hf_config, path, hf_folder);
+  out.model = build_checked(
+      [&](const models::BuildOptions& o) {
+        return out.spec->hf.build_from_config(out.hf_config, path, o);
+      },
+      options, "'" + path + "'");
   if (fs::exists(hf_folder + "/tokenizer.json")) out.tokenizer = hf_folder + "/tokenizer.json";
   return out;
 }
@@ -212,6 +272,22 @@ std::vector<std::string> weight_files(const std::string& hf_folder) {
   return {unique.begin(), unique.end()};
 }
 
+std::vector<std::string> hf_tensor_names(const std::string& folder) {
+  std::vector<std::string> names;
+  const std::string index_path = folder + "/model.safetensors.index.json";
+  if (!fs::exists(folder + "/model.safetensors") && fs::exists(index_path)) {
+    const auto index = detail::read_json(index_path);
+    for (const auto& item : json::object_field(index, "weight_map", index_path).items()) {
+      names.push_back(item.key());
+    }
+    return names;
+  }
+  for (const auto& entry : read_safetensors_header(folder + "/model.safetensors").tensors) {
+    names.push_back(entry.name);
+  }
+  return names;
+}
+
 }  // namespace
 
 std::map<std::string, at::Tensor> read_hf_weights(const std::string& hf_folder,
@@ -224,6 +300,10 @@ std::map<std::string, at::Tensor> read_hf_weights(const std::string& hf_folder,
   for (const auto& file : weight_files(hf_folder)) {
     auto loaded = load_safetensors(hf_folder + "/" + file);
     for (auto& [name, tensor] : loaded.tensors) {
+      // A stored integer where a weight belongs is another file, not a weight to convert.
+      LOOM_CHECK_AS(InputError, at::isFloatingType(tensor.scalar_type()), hf_folder, "/", file,
+                    ": tensor '", name, "' is stored as ", tensor.scalar_type(),
+                    "; model weights are floating point (F32, BF16, F16)");
       auto converted = adapter->from_hf(name, tensor);
       if (!converted) continue;
       LOOM_CHECK_AS(InputError, tensors.emplace(converted->first, converted->second).second,

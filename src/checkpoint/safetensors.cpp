@@ -3,7 +3,9 @@
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -85,6 +87,24 @@ SafetensorsFile load_safetensors(const std::string& path) {
                   ": tensor '", entry.name, "' appears twice");
   }
   return file;
+}
+
+SafetensorsHeader read_safetensors_header(const std::string& path) {
+  files::require_regular_file(path, "safetensors file");
+  std::ifstream in(path, std::ios::binary);
+  LOOM_CHECK_AS(IoError, in.good(), "cannot open safetensors file '", path, "'");
+  std::error_code error;
+  const uint64_t size = std::filesystem::file_size(path, error);
+  LOOM_CHECK_AS(IoError, !error, "cannot read the size of '", path, "': ", error.message());
+  std::string head(8, '\0');
+  in.read(head.data(), 8);
+  const uint64_t header_size = in.gcount() == 8 ? read_le64(head.data()) : 0;
+  // parse_safetensors_header names a short file or an oversized header; read no more than that.
+  const uint64_t wanted =
+      std::min<uint64_t>(header_size, std::min<uint64_t>(size, kSafetensorsMaxHeaderBytes));
+  head.resize(8 + wanted);
+  in.read(head.data() + 8, static_cast<std::streamsize>(wanted));
+  return parse_safetensors_header(head.data(), std::max<uint64_t>(size, 8), path);
 }
 
 }  // namespace loom::checkpoint

@@ -8,15 +8,7 @@
 namespace loom::checkpoint {
 namespace {
 
-// Hugging Face's safetensors refuses headers above 100 MB too.
-constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 constexpr size_t kMaxRank = 64;
-
-uint64_t read_le64(const char* bytes) {
-  uint64_t value = 0;
-  for (int i = 7; i >= 0; --i) value = (value << 8) | static_cast<unsigned char>(bytes[i]);
-  return value;
-}
 
 }  // namespace
 
@@ -43,14 +35,21 @@ int64_t checked_numel(const std::vector<int64_t>& shape) {
   return numel;
 }
 
+uint64_t read_le64(const char* bytes) {
+  uint64_t value = 0;
+  for (int i = 7; i >= 0; --i) value = (value << 8) | static_cast<unsigned char>(bytes[i]);
+  return value;
+}
+
 SafetensorsHeader parse_safetensors_header(const char* data, uint64_t size,
                                            const std::string& path) {
   LOOM_CHECK_AS(InputError, size >= 8, path, ": not a safetensors file (", size, " bytes)");
   const uint64_t header_size = read_le64(data);
   LOOM_CHECK_AS(InputError, header_size <= size - 8, path, ": header of ", header_size,
                 " bytes does not fit in a file of ", size, " bytes (truncated?)");
-  LOOM_CHECK_AS(InputError, header_size <= kMaxHeaderBytes, path, ": header of ", header_size,
-                " bytes is larger than the ", kMaxHeaderBytes, " safetensors allows");
+  LOOM_CHECK_AS(InputError, header_size <= kSafetensorsMaxHeaderBytes, path, ": header of ",
+                header_size, " bytes is larger than the ", kSafetensorsMaxHeaderBytes,
+                " safetensors allows");
   const std::string where = path + ": header";
   const auto header = json::parse_strict(std::string_view(data + 8, header_size), where);
   LOOM_CHECK_AS(InputError, header.is_object(), where, " is ", json::type_name(header),

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <filesystem>
 #include <iostream>
+#include <limits>
 #include <memory>
 
 #include "commands.h"
@@ -43,8 +44,8 @@ DatasetSpec parse_dataset_spec(const std::string& spec) {
   const auto colon = spec.find(':');
   if (colon == std::string::npos || std::filesystem::exists(spec)) return {"text", spec};
   DatasetSpec parsed{spec.substr(0, colon), spec.substr(colon + 1)};
-  LOOM_CHECK_AS(InputError, parsed.format == "text" || parsed.format == "choice",
-                "--dataset '", spec, "': unknown task format '", parsed.format,
+  LOOM_CHECK_AS(InputError, parsed.format == "text" || parsed.format == "choice", "--dataset '",
+                spec, "': unknown task format '", parsed.format,
                 "'; expected text:SOURCE (loss and perplexity over brown, brown_validation or "
                 "text files) or choice:FILE.jsonl (multiple choice)");
   LOOM_CHECK_AS(InputError, !parsed.source.empty(), "--dataset '", spec, "' names no source");
@@ -95,20 +96,19 @@ nlohmann::json run_text(const EvalArgs& args, const DatasetSpec& spec,
                 "' is too short for one window of ", options.seq_len, " tokens");
   const auto result = eval::evaluate_loss(forward, sequences, windows, args.batch_size,
                                           progress_printer("windows"));
-  nlohmann::json out = {
-      {"task", "text"},
-      {"documents", documents.size()},
-      {"windows",
-       {{"mode", args.windows},
-        {"seq_len", options.seq_len},
-        {"stride", options.mode == eval::WindowMode::sliding
-                       ? (options.stride > 0 ? options.stride : options.seq_len)
-                       : options.seq_len + 1},
-        {"per_document", args.per_document},
-        {"count", windows.size()}}},
-      {"tokens", result.tokens},
-      {"loss", result.loss()},
-      {"perplexity", result.perplexity()}};
+  nlohmann::json out = {{"task", "text"},
+                        {"documents", documents.size()},
+                        {"windows",
+                         {{"mode", args.windows},
+                          {"seq_len", options.seq_len},
+                          {"stride", options.mode == eval::WindowMode::sliding
+                                         ? (options.stride > 0 ? options.stride : options.seq_len)
+                                         : options.seq_len + 1},
+                          {"per_document", args.per_document},
+                          {"count", windows.size()}}},
+                        {"tokens", result.tokens},
+                        {"loss", result.loss()},
+                        {"perplexity", result.perplexity()}};
   if (args.details) {
     out["per_window"] = units_json(result.windows);
     if (args.per_document) out["per_document"] = units_json(result.sequences);
@@ -178,17 +178,25 @@ void add_eval_command(CLI::App& app, CommandRun& run) {
                    "[text:]SOURCE (brown, brown_validation, or text files: .jsonl/.txt, a folder "
                    "or glob) or choice:FILE.jsonl ({\"context\", \"choices\", \"answer\"} lines)")
       ->required();
-  command->add_option("--windows", args->windows,
-                      "sliding (every token scored once) or packed (training validation's samples)")
+  command
+      ->add_option("--windows", args->windows,
+                   "sliding (every token scored once) or packed (training validation's samples)")
       ->check(CLI::IsMember({"sliding", "packed"}))
       ->capture_default_str();
   command->add_option("--seq-len", args->seq_len,
                       "Window length in tokens (default: the model's context, at most 2048)");
-  command->add_option("--stride", args->stride,
-                      "Sliding windows: tokens between window starts (default: --seq-len)");
+  command
+      ->add_option("--stride", args->stride,
+                   "Sliding windows: tokens between window starts, 1 or more (default: --seq-len)")
+      ->type_name("N")
+      ->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()).description(""));
   command->add_flag("--per-document", args->per_document,
                     "Window each document alone (no window crosses documents)");
-  command->add_option("--max-windows", args->max_windows, "Score only the first N windows (0: all)")
+  command
+      ->add_option("--max-windows", args->max_windows,
+                   "Score only the first N windows (0: all; never negative)")
+      ->type_name("N")
+      ->check(CLI::Range(int64_t{0}, std::numeric_limits<int64_t>::max()).description(""))
       ->capture_default_str();
   command->add_option("--batch-size", args->batch_size, "Windows (or choices) per forward")
       ->capture_default_str();

@@ -37,4 +37,10 @@ void fill_cuda_info(AcceleratorInfo& info) {
 #endif
 }
 
+double cuda_memory_bytes(int index) {
+  cudaDeviceProp properties{};
+  if (cudaGetDeviceProperties(&properties, index) != cudaSuccess) return 0;
+  return static_cast<double>(properties.totalGlobalMem);
+}
+
 }  // namespace loom::device

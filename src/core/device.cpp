@@ -4,6 +4,7 @@
 
 #include "loom/core/build_info.h"
 #include "loom/core/check.h"
+#include "loom/core/host_memory.h"
 
 #include <optional>
 
@@ -12,7 +13,27 @@ namespace loom::device {
 #if LOOM_WITH_CUDA
 // core/cuda_runtime_info.cpp; compiled only into CUDA builds.
 void fill_cuda_info(AcceleratorInfo& info);
+double cuda_memory_bytes(int index);
 #endif
+
+double memory_bytes(const c10::Device& device) {
+  if (device.is_cuda()) {
+#if LOOM_WITH_CUDA
+    return cuda_memory_bytes(device.index() < 0 ? 0 : device.index());
+#else
+    return 0;
+#endif
+  }
+  return device.is_cpu() ? host::memory_bytes() : 0;
+}
+
+void check_fits(double bytes, const c10::Device& device, const std::string& what,
+                const std::string& remedy) {
+  const double available = memory_bytes(device);
+  if (available <= 0) return;  // unknown: nothing to compare with
+  LOOM_CHECK_AS(InputError, bytes <= available, what, " needs ", host::gib(bytes), " GiB on ",
+                device.str(), ", which has ", host::gib(available), " GiB; ", remedy);
+}
 
 AcceleratorInfo query_accelerators() {
   AcceleratorInfo info;
@@ -49,9 +70,10 @@ void check_gpu_per_local_rank(const std::string& setting, int local_world_size, 
                 local_world_size, " local rank(s)); train on CPU with --training.device cpu");
   LOOM_CHECK_AS(InputError, gpu_count >= local_world_size, "training.device = '", setting,
                 "' trains on CUDA with one GPU per local rank (local rank i uses cuda:i), but this "
-                "node runs ", local_world_size, " local ranks and sees ", gpu_count,
-                " GPU(s). Start at most ", gpu_count, " rank(s) per node (loom launch --nproc-per-node ",
-                gpu_count, "), make more GPUs visible "
+                "node runs ",
+                local_world_size, " local ranks and sees ", gpu_count, " GPU(s). Start at most ",
+                gpu_count, " rank(s) per node (loom launch --nproc-per-node ", gpu_count,
+                "), make more GPUs visible "
                 "(CUDA_VISIBLE_DEVICES), or train on CPU with --training.device cpu");
 }
 

@@ -11,6 +11,7 @@
 #include "loom/core/logging.h"
 #include "loom/core/strings.h"
 #include "loom/distributed/comm.h"
+#include "loom/distributed/store_connect.h"
 #include "loom/distributed/store_identity.h"
 #include "loom/distributed/store_socket.h"
 
@@ -93,7 +94,15 @@ ElasticRendezvous::ElasticRendezvous(ElasticOptions options)
     store_options.isServer = false;
     store_options.masterListenFd.reset();
     try {
-      store_->store = c10::make_intrusive<c10d::TCPStore>(options_.endpoint_host, store_options);
+      // Reaching the store is part of joining: it gets join_timeout, later operations more.
+      c10d::TCPStoreOptions connect_options = store_options;
+      connect_options.timeout = std::chrono::milliseconds(
+          static_cast<int64_t>(std::max(options_.join_timeout_s, 1.0) * 1000));
+      store_->store =
+          connect_store(options_.endpoint_host, connect_options, "elastic rendezvous store");
+      store_->store->setTimeout(store_options.timeout);
+    } catch (const CommError&) {
+      throw;
     } catch (const std::exception& e) {
       LOOM_THROW(CommError, "elastic rendezvous: cannot reach the store at ",
                  options_.endpoint_host, ":", options_.endpoint_port, ": ", message_of(e));
@@ -248,7 +257,7 @@ bool ElasticRendezvous::fail_over() {
           store->set(std::string(kPrefix) + "round", bytes(std::to_string(round_ + 1)));
         } else {
           options.isServer = false;
-          store = c10::make_intrusive<c10d::TCPStore>(host, options);
+          store = connect_store(host, options, "standby rendezvous store");
           const std::string theirs = read_store_run_id(*store, address, window, "");
           if (theirs != options_.run_id) continue;
         }

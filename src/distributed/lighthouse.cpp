@@ -12,6 +12,7 @@
 #include "loom/core/check.h"
 #include "loom/core/json.h"
 #include "loom/core/logging.h"
+#include "loom/distributed/store_connect.h"
 #include "loom/distributed/store_socket.h"
 
 namespace loom::distributed {
@@ -230,7 +231,7 @@ std::unique_ptr<LighthouseClient::Connection> LighthouseClient::connect() const 
   options.timeout = connect_timeout_;
   auto c = std::make_unique<Connection>();
   try {
-    c->store = c10::make_intrusive<c10d::TCPStore>(host_, options);
+    c->store = connect_store(host_, options, "lighthouse");
   } catch (const std::exception& e) {
     LOOM_THROW(CommError, "no lighthouse answers at ", address_,
                " (TORCHFT_LIGHTHOUSE): ", message_of(e),

@@ -11,6 +11,7 @@
 
 #include "backend.h"
 #include "loom/core/logging.h"
+#include "loom/distributed/store_connect.h"
 #include "loom/distributed/store_identity.h"
 #include "loom/distributed/store_socket.h"
 
@@ -60,7 +61,10 @@ c10::intrusive_ptr<c10d::Store> join_rendezvous_store(const CommInit& init) {
   if (owner) options.masterListenFd = bind_store_socket(init.master_addr, init.master_port);
   c10::intrusive_ptr<c10d::Store> store;
   try {
-    store = c10::make_intrusive<c10d::TCPStore>(init.master_addr, options);
+    store = owner ? c10::make_intrusive<c10d::TCPStore>(init.master_addr, options)
+                  : connect_store(init.master_addr, options, "rendezvous store");
+  } catch (const CommError&) {
+    throw;
   } catch (const std::exception& e) {
     LOOM_THROW(CommError, "rendezvous at ", address, " (rank ", init.rank, " of ", init.world_size,
                ") failed: ", message_of(e),

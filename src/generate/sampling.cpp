@@ -31,7 +31,9 @@ at::Tensor process_logits(const at::Tensor& logits, const std::vector<int32_t>& 
     out.index_put_({seen}, scores);
   }
   if (options.greedy()) return out;
-  out.div_(options.temperature);
+  // Shifted by the maximum first (softmax does not change): the largest logit becomes 0 and the
+  // rest negative, so a tiny temperature drives them to -inf instead of overflowing to inf - inf.
+  out.sub_(out.max()).div_(options.temperature);
   const double inf = std::numeric_limits<double>::infinity();
   if (options.top_k > 0 && options.top_k < out.size(0)) {
     at::Tensor kth = std::get<0>(at::topk(out, options.top_k)).select(0, options.top_k - 1);

@@ -157,7 +157,18 @@ void MetricsLogger::write_status(const std::string& state, int64_t step) {
                       {"pid", static_cast<int64_t>(::getpid())},
                       {"host", std::string(host)},
                       {"wall_time", now_unix()}};
-  files::write_atomic(sinks_.status_path, j.dump() + "\n");
+  // A status file that cannot be written (disk full, a folder in its place) costs the watchers
+  // their view, never the run: one warning per outage, and training goes on.
+  try {
+    files::write_atomic(sinks_.status_path, j.dump() + "\n");
+    status_failing_ = false;
+  } catch (const std::exception& e) {
+    if (!status_failing_) {
+      log::get("metrics")->warn("cannot write {} ({}); training continues without it",
+                                sinks_.status_path, e.what());
+    }
+    status_failing_ = true;
+  }
 }
 
 // Every number of the JSON line except the step itself and the wall time (the event's own).

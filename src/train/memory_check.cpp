@@ -1,38 +1,17 @@
 #include "loom/train/memory_check.h"
 
-#include <unistd.h>
-
-#include <fstream>
 #include <string>
 
 #include "loom/core/check.h"
+#include "loom/core/device.h"
 #include "loom/models/model_spec.h"
 #include "loom/train/mixed_precision.h"
-#if LOOM_WITH_CUDA
-#include <cuda_runtime_api.h>
-#endif
 
 namespace loom::train {
 namespace {
 
 double gib(double bytes) {
   return bytes / (1024.0 * 1024.0 * 1024.0);
-}
-
-// cgroup v2 (or v1) memory limit, when one is set.
-double cgroup_limit_bytes() {
-  for (const char* path :
-       {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
-    std::ifstream in(path);
-    std::string text;
-    if (in >> text && text != "max") {
-      try {
-        return std::stod(text);
-      } catch (const std::exception&) {
-      }
-    }
-  }
-  return 0;
 }
 
 }  // namespace
@@ -72,21 +51,7 @@ MemoryEstimate estimate_memory(const config::JobConfig& config, int64_t vocab_si
 }
 
 double device_memory_bytes(const at::Device& device) {
-#if LOOM_WITH_CUDA
-  if (device.is_cuda()) {
-    cudaDeviceProp properties{};
-    if (cudaGetDeviceProperties(&properties, device.index() < 0 ? 0 : device.index()) ==
-        cudaSuccess) {
-      return static_cast<double>(properties.totalGlobalMem);
-    }
-    return 0;
-  }
-#endif
-  (void)device;
-  const double physical =
-      static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE));
-  const double limit = cgroup_limit_bytes();
-  return limit > 0 && limit < physical ? limit : physical;
+  return device::memory_bytes(device);
 }
 
 void check_memory_fits(const config::JobConfig& config, int64_t vocab_size, int64_t shard_degree,

@@ -6,6 +6,7 @@
 #include "loom/core/strings.h"
 #include "loom/models/model_spec.h"
 #include "loom/parallel/pipeline/plan.h"
+#include "loom/parallel/pipeline/schedule.h"
 #include "loom/quantize/convert.h"
 
 namespace loom::train {
@@ -45,6 +46,10 @@ std::vector<std::string> unsupported_features(const config::JobConfig& config,
   // bad combination is an error naming the keys, never a hang in a send or receive.
   if (p.pipeline_parallel_degree > 1) {
     collect_problem(problems, [&] { models::plan_pipeline(config, provenance); });
+  } else if (!p.pipeline_parallel_schedule_csv || p.pipeline_parallel_schedule_csv->empty()) {
+    // Unused at pp = 1, but a misspelled name is still a mistake, found before pp grows.
+    collect_problem(problems,
+                    [&] { parallel::pipeline::parse_schedule_kind(p.pipeline_parallel_schedule); });
   }
   return problems;
 }

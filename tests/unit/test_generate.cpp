@@ -175,6 +175,14 @@ TEST(Sampling, GreedyTopKTopPAndRepetitionPenaltyFollowTransformers) {
   top_p.top_p = 0.5;
   EXPECT_EQ(at::isfinite(generate::process_logits(logits, {}, top_p)).sum().item<int64_t>(), 1);
 
+  // A temperature near the smallest float leaves the most likely token alone, never NaN.
+  generate::SamplingOptions cold;
+  cold.temperature = 1e-38;
+  at::Tensor frozen = generate::process_logits(logits, {}, cold);
+  EXPECT_FALSE(at::isnan(frozen).any().item<bool>());
+  EXPECT_EQ(at::isfinite(frozen).sum().item<int64_t>(), 1);
+  EXPECT_EQ(generate::sample_token(logits, {}, cold, generator), 1);
+
   generate::SamplingOptions bad;
   bad.top_p = 0;
   EXPECT_THROW(bad.validate(), InputError);

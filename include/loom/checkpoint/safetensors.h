@@ -11,6 +11,8 @@
 #include <utility>
 #include <vector>
 
+#include "loom/checkpoint/safetensors_header.h"
+
 namespace loom::checkpoint {
 
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
@@ -28,6 +30,9 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
 // Reads a whole file; throws loom::InputError naming the file and what is wrong with it
 // (truncated, bad header, unknown dtype, overlapping or out-of-range data).
 SafetensorsFile load_safetensors(const std::string& path);
+
+// The header alone (names, dtypes, shapes), the data untouched: what a folder holds, cheaply.
+SafetensorsHeader read_safetensors_header(const std::string& path);
 
 // "F32", "BF16", ... and back; throws loom::InputError for a dtype loom cannot hold.
 std::string safetensors_dtype(at::ScalarType type);

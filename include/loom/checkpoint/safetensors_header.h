@@ -26,6 +26,12 @@ struct SafetensorsHeader {
   uint64_t data_start = 0;  // 8 + header size
 };
 
+// The longest header loom reads (Hugging Face's safetensors refuses longer ones too).
+constexpr uint64_t kSafetensorsMaxHeaderBytes = 100'000'000;
+
+// The header's size: the file's first 8 bytes, little-endian.
+uint64_t read_le64(const char* bytes);
+
 // Bytes per element of a safetensors dtype loom reads; 0 for any other name.
 size_t safetensors_element_size(const std::string& dtype);
 

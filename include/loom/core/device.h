@@ -30,4 +30,13 @@ c10::Device resolve_device(const std::string& setting, int index, const std::str
 // not exist, or share one, which NCCL refuses or hangs on.
 void check_gpu_per_local_rank(const std::string& setting, int local_world_size, int gpu_count);
 
+// Bytes of memory `device` has: CUDA's total memory, on CPU the physical memory (or the cgroup's
+// limit when lower); 0 when unknown (the meta device, a CUDA device that does not answer).
+double memory_bytes(const c10::Device& device);
+
+// Sizes are checked before they are allocated: throws InputError "`what` needs N GiB on DEVICE,
+// which has M GiB; `remedy`" when `bytes` exceed the device's memory (never when it is unknown).
+void check_fits(double bytes, const c10::Device& device, const std::string& what,
+                const std::string& remedy);
+
 }  // namespace loom::device

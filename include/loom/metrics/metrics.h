@@ -137,6 +137,7 @@ class MetricsLogger {
   int64_t last_step_ = 0;
   bool finished_ = false;
   bool warned_mfu_ = false;
+  bool status_failing_ = false;  // the last run_status.json write failed (warned once)
   std::string peak_source_;
 };
 

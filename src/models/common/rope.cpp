@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 
+#include "loom/core/device.h"
 #include "loom/models/kernels/rotary.h"
 
 namespace loom::models {
@@ -56,6 +58,14 @@ at::Tensor yarn_frequencies(int64_t dim, double theta, const YarnScaling& yarn) 
 
 at::Tensor precompute_freqs_cis(const DecoderArgs& args, int64_t seq_len,
                                 const at::Device& device) {
+  // Built on the CPU (positions, angles, magnitudes, the complex table), then moved: a context
+  // that cannot fit is refused by name before any of it is allocated.
+  const double pairs = static_cast<double>(args.rope_dim() / 2);
+  const double positions_count = static_cast<double>(seq_len);
+  const std::string what = "the RoPE table of a " + std::to_string(seq_len) + "-token context";
+  const std::string remedy = "lower the context (--max-seq-len, training.seq_len)";
+  device::check_fits(positions_count * (16 * pairs + 4), at::kCPU, what, remedy);
+  if (!device.is_cpu()) device::check_fits(positions_count * 8 * pairs, device, what, remedy);
   const bool yarn = args.yarn_active();
   at::Tensor freqs = yarn ? yarn_frequencies(args.rope_dim(), args.rope_theta, *args.yarn)
                           : rope_frequencies(args.rope_dim(), args.rope_theta, args.use_scaled_rope,
