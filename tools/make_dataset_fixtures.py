@@ -33,13 +33,38 @@ def documents(rows):
     return [f"{i}: {SAMPLES[i % len(SAMPLES)]} {'abc ' * (i % 5)}" for i in range(rows)]
 
 
+def write_big(out, size):
+    """A large Parquet file that barely compresses (base64 of random bytes), written row group by
+    row group so this script's own memory stays small. Prints rows and text bytes as JSON."""
+    import base64
+    os.makedirs(out, exist_ok=True)
+    schema = pa.schema([("id", pa.int64()), ("text", pa.string())])
+    doc_bytes, group_rows = 4096, 16384
+    rows = text_bytes = 0
+    with pq.ParquetWriter(os.path.join(out, "big.parquet"), schema, compression="snappy") as w:
+        while text_bytes < size:
+            blob = base64.b64encode(os.urandom(doc_bytes * group_rows * 3 // 4)).decode()
+            texts = [blob[i:i + doc_bytes] for i in range(0, len(blob), doc_bytes)]
+            w.write_table(pa.table({"id": range(rows, rows + len(texts)), "text": texts},
+                                   schema=schema), row_group_size=group_rows)
+            rows += len(texts)
+            text_bytes += sum(len(t) for t in texts)
+    print(json.dumps({"rows": rows, "text_bytes": text_bytes,
+                      "file_bytes": os.path.getsize(os.path.join(out, "big.parquet"))}))
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
     parser.add_argument("--rows", type=int, default=60)
     parser.add_argument("--row-group", type=int, default=7)
+    parser.add_argument("--big-bytes", type=int, default=0,
+                        help="instead: OUT_DIR/big.parquet of about this many bytes (random text, "
+                             "documents of 4 KiB, row groups of 16384 documents)")
     args = parser.parse_args()
     out = args.out
+    if args.big_bytes:
+        return write_big(out, args.big_bytes)
     os.makedirs(out, exist_ok=True)
     docs = documents(args.rows)
     lines = "".join(json.dumps({"text": d, "id": i}, ensure_ascii=False) + "\n"
