@@ -203,10 +203,11 @@ bool DocumentReader::next_record(std::string& text) {
 bool DocumentReader::next_row(std::string& text) {
   while (unit_row_ >= unit_texts_.size()) {
     if (unit_ + 1 >= columnar_->units()) return false;
+    unit_texts_ = ColumnarUnit();  // one unit in memory at a time
     unit_texts_ = columnar_->read_unit(++unit_, skip_bad_, &skipped_);
     unit_row_ = 0;
   }
-  text = std::move(unit_texts_[unit_row_++]);
+  text.assign(unit_texts_.text(unit_row_++));
   return true;
 }
 

@@ -47,6 +47,7 @@ StreamingLoader::~StreamingLoader() = default;
 
 void StreamingLoader::load_unit() {
   const Unit& unit = units_[unit_pos_];
+  unit_texts_ = ColumnarUnit();  // one unit in memory at a time
   unit_texts_ = files_[unit.file]->read_unit(unit.index, options_.skip_bad_records, &skipped_);
   // A unit whose every row was skipped as bad: move on (the count says so).
   if (unit_texts_.empty()) {
@@ -58,7 +59,7 @@ void StreamingLoader::load_unit() {
 
 void StreamingLoader::load_document() {
   document_.clear();
-  if (row_ < unit_texts_.size()) append_document(tokenizer_, unit_texts_[row_], document_);
+  if (row_ < unit_texts_.size()) append_document(tokenizer_, unit_texts_.text(row_), document_);
 }
 
 void StreamingLoader::advance_row() {
@@ -77,6 +78,7 @@ void StreamingLoader::advance_row() {
                              options_.dp_rank, epoch_);
     }
     const Unit& unit = units_[unit_pos_];
+    unit_texts_ = ColumnarUnit();
     unit_texts_ = files_[unit.file]->read_unit(unit.index, options_.skip_bad_records, &skipped_);
   }
   load_document();

@@ -13,6 +13,7 @@
 #include "loom/data/columnar.h"
 #include "loom/data/document_reader.h"
 #include "loom/data/documents.h"
+#include "loom/data/mixture.h"
 #include "loom/data/streaming_loader.h"
 #include "loom/data/tokenizer.h"
 #include "support/process.h"
@@ -184,6 +185,16 @@ TEST_F(DatasetFormats, StreamedResumeIsExactMidRowGroup) {
   auto source = loom::data::open_dataset_source("mine", path("data.parquet"), tok,
                                                 {16, 0, true, 0, 1}, "training.dataset");
   EXPECT_EQ(source->state().at("kind"), "stream");
+}
+
+TEST_F(DatasetFormats, MixturesMixEveryFormat) {
+  ByteTokenizer tok;
+  loom::data::PackedLoaderOptions options{16, 3, true, 0, 1};
+  auto mixture = loom::data::open_mixture(
+      {{path("data.parquet"), 1}, {path("data.jsonl.zst"), 1}, {path("hf"), 1}}, tok, options,
+      "training.dataset_mixture");
+  for (int i = 0; i < 6; ++i) (void)mixture->next(4, 16);
+  for (int64_t drawn : mixture->drawn()) EXPECT_GT(drawn, 0);
 }
 
 }  // namespace

@@ -10,12 +10,31 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace loom::data {
 
 // Whether `path` names a columnar file by its extension (.parquet, .arrow).
 bool is_columnar_file(const std::string& path);
+
+// The texts of one unit, as views of Arrow's decoded column (no copy per row): valid while the
+// unit (or a copy of it) lives. Rows that were bad and skipped are left out.
+class ColumnarUnit {
+ public:
+  ColumnarUnit();
+  ~ColumnarUnit();
+  ColumnarUnit(const ColumnarUnit&);
+  ColumnarUnit& operator=(const ColumnarUnit&);
+  size_t size() const { return texts_.size(); }
+  bool empty() const { return texts_.empty(); }
+  std::string_view text(size_t row) const { return texts_[row]; }
+
+ private:
+  friend class ColumnarFile;
+  std::shared_ptr<const void> owner_;  // keeps the Arrow column alive
+  std::vector<std::string_view> texts_;
+};
 
 class ColumnarFile {
  public:
@@ -35,8 +54,8 @@ class ColumnarFile {
 
   // The texts of `unit`'s rows, in order. A null or non-UTF-8 text throws loom::InputError
   // naming file, unit and row, or with skip_bad_records is left out and counted in *skipped.
-  std::vector<std::string> read_unit(int64_t unit, bool skip_bad_records = false,
-                                     int64_t* skipped = nullptr) const;
+  ColumnarUnit read_unit(int64_t unit, bool skip_bad_records = false,
+                         int64_t* skipped = nullptr) const;
 
  private:
   struct Impl;

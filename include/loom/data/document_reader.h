@@ -10,9 +10,10 @@
 #include <string>
 #include <vector>
 
+#include "loom/data/columnar.h"
+
 namespace loom::data {
 
-class ColumnarFile;
 class CompressedInput;
 
 class DocumentReader {
@@ -52,7 +53,7 @@ class DocumentReader {
   // Columnar formats: the file, the unit being read and its texts.
   std::unique_ptr<ColumnarFile> columnar_;
   int64_t unit_ = -1;
-  std::vector<std::string> unit_texts_;
+  ColumnarUnit unit_texts_;
   size_t unit_row_ = 0;
 };
 

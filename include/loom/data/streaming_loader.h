@@ -21,12 +21,11 @@
 #include <vector>
 
 #include "loom/data/batch_source.h"
+#include "loom/data/columnar.h"
 #include "loom/data/packed_loader.h"
 #include "loom/data/tokenizer.h"
 
 namespace loom::data {
-
-class ColumnarFile;
 
 class StreamingLoader : public BatchSource {
  public:
@@ -68,7 +67,7 @@ class StreamingLoader : public BatchSource {
   size_t unit_pos_ = 0;
   size_t row_ = 0;
   size_t token_ = 0;
-  std::vector<std::string> unit_texts_;
+  ColumnarUnit unit_texts_;
   std::vector<int32_t> document_;
 };
 
