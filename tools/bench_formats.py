@@ -43,7 +43,7 @@ def write_formats(out, texts):
 
 def make_tokenizers(out, texts):
     with open(f"{out}/corpus.txt", "w") as f:
-        f.write("\n".join(t.replace("\n", " ") for t in texts[:20000]))
+        f.write("\n".join(texts[:20000]))  # sentencepiece reads lines of at most 4 KB
     spm.SentencePieceTrainer.train(input=f"{out}/corpus.txt", model_prefix=f"{out}/sp_bpe",
                                    model_type="bpe", vocab_size=4000, byte_fallback=True,
                                    minloglevel=2)
