@@ -40,8 +40,12 @@ for deb in "$CARRY"/debs/*.deb; do
   manifest+=("package=$(dpkg-deb -f "$deb" Package) $(dpkg-deb -f "$deb" Version)")
 done
 rm -rf "$CARRY/debs" "$CARRY/root/usr/share/doc" "$CARRY/root/usr/share/man"
-# ICU's static archives (40 MB) are never linked: loom links its shared libraries.
-rm -f "$CARRY/root/usr/lib/$multiarch"/libicu*.a
+# Never linked, and the carry has 64 MiB in all: ICU's static archives (40 MB; its 30 MB data
+# library stays), sentencepiece's trainer, zstd's archive, jemalloc's non-PIC archive, the 16/32-
+# bit and POSIX PCRE2 archives.
+rm -f "$CARRY/root/usr/lib/$multiarch"/libicu*.a "$CARRY/root/usr/lib/$multiarch"/libsentencepiece_train* \
+  "$CARRY/root/usr/lib/$multiarch"/libzstd.a "$CARRY/root/usr/lib/$multiarch"/libjemalloc.a \
+  "$CARRY/root/usr/lib/$multiarch"/libpcre2-{16,32,posix}.a
 
 # Absolute links point into this machine's /; inside the carry they must stay inside it. Links
 # to what is not carried (libz.so's runtime, pcre2's 16/32-bit libraries, googletest's sources)

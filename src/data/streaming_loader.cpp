@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -23,6 +24,12 @@ StreamingLoader::StreamingLoader(const std::vector<std::string>& files, const To
   LOOM_CHECK(
       options_.dp_world >= 1 && options_.dp_rank >= 0 && options_.dp_rank < options_.dp_world,
       "bad data-parallel rank ", options_.dp_rank, " of ", options_.dp_world);
+  // The files' names, in order, hashed once: the state (taken after every batch) stays small.
+  uint64_t hash = 1469598103934665603ull;
+  for (const auto& name : files) {
+    for (unsigned char c : name + '\n') hash = (hash ^ c) * 1099511628211ull;
+  }
+  files_fingerprint_ = fmt::format("{:016x}", hash);
   int64_t global = 0;
   for (size_t f = 0; f < files.size(); ++f) {
     files_.push_back(std::make_unique<ColumnarFile>(files[f], options_.text_field));
@@ -109,10 +116,9 @@ Batch StreamingLoader::next(int64_t batch_size, int64_t seq_len) {
 
 nlohmann::json StreamingLoader::state() const {
   const Unit& unit = units_[unit_pos_];
-  std::vector<std::string> names;
-  for (const auto& file : files_) names.push_back(file->path());
   return {{"kind", "stream"},
-          {"files", names},
+          {"files", files_.size()},
+          {"files_fnv1a", files_fingerprint_},
           {"seq_len", options_.seq_len},
           {"dp_rank", options_.dp_rank},
           {"dp_world", options_.dp_world},
@@ -130,8 +136,12 @@ void StreamingLoader::load_state(const nlohmann::json& state) {
     LOOM_CHECK_AS(InputError, state.at("kind") == "stream",
                   "not a streamed-dataset loader state (saved: ", state.dump(), ")");
     const nlohmann::json mine = this->state();
-    LOOM_CHECK_AS(InputError, state.at("files") == mine.at("files"),
-                  "data-loader state is for other files (saved ", state.at("files").dump(), ")");
+    LOOM_CHECK_AS(
+        InputError,
+        state.at("files") == mine.at("files") && state.at("files_fnv1a") == mine.at("files_fnv1a"),
+        "data-loader state is for other files (saved: ", state.at("files").dump(),
+        " files, fingerprint ", state.at("files_fnv1a").dump(), "; now ", files_.size(), ", ",
+        files_fingerprint_, ")");
     LOOM_CHECK_AS(InputError,
                   state.at("dp_world") == mine.at("dp_world") &&
                       state.at("dp_rank") == mine.at("dp_rank") &&

@@ -58,7 +58,8 @@ class StreamingLoader : public BatchSource {
   PackedLoaderOptions options_;
   const Tokenizer& tokenizer_;
   std::vector<std::unique_ptr<ColumnarFile>> files_;
-  std::vector<Unit> units_;  // this rank's, in order
+  std::vector<Unit> units_;        // this rank's, in order
+  std::string files_fingerprint_;  // FNV-1a of the file names, for the state
   int64_t rank_rows_ = 0;
   int64_t total_rows_ = 0;
   int64_t skipped_ = 0;
