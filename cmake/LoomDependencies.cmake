@@ -24,6 +24,34 @@ add_library(loom::pcre2 UNKNOWN IMPORTED)
 set_target_properties(loom::pcre2 PROPERTIES
   IMPORTED_LOCATION ${LOOM_PCRE2_LIBRARY}
   INTERFACE_INCLUDE_DIRECTORIES ${LOOM_PCRE2_INCLUDE_DIR})
+# zstd (libzstd-dev): .jsonl.zst / .txt.zst datasets, decompressed as a stream.
+find_path(LOOM_ZSTD_INCLUDE_DIR zstd.h)
+find_library(LOOM_ZSTD_LIBRARY NAMES zstd)
+if(NOT LOOM_ZSTD_INCLUDE_DIR OR NOT LOOM_ZSTD_LIBRARY)
+  message(FATAL_ERROR "zstd not found (libzstd-dev): ${_loom_missing_hint}")
+endif()
+add_library(loom::zstd UNKNOWN IMPORTED)
+set_target_properties(loom::zstd PROPERTIES
+  IMPORTED_LOCATION ${LOOM_ZSTD_LIBRARY}
+  INTERFACE_INCLUDE_DIRECTORIES ${LOOM_ZSTD_INCLUDE_DIR})
+
+# SentencePiece (libsentencepiece-dev): Llama 2 / Mistral / Gemma tokenizer.model files.
+find_path(LOOM_SENTENCEPIECE_INCLUDE_DIR sentencepiece_processor.h)
+find_library(LOOM_SENTENCEPIECE_LIBRARY NAMES sentencepiece)
+if(NOT LOOM_SENTENCEPIECE_INCLUDE_DIR OR NOT LOOM_SENTENCEPIECE_LIBRARY)
+  message(FATAL_ERROR "sentencepiece not found (libsentencepiece-dev): ${_loom_missing_hint}")
+endif()
+add_library(loom::sentencepiece UNKNOWN IMPORTED)
+set_target_properties(loom::sentencepiece PROPERTIES
+  IMPORTED_LOCATION ${LOOM_SENTENCEPIECE_LIBRARY}
+  INTERFACE_INCLUDE_DIRECTORIES ${LOOM_SENTENCEPIECE_INCLUDE_DIR})
+
+# ICU (libicu-dev): Unicode normalization (NFC, NFKC) of tokenizer.json normalizers.
+find_package(ICU 60 COMPONENTS uc i18n)
+if(NOT ICU_FOUND)
+  message(FATAL_ERROR "ICU not found (libicu-dev): ${_loom_missing_hint}")
+endif()
+
 if(LOOM_BUILD_TESTS)
   find_package(GTest 1.11 REQUIRED)
 endif()

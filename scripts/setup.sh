@@ -17,7 +17,13 @@ TORCH_VERSION="2.11.0"   # pinned: reproducible builds, and the version on the G
 # transformers: the Hugging Face export test (tests/python/test_hf_export.py).
 # tools/reference speaks both safetensors serialize_file APIs (0.6's dicts, 0.8's TensorSpec, which
 # the GPU machine has); CI pins 0.6.2 and the transformers that goes with it.
-PYTHON_PACKAGES=("safetensors==0.6.2" "transformers==4.57.1" "tensorboard==2.21.0")
+# pyarrow: its wheel ships Arrow/Parquet's C++ libraries and headers, which loom links for Parquet
+# and Arrow datasets (as the torch wheel ships LibTorch). The data tests make their fixtures with
+# pyarrow, zstandard, datasets (save_to_disk folders), sentencepiece and tokenizers; datasets
+# is held to a huggingface-hub that transformers 4.57 accepts (<1.0).
+PYTHON_PACKAGES=("safetensors==0.6.2" "transformers==4.57.1" "tensorboard==2.21.0"
+  "pyarrow==26.0.1" "zstandard==0.25.0" "sentencepiece==0.2.3" "huggingface-hub==0.36.2"
+  "datasets==5.0.1")
 # tensorboard: reads loom's event files back in tests (EventAccumulator).
 BUILD_TYPE="${LOOM_BUILD_TYPE:-Release}"
 BUILD_DIR="${LOOM_BUILD_DIR:-build}"
@@ -25,6 +31,7 @@ APT_PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git python3 python3-venv
   nlohmann-json3-dev libtomlplusplus-dev libspdlog-dev libfmt-dev libcli11-dev libgtest-dev
   zlib1g-dev libpcre2-dev libjemalloc-dev libprotobuf-dev protobuf-compiler librsvg2-bin tmux
+  libzstd-dev libsentencepiece-dev libicu-dev
 )
 
 say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
@@ -81,6 +88,7 @@ done
 .venv/bin/python - <<'PY' || die "the venv's torch or safetensors does not import"
 import torch.utils
 import safetensors
+import pyarrow
 PY
 
 if [[ "${LOOM_SKIP_BUILD:-0}" == "1" ]]; then

@@ -5,6 +5,12 @@
 //   build/bin/loom_bench_loader [--tokenizer brown_bpe] [--seq-len 256] [--batch 8]
 //                               [--batches 5000] [--rounds 5] [--dir /tmp/loom_bench_loader]
 //
+// With --files, the formats instead: per file (Parquet, .jsonl.zst, .jsonl.gz, ...) and per
+// tokenizer, documents read and tokenized on one thread, back to back (tokens/s per core), one
+// JSON line each (tools/bench_formats.py runs it beside Hugging Face `tokenizers`).
+//
+//   build/bin/loom_bench_loader --files a.parquet b.jsonl.zst --tokenizers brown_bpe sp.model
+//
 // Not a test: it prints a table (docs/performance.md records the figures).
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
@@ -18,6 +24,7 @@
 #include "loom/core/check.h"
 #include "loom/core/logging.h"
 #include "loom/data/assets.h"
+#include "loom/data/document_reader.h"
 #include "loom/data/documents.h"
 #include "loom/data/mixture.h"
 #include "loom/data/packed_loader.h"
@@ -40,7 +47,48 @@ struct Args {
   int64_t batches = 5000;
   int64_t rounds = 5;
   std::string dir = "/tmp/loom_bench_loader";
+  std::vector<std::string> files;       // --files: the formats benchmark
+  std::vector<std::string> tokenizers;  // with --files; default: --tokenizer
+  std::string text_field = "text";
 };
+
+// Reads every document of `file` and tokenizes it on this thread, `rounds` times; prints the
+// median as one JSON line: bytes of text, tokens, read-only and read + tokenize rates.
+void bench_file(const std::string& file, const std::string& tokenizer_path, const Args& args) {
+  auto tokenizer = loom::data::load_tokenizer(tokenizer_path);
+  std::vector<double> read_seconds, total_seconds;
+  int64_t bytes = 0, tokens = 0, documents = 0;
+  for (int64_t round = 0; round < std::max<int64_t>(1, args.rounds); ++round) {
+    bytes = documents = tokens = 0;
+    auto start = Clock::now();
+    {
+      loom::data::DocumentReader reader(file, args.text_field);
+      std::string text;
+      while (reader.next(text)) bytes += static_cast<int64_t>(text.size());
+    }
+    read_seconds.push_back(seconds_since(start));
+    start = Clock::now();
+    loom::data::DocumentReader reader(file, args.text_field);
+    std::string text;
+    while (reader.next(text)) {
+      tokens += static_cast<int64_t>(tokenizer->encode(text).size());
+      ++documents;
+    }
+    total_seconds.push_back(seconds_since(start));
+  }
+  std::sort(read_seconds.begin(), read_seconds.end());
+  std::sort(total_seconds.begin(), total_seconds.end());
+  const double read = read_seconds[read_seconds.size() / 2];
+  const double total = total_seconds[total_seconds.size() / 2];
+  std::printf(
+      "{\"file\": \"%s\", \"tokenizer\": \"%s\", \"documents\": %lld, \"text_bytes\": %lld, "
+      "\"tokens\": %lld, \"read_s\": %.4f, \"read_tokenize_s\": %.4f, "
+      "\"read_mb_per_s\": %.2f, \"tokens_per_s_per_core\": %.0f}\n",
+      file.c_str(), tokenizer_path.c_str(), static_cast<long long>(documents),
+      static_cast<long long>(bytes), static_cast<long long>(tokens), read, total,
+      static_cast<double>(bytes) / 1e6 / read, static_cast<double>(tokens) / total);
+  std::fflush(stdout);
+}
 
 struct Rates {
   double median = 0, low = 0, high = 0;
@@ -85,8 +133,25 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--dir", args.dir, "Scratch folder for the prepared shards")
       ->capture_default_str();
+  app.add_option("--files", args.files,
+                 "Formats benchmark: dataset files to read and tokenize on one thread");
+  app.add_option("--tokenizers", args.tokenizers, "With --files: tokenizers (default --tokenizer)");
+  app.add_option("--text-field", args.text_field, "With --files: the text field / column")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   loom::log::get("data")->set_level(spdlog::level::warn);
+  if (!args.files.empty()) {
+    if (args.tokenizers.empty()) args.tokenizers.push_back(args.tokenizer);
+    try {
+      for (const auto& file : args.files) {
+        for (const auto& tokenizer : args.tokenizers) bench_file(file, tokenizer, args);
+      }
+    } catch (const loom::Error& error) {
+      std::fprintf(stderr, "error: %s\n", error.message().c_str());
+      return 2;
+    }
+    return 0;
+  }
   try {
     auto tokenizer = loom::data::load_tokenizer(args.tokenizer);
     const loom::data::PackedLoaderOptions options{args.seq_len, 1, true, 0, 1};

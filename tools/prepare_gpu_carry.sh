@@ -18,7 +18,10 @@ CARRY="${LOOM_GPU_CARRY:-$ROOT/.gpu_carry}"
 # packages of those that are shared libraries. zlib1g-dev's libz.a is linked statically.
 PACKAGES=(nlohmann-json3-dev libtomlplusplus-dev libtomlplusplus3 libspdlog-dev libspdlog1.10
           libfmt-dev libfmt9 libcli11-dev libgtest-dev libpcre2-dev libpcre2-8-0 zlib1g-dev
-          libjemalloc-dev libjemalloc2)
+          libjemalloc-dev libjemalloc2 libzstd-dev libzstd1 libsentencepiece-dev libsentencepiece0
+          libicu-dev libicu72)
+# Arrow and Parquet come from the GPU machine's own pyarrow (cmake/LoomArrow.cmake asks
+# LOOM_PYTHON), as LibTorch comes from its torch.
 
 say() { printf '\033[1m[gpu-carry]\033[0m %s\n' "$*"; }
 die() { printf '\033[1;31m[gpu-carry] error:\033[0m %s\n' "$*" >&2; exit 1; }
@@ -37,6 +40,12 @@ for deb in "$CARRY"/debs/*.deb; do
   manifest+=("package=$(dpkg-deb -f "$deb" Package) $(dpkg-deb -f "$deb" Version)")
 done
 rm -rf "$CARRY/debs" "$CARRY/root/usr/share/doc" "$CARRY/root/usr/share/man"
+# Never linked, and the carry has 64 MiB in all: ICU's static archives (40 MB; its 30 MB data
+# library stays), sentencepiece's trainer, zstd's archive, jemalloc's non-PIC archive, the 16/32-
+# bit and POSIX PCRE2 archives.
+rm -f "$CARRY/root/usr/lib/$multiarch"/libicu*.a "$CARRY/root/usr/lib/$multiarch"/libsentencepiece_train* \
+  "$CARRY/root/usr/lib/$multiarch"/libzstd.a "$CARRY/root/usr/lib/$multiarch"/libjemalloc.a \
+  "$CARRY/root/usr/lib/$multiarch"/libpcre2-{16,32,posix}.a
 
 # Absolute links point into this machine's /; inside the carry they must stay inside it. Links
 # to what is not carried (libz.so's runtime, pcre2's 16/32-bit libraries, googletest's sources)
@@ -54,7 +63,7 @@ done < <(find "$CARRY/root" -type l)
 
 libdir="$CARRY/root/usr/lib/$multiarch"
 for needed in libz.a libspdlog.so libfmt.so libtomlplusplus.so libpcre2-8.so libgtest.a \
-              libjemalloc_pic.a; do
+              libjemalloc_pic.a libzstd.so libsentencepiece.so libicuuc.so libicui18n.so; do
   [[ -e "$libdir/$needed" ]] || die "$needed missing from $libdir"
 done
 [[ -e "$CARRY/root/usr/include/nlohmann/json.hpp" ]] || die "nlohmann/json.hpp missing"

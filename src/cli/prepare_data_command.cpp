@@ -17,6 +17,7 @@
 #include "loom/core/logging.h"
 #include "loom/core/signals.h"
 #include "loom/data/bpe_trainer.h"
+#include "loom/data/document_reader.h"
 #include "loom/data/documents.h"
 #include "loom/data/packed_loader.h"
 #include "loom/data/shards.h"
@@ -96,9 +97,11 @@ int run_prepare_shards(const PrepareArgs& args) {
   Progress progress;
   int64_t bytes = 0;
   int64_t skipped = 0;
+  std::string document;
   for (const auto& file : files) {
-    auto documents = data::read_documents(file, args.text_field, args.on_error == "skip", &skipped);
-    for (const auto& document : documents) {
+    // One line / row group at a time: a 10 GB Parquet or .jsonl.zst file streams through.
+    data::DocumentReader reader(file, args.text_field, args.on_error == "skip");
+    while (reader.next(document)) {
       if (signals::shutdown_requested()) {
         std::fprintf(stderr, "\n");
         log->warn("interrupted by signal {}: nothing written to {}", signals::shutdown_signal(),
@@ -109,6 +112,7 @@ int run_prepare_shards(const PrepareArgs& args) {
       bytes += static_cast<int64_t>(document.size());
       progress.update(writer.documents(), writer.tokens(), bytes);
     }
+    skipped += reader.records_skipped();
   }
   writer.set_provenance({{"sources", files},
                          {"text_field", args.text_field},
@@ -159,9 +163,11 @@ void add_prepare_data_command(CLI::App& app, CommandRun& run) {
       "prepare-data",
       "Prepare data: pre-tokenize text into memory-mapped token shards (--tokenizer), or train a "
       "BPE tokenizer (--train-tokenizer)");
-  command->add_option("--tokenizer", args->tokenizer,
-                      "Tokenizer for the shards: byte, brown_bpe, a tokenizer.json or a "
-                      ".tiktoken/.model file (the same value as model.tokenizer_path)");
+  command->add_option(
+      "--tokenizer", args->tokenizer,
+      "Tokenizer for the shards: byte, brown_bpe, a tokenizer.json, a .tiktoken file "
+      "or a tokenizer.model (tiktoken or SentencePiece; the same value as "
+      "model.tokenizer_path)");
   command
       ->add_option("--shard-tokens", args->shard_tokens,
                    "Tokens per shard, 1 to 2^40 (a shard closes after the document that "
@@ -186,14 +192,17 @@ void add_prepare_data_command(CLI::App& app, CommandRun& run) {
       ->check(CLI::Range(int64_t{259}, int64_t{1} << 20).description(""));
   command
       ->add_option("--input", args->inputs,
-                   "Text to read: brown, brown_validation, or .jsonl/.txt files (optionally .gz), "
-                   "folders of them, or globs")
+                   "Text to read: brown, brown_validation, or .jsonl/.txt files (optionally .gz or "
+                   ".zst), .parquet or .arrow files, folders or globs of them, or a Hugging Face "
+                   "save_to_disk folder")
       ->required();
   command
       ->add_option("--output", args->output,
                    "The shard folder to create (or, with --train-tokenizer, tokenizer.json)")
       ->required();
-  command->add_option("--text-field", args->text_field, "JSONL field holding the text")
+  command
+      ->add_option("--text-field", args->text_field,
+                   "JSONL field / Parquet or Arrow column holding the text")
       ->capture_default_str();
   command->add_option("--pattern", args->pattern,
                       "With --train-tokenizer: split regex (default: Llama 3's)");

@@ -180,9 +180,10 @@ void add_training_sections(Schema& s) {
   tr.field("dataset", &TrainingSection::dataset,
            "Dataset name (a registered dataset, or a label when dataset_path is set).");
   tr.field("dataset_text_field", &TrainingSection::dataset_text_field,
-           "loom: the JSON field holding each record's text in .jsonl dataset files.");
+           "loom: the JSON field (.jsonl) or Parquet/Arrow column holding each record's text.");
   tr.field("dataset_path", &TrainingSection::dataset_path,
-           "Path of the dataset files (file, folder or glob).");
+           "Path of the dataset files: .jsonl/.txt (plain, .gz, .zst), .parquet, .arrow, a "
+           "datasets save_to_disk folder, a folder or glob of them, or prepare-data shards.");
   tr.field("local_batch_size", &TrainingSection::local_batch_size,
            "Samples per data-parallel rank in one microbatch.")
       .min(1);
@@ -239,7 +240,7 @@ void add_training_sections(Schema& s) {
   val.field("enable", &ValidationSection::enable, "Compute the validation loss during training.");
   val.field("dataset", &ValidationSection::dataset, "Validation dataset name.");
   val.field("dataset_text_field", &ValidationSection::dataset_text_field,
-            "loom: the JSON field holding each record's text in .jsonl dataset files.");
+            "loom: the JSON field (.jsonl) or Parquet/Arrow column holding each record's text.");
   val.field("dataset_path", &ValidationSection::dataset_path,
             "Path of the validation dataset files.");
   val.field("local_batch_size", &ValidationSection::local_batch_size,

@@ -1,11 +1,10 @@
 #include "loom/data/documents.h"
 
 #include <glob.h>
-#include <zlib.h>
+
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -15,48 +14,22 @@
 #include "loom/core/json.h"
 #include "loom/core/logging.h"
 #include "loom/core/strings.h"
+#include "loom/data/columnar.h"
+#include "loom/data/compressed_input.h"
+#include "loom/data/document_reader.h"
+#include "loom/data/hf_dataset_folder.h"
 
 namespace loom::data {
 namespace {
 
-// The whole file, decompressed when gzip (zlib reads plain files through the same call).
-std::string read_maybe_gzip(const std::string& path) {
-  files::require_regular_file(path, "dataset file");
-  std::unique_ptr<gzFile_s, int (*)(gzFile)> file(gzopen(path.c_str(), "rb"), gzclose);
-  LOOM_CHECK_AS(InputError, file != nullptr, "cannot open dataset file '", path,
-                "': ", std::strerror(errno));
-  std::string content;
-  char buffer[1 << 16];
-  while (true) {
-    int n = gzread(file.get(), buffer, sizeof(buffer));
-    if (n < 0) {
-      int code = 0;
-      const char* message = gzerror(file.get(), &code);
-      LOOM_THROW(InputError, "cannot read dataset file '", path, "': ", message);
-    }
-    if (n == 0) break;
-    try {
-      content.append(buffer, static_cast<size_t>(n));
-    } catch (const std::bad_alloc&) {
-      LOOM_THROW(InputError, "dataset file '", path, "': out of memory after ", content.size(),
-                 " bytes (decompressed); split it into smaller files");
-    }
-  }
-  // At the end of the input zlib says Z_BUF_ERROR when a gzip stream stopped in the middle (no
-  // trailer, or cut at a block boundary): what was read is only part of the file.
-  int code = Z_OK;
-  const char* message = gzerror(file.get(), &code);
-  LOOM_CHECK_AS(InputError, code == Z_OK, "dataset file '", path, "' is truncated or corrupt (",
-                message,
-                "): the gzip stream ends before its trailer; refusing to train on part of it");
-  return content;
-}
-
 bool is_text_file(const std::string& name) {
-  const std::string plain =
-      strings::ends_with(name, ".gz") ? name.substr(0, name.size() - 3) : name;
+  const std::string plain = without_compression_suffix(name);
   return strings::ends_with(plain, ".jsonl") || strings::ends_with(plain, ".json") ||
          strings::ends_with(plain, ".txt");
+}
+
+bool is_dataset_file(const std::string& name) {
+  return is_text_file(name) || is_columnar_file(name);
 }
 
 }  // namespace
@@ -71,8 +44,9 @@ std::vector<std::string> expand_dataset_path(const std::string& path) {
     }
     ::globfree(&matches);
   } else if (fs::is_directory(path)) {
+    if (is_hf_dataset_folder(path)) return hf_dataset_folder_files(path);
     for (const auto& entry : fs::directory_iterator(path)) {
-      if (entry.is_regular_file() && is_text_file(entry.path().filename().string())) {
+      if (entry.is_regular_file() && is_dataset_file(entry.path().filename().string())) {
         files.push_back(entry.path().string());
       }
     }
@@ -81,7 +55,8 @@ std::vector<std::string> expand_dataset_path(const std::string& path) {
   }
   std::sort(files.begin(), files.end());
   LOOM_CHECK_AS(InputError, !files.empty(), "dataset path '", path,
-                "' matches no .jsonl, .json or .txt file (optionally .gz)");
+                "' matches no dataset file (.jsonl, .json or .txt, optionally .gz or .zst; "
+                ".parquet; .arrow)");
   return files;
 }
 
@@ -135,46 +110,114 @@ std::string record_text(const std::string& line, const std::string& path, int64_
 
 }  // namespace
 
-std::vector<std::string> read_documents(const std::string& path, const std::string& text_field,
-                                        bool skip_bad_records, int64_t* records_skipped) {
-  const std::string content = read_maybe_gzip(path);
-  LOOM_CHECK_AS(InputError, !content.empty(), "dataset file '", path, "' is empty");
-  const std::string plain =
-      strings::ends_with(path, ".gz") ? path.substr(0, path.size() - 3) : path;
-  std::vector<std::string> documents;
-  if (!strings::ends_with(plain, ".jsonl") && !strings::ends_with(plain, ".json")) {
-    LOOM_CHECK_AS(InputError, is_valid_utf8(content), path, ": not valid UTF-8 text");
-    documents.push_back(content);
-    return documents;
+DocumentReader::DocumentReader(const std::string& path, const std::string& text_field,
+                               bool skip_bad_records)
+    : path_(path), text_field_(text_field), skip_bad_(skip_bad_records) {
+  if (is_columnar_file(path)) {
+    columnar_ = std::make_unique<ColumnarFile>(path, text_field);
+    return;
   }
-  size_t start = 0;
-  int64_t line_number = 0;
-  int64_t skipped = 0;
-  while (start < content.size()) {
-    size_t end = content.find('\n', start);
-    if (end == std::string::npos) end = content.size();
-    ++line_number;
-    std::string line = content.substr(start, end - start);
-    start = end + 1;
+  const std::string plain = without_compression_suffix(path);
+  jsonl_ = strings::ends_with(plain, ".jsonl") || strings::ends_with(plain, ".json");
+  input_ = open_compressed_input(path);
+  buffer_.resize(1 << 16);
+}
+
+DocumentReader::~DocumentReader() = default;
+
+bool DocumentReader::next(std::string& text) {
+  const bool found = columnar_ ? next_row(text) : jsonl_ ? next_record(text) : next_line(text);
+  if (found) {
+    ++documents_;
+    return true;
+  }
+  if (finished_) return false;
+  finished_ = true;
+  LOOM_CHECK_AS(InputError, columnar_ || bytes_ > 0, "dataset file '", path_, "' is empty");
+  LOOM_CHECK_AS(InputError, documents_ > 0, "dataset file '", path_, "' holds no document");
+  if (skipped_ > 0) log::get("data")->warn("{}: skipped {} bad records", path_, skipped_);
+  return false;
+}
+
+// The next line of the decompressed stream (without its newline); for plain text the whole
+// file, once. The window grows for a line longer than it.
+bool DocumentReader::next_line(std::string& line) {
+  while (true) {
+    if (jsonl_) {
+      const char* begin = buffer_.data() + buffer_start_;
+      const void* newline = std::memchr(begin, '\n', buffer_end_ - buffer_start_);
+      if (newline != nullptr) {
+        const size_t length = static_cast<const char*>(newline) - begin;
+        line.assign(begin, length);
+        buffer_start_ += length + 1;
+        return true;
+      }
+    }
+    if (input_done_) {
+      if (buffer_start_ == buffer_end_) return false;
+      line.assign(buffer_.data() + buffer_start_, buffer_end_ - buffer_start_);
+      buffer_start_ = buffer_end_;
+      if (!jsonl_) LOOM_CHECK_AS(InputError, is_valid_utf8(line), path_, ": not valid UTF-8 text");
+      return true;
+    }
+    // Keep the unread part at the front; grow when it fills the window.
+    if (buffer_start_ > 0) {
+      std::memmove(buffer_.data(), buffer_.data() + buffer_start_, buffer_end_ - buffer_start_);
+      buffer_end_ -= buffer_start_;
+      buffer_start_ = 0;
+    }
+    if (buffer_end_ == buffer_.size()) {
+      try {
+        buffer_.resize(buffer_.size() * 2);
+      } catch (const std::bad_alloc&) {
+        LOOM_THROW(InputError, "dataset file '", path_, "': out of memory after ", buffer_end_,
+                   " bytes of one ", jsonl_ ? "line" : "document", "; split it into smaller files");
+      }
+    }
+    const size_t n = input_->read(buffer_.data() + buffer_end_, buffer_.size() - buffer_end_);
+    buffer_end_ += n;
+    bytes_ += static_cast<int64_t>(n);
+    if (n == 0) input_done_ = true;
+  }
+}
+
+bool DocumentReader::next_record(std::string& text) {
+  std::string line;
+  while (next_line(line)) {
+    ++line_number_;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     try {
-      try {
-        documents.push_back(record_text(line, path, line_number, text_field));
-      } catch (const std::bad_alloc&) {
-        LOOM_THROW(InputError, path, ":", line_number, ": out of memory reading a record of ",
-                   line.size(), " bytes");
-      }
+      text = record_text(line, path_, line_number_, text_field_);
+      return true;
     } catch (const InputError& error) {
-      if (!skip_bad_records) throw;
-      if (skipped++ == 0) {
+      if (!skip_bad_) throw;
+      if (skipped_++ == 0) {
         log::get("data")->warn("skipping bad records (dataset_on_error = skip); first: {}",
                                error.message());
       }
     }
   }
-  if (skipped > 0) log::get("data")->warn("{}: skipped {} bad records", path, skipped);
-  if (records_skipped) *records_skipped += skipped;
-  LOOM_CHECK_AS(InputError, !documents.empty(), "dataset file '", path, "' holds no document");
+  return false;
+}
+
+bool DocumentReader::next_row(std::string& text) {
+  while (unit_row_ >= unit_texts_.size()) {
+    if (unit_ + 1 >= columnar_->units()) return false;
+    unit_texts_ = ColumnarUnit();  // one unit in memory at a time
+    unit_texts_ = columnar_->read_unit(++unit_, skip_bad_, &skipped_);
+    unit_row_ = 0;
+  }
+  text.assign(unit_texts_.text(unit_row_++));
+  return true;
+}
+
+std::vector<std::string> read_documents(const std::string& path, const std::string& text_field,
+                                        bool skip_bad_records, int64_t* records_skipped) {
+  DocumentReader reader(path, text_field, skip_bad_records);
+  std::vector<std::string> documents;
+  std::string text;
+  while (reader.next(text)) documents.push_back(std::move(text));
+  if (records_skipped) *records_skipped += reader.records_skipped();
   return documents;
 }
 

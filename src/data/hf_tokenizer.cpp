@@ -10,6 +10,7 @@
 #include "loom/core/check.h"
 #include "loom/core/files.h"
 #include "loom/core/json.h"
+#include "loom/data/normalizer.h"
 
 namespace loom::data {
 namespace {
@@ -131,8 +132,9 @@ HfBpeTokenizer::HfBpeTokenizer(const std::string& path) : path_(path) {
                   path,
                   ": BPE options byte_fallback / continuing_subword_prefix / end_of_word_suffix "
                   "are not supported");
-    LOOM_CHECK_AS(InputError, absent_or_null(j, "normalizer"), path,
-                  ": normalizers are not supported");
+    if (!absent_or_null(j, "normalizer")) {
+      normalizer_ = std::make_unique<UnicodeNormalizer>(j["normalizer"], path);
+    }
     ignore_merges_ = model.value("ignore_merges", false);
     const auto& vocab = json::object_field(model, "vocab", path + ": model");
     const auto& added_tokens = j.value("added_tokens", nlohmann::json::array());
@@ -269,7 +271,11 @@ void HfBpeTokenizer::merge_word(std::string_view piece, std::vector<int32_t>& ou
   out.insert(out.end(), symbols.begin(), symbols.end());
 }
 
-std::vector<int32_t> HfBpeTokenizer::encode(std::string_view text) const {
+std::vector<int32_t> HfBpeTokenizer::encode(std::string_view raw) const {
+  // `tokenizers` normalizes the whole text before pre-tokenizing it.
+  std::string normalized;
+  if (normalizer_) normalized = normalizer_->normalize(raw);
+  const std::string_view text = normalizer_ ? std::string_view(normalized) : raw;
   std::vector<int32_t> ids;
   auto encode_piece = [&](std::string_view piece) { encode_word(piece, ids); };
   if (splitter_) {

@@ -11,7 +11,7 @@ void InMemoryTokenStream::read(int64_t start, int64_t count, int64_t* out) const
   for (int64_t i = 0; i < count; ++i) out[i] = tokens[i];
 }
 
-void append_document(const Tokenizer& tokenizer, const std::string& text,
+void append_document(const Tokenizer& tokenizer, std::string_view text,
                      std::vector<int32_t>& stream) {
   stream.push_back(tokenizer.bos_id());
   auto ids = tokenizer.encode(text);

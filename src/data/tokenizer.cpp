@@ -15,6 +15,7 @@
 #include "loom/data/assets.h"
 #include "loom/data/bpe_tokenizer.h"
 #include "loom/data/hf_tokenizer.h"
+#include "loom/data/sentencepiece_tokenizer.h"
 
 namespace loom::data {
 
@@ -67,10 +68,16 @@ std::unique_ptr<Tokenizer> make_tokenizer(const std::string& path, std::string* 
   if (strings::ends_with(path, ".json")) {
     return std::make_unique<HfBpeTokenizer>(path);
   }
-  const bool tiktoken = strings::ends_with(path, ".tiktoken") || strings::ends_with(path, ".model");
-  LOOM_CHECK_AS(InputError, tiktoken, "model.tokenizer_path = '", path,
-                "': expected 'byte', a Hugging Face tokenizer.json, or a tiktoken-format BPE file "
-                "(.tiktoken, or Llama 3's tokenizer.model)");
+  const bool model = strings::ends_with(path, ".model");
+  LOOM_CHECK_AS(InputError, model || strings::ends_with(path, ".tiktoken"),
+                "model.tokenizer_path = '", path,
+                "': expected 'byte', a Hugging Face tokenizer.json, a tiktoken-format BPE file "
+                "(.tiktoken, or Llama 3's tokenizer.model) or a SentencePiece tokenizer.model "
+                "(Llama 2, Mistral, Gemma)");
+  // Both are published as tokenizer.model: told apart by content.
+  if (model && is_sentencepiece_model(path)) {
+    return std::make_unique<SentencePieceTokenizer>(path);
+  }
   return std::make_unique<BpeTokenizer>(path, bpe_spec_for(path));
 }
 

@@ -17,6 +17,7 @@
 #include "loom/data/mixture.h"
 #include "loom/data/packed_loader.h"
 #include "loom/data/prefetch.h"
+#include "loom/data/streaming_loader.h"
 #include "loom/data/synthetic.h"
 #include "loom/launch/world_info.h"
 #include "loom/metrics/memory_estimate.h"
@@ -59,7 +60,7 @@ std::unique_ptr<data::BatchSource> dataset_source(const std::string& name,
     }
     return data::open_mixture(components, *tokenizer, options, key);
   }
-  return data::open_dataset(name, path, *tokenizer, options, section + ".dataset");
+  return data::open_dataset_source(name, path, *tokenizer, options, section + ".dataset");
 }
 
 // Training on the user's files while validating on the embedded corpus is allowed (a quick

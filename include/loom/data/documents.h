@@ -1,6 +1,8 @@
-// Reading text documents: JSONL (one JSON object per line, text in a configurable field) or plain
-// text (one document per file), either optionally gzip-compressed (.gz). Errors name the file
-// and line: invalid JSON, a missing or non-string text field, invalid UTF-8, an empty file.
+// Reading documents: JSONL (one JSON object per line, text in a configurable field) or plain
+// text (one document per file), either optionally gzip (.gz) or zstd (.zst) compressed; Parquet
+// and Arrow files (the text column). Errors name the file and line (or row group and row):
+// invalid JSON, a missing or non-string text field, invalid UTF-8, an empty file.
+// document_reader.h reads the same files one document at a time.
 #pragma once
 
 #include <cstdint>
@@ -16,8 +18,10 @@ std::vector<std::string> read_documents(const std::string& path,
                                         bool skip_bad_records = false,
                                         int64_t* records_skipped = nullptr);
 
-// The files a dataset path names: a file; a directory (its .jsonl/.json/.txt files, optionally
-// .gz, sorted); or a glob pattern (sorted matches). Throws loom::InputError when nothing matches.
+// The files a dataset path names: a file; a Hugging Face save_to_disk folder (its .arrow files,
+// in the order of its state.json); a directory (its .jsonl/.json/.txt files, optionally .gz or
+// .zst, and .parquet/.arrow files, sorted); or a glob pattern (sorted matches). Throws
+// loom::InputError when nothing matches.
 std::vector<std::string> expand_dataset_path(const std::string& path);
 
 // Whether `text` is well-formed UTF-8 (no overlong forms, surrogates or code points > U+10FFFF).

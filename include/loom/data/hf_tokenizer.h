@@ -1,8 +1,10 @@
 // Hugging Face tokenizer.json, byte-level BPE (GPT-2 and Llama 3 style): what torchtitan loads
 // from model.hf_assets_path. Supported: model BPE (vocab, merges as "a b" or ["a", "b"],
-// ignore_merges); pre-tokenizer ByteLevel (with or without its regex) or a Sequence of Split
-// (regex, Isolated) and ByteLevel; added tokens. Anything else is refused by name, never
-// silently approximated. Ids equal `tokenizers`' encode(text, add_special_tokens=False).
+// ignore_merges); normalizer NFC / NFKC / NFD / NFKD or a Sequence of them (through ICU:
+// normalizer.h); pre-tokenizer ByteLevel (with or without its regex) or a Sequence of Split
+// (regex, Isolated) and ByteLevel, which with NFC is the Qwen2 / Qwen3 pipeline; added tokens.
+// Anything else is refused by name, never silently approximated. Ids equal `tokenizers`'
+// encode(text, add_special_tokens=False).
 #pragma once
 
 #include <array>
@@ -17,6 +19,8 @@
 #include "loom/data/tokenizer.h"
 
 namespace loom::data {
+
+class UnicodeNormalizer;
 
 // Bytes written in GPT-2's byte-level alphabet (each byte one printable character).
 std::string byte_level_text(std::string_view bytes);
@@ -48,8 +52,9 @@ class HfBpeTokenizer : public Tokenizer {
   std::unordered_map<uint64_t, Merge> merges_;  // (left id, right id) -> rank and result
   std::array<int32_t, 256> byte_ids_{};         // id of each single-byte token
   std::vector<std::string> id_to_token_;
-  std::vector<bool> is_added_;               // added tokens decode to their text
-  std::unique_ptr<RegexSplitter> splitter_;  // null: the whole text is one piece
+  std::vector<bool> is_added_;                     // added tokens decode to their text
+  std::unique_ptr<UnicodeNormalizer> normalizer_;  // null: none
+  std::unique_ptr<RegexSplitter> splitter_;        // null: the whole text is one piece
   bool ignore_merges_ = false;
   int32_t bos_id_ = -1;
   int32_t eos_id_ = -1;

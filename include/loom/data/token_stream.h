@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "loom/data/tokenizer.h"
@@ -32,7 +33,7 @@ class InMemoryTokenStream : public TokenStream {
 };
 
 // Appends one document to `stream` the way every loom dataset stores it: BOS, its ids, EOS.
-void append_document(const Tokenizer& tokenizer, const std::string& text,
+void append_document(const Tokenizer& tokenizer, std::string_view text,
                      std::vector<int32_t>& stream);
 
 }  // namespace loom::data

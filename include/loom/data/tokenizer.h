@@ -1,5 +1,6 @@
 // Tokenizers behind one interface: byte-level (the zero-asset fallback), tiktoken-format BPE
-// (bpe_tokenizer.h) and Hugging Face tokenizer.json byte-level BPE (hf_tokenizer.h).
+// (bpe_tokenizer.h), Hugging Face tokenizer.json byte-level BPE (hf_tokenizer.h) and
+// SentencePiece models (sentencepiece_tokenizer.h).
 #pragma once
 
 #include <cstdint>
@@ -51,7 +52,8 @@ class ByteTokenizer : public Tokenizer {
 };
 
 // model.tokenizer_path: "byte" (or unset): byte-level; "brown_bpe": the BPE trained on the
-// embedded corpus; a path: tokenizer.json (Hugging Face) or .tiktoken / tokenizer.model.
+// embedded corpus; a path: tokenizer.json (Hugging Face), .tiktoken, or tokenizer.model (tiktoken
+// text like Llama 3's, or a SentencePiece model like Llama 2's: told apart by content).
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path);
 
 // The file a model.tokenizer_path names ("brown_bpe": the embedded one; "byte": none, empty).
