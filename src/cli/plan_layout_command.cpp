@@ -72,14 +72,18 @@ int run_plan_memory(CLI::App& cmd, PlanArgs& a) {
   const plan::ModelShape model = plan::read_model_shape(c, vocab.size);
   plan::MemoryPlan memory = plan::predict_memory(model, c, layout, profile);
   if (!vocab.note.empty()) memory.notes.push_back(vocab.note);
+  const plan::StepTimePlan time = plan::predict_step_time(model, c, layout, profile);
   if (a.format == "json") {
-    std::cout << plan::memory_json(memory, layout, profile).dump(2) << "\n";
+    auto j = plan::memory_json(memory, layout, profile);
+    j["step_seconds"] = time.step_seconds;
+    std::cout << j.dump(2) << "\n";
     return 0;
   }
   std::cout << c.model.name << " " << c.model.flavor << " (" << model.total_params / 1e6
             << "M parameters, vocabulary " << model.vocab << ") on " << a.world_size
             << " rank(s): " << layout.describe() << ", seq_len " << c.training.seq_len << "\n\n"
-            << plan::memory_table(memory, profile);
+            << plan::memory_table(memory, profile) << "\npredicted step: " << time.step_seconds
+            << " s (" << time.detail << ")\n";
   return 0;
 }
 

@@ -155,6 +155,13 @@ DeviceProfile parse_device_profile(const std::string& toml_text, const std::stri
   if (const auto runtime = root["runtime_memory"].value<std::string>()) {
     p.runtime_bytes = parse_memory_size(*runtime, source + ": runtime_memory");
   }
+  if (const auto extra = root["distributed_runtime_memory"].value<std::string>()) {
+    p.distributed_runtime_bytes =
+        parse_memory_size(*extra, source + ": distributed_runtime_memory");
+  }
+  if (const auto extra = root["fsdp_runtime_memory"].value<std::string>()) {
+    p.fsdp_runtime_bytes = parse_memory_size(*extra, source + ": fsdp_runtime_memory");
+  }
   p.allocator_factor = number_at(root, "allocator_factor", source, 1.0, 1.0);
   p.activation_factor = number_at(root, "activation_factor", source, 1.0, 1e-3);
   p.memory_bandwidth_gbps = number_at(root, "memory_bandwidth_gbps", source, 1000.0, 1e-6);
@@ -174,13 +181,16 @@ std::string device_profile_to_toml(const DeviceProfile& p) {
              "# loom device profile (docs/planning.md lists the keys)\n"
              "name = \"{}\"\ndescription = \"{}\"\nmemory = \"{:.0f}\"\ngemm_tflops = {:.6g}\n"
              "model_efficiency = {:.6g}\ndevices_per_node = {}\nnode_shares_compute = {}\n"
-             "fsdp_overlap = {:.6g}\nruntime_memory = \"{:.0f}\"\nallocator_factor = {:.6g}\n"
+             "fsdp_overlap = {:.6g}\nruntime_memory = \"{:.0f}\"\n"
+             "distributed_runtime_memory = \"{:.0f}\"\nfsdp_runtime_memory = \"{:.0f}\"\n"
+             "allocator_factor = {:.6g}\n"
              "activation_factor = {:.6g}\nmemory_bandwidth_gbps = {:.6g}\ncompute_bytes = {}\n"
              "calibrated = {}\n",
              p.name, p.description, p.memory_bytes, p.gemm_tflops, p.model_efficiency,
              p.devices_per_node, p.node_shares_compute ? "true" : "false", p.fsdp_overlap,
-             p.runtime_bytes, p.allocator_factor, p.activation_factor, p.memory_bandwidth_gbps,
-             p.compute_bytes, p.calibrated ? "true" : "false") +
+             p.runtime_bytes, std::max(p.distributed_runtime_bytes, 1.0),
+             std::max(p.fsdp_runtime_bytes, 1.0), p.allocator_factor, p.activation_factor,
+             p.memory_bandwidth_gbps, p.compute_bytes, p.calibrated ? "true" : "false") +
          link("intra_node", p.intra_node) + link("inter_node", p.inter_node);
 }
 

@@ -6,6 +6,7 @@
 #include <map>
 #include <mutex>
 
+#include "loom/core/strings.h"
 #include "loom/plan/pipeline_costs.h"
 
 namespace loom::plan {
@@ -39,7 +40,8 @@ BlockActivations block_activations(const ModelShape& m, const Layout& l, int64_t
   const bool op_policy = l.ac_mode == "selective" && l.ac_option == "op";
   int64_t every = 0;  // 0: no block checkpointed; N: blocks N-1, 2N-1, ... (parallel/ac)
   if (l.ac_mode == "full") every = 1;
-  if (l.ac_mode == "selective" && !op_policy) every = std::max<int64_t>(std::stoll(l.ac_option), 1);
+  if (l.ac_mode == "selective" && !op_policy)
+    every = std::max<int64_t>(strings::parse_int(l.ac_option).value_or(1), 1);
   for (int64_t b = first; b < end; ++b) {
     const double whole = m.block_activation_elements(b);
     if (op_policy) {
@@ -179,7 +181,9 @@ MemoryPlan predict_rank_memory(const ModelShape& m, const config::JobConfig& con
   }
   for (const auto& c : plan.components) plan.tensor_bytes += c.bytes;
   plan.allocator_bytes = (profile.allocator_factor - 1.0) * plan.tensor_bytes;
-  plan.runtime_bytes = profile.runtime_bytes;
+  plan.runtime_bytes = profile.runtime_bytes +
+                       (l.world() > 1 ? profile.distributed_runtime_bytes : 0.0) +
+                       (l.fsdp_degree() > 1 ? profile.fsdp_runtime_bytes : 0.0);
   plan.peak_bytes = plan.tensor_bytes + plan.allocator_bytes + plan.runtime_bytes;
   return plan;
 }
@@ -189,10 +193,13 @@ MemoryPlan predict_rank_memory(const ModelShape& m, const config::JobConfig& con
 MemoryPlan predict_memory(const ModelShape& m, const config::JobConfig& config, const Layout& l,
                           const DeviceProfile& profile) {
   MemoryPlan worst;
+  std::vector<double> peaks;
   for (int rank = 0; rank < static_cast<int>(l.pp); ++rank) {
     MemoryPlan plan = predict_rank_memory(m, config, l, profile, rank);
+    peaks.push_back(plan.peak_bytes);
     if (rank == 0 || plan.peak_bytes > worst.peak_bytes) worst = std::move(plan);
   }
+  if (l.pp > 1) worst.pipeline_rank_peaks = peaks;
   if (l.ac_mode == "selective" && l.ac_option == "op") {
     worst.notes.push_back(
         "activation_checkpoint.selective_ac_option = 'op' is estimated as torchtitan's per-op "

@@ -152,11 +152,12 @@ std::vector<LayoutPlan> search_layouts(const ModelShape& model, const config::Jo
 }
 
 LayoutPlan plan_layout(const config::JobConfig& config, int64_t world_size,
-                       const DeviceProfile& profile, int64_t vocab_size) {
+                       const DeviceProfile& profile, int64_t vocab_size,
+                       const SearchOptions& options) {
   LOOM_CHECK_AS(InputError, world_size >= 1 && world_size <= kMaxPlanWorldSize,
                 "world size must be from 1 to ", kMaxPlanWorldSize, ", got ", world_size);
   const ModelShape model = read_model_shape(config, vocab_size);
-  auto plans = search_layouts(model, config, world_size, profile);
+  auto plans = search_layouts(model, config, world_size, profile, options);
   if (!plans.front().fits) {
     double least = plans.front().memory.peak_bytes;
     for (const auto& p : plans) least = std::min(least, p.memory.peak_bytes);
@@ -166,6 +167,28 @@ LayoutPlan plan_layout(const config::JobConfig& config, int64_t world_size,
                " per rank; add ranks, shorten training.seq_len or lower the global batch");
   }
   return plans.front();
+}
+
+LayoutReplanner::LayoutReplanner(config::JobConfig config, DeviceProfile profile,
+                                 int64_t vocab_size)
+    : config_(std::move(config)), profile_(std::move(profile)), vocab_size_(vocab_size) {}
+
+std::vector<std::pair<std::string, std::string>> LayoutReplanner::overrides_for(
+    int64_t world_size) {
+  if (first_world_ == 0) {
+    first_world_ = world_size;
+    global_batch_ = job_global_batch(config_, world_size);
+  }
+  if (world_size == first_world_) {
+    try {
+      layout_of(config_, world_size);
+      return {};  // the job as written
+    } catch (const InputError&) {
+    }
+  }
+  SearchOptions options;
+  options.global_batch_size = global_batch_;
+  return layout_keys(plan_layout(config_, world_size, profile_, vocab_size_, options).layout);
 }
 
 }  // namespace loom::plan

@@ -34,6 +34,7 @@ nlohmann::json memory_json(const MemoryPlan& m, const Layout& layout,
           {"device_memory_bytes", profile.memory_bytes},
           {"fits", m.peak_bytes <= profile.memory_bytes},
           {"pipeline_rank", m.pipeline_rank},
+          {"pipeline_rank_peak_bytes", m.pipeline_rank_peaks},
           {"components", components},
           {"layout", layout_json(layout)},
           {"notes", m.notes}};

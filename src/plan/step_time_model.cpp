@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "loom/core/strings.h"
 #include "loom/plan/memory_model.h"
 #include "loom/plan/pipeline_costs.h"
 
@@ -25,7 +26,7 @@ namespace {
 double recompute_fraction(const Layout& l, int64_t n_layers) {
   if (l.ac_mode == "full") return 1.0 / 3.0;
   if (l.ac_mode != "selective" || l.ac_option == "op") return 0.0;
-  const int64_t every = std::max<int64_t>(std::stoll(l.ac_option), 1);
+  const int64_t every = std::max<int64_t>(strings::parse_int(l.ac_option).value_or(1), 1);
   return static_cast<double>(n_layers / every) /
          static_cast<double>(std::max<int64_t>(n_layers, 1)) / 3.0;
 }

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 
 #include "loom/core/check.h"
 #include "loom/plan/calibrate.h"
@@ -221,6 +222,79 @@ TEST(PlanInput, ShippedProfilesLoadAndRoundTrip) {
     EXPECT_DOUBLE_EQ(again.intra_node.bandwidth_gbps, p.intra_node.bandwidth_gbps);
   }
   EXPECT_THROW(parse_device_profile("name = 'x'\nmemory = '1GiB'\n", "broken.toml"), InputError);
+}
+
+}  // namespace
+}  // namespace loom::plan
+
+namespace loom::plan {
+namespace {
+
+// Measurements made up from a known profile: the fit finds its constants again.
+TEST(PlanCalibration, FitRecoversTheProfileThatMadeTheMeasurements) {
+  config::JobConfig c = tiny_job();
+  c.training.seq_len = 64;
+  ModelShape model = tiny_model();
+  model.seq_len = 64;
+  DeviceProfile truth = exact_profile();
+  truth.node_shares_compute = true;
+  truth.fsdp_overlap = 0;
+  truth.gemm_tflops = 0.2;
+  truth.model_efficiency = 0.4;
+  truth.activation_factor = 1.3;
+  truth.runtime_bytes = 300e6;
+  truth.distributed_runtime_bytes = 50e6;
+  truth.fsdp_runtime_bytes = 120e6;
+  truth.intra_node = {"loopback", 2.0, 300};
+  truth.memory_bandwidth_gbps = load_device_profile("cpu").memory_bandwidth_gbps;
+  truth.inter_node = truth.intra_node;
+  std::vector<Measurement> runs;
+  for (const auto& [shard, ac] : std::vector<std::pair<int64_t, std::string>>{
+           {1, "none"}, {1, "full"}, {2, "none"}, {4, "none"}, {-2, "none"}}) {
+    Measurement m;
+    m.layout.dp_shard = std::max<int64_t>(shard, 1);
+    m.layout.tp = shard < 0 ? -shard : 1;  // -2: tensor parallel over 2
+    m.layout.local_batch_size = 2;
+    m.layout.ac_mode = ac;
+    m.step_seconds = predict_step_time(model, c, m.layout, truth).step_seconds;
+    m.peak_bytes = predict_memory(model, c, m.layout, truth).peak_bytes;
+    runs.push_back(m);
+  }
+  DeviceProfile start = load_device_profile("cpu");
+  const DeviceProfile fitted = fit_profile(model, c, start, truth.gemm_tflops, runs);
+  EXPECT_NEAR(fitted.model_efficiency, truth.model_efficiency, 1e-6);
+  EXPECT_NEAR(fitted.activation_factor, truth.activation_factor, 1e-6);
+  EXPECT_NEAR(fitted.runtime_bytes, truth.runtime_bytes, 1.0);
+  EXPECT_NEAR(fitted.distributed_runtime_bytes, truth.distributed_runtime_bytes, 1.0);
+  EXPECT_NEAR(fitted.fsdp_runtime_bytes, truth.fsdp_runtime_bytes, 1.0);
+  EXPECT_NEAR(fitted.intra_node.bandwidth_gbps, 2.0, 1e-3);
+  EXPECT_NEAR(fitted.intra_node.latency_us, 300, 1e-2);
+  for (const auto& row : compare(model, c, start, fitted, runs)) {
+    EXPECT_NEAR(row.calibrated_step, row.measured.step_seconds, 1e-9);
+    EXPECT_NEAR(row.calibrated_peak, row.measured.peak_bytes, 1.0);
+  }
+}
+
+// An elastic restart on another world size trains a planned layout with the same global batch.
+TEST(PlanLayout, ReplannerKeepsTheJobUntilTheWorldSizeChanges) {
+  config::JobConfig c;  // llama3 debugmodel
+  c.training.seq_len = 64;
+  c.training.local_batch_size = 2;
+  c.validation.enable = false;
+  LayoutReplanner replanner(c, load_device_profile("cpu"), 256);
+  EXPECT_TRUE(replanner.overrides_for(4).empty());  // FSDP over 4 as written: global batch 8
+  const auto keys = replanner.overrides_for(2);
+  std::map<std::string, std::string> by_key(keys.begin(), keys.end());
+  EXPECT_EQ(by_key.at("training.global_batch_size"), "8");
+  int64_t world = 1;
+  for (const char* k :
+       {"parallelism.pipeline_parallel_degree", "parallelism.data_parallel_replicate_degree",
+        "parallelism.data_parallel_shard_degree", "parallelism.context_parallel_degree",
+        "parallelism.tensor_parallel_degree"}) {
+    world *= std::stoll(by_key.at(k));
+  }
+  EXPECT_EQ(world, 2);
+  EXPECT_TRUE(replanner.overrides_for(4).empty());  // back to the first world size
 }
 
 }  // namespace

@@ -7,8 +7,10 @@
 //   runtime_memory       the 1-rank run's peak RSS less the tensors the model predicts
 //   activation_factor    the change in measured peak between AC none and AC full over the
 //                        predicted change (the per-block activation bytes)
-//   loopback bandwidth / latency   from FSDP runs on 2 and 4 ranks: the step time the compute
-//                        does not explain, over the bytes and collective calls predicted
+//   runtime memory of distributed and of FSDP-sharded ranks: their peaks beyond the tensors
+//   loopback bandwidth / latency   from FSDP runs on 2 and 4 ranks and TP on 2: the step time
+//                        the compute does not explain, over the bytes and collective calls
+//                        predicted (least squares)
 // The report shows every run's analytic and calibrated predictions beside the measurement.
 #pragma once
 
@@ -24,7 +26,7 @@ namespace loom::plan {
 
 struct Measurement {
   Layout layout;
-  double step_seconds = 0;  // median over the measured steps (the first two left out)
+  double step_seconds = 0;  // the fastest step past the second (load only adds time)
   double peak_bytes = 0;    // rank 0's peak (RSS on CPU) at the last step
   double comm_bytes = 0;    // comm_mb per step, as bytes
 };
@@ -62,7 +64,8 @@ std::string comparison_table(const std::vector<CalibrationRow>& rows);
 Measurement measure_layout(const config::JobConfig& config, const Layout& layout,
                            const CalibrationOptions& options, const std::string& run_dir);
 
-// The calibration runs (1 rank AC none and full, FSDP on 2 and 4 ranks), the fit, the report.
+// The calibration runs (1 rank AC none and full, FSDP on 2 and 4 ranks, TP on 2), the fit, the
+// report.
 Calibration calibrate_profile(const config::JobConfig& config, const DeviceProfile& start,
                               const CalibrationOptions& options);
 

@@ -39,6 +39,13 @@ struct DeviceProfile {
   // process's code and libraries on CPU), and the allocator's slack as a factor on the tensors
   // (PyTorch's caching allocator reserves more than it allocates).
   double runtime_bytes = 0;
+  // More of it on each rank of a distributed job (world > 1): the process groups' communicators
+  // and buffers (Gloo's, NCCL's).
+  double distributed_runtime_bytes = 0;
+  // More again on a rank that FSDP shards (dp_shard x cp > 1), beyond the gathered units and
+  // gradient buffers the planner counts (on CPU: fitted; loom's FSDP over Gloo holds about
+  // 150 MiB more per rank than the tensors explain).
+  double fsdp_runtime_bytes = 0;
   double allocator_factor = 1.0;
   // Scales the per-block activation bytes (fitted by --calibrate; 1: the analytic count).
   double activation_factor = 1.0;

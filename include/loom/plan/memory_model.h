@@ -41,8 +41,9 @@ struct MemoryPlan {
   double tensor_bytes = 0;                  // their sum
   double allocator_bytes = 0;               // (factor - 1) x tensor_bytes
   double runtime_bytes = 0;
-  double peak_bytes = 0;  // tensors x allocator_factor + runtime
-  int pipeline_rank = 0;  // the rank this is for (pp > 1)
+  double peak_bytes = 0;                    // tensors x allocator_factor + runtime
+  int pipeline_rank = 0;                    // the rank this is for (pp > 1)
+  std::vector<double> pipeline_rank_peaks;  // peak_bytes of every pipeline rank (pp > 1)
   std::vector<std::string> notes;
 
   double component(const std::string& name) const;

@@ -55,6 +55,25 @@ std::vector<LayoutPlan> search_layouts(const ModelShape& model, const config::Jo
 // The fastest layout that fits (reads the model's shapes on the meta device). Throws InputError
 // when none fits, naming the least memory any layout needs.
 LayoutPlan plan_layout(const config::JobConfig& config, int64_t world_size,
-                       const DeviceProfile& profile, int64_t vocab_size = 0);
+                       const DeviceProfile& profile, int64_t vocab_size = 0,
+                       const SearchOptions& options = {});
+
+// What an elastic launcher asks before each (re)start (`loom launch --replan-layout`): the
+// config overrides (section.key, value) for a round of `world_size` ranks. None while the world
+// size is the first round's and the job's own degrees fit it; otherwise the planned layout's
+// keys, keeping the first round's global batch (so the run trains on the same batch whatever
+// its size; the checkpoint reshards to the new layout).
+class LayoutReplanner {
+ public:
+  LayoutReplanner(config::JobConfig config, DeviceProfile profile, int64_t vocab_size = 0);
+  std::vector<std::pair<std::string, std::string>> overrides_for(int64_t world_size);
+
+ private:
+  config::JobConfig config_;
+  DeviceProfile profile_;
+  int64_t vocab_size_ = 0;
+  int64_t first_world_ = 0;
+  int64_t global_batch_ = 0;
+};
 
 }  // namespace loom::plan
