@@ -1,6 +1,6 @@
 // loom plan memory --config JOB --world-size N [--device PROFILE] [--device-memory SIZE]
 // loom plan layout --config JOB --world-size N --device PROFILE [--top K] [--output FILE]
-//                  [--calibrate [--save-profile FILE]]
+//                  [--calibrate [--save-profile FILE] [--calibration-dir DIR]]
 // Both read the model's shapes on the meta device (nothing allocated) and predict with the
 // planner (include/loom/plan); --format json for scripts, --vocab-size for a flavor whose
 // tokenizer is not on this machine.
@@ -33,6 +33,7 @@ struct PlanArgs {
   bool calibrate = false;
   std::string save_profile;
   int calibration_steps = 6;
+  std::string calibration_dir;
 };
 
 void add_common_options(CLI::App& cmd, PlanArgs& a) {
@@ -97,6 +98,7 @@ int run_plan_layout(CLI::App& cmd, PlanArgs& a) {
   if (a.calibrate) {
     plan::CalibrationOptions options;
     options.steps = a.calibration_steps;
+    options.work_dir = a.calibration_dir;
     const plan::Calibration cal = plan::calibrate_profile(c, profile, options);
     calibration_report = cal.report;
     if (!a.save_profile.empty()) {
@@ -179,6 +181,11 @@ void add_plan_layout_commands(CLI::App& plan, CommandRun& run) {
       ->type_name("N")
       ->check(CLI::Range(3, 100).description(""))
       ->capture_default_str();
+  layout
+      ->add_option("--calibration-dir", lay->calibration_dir,
+                   "With --calibrate: keep the runs in DIR (default: a fresh temp folder); "
+                   "finished runs of the same job there are read again instead of rerun")
+      ->type_name("DIR");
   layout
       ->add_option("--save-profile", lay->save_profile,
                    "With --calibrate: write the fitted profile (TOML) to FILE")

@@ -9,9 +9,12 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "loom/config/dump.h"
 #include "loom/core/check.h"
@@ -53,19 +56,20 @@ double median(std::vector<double> v) {
   return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-// The step time `profile` predicts for `m`, and its exposed communication.
-StepTimePlan time_of(const ModelShape& model, const config::JobConfig& config, const Measurement& m,
-                     const DeviceProfile& profile) {
-  return predict_step_time(model, config, m.layout, profile);
-}
-
 }  // namespace
 
 Measurement measure_layout(const config::JobConfig& config, const Layout& layout,
                            const CalibrationOptions& options, const std::string& run_dir) {
   std::filesystem::create_directories(run_dir);
   const std::string job = run_dir + "/job.toml";
-  std::ofstream(job) << config::to_toml(with_layout(config, layout));
+  const std::string toml = config::to_toml(with_layout(config, layout));
+  {
+    std::ifstream old(job);
+    std::stringstream text;
+    text << old.rdbuf();
+    if (text.str() != toml) std::filesystem::remove(run_dir + "/done");  // another job
+  }
+  std::ofstream(job) << toml;
   const std::string binary = options.loom_binary.empty()
                                  ? std::filesystem::read_symlink("/proc/self/exe").string()
                                  : options.loom_binary;
@@ -94,9 +98,16 @@ Measurement measure_layout(const config::JobConfig& config, const Layout& layout
                                          "--profiling.enable_profiling",
                                          "false"};
   const std::string log = run_dir + "/launch.log";
-  const int rc = run_process(args, log);
-  LOOM_CHECK_AS(InputError, rc == 0, "--calibrate: the run of ", layout.describe(),
-                " failed (exit ", rc, "); see ", log);
+  // A finished run of the same job in --calibration-dir is read again (refitting needs no
+  // new runs).
+  const bool finished = std::filesystem::exists(run_dir + "/done");
+  if (!finished) {
+    std::filesystem::remove(run_dir + "/metrics.jsonl");
+    const int rc = run_process(args, log);
+    LOOM_CHECK_AS(InputError, rc == 0, "--calibrate: the run of ", layout.describe(),
+                  " failed (exit ", rc, "); see ", log);
+    std::ofstream(run_dir + "/done") << "1\n";
+  }
   std::ifstream in(run_dir + "/metrics.jsonl");
   Measurement m;
   m.layout = layout;
@@ -119,113 +130,155 @@ Measurement measure_layout(const config::JobConfig& config, const Layout& layout
   return m;
 }
 
-DeviceProfile fit_profile(const ModelShape& model, const config::JobConfig& config,
-                          const DeviceProfile& start, double gemm_tflops,
-                          const std::vector<Measurement>& runs) {
-  DeviceProfile p = start;
-  p.calibrated = true;
-  p.name = start.name;
-  p.description = start.description + " (calibrated)";
-  if (gemm_tflops > 0) p.gemm_tflops = gemm_tflops;
-  p.fsdp_overlap = 0;  // Gloo's collectives run on the ranks' own cores
+namespace {
+
+// The memory constants: activation_factor from AC none against full on one rank, the runtime
+// from the 1-rank peak, then the distributed and FSDP runs' peaks beyond their tensors.
+void fit_memory(const ModelShape& model, const config::JobConfig& config,
+                const std::vector<Measurement>& runs, DeviceProfile& p) {
   const Measurement* none = nullptr;
   const Measurement* full = nullptr;
-  std::vector<const Measurement*> sharded;
   for (const auto& m : runs) {
     if (m.layout.world() == 1 && m.layout.ac_mode == "none") none = &m;
     if (m.layout.world() == 1 && m.layout.ac_mode == "full") full = &m;
-    if (m.layout.world() > 1) sharded.push_back(&m);
   }
   LOOM_CHECK_AS(InternalError, none != nullptr, "calibration needs a 1-rank run without AC");
-  // Compute: the efficiency that makes the 1-rank run's predicted step its measured one. The
-  // step is FLOPs / (rate x efficiency) + the optimizer's memory-bound pass: evaluated at
-  // efficiencies 1 and 1/2 to separate the two.
-  p.model_efficiency = 1.0;
-  const double at_one = time_of(model, config, *none, p).compute_seconds;
-  p.model_efficiency = 0.5;
-  const double flops_seconds = time_of(model, config, *none, p).compute_seconds - at_one;
-  const double optimizer_seconds = at_one - flops_seconds;
-  p.model_efficiency =
-      std::clamp(flops_seconds / std::max(none->step_seconds - optimizer_seconds, 1e-9), 1e-4, 1.0);
-  // Activations: the measured difference between AC none and full over the counted one.
   p.activation_factor = 1.0;
-  p.runtime_bytes = 0;
+  p.runtime_bytes = p.distributed_runtime_bytes = p.fsdp_runtime_bytes = 0;
   p.allocator_factor = 1.0;
-  const MemoryPlan mem_none = predict_memory(model, config, none->layout, p);
   if (full != nullptr) {
-    const MemoryPlan mem_full = predict_memory(model, config, full->layout, p);
-    const double counted = mem_none.component("activations") - mem_full.component("activations");
+    const double counted = predict_memory(model, config, none->layout, p).component("activations") -
+                           predict_memory(model, config, full->layout, p).component("activations");
     const double measured = none->peak_bytes - full->peak_bytes;
     if (counted > 0 && measured > 0)
       p.activation_factor = std::clamp(measured / counted, 0.1, 10.0);
   }
-  // Runtime: what the 1-rank peak holds beyond the tensors.
   p.runtime_bytes =
       std::max(0.0, none->peak_bytes - predict_memory(model, config, none->layout, p).tensor_bytes);
-  // The distributed runs' peaks beyond that: the process groups' own memory (runs without
-  // FSDP), then what FSDP holds beyond its counted buffers (FSDP runs).
-  p.distributed_runtime_bytes = 0;
-  p.fsdp_runtime_bytes = 0;
   auto mean_excess = [&](bool fsdp) {
     double sum = 0;
     int n = 0;
-    for (const Measurement* m : sharded) {
-      if ((m->layout.fsdp_degree() > 1) != fsdp) continue;
-      sum += m->peak_bytes - predict_memory(model, config, m->layout, p).peak_bytes;
+    for (const auto& m : runs) {
+      if (m.layout.world() == 1 || (m.layout.fsdp_degree() > 1) != fsdp) continue;
+      sum += m.peak_bytes - predict_memory(model, config, m.layout, p).peak_bytes;
       ++n;
     }
     return n > 0 ? std::max(0.0, sum / n) : 0.0;
   };
   p.distributed_runtime_bytes = mean_excess(false);
   p.fsdp_runtime_bytes = mean_excess(true);
-  // Links: the step time the compute leaves unexplained = a / bandwidth + b x latency, with a
-  // and b read off the model by evaluating it at unit bandwidth and unit latency.
-  std::vector<std::array<double, 3>> rows;  // a, b, unexplained seconds
-  for (const Measurement* m : sharded) {
-    DeviceProfile probe = p;
-    probe.intra_node = {p.intra_node.name, 1e12, 0};
-    probe.inter_node = probe.intra_node;
-    const double compute = time_of(model, config, *m, probe).step_seconds;
-    probe.intra_node.bandwidth_gbps = 1;
-    probe.inter_node = probe.intra_node;
-    const double a = time_of(model, config, *m, probe).step_seconds - compute;
-    probe.intra_node = {p.intra_node.name, 1e12, 1e6};  // 1 s per ring step
-    probe.inter_node = probe.intra_node;
-    const double b = time_of(model, config, *m, probe).step_seconds - compute;
-    rows.push_back({a, b, m->step_seconds - compute});
-  }
-  double inv_bw = 1.0 / p.intra_node.bandwidth_gbps, latency_s = p.intra_node.latency_us * 1e-6;
-  if (rows.size() >= 2) {
-    // Least squares in (1/bandwidth, latency), both kept non-negative.
-    double saa = 0, sab = 0, sbb = 0, sat = 0, sbt = 0;
-    for (const auto& [a, b, t] : rows) {
-      saa += a * a;
-      sab += a * b;
-      sbb += b * b;
-      sat += a * t;
-      sbt += b * t;
+}
+
+// A run's predicted step = fixed + flops x (1 / efficiency) + wire x (1 / bandwidth) + steps x
+// latency: the terms read off the model by evaluating it at chosen constants.
+struct StepTerms {
+  double fixed = 0, flops = 0, wire = 0, steps = 0, measured = 0;
+};
+StepTerms step_terms(const ModelShape& model, const config::JobConfig& config, const Measurement& m,
+                     DeviceProfile probe) {
+  auto at = [&](double efficiency, double gbps, double latency_us) {
+    probe.model_efficiency = efficiency;
+    probe.intra_node.bandwidth_gbps = probe.inter_node.bandwidth_gbps = gbps;
+    probe.intra_node.latency_us = probe.inter_node.latency_us = latency_us;
+    return predict_step_time(model, config, m.layout, probe).step_seconds;
+  };
+  StepTerms t;
+  const double base = at(1.0, 1e12, 0);
+  t.flops = at(0.5, 1e12, 0) - base;
+  t.fixed = base - t.flops;
+  t.wire = at(1.0, 1.0, 0) - base;      // at 1 GB/s
+  t.steps = at(1.0, 1e12, 1e6) - base;  // at 1 s per ring step
+  t.measured = m.step_seconds;
+  return t;
+}
+
+// Non-negative least squares in (1 / efficiency, 1 / bandwidth, latency) over every run,
+// residuals relative to the measured step (a 0.3 s run counts as much as a 3 s one): the best
+// of the 2^3 subsets of free unknowns whose solution is non-negative.
+std::array<double, 3> fit_step_constants(const std::vector<StepTerms>& terms) {
+  std::array<double, 3> best = {1, 0, 0};
+  double best_error = -1;
+  for (int mask = 1; mask < 8; ++mask) {
+    if ((mask & 1) == 0) continue;  // the compute rate is always fitted
+    std::vector<int> free;
+    for (int k = 0; k < 3; ++k) {
+      if (mask & (1 << k)) free.push_back(k);
     }
-    const double det = saa * sbb - sab * sab;
-    if (std::abs(det) > 1e-12 * saa * sbb) {
-      inv_bw = (sat * sbb - sbt * sab) / det;
-      latency_s = (saa * sbt - sab * sat) / det;
-    }
-    if (inv_bw <= 0 || latency_s < 0) {  // one unknown only: the bandwidth, latency as it was
-      latency_s = std::max(latency_s, 0.0);
-      double num = 0, den = 0;
-      for (const auto& [a, b, t] : rows) {
-        num += a * (t - b * latency_s);
-        den += a * a;
+    const size_t n = free.size();
+    double ata[3][3] = {}, atb[3] = {};
+    for (const auto& t : terms) {
+      const double w = 1.0 / std::max(t.measured, 1e-9);
+      const double col[3] = {t.flops * w, t.wire * w, t.steps * w};
+      const double rhs = (t.measured - t.fixed) * w;
+      for (size_t i = 0; i < n; ++i) {
+        atb[i] += col[free[i]] * rhs;
+        for (size_t j = 0; j < n; ++j) ata[i][j] += col[free[i]] * col[free[j]];
       }
-      inv_bw = den > 0 ? std::max(num / den, 1e-6) : inv_bw;
     }
-  } else if (rows.size() == 1 && rows[0][0] > 0) {
-    inv_bw = std::max((rows[0][2] - rows[0][1] * latency_s) / rows[0][0], 1e-6);
+    // Gaussian elimination on the n x n normal equations.
+    double x[3] = {};
+    bool singular = false;
+    for (size_t i = 0; i < n && !singular; ++i) {
+      size_t pivot = i;
+      for (size_t r = i + 1; r < n; ++r) {
+        if (std::abs(ata[r][i]) > std::abs(ata[pivot][i])) pivot = r;
+      }
+      if (std::abs(ata[pivot][i]) < 1e-300) singular = true;
+      std::swap(ata[i], ata[pivot]);
+      std::swap(atb[i], atb[pivot]);
+      for (size_t r = 0; r < n && !singular; ++r) {
+        if (r == i) continue;
+        const double f = ata[r][i] / ata[i][i];
+        for (size_t c = 0; c < n; ++c) ata[r][c] -= f * ata[i][c];
+        atb[r] -= f * atb[i];
+      }
+    }
+    if (singular) continue;
+    std::array<double, 3> solution = {0, 0, 0};
+    bool negative = false;
+    for (size_t i = 0; i < n; ++i) {
+      x[i] = atb[i] / ata[i][i];
+      negative = negative || x[i] < 0;
+      solution[static_cast<size_t>(free[i])] = x[i];
+    }
+    if (negative || solution[0] <= 0) continue;
+    double error = 0;
+    for (const auto& t : terms) {
+      const double predicted =
+          t.fixed + t.flops * solution[0] + t.wire * solution[1] + t.steps * solution[2];
+      error += std::pow((predicted - t.measured) / std::max(t.measured, 1e-9), 2);
+    }
+    if (best_error < 0 || error < best_error) {
+      best_error = error;
+      best = solution;
+    }
   }
-  p.intra_node.bandwidth_gbps = 1.0 / inv_bw;
+  return best;
+}
+
+}  // namespace
+
+DeviceProfile fit_profile(const ModelShape& model, const config::JobConfig& config,
+                          const DeviceProfile& start, double gemm_tflops,
+                          const std::vector<Measurement>& runs) {
+  DeviceProfile p = start;
+  p.calibrated = true;
+  p.description = start.description + " (calibrated)";
+  if (gemm_tflops > 0) p.gemm_tflops = gemm_tflops;
+  p.fsdp_overlap = 0;  // Gloo's collectives run on the ranks' own cores
+  fit_memory(model, config, runs, p);
+  std::vector<StepTerms> terms;
+  for (const auto& m : runs) terms.push_back(step_terms(model, config, m, p));
+  const auto [inverse_efficiency, seconds_per_gb, latency_s] = fit_step_constants(terms);
+  // An efficiency past 1 means the in-process GEMM probe ran slow (a loaded machine): the rate
+  // moves into gemm_tflops.
+  const double efficiency = 1.0 / inverse_efficiency;
+  p.model_efficiency = std::min(efficiency, 1.0);
+  if (efficiency > 1.0) p.gemm_tflops *= efficiency;
+  p.intra_node.bandwidth_gbps = seconds_per_gb > 0 ? 1.0 / seconds_per_gb : 1e6;
   p.intra_node.latency_us = latency_s * 1e6;
-  p.inter_node = p.intra_node;
-  p.inter_node.name = start.inter_node.name;
+  p.inter_node.bandwidth_gbps = p.intra_node.bandwidth_gbps;
+  p.inter_node.latency_us = p.intra_node.latency_us;
   return p;
 }
 
@@ -292,25 +345,38 @@ Calibration calibrate_profile(const config::JobConfig& config, const DeviceProfi
   Layout tp = one;  // many small collectives on the critical path: the latency
   tp.tp = 2;
   layouts.push_back(tp);
-  std::vector<Measurement> runs;
-  for (size_t i = 0; i < layouts.size(); ++i) {
-    log->info("calibration run {}/{}: {}", i + 1, layouts.size(), layouts[i].describe());
-    runs.push_back(measure_layout(config, layouts[i], options, fmt::format("{}/run{}", dir, i)));
+  // Each layout `repeats` times, round-robin, keeping the fastest: a burst of load from other
+  // processes then spoils one run of a layout, not the layout.
+  std::vector<Measurement> runs(layouts.size());
+  for (int pass = 0; pass < std::max(options.repeats, 1); ++pass) {
+    for (size_t i = 0; i < layouts.size(); ++i) {
+      log->info("calibration run {}/{} (pass {}): {}", i + 1, layouts.size(), pass + 1,
+                layouts[i].describe());
+      Measurement m =
+          measure_layout(config, layouts[i], options, fmt::format("{}/run{}-{}", dir, i, pass));
+      if (pass == 0 || m.step_seconds < runs[i].step_seconds) {
+        m.peak_bytes = pass == 0 ? m.peak_bytes : runs[i].peak_bytes;
+        runs[i] = m;
+      }
+    }
   }
   Calibration cal;
   cal.fitted = fit_profile(model, config, start, gemm, runs);
   cal.rows = compare(model, config, start, cal.fitted, runs);
-  cal.report = fmt::format(
-                   "calibration on this machine ({} runs of {} steps; the fastest of steps 3+):\n"
-                   "  gemm_tflops {:.4g}, model_efficiency {:.3g}, activation_factor {:.3g}, "
-                   "runtime_memory {} (+ {} distributed, + {} FSDP), loopback {:.3g} GB/s + {:.3g} "
-                   "us per ring step\n",
-                   runs.size(), options.steps, cal.fitted.gemm_tflops, cal.fitted.model_efficiency,
-                   cal.fitted.activation_factor, format_bytes(cal.fitted.runtime_bytes),
-                   format_bytes(cal.fitted.distributed_runtime_bytes),
-                   format_bytes(cal.fitted.fsdp_runtime_bytes),
-                   cal.fitted.intra_node.bandwidth_gbps, cal.fitted.intra_node.latency_us) +
-               comparison_table(cal.rows);
+  cal.report =
+      fmt::format(
+          "calibration on this machine ({} layouts x {} runs of {} steps; the fastest of steps "
+          "3+):\n"
+          "  gemm_tflops {:.4g}, model_efficiency {:.3g}, activation_factor {:.3g}, "
+          "runtime_memory {} (+ {} distributed, + {} FSDP), loopback {:.3g} GB/s + {:.3g} "
+          "us per ring step\n",
+          runs.size(), std::max(options.repeats, 1), options.steps, cal.fitted.gemm_tflops,
+          cal.fitted.model_efficiency, cal.fitted.activation_factor,
+          format_bytes(cal.fitted.runtime_bytes),
+          format_bytes(cal.fitted.distributed_runtime_bytes),
+          format_bytes(cal.fitted.fsdp_runtime_bytes), cal.fitted.intra_node.bandwidth_gbps,
+          cal.fitted.intra_node.latency_us) +
+      comparison_table(cal.rows);
   return cal;
 }
 

@@ -45,6 +45,7 @@ struct Calibration {
 
 struct CalibrationOptions {
   int steps = 6;
+  int repeats = 2;          // runs of each layout, round-robin; the fastest counts
   std::string loom_binary;  // empty: this executable (/proc/self/exe)
   std::string work_dir;     // empty: a fresh folder under the system's temp dir
 };
