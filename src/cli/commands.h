@@ -26,6 +26,8 @@ void add_config_command(CLI::App& app, CommandRun& run);
 void add_plan_command(CLI::App& app, CommandRun& run);
 // `loom plan schedule`, registered on the plan subcommand.
 void add_plan_schedule_command(CLI::App& plan, CommandRun& run);
+// `loom plan memory` and `loom plan layout`, registered on the plan subcommand.
+void add_plan_layout_commands(CLI::App& plan, CommandRun& run);
 void add_tokenize_command(CLI::App& app, CommandRun& run);
 void add_prepare_data_command(CLI::App& app, CommandRun& run);
 void add_launch_command(CLI::App& app, CommandRun& run);

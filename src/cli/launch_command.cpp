@@ -14,6 +14,8 @@
 #include "loom/distributed/elastic_rendezvous.h"
 #include "loom/distributed/lighthouse.h"
 #include "loom/launch/launcher.h"
+#include "loom/plan/planner.h"
+#include "plan_common.h"
 
 namespace loom::cli {
 namespace {
@@ -40,6 +42,7 @@ struct LaunchArgs {
   std::optional<std::string> local_addr;
   std::optional<std::string> lighthouse;  // host a lighthouse in this agent at HOST:PORT
   int64_t lighthouse_min_replicas = 1;
+  std::optional<std::string> replan_layout;  // device profile: replan on a new world size
   std::vector<std::string> command;
 };
 
@@ -202,9 +205,46 @@ std::unique_ptr<distributed::Lighthouse> start_lighthouse(const LaunchArgs& args
   return lighthouse;
 }
 
+// --replan-layout PROFILE: the worker's `train` config, read once here, and a planner asked
+// before every (re)start; a round whose world size is not the first one's (an elastic restart)
+// trains the fastest layout that fits on PROFILE (docs/planning.md).
+std::function<std::vector<std::string>(int)> layout_replanner(const LaunchArgs& args,
+                                                              const std::string& profile_name) {
+  std::vector<std::string> train = args.command;
+  if (!train.empty() && train.front().find('/') != std::string::npos) train.erase(train.begin());
+  LOOM_CHECK_AS(InputError, !args.no_python && !train.empty() && train.front() == "train",
+                "--replan-layout plans the layout of a loom training job: use it with -- train "
+                "--config JOB ...");
+  CLI::App parser("train");
+  ConfigArgs config_args;
+  add_config_file_option(parser, config_args);
+  std::vector<std::string> reversed(train.rbegin(), train.rend() - 1);  // CLI11 parses reversed
+  parser.parse(reversed);
+  const config::LoadedConfig loaded = load_config(parser, config_args);
+  const auto profile = plan::load_device_profile(profile_name);
+  const PlanVocab vocab = resolve_plan_vocab(loaded.config, 0);
+  auto replanner = std::make_shared<plan::LayoutReplanner>(loaded.config, profile, vocab.size);
+  return [replanner](int world_size) {
+    std::vector<std::string> extra;
+    const auto keys = replanner->overrides_for(world_size);
+    for (const auto& [key, value] : keys) {
+      extra.push_back("--" + key);
+      extra.push_back(value);
+    }
+    if (!keys.empty()) {
+      log::get("launch")->info("world size {}: training the layout --replan-layout planned: {}",
+                               world_size, strings::join(extra, " "));
+    }
+    return extra;
+  };
+}
+
 int run_launch(const LaunchArgs& args) {
   const auto lighthouse = start_lighthouse(args);
   distributed::LaunchOptions options = to_options(args);
+  if (args.replan_layout) {
+    options.extra_args_for_world = layout_replanner(args, *args.replan_layout);
+  }
   if (is_elastic(args)) options.node_rank = 0;  // assigned by each round
   distributed::LocalAgent agent(options, make_rendezvous(args, options));
   return agent.run();
@@ -296,6 +336,12 @@ void add_launch_command(CLI::App& app, CommandRun& run) {
       ->capture_default_str()
       ->type_name("N")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20).description(""));
+  command
+      ->add_option("--replan-layout", args->replan_layout,
+                   "Device profile (h100, cpu, ... or a file; see loom plan layout): when a "
+                   "restart's world size differs from the first round's, train the fastest "
+                   "layout that fits on it instead of the config's degrees")
+      ->type_name("PROFILE");
   command->add_option("command", args->command,
                       "After --: the loom subcommand and its arguments (with --no-python: any "
                       "program)");

@@ -358,12 +358,17 @@ std::vector<WorkerSpec> LocalAgent::make_specs(const RendezvousResult& round,
     attempt_dir = *options_.log_dir + "/attempt_" + std::to_string(restart_count);
     files::create_directories(attempt_dir);
   }
+  std::vector<std::string> argv = options_.program;
+  if (options_.extra_args_for_world) {
+    const auto extra = options_.extra_args_for_world(round.world_size);
+    argv.insert(argv.end(), extra.begin(), extra.end());
+  }
   std::vector<WorkerSpec> specs;
   for (int local = 0; local < round.local_world_size; ++local) {
     WorkerSpec spec;
     spec.local_rank = local;
     spec.global_rank = round.global_ranks.at(local);
-    spec.argv = options_.program;
+    spec.argv = argv;
     spec.env = worker_env(round, local, restart_count);
     spec.console_prefix = "[" + options_.role + std::to_string(spec.global_rank) + "]: ";
     spec.to_console = !options_.local_ranks_filter || options_.local_ranks_filter->count(local);

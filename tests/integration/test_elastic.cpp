@@ -163,3 +163,27 @@ TEST(LOOM_ELASTIC_SUITE, PreemptedNodeSavesAndTheOthersGoOnWithoutIt) {
   expect_losses_match_one_rank(folder);
 }
 #endif
+
+#if LOOM_ELASTIC_NPROC == 2
+// `loom launch --replan-layout cpu`: the group starts on 4 ranks with the job's own layout; when
+// a node is killed the 2 survivors train the layout the planner picks for 2 ranks (same global
+// batch), resuming from the checkpoint.
+TEST(LOOM_ELASTIC_SUITE, ShrunkGroupTrainsAReplannedLayout) {
+  const std::string folder = fresh_temp_dir("elastic_replan");
+  const std::string a = folder + "/a.log", b = folder + "/b.log";
+  const int port = loom::testing::free_port();
+  const std::string replan = " --replan-layout cpu";
+  auto result = loom::testing::run_command(
+      node(port) + replan + " -- " + job(folder) + " > " + a + " 2>&1 & pa=$!; " +
+      wait_for(a, "hosting the store") + node(port) + replan + " -- " + job(folder) + " > " + b +
+      " 2>&1 & pb=$!; " + wait_for(a, "step: *4 ") + "kill -KILL $pb; wait $pa; rc=$?; cat " + a +
+      "; exit $rc");
+  ASSERT_EQ(result.exit_code, 0) << result.output << loom::testing::read_text(b);
+  EXPECT_NE(result.output.find("world size 2: training the layout --replan-layout planned"),
+            std::string::npos)
+      << result.output;
+  EXPECT_NE(result.output.find("--training.global_batch_size 8"), std::string::npos)
+      << result.output;
+  EXPECT_EQ(losses_by_step(folder).size(), static_cast<size_t>(kSteps)) << result.output;
+}
+#endif

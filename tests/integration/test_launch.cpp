@@ -398,6 +398,8 @@ TEST(Launch, BadFlagsAreUsageErrors) {
       {"--nproc-per-node 2 --", "missing the command to run"},
       {"--nproc-per-node 2 train --config x.toml", "unexpected --config"},
       {"--nproc-per-nod=2 -- train", "unexpected --nproc-per-nod=2"},
+      {"--replan-layout tpu9 -- train", "unknown device profile 'tpu9'"},
+      {"--replan-layout cpu --no-python -- sh", "--replan-layout plans the layout of a loom"},
   };
   for (const Case& c : cases) {
     auto result =

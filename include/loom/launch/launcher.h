@@ -9,6 +9,7 @@
 //                      to --max-restarts) or report; forwards SIGINT/SIGTERM/SIGHUP.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <set>
@@ -41,14 +42,18 @@ struct LaunchOptions {
   // LOG_RANK=0 default but keeping their warnings. false: every rank shows everything
   // (--local-ranks-filter all).
   bool quiet_other_ranks = true;
-  std::optional<std::string> log_dir;               // <log_dir>/attempt_<k>/rank_<r>.log
+  std::optional<std::string> log_dir;  // <log_dir>/attempt_<k>/rank_<r>.log
   double monitor_interval_s = 0.1;
-  double grace_period_s = 30.0;      // SIGTERM -> SIGKILL (--grace-period, --term-timeout)
+  double grace_period_s = 30.0;  // SIGTERM -> SIGKILL (--grace-period, --term-timeout)
   // A worker that beat once and then stays silent this long is hung (SIGSTOP, wedged): the
   // agent kills it and restarts the group. 0: heartbeats off.
   double heartbeat_timeout_s = 30.0;
   std::string role = "rank";         // console prefix "[<role><rank>]: "
   std::vector<std::string> program;  // each worker's argv
+  // Called before each (re)start with the round's world size: arguments to append to
+  // `program` for that many ranks (`loom launch --replan-layout`: a parallel layout planned for
+  // them). Empty: `program` as given.
+  std::function<std::vector<std::string>(int world_size)> extra_args_for_world;
 };
 
 // Throws loom::InputError naming the flag for any bad value.
@@ -83,7 +88,7 @@ struct RendezvousResult {
   std::string master_addr;
   int master_port = 0;
   std::string run_id = "none";  // TORCHELASTIC_RUN_ID
-  bool job_done = false;  // elastic: the job finished while this node waited to be admitted
+  bool job_done = false;        // elastic: the job finished while this node waited to be admitted
 };
 
 // What the agent learns about the group while its workers run (elastic rendezvous only).

@@ -1,0 +1,70 @@
+// Per-rank memory of a layout by component, from the model's shapes (model_shape.h) and a
+// device profile, without allocating anything.
+//
+// What is counted (each a component, in bytes, for the rank that needs the most, the first
+// pipeline rank unless a later one holds more):
+//   parameters        this rank's share: its pipeline stages, / tp, routed experts / ep, then
+//                     / (dp_shard x cp) under FSDP, in float32 (FSDP's masters) or training.dtype
+//   gradients         as the parameters
+//   optimizer state   AdamW's two moments, as the parameters
+//   activations       what one forward keeps per block under the AC mode (model_shape.h), in the
+//                     compute dtype, / tp (sequence parallel), / cp, x the microbatches the
+//                     pipeline schedule keeps in flight (schedule.h peak_live_activations);
+//                     checkpointed blocks keep their input, plus one block recomputed at a time
+//   output and loss   the head's logits (compute dtype) and their float32 loss copy, / tp
+//   fsdp gather       the gathered unit and the prefetched next, in the compute dtype
+//   comm buffers      a unit's unsharded gradient before its reduce-scatter, TP's gathered
+//                     sequence, a pipeline's send/receive buffers, MoE dispatch buffers
+//   float8            a block's float8 weight casts and transposes (model.converters float8)
+// The tensors' sum is scaled by the profile's allocator_factor; the runtime's own memory
+// (profile.runtime_bytes) comes on top.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "loom/config/job_config.h"
+#include "loom/plan/device_profile.h"
+#include "loom/plan/layout.h"
+#include "loom/plan/model_shape.h"
+
+namespace loom::plan {
+
+struct MemoryComponent {
+  std::string name;  // "parameters", "activations", ...
+  double bytes = 0;
+  std::string detail;  // how it was counted, one line
+};
+
+struct MemoryPlan {
+  std::vector<MemoryComponent> components;  // tensors, before the allocator's factor
+  double tensor_bytes = 0;                  // their sum
+  double allocator_bytes = 0;               // (factor - 1) x tensor_bytes
+  double runtime_bytes = 0;
+  double peak_bytes = 0;                    // tensors x allocator_factor + runtime
+  int pipeline_rank = 0;                    // the rank this is for (pp > 1)
+  std::vector<double> pipeline_rank_peaks;  // peak_bytes of every pipeline rank (pp > 1)
+  std::vector<std::string> notes;
+
+  double component(const std::string& name) const;
+};
+
+MemoryPlan predict_memory(const ModelShape& model, const config::JobConfig& config,
+                          const Layout& layout, const DeviceProfile& profile);
+
+// Bytes of parameters rank `pipeline_rank` holds before sharding (its stages; used by the step
+// time model too), and the largest FSDP unit among them.
+struct RankParameters {
+  double params = 0;        // / tp and experts / ep applied
+  double largest_unit = 0;  // largest of embedding, each block, head (same division)
+  int64_t blocks = 0;       // transformer blocks on the rank
+  bool head = false;        // holds the output projection
+  bool embedding = false;
+};
+RankParameters rank_parameters(const ModelShape& model, const config::JobConfig& config,
+                               const Layout& layout, int pipeline_rank);
+
+// "12.34 GiB"
+std::string format_bytes(double bytes);
+
+}  // namespace loom::plan

@@ -1,0 +1,211 @@
+#include "loom/plan/memory_model.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+
+#include "loom/core/strings.h"
+#include "loom/plan/pipeline_costs.h"
+
+namespace loom::plan {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+bool has_float8(const config::JobConfig& config) {
+  for (const auto& c : config.model.converters) {
+    if (c.find("float8") != std::string::npos) return true;
+  }
+  return false;
+}
+
+// Bytes of one parameter in the optimizer's copy: FSDP keeps float32 masters; otherwise
+// training.dtype.
+double param_bytes(const config::JobConfig& config, const Layout& layout) {
+  if (layout.fsdp_degree() > 1) return 4.0;
+  return config.training.dtype == "bfloat16" ? 2.0 : 4.0;
+}
+
+// Saved activation elements per token of `n` blocks starting at `first` under the AC mode, and
+// the extra of the one block recomputed at a time in backward.
+struct BlockActivations {
+  double kept = 0;
+  double recompute = 0;
+};
+BlockActivations block_activations(const ModelShape& m, const Layout& l, int64_t first,
+                                   int64_t end) {
+  BlockActivations a;
+  const bool op_policy = l.ac_mode == "selective" && l.ac_option == "op";
+  int64_t every = 0;  // 0: no block checkpointed; N: blocks N-1, 2N-1, ... (parallel/ac)
+  if (l.ac_mode == "full") every = 1;
+  if (l.ac_mode == "selective" && !op_policy)
+    every = std::max<int64_t>(strings::parse_int(l.ac_option).value_or(1), 1);
+  for (int64_t b = first; b < end; ++b) {
+    const double whole = m.block_activation_elements(b);
+    if (op_policy) {
+      a.kept += m.block_op_policy_elements(b);
+      a.recompute = std::max(a.recompute, whole - m.block_op_policy_elements(b));
+    } else if (every > 0 && (b + 1) % every == 0) {
+      a.kept += static_cast<double>(m.dim);
+      a.recompute = std::max(a.recompute, whole);
+    } else {
+      a.kept += whole;
+    }
+  }
+  return a;
+}
+
+}  // namespace
+
+double MemoryPlan::component(const std::string& name) const {
+  for (const auto& c : components) {
+    if (c.name == name) return c.bytes;
+  }
+  return 0;
+}
+
+std::string format_bytes(double bytes) {
+  if (bytes >= kGiB) return fmt::format("{:.2f} GiB", bytes / kGiB);
+  return fmt::format("{:.1f} MiB", bytes / (1024.0 * 1024.0));
+}
+
+RankParameters rank_parameters(const ModelShape& m, const config::JobConfig& config,
+                               const Layout& l, int pipeline_rank) {
+  RankParameters r;
+  const double tp = static_cast<double>(l.tp);
+  const double ep = static_cast<double>(l.ep);
+  auto block_params = [&](const BlockShape& b) {
+    return (static_cast<double>(b.params - b.expert_params) +
+            static_cast<double>(b.expert_params) / ep) /
+           tp;
+  };
+  for (const auto& part : rank_stage_parts(config, l, m.n_layers(), pipeline_rank)) {
+    for (int64_t b = part.first_layer; b < part.end_layer; ++b) {
+      const double p = block_params(m.blocks[static_cast<size_t>(b)]);
+      r.params += p;
+      r.largest_unit = std::max(r.largest_unit, p);
+      ++r.blocks;
+    }
+    if (part.embedding) {
+      const double p = static_cast<double>(m.embedding_params) / tp;
+      r.params += p;
+      r.largest_unit = std::max(r.largest_unit, p);
+      r.embedding = true;
+    }
+    if (part.head) {
+      const double p = static_cast<double>(m.head_params) / tp;
+      r.params += p;
+      r.largest_unit = std::max(r.largest_unit, p);
+      r.head = true;
+    }
+  }
+  return r;
+}
+
+namespace {
+
+MemoryPlan predict_rank_memory(const ModelShape& m, const config::JobConfig& config,
+                               const Layout& l, const DeviceProfile& profile, int pipeline_rank) {
+  MemoryPlan plan;
+  plan.pipeline_rank = pipeline_rank;
+  const RankParameters rp = rank_parameters(m, config, l, pipeline_rank);
+  const double fsdp = static_cast<double>(l.fsdp_degree());
+  const double pb = param_bytes(config, l);
+  const double cb = static_cast<double>(profile.compute_bytes);
+  const double local = rp.params / fsdp;
+  auto add = [&](const std::string& name, double bytes, const std::string& detail) {
+    plan.components.push_back({name, bytes, detail});
+  };
+  const std::string share = fmt::format("{:.4g}M of this rank's {:.4g}M parameters x {} B",
+                                        local / 1e6, rp.params / 1e6, pb);
+  add("parameters", local * pb, share);
+  add("gradients", local * pb, share);
+  add("optimizer state", 2 * local * pb, "AdamW's two moments, " + share);
+
+  // One forward's tokens on this rank: rows of a microbatch (pipeline) or the local batch,
+  // split cp ways by context parallelism.
+  const int64_t rows = l.pp > 1 ? l.microbatch_size : l.local_batch_size;
+  const double tokens = static_cast<double>(rows) * static_cast<double>(config.training.seq_len) /
+                        static_cast<double>(l.cp);
+  const double live = rank_live_microbatches(config, l, m.n_layers(), pipeline_rank);
+  BlockActivations acts;
+  for (const auto& part : rank_stage_parts(config, l, m.n_layers(), pipeline_rank)) {
+    const auto a = block_activations(m, l, part.first_layer, part.end_layer);
+    acts.kept += a.kept;
+    acts.recompute = std::max(acts.recompute, a.recompute);
+  }
+  // Per stage held: the schedule's live microbatch-stages over the rank's stage count.
+  const double per_stage_live = live / static_cast<double>(l.pp > 1 ? l.stages_per_rank : 1);
+  const double act_scale = profile.activation_factor * cb * tokens / static_cast<double>(l.tp);
+  add("activations", (acts.kept * per_stage_live + acts.recompute) * act_scale,
+      fmt::format("{} block(s), ac {}, {:.0f} tokens per forward, {:.3g} microbatch(es) in flight, "
+                  "{:.0f} elements/token kept",
+                  rp.blocks, l.ac_mode == "selective" ? "selective " + l.ac_option : l.ac_mode,
+                  tokens, per_stage_live, acts.kept));
+  if (rp.head) {
+    const double vocab = static_cast<double>(m.vocab) / static_cast<double>(l.tp);
+    add("output and loss", tokens * (vocab * (cb + 4.0) + 2.0 * static_cast<double>(m.dim) * cb),
+        fmt::format("logits over {:.0f} vocabulary entries per rank, compute dtype + float32",
+                    vocab));
+  }
+  if (l.fsdp_degree() > 1) {
+    add("fsdp gather", 2 * rp.largest_unit * cb,
+        fmt::format("largest unit {:.4g}M parameters gathered, and the next prefetched",
+                    rp.largest_unit / 1e6));
+  }
+  double comm = 0;
+  std::string comm_detail;
+  if (l.fsdp_degree() > 1) {
+    comm += rp.largest_unit * 4.0;
+    comm_detail += "a unit's unsharded float32 gradient";
+  }
+  if (l.tp > 1) {
+    comm += tokens * static_cast<double>(m.dim) * cb;
+    comm_detail += std::string(comm_detail.empty() ? "" : ", ") + "TP's gathered sequence";
+  }
+  if (l.pp > 1) {
+    comm += 2 * tokens * static_cast<double>(m.dim) * cb * static_cast<double>(l.stages_per_rank);
+    comm_detail += std::string(comm_detail.empty() ? "" : ", ") + "pipeline send/receive buffers";
+  }
+  int64_t routed = 0;
+  for (const auto& b : m.blocks) routed = std::max(routed, b.routed_copies);
+  if (routed > 0) {
+    comm += tokens * static_cast<double>(routed) * static_cast<double>(m.dim) * cb;
+    comm_detail += std::string(comm_detail.empty() ? "" : ", ") + "MoE dispatch buffers";
+  }
+  if (comm > 0) add("comm buffers", comm, comm_detail);
+  if (has_float8(config)) {
+    add("float8", 2 * rp.largest_unit, "a block's float8 weight casts and their transposes");
+  }
+  for (const auto& c : plan.components) plan.tensor_bytes += c.bytes;
+  plan.allocator_bytes = (profile.allocator_factor - 1.0) * plan.tensor_bytes;
+  plan.runtime_bytes = profile.runtime_bytes +
+                       (l.world() > 1 ? profile.distributed_runtime_bytes : 0.0) +
+                       (l.fsdp_degree() > 1 ? profile.fsdp_runtime_bytes : 0.0);
+  plan.peak_bytes = plan.tensor_bytes + plan.allocator_bytes + plan.runtime_bytes;
+  return plan;
+}
+
+}  // namespace
+
+MemoryPlan predict_memory(const ModelShape& m, const config::JobConfig& config, const Layout& l,
+                          const DeviceProfile& profile) {
+  MemoryPlan worst;
+  std::vector<double> peaks;
+  for (int rank = 0; rank < static_cast<int>(l.pp); ++rank) {
+    MemoryPlan plan = predict_rank_memory(m, config, l, profile, rank);
+    peaks.push_back(plan.peak_bytes);
+    if (rank == 0 || plan.peak_bytes > worst.peak_bytes) worst = std::move(plan);
+  }
+  if (l.pp > 1) worst.pipeline_rank_peaks = peaks;
+  if (l.ac_mode == "selective" && l.ac_option == "op") {
+    worst.notes.push_back(
+        "activation_checkpoint.selective_ac_option = 'op' is estimated as torchtitan's per-op "
+        "policy; loom runs it as full checkpointing today, which needs less");
+  }
+  return worst;
+}
+
+}  // namespace loom::plan
