@@ -15,7 +15,8 @@ SECONDS_EACH="${1:-30}"
 shift || true
 BUILD="${LOOM_FUZZ_BUILD_DIR:-build-fuzz}"
 ALL=(fuzz_config fuzz_safetensors_header fuzz_checkpoint_index fuzz_checkpoint_reader
-     fuzz_tiktoken fuzz_hf_tokenizer fuzz_documents)
+     fuzz_tiktoken fuzz_hf_tokenizer fuzz_documents fuzz_prompts fuzz_choice_items
+     fuzz_metrics_rows fuzz_schedule_csv fuzz_hf_config)
 HARNESSES=("${@:-${ALL[@]}}")
 [ $# -eq 0 ] && HARNESSES=("${ALL[@]}")
 
@@ -69,11 +70,43 @@ for line in list(sys.stdin)[:8]:
   gzip -c "$SEEDS/documents/small.jsonl" > "$SEEDS/documents/small.jsonl.gz"
   touch "$SEEDS/.done"
 fi
+# Seeds of the second round's readers (their own marker, so older seed folders gain them).
+if [ ! -f "$SEEDS/.done2" ]; then
+  mkdir -p "$SEEDS"/{prompts,choices,metrics,schedule,hf_config}
+  python3 - "$SEEDS" <<'PY'
+import json, os, sys
+seeds = sys.argv[1]
+def write(folder, name, text):
+    with open(os.path.join(seeds, folder, name), "w") as f:
+        f.write(text)
+write("prompts", "prompts.jsonl", "\n".join(json.dumps(p) for p in [
+    {"prompt": "The cat", "id": 1}, {"text": "Once upon a time", "id": "b"},
+    {"prompt": "caf\u00e9 \u2603 12345"}]) + "\n\n")
+write("choices", "task.jsonl", "\n".join(json.dumps(p) for p in [
+    {"context": "The sky is", "choices": [" blue", " green"], "answer": 0},
+    {"context": "2 + 2 =", "choices": [" 3", " 4", " 5"], "answer": 1}]) + "\n")
+rows = [{"step": s, "loss": 10.0 / s, "lr": 1e-3, "tps": 1000.0 + s, "tokens_seen": 512 * s,
+         "step_time_s": 0.5, "mfu_pct": 12.5} for s in range(1, 6)]
+rows.append({"step": 5, "val_loss": 2.5})
+write("metrics", "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+# 1F1B on 2 ranks, 2 microbatches, compute only (the loader inserts communication) and with it.
+write("schedule", "1f1b.csv", "0F0,0F1,0B0,0B1\n1F0,1B0,1F1,1B1\n")
+write("schedule", "comm.csv", "0F0,0SEND_F0,0F1,0SEND_F1,0RECV_B0,0B0,0RECV_B1,0B1\n"
+      "1RECV_F0,1F0,1B0,1SEND_B0,1RECV_F1,1F1,1B1,1SEND_B1\n")
+PY
+  cp tests/data/hf_llama/transformers4/config.json "$SEEDS/hf_config/llama4.json"
+  for f in tests/data/hf_llama/transformers5/config.json tests/data/hf_qwen3/transformers5/*/config.json; do
+    [ -f "$f" ] && cp "$f" "$SEEDS/hf_config/$(echo "$f" | tr / _)"
+  done
+  touch "$SEEDS/.done2"
+fi
 seed_dir() {
   case "$1" in
     fuzz_config) echo config ;; fuzz_safetensors_header) echo safetensors ;;
     fuzz_checkpoint_index|fuzz_checkpoint_reader) echo index ;;
     fuzz_tiktoken) echo tiktoken ;; fuzz_hf_tokenizer) echo hf ;; fuzz_documents) echo documents ;;
+    fuzz_prompts) echo prompts ;; fuzz_choice_items) echo choices ;; fuzz_metrics_rows) echo metrics ;;
+    fuzz_schedule_csv) echo schedule ;; fuzz_hf_config) echo hf_config ;;
   esac
 }
 

@@ -37,9 +37,13 @@ RunLog read_run(const std::string& folder) {
     run.name = fs::absolute(folder).lexically_normal().parent_path().filename().string();
   }
   LOOM_CHECK_AS(InputError, fs::is_regular_file(path), path, ": not a regular file");
-  std::ifstream in(path);
+  std::ifstream in(path, std::ios::binary);
   std::vector<std::string> texts;
   for (std::string text; std::getline(in, text);) texts.push_back(std::move(text));
+  // A live run appends whole lines: only a last line without its newline can be unfinished.
+  in.clear();
+  in.seekg(-1, std::ios::end);
+  const bool last_unfinished = in && in.get() != '\n';
   std::vector<nlohmann::json> train, validation;
   for (size_t i = 0; i < texts.size(); ++i) {
     if (texts[i].find_first_not_of(" \t\r") == std::string::npos) continue;
@@ -47,7 +51,7 @@ RunLog read_run(const std::string& folder) {
     auto line = json::parse_or_discard(texts[i]);
     if (line.is_discarded()) {
       // Only the last line may be unfinished (a live run is writing it).
-      LOOM_CHECK_AS(InputError, i + 1 == texts.size(), where,
+      LOOM_CHECK_AS(InputError, last_unfinished && i + 1 == texts.size(), where,
                     ": not a metrics row (invalid JSON, or nested deeper than 256 levels)");
       continue;
     }

@@ -51,11 +51,14 @@ TEST(TensorBoardWriter, RecordFramingAndFileName) {
 
 namespace {
 
+// Every line ends with a newline, but the last when `last_unfinished` (a live run writing it).
 std::string write_run(const std::string& name, const std::vector<std::string>& lines,
-                      const std::string& status) {
+                      const std::string& status, bool last_unfinished = false) {
   const std::string dir = loom::testing::fresh_temp_dir(name);
   std::ofstream out(dir + "/metrics.jsonl");
-  for (const auto& l : lines) out << l << "\n";
+  for (size_t i = 0; i < lines.size(); ++i) {
+    out << lines[i] << (last_unfinished && i + 1 == lines.size() ? "" : "\n");
+  }
   if (!status.empty()) std::ofstream(dir + "/run_status.json") << status;
   return dir;
 }
@@ -73,7 +76,7 @@ TEST(RunLog, ResumedStepsCountOnceAndPartialLinesAreSkipped) {
   const auto dir = write_run("runlog",
                              {train_line(1, 5, 100), train_line(2, 4, 101), train_line(2, 3.5, 105),
                               "{\"step\":2,\"val_loss\":4.2}", "{\"step\":3,\"lo"},
-                             "");
+                             "", true);
   const auto run = read_run(dir);
   ASSERT_EQ(run.train.size(), 2u);
   EXPECT_DOUBLE_EQ(run.train[1]["loss"].get<double>(), 3.5);  // the resumed run's value
@@ -116,8 +119,12 @@ TEST(RunLog, DamagedRowsAreErrorsNamingTheLine) {
             std::string::npos);
   EXPECT_NE(error_of({"[1, 2]", train_line(1, 5, 1)}).find("metrics.jsonl:1: a metrics row"),
             std::string::npos);
-  // A deep row as the last line is a row being written: skipped.
-  EXPECT_EQ(read_run(write_run("runlog_tail", {train_line(1, 5, 1), deep}, "")).train.size(), 1u);
+  // A last line without its newline is a row being written: skipped. With its newline it is
+  // finished, and damaged.
+  EXPECT_EQ(read_run(write_run("runlog_tail", {train_line(1, 5, 1), deep}, "", true)).train.size(),
+            1u);
+  EXPECT_NE(error_of({train_line(1, 5, 1), deep}).find("metrics.jsonl:2: not a metrics row"),
+            std::string::npos);
 }
 
 // A metric name with an escape sequence is shown, not obeyed by the terminal.

@@ -3,7 +3,7 @@
 // highest log-likelihood (accuracy) or the highest log-likelihood per character of the choice
 // (length-normalized accuracy, lm-eval's acc_norm).
 //
-// Task file: JSONL, one item per line: {"context": "...", "choices": ["...", ...], "answer": i}.
+// Task file: see choice_file.h.
 // Tokens as lm-eval: trailing spaces of the context move to the front of each choice; the
 // choice's tokens are those of encode(context + choice) after the first len(encode(context)).
 // A sequence longer than the context window loses tokens from the left.
@@ -14,20 +14,10 @@
 #include <vector>
 
 #include "loom/data/tokenizer.h"
+#include "loom/eval/choice_file.h"
 #include "loom/eval/loss.h"
 
 namespace loom::eval {
-
-struct ChoiceItem {
-  std::string context;
-  std::vector<std::string> choices;
-  int64_t answer = 0;
-  int64_t line = 0;  // in the task file
-};
-
-// Throws InputError naming the file and line of a bad item (invalid JSON, a missing or mistyped
-// field, fewer than two choices, an answer out of range).
-std::vector<ChoiceItem> read_choice_items(const std::string& path);
 
 struct ChoiceOptions {
   bool add_bos = true;
