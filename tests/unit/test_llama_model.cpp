@@ -15,6 +15,7 @@
 #include "loom/models/common/rope.h"
 #include "loom/models/common/decoder.h"
 #include "loom/models/model_spec.h"
+#include "loom/models/qwen3/args.h"
 #include "unit/model_test_util.h"
 
 namespace llama = loom::models::llama;
@@ -208,6 +209,29 @@ TEST(Init, FollowsTorchtitanDistributions) {
   const double out_std = 1.0 / 16.0;
   EXPECT_LE(params["output.weight"].abs().max().item<double>(), 3 * out_std + 1e-6);
   EXPECT_TRUE(at::equal(params["norm.weight"], at::ones({256})));
+}
+
+// Qwen3 trains from scratch with torchtitan's rule too: the table tied to the head is drawn as
+// the head (std dim^-0.5, cut at 3 std), not N(0, 1) and not Hugging Face's N(0, 0.02); the
+// blocks' output projections are depth-scaled; the q/k norms start at 1.
+TEST(Init, Qwen3DrawsItsTiedTableAsTheHead) {
+  const auto args = loom::models::qwen3::qwen3_flavors().at("debugmodel");
+  ASSERT_TRUE(args.tie_embeddings);
+  loom::models::DecoderModel model("qwen3", "debugmodel", args, {}, loom::models::ModelPart{},
+                                   loom::models::qwen3::init_parameter);
+  model.init_weights(5);
+  auto params = model.transformer()->named_parameters();
+  const double head_std = 1.0 / std::sqrt(static_cast<double>(args.dim));
+  const at::Tensor table = params["tok_embeddings.weight"];
+  EXPECT_NEAR(table.std().item<double>(), head_std, 0.1 * head_std);
+  EXPECT_LE(table.abs().max().item<double>(), 3 * head_std + 1e-6);
+  const int64_t last = args.n_layers - 1;
+  const std::string wo = "layers." + std::to_string(last) + ".attention.wo.weight";
+  const double wo_std = 0.02 / std::sqrt(2.0 * static_cast<double>(args.n_layers));
+  EXPECT_NEAR(params[wo].std().item<double>(), wo_std, 0.1 * wo_std);
+  EXPECT_NEAR(params["layers.0.attention.wq.weight"].std().item<double>(), 0.02, 0.002);
+  EXPECT_TRUE(at::equal(params["layers.0.attention.q_norm.weight"],
+                        at::ones_like(params["layers.0.attention.q_norm.weight"])));
 }
 
 TEST(Init, DependsOnlyOnSeedAndName) {

@@ -5,6 +5,7 @@
 #include <ATen/core/grad_mode.h>
 
 #include <cmath>
+#include <initializer_list>
 
 #include "loom/core/check.h"
 #include "loom/core/strings.h"
@@ -60,6 +61,64 @@ void trunc_normal_(at::Tensor& tensor, double mean, double std, double low, doub
   tensor.mul_(std * std::sqrt(2.0));
   tensor.add_(mean);
   tensor.clamp_(low, high);
+}
+
+namespace {
+
+constexpr double kProjectionStd = 0.02;
+
+bool ends_with_any(const std::string& name, std::initializer_list<const char*> suffixes) {
+  for (const char* suffix : suffixes) {
+    if (strings::ends_with(name, suffix)) return true;
+  }
+  return false;
+}
+
+bool is_input_projection(const std::string& name) {
+  return ends_with_any(
+      name,
+      {"attention.wq.weight", "attention.wk.weight", "attention.wv.weight", "attention.wq_a.weight",
+       "attention.wq_b.weight", "attention.wkv_a.weight", "attention.wkv_b.weight",
+       "feed_forward.w1.weight", "moe.shared_experts.w1.weight", "moe.experts.w1"});
+}
+
+bool is_depth_scaled(const std::string& name) {
+  return ends_with_any(
+      name, {"attention.wo.weight", "feed_forward.w2.weight", "feed_forward.w3.weight",
+             "moe.shared_experts.w2.weight", "moe.shared_experts.w3.weight", "moe.experts.w2",
+             "moe.experts.w3", "moe.router.gate.weight"});
+}
+
+}  // namespace
+
+double output_projection_std(const DecoderArgs& args, int64_t layer_id) {
+  const double depth =
+      args.depth_init ? static_cast<double>(layer_id + 1) : static_cast<double>(args.n_layers);
+  return kProjectionStd / std::sqrt(2.0 * depth);
+}
+
+void init_decoder_parameter(const DecoderArgs& args, const std::string& name, at::Tensor& param,
+                            uint64_t seed, const std::string& family) {
+  at::NoGradGuard no_grad;
+  LOOM_CHECK(!param.is_meta(), family, " init on a meta parameter: ", name);
+  at::Generator generator = parameter_generator(param.device(), seed, name);
+  const bool head =
+      name == "output.weight" || (name == "tok_embeddings.weight" && args.tie_embeddings);
+  if (head) {
+    const double std = 1.0 / std::sqrt(static_cast<double>(args.dim));
+    trunc_normal_(param, 0.0, std, -3 * std, 3 * std, generator);
+  } else if (name == "tok_embeddings.weight") {
+    param.normal_(0.0, 1.0, generator);
+  } else if (strings::ends_with(name, "norm.weight")) {
+    param.fill_(1.0);
+  } else if (is_input_projection(name)) {
+    trunc_normal_(param, 0.0, kProjectionStd, -2.0, 2.0, generator);
+  } else if (is_depth_scaled(name)) {
+    const int64_t layer = std::stoll(name.substr(std::string("layers.").size()));
+    trunc_normal_(param, 0.0, output_projection_std(args, layer), -2.0, 2.0, generator);
+  } else {
+    LOOM_THROW(InternalError, family, " init: no rule for parameter ", name);
+  }
 }
 
 void init_weights(Transformer& model, uint64_t seed, const ParameterInit& init) {

@@ -1,12 +1,7 @@
 #include "loom/models/deepseek_v3/args.h"
 
 #include <ATen/ATen.h>
-#include <ATen/core/grad_mode.h>
 
-#include <cmath>
-
-#include "loom/core/check.h"
-#include "loom/core/strings.h"
 #include "loom/models/common/init.h"
 
 namespace loom::models::deepseek_v3 {
@@ -100,54 +95,9 @@ const std::map<std::string, DecoderArgs>& deepseek_v3_flavors() {
   return flavors;
 }
 
-namespace {
-
-// torchtitan draws these with the block's depth-scaled std: the output projections, the SwiGLU
-// up projections (w3) and the router.
-bool is_depth_scaled(const std::string& name) {
-  for (const char* suffix :
-       {"attention.wo.weight", "feed_forward.w2.weight", "feed_forward.w3.weight",
-        "moe.shared_experts.w2.weight", "moe.shared_experts.w3.weight", "moe.experts.w2",
-        "moe.experts.w3", "moe.router.gate.weight"}) {
-    if (strings::ends_with(name, suffix)) return true;
-  }
-  return false;
-}
-
-bool is_input_projection(const std::string& name) {
-  for (const char* suffix :
-       {"attention.wq.weight", "attention.wq_a.weight", "attention.wq_b.weight",
-        "attention.wkv_a.weight", "attention.wkv_b.weight", "feed_forward.w1.weight",
-        "moe.shared_experts.w1.weight", "moe.experts.w1"}) {
-    if (strings::ends_with(name, suffix)) return true;
-  }
-  return false;
-}
-
-}  // namespace
-
 void init_parameter(const DecoderArgs& args, const std::string& name, at::Tensor& param,
                     uint64_t seed) {
-  at::NoGradGuard no_grad;
-  LOOM_CHECK(!param.is_meta(), "init on a meta parameter: ", name);
-  at::Generator generator = parameter_generator(param.device(), seed, name);
-  constexpr double kStd = 0.02;
-  if (strings::ends_with(name, "norm.weight")) {
-    param.fill_(1.0);
-  } else if (name == "tok_embeddings.weight") {
-    param.normal_(0.0, 1.0, generator);
-  } else if (name == "output.weight") {
-    const double std = 1.0 / std::sqrt(static_cast<double>(args.dim));
-    trunc_normal_(param, 0.0, std, -3 * std, 3 * std, generator);
-  } else if (is_depth_scaled(name)) {
-    const int64_t layer = std::stoll(name.substr(std::string("layers.").size()));
-    const double std = kStd / std::sqrt(2.0 * static_cast<double>(layer + 1));
-    trunc_normal_(param, 0.0, std, -2.0, 2.0, generator);
-  } else if (is_input_projection(name)) {
-    trunc_normal_(param, 0.0, kStd, -2.0, 2.0, generator);
-  } else {
-    LOOM_THROW(InternalError, "deepseek_v3 init: no rule for parameter ", name);
-  }
+  init_decoder_parameter(args, name, param, seed, "deepseek_v3");
 }
 
 }  // namespace loom::models::deepseek_v3

@@ -1,10 +1,7 @@
 #include "loom/models/qwen3/args.h"
 
 #include <ATen/ATen.h>
-#include <ATen/core/grad_mode.h>
 
-#include "loom/core/check.h"
-#include "loom/core/strings.h"
 #include "loom/models/common/init.h"
 
 namespace loom::models::qwen3 {
@@ -81,40 +78,18 @@ const std::map<std::string, DecoderArgs>& qwen3_moe_flavors() {
     debug.head_dim_override = 32;
     return std::map<std::string, DecoderArgs>{
         {"debugmodel_moe", moe_args_of(debug, {8, 2, 256})},
-        {"30B-A3B", moe_args_of(args_of({2048, 48, 32, 4, 6144, 151936, 40960, false}),
-                                {128, 8, 768})},
-        {"235B-A22B", moe_args_of(args_of({4096, 94, 64, 4, 12288, 151936, 40960, false}),
-                                  {128, 8, 1536})},
+        {"30B-A3B",
+         moe_args_of(args_of({2048, 48, 32, 4, 6144, 151936, 40960, false}), {128, 8, 768})},
+        {"235B-A22B",
+         moe_args_of(args_of({4096, 94, 64, 4, 12288, 151936, 40960, false}), {128, 8, 1536})},
     };
   }();
   return flavors;
 }
 
-void init_parameter(const DecoderArgs& /*args*/, const std::string& name, at::Tensor& param,
+void init_parameter(const DecoderArgs& args, const std::string& name, at::Tensor& param,
                     uint64_t seed) {
-  at::NoGradGuard no_grad;
-  LOOM_CHECK(!param.is_meta(), "init on a meta parameter: ", name);
-  if (strings::ends_with(name, "norm.weight")) {
-    param.fill_(1.0);
-    return;
-  }
-  const bool known = name == "tok_embeddings.weight" || name == "output.weight" ||
-                     strings::ends_with(name, "attention.wq.weight") ||
-                     strings::ends_with(name, "attention.wk.weight") ||
-                     strings::ends_with(name, "attention.wv.weight") ||
-                     strings::ends_with(name, "attention.wo.weight") ||
-                     strings::ends_with(name, "feed_forward.w1.weight") ||
-                     strings::ends_with(name, "feed_forward.w2.weight") ||
-                     strings::ends_with(name, "feed_forward.w3.weight") ||
-                     strings::ends_with(name, "moe.router.gate.weight") ||
-                     strings::ends_with(name, "moe.experts.w1") ||
-                     strings::ends_with(name, "moe.experts.w2") ||
-                     strings::ends_with(name, "moe.experts.w3") ||
-                     strings::ends_with(name, "moe.shared_experts.w1.weight") ||
-                     strings::ends_with(name, "moe.shared_experts.w2.weight") ||
-                     strings::ends_with(name, "moe.shared_experts.w3.weight");
-  LOOM_CHECK(known, "qwen3 init: no rule for parameter ", name);
-  param.normal_(0.0, 0.02, parameter_generator(param.device(), seed, name));
+  init_decoder_parameter(args, name, param, seed, "qwen3");
 }
 
 }  // namespace loom::models::qwen3

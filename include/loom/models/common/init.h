@@ -24,6 +24,20 @@ void init_weights(Transformer& model, uint64_t seed, const ParameterInit& init);
 // The generator of parameter `name` on `device` for the run seed `seed`.
 at::Generator parameter_generator(const at::Device& device, uint64_t seed, const std::string& name);
 
+// torchtitan's decoder initialization, the rule of every family loom trains from scratch
+// (Llama 3, Qwen3, DeepSeek-V3, their MoE layers): the token table N(0, 1); input projections
+// (wq, wk, wv, latent attention's wq_a, wq_b, wkv_a, wkv_b, and w1 of the dense, shared and
+// routed experts) truncated normal with std 0.02; output projections (wo, w2), w3 and the router
+// with block i's std 0.02 / sqrt(2 (i + 1)) (0.02 / sqrt(2 n_layers) without depth_init); norms 1;
+// the head truncated normal with std dim^-0.5 cut at 3 std. A table tied to the head is drawn as
+// the head (N(0, 1) rows would start the logits at std sqrt(dim)). A parameter with no rule is an
+// internal error naming `family`.
+void init_decoder_parameter(const DecoderArgs& args, const std::string& name, at::Tensor& param,
+                            uint64_t seed, const std::string& family);
+
+// The std of block `layer_id`'s output projections under init_decoder_parameter.
+double output_projection_std(const DecoderArgs& args, int64_t layer_id);
+
 // Fills `tensor` with a normal(mean, std) draw truncated to [low, high], from `generator`.
 void trunc_normal_(at::Tensor& tensor, double mean, double std, double low, double high,
                    at::Generator generator);

@@ -22,10 +22,7 @@ const std::map<std::string, DecoderArgs>& deepseek_v3_flavors();
 // group scores, the balancing bias with torchtitan's coefficient 1e-3.
 MoEArgs deepseek_v3_routing();
 
-// torchtitan's DeepSeek-V3 initialization: projections truncated normal with std 0.02 (output
-// projections, SwiGLU w3 and the router of block i with 0.02 / sqrt(2 (i + 1))), the table
-// normal, the head truncated normal with std dim^-0.5, norms 1. Layout-independent
-// (common/init.h).
+// torchtitan's DeepSeek-V3 initialization (common/init.h's init_decoder_parameter).
 void init_parameter(const DecoderArgs& args, const std::string& name, at::Tensor& param,
                     uint64_t seed);
 

@@ -1,6 +1,6 @@
-// Llama 3 initialization (as torchtitan): embeddings N(0, 1); wq, wk, wv, w1 truncated normal
-// with std 0.02; wo, w2, w3 with the depth-scaled std; norms 1; output truncated normal with std
-// dim^-0.5 cut at 3 std. Layout-independent (common/init.h).
+// Llama 3 initialization, torchtitan's (common/init.h's init_decoder_parameter): embeddings
+// N(0, 1); wq, wk, wv, w1 truncated normal with std 0.02; wo, w2, w3 with the depth-scaled std;
+// norms 1; output truncated normal with std dim^-0.5 cut at 3 std. Layout-independent.
 #pragma once
 
 #include <cstdint>

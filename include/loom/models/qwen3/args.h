@@ -23,8 +23,10 @@ const std::map<std::string, DecoderArgs>& qwen3_moe_flavors();
 // balancing bias with coefficient 1e-3 (torchtitan's default; Hugging Face configs carry none).
 MoEArgs qwen3_moe_routing();
 
-// Qwen3's initialization (torchtitan's): every projection and the table normal with std 0.02,
-// norms 1. Layout-independent (common/init.h).
+// Qwen3's initialization for training from scratch, torchtitan's (common/init.h's
+// init_decoder_parameter): depth-scaled output projections, and on the tied flavors the table
+// drawn as the head (std dim^-0.5); not Hugging Face's N(0, 0.02) everywhere, which has no depth
+// scaling. Weights loaded from a checkpoint or Hugging Face replace it.
 void init_parameter(const DecoderArgs& args, const std::string& name, at::Tensor& param,
                     uint64_t seed);
 
