@@ -217,8 +217,9 @@ def check(loom, work, step, texts, prompt_list):
 def check_varied_generation(loom, work, hf, prompts, prompt_ids, eos, pad):
     """24 steps leave the debug models repeating their most frequent token (' the'), which a
     wrong cache or RoPE would repeat as well. The export's weights with seeded noise (3x each
-    tensor's spread; norms kept) generate varied tokens: `loom generate` on that folder must
-    emit transformers' greedy tokens there too."""
+    tensor's spread, at least fan_in^-0.5 so the depth-scaled projections count; norms kept)
+    generate varied tokens: `loom generate` on that folder must emit transformers' greedy tokens
+    there too."""
     import torch
     from safetensors.torch import load_file, save_file
     from transformers import AutoModelForCausalLM
@@ -226,7 +227,8 @@ def check_varied_generation(loom, work, hf, prompts, prompt_ids, eos, pad):
     os.makedirs(noisy)
     generator = torch.Generator().manual_seed(0)
     weights = {k: v if k.endswith("norm.weight")
-               else v + 3 * v.std() * torch.randn(v.shape, generator=generator)
+               else v + max(3 * v.std().item(), v.shape[-1] ** -0.5)
+               * torch.randn(v.shape, generator=generator)
                for k, v in sorted(load_file(f"{hf}/model.safetensors").items())}
     save_file(weights, f"{noisy}/model.safetensors", metadata={"format": "pt"})
     for f in os.listdir(hf):
