@@ -316,6 +316,11 @@ TEST_F(PipelineCsv, BadFilesNameTheFileAndCell) {
   EXPECT_NE(e.find("fifo.csv' is a FIFO (named pipe), not a regular file"), std::string::npos) << e;
   e = error_of([&] { load_schedule_csv(write("empty.csv", "\n")); });
   EXPECT_NE(e.find("holds no actions"), std::string::npos) << e;
+  // Found by fuzz_schedule_csv: one action naming stage 66666660 and microbatch 81 sized the
+  // dependency tables by their product (an int overflow, then 5.5e9 entries).
+  e = error_of([&] { load_schedule_csv(write("huge.csv", "66666660F81\n")); });
+  EXPECT_NE(e.find("(5466666202 pairs) but lists 1 actions"), std::string::npos) << e;
+  EXPECT_NE(e.find("huge.csv"), std::string::npos) << e;
 }
 
 TEST(PipelineTimeline, PrintsARowPerRankAndTheBubble) {

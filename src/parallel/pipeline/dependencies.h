@@ -16,7 +16,7 @@ class Progress {
  public:
   Progress(int stages, int microbatches)
       : stages_(stages),
-        forward_end_(static_cast<size_t>(stages * microbatches), kNever),
+        forward_end_(static_cast<size_t>(stages) * static_cast<size_t>(microbatches), kNever),
         grad_end_(forward_end_.size(), kNever),
         microbatches_(microbatches) {}
 
@@ -43,7 +43,10 @@ class Progress {
   }
 
  private:
-  size_t index(int stage, int mb) const { return static_cast<size_t>(stage * microbatches_ + mb); }
+  size_t index(int stage, int mb) const {
+    return static_cast<size_t>(stage) * static_cast<size_t>(microbatches_) +
+           static_cast<size_t>(mb);
+  }
   int forward(int stage, int mb) const { return forward_end_[index(stage, mb)]; }
   int grad(int stage, int mb) const { return grad_end_[index(stage, mb)]; }
 

@@ -1,6 +1,7 @@
 // Action strings and the CSV form of a schedule (torch.distributed.pipelining's format).
 #include <algorithm>
 #include <cctype>
+#include <cstdint>
 #include <fstream>
 #include <sstream>
 
@@ -129,6 +130,16 @@ Schedule load_schedule_csv(const std::string& path) {
                 " rows (ranks); the stage count must be a multiple of the rank count");
   s.stages_per_rank = (max_stage + 1) / s.pp;
   s.microbatches = max_microbatch + 1;
+  // Every microbatch goes forward through every stage, so a valid file lists at least stages x
+  // microbatches actions: refused here, before the tables sized by that product are built (one
+  // line "66666660F81" named 5.5e9 pairs).
+  size_t listed = 0;
+  for (const auto& list : s.actions) listed += list.size();
+  const auto pairs = static_cast<uint64_t>(max_stage + 1) * static_cast<uint64_t>(s.microbatches);
+  LOOM_CHECK_AS(InputError, pairs <= listed, key, ": ", strings::quote(path), " names stages 0..",
+                max_stage, " and microbatches 0..", max_microbatch, " (", pairs,
+                " pairs) but lists ", listed,
+                " actions; every microbatch must run forward on every stage");
   add_communication(s);
   try {
     validate_schedule(s);
