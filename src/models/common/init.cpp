@@ -89,13 +89,14 @@ bool is_depth_scaled(const std::string& name) {
              "moe.experts.w3", "moe.router.gate.weight"});
 }
 
-}  // namespace
-
+// Block `layer_id`'s std for its output projections, w3 and the router.
 double output_projection_std(const DecoderArgs& args, int64_t layer_id) {
   const double depth =
       args.depth_init ? static_cast<double>(layer_id + 1) : static_cast<double>(args.n_layers);
   return kProjectionStd / std::sqrt(2.0 * depth);
 }
+
+}  // namespace
 
 void init_decoder_parameter(const DecoderArgs& args, const std::string& name, at::Tensor& param,
                             uint64_t seed, const std::string& family) {

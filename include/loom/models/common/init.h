@@ -35,9 +35,6 @@ at::Generator parameter_generator(const at::Device& device, uint64_t seed, const
 void init_decoder_parameter(const DecoderArgs& args, const std::string& name, at::Tensor& param,
                             uint64_t seed, const std::string& family);
 
-// The std of block `layer_id`'s output projections under init_decoder_parameter.
-double output_projection_std(const DecoderArgs& args, int64_t layer_id);
-
 // Fills `tensor` with a normal(mean, std) draw truncated to [low, high], from `generator`.
 void trunc_normal_(at::Tensor& tensor, double mean, double std, double low, double high,
                    at::Generator generator);

@@ -18,7 +18,4 @@ void init_weights(Transformer& model, uint64_t seed);
 void init_parameter(const LlamaArgs& args, const std::string& name, at::Tensor& param,
                     uint64_t seed);
 
-// The std of block `layer_id`'s output projections.
-double output_projection_std(const LlamaArgs& args, int64_t layer_id);
-
 }  // namespace loom::models::llama
