@@ -2,6 +2,7 @@
 // read and written as transformers' LlamaForCausalLM.
 #include "loom/models/common/decoder_family.h"
 #include "loom/models/llama/args.h"
+#include "loom/models/llama/hf_dialect.h"
 #include "loom/models/llama/init.h"
 
 namespace loom::models::llama {
@@ -11,14 +12,7 @@ ModelSpec llama3_spec() {
   family.name = "llama3";
   family.flavors = &llama3_flavors();
   family.init = init_parameter;
-  // loom rotates interleaved pairs, transformers halves: the adapter permutes q/k rows.
-  family.hf.family = "llama3";
-  family.hf.model_type = "llama";
-  family.hf.architecture = "LlamaForCausalLM";
-  family.hf.rope_layout = RopeLayout::kInterleaved;
-  family.hf.default_max_positions = 2048;  // LlamaConfig's defaults
-  family.hf.default_rope_theta = 10000.0;
-  family.hf.default_norm_eps = 1e-6;
+  family.hf = llama3_hf_dialect();
   return decoder_family_spec(family);
 }
 

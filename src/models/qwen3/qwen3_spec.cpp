@@ -2,6 +2,7 @@
 // and init, read and written as transformers' Qwen3ForCausalLM and Qwen3MoeForCausalLM.
 #include "loom/models/common/decoder_family.h"
 #include "loom/models/qwen3/args.h"
+#include "loom/models/qwen3/hf_dialect.h"
 
 namespace loom::models::qwen3 {
 
@@ -12,18 +13,7 @@ DecoderFamily qwen3_family(const std::string& name, const std::string& model_typ
   DecoderFamily family;
   family.name = name;
   family.init = init_parameter;
-  family.hf.family = name;
-  family.hf.model_type = model_type;
-  family.hf.architecture = architecture;
-  family.hf.rope_layout = RopeLayout::kHalves;  // as transformers: no row permutation
-  family.hf.qk_norm = true;
-  family.hf.head_dim_free = true;
-  family.hf.default_max_positions = 32768;  // Qwen3Config's defaults
-  family.hf.default_rope_theta = 10000.0;
-  family.hf.default_norm_eps = 1e-6;
-  family.hf.default_head_dim = 128;
-  family.hf.default_kv_heads = 32;
-  family.hf.window_switch = true;
+  family.hf = qwen3_hf_dialect(name, model_type, architecture);
   return family;
 }
 
