@@ -154,8 +154,7 @@ SourcedModel step_model(const std::string& step, models::BuildOptions options,
                 "FLAVOR (known models: ",
                 strings::join(models::model_names(), ", "),
                 "), with --tokenizer PATH and --max-seq-len N for its tokenizer and context");
-  out.spec = &models::find_model_spec(*name);
-  models::check_flavor(*out.spec, *flavor);
+  out.spec = &models::find_model_spec(*name, *flavor);
   options.flavor = *flavor;
   out.model =
       build_checked(out.spec->build, options, "'" + step + "' (" + *name + " " + *flavor + ")");
@@ -315,9 +314,39 @@ std::map<std::string, at::Tensor> read_hf_weights(const std::string& hf_folder,
   return tensors;
 }
 
+namespace {
+
+// What a folder must hold for `model`: every parameter, and every buffer the family reads from
+// Hugging Face (DeepSeek's routing bias; not Qwen3-MoE's, which transformers has none of).
+// Returns "loom name (hf name)" for each missing one.
+std::vector<std::string> missing_weights(const models::CausalLM& model,
+                                         const models::StateDictAdapter& adapter,
+                                         const std::set<std::string>& read) {
+  std::vector<std::string> missing;
+  auto note = [&](const std::string& name, const std::vector<std::pair<std::string, at::Tensor>>& hf) {
+    missing.push_back(name + (hf.empty() ? std::string() : " (" + hf.front().first + ")"));
+  };
+  auto& module = const_cast<models::CausalLM&>(model).module();
+  for (const auto& item : module.named_parameters()) {
+    if (!read.count(item.key())) note(item.key(), adapter.to_hf(item.key(), item.value()));
+  }
+  for (const auto& [name, tensor] : const_cast<models::CausalLM&>(model).named_state_buffers()) {
+    if (read.count(name)) continue;
+    const auto hf = adapter.to_hf(name, at::zeros(tensor.sizes(), at::kFloat));
+    if (!hf.empty()) note(name, hf);
+  }
+  return missing;
+}
+
+}  // namespace
+
 void import_from_hf(const std::string& hf_folder, const std::string& checkpoint_folder,
                     const std::function<void(const SourcedModel&)>& accept,
-                    const models::CausalLM* target) {
+                    const models::CausalLM* target, bool overwrite) {
+  const std::string step = checkpoint_folder + "/step-0";
+  LOOM_CHECK_AS(InputError, overwrite || !fs::exists(step), "checkpoint import: '", step,
+                "' already exists (it may be a training run's first checkpoint); pass "
+                "--overwrite to replace it, or import into another folder");
   models::BuildOptions build;
   build.tensor_options = at::TensorOptions().device(at::kMeta).dtype(at::kFloat);
   const SourcedModel source = hf_model(hf_folder, build);
@@ -331,12 +360,19 @@ void import_from_hf(const std::string& hf_folder, const std::string& checkpoint_
   for (const auto& [name, tensor] : const_cast<models::CausalLM&>(model).named_state_buffers()) {
     wanted.insert(name);
   }
+  std::set<std::string> read;
   for (auto& [name, tensor] : read_hf_weights(hf_folder, *source.spec, model)) {
     LOOM_CHECK_AS(InputError, wanted.count(name), hf_folder, ": tensor '", name,
                   "' has no place in the ", source.spec->name, " model");
+    LOOM_CHECK_AS(InputError, !tensor.is_floating_point() || at::isfinite(tensor).all().item<bool>(),
+                  hf_folder, ": tensor '", name, "' holds NaN or Inf; loom imports finite weights");
+    read.insert(name);
     chunks.push_back(whole_chunk("model." + name, tensor));
   }
-  const std::string step = checkpoint_folder + "/step-0";
+  const auto missing = missing_weights(model, *source.spec->hf.adapter(model), read);
+  LOOM_CHECK_AS(InputError, missing.empty(), hf_folder, ": the ", source.spec->name,
+                " model needs weights the folder does not hold: ", strings::join(missing, ", "),
+                "; nothing was written");
   const std::string temp = step + ".tmp";
   detail::remove_step_folder(temp);  // a leftover of an import that failed
   files::create_directories(temp);

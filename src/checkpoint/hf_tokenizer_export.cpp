@@ -38,6 +38,43 @@ std::string token_text(const nlohmann::json& tokenizer, int64_t id, const std::s
   LOOM_THROW(InputError, path, ": no token with id ", id);
 }
 
+nlohmann::json special_piece(const std::string& text) {
+  return {{"SpecialToken", {{"id", text}, {"type_id", 0}}}};
+}
+
+bool starts_with_bos(const nlohmann::json& template_list, const std::string& bos_text) {
+  return template_list.is_array() && !template_list.empty() &&
+         template_list.front() == special_piece(bos_text);
+}
+
+// Training puts BOS before every document (data/token_stream.cpp), and loom's generate and eval
+// do too; transformers adds only what tokenizer.json's post-processor adds. So the export's
+// post-processor adds that BOS: kept when it already does, prepended to a template that does
+// not, and run after any other post-processor (GPT-2's ByteLevel) in a Sequence.
+void add_training_bos(nlohmann::json& tokenizer, const std::string& bos_text, int64_t bos) {
+  nlohmann::json& post = tokenizer["post_processor"];
+  const nlohmann::json sequence_a = {{"Sequence", {{"id", "A"}, {"type_id", 0}}}};
+  const nlohmann::json sequence_b = {{"Sequence", {{"id", "B"}, {"type_id", 1}}}};
+  const nlohmann::json special = {{"id", bos_text}, {"ids", {bos}}, {"tokens", {bos_text}}};
+  if (post.is_object() && post.value("type", "") == "TemplateProcessing") {
+    if (starts_with_bos(post["single"], bos_text)) return;
+    post["single"].insert(post["single"].begin(), special_piece(bos_text));
+    post["pair"].insert(post["pair"].begin(), special_piece(bos_text));
+    post["special_tokens"][bos_text] = special;
+    return;
+  }
+  nlohmann::json bos_template = {
+      {"type", "TemplateProcessing"},
+      {"single", {special_piece(bos_text), sequence_a}},
+      {"pair", {special_piece(bos_text), sequence_a, special_piece(bos_text), sequence_b}},
+      {"special_tokens", {{bos_text, special}}}};
+  if (post.is_null()) {
+    post = bos_template;
+  } else {
+    post = {{"type", "Sequence"}, {"processors", {post, bos_template}}};
+  }
+}
+
 }  // namespace
 
 void export_tokenizer_to_hf(const std::string& location, int64_t max_seq_len,
@@ -73,8 +110,10 @@ void export_tokenizer_to_hf(const std::string& location, int64_t max_seq_len,
   nlohmann::json parsed;
   try {
     parsed = json::parse_bounded(text, file);
+    const std::string bos_text = token_text(parsed, bos, file);
+    add_training_bos(parsed, bos_text, bos);
     const nlohmann::json config = {{"tokenizer_class", "PreTrainedTokenizerFast"},
-                                   {"bos_token", token_text(parsed, bos, file)},
+                                   {"bos_token", bos_text},
                                    {"eos_token", token_text(parsed, eos, file)},
                                    {"pad_token", token_text(parsed, pad, file)},
                                    {"model_max_length", max_seq_len},
@@ -86,7 +125,7 @@ void export_tokenizer_to_hf(const std::string& location, int64_t max_seq_len,
   } catch (const nlohmann::json::exception& e) {
     LOOM_THROW(InputError, file, ": ", e.what());
   }
-  files::write_atomic(output + "/tokenizer.json", text);
+  files::write_atomic(output + "/tokenizer.json", parsed.dump(2) + "\n");
 }
 
 }  // namespace loom::checkpoint

@@ -26,9 +26,9 @@ namespace {
 // RoPE, norm epsilon): the configured family and flavor must compute what config.json describes.
 void check_hf_model_matches(const config::JobConfig& job, const SourcedModel& hf,
                             const models::CausalLM& job_model, const std::string& hf_folder) {
-  LOOM_CHECK_AS(InputError, hf.spec->name == job.model.name, hf_folder,
+  LOOM_CHECK_AS(InputError, hf.spec == &models::job_model_spec(job), hf_folder,
                 "/config.json holds a ", hf.spec->name, " model; model.name is '", job.model.name,
-                "'");
+                "' (flavor '", job.model.flavor, "')");
   // Both as loom writes them, so that layouts and defaults of the file do not count.
   const auto theirs = hf.spec->hf.adapter(*hf.model)->hf_config("float32");
   const auto mine = hf.spec->hf.adapter(job_model)->hf_config("float32");
@@ -53,7 +53,7 @@ std::string CheckpointManager::import_hf_once(const std::string& hf_folder) {
       import_from_hf(
           hf_folder, imported,
           [&](const SourcedModel& hf) { check_hf_model_matches(config_, hf, *job_model, hf_folder); },
-          job_model.get());
+          job_model.get(), /*overwrite=*/true);  // hf-import/ is this manager's own
     } catch (const Error& e) {
       error = e.message();
     }

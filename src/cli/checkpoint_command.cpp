@@ -223,9 +223,12 @@ void add_checkpoint_command(CLI::App& app, CommandRun& run) {
                    "Checkpoint folder to write step-0 into (use as "
                    "checkpoint.initial_load_path)")
       ->required();
+  import_command->add_flag("--overwrite", transfer->overwrite,
+                           "Replace an existing step-0 in the output folder");
   import_command->callback([transfer, &run] {
     run = [transfer] {
-      checkpoint::import_from_hf(transfer->source, transfer->target);
+      checkpoint::import_from_hf(transfer->source, transfer->target, {}, nullptr,
+                                 transfer->overwrite);
       std::cout << "wrote " << transfer->target << "/step-0\n";
       return 0;
     };

@@ -11,7 +11,7 @@
 #include "loom/core/check.h"
 #include "loom/core/logging.h"
 #include "loom/core/strings.h"
-#include "loom/distributed/elastic_rendezvous.h"
+#include "loom/launch/elastic_rendezvous.h"
 #include "loom/distributed/lighthouse.h"
 #include "loom/launch/launcher.h"
 #include "loom/plan/planner.h"

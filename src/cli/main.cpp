@@ -1,5 +1,11 @@
 // The loom binary: parses the command line and dispatches to one subcommand.
 // Exit codes: 0 success, 1 runtime failure, 2 bad input (command line, config, files).
+#include <c10/util/Exception.h>
+#include <nlohmann/json.hpp>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <iostream>
 
 #include "commands.h"
@@ -34,7 +40,18 @@ int main(int argc, char** argv) {
     return app.exit(error) == 0 ? 0 : 2;
   }
   try {
-    return run ? run() : 2;
+    const int status = run ? run() : 2;
+    // What a command printed must have reached its reader: stdout on a full disk or a closed
+    // pipe fails the command (it exited 0 having written nothing).
+    errno = 0;
+    std::cout.flush();
+    const bool failed = std::cout.fail() || std::fflush(stdout) != 0 || std::ferror(stdout);
+    if (failed) {
+      std::cerr << "error: cannot write the output to standard output"
+                << (errno ? std::string(": ") + std::strerror(errno) : std::string()) << "\n";
+      return status == 0 ? 1 : status;
+    }
+    return status;
   } catch (const CLI::ParseError& error) {
     return app.exit(error) == 0 ? 0 : 2;
   } catch (const loom::InputError& error) {
@@ -42,6 +59,15 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const loom::Error& error) {
     std::cerr << "error: " << error.what() << "\n";
+    return 1;
+  } catch (const nlohmann::json::exception& error) {
+    // A reader that let nlohmann's own exception through: still say it is the input's fault.
+    std::cerr << "error: a JSON input holds a value of another type or shape than expected ("
+              << error.what() << ")\n";
+    return 2;
+  } catch (const c10::Error& error) {
+    // LibTorch's errors (a TCPStore that cannot connect, ...) without their C++ backtrace.
+    std::cerr << "error: " << error.what_without_backtrace() << "\n";
     return 1;
   } catch (const std::exception& error) {
     std::cerr << "error: " << error.what() << "\n";

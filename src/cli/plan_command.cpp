@@ -61,7 +61,7 @@ void add_plan_command(CLI::App& app, CommandRun& run) {
     run = [model, state] {
       config::LoadedConfig loaded = load_config(*model, state->args);
       const auto& c = loaded.config;
-      models::check_flavor(models::find_model_spec(c.model.name), c.model.flavor);
+      models::job_model_spec(c);
       const PlanVocab vocab = resolve_plan_vocab(c, state->vocab_size);
       if (!vocab.note.empty()) log::get("plan")->warn("{}", vocab.note);
       const int64_t vocab_size = vocab.size;

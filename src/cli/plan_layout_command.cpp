@@ -4,13 +4,15 @@
 // Both read the model's shapes on the meta device (nothing allocated) and predict with the
 // planner (include/loom/plan); --format json for scripts, --vocab-size for a flavor whose
 // tokenizer is not on this machine.
-#include <fstream>
+#include <filesystem>
 #include <iostream>
 #include <memory>
+#include <sstream>
 
 #include "commands.h"
 #include "loom/config/dump.h"
 #include "loom/core/check.h"
+#include "loom/core/files.h"
 #include "loom/core/logging.h"
 #include "loom/plan/calibrate.h"
 #include "loom/plan/planner.h"
@@ -54,6 +56,18 @@ void add_common_options(CLI::App& cmd, PlanArgs& a) {
   cmd.add_option("--format", a.format, "text (tables) or json (for scripts)")
       ->check(CLI::IsMember({"text", "json"}))
       ->capture_default_str();
+}
+
+// A file the command writes: refused when something other than a regular file is in its place
+// (a FIFO would block, /dev/full would swallow it); written whole or not at all.
+void write_output_file(const std::string& path, const std::string& option,
+                       const std::string& content) {
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  LOOM_CHECK_AS(InputError,
+                !std::filesystem::exists(status) || std::filesystem::is_regular_file(status),
+                option, " '", path, "' exists and is not a regular file; name a file to write");
+  files::write_atomic(path, content);
 }
 
 plan::DeviceProfile profile_of(const PlanArgs& a) {
@@ -102,7 +116,7 @@ int run_plan_layout(CLI::App& cmd, PlanArgs& a) {
     const plan::Calibration cal = plan::calibrate_profile(c, profile, options);
     calibration_report = cal.report;
     if (!a.save_profile.empty()) {
-      std::ofstream(a.save_profile) << plan::device_profile_to_toml(cal.fitted);
+      write_output_file(a.save_profile, "--save-profile", plan::device_profile_to_toml(cal.fitted));
     }
     const auto analytic = plan::search_layouts(model, c, a.world_size, profile);
     profile = cal.fitted;
@@ -115,7 +129,8 @@ int run_plan_layout(CLI::App& cmd, PlanArgs& a) {
                 << "\ncalibrated:\n";
     }
   }
-  const auto plans = plan::search_layouts(model, c, a.world_size, profile);
+  plan::SearchStats stats;
+  const auto plans = plan::search_layouts(model, c, a.world_size, profile, {}, &stats);
   const double tokens =
       static_cast<double>(plan::job_global_batch(c, a.world_size) * c.training.seq_len);
   if (a.format == "json") {
@@ -123,12 +138,10 @@ int run_plan_layout(CLI::App& cmd, PlanArgs& a) {
     if (!vocab.note.empty()) j["notes"] = {vocab.note};
     std::cout << j.dump(2) << "\n";
   } else {
-    size_t fitting = 0;
-    for (const auto& p : plans) fitting += p.fits ? 1 : 0;
     std::cout << c.model.name << " " << c.model.flavor << " on " << a.world_size << " x "
               << profile.name << " (" << plan::format_bytes(profile.memory_bytes) << ", "
-              << (profile.calibrated ? "calibrated" : "uncalibrated profile") << "): " << fitting
-              << " of " << plans.size() << " layouts fit; global batch "
+              << (profile.calibrated ? "calibrated" : "uncalibrated profile") << "): " << stats.fitting
+              << " of " << stats.evaluated << " layouts fit; global batch "
               << plan::job_global_batch(c, a.world_size) << " x " << c.training.seq_len
               << " tokens\n"
               << plan::layouts_table(plans, a.top, tokens);
@@ -139,11 +152,11 @@ int run_plan_layout(CLI::App& cmd, PlanArgs& a) {
                 " fits in --device-memory / the profile's memory (",
                 plan::format_bytes(profile.memory_bytes), ")");
   if (!a.output.empty()) {
-    std::ofstream out(a.output);
-    LOOM_CHECK_AS(IoError, static_cast<bool>(out), "--output: cannot write ", a.output);
+    std::ostringstream out;
     out << "# loom plan layout: the fastest predicted layout on " << a.world_size << " x "
         << profile.name << ": " << plans.front().layout.describe() << "\n"
         << config::to_toml(plan::with_layout(c, plans.front().layout));
+    write_output_file(a.output, "--output", out.str());
     if (a.format != "json")
       std::cout << "wrote " << a.output << " (loom train --config " << a.output << ")\n";
   }

@@ -32,6 +32,18 @@ std::vector<MixtureEntry> parse_dataset_mixture(const std::vector<std::string>& 
                   " appears twice; give it one weight");
     mixture.push_back({source, *weight});
   }
+  // Weights of 1e308 each sum to infinity: every share would round to 0 and one source train
+  // alone. The shares must stay finite and none may vanish against the sum.
+  double total = 0;
+  for (const auto& m : mixture) total += m.weight;
+  LOOM_CHECK_AS(InputError, std::isfinite(total), key,
+                ": the weights add up past the largest number (", total,
+                "); use relative weights such as 0.7 and 0.3");
+  for (const auto& m : mixture) {
+    LOOM_CHECK_AS(InputError, m.weight / total > 0, key, ": the weight of ",
+                  strings::quote(m.source), " (", m.weight, ") is 0 next to the sum ", total,
+                  "; use relative weights of similar sizes");
+  }
   return mixture;
 }
 

@@ -87,8 +87,9 @@ void add_model_sections(Schema& s) {
               "names the registered ones).");
   model.field("flavor", &ModelSection::flavor,
               "Size of the model family (llama3: debugmodel, 100M, 8B, 8B_4layers, 70B, 405B; "
-              "qwen3: debugmodel, 0.6B, 1.7B, 4B, 8B, 14B, 32B; qwen3_moe: debugmodel_moe, "
-              "30B-A3B, 235B-A22B; deepseek_v3: debugmodel, 16B, 236B, 671B).");
+              "qwen3: debugmodel, 0.6B, 1.7B, 4B, 8B, 14B, 32B, and as torchtitan the mixture-of-experts "
+              "debugmodel_moe, 30B-A3B, 235B-A22B, also named qwen3_moe; deepseek_v3: debugmodel, "
+              "16B, 236B, 671B).");
   model.field("hf_assets_path", &ModelSection::hf_assets_path,
               "Folder with Hugging Face assets: tokenizer files, config.json, safetensors.");
   model.field(
@@ -225,6 +226,12 @@ void add_training_sections(Schema& s) {
            "with its file and line (error) or is skipped and counted in metrics.jsonl as "
            "data_skipped (skip).")
       .choices({"error", "skip"});
+  tr.field("dataset_max_document_mib", &TrainingSection::dataset_max_document_mib,
+           "loom: the longest document (a JSONL line, a text file) training and validation "
+           "datasets may hold, in MiB; a longer one (a compressed file expanding to one huge "
+           "line) stops the job naming the file.")
+      .min(1)
+      .max(int64_t{1} << 20);
   tr.field("dataset_mixture", &TrainingSection::dataset_mixture,
            "loom: a weighted mixture of datasets, read instead of dataset: \"SOURCE:WEIGHT\" "
            "entries, SOURCE a built-in dataset (brown) or a path (text files, folder, glob, or "

@@ -214,6 +214,14 @@ void check_combinations(const JobConfig& c, Checker& check) {
     check.fail("lr_scheduler.total_steps", "must be at least lr_scheduler.warmup_steps (" +
                                                std::to_string(c.lr_scheduler.warmup_steps) + ")");
   }
+  // 1e-10 GiB rounded to 0 bytes (no limit at all) and 1e-9 to one byte (a C++ backtrace): a
+  // limit is 0 or at least a mebibyte.
+  const double limit = c.debug.cpu_memory_limit_gib;
+  if (limit > 0 && limit < 1.0 / 1024) {
+    check.fail("debug.cpu_memory_limit_gib",
+               "must be 0 (no limit) or at least 1 MiB (0.0009765625), got " +
+                   number_text(limit));
+  }
 }
 
 }  // namespace

@@ -165,11 +165,40 @@ ParseResult from_json(const FieldSpec& field, const nlohmann::json& value) {
   return parse_node<JsonAdapter>(field, value);
 }
 
-ParseResult from_cli(const FieldSpec& field, const std::string& text) {
-  std::string trimmed(strings::trim(text));
-  if (field.optional && (trimmed == "none" || trimmed == "None" || trimmed == "null")) {
-    return Value(std::monostate{});
+namespace {
+
+bool is_list_kind(ValueKind kind) {
+  return kind == ValueKind::StringList || kind == ValueKind::IntList ||
+         kind == ValueKind::StringListList;
+}
+
+// A list as the command line may write it: `a,b`, or as TOML/JSON do, `[a, b]` / `["a", "b"]`;
+// the items come back comma-separated with their quotes removed. "" for `[]`.
+std::string unbracketed_list(const std::string& trimmed) {
+  if (trimmed.size() < 2 || trimmed.front() != '[' || trimmed.back() != ']') return trimmed;
+  std::vector<std::string> items;
+  for (auto item : strings::split_list(trimmed.substr(1, trimmed.size() - 2))) {
+    if (item.size() >= 2 && (item.front() == '"' || item.front() == '\'') &&
+        item.back() == item.front()) {
+      item = item.substr(1, item.size() - 2);
+    }
+    items.push_back(item);
   }
+  return strings::join(items, ",");
+}
+
+}  // namespace
+
+ParseResult from_cli(const FieldSpec& field, const std::string& raw) {
+  std::string trimmed(strings::trim(raw));
+  const bool none = trimmed == "none" || trimmed == "None" || trimmed == "null";
+  if (field.optional && none) return Value(std::monostate{});
+  // docs/config.md: `none` unsets a list too (an empty list).
+  if (is_list_kind(field.kind) && none) trimmed = "";
+  if (field.kind == ValueKind::StringList || field.kind == ValueKind::IntList) {
+    trimmed = unbracketed_list(trimmed);
+  }
+  const std::string text = is_list_kind(field.kind) ? trimmed : raw;
   const std::string got = strings::quote(text);
   switch (field.kind) {
     case ValueKind::Bool:

@@ -1,4 +1,5 @@
 #include "loom/core/build_info.h"
+#include "loom/core/host_allocator.h"
 
 #include <sstream>
 
@@ -34,6 +35,7 @@ std::string version_report() {
       << "\n";
   out << "Gloo: " << (kTorchHasGloo ? "available (LibTorch built with Gloo)" : "not available")
       << "\n";
+  out << "Host allocator: " << describe_host_allocator() << "\n";
   return out.str();
 }
 

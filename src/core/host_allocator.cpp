@@ -46,6 +46,10 @@ std::string describe_host_allocator() {
   return text + ")";
 }
 
+void flush_thread_heap_cache() {
+  if (mallctl != nullptr) mallctl("thread.tcache.flush", nullptr, nullptr, nullptr, 0);
+}
+
 HostHeap host_heap() {
   HostHeap heap;
   if (mallctl != nullptr) {

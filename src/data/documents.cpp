@@ -111,8 +111,11 @@ std::string record_text(const std::string& line, const std::string& path, int64_
 }  // namespace
 
 DocumentReader::DocumentReader(const std::string& path, const std::string& text_field,
-                               bool skip_bad_records)
-    : path_(path), text_field_(text_field), skip_bad_(skip_bad_records) {
+                               bool skip_bad_records, int64_t max_document_bytes)
+    : path_(path),
+      text_field_(text_field),
+      skip_bad_(skip_bad_records),
+      max_document_bytes_(max_document_bytes) {
   if (is_columnar_file(path)) {
     columnar_ = std::make_unique<ColumnarFile>(path, text_field);
     return;
@@ -167,6 +170,11 @@ bool DocumentReader::next_line(std::string& line) {
       buffer_start_ = 0;
     }
     if (buffer_end_ == buffer_.size()) {
+      LOOM_CHECK_AS(InputError, static_cast<int64_t>(buffer_end_) <= max_document_bytes_,
+                    "dataset file '", path_, "': one ", jsonl_ ? "line" : "document",
+                    " is longer than ", max_document_bytes_ >> 20,
+                    " MiB (training.dataset_max_document_mib); split it, or raise the key if "
+                    "documents this long are meant");
       try {
         buffer_.resize(buffer_.size() * 2);
       } catch (const std::bad_alloc&) {
@@ -212,8 +220,9 @@ bool DocumentReader::next_row(std::string& text) {
 }
 
 std::vector<std::string> read_documents(const std::string& path, const std::string& text_field,
-                                        bool skip_bad_records, int64_t* records_skipped) {
-  DocumentReader reader(path, text_field, skip_bad_records);
+                                        bool skip_bad_records, int64_t* records_skipped,
+                                        int64_t max_document_bytes) {
+  DocumentReader reader(path, text_field, skip_bad_records, max_document_bytes);
   std::vector<std::string> documents;
   std::string text;
   while (reader.next(text)) documents.push_back(std::move(text));

@@ -15,8 +15,11 @@ namespace fs = std::filesystem;
 
 bool is_hf_dataset_folder(const std::string& folder) {
   std::error_code error;
+  // dataset_info.json too: a save_to_disk folder that lost its state.json is still one, and is
+  // refused naming what is missing (read as a plain folder, dataset_info.json was blamed).
   return fs::is_regular_file(fs::path(folder) / "state.json", error) ||
-         fs::is_regular_file(fs::path(folder) / "dataset_dict.json", error);
+         fs::is_regular_file(fs::path(folder) / "dataset_dict.json", error) ||
+         fs::is_regular_file(fs::path(folder) / "dataset_info.json", error);
 }
 
 std::vector<std::string> hf_dataset_folder_files(const std::string& folder) {
@@ -36,6 +39,11 @@ std::vector<std::string> hf_dataset_folder_files(const std::string& folder) {
                strings::join(splits, ", "));
   }
   const std::string state_path = (root / "state.json").string();
+  LOOM_CHECK_AS(InputError, fs::is_regular_file(state_path, error), "dataset path '", folder,
+                "' is a Hugging Face `datasets` save_to_disk folder (it has dataset_info.json) "
+                "without its state.json, which lists the .arrow files in order; save it again, "
+                "or name its .arrow files (a glob such as '",
+                (root / "data-*.arrow").string(), "')");
   const auto state = json::read_file_strict(state_path, "datasets state.json");
   LOOM_CHECK_AS(InputError,
                 state.is_object() && state.contains("_data_files") &&

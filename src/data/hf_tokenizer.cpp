@@ -99,7 +99,13 @@ std::string pre_tokenizer_pattern(const nlohmann::json& pre, const std::string& 
       split.value("behavior", "") == "Isolated" && !split.value("invert", false) &&
           split.contains("pattern") && split["pattern"].contains("Regex"),
       path, ": unsupported Split (supported: a Regex pattern, behavior Isolated, invert false)");
-  return split["pattern"]["Regex"].get<std::string>();
+  const auto& regex = split["pattern"]["Regex"];
+  LOOM_CHECK_AS(InputError, regex.is_string(), path, ": Split pattern.Regex must be a string");
+  // An empty regex matches nowhere and everywhere: tokenizers and loom split it differently.
+  LOOM_CHECK_AS(InputError, !regex.get<std::string>().empty(), path,
+                ": the Split pattern is an empty regex; loom needs the pre-tokenizer's pattern "
+                "(or ByteLevel with use_regex)");
+  return regex.get<std::string>();
 }
 
 // `object[key]` on a const object is undefined behaviour when the key is missing (found by
@@ -132,6 +138,14 @@ HfBpeTokenizer::HfBpeTokenizer(const std::string& path) : path_(path) {
                   path,
                   ": BPE options byte_fallback / continuing_subword_prefix / end_of_word_suffix "
                   "are not supported");
+    // BPE dropout skips merges at random (a training-time augmentation of tokenizers): loom
+    // merges deterministically, so a file that asks for dropout is refused, not half-read.
+    if (!absent_or_null(model, "dropout")) {
+      const auto& dropout = model.at("dropout");
+      LOOM_CHECK_AS(InputError, dropout.is_number() && dropout.get<double>() == 0.0, path,
+                    ": model.dropout is ", dropout.dump(),
+                    "; loom's BPE applies every merge (null or 0 only)");
+    }
     if (!absent_or_null(j, "normalizer")) {
       normalizer_ = std::make_unique<UnicodeNormalizer>(j["normalizer"], path);
     }

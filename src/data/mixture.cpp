@@ -48,6 +48,8 @@ MixtureSource::MixtureSource(std::vector<MixtureComponent> components,
                   "' must be a positive number, got ", component.weight);
     total += component.weight;
   }
+  LOOM_CHECK_AS(InputError, std::isfinite(total), "dataset mixture: the weights add up past the "
+                "largest number; use relative weights such as 0.7 and 0.3");
   double running = 0;
   for (const auto& component : components_) {
     running += component.weight / total;

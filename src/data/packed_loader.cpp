@@ -168,7 +168,8 @@ std::unique_ptr<PackedLoader> open_dataset(const std::string& name,
   int64_t skipped = 0;
   for (const auto& part : expand_dataset_path(file)) {
     auto part_documents =
-        read_documents(part, options.text_field, options.skip_bad_records, &skipped);
+        read_documents(part, options.text_field, options.skip_bad_records, &skipped,
+                       options.max_document_bytes);
     documents.insert(documents.end(), std::make_move_iterator(part_documents.begin()),
                      std::make_move_iterator(part_documents.end()));
   }

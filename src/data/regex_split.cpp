@@ -45,7 +45,19 @@ void RegexSplitter::split(std::string_view text,
     int rc =
         pcre2_match(compiled_->code, subject, text.size(), offset, flags, match.get(), nullptr);
     if (rc == PCRE2_ERROR_NOMATCH) break;
-    LOOM_CHECK_AS(InputError, rc >= 0, "tokenizer: text is not valid UTF-8 (PCRE2 error ", rc, ")");
+    if (rc < 0) {
+      PCRE2_UCHAR message[256];
+      pcre2_get_error_message(rc, message, sizeof(message));
+      const char* what = reinterpret_cast<const char*>(message);
+      // UTF-8 errors are PCRE2_ERROR_UTF8_ERR1..21; anything else (the match limit, -47) is the
+      // pattern's trouble with this text, not the text's encoding.
+      const bool utf8 = rc <= PCRE2_ERROR_UTF8_ERR1 && rc >= PCRE2_ERROR_UTF8_ERR21;
+      LOOM_CHECK_AS(InputError, !utf8, "tokenizer: text is not valid UTF-8 (PCRE2 error ", rc, ": ",
+                    what, ")");
+      LOOM_THROW(InputError, "tokenizer: the split pattern could not match a text of ",
+                 text.size(), " bytes at byte ", offset, " (PCRE2 error ", rc, ": ", what,
+                 "); the pattern backtracks too much on this text");
+    }
     const PCRE2_SIZE* range = pcre2_get_ovector_pointer(match.get());
     if (range[1] == range[0]) {  // an empty match never advances: step one code point
       ++offset;

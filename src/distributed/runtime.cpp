@@ -37,9 +37,6 @@ std::vector<int> to_int(const std::vector<int64_t>& ranks) {
 
 }  // namespace
 
-ParallelRuntime::ParallelRuntime(const config::JobConfig& config, bool with_cuda)
-    : ParallelRuntime(config, read_world_info(), with_cuda) {}
-
 ParallelRuntime::ParallelRuntime(const config::JobConfig& config, WorldInfo world, bool with_cuda)
     : world_(std::move(world)),
       dims_(ParallelDims::from_config(config.parallelism, world_.world_size)),

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -136,7 +137,22 @@ InferenceModel load_inference_model(const ModelSource& source) {
   if (hf) {
     out.step_folder = source.checkpoint;
     out.format = "huggingface";
+    // The folder's config.json says what the model is: --flavor has nothing to pick, and a
+    // --model naming another family is a mistake, not an override (both were ignored).
+    LOOM_CHECK_AS(InputError, !source.flavor, "--flavor ", source.flavor.value_or(""),
+                  ": '", source.checkpoint,
+                  "' is a Hugging Face folder, whose config.json describes the model; --flavor "
+                  "applies to loom checkpoints without a config.toml");
     sourced = checkpoint::hf_model(source.checkpoint, build);
+    if (source.model) {
+      const auto& named = models::find_model_spec(*source.model);
+      const bool alias = std::find(sourced.spec->also_named.begin(), sourced.spec->also_named.end(),
+                                   *source.model) != sourced.spec->also_named.end();
+      LOOM_CHECK_AS(InputError, &named == sourced.spec || alias, "--model ", *source.model, ": '",
+                    source.checkpoint, "/config.json' holds a ", sourced.spec->name,
+                    " model (model_type ", sourced.hf_config.value("model_type", std::string()),
+                    "); drop --model or name ", sourced.spec->name);
+    }
   } else {
     out.step_folder = resolve_step_folder(source.checkpoint);
     out.format = "loom";

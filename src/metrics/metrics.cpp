@@ -1,6 +1,7 @@
 #include "loom/metrics/metrics.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
 #include <fmt/format.h>
 #include <sys/resource.h>
@@ -9,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <fstream>
 #include <cmath>
 #include <cstring>
 
@@ -124,6 +126,11 @@ std::string MetricsLogger::start_json_line(const RunStart& start, double since_s
                       {"elapsed_s", start.elapsed_s},
                       {"since_start_s", since_start_s},
                       {"wall_time", wall_time}};
+  if (start.float8_linears + start.float8_grouped > 0) {
+    j["float8_linears"] = start.float8_linears;
+    j["float8_grouped"] = start.float8_grouped;
+    j["float8_emulated"] = start.float8_emulated;
+  }
   return j.dump();
 }
 
@@ -344,7 +351,68 @@ PeakFlops peak_flops(const at::Device& device, std::optional<double> override_tf
   (void)gpu_table_flops;
 #endif
   (void)device;
-  return {measure_cpu_gemm_flops(), "measured CPU GEMM", true};
+  const CpuPeak cpu = cpu_peak_flops(at::get_num_threads());
+  if (cpu.flops <= 0) {
+    log::get("metrics")->warn("no CPU clock in /proc/cpuinfo; set metrics.peak_tflops for MFU");
+    return {0, "unknown CPU clock", false};
+  }
+  return {cpu.flops,
+          fmt::format("CPU nominal: {} threads x {:.3f} GHz x {} float32 FLOP/cycle ({})",
+                      at::get_num_threads(), cpu.ghz, cpu.flops_per_cycle, cpu.isa),
+          false};
+}
+
+namespace {
+
+// The nominal clock in GHz: the model name's "@ 2.60GHz" (the rated clock), else the first
+// "cpu MHz" (a virtual machine's TSC clock); 0 when neither is there.
+double nominal_ghz(const std::string& cpuinfo_path) {
+  std::ifstream in(cpuinfo_path);
+  std::string line;
+  double mhz = 0;
+  while (std::getline(in, line)) {
+    const auto colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    const std::string key = line.substr(0, line.find_last_not_of(" \t", colon - 1) + 1);
+    const std::string value = line.substr(colon + 1);
+    if (key == "model name") {
+      const auto at = value.find('@');
+      if (at != std::string::npos) {
+        const double ghz = std::strtod(value.c_str() + at + 1, nullptr);
+        if (ghz > 0 && value.find("GHz", at) != std::string::npos) return ghz;
+      }
+    } else if (key == "cpu MHz" && mhz == 0) {
+      mhz = std::strtod(value.c_str(), nullptr);
+    }
+  }
+  return mhz > 0 ? std::round(mhz) / 1000.0 : 0.0;
+}
+
+}  // namespace
+
+CpuPeak cpu_peak_flops(int threads, const std::string& cpuinfo_path) {
+  CpuPeak peak;
+  peak.ghz = nominal_ghz(cpuinfo_path);
+#if defined(__x86_64__) || defined(__i386__)
+  if (__builtin_cpu_supports("avx512f")) {
+    peak.flops_per_cycle = 64;
+    peak.isa = "AVX-512";
+  } else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    peak.flops_per_cycle = 32;
+    peak.isa = "AVX2+FMA";
+  } else if (__builtin_cpu_supports("avx")) {
+    peak.flops_per_cycle = 16;
+    peak.isa = "AVX";
+  } else {
+    peak.flops_per_cycle = 8;
+    peak.isa = "SSE";
+  }
+#else
+  peak.flops_per_cycle = 16;  // two 128-bit FMA pipes (NEON)
+  peak.isa = "NEON";
+#endif
+  peak.flops = std::max(threads, 1) * peak.ghz * 1e9 * peak.flops_per_cycle;
+  return peak;
 }
 
 double peak_memory_gib(const at::Device& device) {

@@ -58,21 +58,72 @@ const ModelSpec& find_model_spec(const std::string& name) {
              "' (known: ", strings::join(model_names(), ", "), ")");
 }
 
-void check_flavor(const ModelSpec& spec, const std::string& flavor) {
-  auto flavors = spec.flavors();
-  for (const auto& known : flavors) {
-    if (known == flavor) return;
+namespace {
+
+bool has_flavor(const ModelSpec& spec, const std::string& flavor) {
+  for (const auto& known : spec.flavors()) {
+    if (known == flavor) return true;
   }
+  return false;
+}
+
+bool answers_to(const ModelSpec& spec, const std::string& name) {
+  if (spec.name == name) return true;
+  for (const auto& alias : spec.also_named) {
+    if (alias == name) return true;
+  }
+  return false;
+}
+
+// Every flavor found under `name`: its own family's first, then those of families also named so.
+std::vector<std::string> flavors_under(const std::string& name) {
+  std::vector<std::string> flavors;
+  for (const auto& spec : registry()) {
+    if (spec.name == name) flavors = spec.flavors();
+  }
+  for (const auto& spec : registry()) {
+    if (spec.name == name || !answers_to(spec, name)) continue;
+    for (const auto& flavor : spec.flavors()) flavors.push_back(flavor);
+  }
+  return flavors;
+}
+
+[[noreturn]] void unknown_flavor(const std::string& name, const std::string& flavor) {
+  for (const auto& spec : registry()) {
+    if (has_flavor(spec, flavor)) {
+      LOOM_THROW(InputError, "model.flavor: '", flavor, "' is not a ", name, " flavor; it is a ",
+                 spec.name, " flavor (set model.name = \"", spec.name, "\")");
+    }
+  }
+  const auto flavors = flavors_under(name);
   auto match = strings::closest_match(flavor, flavors);
-  LOOM_THROW(InputError, "model.flavor: unknown ", spec.name, " flavor '", flavor, "'",
+  LOOM_THROW(InputError, "model.flavor: unknown ", name, " flavor '", flavor, "'",
              match ? " (did you mean '" + *match + "'?)" : std::string(),
              "; known: ", strings::join(flavors, ", "));
 }
 
+}  // namespace
+
+void check_flavor(const ModelSpec& spec, const std::string& flavor) {
+  if (!has_flavor(spec, flavor)) unknown_flavor(spec.name, flavor);
+}
+
+const ModelSpec& find_model_spec(const std::string& name, const std::string& flavor) {
+  const ModelSpec& own = find_model_spec(name);
+  if (has_flavor(own, flavor)) return own;
+  for (const auto& spec : registry()) {
+    if (answers_to(spec, name) && has_flavor(spec, flavor)) return spec;
+  }
+  unknown_flavor(name, flavor);
+}
+
+const ModelSpec& job_model_spec(const config::JobConfig& config) {
+  return find_model_spec(config.model.name, config.model.flavor);
+}
+
 std::unique_ptr<CausalLM> build_model(const config::JobConfig& config, int64_t vocab_size,
                                       const at::TensorOptions& options, ModelPart part) {
-  const ModelSpec& spec = find_model_spec(config.model.name);
-  check_flavor(spec, config.model.flavor);
+  const ModelSpec& spec = job_model_spec(config);
   BuildOptions build;
   build.flavor = config.model.flavor;
   build.vocab_size = vocab_size;
@@ -91,7 +142,7 @@ int64_t count_layers(const config::JobConfig& config) {
 
 parallel::pipeline::PipelinePlan plan_pipeline(const config::JobConfig& config,
                                                const config::Provenance& provenance) {
-  const ModelSpec& spec = find_model_spec(config.model.name);
+  const ModelSpec& spec = job_model_spec(config);
   if (spec.plan_pipeline) return spec.plan_pipeline(config, provenance);
   return parallel::pipeline::plan_pipeline(config, count_layers(config), provenance);
 }

@@ -5,7 +5,7 @@
 
 #include "loom/distributed/comm.h"
 #include "loom/parallel/tp_regions.h"
-#include "loom/models/loss.h"
+#include "loom/protocols/causal_lm.h"
 
 namespace loom::parallel {
 

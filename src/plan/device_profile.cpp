@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "loom/core/check.h"
+#include "loom/core/files.h"
 #include "loom/core/strings.h"
 
 namespace loom::plan {
@@ -114,16 +115,15 @@ DeviceProfile load_device_profile(const std::string& name_or_path) {
   std::transform(name.begin(), name.end(), name.begin(),
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   const std::string path = is_path ? name_or_path : device_profiles_dir() + "/" + name + ".toml";
-  std::ifstream in(path);
-  if (!in) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) {
     LOOM_CHECK_AS(InputError, !is_path, "--device: cannot read the profile file ", path);
     LOOM_THROW(InputError, "--device: unknown device profile '", name_or_path,
                "'; expected one of ", strings::join(device_profile_names(), ", "), " (files in ",
                device_profiles_dir(), ") or the path of a profile file (.toml)");
   }
-  std::stringstream text;
-  text << in.rdbuf();
-  return parse_device_profile(text.str(), path);
+  // A FIFO or device in the profile's place is refused before it is opened (it would block).
+  return parse_device_profile(files::read_file(path, "--device profile", uint64_t{1} << 20), path);
 }
 
 DeviceProfile parse_device_profile(const std::string& toml_text, const std::string& source) {

@@ -6,27 +6,16 @@
 #include <map>
 
 #include "loom/config/job_config.h"
+#include "loom/core/check.h"
 #include "loom/models/model_spec.h"
 
 namespace loom::plan {
 namespace {
 
-const models::ParameterShape* find(const models::ModelSummary& s, const std::string& name) {
-  for (const auto& p : s.parameters) {
-    if (p.name == name) return &p;
-  }
-  return nullptr;
-}
-
-int64_t extent(const models::ModelSummary& s, const std::string& name, size_t d) {
-  const auto* p = find(s, name);
-  return p != nullptr && p->shape.size() > d ? p->shape[d] : 0;
-}
-
-// Block `b`'s shapes from its parameter names (llama/qwen3: wq/wk/wv, w1; deepseek_v3: latent
-// attention's wq_b (or wq) and wkv_b, dense or MoE feed-forward).
-BlockShape block_shape(const models::ModelSummary& s, int64_t b, int64_t experts_per_token) {
-  const std::string prefix = "layers." + std::to_string(b) + ".";
+// Block `summary`'s shapes as its family reports them; its parameters (global names
+// "layers.N.*", the checkpoint contract) counted for FSDP's units and the experts' sharding.
+BlockShape block_shape(const models::ModelSummary& s, const models::BlockSummary& summary) {
+  const std::string prefix = "layers." + std::to_string(summary.layer) + ".";
   BlockShape block;
   for (const auto& p : s.parameters) {
     if (p.name.rfind(prefix, 0) != 0) continue;
@@ -34,17 +23,11 @@ BlockShape block_shape(const models::ModelSummary& s, int64_t b, int64_t experts
     block.largest_param = std::max(block.largest_param, p.numel);
     if (p.name.find(".moe.experts.") != std::string::npos) block.expert_params += p.numel;
   }
-  block.q_dim = std::max(extent(s, prefix + "attention.wq.weight", 0),
-                         extent(s, prefix + "attention.wq_b.weight", 0));
-  block.kv_dim = std::max(extent(s, prefix + "attention.wk.weight", 0),
-                          extent(s, prefix + "attention.wkv_b.weight", 0) / 2);
-  block.hidden = extent(s, prefix + "feed_forward.w1.weight", 0);
-  if (block.hidden == 0 && find(s, prefix + "moe.experts.w1") != nullptr) {
-    block.moe = true;
-    block.hidden = experts_per_token * extent(s, prefix + "moe.experts.w1", 1) +
-                   extent(s, prefix + "moe.shared_experts.w1.weight", 0);
-    block.routed_copies = 2 * experts_per_token;
-  }
+  block.q_dim = summary.q_dim;
+  block.kv_dim = summary.kv_dim;
+  block.hidden = summary.hidden;
+  block.routed_copies = summary.routed_copies;
+  block.moe = summary.experts > 0;
   return block;
 }
 
@@ -65,6 +48,8 @@ ModelShape read_model_shape(const config::JobConfig& config, int64_t vocab) {
   const auto model =
       models::build_model(config, vocab, at::TensorOptions().device(at::kMeta).dtype(at::kFloat));
   const models::ModelSummary s = model->summary(config.training.seq_len);
+  LOOM_CHECK(!s.blocks.empty() && s.dim > 0 && s.vocab > 0, "the ", s.family,
+             " family's summary reports no block shapes; the planner needs them");
   ModelShape shape;
   shape.family = s.family;
   shape.flavor = s.flavor;
@@ -72,23 +57,19 @@ ModelShape read_model_shape(const config::JobConfig& config, int64_t vocab) {
   shape.flops_per_token = s.flops_per_token;
   shape.seq_len = s.seq_len;
   shape.embedding_params = s.embedding_params;
-  shape.vocab = extent(s, "tok_embeddings.weight", 0);
-  shape.dim = extent(s, "tok_embeddings.weight", 1);
-  shape.tied_embedding = find(s, "output.weight") == nullptr;
-  int64_t n_blocks = 0;
+  shape.vocab = s.vocab;
+  shape.dim = s.dim;
+  shape.n_heads = s.n_heads;
+  shape.n_kv_heads = s.n_kv_heads;
+  shape.tied_embedding = s.tied_embedding;
   for (const auto& p : s.parameters) {
-    if (p.name.rfind("layers.", 0) == 0) {
-      n_blocks =
-          std::max<int64_t>(n_blocks, std::stoll(p.name.substr(7, p.name.find('.', 7) - 7)) + 1);
-    } else if (p.name != "tok_embeddings.weight") {
+    if (p.name.rfind("layers.", 0) != 0 && p.name != "tok_embeddings.weight") {
       shape.head_params += p.numel;
     }
-    if (p.name.find(".moe.experts.w1") != std::string::npos && p.shape.size() == 3) {
-      shape.experts = p.shape[0];
-    }
   }
-  for (int64_t b = 0; b < n_blocks; ++b) {
-    shape.blocks.push_back(block_shape(s, b, s.experts_per_token));
+  for (const auto& block : s.blocks) {
+    shape.experts = std::max(shape.experts, block.experts);
+    shape.blocks.push_back(block_shape(s, block));
   }
   return shape;
 }

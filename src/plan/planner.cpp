@@ -1,8 +1,10 @@
 #include "loom/plan/planner.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "loom/core/check.h"
+#include "loom/core/logging.h"
 #include "loom/distributed/parallel_dims.h"
 #include "loom/models/model_spec.h"
 #include "loom/plan/pipeline_costs.h"
@@ -36,7 +38,7 @@ bool layout_is_valid(const ModelShape& model, const config::JobConfig& config, c
   if (l.pp > model.n_layers()) return false;
   if (!pipeline_is_valid(config, l, model.n_layers())) return false;
   try {
-    const auto& spec = models::find_model_spec(config.model.name);
+    const auto& spec = models::job_model_spec(config);
     if (spec.check_parallelism) spec.check_parallelism(with_layout(config, l));
   } catch (const InputError&) {
     return false;
@@ -73,18 +75,76 @@ int64_t job_global_batch(const config::JobConfig& config, int64_t world_size) {
   return config.training.local_batch_size * dp;
 }
 
+namespace {
+
+bool better_plan(const LayoutPlan& a, const LayoutPlan& b) {
+  if (a.fits != b.fits) return a.fits;
+  if (a.time.step_seconds != b.time.step_seconds) return a.time.step_seconds < b.time.step_seconds;
+  return a.memory.peak_bytes < b.memory.peak_bytes;
+}
+
+// The best `keep` of `plans`, in order.
+void keep_best(std::vector<LayoutPlan>& plans, size_t keep) {
+  if (plans.size() > keep) {
+    std::nth_element(plans.begin(), plans.begin() + static_cast<std::ptrdiff_t>(keep), plans.end(),
+                     better_plan);
+    plans.resize(keep);
+  }
+  std::stable_sort(plans.begin(), plans.end(), better_plan);
+}
+
+// The layouts of one (pp, tp, cp, dp_replicate, dp_shard, ep, AC) choice: batch splits, and
+// schedules under pp.
+std::vector<Layout> batch_variants(const Layout& l, int64_t rows, const config::JobConfig& config,
+                                   const SearchOptions& options) {
+  std::vector<Layout> variants;
+  if (l.pp == 1) {
+    for (int64_t local : divisors(rows)) {
+      Layout v = l;
+      v.local_batch_size = local;
+      v.accumulation = rows / local;
+      variants.push_back(v);
+    }
+    return variants;
+  }
+  for (const auto& [schedule, stages] : schedule_choices(config, options.search_schedules)) {
+    for (int64_t mbs : divisors(rows)) {
+      Layout v = l;
+      v.schedule = schedule;
+      v.stages_per_rank = stages;
+      v.local_batch_size = rows;
+      v.microbatch_size = mbs;
+      variants.push_back(v);
+    }
+  }
+  return variants;
+}
+
+}  // namespace
+
 std::vector<LayoutPlan> search_layouts(const ModelShape& model, const config::JobConfig& config,
                                        int64_t world, const DeviceProfile& profile,
-                                       const SearchOptions& options) {
+                                       const SearchOptions& options, SearchStats* stats) {
   LOOM_CHECK_AS(InputError, world >= 1 && world <= kMaxPlanWorldSize,
                 "--world-size must be a whole number of ranks from 1 to ", kMaxPlanWorldSize,
                 ", got ", world);
   const int64_t global =
       options.global_batch_size > 0 ? options.global_batch_size : job_global_batch(config, world);
+  const int64_t seq = config.training.seq_len;
+  const size_t keep = std::max<size_t>(options.keep, 1);
+  SearchStats counted;
   std::vector<LayoutPlan> plans;
-  for (int64_t pp : divisors(world)) {
+  auto last_report = std::chrono::steady_clock::now();
+  const auto pp_choices = divisors(world);
+  for (size_t pp_index = 0; pp_index < pp_choices.size(); ++pp_index) {
+    const int64_t pp = pp_choices[pp_index];
+    if (pp > model.n_layers()) break;  // divisors are sorted
     for (int64_t tp : divisors(world / pp)) {
+      // The rules layout_is_valid would apply to every layout below, applied once here.
+      if (tp > profile.devices_per_node) break;
+      if (seq % tp != 0) continue;
       for (int64_t cp : divisors(world / pp / tp)) {
+        if (cp > 1 && seq % (2 * cp * tp) != 0) continue;
         const int64_t dp = world / pp / tp / cp;
         if (global % dp != 0) continue;
         const int64_t rows = global / dp;  // per data-parallel rank per step
@@ -102,39 +162,29 @@ std::vector<LayoutPlan> search_layouts(const ModelShape& model, const config::Jo
               l.ep = ep;
               l.ac_mode = ac_mode;
               l.ac_option = ac_option;
-              std::vector<Layout> variants;
-              if (pp == 1) {
-                for (int64_t local : divisors(rows)) {
-                  Layout v = l;
-                  v.local_batch_size = local;
-                  v.accumulation = rows / local;
-                  variants.push_back(v);
-                }
-              } else {
-                for (const auto& [schedule, stages] :
-                     schedule_choices(config, options.search_schedules)) {
-                  for (int64_t mbs : divisors(rows)) {
-                    Layout v = l;
-                    v.schedule = schedule;
-                    v.stages_per_rank = stages;
-                    v.local_batch_size = rows;
-                    v.microbatch_size = mbs;
-                    variants.push_back(v);
-                  }
-                }
-              }
-              for (const Layout& v : variants) {
+              for (const Layout& v : batch_variants(l, rows, config, options)) {
                 if (!layout_is_valid(model, config, v, profile)) continue;
                 LayoutPlan plan;
                 plan.layout = v;
                 plan.memory = predict_memory(model, config, v, profile);
                 plan.time = predict_step_time(model, config, v, profile);
                 plan.fits = plan.memory.peak_bytes <= profile.memory_bytes;
+                ++counted.evaluated;
+                counted.fitting += plan.fits ? 1 : 0;
                 plans.push_back(std::move(plan));
+                if (plans.size() >= 2 * keep) keep_best(plans, keep);
               }
             }
           }
         }
+      }
+      const auto now = std::chrono::steady_clock::now();
+      if (now - last_report > std::chrono::seconds(5)) {
+        last_report = now;
+        log::get("plan")->info("searching layouts of {} ranks: {} evaluated, {} fit (pipeline "
+                               "degree {}, {} of {})",
+                               world, counted.evaluated, counted.fitting, pp, pp_index + 1,
+                               pp_choices.size());
       }
     }
   }
@@ -142,12 +192,8 @@ std::vector<LayoutPlan> search_layouts(const ModelShape& model, const config::Jo
                 config.model.name, " ", config.model.flavor,
                 " runs on that many ranks with the global batch of ", global,
                 " rows (training.global_batch_size; every data-parallel degree must divide it)");
-  std::stable_sort(plans.begin(), plans.end(), [](const LayoutPlan& a, const LayoutPlan& b) {
-    if (a.fits != b.fits) return a.fits;
-    if (a.time.step_seconds != b.time.step_seconds)
-      return a.time.step_seconds < b.time.step_seconds;
-    return a.memory.peak_bytes < b.memory.peak_bytes;
-  });
+  keep_best(plans, keep);
+  if (stats) *stats = counted;
   return plans;
 }
 

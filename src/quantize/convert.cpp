@@ -3,6 +3,7 @@
 #include "loom/core/check.h"
 #include "loom/core/logging.h"
 #include "loom/core/strings.h"
+#include "loom/quantize/float8.h"
 #include "loom/quantize/float8_grouped.h"
 
 namespace loom::quantize {
@@ -93,8 +94,9 @@ Conversion convert_to_float8(torch::nn::Module& root, const Float8LinearOptions&
 
 namespace {
 
-void apply_float8_linears(const std::vector<std::unique_ptr<models::CausalLM>>& parts,
-                          const config::JobConfig& config, distributed::Comm* tp_group) {
+int64_t apply_float8_linears(const std::vector<std::unique_ptr<models::CausalLM>>& parts,
+                             const config::JobConfig& config, bool emulated,
+                             distributed::Comm* tp_group) {
   Float8LinearOptions options = float8_options(config);
   options.amax_group = tp_group;
   Conversion total;
@@ -105,18 +107,21 @@ void apply_float8_linears(const std::vector<std::unique_ptr<models::CausalLM>>& 
     total.skipped.insert(total.skipped.end(), c.skipped.begin(), c.skipped.end());
   }
   auto log = log::get("float8");
-  log->info("{} linear layers in {} (of {}); high precision: {}", total.converted.size(),
-            Float8LinearCompute(options).describe(), total.converted.size() + total.skipped.size(),
+  std::string how = Float8LinearCompute(options).describe();
+  if (emulated && !options.emulate) how += ", emulated: this device has no float8 GEMMs";
+  log->info("{} linear layers in {} (of {}); high precision: {}", total.converted.size(), how,
+            total.converted.size() + total.skipped.size(),
             total.skipped.empty() ? "none" : strings::join(total.skipped, ", "));
   if (total.converted.empty()) {
     log->warn(
         "model.converters = [\"float8\"]: no linear layer here can be converted (all "
         "filtered or not multiples of 16)");
   }
+  return static_cast<int64_t>(total.converted.size());
 }
 
-void apply_float8_grouped(const std::vector<std::unique_ptr<models::CausalLM>>& parts,
-                          const config::JobConfig& config) {
+int64_t apply_float8_grouped(const std::vector<std::unique_ptr<models::CausalLM>>& parts,
+                             const config::JobConfig& config) {
   std::vector<std::string> converted;
   for (const auto& part : parts) {
     auto c = convert_grouped_to_float8(part->module(), config.quantize.grouped_mm.float8.fqns);
@@ -128,24 +133,38 @@ void apply_float8_grouped(const std::vector<std::unique_ptr<models::CausalLM>>& 
         "model.converters = [\"{}\"]: no routed experts here match "
         "quantize.grouped_mm.float8.fqns",
         kGroupedFloat8);
-    return;
+    return 0;
   }
   log->info("{} routed-expert modules in {}: {}", converted.size(),
             Float8GroupedCompute().describe(), strings::join(converted, ", "));
+  return static_cast<int64_t>(converted.size());
 }
 
 }  // namespace
 
-void apply_converters(const std::vector<std::unique_ptr<models::CausalLM>>& parts,
-                      const config::JobConfig& config, distributed::Comm* tp_group) {
+ConverterReport apply_converters(const std::vector<std::unique_ptr<models::CausalLM>>& parts,
+                                 const config::JobConfig& config, const at::Device& device,
+                                 distributed::Comm* tp_group) {
+  ConverterReport report;
   for (const auto& name : config.model.converters) {
     if (name == kGroupedFloat8) {
-      apply_float8_grouped(parts, config);
+      report.float8_grouped += apply_float8_grouped(parts, config);
+      report.emulated = true;  // the grouped recipe is emulated everywhere for now
       continue;
     }
     LOOM_CHECK_AS(InputError, is_float8(name), "model.converters: unknown converter '", name, "'");
-    apply_float8_linears(parts, config, tp_group);
+    const bool emulated = config.quantize.linear.float8.emulate || !hardware_float8(device);
+    report.float8_linears += apply_float8_linears(parts, config, emulated, tp_group);
+    report.emulated = report.emulated || emulated;
   }
+  if (report.emulated && report.float8_linears + report.float8_grouped > 0) {
+    log::get("float8")->warn(
+        "float8 is emulated here ({}): the GEMMs dequantize and run in high precision, so the "
+        "numerics are float8's but the run is slower than without it; float8 pays only on a "
+        "GPU with float8 tensor cores (sm_89 or newer)",
+        device.str());
+  }
+  return report;
 }
 
 }  // namespace loom::quantize

@@ -6,6 +6,7 @@
 
 #include "loom/core/check.h"
 #include "loom/core/files.h"
+#include "loom/data/columnar.h"
 #include "loom/data/documents.h"
 #include "loom/data/packed_loader.h"
 #include "loom/data/shards.h"
@@ -27,15 +28,24 @@ int64_t fixed_degrees(const config::ParallelismSection& p) {
 }
 
 void check_dataset(const std::string& name, const std::optional<std::string>& path,
-                   const config::StringList& mixture, const std::string& section) {
+                   const config::StringList& mixture, const std::string& text_field,
+                   const std::string& section) {
   if (!mixture.empty() || (name == "synthetic" && !path)) return;
   const std::string location = data::dataset_location(name, path, section + ".dataset");
   if (data::is_prepared_dataset(location)) return;
   try {
-    data::expand_dataset_path(location);
+    // Columnar files' schemas (footer and schema only, no rows): the text column must be there
+    // before any rank starts, not when the loader first reaches the file.
+    constexpr size_t kSchemasChecked = 64;
+    size_t checked = 0;
+    for (const auto& file : data::expand_dataset_path(location)) {
+      if (!data::is_columnar_file(file) || checked++ == kSchemasChecked) continue;
+      data::ColumnarFile(file, text_field);
+    }
   } catch (const Error& e) {
     LOOM_THROW(InputError, section, path ? ".dataset_path = '" : ".dataset = '",
-               path ? *path : name, "': ", e.message());
+               path ? *path : name, "' (", section, ".dataset_text_field = '", text_field,
+               "'): ", e.message());
   }
 }
 
@@ -102,7 +112,7 @@ Preflight preflight(const config::JobConfig& config, const PreflightWorld& world
   problems = unsupported_features(config, provenance);
   std::vector<std::string> ignored;
   const bool model_known = collect_problem(ignored, [&] {
-    models::check_flavor(models::find_model_spec(config.model.name), config.model.flavor);
+    models::job_model_spec(config);
   });
   // The arithmetic only once the degrees themselves are ones train can run.
   std::optional<distributed::ParallelDims> dims;
@@ -121,12 +131,15 @@ Preflight preflight(const config::JobConfig& config, const PreflightWorld& world
   });
   if (world.check_datasets) {
     const auto& t = config.training;
-    collect_problem(
-        problems, [&] { check_dataset(t.dataset, t.dataset_path, t.dataset_mixture, "training"); });
+    collect_problem(problems, [&] {
+      check_dataset(t.dataset, t.dataset_path, t.dataset_mixture, t.dataset_text_field,
+                    "training");
+    });
     const auto& v = config.validation;
     if (v.enable) {
       collect_problem(problems, [&] {
-        check_dataset(v.dataset, v.dataset_path, v.dataset_mixture, "validation");
+        check_dataset(v.dataset, v.dataset_path, v.dataset_mixture, v.dataset_text_field,
+                      "validation");
       });
     }
   }

@@ -177,6 +177,10 @@ Quorum ReplicaManager::agree_on_quorum(int64_t committed) {
   return q;
 }
 
+uint64_t ReplicaManager::wire_bytes() const {
+  return retired_wire_bytes_ + (replicas_ ? replicas_->counters().total_wire_bytes() : 0);
+}
+
 int64_t ReplicaManager::start_step(int64_t committed, ReplicaState& state) {
   const auto start = Clock::now();
   auto log = log::get("ft");
@@ -187,6 +191,7 @@ int64_t ReplicaManager::start_step(int64_t committed, ReplicaState& state) {
     bool ok = true;
     // A quorum of another lighthouse is new even under an old id (ids restart there).
     if (q.id != quorum_id_ || lighthouse_index_ != group_lighthouse_) {
+      if (replicas_) retired_wire_bytes_ += replicas_->counters().total_wire_bytes();
       replicas_.reset();
       try {
         replicas_ = lighthouse_->replica_group(

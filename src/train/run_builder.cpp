@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cctype>
 #include <random>
 
 #include "loom/checkpoint/manager.h"
@@ -20,9 +22,12 @@
 #include "loom/data/streaming_loader.h"
 #include "loom/data/synthetic.h"
 #include "loom/launch/world_info.h"
-#include "loom/metrics/memory_estimate.h"
 #include "loom/parallel/pipeline/model_parts.h"
 #include "loom/parallel/pipeline/simulate.h"
+#include "loom/plan/device_profile.h"
+#include "loom/plan/layout.h"
+#include "loom/plan/memory_model.h"
+#include "loom/plan/model_shape.h"
 #include "loom/quantize/convert.h"
 #include "loom/train/mixed_precision.h"
 #include "loom/train/preflight.h"
@@ -83,7 +88,8 @@ void warn_builtin_validation(const config::JobConfig& c) {
 void setup_runtime(Run& run) {
   auto log = log::get("trainer");
   const bool cuda = run.device.is_cuda();
-  run.runtime = std::make_unique<distributed::ParallelRuntime>(run.config, cuda);
+  run.runtime = std::make_unique<distributed::ParallelRuntime>(
+      run.config, distributed::read_world_info(), cuda);
   if (run.device.is_cpu()) check_thread_plan(run.runtime->world().local_world_size);
   log->info("host memory: {}", describe_host_allocator());
   auto& c = run.config;
@@ -112,29 +118,43 @@ void setup_runtime(Run& run) {
 
 // This rank's share: its pipeline stages, split over FSDP's shards and the tp ranks, with the
 // activations of as many microbatches as its schedule keeps alive.
-metrics::MemoryEstimate estimate_rank_memory(
-    const Run& run, const std::optional<parallel::pipeline::PipelinePlan>& plan,
-    const std::vector<std::unique_ptr<models::CausalLM>>& parts) {
-  const auto& config = run.config;
-  std::vector<models::ModelSummary> summaries;
-  for (const auto& part : parts) summaries.push_back(part->summary(config.training.seq_len));
-  // FSDP keeps float32 masters and computes in mixed_precision_param.
-  const bool sharded = parallel::uses_fsdp(run.runtime->dims(), config);
-  const int shards = sharded ? run.runtime->group(distributed::MeshGroup::fsdp).size() : 1;
-  const auto param_dtype = sharded ? at::kFloat : parameter_dtype(config.training);
-  const auto compute_dtype = autocast_dtype(config.training, run.device).value_or(param_dtype);
-  metrics::MemoryInputs in{shards, static_cast<int>(c10::elementSize(param_dtype)),
-                           static_cast<int>(c10::elementSize(compute_dtype))};
-  in.tp_degree = run.runtime->dims().tp;
-  if (plan) {
-    const auto pp_rank =
-        run.runtime->mesh().group_rank(distributed::MeshGroup::pp, run.runtime->rank());
-    in.microbatch_rows = config.parallelism.pipeline_parallel_microbatch_size;
-    in.live_microbatches = static_cast<double>(parallel::pipeline::peak_live_activations(
-                               plan->schedule, static_cast<int>(pp_rank))) /
-                           plan->schedule.stages_per_rank;
+// The device profile of the device a run trains on: the cpu profile, or the GPU's model
+// (configs/devices), so the start-up estimate is what `loom plan memory --device NAME` prints.
+std::string device_profile_name(const at::Device& device) {
+  if (!device.is_cuda()) return "cpu";
+  const auto info = device::query_accelerators();
+  const size_t index = device.has_index() ? static_cast<size_t>(device.index()) : 0;
+  const std::string gpu = index < info.device_names.size() ? info.device_names[index] : "";
+  for (const char* known : {"H200", "H100", "B200", "A100"}) {
+    if (gpu.find(known) != std::string::npos) {
+      std::string name = known;
+      std::transform(name.begin(), name.end(), name.begin(),
+                     [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+      return name;
+    }
   }
-  return metrics::estimate_memory(metrics::combine_summaries(summaries), config, in);
+  return "h100";
+}
+
+// One memory model: the planner's (plan/memory_model.h) for this job's layout on this device,
+// so the start-up line and `loom plan memory` cannot disagree.
+void log_planned_memory(const Run& run, int64_t vocab) {
+  const auto& config = run.config;
+  const std::string profile_name = device_profile_name(run.device);
+  const plan::DeviceProfile profile = plan::load_device_profile(profile_name);
+  const plan::ModelShape shape = plan::read_model_shape(config, vocab);
+  const plan::Layout layout = plan::layout_of(config, run.runtime->dims().world_size);
+  const plan::MemoryPlan memory = plan::predict_memory(shape, config, layout, profile);
+  std::string parts;
+  for (const auto& c : memory.components) {
+    if (c.bytes <= 0) continue;
+    parts += fmt::format("{}{} {:.3f}", parts.empty() ? "" : " + ", c.name, c.bytes / 1073741824.0);
+  }
+  log::get("trainer")->info(
+      "estimated peak memory per rank: {:.3f} GiB = {} GiB of tensors + runtime {:.3f} GiB "
+      "(loom plan memory --device {}; {})",
+      memory.peak_bytes / 1073741824.0, parts, memory.runtime_bytes / 1073741824.0, profile_name,
+      layout.describe());
 }
 
 // Built on the meta device (the whole model, or this rank's pipeline stages under their global
@@ -145,7 +165,7 @@ void build_model(Run& run, const std::optional<parallel::pipeline::PipelinePlan>
   // The embedding table matches the tokenizer (synthetic data keeps the flavor's vocabulary).
   const int64_t vocab = run.tokenizer ? run.tokenizer->vocab_size() : 0;
   const auto meta = at::TensorOptions().device(at::kMeta).dtype(parameter_dtype(config.training));
-  run.spec = &models::find_model_spec(config.model.name);
+  run.spec = &models::job_model_spec(config);
   run.summary = models::build_model(config, vocab, meta)->summary(config.training.seq_len);
   parallel::ParallelContext context{config,
                                     *run.runtime,
@@ -164,11 +184,10 @@ void build_model(Run& run, const std::optional<parallel::pipeline::PipelinePlan>
   } else {
     parts.push_back(models::build_model(config, vocab, meta));
   }
-  const auto memory = estimate_rank_memory(run, plan, parts);
   // model.converters (float8 linears), before the parallelisms wrap the parts.
   const bool tp = run.runtime->dims().tp > 1;
-  quantize::apply_converters(parts, config,
-                             tp ? &run.runtime->group(distributed::MeshGroup::tp) : nullptr);
+  run.converters = quantize::apply_converters(
+      parts, config, run.device, tp ? &run.runtime->group(distributed::MeshGroup::tp) : nullptr);
   run.model = run.spec->parallelize(std::move(parts), context);
   run.local_tensors = run.model.tensors();
   run.placements = run.model.placements();
@@ -178,7 +197,7 @@ void build_model(Run& run, const std::optional<parallel::pipeline::PipelinePlan>
   log->info("model {}", models::format_summary(run.summary, false));
   log->info("parallelism: {}; gradient sync: {}", run.runtime->dims().layout(),
             run.model.description);
-  log->info("estimated peak memory per rank: {}", memory.describe());
+  log_planned_memory(run, vocab);
 }
 
 void build_data(Run& run, std::unique_ptr<data::BatchSource> source,
@@ -195,12 +214,14 @@ void build_data(Run& run, std::unique_ptr<data::BatchSource> source,
   const auto& ft = config.fault_tolerance;
   const int64_t train_dp_rank = ft.enable ? ft.replica_id * dp_size + dp_rank : dp_rank;
   const int64_t train_dp_size = ft.enable ? ft.group_size * dp_size : dp_size;
-  auto train_source = source ? std::move(source)
-                             : dataset_source(t.dataset, t.dataset_path, t.dataset_mixture,
-                                              run.tokenizer.get(), vocab,
-                                              {t.seq_len, run.seed, true, train_dp_rank,
-                                               train_dp_size, skip_bad, t.dataset_text_field},
-                                              "training");
+  const int64_t max_document = t.dataset_max_document_mib << 20;
+  auto train_source =
+      source ? std::move(source)
+             : dataset_source(t.dataset, t.dataset_path, t.dataset_mixture, run.tokenizer.get(),
+                              vocab,
+                              {t.seq_len, run.seed, true, train_dp_rank, train_dp_size, skip_bad,
+                               t.dataset_text_field, -1, max_document},
+                              "training");
   // A background thread keeps the next two microbatches ready.
   run.source = std::make_unique<data::PrefetchingSource>(std::move(train_source),
                                                          t.local_batch_size, t.seq_len, 2);
@@ -211,7 +232,8 @@ void build_data(Run& run, std::unique_ptr<data::BatchSource> source,
           ? std::move(validation_source)
           : dataset_source(
                 v.dataset, v.dataset_path, v.dataset_mixture, run.tokenizer.get(), vocab,
-                {v.seq_len, run.seed + 1, false, dp_rank, dp_size, skip_bad, v.dataset_text_field},
+                {v.seq_len, run.seed + 1, false, dp_rank, dp_size, skip_bad, v.dataset_text_field,
+                 -1, max_document},
                 "validation");
   LOOM_CHECK_AS(InputError, v.steps > 0 || validation->samples_per_epoch(),
                 "validation.steps = -1 (the whole set) needs a finite validation dataset; set a "

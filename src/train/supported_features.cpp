@@ -36,9 +36,7 @@ std::vector<std::string> unsupported_features(const config::JobConfig& config,
   }
   for (auto& problem : quantize::converter_problems(config)) problems.push_back(problem);
   const models::ModelSpec* spec = nullptr;
-  collect_problem(problems, [&] { spec = &models::find_model_spec(config.model.name); });
-  if (!spec ||
-      !collect_problem(problems, [&] { models::check_flavor(*spec, config.model.flavor); })) {
+  if (!collect_problem(problems, [&] { spec = &models::job_model_spec(config); })) {
     return problems;  // the rest needs the model's shape
   }
   if (spec->check_parallelism) collect_problem(problems, [&] { spec->check_parallelism(config); });

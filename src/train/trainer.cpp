@@ -44,20 +44,6 @@ at::Tensor sum_over(distributed::Comm& group, at::Tensor values) {
   return values;
 }
 
-// What this run trained: "finished: 2 steps (steps 61-62, resumed from step 60) of 62".
-std::string describe_steps_run(const TrainResult& result, int64_t resumed_from, int64_t total) {
-  const int64_t ran = std::max<int64_t>(result.steps_completed - resumed_from, 0);
-  std::string which = "none run";
-  if (ran > 0 && resumed_from > 0) {
-    which = fmt::format("steps {}-{}, resumed from step {}", resumed_from + 1,
-                        result.steps_completed, resumed_from);
-  } else if (ran > 0) {
-    which = fmt::format("steps 1-{}", result.steps_completed);
-  }
-  return fmt::format("{} {} step{} ({}) of {}",
-                     result.stopped_by_signal ? "stopped after" : "finished:", ran,
-                     ran == 1 ? "" : "s", which, total);
-}
 
 // metrics.jsonl's start record: which run, resumed from where, with which config and layout.
 metrics::RunStart run_start(const config::JobConfig& config, const distributed::ParallelDims& dims,
@@ -76,6 +62,27 @@ metrics::RunStart run_start(const config::JobConfig& config, const distributed::
 }
 
 }  // namespace
+
+// "finished: 2 steps (steps 61-62, resumed from step 60) of 62", or
+// "(steps 11-30, healed to step 10 from a replica group)" when a quorum moved it forward.
+std::string describe_steps_run(const TrainResult& result, int64_t resumed_from, int64_t total) {
+  const int64_t ran =
+      result.steps_completed >= result.first_step ? result.steps_completed - result.first_step + 1
+                                                  : 0;
+  std::string which = "none run";
+  if (ran > 0 && result.first_step - 1 > resumed_from) {
+    which = fmt::format("steps {}-{}, healed to step {} from a replica group", result.first_step,
+                        result.steps_completed, result.first_step - 1);
+  } else if (ran > 0 && resumed_from > 0) {
+    which = fmt::format("steps {}-{}, resumed from step {}", resumed_from + 1,
+                        result.steps_completed, resumed_from);
+  } else if (ran > 0) {
+    which = fmt::format("steps 1-{}", result.steps_completed);
+  }
+  return fmt::format("{} {} step{} ({}) of {}",
+                     result.stopped_by_signal ? "stopped after" : "finished:", ran,
+                     ran == 1 ? "" : "s", which, total);
+}
 
 double Trainer::elapsed_s() const {
   return elapsed_before_ + seconds_since(train_start_);
@@ -309,7 +316,11 @@ TrainResult Trainer::train(const std::function<void()>& on_started) {
     if (change) log->warn("{}", *change);
   }
   elapsed_before_ = resume.elapsed_s;
-  metrics_->start_run(run_start(config_, run_->runtime->dims(), resume, peak_));
+  metrics::RunStart started = run_start(config_, run_->runtime->dims(), resume, peak_);
+  started.float8_linears = run_->converters.float8_linears;
+  started.float8_grouped = run_->converters.float8_grouped;
+  started.float8_emulated = run_->converters.emulated;
+  metrics_->start_run(started);
   int64_t tokens_seen = resume.tokens_seen;
   window_ = Window{};
   window_.comm_start = run_->runtime->total_wire_bytes();
@@ -343,6 +354,7 @@ TrainResult Trainer::train(const std::function<void()>& on_started) {
     }
     ++window_.steps;
     if (step == resume.step + 1) run_->runtime->use_train_timeout();
+    if (result.steps_completed == 0) result.first_step = step;  // after any healing
     result.steps_completed = step;
     const bool healed = run_->replicas && run_->replicas->report().healed_from.has_value();
     if (run_->replicas) {
@@ -376,8 +388,10 @@ TrainResult Trainer::train(const std::function<void()>& on_started) {
   run_->checkpoint->wait();
   metrics_->finish_run(result.stopped_by_signal ? "stopped" : "finished", result.steps_completed);
   result.peak_memory_gib = metrics::peak_memory_gib(run_->device);
-  result.comm_wire_bytes = run_->runtime->total_wire_bytes();
-  result.first_step = resume.step + 1;
+  // The replica groups' all-reduces and healing streams are this rank's traffic too.
+  result.comm_wire_bytes = run_->runtime->total_wire_bytes() +
+                           (run_->replicas ? run_->replicas->wire_bytes() : 0);
+  if (result.steps_completed == 0) result.first_step = resume.step + 1;
   result.elapsed_s = seconds_since(start);
   log->info(
       "{} in {:.1f} s ({:.2f} MB sent over the process groups by this rank); metrics in "

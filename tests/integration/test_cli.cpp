@@ -68,6 +68,15 @@ TEST(Cli, VersionReportsLibTorchAndBackends) {
   EXPECT_TRUE(contains(result.output, "Gloo: ")) << result.output;
 }
 
+// The `loom` binary itself runs on jemalloc with loom's settings (the step-memory test checked
+// its own test binary, which links the allocator the same way but is not what users run).
+TEST(Cli, TheLoomBinaryUsesJemallocAndKeepsFreedPages) {
+  const auto result = run_loom("--version");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_TRUE(contains(result.output, "Host allocator: jemalloc ")) << result.output;
+  EXPECT_TRUE(contains(result.output, "freed memory kept for reuse")) << result.output;
+}
+
 TEST(Cli, NoSubcommandOrUnknownOneIsAUsageError) {
   EXPECT_EQ(run_loom("").exit_code, 2);
   auto result = run_loom("trian");

@@ -53,6 +53,18 @@ TEST(DatasetFormatsCli, PrepareTokenizeAndTrainOnEveryFormat) {
                            "/data.parquet' --job.dump_folder '" + dir + "/run1'");
   ASSERT_EQ(streamed.exit_code, 0) << streamed.output;
   EXPECT_TRUE(contains(streamed.output, "streamed")) << streamed.output;
+
+  // config validate reads the Parquet schema: a text column the file lacks is refused up front.
+  const std::string validate = "config validate --config '" + std::string(LOOM_SOURCE_DIR) +
+                               "/configs/llama3_debug.toml' --model.tokenizer_path '" + dir +
+                               "/tok/qwen_style.json' --training.dataset_path '" + dir +
+                               "/data.parquet'";
+  auto good = run_loom(validate);
+  EXPECT_EQ(good.exit_code, 0) << good.output;
+  auto missing = run_loom(validate + " --training.dataset_text_field body");
+  EXPECT_NE(missing.exit_code, 0) << missing.output;
+  EXPECT_TRUE(contains(missing.output, "training.dataset_text_field = 'body'")) << missing.output;
+  EXPECT_TRUE(contains(missing.output, "data.parquet")) << missing.output;
 }
 
 }  // namespace

@@ -238,3 +238,41 @@ TEST(HostileInputs, HfAssetsPathTokenizerIsLoadedAndAMissingOneIsAnError) {
   fs::create_directories(dir + "/empty");
   expect_refused(run_timed(common + dir + "/empty'"), "holds no tokenizer.json");
 }
+
+namespace {
+
+bool says(const loom::testing::CommandResult& r, const std::string& part) {
+  return r.output.find(part) != std::string::npos;
+}
+
+}  // namespace
+
+// `plan layout --output /dev/full` printed "wrote /dev/full" and exited 0, `--output FIFO` and
+// `plan memory --device FIFO` hung, and commands whose stdout is on a full disk exited 0.
+TEST(HostileInputs, PlanOutputsAndStdoutOnAFullDiskOrFifoFailWithoutHanging) {
+  const std::string dir = loom::testing::fresh_temp_dir("hostile_plan_outputs");
+  const std::string fifo = dir + "/fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  const std::string job = "--config " LOOM_SOURCE_DIR "/configs/llama3_debug.toml --world-size 2";
+  auto full = run_timed("plan layout " + job + " --device cpu --output /dev/full");
+  EXPECT_EQ(full.exit_code, 2) << full.output;
+  EXPECT_TRUE(says(full, "--output '/dev/full' exists and is not a regular file")) << full.output;
+  EXPECT_FALSE(says(full, "wrote /dev/full")) << full.output;
+  auto into_fifo = run_timed("plan layout " + job + " --device cpu --output " + fifo);
+  EXPECT_EQ(into_fifo.exit_code, 2) << into_fifo.output;
+  auto device_fifo = run_timed("plan memory " + job + " --device " + fifo);
+  EXPECT_EQ(device_fifo.exit_code, 2) << device_fifo.output;
+  EXPECT_TRUE(says(device_fifo, "FIFO")) << device_fifo.output;
+  auto written = run_timed("plan layout " + job + " --device cpu --output " + dir + "/best.toml");
+  EXPECT_EQ(written.exit_code, 0) << written.output;
+  EXPECT_TRUE(fs::is_regular_file(dir + "/best.toml"));
+  for (const std::string& command :
+       std::vector<std::string>{"config show --config " LOOM_SOURCE_DIR "/configs/llama3_debug.toml",
+                                "plan memory " + job + " --device cpu"}) {
+    // stdout alone on the full device; stderr still comes back through the subshell.
+    auto result = loom::testing::run_command(std::string("( timeout 120 '") + LOOM_BINARY + "' " +
+                                             command + " > /dev/full )");
+    EXPECT_EQ(result.exit_code, 1) << command << "\n" << result.output;
+    EXPECT_TRUE(says(result, "cannot write the output to standard output")) << result.output;
+  }
+}

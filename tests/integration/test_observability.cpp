@@ -14,7 +14,6 @@
 #include <thread>
 
 #include "loom/core/check.h"
-#include "loom/metrics/memory_estimate.h"
 #include "loom/metrics/profiler.h"
 #include "loom/train/trainer.h"
 #include "support/jobs.h"
@@ -212,49 +211,6 @@ TEST(Profiler, OutOfMemoryErrorNamesTheStepAndDevice) {
   } catch (const loom::Error& e) {
     EXPECT_EQ(e.message(), "step 7: out of memory on cpu: DefaultCPUAllocator: not enough memory");
   }
-}
-
-TEST(MemoryEstimate, ComponentsFollowTheModelShapesAndLayout) {
-  auto job = small_job("memory");
-  auto model = loom::models::build_model(job, 0, at::TensorOptions().device(at::kMeta));
-  const auto summary = model->summary(job.training.seq_len);
-  const double gib = 1024.0 * 1024.0 * 1024.0;
-  const auto plain = loom::metrics::estimate_memory(summary, job, {1, 4, 4});
-  EXPECT_NEAR(plain.parameters_gib, summary.total_params * 4 / gib, 1e-12);
-  EXPECT_NEAR(plain.optimizer_gib, 2 * plain.parameters_gib, 1e-12);
-  // debugmodel: dim 256, 16 heads of 16 (q = kv = 256), ffn 768, 6 blocks, vocab 2048;
-  // 4 x 32 tokens, float32.
-  const double per_token = 6 * (4 * 256 + 3 * 256 + 3 * 256 + 4 * 768) + 2 * 256 + 2048 * 2;
-  EXPECT_NEAR(plain.activations_gib, 4 * 32 * per_token * 4 / gib, 1e-9);
-  job.activation_checkpoint.mode = "full";
-  const auto full = loom::metrics::estimate_memory(summary, job, {1, 4, 4});
-  EXPECT_LT(full.activations_gib, plain.activations_gib / 3);
-  const auto sharded = loom::metrics::estimate_memory(summary, job, {4, 4, 2});
-  EXPECT_NEAR(sharded.optimizer_gib, plain.optimizer_gib / 4, 1e-12);
-  EXPECT_GT(sharded.parameters_gib, plain.parameters_gib / 4);  // + two gathered blocks
-  EXPECT_NE(plain.describe().find("activations"), std::string::npos);
-
-  // Tensor parallelism splits the weights and activations; a pipeline rank holds its stages
-  // (the logits only where the output is) and as many microbatches as its schedule keeps.
-  job.activation_checkpoint.mode = "none";  // as for `plain`
-  const auto tp2 = loom::metrics::estimate_memory(summary, job, {1, 4, 4, 2});
-  EXPECT_NEAR(tp2.parameters_gib, plain.parameters_gib / 2, 1e-12);
-  EXPECT_NEAR(tp2.activations_gib, plain.activations_gib / 2, 1e-12);
-  const auto meta = at::TensorOptions().device(at::kMeta);
-  const auto first = loom::models::build_model(job, 0, meta, {0, 3, true, false})->summary(32);
-  const auto last = loom::models::build_model(job, 0, meta, {3, -1, false, true})->summary(32);
-  const auto whole = loom::metrics::combine_summaries({first, last});
-  EXPECT_EQ(whole.total_params, summary.total_params);
-  EXPECT_NEAR(loom::metrics::estimate_memory(whole, job, {1, 4, 4}).activations_gib,
-              plain.activations_gib, 1e-12);
-  loom::metrics::MemoryInputs stage{1, 4, 4};
-  stage.microbatch_rows = 1;  // 1F1B's first of 2 ranks: 2 microbatches of 1 row alive
-  stage.live_microbatches = 2;
-  const auto first_stage = loom::metrics::estimate_memory(first, job, stage);
-  EXPECT_NEAR(first_stage.parameters_gib, first.total_params * 4 / gib, 1e-12);
-  EXPECT_NEAR(first_stage.activations_gib,
-              2 * 32 * 3 * (4 * 256 + 3 * 256 + 3 * 256 + 4 * 768) * 4 / gib,
-              1e-12);  // three blocks, no logits
 }
 
 namespace {

@@ -203,7 +203,15 @@ void run_with_fault(const std::string& name, const std::string& where, bool expe
       static_cast<long long>(discarded), static_cast<long long>(healed_at));
   // A step takes ~0.5 s here; one slow step of slack over the documented bound.
   EXPECT_LE(pause, (kHeartbeatTimeoutMs + kJoinTimeoutMs) / 1000.0 + 2.0);
-  EXPECT_FALSE(fs::exists(folder + "/g1/checkpoint/step-15")) << "no checkpoint on the path";
+  // Group 1 healed from its peer, not from a checkpoint: none was written before the last step
+  // (the interval is larger than the run), so none could have been loaded.
+  if (fs::exists(folder + "/g1/checkpoint")) {
+    for (const auto& entry : fs::directory_iterator(folder + "/g1/checkpoint")) {
+      const std::string name = entry.path().filename().string();
+      if (name.rfind("step-", 0) != 0) continue;
+      EXPECT_GE(std::stoll(name.substr(5)), kSteps) << "a checkpoint on the path: " << name;
+    }
+  }
   expect_same_state(folder + "/g0", folder + "/g1", kSteps);
   EXPECT_EQ(rows0.at(kSteps).row["loss"], rows1.at(kSteps).row["loss"]);
 }

@@ -19,7 +19,7 @@ eager attention):
     evaluates within 1e-5 of transformers on the same model (in 4's layout, which this
     transformers reads), and theta 10000 would be noticed.
 --config picks the job (its model family) trained when no --checkpoint is given.
-Exit 77 (skipped) when transformers is not installed (scripts/setup.sh installs it).
+A missing transformers fails the test (scripts/setup.sh installs it).
 
 Usage: test_generate_eval.py LOOM_BINARY WORK_DIR [--config TOML] [--checkpoint STEP_DIR]
                              [--texts FILE.jsonl] [--prompts FILE.jsonl]
@@ -82,9 +82,9 @@ def main():
     try:
         import torch  # noqa: F401
         import transformers  # noqa: F401
-    except ImportError as e:
-        print(f"SKIPPED: {e} (scripts/setup.sh installs transformers into .venv)")
-        return 77
+    except Exception as e:  # a missing or broken transformers fails: a skip hides a broken setup
+        print(f"FAILED: {type(e).__name__}: {e} (scripts/setup.sh installs transformers into .venv)")
+        return 1
     p = argparse.ArgumentParser()
     p.add_argument("loom")
     p.add_argument("work")

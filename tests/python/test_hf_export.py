@@ -5,8 +5,9 @@ Trains the debug model for a few steps with checkpoints on, exports the final ch
 it with transformers, and compares the logits on a sentence with those of tools/reference (the
 plain-PyTorch Llama that the golden tests hold loom's C++ model to) run on the loom checkpoint's
 own tensors. Then imports the export back (`import --from hf`) and checks the weights round-trip
-bit for bit. Exit 77 (skipped) when transformers is not installed or fails to import (a version
-that does not work with this torch); scripts/setup.sh installs a matching one.
+bit for bit. A transformers that is missing or fails to import (a version that does not work
+with this torch) fails the test: scripts/setup.sh installs a matching one, and a skip would hide
+a broken setup.
 
 Usage: test_hf_export.py LOOM_BINARY WORK_DIR
 """
@@ -36,9 +37,9 @@ def main():
         from safetensors import safe_open
         from transformers import LlamaForCausalLM
     except Exception as e:  # not installed, or a version that fails to import with this torch
-        print(f"SKIPPED: transformers cannot be loaded: {type(e).__name__}: {e} "
+        print(f"FAILED: transformers cannot be loaded: {type(e).__name__}: {e} "
               "(scripts/setup.sh installs a matching transformers into .venv)")
-        return 77
+        return 1
     loom, work = sys.argv[1], sys.argv[2]
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
@@ -131,6 +132,12 @@ def check_auto_classes(loom, hf, ids):
     encoded = tokenizer(TEXT, add_special_tokens=False)["input_ids"]
     if encoded != ids:
         print(f"FAILED: AutoTokenizer's ids differ from loom's:\n{encoded}\n{ids}")
+        return 1
+    # Training and loom generate put BOS first; so does the export's post-processor.
+    with_special = tokenizer(TEXT)["input_ids"]
+    if with_special != [tokenizer.bos_token_id] + ids:
+        print(f"FAILED: AutoTokenizer does not add the BOS training used:\n{with_special[:8]}\n"
+              f"{ids[:8]}")
         return 1
     config = json.load(open(f"{hf}/config.json"))
     generation = json.load(open(f"{hf}/generation_config.json"))

@@ -160,6 +160,26 @@ TEST(ConfigErrors, ValueWhereASectionBelongs) {
   EXPECT_TRUE(contains(error, "expected a table [training]")) << error;
 }
 
+TEST(ConfigErrors, ATinyCpuMemoryLimitIsNotNoLimit) {
+  for (const char* tiny : {"1e-10", "1e-9", "0.0009"}) {
+    const std::string error = load_error("", {{"debug.cpu_memory_limit_gib", tiny}});
+    EXPECT_TRUE(contains(error, "debug.cpu_memory_limit_gib: must be 0 (no limit) or at least 1 MiB"))
+        << tiny << ": " << error;
+  }
+  EXPECT_EQ(load_error("", {{"debug.cpu_memory_limit_gib", "0.001"}}), "<loaded without error>");
+}
+
+// Weights of 1e308 summed to infinity, every share rounded to 0 and one source trained alone.
+TEST(ConfigErrors, MixtureWeightsWhoseSumIsNotFiniteAreRefused) {
+  std::string error =
+      load_error("[training]\ndataset_mixture = [\"brown:1e308\", \"/data/web:1e308\"]\n");
+  EXPECT_TRUE(contains(error, "training.dataset_mixture: the weights add up past the largest "
+                              "number"))
+      << error;
+  error = load_error("[training]\ndataset_mixture = [\"brown:1e300\", \"/data/web:1e-300\"]\n");
+  EXPECT_TRUE(contains(error, "is 0 next to the sum")) << error;
+}
+
 TEST(ConfigErrors, DatasetMixtureSyntaxWeightsAndConflicts) {
   std::string error = load_error(R"([training]
 dataset_mixture = ["brown:0.7", "web"]

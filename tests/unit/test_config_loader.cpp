@@ -122,6 +122,21 @@ TEST(ConfigLoad, CommandLineBooleansListsAndOptionals) {
             (std::vector<std::vector<std::string>>{{"a", "b"}, {"c"}}));
 }
 
+// docs/config.md: `none` unsets a list. `--model.converters none` was an error and
+// `--model.converters []` became the one converter "[]".
+TEST(ConfigLoad, CommandLineListsTakeNoneBracketsAndQuotes) {
+  const std::string file = "[model]\nconverters = [\"float8\"]\n";
+  for (const char* empty : {"none", "[]", "[ ]", ""}) {
+    auto loaded = load_toml(file, {{"model.converters", empty}});
+    EXPECT_TRUE(loaded.config.model.converters.empty()) << "'" << empty << "'";
+  }
+  auto bracketed = load_toml("", {{"model.converters", "[\"float8\", 'quantize.grouped_mm.float8']"}});
+  EXPECT_EQ(bracketed.config.model.converters,
+            (std::vector<std::string>{"float8", "quantize.grouped_mm.float8"}));
+  auto plain = load_toml("", {{"checkpoint.exclude_from_loading", "[optimizer]"}});
+  EXPECT_EQ(plain.config.checkpoint.exclude_from_loading, (std::vector<std::string>{"optimizer"}));
+}
+
 TEST(ConfigLoad, UnimplementedKeysAreAcceptedAndListedOnce) {
   auto loaded = load_toml(
       "[compile]\nenable = true\ncomponents = [\"model\"]\n"

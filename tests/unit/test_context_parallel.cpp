@@ -9,7 +9,7 @@
 
 #include "comm_test_util.h"
 #include "loom/data/batch_source.h"
-#include "loom/models/common/attention_backend.h"
+#include "loom/protocols/attention_backend.h"
 #include "loom/models/common/decoder.h"
 #include "loom/models/llama/init.h"
 #include "loom/parallel/context_parallel.h"

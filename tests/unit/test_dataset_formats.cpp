@@ -124,6 +124,14 @@ TEST_F(DatasetFormats, BadInputsAreRefusedByName) {
   // An .arrow file that is not Arrow.
   loom::testing::run_command("cp '" + path("source.jsonl") + "' '" + path("bogus.arrow") + "'");
   expect("bogus.arrow", "Arrow");
+  // A save_to_disk folder without its state.json: named as such, not "dataset_info.json is not
+  // JSONL".
+  loom::testing::run_command("cp -r '" + path("hf") + "' '" + path("hf_stateless") + "' && rm '" +
+                             path("hf_stateless") + "/state.json'");
+  const std::string what = error_of([&] { loom::data::expand_dataset_path(path("hf_stateless")); });
+  EXPECT_NE(what.find("save_to_disk folder (it has dataset_info.json) without its state.json"),
+            std::string::npos)
+      << what;
 }
 
 TEST_F(DatasetFormats, StreamedRanksAreDisjointAndComplete) {

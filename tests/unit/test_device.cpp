@@ -11,6 +11,7 @@
 #include "loom/core/check.h"
 #include "loom/core/device.h"
 #include "loom/distributed/runtime.h"
+#include "loom/launch/world_info.h"
 #include "support/process.h"
 #include "support/scoped_env.h"
 
@@ -66,7 +67,8 @@ TEST(GpuPerLocalRank, RuntimeChecksBeforeRendezvous) {
   config.training.device = "cuda";
   config.comm.init_timeout_seconds = 5;  // a missing check fails after 5 s, not 5 min
   try {
-    loom::distributed::ParallelRuntime runtime(config, /*with_cuda=*/true);
+    loom::distributed::ParallelRuntime runtime(config, loom::distributed::read_world_info(),
+                                               /*with_cuda=*/true);
     FAIL() << "a runtime with " << ranks << " local ranks and " << gpus << " GPU(s) started";
   } catch (const loom::InputError& e) {
     EXPECT_TRUE(contains(e.message(), "training.device = 'cuda'"));

@@ -267,7 +267,7 @@ TEST(TensorParallelFloat8, TwoRanksShareScalesAndMatchOneProcess) {
     std::vector<std::unique_ptr<models::CausalLM>> parts;
     parts.push_back(models::build_model(config, kVocab, at::TensorOptions().device(at::kMeta)));
     auto& tp = runtime->group(distributed::MeshGroup::tp);
-    quantize::apply_converters(parts, config, &tp);
+    quantize::apply_converters(parts, config, at::Device(at::kCPU), &tp);
     parallel::ParallelContext context{config, *runtime, at::kCPU, kSeed, at::kFloat, {}};
     auto pm = models::find_model_spec(config.model.name).parallelize(std::move(parts), context);
     pm.gradient_sync->prepare_microbatch(true);

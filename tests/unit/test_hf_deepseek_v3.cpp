@@ -6,10 +6,13 @@
 // block alone and the whole model's logits within 1e-5 of transformers' in float32, greedy tokens
 // with the latent cache equal to transformers' generate() and to loom's own decoding without a
 // cache, the cache's size per token, and import then export writing back the folder's tensors.
+// The `plain` variant also as transformers 5.25 saved it (tests/data/hf_deepseek_v3/transformers5:
+// rope_parameters instead of rope_scaling, dtype, head_dim).
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -37,15 +40,18 @@ loom::generate::InferenceModel load(const std::string& folder) {
   return loom::testing::load_hf_folder(folder, "deepseek_v3");
 }
 
+// qlora and plain by the venv's transformers 4, then plain by transformers 5.
 std::vector<std::string> folders() {
-  return loom::testing::made_by_transformers("make_hf_deepseek_v3_model.py", "deepseek_v3_models",
-                                             {"qlora", "plain"});
+  auto made = loom::testing::made_by_transformers("make_hf_deepseek_v3_model.py",
+                                                  "deepseek_v3_models", {"qlora", "plain"});
+  made.push_back(std::string(LOOM_SOURCE_DIR) + "/tests/data/hf_deepseek_v3/transformers5/plain");
+  return made;
 }
 
 }  // namespace
 
 TEST(HfDeepseekV3, ReadsLatentAttentionRoutingAndTheBias) {
-  for (size_t v = 0; v < 2; ++v) {
+  for (size_t v = 0; v < folders().size(); ++v) {
     auto model = load(folders()[v]);
     auto& decoder = dynamic_cast<loom::models::DecoderModel&>(*model.model);
     const auto& args = decoder.args();
@@ -139,9 +145,17 @@ TEST(HfDeepseekV3, ImportThenExportWritesTheFolderBack) {
          {"q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
           "head_dim", "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size",
           "n_shared_experts", "n_group", "topk_group", "norm_topk_prob", "routed_scaling_factor",
-          "first_k_dense_replace", "rope_interleave", "rope_scaling"}) {
+          "first_k_dense_replace", "rope_interleave"}) {
       EXPECT_EQ(config.at(key), source.at(key)) << folder << ": " << key;
     }
+    // transformers 4 saves the YaRN as rope_scaling, 5 as rope_parameters (with the theta).
+    json rope = source.contains("rope_scaling") ? source.at("rope_scaling")
+                                                : source.at("rope_parameters");
+    rope.erase("rope_theta");
+    rope.erase("type");
+    json exported_rope = config.at("rope_scaling");
+    exported_rope.erase("type");
+    EXPECT_EQ(exported_rope, rope) << folder;
     // The exported folder is the same model: loom reads it back to the same logits.
     auto reference = tensors_of(folder + "/reference.safetensors");
     auto model = load(exported);
@@ -183,4 +197,70 @@ TEST(DeepseekV3Flavors, YarnFollowsTheTrainingContextNotTheWindow) {
   EXPECT_EQ(long_trained.yarn->factor, 40.0);
   options.trained_seq_len = 0;  // training itself: the context is max_seq_len
   EXPECT_FALSE(loom::models::decoder_args(*spec.build(options)).yarn_active());
+}
+
+// checkpoint import wrote a COMPLETE step-0 from folders missing a weight (the final norm, a
+// router gate, the routing bias) or holding a NaN bias, and replaced a training run's step-0.
+TEST(HfDeepseekV3, ImportRefusesMissingOrNonFiniteWeightsAndKeepsAnExistingStep) {
+  const std::string source = folders()[1];
+  auto without = [&](const std::string& dropped, const std::string& nan_tensor) {
+    const std::string folder = loom::testing::fresh_temp_dir("deepseek_v3_hostile");
+    fs::copy(source, folder, fs::copy_options::recursive);
+    loom::checkpoint::NamedTensors kept;
+    for (auto& [name, t] : tensors_of(folder + "/model.safetensors")) {
+      if (name == dropped) continue;
+      kept.emplace_back(name, name == nan_tensor ? t.clone().fill_(NAN) : t);
+    }
+    loom::checkpoint::save_safetensors(folder + "/model.safetensors", kept, {{"format", "pt"}});
+    return folder;
+  };
+  auto import_error = [](const std::string& folder, const std::string& out) {
+    try {
+      loom::checkpoint::import_from_hf(folder, out);
+    } catch (const loom::InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("imported");
+  };
+  for (const char* dropped :
+       {"model.norm.weight", "model.layers.2.mlp.gate.weight",
+        "model.layers.3.mlp.gate.e_score_correction_bias", "lm_head.weight"}) {
+    const std::string out = loom::testing::fresh_temp_dir("deepseek_v3_hostile_out");
+    const std::string error = import_error(without(dropped, ""), out);
+    EXPECT_NE(error.find(std::string("needs weights the folder does not hold")), std::string::npos)
+        << dropped << ": " << error;
+    EXPECT_NE(error.find(dropped), std::string::npos) << error;
+    EXPECT_FALSE(fs::exists(out + "/step-0")) << dropped;
+  }
+  const std::string nan_out = loom::testing::fresh_temp_dir("deepseek_v3_nan_out");
+  const std::string nan_error =
+      import_error(without("", "model.layers.2.mlp.gate.e_score_correction_bias"), nan_out);
+  EXPECT_NE(nan_error.find("layers.2.moe.expert_bias' holds NaN or Inf"), std::string::npos)
+      << nan_error;
+  EXPECT_FALSE(fs::exists(nan_out + "/step-0"));
+
+  // An existing step-0 (a training run's) stays unless --overwrite.
+  const std::string out = loom::testing::fresh_temp_dir("deepseek_v3_existing");
+  fs::create_directories(out + "/step-0");
+  std::ofstream(out + "/step-0/COMPLETE") << "step 0\n";
+  EXPECT_NE(import_error(source, out).find("already exists"), std::string::npos);
+  EXPECT_TRUE(fs::exists(out + "/step-0/COMPLETE"));
+  loom::checkpoint::import_from_hf(source, out, {}, nullptr, /*overwrite=*/true);
+  EXPECT_TRUE(fs::exists(out + "/step-0/index.json"));
+}
+
+// q_lora_rank: null with q_a_* weights got a misleading name (the tensor had "no place").
+TEST(HfDeepseekV3, ABottleneckWithoutQLoraRankIsNamed) {
+  const std::string folder = loom::testing::fresh_temp_dir("deepseek_v3_no_qlora");
+  fs::copy(folders()[0], folder, fs::copy_options::recursive);  // qlora: has q_a_proj
+  json config = json::parse(std::ifstream(folder + "/config.json"));
+  config["q_lora_rank"] = nullptr;
+  std::ofstream(folder + "/config.json") << config.dump(2);
+  try {
+    loom::checkpoint::import_from_hf(folder, loom::testing::fresh_temp_dir("deepseek_v3_nq_out"));
+    FAIL() << "imported q_a_proj weights into a model without a query bottleneck";
+  } catch (const loom::InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("q_lora_rank is null or missing"), std::string::npos)
+        << e.what();
+  }
 }

@@ -1,5 +1,7 @@
 // Qwen3-MoE against transformers. Tiny random Qwen3MoeForCausalLM models made by the setup venv's
-// transformers inside the test (tools/make_hf_qwen3_moe_model.py): 8 experts, top 2, gates
+// transformers inside the test (tools/make_hf_qwen3_moe_model.py), and its `normed` variant saved
+// once by transformers 5.25 (tests/data/hf_qwen3_moe/transformers5: num_local_experts instead of
+// num_experts, rope_parameters, dtype): 8 experts, top 2, gates
 // renormalized or not, dense layers among the mixtures by mlp_only_layers and by
 // decoder_sparse_step. Checked: the first MoE block alone and the whole model's logits within
 // 1e-5 of transformers' in float32, greedy tokens with the KV cache equal to generate(), and
@@ -33,16 +35,29 @@ loom::generate::InferenceModel load(const std::string& folder) {
   return loom::testing::load_hf_folder(folder, "qwen3_moe");
 }
 
+const std::string kTransformers5Normed =
+    std::string(LOOM_SOURCE_DIR) + "/tests/data/hf_qwen3_moe/transformers5/normed";
+
+// normed and plain by the venv's transformers 4, then normed by transformers 5.
 std::vector<std::string> folders() {
-  return loom::testing::made_by_transformers("make_hf_qwen3_moe_model.py", "qwen3_moe_models",
-                                             {"normed", "plain"});
+  auto made = loom::testing::made_by_transformers("make_hf_qwen3_moe_model.py", "qwen3_moe_models",
+                                                  {"normed", "plain"});
+  made.push_back(kTransformers5Normed);
+  return made;
+}
+
+// The expert count under either spelling (transformers 4: num_experts, 5: num_local_experts).
+json expert_count(const json& config) {
+  return config.contains("num_experts") ? config.at("num_experts")
+                                        : config.at("num_local_experts");
 }
 
 }  // namespace
 
 TEST(HfQwen3Moe, LayersAreMixturesWhereTransformersPutsThem) {
-  const std::vector<std::vector<bool>> want = {{true, false, true}, {false, true, false, true}};
-  for (size_t v = 0; v < 2; ++v) {
+  const std::vector<std::vector<bool>> want = {
+      {true, false, true}, {false, true, false, true}, {true, false, true}};
+  for (size_t v = 0; v < want.size(); ++v) {
     auto model = load(folders()[v]);
     auto& decoder = dynamic_cast<loom::models::DecoderModel&>(*model.model);
     const auto& blocks = decoder.transformer()->blocks;
@@ -51,7 +66,8 @@ TEST(HfQwen3Moe, LayersAreMixturesWhereTransformersPutsThem) {
       EXPECT_EQ(static_cast<bool>(blocks[i]->moe), want[v][i]) << folders()[v] << " layer " << i;
       EXPECT_NE(static_cast<bool>(blocks[i]->feed_forward), want[v][i]);
     }
-    EXPECT_EQ(decoder.args().moe->route_norm, v == 0);
+    EXPECT_EQ(decoder.args().moe->route_norm, v != 1);
+    EXPECT_EQ(decoder.args().moe->num_experts, 8) << folders()[v];
   }
 }
 
@@ -110,11 +126,50 @@ TEST(HfQwen3Moe, ImportThenExportIsBitwiseTheOriginal) {
     const json config = json::parse(std::ifstream(exported + "/config.json"));
     const json source = json::parse(std::ifstream(folder + "/config.json"));
     EXPECT_EQ(config.at("architectures")[0], "Qwen3MoeForCausalLM");
-    for (const char* key : {"num_experts", "num_experts_per_tok", "moe_intermediate_size",
+    EXPECT_EQ(expert_count(config), expert_count(source)) << folder;
+    for (const char* key : {"num_experts_per_tok", "moe_intermediate_size",
                             "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers"}) {
       EXPECT_EQ(config.at(key), source.at(key)) << folder << ": " << key;
     }
   }
+}
+
+// transformers 5 saves the expert count as num_local_experts; a file without either spelling is
+// refused rather than read as Qwen3MoeConfig's 128 experts, and two spellings must agree.
+TEST(HfQwen3Moe, TheExpertCountIsReadUnderEitherSpellingAndNeverGuessed) {
+  const json saved = json::parse(std::ifstream(kTransformers5Normed + "/config.json"));
+  ASSERT_FALSE(saved.contains("num_experts"));
+  ASSERT_EQ(saved.at("num_local_experts"), 8);
+  const auto& spec = loom::models::find_model_spec("qwen3_moe");
+  auto message = [&](const json& config) {
+    try {
+      loom::models::BuildOptions meta;
+      meta.tensor_options = at::TensorOptions().device(at::kMeta).dtype(at::kFloat);
+      spec.hf.build_from_config(config, "c/config.json", meta);
+    } catch (const loom::InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  json renamed = saved;
+  renamed.erase("num_local_experts");
+  renamed["num_experts"] = 8;
+  EXPECT_EQ(message(renamed), "");
+  json missing = saved;
+  missing.erase("num_local_experts");
+  EXPECT_NE(message(missing).find("num_experts or num_local_experts is missing; loom does not "
+                                  "assume Qwen3MoeConfig's 128"),
+            std::string::npos)
+      << message(missing);
+  json both = saved;
+  both["num_experts"] = 6;
+  EXPECT_NE(message(both).find("num_experts (6) and num_local_experts (8) are two spellings of "
+                               "one setting and disagree"),
+            std::string::npos)
+      << message(both);
+  json no_width = saved;
+  no_width.erase("moe_intermediate_size");
+  EXPECT_NE(message(no_width).find("moe_intermediate_size is missing"), std::string::npos);
 }
 
 TEST(HfQwen3Moe, AMissingExpertIsNamed) {
@@ -133,4 +188,29 @@ TEST(HfQwen3Moe, AMissingExpertIsNamed) {
               std::string::npos)
         << e.what();
   }
+}
+
+// eval/generate --model and --flavor were ignored without a word on a Hugging Face folder.
+TEST(HfQwen3Moe, ModelAndFlavorOverridesOnAFolderAreCheckedNotIgnored) {
+  auto attempt = [](std::optional<std::string> model, std::optional<std::string> flavor) {
+    loom::generate::ModelSource source;
+    source.checkpoint = kTransformers5Normed;
+    source.tokenizer = "byte";
+    source.device = "cpu";
+    source.model = model;
+    source.flavor = flavor;
+    try {
+      return loom::generate::load_inference_model(source).spec->name;
+    } catch (const loom::InputError& e) {
+      return std::string(e.what());
+    }
+  };
+  EXPECT_EQ(attempt("qwen3_moe", std::nullopt), "qwen3_moe");
+  EXPECT_EQ(attempt("qwen3", std::nullopt), "qwen3_moe");  // torchtitan's name for the family
+  const std::string wrong = attempt("llama3", std::nullopt);
+  EXPECT_NE(wrong.find("--model llama3"), std::string::npos) << wrong;
+  EXPECT_NE(wrong.find("holds a qwen3_moe model"), std::string::npos) << wrong;
+  const std::string flavor = attempt(std::nullopt, "30B-A3B");
+  EXPECT_NE(flavor.find("--flavor 30B-A3B"), std::string::npos) << flavor;
+  EXPECT_NE(flavor.find("is a Hugging Face folder"), std::string::npos) << flavor;
 }

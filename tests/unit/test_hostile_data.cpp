@@ -5,6 +5,7 @@
 
 #include <sys/stat.h>
 #include <zlib.h>
+#include <zstd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -83,6 +84,37 @@ TEST(HostileTokenizers, HfIdsMustBeIntegersInsideTheVocabulary) {
             std::string::npos);
 }
 
+// An empty Split regex tokenized differently from `tokenizers`, BPE dropout was ignored, and a
+// PCRE2 match-limit error was reported as invalid UTF-8.
+TEST(HostileTokenizers, EmptySplitRegexAndDropoutAreRefusedByName) {
+  const std::string dir = loom::testing::fresh_temp_dir("hostile_hf_split");
+  const auto original = nlohmann::json::parse(std::ifstream(kFixtures + "/hf_llama3_style.json"));
+  auto j = original;
+  j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "";
+  std::ofstream(dir + "/empty.json") << j.dump();
+  EXPECT_NE(expect_input_error([&] { loom::data::load_tokenizer(dir + "/empty.json"); })
+                .find("the Split pattern is an empty regex"),
+            std::string::npos);
+  j = original;
+  j["model"]["dropout"] = 0.1;
+  std::ofstream(dir + "/dropout.json") << j.dump();
+  EXPECT_NE(expect_input_error([&] { loom::data::load_tokenizer(dir + "/dropout.json"); })
+                .find("model.dropout is 0.1"),
+            std::string::npos);
+  j["model"]["dropout"] = 0.0;
+  std::ofstream(dir + "/no_dropout.json") << j.dump();
+  EXPECT_NO_THROW(loom::data::load_tokenizer(dir + "/no_dropout.json"));
+  // A pattern that backtracks catastrophically hits PCRE2's match limit: named as such.
+  j = original;
+  j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(a+)+b";
+  std::ofstream(dir + "/backtrack.json") << j.dump();
+  auto tokenizer = loom::data::load_tokenizer(dir + "/backtrack.json");
+  const std::string what =
+      expect_input_error([&] { tokenizer->encode(std::string(60, 'a') + "cb"); });
+  EXPECT_NE(what.find("could not match"), std::string::npos) << what;
+  EXPECT_EQ(what.find("not valid UTF-8"), std::string::npos) << what;
+}
+
 TEST(HostileTokenizers, TiktokenRanksAreUniqueDecimalAndBounded) {
   const std::string dir = loom::testing::fresh_temp_dir("hostile_tiktoken");
   auto load = [&](const std::string& ranks) {
@@ -130,6 +162,27 @@ TEST(HostileData, TruncatedGzipIsRefusedAndAWholeOneReads) {
   ASSERT_EQ(::mkfifo((dir + "/f.jsonl").c_str(), 0644), 0);
   EXPECT_NE(expect_input_error([&] { loom::data::read_documents(dir + "/f.jsonl"); }).find("FIFO"),
             std::string::npos);
+}
+
+// A zstd file a few KB long holding one line of gigabytes grew the line buffer without a cap: a
+// line longer than training.dataset_max_document_mib is refused naming the file and the key.
+TEST(HostileData, ALineLongerThanTheCapIsRefused) {
+  const std::string dir = loom::testing::fresh_temp_dir("hostile_zstd_bomb");
+  const std::string line = "{\"text\": \"" + std::string(3 << 20, 'a') + "\"}\n";
+  std::string packed(ZSTD_compressBound(line.size()), '\0');
+  const size_t size = ZSTD_compress(packed.data(), packed.size(), line.data(), line.size(), 19);
+  ASSERT_FALSE(ZSTD_isError(size));
+  ASSERT_LT(size, 4096u);  // a bomb: kilobytes on disk
+  const std::string path = dir + "/bomb.jsonl.zst";
+  std::ofstream(path, std::ios::binary) << packed.substr(0, size);
+  const std::string what = expect_input_error(
+      [&] { loom::data::read_documents(path, "text", false, nullptr, int64_t{1} << 20); });
+  EXPECT_NE(what.find("bomb.jsonl.zst': one line is longer than 1 MiB "
+                      "(training.dataset_max_document_mib)"),
+            std::string::npos)
+      << what;
+  // Under a cap that holds it, the same file reads.
+  EXPECT_EQ(loom::data::read_documents(path, "text", false, nullptr, int64_t{8} << 20).size(), 1u);
 }
 
 TEST(HostileData, StrictJsonNamesTheKey) {

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <fstream>
+
 #include "loom/config/job_config.h"
 #include "loom/metrics/metrics.h"
 
@@ -12,15 +14,36 @@ namespace {
 using loom::metrics::MetricsLogger;
 using loom::metrics::PeakFlops;
 
-TEST(MetricsHonesty, ConfiguredPeakIsTrustedMeasuredPeakIsAnEstimate) {
+TEST(MetricsHonesty, ConfiguredPeakIsTrustedCpuPeakIsOneDocumentedNumber) {
   const auto configured = loom::metrics::peak_flops(at::Device(at::kCPU), 2.0);
   EXPECT_DOUBLE_EQ(configured.flops, 2e12);
   EXPECT_FALSE(configured.estimate);
   EXPECT_EQ(configured.source, "metrics.peak_tflops");
-  const auto measured = loom::metrics::peak_flops(at::Device(at::kCPU), std::nullopt);
-  EXPECT_GT(measured.flops, 0);
-  EXPECT_TRUE(measured.estimate);
-  EXPECT_NE(measured.source.find("measured"), std::string::npos) << measured.source;
+  // Nothing is timed: two runs on one machine divide by the same peak (they re-measured a GEMM
+  // before, and two runs of one model reported different MFUs).
+  const auto first = loom::metrics::peak_flops(at::Device(at::kCPU), std::nullopt);
+  const auto second = loom::metrics::peak_flops(at::Device(at::kCPU), std::nullopt);
+  EXPECT_GT(first.flops, 0);
+  EXPECT_EQ(first.flops, second.flops);
+  EXPECT_EQ(first.source, second.source);
+  EXPECT_NE(first.source.find("CPU nominal"), std::string::npos) << first.source;
+}
+
+// The documented formula: threads x nominal clock x float32 FLOPs per cycle of the ISA.
+TEST(MetricsHonesty, CpuPeakIsThreadsTimesClockTimesFlopsPerCycle) {
+  const std::string dir = ::testing::TempDir();
+  const std::string rated = dir + "/cpuinfo_rated";
+  std::ofstream(rated) << "processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Gold 6248 CPU @ "
+                          "2.50GHz\ncpu MHz\t\t: 3100.000\n";
+  const auto peak = loom::metrics::cpu_peak_flops(4, rated);
+  EXPECT_DOUBLE_EQ(peak.ghz, 2.5);  // the rated clock, not the current one
+  EXPECT_DOUBLE_EQ(peak.flops, 4 * 2.5e9 * peak.flops_per_cycle);
+  EXPECT_TRUE(peak.flops_per_cycle == 64 || peak.flops_per_cycle == 32 ||
+              peak.flops_per_cycle == 16 || peak.flops_per_cycle == 8);
+  const std::string vm = dir + "/cpuinfo_vm";
+  std::ofstream(vm) << "model name\t: AMD EPYC\ncpu MHz\t\t: 2445.432\n";
+  EXPECT_DOUBLE_EQ(loom::metrics::cpu_peak_flops(2, vm).ghz, 2.445);
+  EXPECT_EQ(loom::metrics::cpu_peak_flops(2, dir + "/no_such_file").flops, 0);
 }
 
 TEST(MetricsHonesty, MfuAboveHundredPercentIsWarnedAbout) {

@@ -224,6 +224,31 @@ TEST(PlanInput, ShippedProfilesLoadAndRoundTrip) {
   EXPECT_THROW(parse_device_profile("name = 'x'\nmemory = '1GiB'\n", "broken.toml"), InputError);
 }
 
+// `plan layout --world-size 1048576` (the documented maximum) grew to 2.7 GB without output:
+// the search keeps the best layouts only, counts the rest, and the kept ones are the best.
+TEST(PlanSearch, TheLargestWorldIsBoundedAndKeepsTheBestLayouts) {
+  SearchOptions bounded;
+  bounded.keep = 64;
+  SearchStats stats;
+  const auto plans =
+      search_layouts(tiny_model(), tiny_job(), kMaxPlanWorldSize, exact_profile(), bounded, &stats);
+  EXPECT_LE(plans.size(), 64u);
+  EXPECT_GE(stats.evaluated, static_cast<int64_t>(plans.size()));
+  SearchStats all_stats;
+  const auto all = search_layouts(tiny_model(), tiny_job(), 8, exact_profile(), {}, &all_stats);
+  SearchOptions three;
+  three.keep = 3;
+  SearchStats three_stats;
+  const auto best = search_layouts(tiny_model(), tiny_job(), 8, exact_profile(), three, &three_stats);
+  ASSERT_EQ(best.size(), std::min<size_t>(3, all.size()));
+  EXPECT_EQ(three_stats.evaluated, all_stats.evaluated);
+  EXPECT_EQ(three_stats.fitting, all_stats.fitting);
+  for (size_t i = 0; i < best.size(); ++i) {
+    EXPECT_EQ(best[i].fits, all[i].fits) << i;
+    EXPECT_EQ(best[i].time.step_seconds, all[i].time.step_seconds) << i;
+  }
+}
+
 }  // namespace
 }  // namespace loom::plan
 

@@ -13,7 +13,7 @@
 #include "comm_test_util.h"
 #include "loom/core/check.h"
 #include "loom/distributed/comm.h"
-#include "loom/distributed/elastic_rendezvous.h"
+#include "loom/launch/elastic_rendezvous.h"
 #include "loom/distributed/store_identity.h"
 #include "loom/distributed/store_socket.h"
 

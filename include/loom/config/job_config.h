@@ -110,6 +110,8 @@ struct TrainingSection {
   bool mixed_precision_on_cpu = false;
   // loom: "error" stops at a bad dataset record; "skip" skips it and counts it in the metrics.
   std::string dataset_on_error = "error";
+  // loom: the longest document (a JSONL line, a text file) a dataset may hold, in MiB.
+  int64_t dataset_max_document_mib = 256;
   // loom: "SOURCE:WEIGHT" entries; when set, training reads this mixture instead of dataset.
   StringList dataset_mixture;
   DataLoaderSection dataloader;

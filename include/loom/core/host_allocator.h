@@ -31,4 +31,9 @@ HostHeap host_heap();
 void reset_thread_heap_peak();
 std::optional<uint64_t> thread_heap_peak();
 
+// Returns the calling thread's cached free blocks to the arenas (jemalloc's thread.tcache.flush),
+// so that host_heap().allocated counts live bytes only: step-to-step readings then move by
+// kilobytes, not by the megabyte a thread's cache may hold. A no-op without jemalloc.
+void flush_thread_heap_cache();
+
 }  // namespace loom

@@ -16,13 +16,19 @@ namespace loom::data {
 
 class CompressedInput;
 
+// training.dataset_max_document_mib's default: 256 MiB in one document (line or text file).
+constexpr int64_t kMaxDocumentBytes = int64_t{256} << 20;
+
 class DocumentReader {
  public:
   // skip_bad_records: a bad record (invalid JSON, missing or non-string text, invalid UTF-8,
   // a null text) is skipped and counted instead of failing; empty or unreadable files still
   // fail.
+  // `max_document_bytes`: a longer line (JSONL) or text file is refused naming the file and the
+  // training.dataset_max_document_mib key, so a compressed file holding one huge line (a zstd
+  // bomb: 393 KB expanding to one 12 GB line) cannot grow the buffer without bound.
   DocumentReader(const std::string& path, const std::string& text_field = "text",
-                 bool skip_bad_records = false);
+                 bool skip_bad_records = false, int64_t max_document_bytes = kMaxDocumentBytes);
   ~DocumentReader();
 
   // The next document into `text`; false after the last one. Throws loom::InputError.
@@ -38,6 +44,7 @@ class DocumentReader {
   std::string path_;
   std::string text_field_;
   bool skip_bad_ = false;
+  int64_t max_document_bytes_ = kMaxDocumentBytes;
   bool jsonl_ = false;
   int64_t skipped_ = 0;
   int64_t documents_ = 0;

@@ -13,10 +13,12 @@ namespace loom::data {
 
 // skip_bad_records: a bad JSONL record is skipped (logged, added to *records_skipped) instead of
 // failing; empty or unreadable files still fail.
+// `max_document_bytes`: see DocumentReader (document_reader.h).
 std::vector<std::string> read_documents(const std::string& path,
                                         const std::string& text_field = "text",
                                         bool skip_bad_records = false,
-                                        int64_t* records_skipped = nullptr);
+                                        int64_t* records_skipped = nullptr,
+                                        int64_t max_document_bytes = int64_t{256} << 20);
 
 // The files a dataset path names: a file; a Hugging Face save_to_disk folder (its .arrow files,
 // in the order of its state.json); a directory (its .jsonl/.json/.txt files, optionally .gz or

@@ -31,6 +31,8 @@ struct PackedLoaderOptions {
   int64_t dp_world = 1;
   bool skip_bad_records = false;    // training.dataset_on_error = "skip"
   std::string text_field = "text";  // the JSON field of a record's text (dataset_text_field)
+  // training.dataset_max_document_mib: the longest document (line or text file) read.
+  int64_t max_document_bytes = int64_t{256} << 20;
   int64_t bos_id = -1;  // the tokenizer's BOS: batches carry document boundaries; -1: none
 };
 

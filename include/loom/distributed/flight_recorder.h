@@ -81,6 +81,7 @@ class FlightRecorder {
 
  private:
   CollectiveRecord* find(uint64_t id);  // null once overwritten
+  size_t filled() const;                 // slots holding a record (all, once it wrapped)
 
   const int rank_;
   const int world_size_;

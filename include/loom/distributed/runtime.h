@@ -11,15 +11,16 @@
 #include "loom/distributed/device_mesh.h"
 #include "loom/distributed/parallel_dims.h"
 #include "loom/distributed/process_groups.h"
-#include "loom/launch/world_info.h"
+#include "loom/distributed/world.h"
 
 namespace loom::distributed {
 
 class ParallelRuntime {
  public:
-  // Reads the environment, validates the degrees against the world size, joins the rendezvous
-  // and creates every group (in the same order on every rank, so creation cannot deadlock).
-  ParallelRuntime(const config::JobConfig& config, bool with_cuda);
+  // Validates the degrees against `world` (the launcher's worker contract: launch/world_info.h
+  // reads it from the environment), joins the rendezvous and creates every group (in the same
+  // order on every rank, so creation cannot deadlock).
+  ParallelRuntime(const config::JobConfig& config, WorldInfo world, bool with_cuda);
   // A one-rank runtime without environment or rendezvous (tests, tools).
   static std::unique_ptr<ParallelRuntime> single(const config::JobConfig& config);
   // The runtime of one rank of `world` without reading the environment (thread-rank tests: each
@@ -47,7 +48,6 @@ class ParallelRuntime {
   uint64_t total_wire_bytes() const { return groups_owner_->total_wire_bytes(); }
 
  private:
-  ParallelRuntime(const config::JobConfig& config, WorldInfo world, bool with_cuda);
   WorldInfo world_;
   ParallelDims dims_;
   DeviceMesh mesh_;

@@ -76,6 +76,11 @@ struct RunStart {
   std::string layout;       // "pp 1, dp_replicate 1, dp_shard 2, cp 1, tp 1"
   double elapsed_s = 0;     // training time before this start (from the checkpoint)
   std::string peak_source;  // where the MFU peak comes from (PeakFlops::source)
+  // model.converters on rank 0: linears and routed-expert modules computing in float8, and
+  // whether their GEMMs are emulated (keys only when a converter is on).
+  int64_t float8_linears = 0;
+  int64_t float8_grouped = 0;
+  bool float8_emulated = false;
 };
 
 // "crc32c:<8 hex>" of the effective config's TOML.
@@ -144,12 +149,24 @@ class MetricsLogger {
 // Peak FLOP/s of one device, and how far to trust it.
 struct PeakFlops {
   double flops = 0;       // 0: unknown (no MFU)
-  std::string source;     // "metrics.peak_tflops", "GPU table (H100)", "measured CPU GEMM"
-  bool estimate = false;  // measured here: MFU is marked as an estimate
+  std::string source;     // "metrics.peak_tflops", "GPU table (H100)", "CPU nominal (...)"
+  bool estimate = false;  // not the device's known peak: MFU is marked as an estimate
 };
-// metrics.peak_tflops if set; a table of GPUs (bf16 dense); on CPU the best of many float32
-// GEMMs measured now over all intra-op threads (an estimate: a busy machine measures low).
+// metrics.peak_tflops if set; a table of GPUs (bf16 dense); on CPU the nominal float32 peak of
+// the cores this rank computes on (cpu_peak_flops), the same for every run on the machine.
 PeakFlops peak_flops(const at::Device& device, std::optional<double> override_tflops);
+
+// A CPU's nominal float32 peak, documented in docs/observability.md: `threads` cores x the
+// nominal clock (the "@ N GHz" of /proc/cpuinfo's model name, else its "cpu MHz") x the float32
+// FLOPs one core can issue per cycle (two FMA pipes: 64 with AVX-512, 32 with AVX2 and FMA, 16
+// with AVX, 8 otherwise). Nothing is timed, so two runs of one model report one MFU.
+struct CpuPeak {
+  double flops = 0;
+  double ghz = 0;
+  int flops_per_cycle = 0;
+  std::string isa;  // "AVX-512", "AVX2+FMA", "AVX", "SSE"
+};
+CpuPeak cpu_peak_flops(int threads, const std::string& cpuinfo_path = "/proc/cpuinfo");
 // The best of `trials` timed GEMMs (at least `min_seconds` in all), in FLOP/s.
 double measure_cpu_gemm_flops(int trials = 12, double min_seconds = 0.25);
 // The one warning an MFU deserves, if any: above 100% means the peak is wrong.

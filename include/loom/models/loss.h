@@ -5,9 +5,9 @@
 
 #include <ATen/core/Tensor.h>
 
-namespace loom::models {
+#include "loom/protocols/causal_lm.h"  // kIgnoreIndex
 
-constexpr int64_t kIgnoreIndex = -100;
+namespace loom::models {
 
 // logits [bs, seq, vocab] float32, labels [bs, seq] int64 -> 0-d sum of per-token losses.
 at::Tensor cross_entropy_sum(const at::Tensor& logits, const at::Tensor& labels);

@@ -17,7 +17,7 @@
 
 #include "loom/config/diagnostics.h"
 #include "loom/config/job_config.h"
-#include "loom/models/causal_lm.h"
+#include "loom/protocols/causal_lm.h"
 #include "loom/parallel/parallelize.h"
 #include "loom/parallel/pipeline/plan.h"
 
@@ -75,6 +75,10 @@ struct HfFormat {
 struct ModelSpec {
   std::string name;
   std::function<std::vector<std::string>()> flavors;
+  // Other model.name values under which this family's flavors are also found: torchtitan keeps
+  // the Qwen3 mixture-of-experts flavors under `qwen3`, so `name = "qwen3"` with
+  // `flavor = "30B-A3B"` is this family (qwen3_moe).
+  std::vector<std::string> also_named;
   std::function<std::unique_ptr<CausalLM>(const BuildOptions&)> build;
   // Applies the job's parallelisms to the model parts this rank holds, built on the meta device
   // (the whole model, or one part per pipeline stage of the rank; see parallel/parallelize.h).
@@ -102,6 +106,11 @@ struct ModelSpec {
 // Registered families; throws loom::InputError naming the known ones for an unknown name or
 // flavor.
 const ModelSpec& find_model_spec(const std::string& name);
+// The family that has `flavor` under `name` (its own name or one of its also_named). An unknown
+// flavor is an InputError that names the family having it, if any, else the known flavors.
+const ModelSpec& find_model_spec(const std::string& name, const std::string& flavor);
+// The family of a job (model.name and model.flavor).
+const ModelSpec& job_model_spec(const config::JobConfig& config);
 void check_flavor(const ModelSpec& spec, const std::string& flavor);
 std::vector<std::string> model_names();
 

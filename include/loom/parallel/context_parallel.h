@@ -15,7 +15,7 @@
 #include <memory>
 #include <string>
 
-#include "loom/models/common/attention_backend.h"
+#include "loom/protocols/attention_backend.h"
 
 namespace loom::distributed {
 class Comm;

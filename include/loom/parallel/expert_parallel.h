@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "loom/distributed/comm.h"
-#include "loom/models/causal_lm.h"
-#include "loom/models/common/moe.h"
+#include "loom/protocols/causal_lm.h"
+#include "loom/protocols/token_dispatcher.h"
 #include "loom/parallel/placement.h"
 
 namespace loom::parallel {

@@ -50,7 +50,7 @@
 
 #include "loom/config/job_config.h"
 #include "loom/distributed/comm.h"
-#include "loom/models/causal_lm.h"
+#include "loom/protocols/causal_lm.h"
 #include "loom/parallel/gradient_sync.h"
 #include "loom/parallel/placement.h"
 

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "loom/config/job_config.h"
-#include "loom/models/causal_lm.h"
+#include "loom/protocols/causal_lm.h"
 #include "loom/parallel/gradient_sync.h"
 #include "loom/parallel/placement.h"
 

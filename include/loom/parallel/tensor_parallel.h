@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "loom/models/causal_lm.h"
+#include "loom/protocols/causal_lm.h"
 #include "loom/parallel/gradient_sync.h"
 #include "loom/parallel/parallelize.h"
 #include "loom/parallel/placement.h"

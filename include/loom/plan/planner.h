@@ -36,6 +36,15 @@ struct SearchOptions {
   int64_t global_batch_size = 0;
   bool search_schedules = true;  // every schedule, or only the job's
   bool search_ac = true;         // none / selective 2 / full, or only the job's
+  // The best layouts kept (fitting first, then by step time): a million ranks have tens of
+  // thousands of valid layouts, and the search's memory stays bounded by this.
+  size_t keep = 4096;
+};
+
+// What a search looked at beyond the layouts it kept.
+struct SearchStats {
+  int64_t evaluated = 0;  // valid layouts predicted
+  int64_t fitting = 0;    // of those, the ones that fit the device's memory
 };
 
 // The most ranks a plan is asked for (a bound that keeps the search and its arithmetic small).
@@ -46,11 +55,13 @@ constexpr int64_t kMaxPlanWorldSize = 1 << 20;
 // rank when the job's degrees do not fit world_size).
 int64_t job_global_batch(const config::JobConfig& config, int64_t world_size);
 
-// Every valid layout (fitting or not), fitting ones first, each group by step time. Throws
-// InputError naming --world-size when it is out of range or no layout divides it.
+// The best `options.keep` valid layouts (fitting or not), fitting ones first, each group by step
+// time; `stats` (optional) counts every valid layout. A long search logs its progress every few
+// seconds. Throws InputError naming --world-size when it is out of range or no layout divides it.
 std::vector<LayoutPlan> search_layouts(const ModelShape& model, const config::JobConfig& config,
                                        int64_t world_size, const DeviceProfile& profile,
-                                       const SearchOptions& options = {});
+                                       const SearchOptions& options = {},
+                                       SearchStats* stats = nullptr);
 
 // The fastest layout that fits (reads the model's shapes on the meta device). Throws InputError
 // when none fits, naming the least memory any layout needs.

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "loom/config/job_config.h"
-#include "loom/models/causal_lm.h"
+#include "loom/protocols/causal_lm.h"
 #include "loom/quantize/float8_linear.h"
 
 namespace loom::distributed {
@@ -41,9 +41,20 @@ struct Conversion {
 Conversion convert_to_float8(torch::nn::Module& root, const Float8LinearOptions& options,
                              const std::vector<std::string>& filter_fqns);
 
-// Applies model.converters to every part (logging what changed); `tp_group`: the
+// What model.converters changed on this rank (logged, and in metrics.jsonl's start record).
+struct ConverterReport {
+  int64_t float8_linears = 0;  // linears computing in float8
+  int64_t float8_grouped = 0;  // routed-expert modules computing in float8
+  // The float8 GEMMs are emulated (dequantize, then a high-precision GEMM): asked for, or the
+  // device has no float8 tensor cores (CPU, or a GPU before sm_89).
+  bool emulated = false;
+};
+
+// Applies model.converters to every part (logging what changed); `device`: where the model
+// computes (float8 without hardware support is emulated, and the log says so); `tp_group`: the
 // tensor-parallel group when tp > 1 (tensorwise scales are shared over it), else null.
-void apply_converters(const std::vector<std::unique_ptr<models::CausalLM>>& parts,
-                      const config::JobConfig& config, distributed::Comm* tp_group);
+ConverterReport apply_converters(const std::vector<std::unique_ptr<models::CausalLM>>& parts,
+                                 const config::JobConfig& config, const at::Device& device,
+                                 distributed::Comm* tp_group);
 
 }  // namespace loom::quantize

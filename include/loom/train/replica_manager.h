@@ -102,6 +102,8 @@ class ReplicaManager {
   bool synchronize(const std::vector<at::Tensor>& parameters, int64_t step);
 
   const QuorumReport& report() const { return report_; }
+  // Bytes this rank sent over the replica process groups (every quorum's, healing included).
+  uint64_t wire_bytes() const;
   int64_t replica_id() const { return section_.replica_id; }
 
  private:
@@ -121,6 +123,7 @@ class ReplicaManager {
   size_t group_lighthouse_ = 0;  // the lighthouse the replica process group was built on
   std::unique_ptr<distributed::LighthouseClient> lighthouse_;
   std::shared_ptr<distributed::Comm> replicas_;  // this quorum's replica process group
+  uint64_t retired_wire_bytes_ = 0;              // sent over earlier quorums' groups
   int64_t quorum_id_ = -1;
   int64_t members_ = 0;
   int64_t seq_ = 0;

@@ -16,6 +16,7 @@
 #include "loom/distributed/runtime.h"
 #include "loom/models/model_spec.h"
 #include "loom/parallel/parallelize.h"
+#include "loom/quantize/convert.h"
 #include "loom/train/lr_scheduler.h"
 #include "loom/train/optimizer.h"
 #include "loom/train/replica_manager.h"
@@ -42,6 +43,7 @@ struct Run {
   std::unique_ptr<data::Tokenizer> tokenizer;  // null when every dataset is synthetic
   const models::ModelSpec* spec = nullptr;
   models::ModelSummary summary;  // the whole model (FLOPs per token, parameter names)
+  quantize::ConverterReport converters;  // what model.converters changed on this rank
   parallel::ParallelModel model;
   // model.parameters' tensors and placements, gathered once (clipping reads them every step).
   std::vector<at::Tensor> local_tensors;

@@ -27,11 +27,16 @@ struct TrainResult {
   std::vector<double> grad_norms;
   bool stopped_by_signal = false;
   int stop_signal = 0;     // the signal that stopped the run (any rank's), 0 if none
-  int64_t first_step = 1;  // the first step this run trained (resume step + 1)
+  // The first step this run trained: resume step + 1, or past the steps a replica group healed.
+  int64_t first_step = 1;
   double elapsed_s = 0;    // this run's training time
   double peak_memory_gib = 0;
   uint64_t comm_wire_bytes = 0;  // sent by this rank over every group
 };
+
+// What a run trained, for its last log line: "finished: 2 steps (steps 61-62, resumed from step
+// 60) of 62"; a run that a replica group healed forward says so instead of counting from 1.
+std::string describe_steps_run(const TrainResult& result, int64_t resumed_from, int64_t total);
 
 class Trainer {
  public:

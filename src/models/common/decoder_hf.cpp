@@ -208,6 +208,15 @@ class DecoderStateDictAdapter final : public StateDictAdapter {
         return std::make_pair("layers." + match[1].str() + ".moe.expert_bias", value);
       }
     }
+    // q_lora_rank null means no query bottleneck: its weights say the config is wrong, which is
+    // worth more than "no place for tensor X" (the name they would map to without one).
+    const bool bottleneck = hf_name.find(".self_attn.q_a_proj.") != std::string::npos ||
+                            hf_name.find(".self_attn.q_a_layernorm.") != std::string::npos ||
+                            hf_name.find(".self_attn.q_b_proj.") != std::string::npos;
+    LOOM_CHECK_AS(InputError, !bottleneck || (args_.mla && args_.mla->q_lora_rank > 0), "tensor '",
+                  hf_name, "' belongs to a query bottleneck (q_a_proj, q_a_layernorm, q_b_proj), "
+                  "but config.json's q_lora_rank is null or missing: set q_lora_rank to the "
+                  "bottleneck's rank (the rows of q_a_proj)");
     const std::string name = map_name(hf_name, false, args_.mla.has_value());
     const bool qk_norm = strings::ends_with(name, "attention.q_norm.weight") ||
                          strings::ends_with(name, "attention.k_norm.weight");

@@ -85,7 +85,8 @@ const std::set<std::string>& familiar_keys() {
       "model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
       "num_key_value_heads", "head_dim", "vocab_size", "max_position_embeddings", "rms_norm_eps",
       "rope_theta", "rope_scaling", "rope_parameters", "original_max_position_embeddings",
-      "tie_word_embeddings", "max_window_layers", "num_experts", "num_experts_per_tok",
+      "tie_word_embeddings", "max_window_layers", "num_experts", "num_local_experts",
+      "num_experts_per_tok",
       "moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers",
       "output_router_logits", "router_aux_loss_coef",
       // inert for the forward pass
@@ -325,18 +326,22 @@ Rope read_rope(const Json& config, const std::string& source, int64_t max_positi
   return rope;
 }
 
-// Qwen3MoeConfig's routing keys, with its defaults for those a file leaves out. The auxiliary loss
-// settings (output_router_logits, router_aux_loss_coef) only add a training loss in transformers
-// and do not change the forward pass.
+// Qwen3MoeConfig's routing keys. The shapes and top-k have no default loom would guess (the
+// class's are the 30B model's); the rest take the class's defaults. The auxiliary loss settings
+// (output_router_logits, router_aux_loss_coef) only add a training loss in transformers and do
+// not change the forward pass.
 MoEArgs read_moe(const Json& config, const std::string& source, const DecoderArgs& args,
                  MoEArgs moe) {
   constexpr int64_t kMaxSize = int64_t{1} << 31;
   auto int_or = [&](const char* key, int64_t fallback, int64_t low) {
     return is_set(config, key) ? json::int_field(config, key, source, low, kMaxSize) : fallback;
   };
-  moe.num_experts = int_or("num_experts", 128, 1);
-  moe.top_k = int_or("num_experts_per_tok", 8, 1);
-  moe.hidden_dim = int_or("moe_intermediate_size", 768, 1);
+  moe.num_experts = hf_required_int(config, {"num_experts", "num_local_experts"}, source, 1,
+                                    kMaxSize, "Qwen3MoeConfig's 128");
+  moe.top_k = hf_required_int(config, {"num_experts_per_tok"}, source, 1, kMaxSize,
+                              "Qwen3MoeConfig's 8");
+  moe.hidden_dim = hf_required_int(config, {"moe_intermediate_size"}, source, 1, kMaxSize,
+                                   "Qwen3MoeConfig's 768");
   moe.route_norm =
       is_set(config, "norm_topk_prob") && json::bool_field(config, "norm_topk_prob", source);
   moe.score_function = ScoreFunction::kSoftmax;
@@ -362,6 +367,33 @@ MoEArgs read_moe(const Json& config, const std::string& source, const DecoderArg
 }
 
 }  // namespace
+
+const Json* hf_spelled(const Json& config, const std::vector<std::string>& spellings,
+                       const std::string& source) {
+  const Json* found = nullptr;
+  std::string found_key;
+  for (const auto& key : spellings) {
+    if (!is_set(config, key)) continue;
+    LOOM_CHECK_AS(InputError, !found || *found == config.at(key), source, ": ", found_key, " (",
+                  found ? found->dump() : "", ") and ", key, " (", config.at(key).dump(),
+                  ") are two spellings of one setting and disagree");
+    found = &config.at(key);
+    found_key = key;
+  }
+  return found;
+}
+
+int64_t hf_required_int(const Json& config, const std::vector<std::string>& spellings,
+                        const std::string& source, int64_t low, int64_t high,
+                        const std::string& class_default) {
+  std::string names;
+  for (const auto& key : spellings) names += (names.empty() ? "" : " or ") + key;
+  const Json* value = hf_spelled(config, spellings, source);
+  LOOM_CHECK_AS(InputError, value != nullptr, source, ": ", names,
+                " is missing; loom does not assume ", class_default,
+                " since it changes the model: write the value into config.json");
+  return json::as_int(*value, source + ": " + names, low, high);
+}
 
 DecoderArgs decoder_args_from_hf_config(const nlohmann::json& config, const std::string& source,
                                         const DecoderHfDialect& dialect) {

@@ -63,6 +63,35 @@ double decoder_flops_per_token(int64_t active_params, const DecoderArgs& args, i
              static_cast<double>(qk + v) * static_cast<double>(seq_len);
 }
 
+namespace {
+
+// A block's widths from its own modules (the shapes its family built).
+BlockSummary block_summary(const TransformerBlockImpl& block, const DecoderArgs& a) {
+  BlockSummary out;
+  out.layer = block.layer_id;
+  if (block.latent_attention) {
+    const auto& m = *block.latent_attention;
+    out.q_dim = (m.wq_b ? m.wq_b : m.wq)->out_features();
+    out.kv_dim = m.wkv_b->out_features() / 2;
+  } else {
+    out.q_dim = block.attention->wq->out_features();
+    out.kv_dim = block.attention->wk->out_features();
+  }
+  if (block.moe) {
+    const int64_t top_k = a.moe ? a.moe->top_k : 0;
+    const at::Tensor w1 = block.moe->experts->param("w1");  // [E, F, D]
+    out.experts = w1.size(0);
+    out.hidden = top_k * w1.size(1) +
+                 (block.moe->shared_experts ? block.moe->shared_experts->w1->out_features() : 0);
+    out.routed_copies = 2 * top_k;
+  } else {
+    out.hidden = block.feed_forward->w1->out_features();
+  }
+  return out;
+}
+
+}  // namespace
+
 ModelSummary DecoderModel::summary(int64_t seq_len) const {
   const DecoderArgs& a = model_->args;
   ModelSummary s;
@@ -84,6 +113,12 @@ ModelSummary DecoderModel::summary(int64_t seq_len) const {
     s.active_params -= shape.numel / a.moe->num_experts * (a.moe->num_experts - a.moe->top_k);
   }
   if (a.tie_embeddings && model_->part.head) s.active_params += a.vocab_size * a.dim;
+  s.dim = a.dim;
+  s.vocab = a.vocab_size;
+  s.n_heads = a.n_heads;
+  s.n_kv_heads = a.mla ? a.n_heads : a.kv_heads();
+  s.tied_embedding = a.tie_embeddings;
+  for (const auto& block : model_->blocks) s.blocks.push_back(block_summary(*block, a));
   s.flops_per_token = decoder_flops_per_token(s.active_params, a,
                                               static_cast<int64_t>(model_->blocks.size()), seq_len);
   std::ostringstream d;

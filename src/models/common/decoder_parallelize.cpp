@@ -5,6 +5,7 @@
 #include <map>
 
 #include "loom/core/check.h"
+#include "loom/core/logging.h"
 #include "loom/distributed/runtime.h"
 #include "loom/models/common/decoder_model.h"
 #include "loom/models/common/moe_parallelize.h"
@@ -358,6 +359,17 @@ std::shared_ptr<parallel::ContextParallel> make_context_parallel(
   LOOM_CHECK_AS(InputError, balancer == "headtail" || balancer == "none",
                 "parallelism.context_parallel_load_balancer = \"", balancer,
                 "\": loom balances by \"headtail\" (or \"none\": contiguous shares)");
+  // The run's log names what the split computes with (a CP run named neither before).
+  if (context.runtime.rank() == 0) {
+    const std::string& method = p.context_parallel_rotate_method;
+    log::get("parallel")
+        ->info("context parallelism: cp {}, rotate method \"{}\" ({}), load balancer \"{}\", "
+               "attention mask \"{}\"",
+               context.runtime.dims().cp, method,
+               method == "alltoall" ? "ring: k/v passed rank to rank, merged by log-sum-exp"
+                                    : "k/v all-gathered before attention",
+               balancer, context.config.model.attn_mask_type);
+  }
   return std::make_shared<parallel::ContextParallel>(context.runtime.group_ptr(MeshGroup::cp),
                                                      balancer == "headtail"
                                                          ? parallel::ContextBalancer::kHeadTail

@@ -73,12 +73,20 @@ void read_deepseek(const Json& config, const std::string& source, DecoderArgs& a
                          : RopeLayout::kHalves;
 
   MoEArgs moe = deepseek_v3_routing();
-  moe.num_experts = int_or("n_routed_experts", 256, 1);
-  moe.top_k = int_or("num_experts_per_tok", 8, 1);
-  moe.hidden_dim = int_or("moe_intermediate_size", 2048, 1);
-  moe.num_shared_experts = int_or("n_shared_experts", 1, 0);
-  moe.num_expert_groups = int_or("n_group", 8, 1);
-  moe.num_limited_groups = int_or("topk_group", 4, 1);
+  // The shapes and the routing have no default loom would guess (DeepseekV3Config's are the
+  // 671B model's); transformers 5 also reads n_routed_experts as num_local_experts.
+  moe.num_experts = hf_required_int(config, {"n_routed_experts", "num_local_experts"}, source, 1,
+                                    kMax, "DeepseekV3Config's 256");
+  moe.top_k =
+      hf_required_int(config, {"num_experts_per_tok"}, source, 1, kMax, "DeepseekV3Config's 8");
+  moe.hidden_dim = hf_required_int(config, {"moe_intermediate_size"}, source, 1, kMax,
+                                   "DeepseekV3Config's 2048");
+  moe.num_shared_experts =
+      hf_required_int(config, {"n_shared_experts"}, source, 0, kMax, "DeepseekV3Config's 1");
+  moe.num_expert_groups =
+      hf_required_int(config, {"n_group"}, source, 1, kMax, "DeepseekV3Config's 8");
+  moe.num_limited_groups =
+      hf_required_int(config, {"topk_group"}, source, 1, kMax, "DeepseekV3Config's 4");
   moe.route_norm = !is_set(config, "norm_topk_prob") ||
                    json::bool_field(config, "norm_topk_prob", source);
   moe.route_scale = 2.5;
@@ -88,7 +96,8 @@ void read_deepseek(const Json& config, const std::string& source, DecoderArgs& a
                   ": routed_scaling_factor must be a positive number, found ", value.dump());
     moe.route_scale = value.get<double>();
   }
-  moe.first_dense_layers = int_or("first_k_dense_replace", 3, 0);
+  moe.first_dense_layers = hf_required_int(config, {"first_k_dense_replace"}, source, 0, kMax,
+                                           "DeepseekV3Config's 3");
   LOOM_CHECK_AS(InputError, moe.first_dense_layers <= args.n_layers, source,
                 ": first_k_dense_replace (", moe.first_dense_layers,
                 ") exceeds num_hidden_layers (", args.n_layers, ")");
@@ -160,7 +169,8 @@ ModelSpec deepseek_v3_spec() {
                    "first_k_dense_replace", "scoring_func", "topk_method", "moe_layer_freq",
                    // training-only or left out by transformers: multi-token prediction, the
                    // auxiliary loss, expert-parallel size
-                   "num_nextn_predict_layers", "aux_loss_alpha", "seq_aux", "ep_size"};
+                   "num_nextn_predict_layers", "num_mtp_layers", "num_local_experts", "aux_loss_alpha",
+                   "seq_aux", "ep_size"};
   hf.read_extra = read_deepseek;
   hf.write_extra = write_deepseek;
   hf.expert_bias_name = "e_score_correction_bias";

@@ -29,7 +29,9 @@ ModelSpec qwen3_moe_spec() {
   DecoderFamily family = qwen3_family("qwen3_moe", "qwen3_moe", "Qwen3MoeForCausalLM");
   family.flavors = &qwen3_moe_flavors();
   family.hf.moe = qwen3_moe_routing();
-  return decoder_family_spec(family);
+  ModelSpec spec = decoder_family_spec(family);
+  spec.also_named = {"qwen3"};  // torchtitan's name for these flavors
+  return spec;
 }
 
 }  // namespace loom::models::qwen3

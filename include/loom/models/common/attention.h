@@ -2,7 +2,7 @@
 // each q and k head before the rotation (Qwen3's qk_norm).
 #pragma once
 
-#include "loom/models/common/attention_backend.h"
+#include "loom/protocols/attention_backend.h"
 #include "loom/models/common/decoder_args.h"
 #include "loom/models/common/layers.h"
 

@@ -13,7 +13,7 @@
 #include <functional>
 #include <string>
 
-#include "loom/models/causal_lm.h"
+#include "loom/protocols/causal_lm.h"
 #include "loom/models/common/attention.h"
 #include "loom/models/common/decoder_args.h"
 #include "loom/models/common/feed_forward.h"

@@ -68,6 +68,21 @@ struct DecoderHfDialect {
 DecoderArgs decoder_args_from_hf_config(const nlohmann::json& config, const std::string& source,
                                         const DecoderHfDialect& dialect);
 
+// A key transformers spells more than one way (Qwen3-MoE's num_experts, which transformers 5
+// saves as num_local_experts; its attribute_map reads either): the value under whichever
+// spelling is set (null counts as unset), or nullptr. Spellings set to different values are an
+// InputError naming both, since the two releases would read different models.
+const nlohmann::json* hf_spelled(const nlohmann::json& config,
+                                 const std::vector<std::string>& spellings,
+                                 const std::string& source);
+
+// An integer that changes the arithmetic and has no default loom would guess: the value under
+// one of `spellings` in [low, high], or an InputError naming every spelling and
+// `class_default` (what transformers' class would assume instead).
+int64_t hf_required_int(const nlohmann::json& config, const std::vector<std::string>& spellings,
+                        const std::string& source, int64_t low, int64_t high,
+                        const std::string& class_default);
+
 // The config.json of an export: `dialect`'s class with the RoPE in both layouts (top-level
 // rope_theta and rope_scaling for transformers 4, rope_parameters for 5), saying the same.
 nlohmann::json decoder_hf_config(const DecoderArgs& args, const std::string& dtype,

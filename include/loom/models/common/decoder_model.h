@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "loom/models/causal_lm.h"
+#include "loom/protocols/causal_lm.h"
 #include "loom/models/common/decoder.h"
 #include "loom/models/common/init.h"
 

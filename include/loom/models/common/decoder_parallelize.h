@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "loom/config/job_config.h"
-#include "loom/models/causal_lm.h"
+#include "loom/protocols/causal_lm.h"
 #include "loom/models/common/decoder_args.h"
 #include "loom/parallel/fsdp.h"
 #include "loom/parallel/parallelize.h"

@@ -9,7 +9,7 @@
 // value half applied after the attention, so the cache never holds per-head keys or values.
 #pragma once
 
-#include "loom/models/common/attention_backend.h"
+#include "loom/protocols/attention_backend.h"
 #include "loom/models/common/decoder_args.h"
 #include "loom/models/common/layers.h"
 

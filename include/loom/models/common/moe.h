@@ -15,23 +15,9 @@
 #include "loom/models/common/decoder_args.h"
 #include "loom/models/common/feed_forward.h"
 #include "loom/models/common/layers.h"
+#include "loom/protocols/token_dispatcher.h"
 
 namespace loom::models {
-
-// Moves routed token copies to the ranks that hold their experts and back (expert parallelism,
-// implemented above the models by parallel/expert_parallel.h). Both calls are differentiable.
-class TokenDispatcher {
- public:
-  virtual ~TokenDispatcher() = default;
-  struct Dispatched {
-    at::Tensor tokens;        // [M, D] for this rank's experts, grouped by local expert
-    at::Tensor local_counts;  // [local experts] int64
-  };
-  // routed [N, D] sorted by global expert, counts [E] int64 per global expert.
-  virtual Dispatched dispatch(const at::Tensor& routed, const at::Tensor& counts) = 0;
-  // The experts' outputs, in dispatch's order, back in `routed`'s order on this rank.
-  virtual at::Tensor combine(const at::Tensor& expert_out) = 0;
-};
 
 // y[rows of group g] = x[rows of group g] · w[g] for x [N, K] sorted by group, w [G, K, M] (any
 // strides) and counts [G] int64 rows per group (sum N): at::_grouped_mm when `grouped` and the

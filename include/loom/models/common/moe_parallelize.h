@@ -9,7 +9,7 @@
 #include <memory>
 #include <vector>
 
-#include "loom/models/causal_lm.h"
+#include "loom/protocols/causal_lm.h"
 #include "loom/parallel/parallelize.h"
 
 namespace loom::models {

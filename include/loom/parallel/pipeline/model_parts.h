@@ -1,7 +1,7 @@
 // A pipeline stage's part (stage_split.h) as the model builder's ModelPart.
 #pragma once
 
-#include "loom/models/causal_lm.h"
+#include "loom/protocols/causal_lm.h"
 #include "loom/parallel/pipeline/stage_split.h"
 
 namespace loom::parallel::pipeline {

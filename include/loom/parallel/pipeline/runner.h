@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "loom/distributed/comm.h"
-#include "loom/models/causal_lm.h"
+#include "loom/protocols/causal_lm.h"
 #include "loom/parallel/gradient_sync.h"
 #include "loom/parallel/pipeline/executor.h"
 #include "loom/parallel/pipeline/plan.h"

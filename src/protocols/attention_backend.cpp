@@ -1,4 +1,4 @@
-#include "loom/models/common/attention_backend.h"
+#include "loom/protocols/attention_backend.h"
 
 #include "loom/core/check.h"
 

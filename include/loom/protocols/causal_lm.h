@@ -13,15 +13,32 @@
 
 #include "loom/config/job_config.h"
 #include "loom/core/check.h"
-#include "loom/models/common/attention_backend.h"
-#include "loom/models/forward_hooks.h"
+#include "loom/protocols/attention_backend.h"
+#include "loom/protocols/forward_hooks.h"
 
 namespace loom::models {
+
+// The label of a token that counts in no loss (padding, a masked row): the models' loss and the
+// parallel loss (parallel/loss_parallel.h) both skip it.
+constexpr int64_t kIgnoreIndex = -100;
 
 struct ParameterShape {
   std::string name;
   std::vector<int64_t> shape;
   int64_t numel = 0;
+};
+
+// What one transformer block computes per token, as its family knows it (not read off parameter
+// names): the planner and the memory estimates build on it.
+struct BlockSummary {
+  int64_t layer = 0;
+  int64_t q_dim = 0;   // query width (heads x head dim; latent attention: its up-projected q)
+  int64_t kv_dim = 0;  // key/value width one token keeps (latent attention: half of kv_b's)
+  // Feed-forward width a token goes through: the dense hidden width, or a mixture's top_k routed
+  // experts' plus its shared experts'.
+  int64_t hidden = 0;
+  int64_t routed_copies = 0;  // copies of a token dispatch and combine make (2 x top_k; 0 dense)
+  int64_t experts = 0;        // routed experts of a mixture (0: dense)
 };
 
 struct ModelSummary {
@@ -37,6 +54,14 @@ struct ModelSummary {
   int64_t seq_len = 0;
   std::vector<ParameterShape> parameters;
   std::string description;  // family-specific dimensions, one line
+  // The model's widths: model dim, vocabulary, attention heads, whether the head reuses the
+  // embedding table, and one entry per transformer block this part holds.
+  int64_t dim = 0;
+  int64_t vocab = 0;
+  int64_t n_heads = 0;
+  int64_t n_kv_heads = 0;
+  bool tied_embedding = false;
+  std::vector<BlockSummary> blocks;
 };
 
 // Which part of the model to build: layers [first_layer, end_layer) (end -1: through the last),

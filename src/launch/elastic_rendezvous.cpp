@@ -1,4 +1,4 @@
-#include "loom/distributed/elastic_rendezvous.h"
+#include "loom/launch/elastic_rendezvous.h"
 
 #include <unistd.h>
 
@@ -6,7 +6,7 @@
 
 #include <algorithm>
 
-#include "backend.h"
+#include "../distributed/backend.h"  // distributed/'s private c10d helpers
 #include "loom/core/check.h"
 #include "loom/core/logging.h"
 #include "loom/core/strings.h"

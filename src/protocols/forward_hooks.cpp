@@ -1,4 +1,4 @@
-#include "loom/models/forward_hooks.h"
+#include "loom/protocols/forward_hooks.h"
 
 #include <algorithm>
 
