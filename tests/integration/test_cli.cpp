@@ -435,3 +435,15 @@ TEST(Cli, PrepareDataWritesShardsThatTrainingReadsAloneAndInAMixture) {
   EXPECT_EQ(no_input.exit_code, 2);
   EXPECT_FALSE(std::filesystem::exists(dir + "/y"));
 }
+
+// torchtitan's Qwen3-MoE TOML ([model] name = "qwen3", flavor = "30B-A3B") was refused as an
+// unknown qwen3 flavor; with only its data and tokenizer paths changed it validates.
+TEST(Cli, TorchtitansQwen3MoeTomlValidatesWithOnlyItsPathsChanged) {
+  const std::string dir = loom::testing::fresh_temp_dir("cli_torchtitan_qwen3_moe");
+  std::ofstream(dir + "/data.jsonl") << "{\"text\": \"a short document\"}\n";
+  auto result = run_loom("config validate --config " LOOM_SOURCE_DIR
+                         "/tests/data/configs/torchtitan_qwen3_30b_a3b_style.toml"
+                         " --training.dataset_path " + dir + "/data.jsonl --model.tokenizer_path byte");
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_TRUE(contains(result.output, "config is valid")) << result.output;
+}
