@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <map>
 
+#include "loom/optim/registry.h"
 #include "loom/parallel/activation_checkpoint.h"
 
 namespace loom::metrics {
@@ -52,7 +53,9 @@ MemoryEstimate estimate_memory(const models::ModelSummary& model, const config::
   const double local_params = static_cast<double>(model.total_params) / shard / tp;
   e.parameters_gib = local_params * in.param_bytes / kGiB;
   e.gradients_gib = local_params * in.param_bytes / kGiB;
-  e.optimizer_gib = 2 * local_params * in.param_bytes / kGiB;
+  // The optimizer's state tensors per parameter (AdamW: 2; Muon: 1 on matrices, 2 elsewhere).
+  const double states = optim::state_footprint(config.optimizer, model.parameters).per_parameter;
+  e.optimizer_gib = states * local_params * in.param_bytes / kGiB;
   // Blocks: "layers.<i>.*"; sizes from the first one this model holds.
   std::map<std::string, int64_t> block_numel;
   std::string first_block;

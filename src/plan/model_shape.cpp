@@ -7,6 +7,7 @@
 
 #include "loom/config/job_config.h"
 #include "loom/models/model_spec.h"
+#include "loom/optim/registry.h"
 
 namespace loom::plan {
 namespace {
@@ -90,6 +91,11 @@ ModelShape read_model_shape(const config::JobConfig& config, int64_t vocab) {
   for (int64_t b = 0; b < n_blocks; ++b) {
     shape.blocks.push_back(block_shape(s, b, s.experts_per_token));
   }
+  const auto footprint = optim::state_footprint(config.optimizer, s.parameters);
+  shape.optimizer_states = footprint.per_parameter;
+  shape.optimizer_state_names = config.optimizer.name + ": " + footprint.description;
+  shape.optimizer_matrix_flops = footprint.matrix_flops;
+  shape.optimizer_whole_elements = footprint.whole_tensor_elements;
   return shape;
 }
 

@@ -37,7 +37,7 @@ struct MemoryInputs {
 struct MemoryEstimate {
   double parameters_gib = 0;  // FSDP: local shards plus two gathered units (current, prefetched)
   double gradients_gib = 0;
-  double optimizer_gib = 0;  // AdamW: two moments per parameter
+  double optimizer_gib = 0;  // the optimizer's state tensors (optim::state_footprint)
   double activations_gib = 0;
   double total_gib() const {
     return parameters_gib + gradients_gib + optimizer_gib + activations_gib;
