@@ -78,42 +78,53 @@ std::map<std::string, at::Tensor> one_rank(const config::OptimizerSection& s, co
   return out;
 }
 
-// `cut(name, whole, axis)`: the parameter's placement on this rank.
-using Cut = std::function<Placement(const std::string&, const Placement&, const MeshAxis&)>;
+// `cut(name, whole, axes)`: the parameter's placement on this rank; `axes(groups)`: the mesh
+// axes it cuts over (made once per rank).
+using Axes = std::function<std::vector<MeshAxis>(ProcessGroups&)>;
+using Cut =
+    std::function<Placement(const std::string&, const Placement&, const std::vector<MeshAxis>&)>;
 
-void run_layout(int world, const std::string& rule, const Cut& cut) {
+std::vector<MeshAxis> world_axis(ProcessGroups& groups) {
+  return {MeshAxis::of(groups.world_ptr())};
+}
+
+// The bytes this rank sends over one axis: its pieces of the matrices others own, then the
+// pieces of its own matrices that belong to the others (owners round-robin in parameter order).
+double one_axis_bytes(const std::vector<NamedParameter>& params, const MeshAxis& axis) {
+  double want = 0;
+  int64_t k = 0;
+  for (const auto& p : params) {
+    if (matrix_splits(p.placement).empty()) continue;
+    const int64_t owner = k++ % axis.size;
+    const double whole = static_cast<double>(c10::multiply_integers(p.placement.global_shape));
+    const double mine = static_cast<double>(p.tensor.numel());
+    want += 4.0 * (owner == axis.rank ? whole - mine : mine);
+  }
+  return want;
+}
+
+void run_layout(int world, const std::string& rule, const Axes& axes_of, const Cut& cut,
+                bool check_bytes = true) {
   const Tensors t = make_tensors();
   const auto s = muon(rule);
   const auto reference = one_rank(s, t);
   auto errors = testing::run_ranks(world, [&](ProcessGroups& groups) {
-    const MeshAxis axis = MeshAxis::of(groups.world_ptr());
+    const auto axes = axes_of(groups);
     std::vector<NamedParameter> params;
     for (const auto& [name, value] : t.init) {
-      const Placement placement = cut(name, Placement::whole(value.sizes()), axis);
+      const Placement placement = cut(name, Placement::whole(value.sizes()), axes);
       params.push_back({name, parallel::local_view(value, placement).clone(), placement});
     }
-    // The bytes this rank sends: its pieces of the matrices others own, then the pieces of its
-    // own matrices that belong to the others (the owners go round-robin in parameter order).
-    double want = 0;
-    int64_t k = 0;
-    for (const auto& p : params) {
-      const auto splits = matrix_splits(p.placement);
-      if (splits.empty()) continue;
-      const int owner = static_cast<int>(k++ % world);
-      const double whole = static_cast<double>(c10::multiply_integers(p.placement.global_shape));
-      want += 4.0 * (owner == axis.rank ? whole - static_cast<double>(p.tensor.numel())
-                                        : static_cast<double>(p.tensor.numel()));
-    }
+    const double want = check_bytes ? one_axis_bytes(params, axes[0]) : 0;
     groups.world().counters().reset();
     train(s, params, t);
     for (const auto& p : params) {
       const at::Tensor expected = parallel::local_view(reference.at(p.name), p.placement);
       const double diff = (p.tensor - expected).abs().max().item<double>();
       LOOM_CHECK(diff <= 1e-5 * expected.abs().max().item<double>(), p.name,
-                 " differs from one "
-                 "rank by ",
-                 diff);
+                 " differs from one rank by ", diff);
     }
+    if (!check_bytes) return;
     const double wire =
         static_cast<double>(groups.world().counters()[Collective::kAllToAll].wire_bytes.load());
     LOOM_CHECK(wire == kSteps * want, "all-to-all bytes ", wire, ", formula ", kSteps * want);
@@ -122,49 +133,45 @@ void run_layout(int world, const std::string& rule, const Cut& cut) {
 }
 
 // FSDP: dim-0 rows of everything (a 3-D expert stack's rows are whole experts: no gather).
-Placement fsdp_rows(const std::string&, const Placement& whole, const MeshAxis& axis) {
-  return whole.shard(0, axis);
+Placement fsdp_rows(const std::string&, const Placement& whole, const std::vector<MeshAxis>& axes) {
+  return whole.shard(0, axes[0]);
 }
 
 // TP: dim 1, the columns of a matrix and the rows of each expert's matrix (gathered too), the
 // norm replicated.
-Placement tp_columns(const std::string&, const Placement& whole, const MeshAxis& axis) {
-  if (whole.global_shape.size() == 1) return whole.replicate(axis, /*partial_gradient=*/false);
-  return whole.shard(1, axis);
+Placement tp_columns(const std::string&, const Placement& whole,
+                     const std::vector<MeshAxis>& axes) {
+  if (whole.global_shape.size() == 1) return whole.replicate(axes[0], /*partial_gradient=*/false);
+  return whole.shard(1, axes[0]);
 }
 
 TEST(DistributedMuon, FsdpTwoRanksEqualOneRank) {
-  run_layout(2, "original", fsdp_rows);
+  run_layout(2, "original", world_axis, fsdp_rows);
 }
 
 TEST(DistributedMuon, FsdpThreeRanksEqualOneRankWithMatchRmsAdamW) {
-  run_layout(3, "match_rms_adamw", fsdp_rows);
+  run_layout(3, "match_rms_adamw", world_axis, fsdp_rows);
 }
 
 TEST(DistributedMuon, TensorParallelTwoRanksEqualOneRank) {
-  run_layout(2, "original", tp_columns);
+  run_layout(2, "original", world_axis, tp_columns);
 }
 
-// A matrix cut over two axes (FSDP x TP) is refused by name until loom gathers over both.
-TEST(DistributedMuon, TwoAxesAreRefusedWithTheParameterName) {
-  auto errors = testing::run_ranks(2, [&](ProcessGroups& groups) {
-    const MeshAxis axis = MeshAxis::of(groups.world_ptr());
-    MeshAxis other = axis;
-    other.name = "other";
-    const Placement p = Placement::whole({4, 6}).shard(1, axis).shard(0, other);
-    std::vector<NamedParameter> params = {
-        {"layers.0.attention.wq.weight", at::zeros(p.lengths), p}};
-    auto optimizer = build_optimizer(muon("original"), params);
-    params[0].tensor.mutable_grad() = at::ones(p.lengths);
-    try {
-      optimizer->step();
-      LOOM_THROW(InternalError, "stepped a matrix cut over two axes");
-    } catch (const InputError& e) {
-      LOOM_CHECK(std::string(e.what()).find("layers.0.attention.wq.weight") != std::string::npos,
-                 e.what());
-    }
-  });
-  LOOM_EXPECT_RANKS_OK(errors);
+// FSDP x TP on 4 ranks (tp innermost): TP's cut (rows of wq, columns elsewhere), then FSDP's
+// rows of the piece; each matrix gathered over FSDP, then over TP, onto one of the 4 ranks.
+TEST(DistributedMuon, FsdpTimesTensorParallelFourRanksEqualOneRank) {
+  auto axes = [](ProcessGroups& groups) {
+    const int r = groups.rank();
+    auto tp = groups.new_group("tp" + std::to_string(r / 2), {r - r % 2, r - r % 2 + 1});
+    auto fsdp = groups.new_group("fsdp" + std::to_string(r % 2), {r % 2, r % 2 + 2});
+    return std::vector<MeshAxis>{MeshAxis::of(tp), MeshAxis::of(fsdp)};
+  };
+  auto cut = [](const std::string& name, const Placement& whole, const std::vector<MeshAxis>& a) {
+    if (whole.global_shape.size() == 1) return whole.replicate(a[0], false).shard(0, a[1]);
+    const int64_t tp_dim = name.find("wq") != std::string::npos ? 0 : 1;
+    return whole.shard(whole.global_shape.size() == 3 ? 1 : tp_dim, a[0]).shard(0, a[1]);
+  };
+  run_layout(4, "original", axes, cut, /*check_bytes=*/false);
 }
 
 }  // namespace

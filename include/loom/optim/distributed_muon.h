@@ -7,6 +7,11 @@
 // never repeated within the group. Both moves are one all_to_all each over the axis's group with
 // exact piece sizes: FSDP's padding never travels, so there is none to strip or restore.
 //
+// A matrix cut twice (TP's columns, then FSDP's rows of them) is gathered innermost cut first:
+// over FSDP onto the owner of its TP piece, then, among those owners, over TP onto the matrix's
+// owner; the pieces go back the same way. The owner is the matrix's index in mixed radix over its
+// cuts (FSDP's digit innermost), so the matrices spread over all FSDP x TP ranks.
+//
 // Cuts of a 3-D expert stack's expert dimension (expert parallelism, FSDP's rows of the stack)
 // keep whole experts on the rank: those are orthogonalized locally, as are whole matrices (one
 // rank, PP stages, DDP replicas).
