@@ -19,13 +19,15 @@ at::Tensor newton_schulz(const at::Tensor& matrix, int64_t steps, at::ScalarType
   // The iteration orthogonalizes rows; a tall matrix goes through transposed (fewer of them).
   const bool tall = matrix.size(0) > matrix.size(1);
   if (tall) x = x.t();
-  x.div_(x.norm().clamp_min(eps));  // spectral norm <= Frobenius norm <= 1
+  // Spectral norm <= Frobenius norm <= 1 (linalg_vector_norm and clamp: torch's Tensor.norm()
+  // and clamp(min=) take these ops, so both round alike).
+  x.div_(at::clamp(at::linalg_vector_norm(x, 2), eps, std::nullopt));
   for (int64_t i = 0; i < steps; ++i) {
     const at::Tensor gram = at::matmul(x, x.t());
-    // The same products in the same order as torch.optim.Muon (b A + (c A) A, then a X + B X),
-    // so both round alike in bfloat16.
-    const at::Tensor poly = gram * kMuonB + at::matmul(gram * kMuonC, gram);
-    x = x * kMuonA + at::matmul(poly, x);
+    // The same fused products as torch.optim.Muon (2.11: addmm), so both round alike in
+    // bfloat16: B = b A + c A A, then X = a X + B X.
+    const at::Tensor poly = at::addmm(gram, gram, gram, /*beta=*/kMuonB, /*alpha=*/kMuonC);
+    x = at::addmm(x, poly, x, /*beta=*/kMuonA);
   }
   return tall ? x.t() : x;
 }

@@ -5,6 +5,7 @@
 //   U <- nesterov ? (1 - momentum) * G + momentum * B : B
 //   O <- NS5(U)                                         X <- U / ||U||_F (transposed when m > n),
 //                                                       5 x: A = X X^T, X <- a X + (b A + c A A) X
+//                                                       (addmm, as torch.optim.Muon of 2.11)
 //   W <- W (1 - lr * weight_decay) - adjusted_lr * O    (decoupled weight decay)
 // with (a, b, c) = (3.4445, -4.7750, 2.0315) and adjusted_lr = lr * sqrt(max(1, m / n))
 // ("original") or lr * 0.2 * sqrt(max(m, n)) ("match_rms_adamw": the update's RMS matches
