@@ -467,7 +467,9 @@ const std::string& muon_one_rank_run() {
 // Muon under FSDP x2 (each hidden matrix gathered onto its owner rank, orthogonalized there and
 // scattered back) trains like one rank over 20 steps; its checkpoint (momentum buffers for the
 // matrices, AdamW's moments for the rest) resumes bitwise on one rank and reshards FSDP x2 -> 1.
-LOOM_TEST(CheckpointTraining, MuonUnderFsdpTrainsLikeOneRankResumesAndReshards) {
+// Slow label (five trainings, 1-3 minutes here); the thread-rank tests of loom_optim_tests keep
+// distributed Muon in the default suite.
+LOOM_SLOW_TEST(CheckpointTraining, MuonUnderFsdpTrainsLikeOneRankResumesAndReshards) {
   const auto one = logged_losses(muon_one_rank_run());
   ASSERT_EQ(one.size(), 20u);
   // 20 small steps at AdamW's lr (Moonlight's rule): Muon's matrices move about 0.2 lr per
