@@ -15,6 +15,7 @@
 #include "loom/core/files.h"
 #include "loom/core/logging.h"
 #include "loom/core/strings.h"
+#include "loom/optim/optimizer.h"
 #include "state_io.h"
 
 namespace loom::checkpoint {
@@ -98,6 +99,12 @@ std::vector<LocalChunk> CheckpointManager::parameter_chunks(
   return chunks;
 }
 
+size_t CheckpointManager::optimizer_index(const std::string& name) const {
+  const auto index = targets_.optimizer->index_of(name);
+  LOOM_CHECK(index.has_value(), "checkpoint: the optimizer does not step parameter '", name, "'");
+  return *index;
+}
+
 std::unique_ptr<CheckpointManager::Snapshot> CheckpointManager::snapshot(int64_t step,
                                                                          int64_t tokens_seen,
                                                                          bool model_only) {
@@ -115,17 +122,25 @@ std::unique_ptr<CheckpointManager::Snapshot> CheckpointManager::snapshot(int64_t
   }
   nlohmann::json optimizer_steps = nlohmann::json::object();
   if (!model_only && targets_.optimizer) {
-    std::vector<at::Tensor> avg, avg_sq;
-    for (const auto& target : targets_.parameters) {
-      const at::Tensor& p = target.tensor;
-      auto m = moments(*targets_.optimizer, p);
-      // A parameter the optimizer has not stepped yet has zero moments (what Adam starts from).
-      avg.push_back(m ? m->exp_avg : at::zeros_like(p));
-      avg_sq.push_back(m ? m->exp_avg_sq : at::zeros_like(p));
-      optimizer_steps[target.name] = m ? m->step : 0;
+    // optimizer.<state>.<parameter> for each state tensor the parameter's algorithm keeps
+    // (AdamW's exp_avg and exp_avg_sq, Muon's momentum_buffer): chunks like the parameter's.
+    // State by state, as the files always were ordered (every exp_avg, then every exp_avg_sq).
+    const optim::Optimizer& optimizer = *targets_.optimizer;
+    for (const auto& name : optimizer.all_state_names()) {
+      for (const auto& target : targets_.parameters) {
+        const size_t i = optimizer_index(target.name);
+        const auto names = optimizer.state_names(i);
+        if (std::find(names.begin(), names.end(), name) == names.end()) continue;
+        // A parameter not stepped yet has zero state (what every algorithm here starts from).
+        const optim::ParameterState* state = optimizer.state(i);
+        const at::Tensor t = state ? state->tensors.at(name) : at::zeros_like(target.tensor);
+        all.push_back(placed_chunk("optimizer." + name + "." + target.name, t, target.placement));
+      }
     }
-    for (auto& c : parameter_chunks("optimizer.exp_avg.", avg)) all.push_back(std::move(c));
-    for (auto& c : parameter_chunks("optimizer.exp_avg_sq.", avg_sq)) all.push_back(std::move(c));
+    for (const auto& target : targets_.parameters) {
+      const optim::ParameterState* state = optimizer.state(optimizer_index(target.name));
+      optimizer_steps[target.name] = state ? state->step : 0;
+    }
   }
   s->chunks = chunks_written_by(all);
   // Copies: the training thread changes the parameters right after this returns.
@@ -154,6 +169,7 @@ std::unique_ptr<CheckpointManager::Snapshot> CheckpointManager::snapshot(int64_t
                    {"rng", generator_state()}};
   if (!model_only) {
     s->rank_state["optimizer_step"] = optimizer_steps;
+    if (targets_.optimizer) s->rank_state["optimizer_name"] = targets_.optimizer->name();
     if (targets_.data) s->rank_state["dataloader"] = targets_.data->state();
   }
   s->blocked_s = seconds_since(start);

@@ -14,6 +14,7 @@
 #include "loom/core/files.h"
 #include "loom/core/logging.h"
 #include "loom/core/strings.h"
+#include "loom/optim/optimizer.h"
 #include "state_io.h"
 
 namespace loom::checkpoint {
@@ -172,6 +173,54 @@ ResumePoint CheckpointManager::load() {
   return {};
 }
 
+// The optimizer that wrote the checkpoint (rank files before optimizer_name: Adam or AdamW,
+// whose state is the same) must be this job's: its state means nothing to another algorithm.
+void CheckpointManager::check_saved_optimizer(const std::vector<RankState>& states,
+                                              const std::string& step_folder) const {
+  const std::string& now = targets_.optimizer->name();
+  for (const auto& s : states) {
+    const bool adam_family = now == "AdamW" || now == "Adam";
+    const bool same = s.optimizer_name.empty() ? adam_family : s.optimizer_name == now;
+    LOOM_CHECK_AS(InputError, same, "checkpoint '", step_folder, "' holds the state of optimizer ",
+                  s.optimizer_name.empty() ? "AdamW or Adam" : s.optimizer_name,
+                  ", this job's optimizer.name is ", now,
+                  ": resume with the saved optimizer, or start the new one's state fresh with "
+                  "checkpoint.exclude_from_loading = [\"optimizer\"] (CLI: "
+                  "--checkpoint.exclude_from_loading optimizer)");
+  }
+}
+
+// Each parameter's named state (optimizer.<state>.<name>, read by overlap, so any layout loads
+// into any other) and its step count (any rank's).
+void CheckpointManager::load_optimizer_state(CheckpointReader& reader,
+                                             const std::vector<RankState>& states,
+                                             const std::string& step_folder) {
+  at::NoGradGuard no_grad;
+  optim::Optimizer& optimizer = *targets_.optimizer;
+  for (const auto& target : targets_.parameters) {
+    const std::string& name = target.name;
+    int64_t step = -1;
+    for (const auto& s : states) {
+      if (auto it = s.optimizer_steps.find(name); it != s.optimizer_steps.end()) step = it->second;
+    }
+    LOOM_CHECK_AS(InputError, step >= 0, "checkpoint '", step_folder,
+                  "' has no optimizer step count for '", name, "'");
+    const size_t i = optimizer_index(name);
+    optim::ParameterState state;
+    state.step = step;
+    for (const auto& state_name : optimizer.state_names(i)) {
+      const std::string fqn = "optimizer." + state_name + "." + name;
+      LOOM_CHECK_AS(InputError, reader.has(fqn), "checkpoint '", step_folder, "' has no ", fqn,
+                    " (optimizer ", optimizer.name(), " keeps ", state_name, " for ", name, ")");
+      at::Tensor t = at::empty_like(target.tensor.detach());
+      reader.read(placed_chunk(fqn, t, target.placement));
+      state.tensors[state_name] = t;
+    }
+    // Step 0: never stepped; the optimizer's state stays empty.
+    optimizer.set_state(i, std::move(state));
+  }
+}
+
 ResumePoint CheckpointManager::load_from(const std::string& step_folder, bool model_only) {
   const auto& exclude = config_.checkpoint.exclude_from_loading;
   auto excluded = [&](const char* part) {
@@ -206,27 +255,8 @@ ResumePoint CheckpointManager::load_from(const std::string& step_folder, bool mo
     }
   }
   if (!excluded("optimizer") && targets_.optimizer) {
-    std::vector<at::Tensor> avg, avg_sq;
-    for (const auto& p : params) {
-      avg.push_back(at::empty_like(p));
-      avg_sq.push_back(at::empty_like(p));
-    }
-    for (const auto& chunk : parameter_chunks("optimizer.exp_avg.", avg)) reader.read(chunk);
-    for (const auto& chunk : parameter_chunks("optimizer.exp_avg_sq.", avg_sq)) reader.read(chunk);
-    for (size_t i = 0; i < params.size(); ++i) {
-      const std::string& name = targets_.parameters[i].name;
-      int64_t step = -1;
-      for (const auto& s : states) {
-        if (auto it = s.optimizer_steps.find(name); it != s.optimizer_steps.end()) {
-          step = it->second;
-        }
-      }
-      LOOM_CHECK_AS(InputError, step >= 0, "checkpoint '", step_folder,
-                    "' has no optimizer step count for '", name, "'");
-      if (step == 0) continue;  // never stepped: leave the optimizer's state empty
-      set_moments(*targets_.optimizer, targets_.parameters[i].tensor,
-                  MomentState{step, avg[i], avg_sq[i], at::Tensor()});
-    }
+    check_saved_optimizer(states, step_folder);
+    load_optimizer_state(reader, states, step_folder);
   }
   const TrainState train_state =
       read_train_state(step_folder + "/train_state.json", reader.checked_index().step);

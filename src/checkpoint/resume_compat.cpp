@@ -47,6 +47,9 @@ constexpr Dependency kDependencies[] = {
     {"training.dataset_mixture", "dataloader",
      "the data loader's position is in another mixture"},
     {"debug.seed", "dataloader", "the data order is drawn from the seed"},
+    {"optimizer.name", "optimizer",
+     "the saved optimizer state belongs to another optimizer (its state tensors mean nothing to "
+     "this one)"},
 };
 
 bool excluded(const config::JobConfig& config, const std::string& part) {
@@ -80,11 +83,17 @@ std::vector<std::string> resume_conflicts(const std::vector<ConfigChange>& chang
       if (excluded(current, part) || (model_only && part != "model")) continue;
       std::string what = change.key + " " + change.saved + " -> " + change.current + ": " +
                          dependency.meaning + "; ";
-      what += part == "model"
-                  ? "resume with the old value, or start the new model in another job.dump_folder"
-                  : "to keep the weights and optimizer but restart the data from its beginning, "
-                    "set checkpoint.exclude_from_loading = [\"dataloader\"] (CLI: "
-                    "--checkpoint.exclude_from_loading dataloader)";
+      if (part == "model") {
+        what += "resume with the old value, or start the new model in another job.dump_folder";
+      } else if (part == "optimizer") {
+        what += "to keep the weights and start the new optimizer's state fresh, set "
+                "checkpoint.exclude_from_loading = [\"optimizer\"] (CLI: "
+                "--checkpoint.exclude_from_loading optimizer)";
+      } else {
+        what += "to keep the weights and optimizer but restart the data from its beginning, "
+                "set checkpoint.exclude_from_loading = [\"dataloader\"] (CLI: "
+                "--checkpoint.exclude_from_loading dataloader)";
+      }
       conflicts.push_back(what);
     }
   }

@@ -2,8 +2,6 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
-#include <torch/optim/adam.h>
-#include <torch/optim/adamw.h>
 
 #include <filesystem>
 #include <fstream>
@@ -15,26 +13,6 @@
 #include "loom/core/json.h"
 
 namespace loom::checkpoint::detail {
-namespace {
-
-template <typename State>
-std::optional<MomentState> moments_as(torch::optim::OptimizerParamState& raw) {
-  auto* s = dynamic_cast<State*>(&raw);
-  if (!s) return std::nullopt;
-  return MomentState{s->step(), s->exp_avg(), s->exp_avg_sq(), s->max_exp_avg_sq()};
-}
-
-template <typename State>
-std::unique_ptr<torch::optim::OptimizerParamState> make_state(const MomentState& m) {
-  auto s = std::make_unique<State>();
-  s->step(m.step);
-  s->exp_avg(m.exp_avg);
-  s->exp_avg_sq(m.exp_avg_sq);
-  if (m.max_exp_avg_sq.defined()) s->max_exp_avg_sq(m.max_exp_avg_sq);
-  return s;
-}
-
-}  // namespace
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
@@ -63,6 +41,11 @@ RankState read_rank_state(const std::string& path) {
       out.optimizer_steps[it.key()] =
           json::as_int(it.value(), where + ": optimizer_step['" + it.key() + "']", 0);
     }
+  }
+  if (state.contains("optimizer_name")) {
+    LOOM_CHECK_AS(InputError, state["optimizer_name"].is_string(), where,
+                  ": optimizer_name must be a string");
+    out.optimizer_name = state["optimizer_name"].get<std::string>();
   }
   if (state.contains("dataloader")) out.dataloader = state["dataloader"];
   if (state.contains("rng")) {
@@ -178,24 +161,3 @@ void restore_generator(const std::vector<uint8_t>& bytes, const std::string& sou
 }
 
 }  // namespace loom::checkpoint::detail
-
-namespace loom::checkpoint {
-
-std::optional<MomentState> moments(torch::optim::Optimizer& optimizer, const at::Tensor& p) {
-  auto it = optimizer.state().find(p.unsafeGetTensorImpl());
-  if (it == optimizer.state().end()) return std::nullopt;
-  if (auto m = detail::moments_as<torch::optim::AdamWParamState>(*it->second)) return m;
-  if (auto m = detail::moments_as<torch::optim::AdamParamState>(*it->second)) return m;
-  LOOM_THROW(Error, "checkpoint: the optimizer's state is neither Adam's nor AdamW's");
-}
-
-void set_moments(torch::optim::Optimizer& optimizer, const at::Tensor& p, const MomentState& m) {
-  const bool adamw = dynamic_cast<torch::optim::AdamW*>(&optimizer) != nullptr;
-  LOOM_CHECK(adamw || dynamic_cast<torch::optim::Adam*>(&optimizer) != nullptr,
-             "checkpoint: loom restores Adam and AdamW optimizer state only");
-  optimizer.state()[p.unsafeGetTensorImpl()] =
-      adamw ? detail::make_state<torch::optim::AdamWParamState>(m)
-            : detail::make_state<torch::optim::AdamParamState>(m);
-}
-
-}  // namespace loom::checkpoint

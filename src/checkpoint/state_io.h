@@ -1,11 +1,9 @@
 // Pieces of the checkpoint manager shared by its save and load halves (internal to
-// src/checkpoint): per-rank file names, JSON reading, Adam/AdamW state access, the CPU RNG.
+// src/checkpoint): per-rank file names, JSON reading, the CPU RNG.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 #include <nlohmann/json.hpp>
-
-#include "loom/checkpoint/optimizer_moments.h"
 
 #include <chrono>
 #include <map>
@@ -13,10 +11,6 @@
 #include <set>
 #include <string>
 #include <vector>
-
-namespace torch::optim {
-class Optimizer;
-}
 
 namespace loom::checkpoint::detail {
 
@@ -34,6 +28,7 @@ struct RankState {
   std::string path;
   int64_t dp_rank = -1;
   std::map<std::string, int64_t> optimizer_steps;
+  std::string optimizer_name;  // empty in checkpoints before it (Adam or AdamW wrote them)
   nlohmann::json dataloader;     // null when absent
   std::vector<uint8_t> rng_cpu;  // empty when absent
 };
@@ -51,10 +46,6 @@ std::string read_text(const std::string& path);
 // model, optimizer, lr_scheduler, dataloader, train_state.
 const std::set<std::string>& loadable_parts();
 at::ScalarType export_type(const std::string& name);
-
-using checkpoint::moments;
-using checkpoint::MomentState;
-using checkpoint::set_moments;
 
 // Whether `folder` holds only what loom writes into a checkpoint step (index.json,
 // train_state.json, config.toml, COMPLETE, rank-NNNNN.{safetensors,json,failed} and their

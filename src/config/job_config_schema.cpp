@@ -127,7 +127,10 @@ void add_model_sections(Schema& s) {
   SectionBuilder<OptimizerSection> opt(
       s, "optimizer", "The optimizer.",
       [](JobConfig& c) -> OptimizerSection& { return c.optimizer; });
-  opt.field("name", &OptimizerSection::name, "Optimizer.").choices({"AdamW", "Adam"});
+  opt.field("name", &OptimizerSection::name,
+            "Optimizer: AdamW, Adam or Muon (Muon on 2-D hidden matrices, AdamW on the rest; "
+            "docs/optimizers.md).")
+      .choices({"AdamW", "Adam", "Muon"});
   opt.field("lr", &OptimizerSection::lr, "Peak learning rate.").min(0);
   opt.field("beta1", &OptimizerSection::beta1, "First-moment decay.").range(0, 1);
   opt.field("beta2", &OptimizerSection::beta2, "Second-moment decay.").range(0, 1);
@@ -140,6 +143,47 @@ void add_model_sections(Schema& s) {
   opt.field("early_step_in_backward", &OptimizerSection::early_step_in_backward,
             "Step each parameter during backward to save memory.")
       .unimplemented();
+  opt.field("muon_momentum", &OptimizerSection::muon_momentum,
+            "Muon: momentum of the gradient average (torch.optim.Muon's momentum).")
+      .range(0, 1);
+  opt.field("muon_nesterov", &OptimizerSection::muon_nesterov, "Muon: Nesterov momentum.");
+  opt.field("muon_ns_steps", &OptimizerSection::muon_ns_steps,
+            "Muon: Newton-Schulz iterations (quintic coefficients 3.4445, -4.7750, 2.0315).")
+      .range(1, 99);
+  opt.field("muon_ns_dtype", &OptimizerSection::muon_ns_dtype,
+            "Muon: dtype of the Newton-Schulz iteration (torch.optim.Muon: bfloat16).")
+      .choices({"bfloat16", "float32"});
+  opt.field("muon_eps", &OptimizerSection::muon_eps,
+            "Muon: floor of the Frobenius norm the update is divided by.")
+      .min(0);
+  opt.field("muon_adjust_lr_fn", &OptimizerSection::muon_adjust_lr_fn,
+            "Muon: lr per matrix of m x n: original = lr sqrt(max(1, m/n)); match_rms_adamw = "
+            "lr 0.2 sqrt(max(m, n)) (Moonlight: reuses AdamW's lr and weight decay).")
+      .choices({"original", "match_rms_adamw"});
+  opt.field("embedding_lr_factor", &OptimizerSection::embedding_lr_factor,
+            "lr multiplier of the token embedding's group.")
+      .min(0);
+  opt.field("head_lr_factor", &OptimizerSection::head_lr_factor,
+            "lr multiplier of the output projection's group.")
+      .min(0);
+  opt.field("routing_lr_factor", &OptimizerSection::routing_lr_factor,
+            "lr multiplier of the mixture-of-experts routers' group.")
+      .min(0);
+  opt.field("scalar_lr_factor", &OptimizerSection::scalar_lr_factor,
+            "lr multiplier of the group of norms, biases and other parameters under 2-D.")
+      .min(0);
+  opt.field("embedding_weight_decay_factor", &OptimizerSection::embedding_weight_decay_factor,
+            "weight_decay multiplier of the token embedding's group.")
+      .min(0);
+  opt.field("head_weight_decay_factor", &OptimizerSection::head_weight_decay_factor,
+            "weight_decay multiplier of the output projection's group.")
+      .min(0);
+  opt.field("routing_weight_decay_factor", &OptimizerSection::routing_weight_decay_factor,
+            "weight_decay multiplier of the routers' group.")
+      .min(0);
+  opt.field("scalar_weight_decay_factor", &OptimizerSection::scalar_weight_decay_factor,
+            "weight_decay multiplier of the group of norms, biases and scalars.")
+      .min(0);
 
   SectionBuilder<LRSchedulerSection> lr(
       s, "lr_scheduler", "Learning-rate schedule: linear warmup, then warmup-stable-decay.",

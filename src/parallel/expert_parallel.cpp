@@ -129,7 +129,7 @@ void split_experts(models::CausalLM& model, std::map<std::string, Placement>& bo
     if (name.find(".moe.experts.") == std::string::npos) continue;
     LOOM_CHECK(box.lengths[0] % ep.size == 0, "expert parallelism: ", name, " has ", box.lengths[0],
                " experts, which do not split over ", ep.size, " ranks");
-    box = box.shard(0, ep.rank, ep.size);
+    box = box.shard(0, ep);
     model.replace_parameter(name, at::empty(box.lengths, current.at(name).options()));
   }
 }

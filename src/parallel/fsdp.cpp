@@ -80,7 +80,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(
           given != placements.end() ? given->second : Placement::whole(it->second.sizes());
       LOOM_CHECK(before.lengths == it->second.sizes().vec(), "FSDP: parameter ", name,
                  " has shape ", it->second.sizes(), " but its placement is ", before.describe());
-      unit->params.push_back(shard_parameter(name, before, u, *unit->shard, unit->chunk, seed));
+      unit->params.push_back(shard_parameter(name, before, u, unit->shard, unit->chunk, seed));
       unit->chunk += unit->params.back().chunk;
       names_.push_back(name);
       existing.erase(it);
@@ -146,8 +146,9 @@ std::string FullyShardedDataParallel::describe() const {
 
 // This rank's shard of one parameter, and the unsharded holder that replaces it in the model.
 FullyShardedDataParallel::Param FullyShardedDataParallel::shard_parameter(
-    const std::string& name, const Placement& before, size_t unit, distributed::Comm& group,
-    int64_t offset, uint64_t seed) {
+    const std::string& name, const Placement& before, size_t unit,
+    const std::shared_ptr<distributed::Comm>& shard_group, int64_t offset, uint64_t seed) {
+  distributed::Comm& group = *shard_group;
   const std::vector<int64_t>& shape = before.lengths;
   LOOM_CHECK(!shape.empty() && shape[0] > 0, "FSDP: parameter ", name, " has no dim 0 to shard");
   const int64_t n = group.size();
@@ -159,7 +160,7 @@ FullyShardedDataParallel::Param FullyShardedDataParallel::shard_parameter(
   p.chunk = rows.padded * row;
   p.local_numel = rows.count * row;
   p.offset = offset;
-  p.placement = before.shard(0, group.rank(), n);
+  p.placement = before.shard(0, MeshAxis::of(shard_group));
   if (replicate_) p.placement = p.placement.replicate(MeshAxis::of(replicate_), false);
   p.shard = materialize_local(model_, name, p.placement,
                               at::TensorOptions().dtype(at::kFloat).device(device_), seed);

@@ -47,6 +47,12 @@ Placement Placement::shard(int64_t dim, int64_t index, int64_t parts) const {
   return p;
 }
 
+Placement Placement::shard(int64_t dim, const MeshAxis& axis) const {
+  Placement p = shard(dim, axis.rank, axis.size);
+  if (axis.size > 1) p.splits.push_back({dim, axis});
+  return p;
+}
+
 Placement Placement::replicate(const MeshAxis& axis, bool partial_gradient) const {
   Placement p = *this;
   if (axis.size <= 1) return p;

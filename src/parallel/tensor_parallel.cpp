@@ -92,7 +92,7 @@ Placement split_box(const std::string& name, const Placement& box, const TpRule&
                 "parallelism.tensor_parallel_degree = ", tp.size, " leaves some ranks without a "
                 "piece of ", name, " (dim ", dim, " has ", extent,
                 "): use a degree that splits it");
-  return box.shard(dim, tp.rank, tp.size);
+  return box.shard(dim, tp);
 }
 
 // The forward hooks that move one module's input and output between layouts.

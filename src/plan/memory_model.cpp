@@ -122,7 +122,10 @@ MemoryPlan predict_rank_memory(const ModelShape& m, const config::JobConfig& con
                                         local / 1e6, rp.params / 1e6, pb);
   add("parameters", local * pb, share);
   add("gradients", local * pb, share);
-  add("optimizer state", 2 * local * pb, "AdamW's two moments, " + share);
+  add("optimizer state", m.optimizer_states * local * pb,
+      fmt::format("{:.3g} state tensors per parameter ({}), ", m.optimizer_states,
+                  m.optimizer_state_names) +
+          share);
 
   // One forward's tokens on this rank: rows of a microbatch (pipeline) or the local batch,
   // split cp ways by context parallelism.

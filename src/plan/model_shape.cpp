@@ -8,6 +8,7 @@
 #include "loom/config/job_config.h"
 #include "loom/core/check.h"
 #include "loom/models/model_spec.h"
+#include "loom/optim/registry.h"
 
 namespace loom::plan {
 namespace {
@@ -71,6 +72,11 @@ ModelShape read_model_shape(const config::JobConfig& config, int64_t vocab) {
     shape.experts = std::max(shape.experts, block.experts);
     shape.blocks.push_back(block_shape(s, block));
   }
+  const auto footprint = optim::state_footprint(config.optimizer, s.parameters);
+  shape.optimizer_states = footprint.per_parameter;
+  shape.optimizer_state_names = config.optimizer.name + ": " + footprint.description;
+  shape.optimizer_matrix_flops = footprint.matrix_flops;
+  shape.optimizer_whole_elements = footprint.whole_tensor_elements;
   return shape;
 }
 

@@ -70,9 +70,14 @@ StepTimePlan predict_step_time(const ModelShape& m, const config::JobConfig& con
   const double local_params = params.params / fsdp;
   // AdamW, clipping and zeroing: about 36 bytes per local parameter.
   const double optimizer_seconds = local_params * 36.0 / (profile.memory_bandwidth_gbps * 1e9);
-  t.compute_seconds += optimizer_seconds;
+  // Muon's Newton-Schulz: each matrix once per group, spread over the owners (the FSDP or TP
+  // ranks that cut it), each pipeline stage its own.
+  const double ns_flops = m.optimizer_matrix_flops /
+                          static_cast<double>(l.pp * l.tp * std::max<int64_t>(l.fsdp_degree(), 1));
+  const double optimizer_seconds_total = optimizer_seconds + ns_flops / rate;
+  t.compute_seconds += optimizer_seconds_total;
   t.bubble_fraction = pipeline_bubble(l);
-  t.bubble_seconds = (t.compute_seconds - optimizer_seconds) * t.bubble_fraction;
+  t.bubble_seconds = (t.compute_seconds - optimizer_seconds_total) * t.bubble_fraction;
 
   double overlappable = 0, critical = 0;
   std::string detail =
@@ -142,8 +147,18 @@ StepTimePlan predict_step_time(const ModelShape& m, const config::JobConfig& con
                          static_cast<double>(l.pp) * forwards;
     add("ep", calls * collective_seconds(one, l.ep, l.tp, profile), calls * one, false);
   }
+  const int64_t cut = l.fsdp_degree() > 1 ? l.fsdp_degree() : l.tp;
+  if (m.optimizer_whole_elements > 0 && cut > 1) {
+    // Muon's gather to the owners and scatter back: this rank's pieces of the others'
+    // matrices and the others' pieces of its own, float32, once per step (distributed_muon.h).
+    const double c = static_cast<double>(cut);
+    const double bytes = 2.0 * 4.0 * (c - 1.0) / c * m.optimizer_whole_elements /
+                         static_cast<double>(l.pp * l.tp * std::max<int64_t>(l.fsdp_degree(), 1));
+    add("muon gather", collective_seconds(bytes, cut, l.fsdp_degree() > 1 ? l.tp : 1, profile),
+        bytes, false);
+  }
   t.comm_seconds = overlappable + critical;
-  const double busy = t.compute_seconds - optimizer_seconds;
+  const double busy = t.compute_seconds - optimizer_seconds_total;
   t.exposed_comm_seconds =
       critical + std::max((1.0 - profile.fsdp_overlap) * overlappable, overlappable - busy);
   t.step_seconds = t.compute_seconds + t.bubble_seconds + t.exposed_comm_seconds;

@@ -12,6 +12,7 @@
 #include "loom/data/shards.h"
 #include "loom/distributed/parallel_dims.h"
 #include "loom/models/model_spec.h"
+#include "loom/optim/registry.h"
 #include "loom/train/memory_check.h"
 #include "loom/train/supported_features.h"
 #include "loom/train/trainer.h"
@@ -79,9 +80,8 @@ void check_training_keys(const config::JobConfig& config, const PreflightWorld& 
                     "longest sequence the model is built for",
                     v.seq_len, t.seq_len));
   }
-  const auto& name = config.optimizer.name;
-  if (name != "AdamW" && name != "Adam") {
-    problems.push_back("optimizer.name: loom implements AdamW and Adam, got '" + name + "'");
+  for (auto& problem : optim::check_optimizer_section(config.optimizer)) {
+    problems.push_back(std::move(problem));
   }
   // Output subfolders: refused here, before any rank writes (files::output_folder's rule).
   const std::pair<const char*, const std::string*> folders[] = {

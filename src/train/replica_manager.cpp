@@ -1,7 +1,6 @@
 #include "loom/train/replica_manager.h"
 
 #include <ATen/ATen.h>
-#include <torch/optim/optimizer.h>
 
 #include <fmt/format.h>
 #include <unistd.h>
@@ -10,13 +9,13 @@
 #include <csignal>
 #include <random>
 
-#include "loom/checkpoint/optimizer_moments.h"
 #include "loom/core/check.h"
 #include "loom/core/env.h"
 #include "loom/core/json.h"
 #include "loom/core/logging.h"
 #include "loom/core/strings.h"
 #include "loom/distributed/lighthouse.h"
+#include "loom/optim/optimizer.h"
 
 namespace loom::train {
 namespace {
@@ -59,23 +58,32 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
+// The optimizer's index of local tensor `p`.
+size_t optimizer_index(const optim::Optimizer& optimizer, const at::Tensor& p) {
+  const auto index = optimizer.index_of(p);
+  LOOM_CHECK(index.has_value(), "replica healing: a parameter the optimizer does not step");
+  return *index;
+}
+
 // The tensors a healthy group sends and a healing one receives, in one order: the scalars and
-// the optimizer's per-parameter step counts, then each parameter with its moments, then buffers.
+// the optimizer's per-parameter step counts, then each parameter followed by its named optimizer
+// state (its algorithm's state_names, the same on every group), then buffers.
 std::vector<at::Tensor> state_tensors(ReplicaState& state, const std::vector<at::Tensor>& extra) {
   std::vector<at::Tensor> out;
   std::vector<int64_t> header = state.scalars;
-  std::vector<at::Tensor> moments;
+  const optim::Optimizer& optimizer = *state.optimizer;
   for (const at::Tensor& p : state.parameters) {
-    auto m = checkpoint::moments(*state.optimizer, p);
-    header.push_back(m ? m->step : 0);
-    moments.push_back(m ? m->exp_avg : at::zeros_like(p));
-    moments.push_back(m ? m->exp_avg_sq : at::zeros_like(p));
+    const optim::ParameterState* s = optimizer.state(optimizer_index(optimizer, p));
+    header.push_back(s ? s->step : 0);
   }
   out.push_back(at::tensor(header, at::kLong));
-  for (size_t i = 0; i < state.parameters.size(); ++i) {
-    out.push_back(state.parameters[i].detach());
-    out.push_back(moments[2 * i]);
-    out.push_back(moments[2 * i + 1]);
+  for (const at::Tensor& p : state.parameters) {
+    const size_t i = optimizer_index(optimizer, p);
+    const optim::ParameterState* s = optimizer.state(i);
+    out.push_back(p.detach());
+    for (const auto& name : optimizer.state_names(i)) {
+      out.push_back(s ? s->tensors.at(name) : at::zeros_like(p));
+    }
   }
   for (const at::Tensor& b : state.buffers) out.push_back(b.detach());
   for (const at::Tensor& t : extra) out.push_back(t);
@@ -272,18 +280,17 @@ void ReplicaManager::heal(const Quorum& q, ReplicaState& state) {
   const at::Tensor header = incoming[0];
   const auto n_scalars = static_cast<int64_t>(state.scalars.size());
   for (int64_t i = 0; i < n_scalars; ++i) state.scalars[i] = header[i].item<int64_t>();
-  for (size_t i = 0; i < state.parameters.size(); ++i) {
-    at::Tensor p = state.parameters[i];
-    p.detach().copy_(incoming[1 + 3 * i]);
-    const int64_t step = header[n_scalars + static_cast<int64_t>(i)].item<int64_t>();
-    if (step > 0) {
-      checkpoint::set_moments(*state.optimizer, p,
-                              {step, incoming[2 + 3 * i], incoming[3 + 3 * i], at::Tensor()});
-    } else {
-      state.optimizer->state().erase(p.unsafeGetTensorImpl());
-    }
+  size_t next = 1;
+  for (size_t k = 0; k < state.parameters.size(); ++k) {
+    at::Tensor p = state.parameters[k];
+    p.detach().copy_(incoming[next++]);
+    const size_t i = optimizer_index(*state.optimizer, p);
+    optim::ParameterState healed;
+    healed.step = header[n_scalars + static_cast<int64_t>(k)].item<int64_t>();
+    for (const auto& name : state.optimizer->state_names(i)) healed.tensors[name] = incoming[next++];
+    state.optimizer->set_state(i, std::move(healed));  // step 0: cleared
   }
-  const size_t first_buffer = 1 + 3 * state.parameters.size();
+  const size_t first_buffer = next;
   for (size_t i = 0; i < state.buffers.size(); ++i) {
     state.buffers[i].detach().copy_(incoming[first_buffer + i]);
   }

@@ -22,6 +22,7 @@
 #include "loom/data/streaming_loader.h"
 #include "loom/data/synthetic.h"
 #include "loom/launch/world_info.h"
+#include "loom/optim/registry.h"
 #include "loom/parallel/pipeline/model_parts.h"
 #include "loom/parallel/pipeline/simulate.h"
 #include "loom/plan/device_profile.h"
@@ -191,7 +192,7 @@ void build_model(Run& run, const std::optional<parallel::pipeline::PipelinePlan>
   run.model = run.spec->parallelize(std::move(parts), context);
   run.local_tensors = run.model.tensors();
   run.placements = run.model.placements();
-  run.optimizer = build_optimizer(config.optimizer, run.local_tensors);
+  run.optimizer = optim::build_optimizer(config.optimizer, run.model.parameters);
   run.schedule = LRSchedule::of_job(config);
   auto log = log::get("trainer");
   log->info("model {}", models::format_summary(run.summary, false));

@@ -19,7 +19,6 @@
 #include "loom/models/loss.h"
 #include "loom/train/grad_clip.h"
 #include "loom/train/lr_scheduler.h"
-#include "loom/train/optimizer.h"
 
 namespace loom::train {
 namespace {
@@ -197,7 +196,7 @@ Trainer::StepOutcome Trainer::train_step(int64_t step, PendingStep& pending,
     return {data_time, false};
   }
   m.lr = config_.optimizer.lr * run.schedule->factor(step - 1 - lr_step_offset_);
-  set_learning_rate(*run.optimizer, m.lr);
+  run.optimizer->set_lr(m.lr);
   run.optimizer->step();
   if (run.spec->after_optimizer_step) {
     m.model_metrics = run.spec->after_optimizer_step(run.model, is_log_step(step));

@@ -446,3 +446,58 @@ LOOM_TEST(CheckpointTraining, FsdpCheckpointsReshardIntoOneRankAndBack) {
   run_ok(two_ranks_fsdp(corpus_job(up, 20)));
   expect_close(logged_losses(up), "1 rank -> FSDP x2");
 }
+
+namespace {
+
+// Muon with Moonlight's lr rule; Newton-Schulz in float32, so that the last-bit differences of
+// FSDP's reduce-scattered gradients are not rounded to bfloat16 (a one-rank run's and a sharded
+// run's updates then agree to float32 precision).
+const char* const kMuon =
+    " --optimizer.name Muon --optimizer.muon_adjust_lr_fn match_rms_adamw"
+    " --optimizer.muon_ns_dtype float32";
+
+const std::string& muon_one_rank_run() {
+  static const std::string folder = loom::testing::shared_run(
+      "ckpt_muon_one_rank", corpus_job(20) + " --training.global_batch_size 8" + kMuon);
+  return folder;
+}
+
+}  // namespace
+
+// Muon under FSDP x2 (each hidden matrix gathered onto its owner rank, orthogonalized there and
+// scattered back) trains like one rank over 20 steps; its checkpoint (momentum buffers for the
+// matrices, AdamW's moments for the rest) resumes bitwise on one rank and reshards FSDP x2 -> 1.
+// Slow label (five trainings, 1-3 minutes here); the thread-rank tests of loom_optim_tests keep
+// distributed Muon in the default suite.
+LOOM_SLOW_TEST(CheckpointTraining, MuonUnderFsdpTrainsLikeOneRankResumesAndReshards) {
+  const auto one = logged_losses(muon_one_rank_run());
+  ASSERT_EQ(one.size(), 20u);
+  // 20 small steps at AdamW's lr (Moonlight's rule): Muon's matrices move about 0.2 lr per
+  // element, so the loss falls slower than AdamW's here, but it falls.
+  EXPECT_LT(one.back(), one.front() - 0.1) << "Muon did not train";
+  const std::string fsdp = loom::testing::fresh_temp_dir("ckpt_muon_fsdp");
+  run_ok(two_ranks_fsdp(corpus_job(fsdp, 20) + kMuon));
+  loom::testing::expect_losses_close(one, logged_losses(fsdp), 1e-5, "Muon FSDP x2 vs 1 rank");
+  auto index =
+      nlohmann::json::parse(loom::testing::read_text(fsdp + "/checkpoint/step-10/index.json"));
+  EXPECT_EQ(index["tensors"]["optimizer.momentum_buffer.layers.0.attention.wq.weight"]["chunks"]
+                .size(),
+            2u);
+  EXPECT_TRUE(index["tensors"].contains("optimizer.exp_avg.tok_embeddings.weight"));
+  EXPECT_FALSE(index["tensors"].contains("optimizer.exp_avg.layers.0.attention.wq.weight"));
+  // One rank, resumed at step 10: bitwise its straight run.
+  const std::string resumed = copy_of_checkpoint(muon_one_rank_run(), 10, "ckpt_muon_resumed");
+  run_ok(corpus_job(resumed, 20) + " --training.global_batch_size 8" + kMuon);
+  loom::testing::expect_losses_close(steps_11_to_20(one), logged_losses(resumed), 0.0,
+                                     "Muon resumed vs straight");
+  // FSDP x2 -> 1 rank.
+  const std::string down = copy_of_checkpoint(fsdp, 10, "ckpt_muon_fsdp_2to1");
+  run_ok(corpus_job(down, 20) + " --training.global_batch_size 8" + kMuon);
+  loom::testing::expect_losses_close(steps_11_to_20(one), logged_losses(down), 1e-5,
+                                     "Muon FSDP x2 -> 1 rank");
+  // Resuming Muon's checkpoint with AdamW is refused by name.
+  const std::string other = copy_of_checkpoint(muon_one_rank_run(), 10, "ckpt_muon_to_adamw");
+  auto refused = loom::testing::run_loom(corpus_job(other, 20) + " --training.global_batch_size 8");
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_NE(refused.output.find("optimizer.name"), std::string::npos) << refused.output;
+}

@@ -13,8 +13,8 @@
 #include "loom/config/job_config.h"
 #include "loom/models/loss.h"
 #include "loom/models/model_spec.h"
+#include "loom/optim/registry.h"
 #include "loom/train/grad_clip.h"
-#include "loom/train/optimizer.h"
 
 namespace loom::testing {
 
@@ -32,7 +32,11 @@ inline OneProcessStep one_process_step(const config::JobConfig& config, int64_t 
   model->init_weights(seed);
   if (prepare) prepare(*model);
   std::vector<at::Tensor> params;
-  for (const auto& item : model->module().named_parameters()) params.push_back(item.value());
+  std::vector<optim::NamedParameter> named;  // global names: the optimizer groups by them
+  for (const auto& item : model->module().named_parameters()) {
+    params.push_back(item.value());
+    named.push_back({item.key(), item.value(), parallel::Placement::whole(item.value().sizes())});
+  }
   at::Tensor loss =
       models::cross_entropy_sum(model->forward(batch.narrow(1, 0, seq)), batch.narrow(1, 1, seq)) /
       static_cast<double>(batch.size(0) * seq);
@@ -40,7 +44,7 @@ inline OneProcessStep one_process_step(const config::JobConfig& config, int64_t 
   OneProcessStep ref;
   ref.loss = loss.item<double>();
   ref.norm = train::clip_grad_norm(params, 0.5);
-  train::build_optimizer(config.optimizer, params)->step();
+  optim::build_optimizer(config.optimizer, named)->step();
   for (const auto& item : model->module().named_parameters()) {
     ref.after_step[item.key()] = item.value().detach().clone();
   }

@@ -15,7 +15,7 @@
 #include "loom/parallel/pipeline/plan.h"
 #include "loom/parallel/pipeline/runner.h"
 #include "loom/train/grad_clip.h"
-#include "loom/train/optimizer.h"
+#include "loom/optim/registry.h"
 #include "support/jobs.h"
 
 namespace loom::testing {
@@ -40,7 +40,7 @@ struct RankTrainer {
   std::unique_ptr<distributed::ParallelRuntime> runtime;
   parallel::ParallelModel model;
   std::unique_ptr<parallel::pipeline::PipelineRunner> runner;
-  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  std::unique_ptr<optim::Optimizer> optimizer;
 
   RankTrainer(const config::JobConfig& config, int rank, int world, int port,
               at::Device device = at::kCPU) {
@@ -74,7 +74,7 @@ struct RankTrainer {
           *plan, pp_rank, raw, model.part_syncs, runtime->group_ptr(distributed::MeshGroup::pp),
           options);
     }
-    optimizer = train::build_optimizer(config.optimizer, model.tensors());
+    optimizer = optim::build_optimizer(config.optimizer, model.tensors());
   }
 
   void step(const at::Tensor& rows) {

@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
-#include <torch/optim/adamw.h>
 
 #include <filesystem>
 #include <fstream>
@@ -17,6 +16,7 @@
 #include "loom/checkpoint/safetensors.h"
 #include "loom/core/check.h"
 #include "loom/core/files.h"
+#include "loom/optim/registry.h"
 #include "support/process.h"
 
 using loom::checkpoint::CheckpointReader;
@@ -226,61 +226,114 @@ TEST(CheckpointHf, NamesMapBothWaysAndUnknownNamesAreErrors) {
 }
 
 // The manager's plug-in point for sharded layouts: a checkpoint saved with whole parameters loads
-// into 3-way dim-0 shards (what FSDP ranks hold) through each parameter's placement, optimizer
-// moments included.
-TEST(CheckpointManagerLayout, WholeSaveLoadsIntoThreeWayDim0Shards) {
+// into 3-way dim-0 shards (what FSDP ranks hold) through each parameter's placement, the
+// optimizer's named state included: AdamW's moments, and Muon's momentum buffer on the matrix
+// beside AdamW's moments on the vector.
+void whole_save_loads_into_shards(const std::string& optimizer_name) {
   loom::config::JobConfig c;
-  c.job.dump_folder = loom::testing::fresh_temp_dir("ckpt_manager_layout");
+  c.job.dump_folder = loom::testing::fresh_temp_dir("ckpt_manager_layout_" + optimizer_name);
   c.checkpoint.enable = true;
+  c.optimizer.name = optimizer_name;
   auto runtime = loom::distributed::ParallelRuntime::single(c);
   at::manual_seed(5);
   at::Tensor w = at::randn({7, 4}).set_requires_grad(true);
   at::Tensor b = at::randn({5}).set_requires_grad(true);
-  torch::optim::AdamW optimizer({w, b}, torch::optim::AdamWOptions(0.1));
+  std::vector<loom::parallel::ModelParameter> whole = {
+      {"w", w, loom::parallel::Placement::whole(w.sizes())},
+      {"b", b, loom::parallel::Placement::whole(b.sizes())}};
+  auto optimizer = loom::optim::build_optimizer(c.optimizer, whole);
   for (int i = 0; i < 2; ++i) {
-    optimizer.zero_grad();
+    optimizer->zero_grad();
     (w.pow(2).sum() + b.sin().sum()).backward();
-    optimizer.step();
+    optimizer->step();
   }
-  auto state_of = [](torch::optim::Optimizer & o, const at::Tensor& p) -> auto& {
-    return dynamic_cast<torch::optim::AdamWParamState&>(*o.state().at(p.unsafeGetTensorImpl()));
-  };
   {
     loom::checkpoint::CheckpointTargets targets;
-    targets.parameters = {{"w", w, loom::parallel::Placement::whole(w.sizes())},
-                          {"b", b, loom::parallel::Placement::whole(b.sizes())}};
-    targets.optimizer = &optimizer;
+    targets.parameters = whole;
+    targets.optimizer = optimizer.get();
     loom::checkpoint::CheckpointManager manager(c, *runtime, targets);
     manager.save(3, 96, false);
     ASSERT_TRUE(manager.wait());
   }
   for (int64_t r = 0; r < 3; ++r) {
-    const std::map<std::string, at::Tensor> global = {{"w", w.detach()}, {"b", b.detach()}};
-    std::map<std::string, int64_t> start;
-    std::vector<std::pair<std::string, at::Tensor>> local;
-    loom::checkpoint::CheckpointTargets targets;
-    for (const auto& [name, t] : global) {
-      auto placement = loom::parallel::Placement::whole(t.sizes()).shard(0, r, 3);
-      start[name] = placement.offsets[0];
-      local.emplace_back(name, at::zeros(placement.lengths).set_requires_grad(true));
-      targets.parameters.push_back({name, local.back().second, placement});
+    std::vector<loom::parallel::ModelParameter> local;
+    for (const auto& p : whole) {
+      auto placement = loom::parallel::Placement::whole(p.tensor.sizes()).shard(0, r, 3);
+      local.push_back({p.name, at::zeros(placement.lengths).set_requires_grad(true), placement});
     }
-    torch::optim::AdamW shard_optimizer({local[0].second, local[1].second},
-                                        torch::optim::AdamWOptions(0.1));
-    targets.optimizer = &shard_optimizer;
+    auto shard_optimizer = loom::optim::build_optimizer(c.optimizer, local);
+    loom::checkpoint::CheckpointTargets targets;
+    targets.parameters = local;
+    targets.optimizer = shard_optimizer.get();
     loom::checkpoint::CheckpointManager manager(c, *runtime, targets);
     const auto point = manager.load();
     EXPECT_EQ(point.step, 3);
     EXPECT_EQ(point.tokens_seen, 96);
-    for (const auto& [name, t] : local) {
-      const at::Tensor& whole = name == "w" ? w : b;
-      const int64_t rows = t.size(0);
-      EXPECT_TRUE(at::equal(t, whole.detach().narrow(0, start[name], rows))) << name << " " << r;
-      auto& saved = state_of(optimizer, whole);
-      auto& loaded = state_of(shard_optimizer, t);
-      EXPECT_EQ(loaded.step(), saved.step());
-      EXPECT_TRUE(at::equal(loaded.exp_avg(), saved.exp_avg().narrow(0, start[name], rows)));
-      EXPECT_TRUE(at::equal(loaded.exp_avg_sq(), saved.exp_avg_sq().narrow(0, start[name], rows)));
+    for (size_t i = 0; i < local.size(); ++i) {
+      const int64_t start = local[i].placement.offsets[0], rows = local[i].tensor.size(0);
+      EXPECT_TRUE(at::equal(local[i].tensor, whole[i].tensor.detach().narrow(0, start, rows)))
+          << local[i].name << " " << r;
+      const auto* saved = optimizer->state(i);
+      const auto* loaded = shard_optimizer->state(i);
+      ASSERT_NE(loaded, nullptr);
+      EXPECT_EQ(loaded->step, saved->step);
+      EXPECT_EQ(loaded->tensors.size(), saved->tensors.size());
+      for (const auto& [name, t] : saved->tensors) {
+        EXPECT_TRUE(at::equal(loaded->tensors.at(name), t.narrow(0, start, rows)))
+            << local[i].name << " " << name;
+      }
     }
   }
+  const std::string names = optimizer_name == "Muon" ? "momentum_buffer exp_avg exp_avg_sq"
+                                                     : "exp_avg exp_avg_sq";
+  std::string got;
+  for (const auto& n : optimizer->all_state_names()) got += (got.empty() ? "" : " ") + n;
+  EXPECT_EQ(got, names);
+}
+
+TEST(CheckpointManagerLayout, WholeSaveLoadsIntoThreeWayDim0Shards) {
+  whole_save_loads_into_shards("AdamW");
+}
+
+TEST(CheckpointManagerLayout, MuonStateLoadsIntoThreeWayDim0Shards) {
+  whole_save_loads_into_shards("Muon");
+}
+
+// Muon's state means nothing to AdamW: loading it is refused by name, unless the optimizer part
+// is excluded from loading.
+TEST(CheckpointManagerLayout, SwitchingOptimizerOnResumeIsRefusedByName) {
+  loom::config::JobConfig c;
+  c.job.dump_folder = loom::testing::fresh_temp_dir("ckpt_manager_switch");
+  c.checkpoint.enable = true;
+  c.optimizer.name = "Muon";
+  auto runtime = loom::distributed::ParallelRuntime::single(c);
+  at::Tensor w = at::randn({4, 4}).set_requires_grad(true);
+  std::vector<loom::parallel::ModelParameter> params = {
+      {"w", w, loom::parallel::Placement::whole(w.sizes())}};
+  auto muon = loom::optim::build_optimizer(c.optimizer, params);
+  w.sum().backward();
+  muon->step();
+  {
+    loom::checkpoint::CheckpointTargets targets;
+    targets.parameters = params;
+    targets.optimizer = muon.get();
+    loom::checkpoint::CheckpointManager manager(c, *runtime, targets);
+    manager.save(1, 8, false);
+    ASSERT_TRUE(manager.wait());
+  }
+  c.optimizer.name = "AdamW";
+  auto adamw = loom::optim::build_optimizer(c.optimizer, params);
+  loom::checkpoint::CheckpointTargets targets;
+  targets.parameters = params;
+  targets.optimizer = adamw.get();
+  try {
+    loom::checkpoint::CheckpointManager(c, *runtime, targets).load();
+    FAIL() << "AdamW loaded Muon's state";
+  } catch (const loom::InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("Muon"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("exclude_from_loading"), std::string::npos) << e.what();
+  }
+  c.checkpoint.exclude_from_loading = {"optimizer"};
+  EXPECT_EQ(loom::checkpoint::CheckpointManager(c, *runtime, targets).load().step, 1);
+  EXPECT_EQ(adamw->state(0), nullptr);
 }

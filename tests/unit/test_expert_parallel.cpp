@@ -19,7 +19,7 @@
 #include "loom/models/qwen3/args.h"
 #include "loom/parallel/expert_parallel.h"
 #include "loom/train/grad_clip.h"
-#include "loom/train/optimizer.h"
+#include "loom/optim/registry.h"
 #include "one_process_step.h"
 #include "support/jobs.h"
 
@@ -270,7 +270,7 @@ void run_model_step(
     const double norm =
         train::clip_grad_norm(pm.tensors(), pm.placements(), 0.5, &runtime->world_group())
             .item<double>();
-    train::build_optimizer(config.optimizer, pm.tensors())->step();
+    optim::build_optimizer(config.optimizer, pm.tensors())->step();
     if (!uniform) {
       LOOM_CHECK(std::abs(total.item<double>() - ref.loss) <= 1e-5 * ref.loss, "loss ",
                  total.item<double>(), " vs ", ref.loss);

@@ -19,7 +19,7 @@
 #include "loom/parallel/fsdp.h"
 #include "loom/quantize/convert.h"
 #include "loom/quantize/float8_linear.h"
-#include "loom/train/optimizer.h"
+#include "loom/optim/registry.h"
 #include "support/jobs.h"
 
 namespace loom {
@@ -138,7 +138,7 @@ std::vector<double> one_process_losses(const at::Tensor& batch, int steps,
   model->init_weights(kSeed);
   std::vector<at::Tensor> params;
   for (const auto& item : model->module().named_parameters()) params.push_back(item.value());
-  auto optimizer = train::build_optimizer(config.optimizer, params);
+  auto optimizer = optim::build_optimizer(config.optimizer, params);
   std::vector<double> losses;
   for (int s = 0; s < steps; ++s) {
     optimizer->zero_grad();
@@ -169,7 +169,7 @@ void train_like_one_process(bool precompute) {
       const auto config = job(true, precompute);
       auto model = float8_model(config, at::TensorOptions().device(at::kMeta));
       auto fsdp = shard(*model, groups.world_ptr(), FsdpOptions{});
-      auto optimizer = train::build_optimizer(config.optimizer, fsdp->sharded_parameters());
+      auto optimizer = optim::build_optimizer(config.optimizer, fsdp->sharded_parameters());
       for (int s = 0; s < kSteps; ++s) {
         optimizer->zero_grad();
         fsdp->prepare_microbatch(true);

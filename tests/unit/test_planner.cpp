@@ -9,6 +9,7 @@
 #include "loom/plan/calibrate.h"
 #include "loom/plan/pipeline_costs.h"
 #include "loom/plan/planner.h"
+#include "loom/plan/step_time_model.h"
 
 namespace loom::plan {
 namespace {
@@ -131,6 +132,30 @@ TEST(PlanMemory, Llama3_8BOnEightH100sMatchesTorchtitan) {
   const MemoryPlan m = predict_memory(model, c, layout_of(c, 8), h100);
   const double reserved_gib = (m.tensor_bytes + m.allocator_bytes) / kGiB;
   EXPECT_NEAR(reserved_gib, 82.4, 8.24) << m.peak_bytes / kGiB;
+}
+
+// The planner reads the optimizer's state from the registry: Muon keeps one tensor per hidden
+// matrix element (AdamW's two elsewhere), and charges its Newton-Schulz FLOPs and, under FSDP,
+// its gather to the owners.
+TEST(PlanMemory, MuonStateAndCostComeFromTheOptimizer) {
+  config::JobConfig c;  // llama3 debugmodel
+  c.training.seq_len = 64;
+  const ModelShape adamw = read_model_shape(c, 0);
+  EXPECT_DOUBLE_EQ(adamw.optimizer_states, 2.0);
+  EXPECT_EQ(adamw.optimizer_matrix_flops, 0);
+  c.optimizer.name = "Muon";
+  const ModelShape muon = read_model_shape(c, 0);
+  EXPECT_GT(muon.optimizer_states, 1.0);
+  EXPECT_LT(muon.optimizer_states, 1.9);  // most parameters are hidden matrices
+  EXPECT_NE(muon.optimizer_state_names.find("momentum_buffer"), std::string::npos)
+      << muon.optimizer_state_names;
+  EXPECT_GT(muon.optimizer_matrix_flops, 0);
+  const DeviceProfile h100 = load_device_profile("h100");
+  const auto layout = layout_of(c, 2);  // FSDP x 2
+  EXPECT_LT(predict_memory(muon, c, layout, h100).component("optimizer state"),
+            predict_memory(adamw, c, layout, h100).component("optimizer state"));
+  const auto time = predict_step_time(muon, c, layout, h100);
+  EXPECT_NE(time.detail.find("muon gather"), std::string::npos) << time.detail;
 }
 
 TEST(PlanLayout, RankedFittingFirstThenByStepTime) {

@@ -20,7 +20,7 @@
 #include "loom/parallel/tensor_parallel.h"
 #include "loom/parallel/tp_regions.h"
 #include "loom/train/grad_clip.h"
-#include "loom/train/optimizer.h"
+#include "loom/optim/registry.h"
 #include "loom/train/supported_features.h"
 #include "one_process_step.h"
 #include "support/jobs.h"
@@ -289,7 +289,7 @@ void run_step(const Layout& l,
         train::clip_grad_norm(pm.tensors(), pm.placements(), 0.5, &rm.runtime->world_group())
             .item<double>();
     LOOM_CHECK(std::abs(norm - ref.norm) <= 1e-5 * ref.norm, "norm ", norm, " vs ", ref.norm);
-    train::build_optimizer(config.optimizer, pm.tensors())->step();
+    optim::build_optimizer(config.optimizer, pm.tensors())->step();
     for (const auto& p : pm.parameters) {
       expect_close(p.tensor.detach(), parallel::local_view(ref.after_step.at(p.name), p.placement),
                    "after step " + p.name + " (" + p.placement.describe() + ")");

@@ -14,7 +14,7 @@
 #include "loom/train/grad_clip.h"
 #include "loom/train/lr_scheduler.h"
 #include "loom/train/mixed_precision.h"
-#include "loom/train/optimizer.h"
+#include "loom/optim/registry.h"
 
 using loom::train::LRSchedule;
 

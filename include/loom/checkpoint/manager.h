@@ -27,21 +27,24 @@
 #include "loom/distributed/runtime.h"
 #include "loom/parallel/parallelize.h"
 
-namespace torch::optim {
+namespace loom::optim {
 class Optimizer;
 }
 
 namespace loom::checkpoint {
+namespace detail {
+struct RankState;
+}
 
 // What a rank saves and restores: its local parameters (global names, the tensors the optimizer
 // steps, and each one's placement: box in the global tensor and replica set), the optimizer whose
-// state is found by those tensors, and the data source.
+// named state is found by those parameters' names (optimizer.<state>.<name>), and the data source.
 struct CheckpointTargets {
   std::vector<parallel::ModelParameter> parameters;
   // State the model keeps besides its parameters (ParallelModel::buffers), saved under "model."
   // too; a checkpoint without one (older, or imported) leaves its value as it is.
   std::vector<parallel::ModelParameter> buffers;
-  torch::optim::Optimizer* optimizer = nullptr;
+  optim::Optimizer* optimizer = nullptr;
   data::BatchSource* data = nullptr;
   // Training time so far, summed over the run's attempts (train_state.json's elapsed_s).
   std::function<double()> elapsed_s;
@@ -130,6 +133,12 @@ class CheckpointManager {
   void remove_incomplete();
   std::vector<std::pair<int64_t, std::string>> load_candidates(bool& model_only, bool& fall_back);
   void export_last_in_hf(int64_t step);
+  // The optimizer's index of parameter `name` (throws when it does not step it).
+  size_t optimizer_index(const std::string& name) const;
+  void check_saved_optimizer(const std::vector<detail::RankState>& states,
+                             const std::string& step_folder) const;
+  void load_optimizer_state(CheckpointReader& reader, const std::vector<detail::RankState>& states,
+                            const std::string& step_folder);
   std::vector<LocalChunk> parameter_chunks(const std::string& prefix,
                                            const std::vector<at::Tensor>& tensors) const;
   ResumePoint load_from(const std::string& step_folder, bool model_only);

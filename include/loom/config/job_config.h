@@ -71,6 +71,22 @@ struct OptimizerSection {
   double weight_decay = 0.1;
   std::string implementation = "fused";
   bool early_step_in_backward = false;
+  // Muon (optim/muon.h): 2-D hidden matrices; the other roles step with AdamW.
+  double muon_momentum = 0.95;
+  bool muon_nesterov = true;
+  int64_t muon_ns_steps = 5;
+  std::string muon_ns_dtype = "bfloat16";
+  double muon_eps = 1e-7;
+  std::string muon_adjust_lr_fn = "original";
+  // Per-role factors of lr and weight_decay (optim/registry.h), every optimizer.
+  double embedding_lr_factor = 1.0;
+  double head_lr_factor = 1.0;
+  double routing_lr_factor = 1.0;
+  double scalar_lr_factor = 1.0;
+  double embedding_weight_decay_factor = 1.0;
+  double head_weight_decay_factor = 1.0;
+  double routing_weight_decay_factor = 1.0;
+  double scalar_weight_decay_factor = 1.0;
 };
 
 struct LRSchedulerSection {

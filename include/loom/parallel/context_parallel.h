@@ -1,7 +1,7 @@
 // Context parallelism: every sequence of the batch is split over the cp ranks, which hold the
 // same rows (the data-parallel index excludes cp) and a share of each row's tokens. Causal
 // attention is the one place where tokens meet: the attention backend brings the keys and values
-// of the other ranks' tokens (models/common/attention_backend.h); everything else (norms, MLPs,
+// of the other ranks' tokens (protocols/attention_backend.h); everything else (norms, MLPs,
 // the loss over this rank's labels) is per token. Parameters are FSDP-sharded over dp_shard x cp
 // and the loss is normalized over dp x cp, so cp ranks split the work of one data-parallel rank.
 //

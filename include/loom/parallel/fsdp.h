@@ -169,7 +169,8 @@ class FullyShardedDataParallel final : public GradientSync {
   struct Param;
   struct Unit;
   Param shard_parameter(const std::string& name, const Placement& before, size_t unit,
-                        distributed::Comm& group, int64_t offset, uint64_t seed);
+                        const std::shared_ptr<distributed::Comm>& group, int64_t offset,
+                        uint64_t seed);
   void install_hooks(const std::vector<FsdpUnit>& units);
   void pack_shards(Unit& unit);
   void fold_reduce_scatter(Unit& unit);

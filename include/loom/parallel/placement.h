@@ -8,7 +8,9 @@
 //    replicas, TP ranks for a replicated norm weight). A checkpoint writes each box once per
 //    replica set, and a gradient norm counts it once;
 //  - `partial_grad`: axes over which the local gradient is a partial sum until gradient
-//    synchronization reduces it (DDP's replicas, sequence-parallel norms over tp).
+//    synchronization reduces it (DDP's replicas, sequence-parallel norms over tp);
+//  - `splits`: which mesh axis cut which dimension, in the order the wrappers cut (TP's column
+//    split, then FSDP's rows): what an optimizer that needs whole matrices gathers over (Muon).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -36,12 +38,20 @@ struct MeshAxis {
   static MeshAxis of(std::shared_ptr<distributed::Comm> group);
 };
 
+// Dimension `dim` of the box was cut into `axis.size` pieces (Placement::shard's rule), this
+// rank keeping piece `axis.rank`.
+struct SplitAxis {
+  int64_t dim = 0;
+  MeshAxis axis;
+};
+
 struct Placement {
   std::vector<int64_t> global_shape;
   std::vector<int64_t> offsets;  // first index of the local box, per dimension
   std::vector<int64_t> lengths;  // extent of the local box (the local tensor's shape)
   std::vector<MeshAxis> replicated;
   std::vector<MeshAxis> partial_grad;
+  std::vector<SplitAxis> splits;
 
   // The whole tensor on this rank, replicated nowhere.
   static Placement whole(at::IntArrayRef shape);
@@ -50,6 +60,8 @@ struct Placement {
   // shorter or empty), keeping piece `index`. Dimension `dim` of the result is a sub-range of
   // this box's, so shards of shards stay one box of the global tensor.
   Placement shard(int64_t dim, int64_t index, int64_t parts) const;
+  // The same cut over a mesh axis (this rank's piece is its coordinate), recorded in `splits`.
+  Placement shard(int64_t dim, const MeshAxis& axis) const;
   // Adds an axis of identical copies (and, with `partial`, of partial gradients).
   Placement replicate(const MeshAxis& axis, bool partial_gradient) const;
 

@@ -43,6 +43,14 @@ struct ModelShape {
   double flops_per_token = 0;  // training (fwd + bwd) FLOPs per token at seq_len
   int64_t seq_len = 0;
   std::vector<BlockShape> blocks;
+  // The optimizer's state tensors per parameter element (AdamW: 2; Muon: 1 on its matrices) and
+  // their names, from the optimizer registry (optim::state_footprint).
+  double optimizer_states = 2.0;
+  std::string optimizer_state_names = "AdamW's exp_avg + exp_avg_sq";
+  // Muon: its Newton-Schulz FLOPs per step (the whole model once) and the elements of the
+  // matrices it gathers whole when FSDP or TP cut them (optim::StateFootprint).
+  double optimizer_matrix_flops = 0;
+  double optimizer_whole_elements = 0;
 
   int64_t n_layers() const { return static_cast<int64_t>(blocks.size()); }
   // Saved activation elements per token of block `b` without checkpointing: norm inputs and

@@ -16,7 +16,10 @@
 //                         reduce-scattered: on the critical path
 //                 PP      each microbatch's activation and gradient across each stage boundary
 //                 EP      dispatch and combine all-to-alls, forward and backward
-//   optimizer   AdamW's passes over the local shard (memory bound) — folded into compute's rate
+//                 Muon    each cut matrix to its owner and back (optim/distributed_muon.h):
+//                         2 x 4 x (C-1)/C x this rank's matrix elements, on the critical path
+//   optimizer   AdamW's passes over the local shard (memory bound), plus Muon's Newton-Schulz
+//               FLOPs spread over the ranks that cut the matrices — folded into compute
 #pragma once
 
 #include <string>

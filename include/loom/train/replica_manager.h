@@ -46,7 +46,7 @@
 #include "loom/distributed/comm.h"
 #include "loom/distributed/quorum.h"
 
-namespace torch::optim {
+namespace loom::optim {
 class Optimizer;
 }
 
@@ -60,7 +60,7 @@ namespace loom::train {
 struct ReplicaState {
   std::vector<at::Tensor> parameters;  // local tensors
   std::vector<at::Tensor> buffers;
-  torch::optim::Optimizer* optimizer = nullptr;
+  optim::Optimizer* optimizer = nullptr;
   // Train-state integers beside the step (tokens seen, schedule offset, elapsed ms).
   std::vector<int64_t> scalars;
 };

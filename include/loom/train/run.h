@@ -15,10 +15,10 @@
 #include "loom/data/tokenizer.h"
 #include "loom/distributed/runtime.h"
 #include "loom/models/model_spec.h"
+#include "loom/optim/optimizer.h"
 #include "loom/parallel/parallelize.h"
 #include "loom/quantize/convert.h"
 #include "loom/train/lr_scheduler.h"
-#include "loom/train/optimizer.h"
 #include "loom/train/replica_manager.h"
 #include "loom/train/step_runner.h"
 #include "loom/train/validator.h"
@@ -48,7 +48,7 @@ struct Run {
   // model.parameters' tensors and placements, gathered once (clipping reads them every step).
   std::vector<at::Tensor> local_tensors;
   std::vector<parallel::Placement> placements;
-  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  std::unique_ptr<optim::Optimizer> optimizer;  // over model.parameters, by name
   std::optional<LRSchedule> schedule;
   std::unique_ptr<StepRunner> steps;
   std::unique_ptr<data::BatchSource> source;  // prefetching training batches

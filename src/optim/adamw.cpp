@@ -1,0 +1,76 @@
+// AdamW (decoupled weight decay) and Adam (L2 weight decay, added to the gradient, as
+// torch.optim.Adam): LibTorch's fused multi-tensor kernels (at::_fused_adamw_ / at::_fused_adam_,
+// one pass over parameters, gradients and moments; CPU and CUDA), one call per (device, dtype).
+#include <ATen/ATen.h>
+
+#include <map>
+
+#include "loom/core/check.h"
+#include "loom/optim/adamw.h"
+#include "loom/optim/registry.h"
+
+namespace loom::optim {
+namespace {
+
+class FusedAdam : public Algorithm {
+ public:
+  FusedAdam(const config::OptimizerSection& s, bool decoupled)
+      : beta1_(s.beta1), beta2_(s.beta2), eps_(s.eps), decoupled_(decoupled) {}
+
+  std::string name() const override { return decoupled_ ? "AdamW" : "Adam"; }
+  std::vector<std::string> state_names() const override { return {"exp_avg", "exp_avg_sq"}; }
+
+  void step(std::vector<Slot>& slots, const GroupSettings& settings) override {
+    struct Lists {
+      std::vector<at::Tensor> params, grads, avg, avg_sq, steps_cpu;
+    };
+    std::map<std::pair<std::string, at::ScalarType>, Lists> by_kind;
+    for (auto& slot : slots) {
+      const at::Tensor& p = slot.parameter->tensor;
+      Lists& lists = by_kind[{p.device().str(), p.scalar_type()}];
+      lists.params.push_back(p);
+      lists.grads.push_back(slot.grad);
+      lists.avg.push_back(slot.state[0]);
+      lists.avg_sq.push_back(slot.state[1]);
+      lists.steps_cpu.push_back(at::scalar_tensor(static_cast<double>(slot.step), at::kFloat));
+    }
+    for (auto& [kind, lists] : by_kind) {
+      // The kernel reads each parameter's step count (already incremented) from a float tensor
+      // on the parameters' device: one copy for all of them.
+      at::Tensor steps = at::stack(lists.steps_cpu).to(lists.params.front().device());
+      const std::vector<at::Tensor> no_max_exp_avg_sqs;  // amsgrad only
+      if (decoupled_) {
+        at::_fused_adamw_(lists.params, lists.grads, lists.avg, lists.avg_sq, no_max_exp_avg_sqs,
+                          steps.unbind(0), settings.lr, beta1_, beta2_, settings.weight_decay, eps_,
+                          /*amsgrad=*/false, /*maximize=*/false, std::nullopt, std::nullopt);
+      } else {
+        at::_fused_adam_(lists.params, lists.grads, lists.avg, lists.avg_sq, no_max_exp_avg_sqs,
+                         steps.unbind(0), settings.lr, beta1_, beta2_, settings.weight_decay, eps_,
+                         /*amsgrad=*/false, /*maximize=*/false, std::nullopt, std::nullopt);
+      }
+    }
+  }
+
+ private:
+  double beta1_, beta2_, eps_;
+  bool decoupled_;
+};
+
+}  // namespace
+
+std::unique_ptr<Algorithm> make_adam(const config::OptimizerSection& section, bool decoupled) {
+  return std::make_unique<FusedAdam>(section, decoupled);
+}
+
+OptimizerKind adamw_kind() {
+  return {"AdamW", "Adam with decoupled weight decay (torch.optim.AdamW), every parameter",
+          [](const config::OptimizerSection& s, const std::string&) { return make_adam(s, true); }};
+}
+
+OptimizerKind adam_kind() {
+  return {
+      "Adam", "Adam with L2 weight decay (torch.optim.Adam), every parameter",
+      [](const config::OptimizerSection& s, const std::string&) { return make_adam(s, false); }};
+}
+
+}  // namespace loom::optim

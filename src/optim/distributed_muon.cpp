@@ -1,0 +1,214 @@
+#include "loom/optim/distributed_muon.h"
+
+#include <ATen/ATen.h>
+
+#include <map>
+
+#include "loom/core/check.h"
+#include "loom/distributed/comm.h"
+
+namespace loom::optim {
+namespace {
+
+using parallel::SplitAxis;
+using Orthogonalize = std::function<at::Tensor(const at::Tensor&)>;
+
+// A matrix some axes cut: its cuts (outermost first, as the wrappers made them), the box's
+// lengths before each cut, and its index among the cut matrices (the same on every rank).
+struct Gathered {
+  size_t slot = 0;
+  std::vector<SplitAxis> cuts;
+  std::vector<std::vector<int64_t>> before;  // before[j]: lengths before cut j
+  int64_t index = 0;
+};
+
+// Elements of rank `r`'s piece of `box` cut along `dim` into `n`.
+int64_t piece_numel(const std::vector<int64_t>& box, int64_t dim, int64_t r, int64_t n) {
+  int64_t numel = parallel::shard_range(box[static_cast<size_t>(dim)], r, n).count;
+  for (size_t d = 0; d < box.size(); ++d) {
+    if (static_cast<int64_t>(d) != dim) numel *= box[d];
+  }
+  return numel;
+}
+
+std::vector<at::Tensor> level(const std::vector<const Gathered*>& items,
+                              const std::vector<at::Tensor>& boxes, size_t depth,
+                              const Orthogonalize& orthogonalize);
+
+// One cut (`cut` of each item, all over `comm`): each item's pieces go to its owner, which
+// assembles the box before the cut, hands its boxes to the next level out (`depth` + 1), and
+// sends the results' pieces back. Owners: the item's index in mixed radix over its cuts, this
+// one's digit, so that items spread over every rank the cuts span.
+std::vector<at::Tensor> exchange(distributed::Comm& comm, const std::vector<const Gathered*>& items,
+                                 const std::vector<at::Tensor>& boxes, size_t depth,
+                                 const Orthogonalize& orthogonalize) {
+  const int n = comm.size(), me = comm.rank();
+  std::vector<int> owner(items.size());
+  std::vector<size_t> cut(items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    cut[i] = items[i]->cuts.size() - 1 - depth;
+    int64_t inner = 1;  // ranks of the cuts inside this one
+    for (size_t j = cut[i] + 1; j < items[i]->cuts.size(); ++j)
+      inner *= items[i]->cuts[j].axis.size;
+    owner[i] = static_cast<int>((items[i]->index / inner) % n);
+  }
+  auto whole = [&](size_t i) -> const std::vector<int64_t>& { return items[i]->before[cut[i]]; };
+  auto dim = [&](size_t i) { return items[i]->cuts[cut[i]].dim; };
+  // To the owners: this rank's pieces grouped by owner (all_to_all's order), float32 on the wire.
+  std::vector<at::Tensor> send;
+  std::vector<int64_t> send_splits(n, 0), recv_splits(n, 0);
+  for (int o = 0; o < n; ++o) {
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (owner[i] != o) continue;
+      send.push_back(boxes[i].to(at::kFloat).reshape({-1}));
+      send_splits[o] += send.back().numel();
+    }
+  }
+  for (int s = 0; s < n; ++s) {
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (owner[i] == me) recv_splits[s] += piece_numel(whole(i), dim(i), s, n);
+    }
+  }
+  const auto options = boxes.front().options().dtype(at::kFloat);
+  const at::Tensor flat_send = send.empty() ? at::empty({0}, options) : at::cat(send);
+  std::vector<int64_t> start(n, 0);  // where each source's block begins, then the next piece
+  int64_t received = 0;
+  for (int s = 0; s < n; ++s) {
+    start[s] = received;
+    received += recv_splits[s];
+  }
+  at::Tensor flat_recv = at::empty({received}, options);
+  comm.all_to_all_single(flat_recv, flat_send, recv_splits, send_splits);
+  // The owned boxes, each whole before this cut: the pieces of ranks 0..n-1 in order along it.
+  std::vector<const Gathered*> owned;
+  std::vector<at::Tensor> owned_boxes;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (owner[i] != me) continue;
+    std::vector<at::Tensor> pieces;
+    for (int s = 0; s < n; ++s) {
+      auto shape = whole(i);
+      shape[static_cast<size_t>(dim(i))] = parallel::shard_range(shape[dim(i)], s, n).count;
+      const int64_t numel = piece_numel(whole(i), dim(i), s, n);
+      pieces.push_back(flat_recv.narrow(0, start[s], numel).view(shape));
+      start[s] += numel;
+    }
+    owned.push_back(items[i]);
+    owned_boxes.push_back(at::cat(pieces, dim(i)));
+  }
+  const std::vector<at::Tensor> results = level(owned, owned_boxes, depth + 1, orthogonalize);
+  // Back: each rank's piece of each owned result, the sizes of the first exchange swapped.
+  std::vector<std::vector<at::Tensor>> back(n);
+  for (size_t k = 0, i = 0; i < items.size(); ++i) {
+    if (owner[i] != me) continue;
+    const at::Tensor result = results[k++].to(at::kFloat);
+    int64_t first = 0;
+    for (int s = 0; s < n; ++s) {
+      const int64_t rows = parallel::shard_range(whole(i)[dim(i)], s, n).count;
+      back[s].push_back(result.narrow(dim(i), first, rows).contiguous().reshape({-1}));
+      first += rows;
+    }
+  }
+  std::vector<at::Tensor> flat_back;
+  for (auto& pieces : back) flat_back.insert(flat_back.end(), pieces.begin(), pieces.end());
+  const at::Tensor send_back = flat_back.empty() ? at::empty({0}, options) : at::cat(flat_back);
+  at::Tensor mine = at::empty({flat_send.numel()}, options);
+  comm.all_to_all_single(mine, send_back, send_splits, recv_splits);
+  std::vector<at::Tensor> out(items.size());
+  int64_t offset = 0;
+  for (int o = 0; o < n; ++o) {
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (owner[i] != o) continue;
+      out[i] = mine.narrow(0, offset, boxes[i].numel()).view(boxes[i].sizes());
+      offset += boxes[i].numel();
+    }
+  }
+  return out;
+}
+
+// The results for `items` whose boxes are cut by all but their `depth` innermost cuts: whole
+// ones orthogonalized here, the others gathered over their next cut, per axis (in name order:
+// the same on every rank of a group).
+std::vector<at::Tensor> level(const std::vector<const Gathered*>& items,
+                              const std::vector<at::Tensor>& boxes, size_t depth,
+                              const Orthogonalize& orthogonalize) {
+  std::vector<at::Tensor> out(items.size());
+  std::map<std::string, std::pair<distributed::Comm*, std::vector<size_t>>> by_axis;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (items[i]->cuts.size() == depth) {
+      out[i] = orthogonalize(boxes[i]);
+      continue;
+    }
+    const auto& axis = items[i]->cuts[items[i]->cuts.size() - 1 - depth].axis;
+    LOOM_CHECK(axis.comm != nullptr, "Muon: the mesh axis '", axis.name, "' has no group");
+    auto& [comm, members] = by_axis[axis.name];
+    comm = axis.comm.get();
+    members.push_back(i);
+  }
+  for (auto& [name, group] : by_axis) {
+    std::vector<const Gathered*> sub;
+    std::vector<at::Tensor> sub_boxes;
+    for (size_t i : group.second) {
+      sub.push_back(items[i]);
+      sub_boxes.push_back(boxes[i]);
+    }
+    auto results = exchange(*group.first, sub, sub_boxes, depth, orthogonalize);
+    for (size_t k = 0; k < group.second.size(); ++k) out[group.second[k]] = std::move(results[k]);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<SplitAxis> matrix_splits(const parallel::Placement& placement) {
+  std::vector<SplitAxis> out;
+  for (const auto& split : placement.splits) {
+    if (placement.global_shape.size() == 3 && split.dim == 0) continue;  // whole experts
+    out.push_back(split);
+  }
+  return out;
+}
+
+std::vector<at::Tensor> orthogonalize_all(const std::vector<Slot>& slots,
+                                          const std::vector<at::Tensor>& updates,
+                                          const Orthogonalize& orthogonalize) {
+  std::vector<Gathered> gathered;
+  std::vector<at::Tensor> cut_boxes;
+  std::vector<at::Tensor> out(slots.size());
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const auto& placement = slots[i].parameter->placement;
+    Gathered g;
+    g.slot = i;
+    g.cuts = matrix_splits(placement);
+    if (g.cuts.empty()) {
+      out[i] = orthogonalize(updates[i]);
+      continue;
+    }
+    // The lengths before each matrix cut: the whole tensor through the expert cuts (never
+    // undone: they keep whole experts here), then through the matrix cuts in order.
+    std::vector<int64_t> box = placement.global_shape;
+    auto apply = [&box](const SplitAxis& split) {
+      auto& extent = box[static_cast<size_t>(split.dim)];
+      extent = parallel::shard_range(extent, split.axis.rank, split.axis.size).count;
+    };
+    for (const auto& split : placement.splits) {
+      if (placement.global_shape.size() == 3 && split.dim == 0) apply(split);
+    }
+    for (const auto& split : g.cuts) {
+      g.before.push_back(box);
+      apply(split);
+    }
+    LOOM_CHECK(box == placement.lengths, "Muon: ", slots[i].parameter->name,
+               "'s cuts do not give its box (", placement.describe(), ")");
+    g.index = static_cast<int64_t>(gathered.size());
+    gathered.push_back(std::move(g));
+    cut_boxes.push_back(updates[i]);
+  }
+  if (gathered.empty()) return out;
+  std::vector<const Gathered*> items;
+  for (const auto& g : gathered) items.push_back(&g);
+  auto results = level(items, cut_boxes, 0, orthogonalize);
+  for (size_t k = 0; k < gathered.size(); ++k) out[gathered[k].slot] = std::move(results[k]);
+  return out;
+}
+
+}  // namespace loom::optim

@@ -1,0 +1,181 @@
+// Distributed Muon on thread ranks over Gloo: matrices cut by FSDP's rows or TP's columns are
+// gathered whole onto round-robin owners, orthogonalized there and scattered back. Three steps
+// on every rank equal one rank's on the whole tensors (uneven pieces and an expert stack
+// included), and the all-to-all bytes equal the formula of optim/distributed_muon.h.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "comm_test_util.h"
+#include "loom/optim/distributed_muon.h"
+#include "loom/optim/registry.h"
+
+namespace loom::optim {
+namespace {
+
+using distributed::Collective;
+using distributed::ProcessGroups;
+using parallel::MeshAxis;
+using parallel::Placement;
+
+constexpr int kSteps = 3;
+
+struct Tensors {
+  std::map<std::string, at::Tensor> init;
+  std::vector<std::map<std::string, at::Tensor>> grads;
+};
+
+// Odd sizes: 7 rows cut over 2 ranks are pieces of 4 and 3 (FSDP pads to 4 in its collectives).
+const std::map<std::string, std::vector<int64_t>>& shapes() {
+  static const std::map<std::string, std::vector<int64_t>> s = {
+      {"layers.0.attention.wq.weight", {7, 5}},    {"layers.0.attention.wo.weight", {6, 6}},
+      {"layers.0.feed_forward.w1.weight", {9, 4}}, {"layers.0.feed_forward.w2.weight", {4, 9}},
+      {"layers.0.moe.experts.w1", {2, 5, 3}},      {"norm.weight", {7}}};
+  return s;
+}
+
+Tensors make_tensors() {
+  at::manual_seed(51);
+  Tensors t;
+  for (const auto& [name, shape] : shapes()) t.init[name] = at::randn(shape) * 0.1;
+  for (int s = 0; s < kSteps; ++s) {
+    t.grads.emplace_back();
+    for (const auto& [name, shape] : shapes()) t.grads.back()[name] = at::randn(shape) * 0.01;
+  }
+  return t;
+}
+
+config::OptimizerSection muon(const std::string& rule) {
+  config::OptimizerSection s;
+  s.name = "Muon";
+  s.lr = 0.02;
+  s.muon_adjust_lr_fn = rule;
+  return s;
+}
+
+// Steps `params` (boxes of the tensors by their placements) kSteps times.
+void train(const config::OptimizerSection& s, std::vector<NamedParameter>& params,
+           const Tensors& t) {
+  auto optimizer = build_optimizer(s, params);
+  for (int step = 0; step < kSteps; ++step) {
+    for (auto& p : params) {
+      p.tensor.mutable_grad() =
+          parallel::local_view(t.grads[static_cast<size_t>(step)].at(p.name), p.placement).clone();
+    }
+    optimizer->step();
+  }
+}
+
+std::map<std::string, at::Tensor> one_rank(const config::OptimizerSection& s, const Tensors& t) {
+  std::vector<NamedParameter> params;
+  for (const auto& [name, value] : t.init) {
+    params.push_back({name, value.clone(), Placement::whole(value.sizes())});
+  }
+  train(s, params, t);
+  std::map<std::string, at::Tensor> out;
+  for (const auto& p : params) out[p.name] = p.tensor;
+  return out;
+}
+
+// `cut(name, whole, axes)`: the parameter's placement on this rank; `axes(groups)`: the mesh
+// axes it cuts over (made once per rank).
+using Axes = std::function<std::vector<MeshAxis>(ProcessGroups&)>;
+using Cut =
+    std::function<Placement(const std::string&, const Placement&, const std::vector<MeshAxis>&)>;
+
+std::vector<MeshAxis> world_axis(ProcessGroups& groups) {
+  return {MeshAxis::of(groups.world_ptr())};
+}
+
+// The bytes this rank sends over one axis: its pieces of the matrices others own, then the
+// pieces of its own matrices that belong to the others (owners round-robin in parameter order).
+double one_axis_bytes(const std::vector<NamedParameter>& params, const MeshAxis& axis) {
+  double want = 0;
+  int64_t k = 0;
+  for (const auto& p : params) {
+    // Muon's matrices alone (the norm steps with AdamW, on its piece).
+    if (parameter_role(p.name, p.placement.global_shape) != "matrix") continue;
+    if (matrix_splits(p.placement).empty()) continue;
+    const int64_t owner = k++ % axis.size;
+    const double whole = static_cast<double>(c10::multiply_integers(p.placement.global_shape));
+    const double mine = static_cast<double>(p.tensor.numel());
+    want += 4.0 * (owner == axis.rank ? whole - mine : mine);
+  }
+  return want;
+}
+
+void run_layout(int world, const std::string& rule, const Axes& axes_of, const Cut& cut,
+                bool check_bytes = true) {
+  const Tensors t = make_tensors();
+  const auto s = muon(rule);
+  const auto reference = one_rank(s, t);
+  auto errors = testing::run_ranks(world, [&](ProcessGroups& groups) {
+    const auto axes = axes_of(groups);
+    std::vector<NamedParameter> params;
+    for (const auto& [name, value] : t.init) {
+      const Placement placement = cut(name, Placement::whole(value.sizes()), axes);
+      params.push_back({name, parallel::local_view(value, placement).clone(), placement});
+    }
+    const double want = check_bytes ? one_axis_bytes(params, axes[0]) : 0;
+    groups.world().counters().reset();
+    train(s, params, t);
+    for (const auto& p : params) {
+      if (p.tensor.numel() == 0) continue;  // 4 rows over 3 ranks: the last piece is empty
+      const at::Tensor expected = parallel::local_view(reference.at(p.name), p.placement);
+      const double diff = (p.tensor - expected).abs().max().item<double>();
+      LOOM_CHECK(diff <= 1e-5 * expected.abs().max().item<double>(), p.name,
+                 " differs from one rank by ", diff);
+    }
+    if (!check_bytes) return;
+    const double wire =
+        static_cast<double>(groups.world().counters()[Collective::kAllToAll].wire_bytes.load());
+    LOOM_CHECK(wire == kSteps * want, "all-to-all bytes ", wire, ", formula ", kSteps * want);
+  });
+  LOOM_EXPECT_RANKS_OK(errors);
+}
+
+// FSDP: dim-0 rows of everything (a 3-D expert stack's rows are whole experts: no gather).
+Placement fsdp_rows(const std::string&, const Placement& whole, const std::vector<MeshAxis>& axes) {
+  return whole.shard(0, axes[0]);
+}
+
+// TP: dim 1, the columns of a matrix and the rows of each expert's matrix (gathered too), the
+// norm replicated.
+Placement tp_columns(const std::string&, const Placement& whole,
+                     const std::vector<MeshAxis>& axes) {
+  if (whole.global_shape.size() == 1) return whole.replicate(axes[0], /*partial_gradient=*/false);
+  return whole.shard(1, axes[0]);
+}
+
+TEST(DistributedMuon, FsdpTwoRanksEqualOneRank) {
+  run_layout(2, "original", world_axis, fsdp_rows);
+}
+
+TEST(DistributedMuon, FsdpThreeRanksEqualOneRankWithMatchRmsAdamW) {
+  run_layout(3, "match_rms_adamw", world_axis, fsdp_rows);
+}
+
+TEST(DistributedMuon, TensorParallelTwoRanksEqualOneRank) {
+  run_layout(2, "original", world_axis, tp_columns);
+}
+
+// FSDP x TP on 4 ranks (tp innermost): TP's cut (rows of wq, columns elsewhere), then FSDP's
+// rows of the piece; each matrix gathered over FSDP, then over TP, onto one of the 4 ranks.
+TEST(DistributedMuon, FsdpTimesTensorParallelFourRanksEqualOneRank) {
+  auto axes = [](ProcessGroups& groups) {
+    const int r = groups.rank();
+    auto tp = groups.new_group("tp" + std::to_string(r / 2), {r - r % 2, r - r % 2 + 1});
+    auto fsdp = groups.new_group("fsdp" + std::to_string(r % 2), {r % 2, r % 2 + 2});
+    return std::vector<MeshAxis>{MeshAxis::of(tp), MeshAxis::of(fsdp)};
+  };
+  auto cut = [](const std::string& name, const Placement& whole, const std::vector<MeshAxis>& a) {
+    if (whole.global_shape.size() == 1) return whole.replicate(a[0], false).shard(0, a[1]);
+    const int64_t tp_dim = name.find("wq") != std::string::npos ? 0 : 1;
+    return whole.shard(whole.global_shape.size() == 3 ? 1 : tp_dim, a[0]).shard(0, a[1]);
+  };
+  run_layout(4, "original", axes, cut, /*check_bytes=*/false);
+}
+
+}  // namespace
+}  // namespace loom::optim

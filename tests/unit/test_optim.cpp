@@ -1,0 +1,220 @@
+// The optimizer seam (optim/): parameter roles and groups, AdamW's result unchanged by grouping,
+// named state, and Muon against torch.optim.Muon of the venv's PyTorch (golden values made by
+// tests/python/muon_reference.py inside the test).
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <map>
+
+#include "loom/checkpoint/safetensors.h"
+#include "loom/config/job_config.h"
+#include "loom/optim/muon.h"
+#include "loom/optim/registry.h"
+#include "support/process.h"
+
+namespace loom::optim {
+namespace {
+
+NamedParameter whole(const std::string& name, const at::Tensor& t) {
+  return {name, t, parallel::Placement::whole(t.sizes())};
+}
+
+std::map<std::string, std::string> roles_of(const Optimizer& o) {
+  std::map<std::string, std::string> out;
+  for (size_t i = 0; i < o.parameters().size(); ++i) {
+    out[o.parameters()[i].name] = o.group_of(i).role + ":" + o.group_of(i).algorithm->name();
+  }
+  return out;
+}
+
+TEST(Optim, MuonTakesHiddenMatricesAndExpertsAdamWTheRest) {
+  config::OptimizerSection s;
+  s.name = "Muon";
+  auto o = build_optimizer(s, {whole("tok_embeddings.weight", at::zeros({8, 4})),
+                               whole("layers.0.attention.wq.weight", at::zeros({4, 4})),
+                               whole("layers.0.attention_norm.weight", at::zeros({4})),
+                               whole("layers.1.moe.router.gate.weight", at::zeros({3, 4})),
+                               whole("layers.1.moe.experts.w1", at::zeros({3, 6, 4})),
+                               whole("output.weight", at::zeros({8, 4}))});
+  const std::map<std::string, std::string> want = {
+      {"tok_embeddings.weight", "embedding:AdamW"},
+      {"layers.0.attention.wq.weight", "matrix:Muon"},
+      {"layers.0.attention_norm.weight", "scalar:AdamW"},
+      {"layers.1.moe.router.gate.weight", "routing:AdamW"},
+      {"layers.1.moe.experts.w1", "matrix:Muon"},
+      {"output.weight", "head:AdamW"}};
+  EXPECT_EQ(roles_of(*o), want);
+  EXPECT_EQ(o->state_names(1), std::vector<std::string>{"momentum_buffer"});
+  EXPECT_EQ(o->state_names(0), (std::vector<std::string>{"exp_avg", "exp_avg_sq"}));
+  s.name = "AdamW";
+  EXPECT_EQ(
+      build_optimizer(s, std::vector<at::Tensor>{at::zeros({4, 4})})->group_of(0).algorithm->name(),
+      "AdamW");
+  s.name = "Lion";
+  EXPECT_THROW(build_optimizer(s, std::vector<at::Tensor>{}), InputError);
+  EXPECT_EQ(check_optimizer_section(s).size(), 1u);
+}
+
+// Groups split the fused kernel's calls but never its arithmetic: AdamW over role groups (with
+// factors) equals one direct call of at::_fused_adamw_ per tensor, bit for bit, over 3 steps.
+TEST(Optim, AdamWGroupsAreBitwiseTheFusedKernel) {
+  config::OptimizerSection s;  // AdamW, lr 8e-4, weight decay 0.1
+  s.embedding_lr_factor = 0.5;
+  s.scalar_weight_decay_factor = 0;
+  at::manual_seed(3);
+  std::vector<NamedParameter> params = {whole("tok_embeddings.weight", at::randn({6, 4})),
+                                        whole("layers.0.w", at::randn({4, 4})),
+                                        whole("norm.weight", at::randn({4}))};
+  std::vector<at::Tensor> mine, avg, avg_sq;
+  for (auto& p : params) {
+    mine.push_back(p.tensor.clone());
+    avg.push_back(at::zeros_like(p.tensor));
+    avg_sq.push_back(at::zeros_like(p.tensor));
+  }
+  auto o = build_optimizer(s, params);
+  const double lr_factor[] = {0.5, 1, 1}, wd_factor[] = {1, 1, 0};
+  for (int step = 1; step <= 3; ++step) {
+    for (size_t i = 0; i < params.size(); ++i) {
+      const at::Tensor g = at::randn(params[i].tensor.sizes());
+      params[i].tensor.mutable_grad() = g.clone();
+      at::Tensor steps = at::scalar_tensor(static_cast<double>(step), at::kFloat);
+      at::_fused_adamw_({mine[i]}, {g}, {avg[i]}, {avg_sq[i]}, {}, {steps},
+                        s.lr * 0.9 * lr_factor[i], s.beta1, s.beta2, s.weight_decay * wd_factor[i],
+                        s.eps, false, false, std::nullopt, std::nullopt);
+    }
+    o->set_lr(s.lr * 0.9);
+    o->step();
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_TRUE(at::equal(params[i].tensor, mine[i])) << params[i].name;
+    EXPECT_TRUE(at::equal(o->state(i)->tensors.at("exp_avg_sq"), avg_sq[i])) << params[i].name;
+    EXPECT_EQ(o->state(i)->step, 3);
+  }
+}
+
+// The planner's and the memory estimate's numbers: state tensors per role, NS FLOPs.
+TEST(Optim, StateFootprintCountsEachRolesStateTensors) {
+  config::OptimizerSection s;
+  s.name = "Muon";
+  const std::vector<models::ParameterShape> ps = {{"layers.0.w", {4, 4}, 16},
+                                                  {"tok_embeddings.weight", {8, 4}, 32}};
+  const auto f = state_footprint(s, ps);
+  EXPECT_DOUBLE_EQ(f.per_parameter, (16.0 * 1 + 32.0 * 2) / 48.0);
+  EXPECT_DOUBLE_EQ(f.matrix_flops, 5 * (4.0 * 16 * 4 + 2.0 * 64));  // 5 x (4m^2n + 2m^3)
+  EXPECT_DOUBLE_EQ(f.whole_tensor_elements, 16);
+  s.name = "AdamW";
+  EXPECT_DOUBLE_EQ(state_footprint(s, ps).per_parameter, 2.0);
+  EXPECT_DOUBLE_EQ(state_footprint(s, ps).matrix_flops, 0);
+}
+
+// Newton-Schulz in float32 leaves singular values near 1 (the quintic's band, about 0.7-1.2).
+TEST(Optim, NewtonSchulzOrthogonalizes) {
+  at::manual_seed(7);
+  for (auto shape : {std::vector<int64_t>{12, 30}, std::vector<int64_t>{30, 12}}) {
+    const at::Tensor o = newton_schulz(at::randn(shape), 5, at::kFloat, 1e-7);
+    EXPECT_EQ(o.sizes(), at::IntArrayRef(shape));
+    const at::Tensor sv = at::linalg_svdvals(o);
+    EXPECT_GT(sv.min().item<double>(), 0.6) << sv;
+    EXPECT_LT(sv.max().item<double>(), 1.25) << sv;
+  }
+  EXPECT_DOUBLE_EQ(muon_adjusted_lr(0.02, "original", 32, 16), 0.02 * std::sqrt(2.0));
+  EXPECT_DOUBLE_EQ(muon_adjusted_lr(0.02, "original", 16, 32), 0.02);
+  EXPECT_DOUBLE_EQ(muon_adjusted_lr(0.02, "match_rms_adamw", 16, 48), 0.02 * 0.2 * std::sqrt(48.0));
+}
+
+// An expert stack [E, m, n] steps as E separate matrices (each orthogonalized alone).
+TEST(Optim, MuonOrthogonalizesEachExpert) {
+  config::OptimizerSection s;
+  s.name = "Muon";
+  s.muon_ns_dtype = "float32";
+  at::manual_seed(11);
+  const at::Tensor w = at::randn({3, 6, 4}), g = at::randn({3, 6, 4});
+  std::vector<NamedParameter> stack = {whole("layers.0.moe.experts.w1", w.clone())};
+  std::vector<NamedParameter> apart;
+  for (int64_t e = 0; e < 3; ++e) {
+    apart.push_back(whole("layers.0.expert" + std::to_string(e), w[e].clone()));
+  }
+  auto a = build_optimizer(s, stack), b = build_optimizer(s, apart);
+  stack[0].tensor.mutable_grad() = g.clone();
+  for (int64_t e = 0; e < 3; ++e)
+    apart[static_cast<size_t>(e)].tensor.mutable_grad() = g[e].clone();
+  a->step();
+  b->step();
+  for (int64_t e = 0; e < 3; ++e) {
+    EXPECT_TRUE(at::allclose(stack[0].tensor[e], apart[static_cast<size_t>(e)].tensor, 1e-6, 1e-7))
+        << e;
+  }
+}
+
+class MuonGolden : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const std::string path = testing::fresh_temp_dir("muon_golden") + "/muon.safetensors";
+    const auto result =
+        testing::run_command(std::string("'") + LOOM_PYTHON + "' '" + LOOM_SOURCE_DIR +
+                             "/tests/python/muon_reference.py' '" + path + "' 2>&1");
+    ASSERT_EQ(result.exit_code, 0) << result.output;
+    golden_ = new checkpoint::SafetensorsFile(checkpoint::load_safetensors(path));
+  }
+  static void TearDownTestSuite() {
+    delete golden_;
+    golden_ = nullptr;
+  }
+
+  // loom's Muon over the script's weights and gradients, 10 steps; the largest difference from
+  // torch's weights relative to the largest weight.
+  static double run(const std::string& rule, bool nesterov) {
+    config::OptimizerSection s;
+    s.name = "Muon";
+    s.lr = 0.02;
+    s.weight_decay = 0.1;
+    s.beta1 = 0.9;
+    s.beta2 = 0.95;
+    s.eps = 1e-8;
+    s.muon_momentum = 0.95;
+    s.muon_nesterov = nesterov;
+    s.muon_adjust_lr_fn = rule;
+    s.embedding_lr_factor = 0.5;
+    s.scalar_weight_decay_factor = 0;
+    std::vector<NamedParameter> params;
+    for (const auto& [key, t] : golden_->tensors) {
+      if (key.rfind("init.", 0) == 0) params.push_back(whole(key.substr(5), t.clone()));
+    }
+    EXPECT_EQ(params.size(), 5u);
+    auto o = build_optimizer(s, params);
+    EXPECT_EQ(o->group_of(*o->index_of("layers.0.attention.wq.weight")).algorithm->name(), "Muon");
+    for (int step = 0; step < 10; ++step) {
+      for (auto& p : params) {
+        p.tensor.mutable_grad() =
+            golden_->tensors.at("grad." + std::to_string(step) + "." + p.name).clone();
+      }
+      o->step();
+    }
+    double worst = 0;
+    for (const auto& p : params) {
+      const at::Tensor want = golden_->tensors.at("after." + rule + "." + p.name);
+      const double diff =
+          (p.tensor - want).abs().max().item<double>() / want.abs().max().item<double>();
+      std::printf("[muon golden] %s %s: max |loom - torch| / max |w| = %.3g\n", rule.c_str(),
+                  p.name.c_str(), diff);
+      worst = std::max(worst, diff);
+    }
+    return worst;
+  }
+
+  static checkpoint::SafetensorsFile* golden_;
+};
+
+checkpoint::SafetensorsFile* MuonGolden::golden_ = nullptr;
+
+TEST_F(MuonGolden, OriginalRuleWithNesterovEqualsTorchOverTenSteps) {
+  EXPECT_LE(run("original", true), 1e-5);
+}
+
+TEST_F(MuonGolden, MatchRmsAdamWRuleEqualsTorchOverTenSteps) {
+  EXPECT_LE(run("match_rms_adamw", false), 1e-5);
+}
+
+}  // namespace
+}  // namespace loom::optim
