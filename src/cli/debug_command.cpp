@@ -2,6 +2,7 @@
 // (<dump_folder>/comm_traces/rank_<r>.json) and names the rank(s) and the collective where the
 // job diverged (distributed/hang_report.h). With --lighthouse HOST:PORT (fault-tolerant replica
 // groups) it also asks the lighthouse which group holds up the quorum.
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <chrono>
@@ -10,23 +11,57 @@
 
 #include "commands.h"
 #include "loom/distributed/hang_report.h"
+#include "loom/distributed/job_secret.h"
 #include "loom/distributed/lighthouse.h"
 
 namespace loom::cli {
 namespace {
 
+// Text from the lighthouse's store, made safe for a terminal: anyone who could write the status
+// could otherwise send escape sequences (move the cursor, retitle the window, rewrite what was
+// printed). Control bytes and bytes beyond ASCII print as \xNN; the length is bounded.
+std::string printable(const std::string& text) {
+  constexpr size_t kMaxChars = 2000;
+  std::string out;
+  for (unsigned char c : text.substr(0, kMaxChars)) {
+    if (c >= 0x20 && c < 0x7f && c != '\\') {
+      out += static_cast<char>(c);
+    } else {
+      out += fmt::format("\\x{:02x}", c);
+    }
+  }
+  return text.size() > kMaxChars ? out + "..." : out;
+}
+
+// `value` as text fit for a terminal, whatever its JSON type.
+std::string printable(const nlohmann::json& value) {
+  return printable(value.is_string() ? value.get<std::string>() : value.dump());
+}
+
 // The lighthouse's open round in words: who it waits for, and since when they were heard from.
+// The status is read as untrusted: a field of the wrong type prints as what it is.
 std::string describe_lighthouse(const nlohmann::json& status, const std::string& address) {
+  if (!status.is_object()) return "lighthouse " + address + ": " + printable(status) + "\n";
+  const auto field = [&](const char* key) {
+    return status.contains(key) ? status[key] : nlohmann::json();
+  };
+  const nlohmann::json what = field("status");
   std::string text =
-      "lighthouse " + address + ": " + status.value("status", "no status yet") + "\n";
-  for (const auto& id : status.value("holding_up", nlohmann::json::array())) {
-    const std::string key = std::to_string(id.get<int64_t>());
+      "lighthouse " + address + ": " + (what.is_null() ? "no status yet" : printable(what)) + "\n";
+  const nlohmann::json ages = field("heartbeat_age_ms");
+  const nlohmann::json holding = field("holding_up");
+  for (const auto& id : holding.is_array() ? holding : nlohmann::json::array()) {
+    const std::string key = printable(id);
+    const nlohmann::json age =
+        ages.is_object() && ages.contains(key) ? ages[key] : nlohmann::json(-1);
     text += "  replica group " + key + " holds up the quorum: it beats (last heartbeat " +
-            std::to_string(status["heartbeat_age_ms"].value(key, int64_t{-1})) +
+            printable(age) +
             " ms ago) but has not asked for its next step (look at that group's ranks)\n";
   }
-  for (const auto& [replica, step] : status.value("asked", nlohmann::json::object()).items()) {
-    text += "  replica group " + replica + " waits at step " + step.dump() + "\n";
+  const nlohmann::json asked = field("asked");
+  for (const auto& [replica, step] :
+       (asked.is_object() ? asked : nlohmann::json::object()).items()) {
+    text += "  replica group " + printable(replica) + " waits at step " + printable(step) + "\n";
   }
   return text;
 }
@@ -36,9 +71,9 @@ int debug_hang(const std::string& folder, const std::string& format,
   if (lighthouse) {
     const auto status = distributed::read_lighthouse_status(*lighthouse, std::chrono::seconds(10));
     if (format == "json") {
-      std::cout << status.dump(2) << "\n";
+      std::cout << status.dump(2, ' ', /*ensure_ascii=*/true) << "\n";
     } else {
-      std::cout << describe_lighthouse(status, *lighthouse);
+      std::cout << describe_lighthouse(status, distributed::redact_secret(*lighthouse));
     }
     if (folder.empty()) return 0;
   }
@@ -70,8 +105,9 @@ void add_debug_command(CLI::App& app, CommandRun& run) {
       "dump_folder", state->folder,
       "The job's dump folder (or its comm_traces/ folder); optional with --lighthouse");
   hang->add_option("--lighthouse", state->lighthouse,
-                   "Fault-tolerant replica groups: ask this lighthouse (HOST:PORT) which group "
-                   "holds up the quorum");
+                   "Fault-tolerant replica groups: ask this lighthouse (the workers' "
+                   "TORCHFT_LIGHTHOUSE value, HOST:PORT?secret_file=PATH) which group holds up "
+                   "the quorum");
   hang->add_option("--format", state->format, "text or json")
       ->check(CLI::IsMember({"text", "json"}));
   hang->callback([state, hang, &run] {

@@ -67,6 +67,12 @@ QuorumRequest request_from_json(const nlohmann::json& j, const std::string& wher
 nlohmann::json to_json(const Quorum& quorum);
 Quorum quorum_from_json(const nlohmann::json& j, const std::string& where);
 
+// InputError naming `where` unless `q` can be the lighthouse's answer to `asked`: members sorted
+// by replica id and distinct, `asked`'s group among them with its own step and incarnation,
+// max_step the members' highest step, a positive id. (A forged answer could otherwise make a
+// group heal from, or average with, whatever it names.)
+void check_answer(const Quorum& q, const QuorumRequest& asked, const std::string& where);
+
 struct QuorumRules {
   int64_t min_replicas = 1;
   std::chrono::milliseconds join_timeout{60000};
