@@ -2,7 +2,6 @@
 // (<dump_folder>/comm_traces/rank_<r>.json) and names the rank(s) and the collective where the
 // job diverged (distributed/hang_report.h). With --lighthouse HOST:PORT (fault-tolerant replica
 // groups) it also asks the lighthouse which group holds up the quorum.
-#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <chrono>
@@ -10,6 +9,7 @@
 #include <memory>
 
 #include "commands.h"
+#include "loom/core/terminal_text.h"
 #include "loom/distributed/hang_report.h"
 #include "loom/distributed/job_secret.h"
 #include "loom/distributed/lighthouse.h"
@@ -17,25 +17,10 @@
 namespace loom::cli {
 namespace {
 
-// Text from the lighthouse's store, made safe for a terminal: anyone who could write the status
-// could otherwise send escape sequences (move the cursor, retitle the window, rewrite what was
-// printed). Control bytes and bytes beyond ASCII print as \xNN; the length is bounded.
-std::string printable(const std::string& text) {
-  constexpr size_t kMaxChars = 2000;
-  std::string out;
-  for (unsigned char c : text.substr(0, kMaxChars)) {
-    if (c >= 0x20 && c < 0x7f && c != '\\') {
-      out += static_cast<char>(c);
-    } else {
-      out += fmt::format("\\x{:02x}", c);
-    }
-  }
-  return text.size() > kMaxChars ? out + "..." : out;
-}
-
 // `value` as text fit for a terminal, whatever its JSON type.
+// (Anyone holding the job secret could write the status: escape sequences are printed inert.)
 std::string printable(const nlohmann::json& value) {
-  return printable(value.is_string() ? value.get<std::string>() : value.dump());
+  return terminal::escaped(value.is_string() ? value.get<std::string>() : value.dump());
 }
 
 // The lighthouse's open round in words: who it waits for, and since when they were heard from.
@@ -61,7 +46,8 @@ std::string describe_lighthouse(const nlohmann::json& status, const std::string&
   const nlohmann::json asked = field("asked");
   for (const auto& [replica, step] :
        (asked.is_object() ? asked : nlohmann::json::object()).items()) {
-    text += "  replica group " + printable(replica) + " waits at step " + printable(step) + "\n";
+    text += "  replica group " + terminal::escaped(replica) + " waits at step " + printable(step) +
+            "\n";
   }
   return text;
 }

@@ -18,6 +18,7 @@
 
 #include "loom/core/check.h"
 #include "loom/core/signals.h"
+#include "loom/core/terminal_text.h"
 #include "loom/distributed/auth_gate.h"
 #include "loom/distributed/job_secret.h"
 #include "loom/distributed/lighthouse.h"
@@ -303,6 +304,15 @@ LOOM_TEST(LighthouseSecurity, SecretsInAddressesParseAndNeverPrint) {
   const Digest d = hmac_sha256({"Jefe"}, "what do ya want for nothing?");
   EXPECT_EQ(to_hex({std::string(d.begin(), d.end())}),
             "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+}
+
+// What `loom debug hang --lighthouse` prints of the lighthouse's status.
+LOOM_TEST(LighthouseSecurity, StatusTextIsEscapedBeforePrinting) {
+  EXPECT_EQ(loom::terminal::escaped("quorum 3 formed"), "quorum 3 formed");
+  EXPECT_EQ(loom::terminal::escaped("\x1b]0;owned\x07\x1b[2J\n\\"),
+            "\\x1b]0;owned\\x07\\x1b[2J\\x0a\\x5c");
+  EXPECT_EQ(loom::terminal::escaped("\xc2\x9b"), "\\xc2\\x9b");  // C1 CSI in UTF-8
+  EXPECT_EQ(loom::terminal::escaped(std::string(5000, 'a')).size(), 2003u);
 }
 
 }  // namespace

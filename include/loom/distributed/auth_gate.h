@@ -39,8 +39,10 @@ struct GateOptions {
   JobSecret secret;                // empty: open (every connection admitted; warns)
   int backend_port = 0;            // the store's port on 127.0.0.1
   std::chrono::milliseconds handshake_timeout{5000};
-  int max_per_peer = 64;
-  int max_connections = 1024;
+  // A group holds one connection per rank (two on its first rank): these bound a stranger's
+  // share, not a job's (thousands of ranks behind one address would need more).
+  int max_per_peer = 256;
+  int max_connections = 4096;
   std::string what = "lighthouse";  // for logs
 };
 
