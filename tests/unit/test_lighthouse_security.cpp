@@ -13,6 +13,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <csignal>
+#include <fstream>
 #include <future>
 #include <thread>
 
@@ -24,6 +25,7 @@
 #include "loom/distributed/lighthouse.h"
 #include "loom/distributed/quorum.h"
 #include "loom/distributed/store_connect.h"
+#include "support/process.h"
 #include "support/test_sets.h"
 
 namespace {
@@ -272,6 +274,38 @@ LOOM_TEST(LighthouseSecurity, ASignalEndsTheWaitForAQuorum) {
   loom::signals::clear_shutdown_request();
   EXPECT_NE(error.find("stopped by signal 15"), std::string::npos) << error;
   EXPECT_LT(std::chrono::steady_clock::now() - start, milliseconds(30000));
+}
+
+// `loom lighthouse` (the real process, with its secret in a file) SIGSTOPped under a connected
+// group: the group's request ends with an error within the request's deadline plus one store
+// operation's (both the connect timeout here), never hangs.
+LOOM_TEST(LighthouseSecurity, AStoppedLighthouseEndsTheRequestWithinItsDeadline) {
+  const std::string folder = loom::testing::fresh_temp_dir("lighthouse_sigstop");
+  const std::string secret_file = folder + "/secret";
+  std::ofstream(secret_file) << to_hex(make_job_secret()) << "\n";
+  const int port = loom::testing::free_port();
+  const auto started = loom::testing::run_command(
+      std::string(LOOM_BINARY) + " lighthouse --min-replicas 2 --secret-file " + secret_file +
+      " --bind 127.0.0.1:" + std::to_string(port) + " > " + folder + "/log 2>&1 & echo $!");
+  const int pid = std::stoi(started.output);
+  const std::string address =
+      "127.0.0.1:" + std::to_string(port) + "?secret_file=" + secret_file;
+  std::unique_ptr<LighthouseClient> client;
+  for (int i = 0; i < 300 && !client; ++i) {  // until it listens (a loaded machine: seconds)
+    try {
+      client = std::make_unique<LighthouseClient>(address, 0, milliseconds(2000));
+    } catch (const CommError&) {
+      std::this_thread::sleep_for(milliseconds(100));
+    }
+  }
+  ASSERT_TRUE(client) << loom::testing::read_text(folder + "/log");
+  ::kill(pid, SIGSTOP);
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_ANY_THROW(client->request_quorum({0, 1, 0, "a", false, 1}, milliseconds(2000)));
+  const auto waited = std::chrono::steady_clock::now() - start;
+  ::kill(pid, SIGKILL);
+  ::kill(pid, SIGCONT);
+  EXPECT_LT(waited, milliseconds(20000)) << "2 s deadline + one 2 s store operation, with slack";
 }
 
 LOOM_TEST(LighthouseSecurity, ListensOnlyOnAnAddressOfThisHost) {
