@@ -169,6 +169,7 @@ std::shared_ptr<Comm> LighthouseClient::replica_group(int64_t quorum_id, int gro
                                                       int member_index, int members,
                                                       std::chrono::milliseconds timeout,
                                                       const std::string& backend) {
+  // The "replicas(" prefix makes Comm's errors name fault_tolerance.process_group_timeout_ms.
   const std::string name = "replicas(q" + std::to_string(quorum_id) + ")";
   if (members == 1) return Comm::single(name);
   auto store = c10::make_intrusive<c10d::PrefixStore>(
