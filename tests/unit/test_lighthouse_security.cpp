@@ -308,6 +308,26 @@ LOOM_TEST(LighthouseSecurity, AStoppedLighthouseEndsTheRequestWithinItsDeadline)
   EXPECT_LT(waited, milliseconds(20000)) << "2 s deadline + one 2 s store operation, with slack";
 }
 
+// A collective across replica groups that times out names the key that set its timeout.
+LOOM_TEST(LighthouseSecurity, AReplicaGroupTimeoutNamesItsOwnKey) {
+  Lighthouse lighthouse(secured(2));
+  LighthouseClient c0(lighthouse.worker_address(), 0, milliseconds(5000));
+  LighthouseClient c1(lighthouse.worker_address(), 1, milliseconds(5000));
+  c0.start_heartbeat(milliseconds(20));
+  c1.start_heartbeat(milliseconds(20));
+  auto join = [&](LighthouseClient* client, int64_t replica) {
+    const Quorum q = client->request_quorum({replica, 1, 0, "i", false, 1}, milliseconds(20000));
+    return client->replica_group(q.id, 0, q.index_of(replica), 2, milliseconds(500), "gloo");
+  };
+  auto other = std::async(std::launch::async, join, &c1, 1);
+  auto mine = join(&c0, 0);
+  auto theirs = other.get();  // joined, but never takes part in the all-reduce below
+  at::Tensor t = at::ones({2});
+  const std::string error = error_of([&] { mine->all_reduce(t); });
+  EXPECT_NE(error.find("fault_tolerance.process_group_timeout_ms"), std::string::npos) << error;
+  EXPECT_EQ(error.find("comm.init_timeout_seconds"), std::string::npos) << error;
+}
+
 LOOM_TEST(LighthouseSecurity, ListensOnlyOnAnAddressOfThisHost) {
   LighthouseOptions options = secured();
   options.host = "8.8.8.8";
