@@ -16,6 +16,8 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -254,9 +256,28 @@ std::string peer_host(const sockaddr_storage& peer) {
   return text;
 }
 
+// An IPv4 endpoint (address, port in network order) of `a`, also when it is written as an
+// IPv4-mapped IPv6 address (c10d's client connects through an IPv6 socket: ::ffff:127.0.0.1).
+std::optional<std::pair<uint32_t, uint16_t>> ipv4_endpoint(const sockaddr_storage& a) {
+  if (a.ss_family == AF_INET) {
+    const auto& v4 = reinterpret_cast<const sockaddr_in&>(a);
+    return std::make_pair(v4.sin_addr.s_addr, v4.sin_port);
+  }
+  if (a.ss_family == AF_INET6) {
+    const auto& v6 = reinterpret_cast<const sockaddr_in6&>(a);
+    if (!IN6_IS_ADDR_V4MAPPED(&v6.sin6_addr)) return std::nullopt;
+    uint32_t addr = 0;
+    std::memcpy(&addr, v6.sin6_addr.s6_addr + 12, sizeof(addr));
+    return std::make_pair(addr, v6.sin6_port);
+  }
+  return std::nullopt;
+}
+
 // Whether the peer of a loopback connection is a socket of this very process: some descriptor
 // of ours is bound to the peer's address and port.
-bool from_this_process(const sockaddr_storage& peer, socklen_t peer_len) {
+bool from_this_process(const sockaddr_storage& peer) {
+  const auto want = ipv4_endpoint(peer);
+  if (!want) return false;
   DIR* dir = ::opendir("/proc/self/fd");
   if (dir == nullptr) return false;
   bool found = false;
@@ -269,7 +290,7 @@ bool from_this_process(const sockaddr_storage& peer, socklen_t peer_len) {
     if (::getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&mine), &len) != 0) {
       continue;
     }
-    if (len == peer_len && std::memcmp(&mine, &peer, len) == 0) {
+    if (ipv4_endpoint(mine) == want) {
       found = true;
       break;
     }
@@ -435,8 +456,8 @@ AuthTunnel::AuthTunnel(const std::string& host, int port, JobSecret secret,
   }
   const int fd = listen_on_local_address("127.0.0.1", 0, "auth tunnel", local_port_);
   auto handle = [host, port, secret, address, timeout, shared = shared_](
-                    Fd local, sockaddr_storage peer, socklen_t len) {
-    if (!from_this_process(peer, len)) {
+                    Fd local, sockaddr_storage peer, socklen_t) {
+    if (!from_this_process(peer)) {
       shared->warning.warn("auth tunnel to " + address +
                            ": refused a connection from another process");
       return;
@@ -452,6 +473,8 @@ AuthTunnel::AuthTunnel(const std::string& host, int port, JobSecret secret,
   };
   acceptor_ = std::thread(accept_loop, fd, shared_, handle);
 }
+
+void AuthTunnel::shut() { shared_->stop = true; }
 
 AuthTunnel::~AuthTunnel() {
   shared_->stop = true;

@@ -90,8 +90,9 @@ LighthouseTarget split_lighthouse_target(const std::string& text, const std::str
   } else if (key == "secret_file") {
     t.secret = read_job_secret_file(value);
   } else {
-    LOOM_THROW(InputError, source, ": '", redact_secret(text),
-               "' has an unknown query (expected HOST:PORT?secret=HEX or "
+    // Not echoed: an unknown key's value may be a secret under another name.
+    LOOM_THROW(InputError, source, ": '", t.address,
+               "?...' has an unknown query (expected HOST:PORT?secret=HEX or "
                "HOST:PORT?secret_file=PATH, as `loom lighthouse` prints)");
   }
   return t;

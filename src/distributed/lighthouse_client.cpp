@@ -5,6 +5,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <atomic>
+#include <thread>
+
 #include "backend.h"
 #include "lighthouse_keys.h"
 #include "loom/core/check.h"
@@ -18,6 +22,9 @@ namespace loom::distributed {
 
 using namespace lighthouse_keys;
 using Clock = std::chrono::steady_clock;
+
+// What a request may take beyond its own timeout for the store operations around the wait.
+constexpr std::chrono::milliseconds kStoreGrace{5000};
 
 // ---------------------------------------------------------------------------------------------
 // LighthouseClient
@@ -45,6 +52,7 @@ LighthouseClient::LighthouseClient(const std::string& address, int64_t replica,
 
 LighthouseClient::~LighthouseClient() {
   stop_ = true;
+  tunnel_->shut();  // a beat blocked on a lighthouse that stopped answering fails at once
   if (heartbeat_.joinable()) heartbeat_.join();
 }
 
@@ -93,6 +101,7 @@ void LighthouseClient::start_heartbeat(std::chrono::milliseconds interval,
       } catch (const std::exception& e) {
         // The store drops a connection whose add fails (the counter was overwritten; the
         // lighthouse resets it): beat on a fresh one.
+        if (stop_) break;
         log::get("ft")->warn("heartbeat to the lighthouse at {} failed: {}", address_,
                              message_of(e));
         try {
@@ -105,8 +114,49 @@ void LighthouseClient::start_heartbeat(std::chrono::milliseconds interval,
   });
 }
 
+// c10d's store reads have no deadline: against a lighthouse that accepts but never answers (a
+// SIGSTOPped process) a request would block forever. A guard thread shuts the tunnel when the
+// request outlives its deadline (or a stop signal arrives), which fails the blocked read at once;
+// the client is then unusable (the caller moves to the next lighthouse or stops).
 Quorum LighthouseClient::request_quorum(const QuorumRequest& request,
                                         std::chrono::milliseconds timeout) {
+  const auto hard_deadline =
+      Clock::now() + timeout + std::min<std::chrono::milliseconds>(timeout, kStoreGrace);
+  std::atomic<bool> done{false};
+  std::thread guard([this, &done, hard_deadline] {
+    while (!done && Clock::now() < hard_deadline && !signals::shutdown_requested()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    if (!done) tunnel_->shut();
+  });
+  struct Release {
+    std::atomic<bool>& done;
+    std::thread& guard;
+    ~Release() {
+      done = true;
+      guard.join();
+    }
+  } release{done, guard};
+  try {
+    return ask(request, timeout);
+  } catch (const c10::DistError& e) {
+    if (signals::shutdown_requested()) {
+      LOOM_THROW(CommError, "replica group ", replica_, ": stopped by signal ",
+                 signals::shutdown_signal(), " while waiting for a quorum");
+    }
+    if (Clock::now() >= hard_deadline) {
+      LOOM_THROW(CommError, "replica group ", replica_, ": the lighthouse at ", address_,
+                 " accepted the request but did not answer within ",
+                 std::chrono::duration_cast<std::chrono::milliseconds>(
+                     timeout + std::min<std::chrono::milliseconds>(timeout, kStoreGrace))
+                     .count(),
+                 " ms (stopped or overloaded?)");
+    }
+    throw;
+  }
+}
+
+Quorum LighthouseClient::ask(const QuorumRequest& request, std::chrono::milliseconds timeout) {
   auto& store = *main_->store;
   store.set(request_key(replica_), bytes_of(to_json(request).dump()));
   const std::string answer = answer_key(replica_, request.seq);

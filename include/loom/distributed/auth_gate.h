@@ -82,6 +82,10 @@ class AuthTunnel {
   AuthTunnel& operator=(const AuthTunnel&) = delete;
 
   int local_port() const { return local_port_; }
+  // Closes every connection through the tunnel and stops admitting new ones: a c10d operation
+  // blocked on a gate that stopped answering (a SIGSTOPped lighthouse; c10d's reads have no
+  // deadline of their own) then fails at once.
+  void shut();
 
  private:
   std::string host_;

@@ -112,7 +112,9 @@ class LighthouseClient {
   // InputError naming the replica id).
   void start_heartbeat(std::chrono::milliseconds interval, const std::string& incarnation = "");
   // Writes `request` and waits for its answer; CommError after `timeout`, naming what the
-  // lighthouse was waiting for. An answer that does not hold this request (this group with its
+  // lighthouse was waiting for. A lighthouse that stops answering altogether (SIGSTOP) fails the
+  // request within timeout + min(timeout, 5 s) (c10d::DistError or CommError); a stop signal
+  // fails it within 20 ms. An answer that does not hold this request (this group with its
   // step and incarnation, a consistent max_step) is discarded and the wait goes on.
   Quorum request_quorum(const QuorumRequest& request, std::chrono::milliseconds timeout);
   // This rank's replica process group of quorum `quorum_id`: the ranks with the same place in
@@ -127,6 +129,7 @@ class LighthouseClient {
  private:
   struct Connection;
   std::unique_ptr<Connection> connect() const;
+  Quorum ask(const QuorumRequest& request, std::chrono::milliseconds timeout);
   std::string address_, host_;
   int port_ = 0;
   JobSecret secret_;
