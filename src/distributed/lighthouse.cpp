@@ -47,9 +47,10 @@ std::optional<int64_t> read_counter(c10d::Store& store, const std::string& key) 
 }
 
 // Why `r`, read under the key of `replica`, cannot take part in a quorum; empty when it can.
-// `reached`: the highest max_step of any quorum so far. A group commits at most one step per
-// quorum, so a claim beyond reached + 1 is one nobody could have committed: it would only make
-// every member heal from the claimant.
+// `reached`: the highest max_step of any quorum so far. A group commits at most
+// steps_per_quorum steps between quorums (1, or sync_steps when semi-synchronous), so a claim
+// beyond reached + that is one nobody could have committed: it would only make every member heal
+// from the claimant.
 std::string check_request(const QuorumRequest& r, int64_t replica,
                           const std::optional<int64_t>& reached) {
   const std::string who = "the request of replica group " + std::to_string(replica);
@@ -64,9 +65,10 @@ std::string check_request(const QuorumRequest& r, int64_t replica,
   if (r.incarnation.empty() || r.incarnation.size() > kMaxIncarnationBytes) {
     return who + ": an incarnation of " + std::to_string(r.incarnation.size()) + " bytes";
   }
-  if (reached && r.step > *reached + 1) {
+  if (reached && r.step > *reached + r.steps_per_quorum) {
     return who + ": it claims step " + std::to_string(r.step) +
-           ", beyond what any quorum reached (step " + std::to_string(*reached) + ") + 1";
+           ", beyond what any quorum reached (step " + std::to_string(*reached) + ") + " +
+           std::to_string(r.steps_per_quorum) + " steps per quorum";
   }
   return "";
 }

@@ -47,7 +47,8 @@ nlohmann::json to_json(const QuorumRequest& r) {
           {"step", r.step},
           {"incarnation", r.incarnation},
           {"group_broken", r.group_broken},
-          {"group_ranks", r.group_ranks}};
+          {"group_ranks", r.group_ranks},
+          {"steps_per_quorum", r.steps_per_quorum}};
 }
 
 QuorumRequest request_from_json(const nlohmann::json& j, const std::string& where) {
@@ -58,6 +59,9 @@ QuorumRequest request_from_json(const nlohmann::json& j, const std::string& wher
   r.incarnation = json::string_field(j, "incarnation", where);
   r.group_broken = json::bool_field(j, "group_broken", where);
   r.group_ranks = json::int_field(j, "group_ranks", where, 1);
+  if (j.is_object() && j.contains("steps_per_quorum")) {
+    r.steps_per_quorum = json::int_field(j, "steps_per_quorum", where, 1, int64_t{1} << 20);
+  }
   return r;
 }
 

@@ -140,6 +140,7 @@ Quorum ReplicaManager::agree_on_quorum(int64_t committed) {
   if (world_->rank() == 0) {
     distributed::QuorumRequest request{section_.replica_id, seq_,    committed,
                                        incarnation_,        broken_, world_->size()};
+    request.steps_per_quorum = semi_synchronous() ? section_.sync_steps : 1;
     nlohmann::json j;
     for (;;) {
       try {

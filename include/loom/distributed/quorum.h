@@ -38,6 +38,9 @@ struct QuorumRequest {
   std::string incarnation;    // new with every start of the group's processes
   bool group_broken = false;  // the replica process group failed since the last quorum
   int64_t group_ranks = 0;    // ranks in the group: only groups of one layout average together
+  // Steps a group commits between two quorums (semi-synchronous modes: sync_steps): how far
+  // past the last quorum's step its next claim may be.
+  int64_t steps_per_quorum = 1;
 };
 
 struct QuorumMember {
