@@ -328,6 +328,24 @@ LOOM_TEST(LighthouseSecurity, AReplicaGroupTimeoutNamesItsOwnKey) {
   EXPECT_EQ(error.find("comm.init_timeout_seconds"), std::string::npos) << error;
 }
 
+// `loom lighthouse --insecure`: no secret, everyone admitted (with a warning); a worker that holds
+// a secret refuses it (it cannot tell it from an impostor).
+LOOM_TEST(LighthouseSecurity, AnOpenLighthouseAdmitsAnyoneButNotWorkersHoldingASecret) {
+  LighthouseOptions options = secured();
+  options.secret = {};
+  Lighthouse lighthouse(options);
+  EXPECT_EQ(lighthouse.worker_address(), lighthouse.address());
+  LighthouseClient plain(lighthouse.address(), 0, milliseconds(5000));
+  plain.start_heartbeat(milliseconds(20));
+  EXPECT_EQ(plain.request_quorum({0, 1, 0, "a", false, 1}, milliseconds(20000)).participants(),
+            "0");
+  const std::string error = error_of([&] {
+    LighthouseClient c(lighthouse.address() + "?secret=" + to_hex(make_job_secret()), 1,
+                       milliseconds(5000));
+  });
+  EXPECT_NE(error.find("admits anyone"), std::string::npos) << error;
+}
+
 LOOM_TEST(LighthouseSecurity, ListensOnlyOnAnAddressOfThisHost) {
   LighthouseOptions options = secured();
   options.host = "8.8.8.8";
