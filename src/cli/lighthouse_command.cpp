@@ -29,8 +29,8 @@ distributed::JobSecret lighthouse_secret(const std::string& path, std::string& f
     if (std::filesystem::exists(path)) return distributed::read_job_secret_file(path);
     const distributed::JobSecret secret = distributed::make_job_secret();
     const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    LOOM_CHECK_AS(IoError, fd >= 0, "--secret-file ", path, ": cannot create: ",
-                  std::strerror(errno));
+    LOOM_CHECK_AS(IoError, fd >= 0, "--secret-file ", path,
+                  ": cannot create: ", std::strerror(errno));
     const std::string text = distributed::to_hex(secret) + "\n";
     const bool written = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
     ::close(fd);

@@ -474,7 +474,9 @@ AuthTunnel::AuthTunnel(const std::string& host, int port, JobSecret secret,
   acceptor_ = std::thread(accept_loop, fd, shared_, handle);
 }
 
-void AuthTunnel::shut() { shared_->stop = true; }
+void AuthTunnel::shut() {
+  shared_->stop = true;
+}
 
 AuthTunnel::~AuthTunnel() {
   shared_->stop = true;

@@ -164,9 +164,10 @@ Lighthouse::Lighthouse(LighthouseOptions options)
   gate_ = std::make_unique<AuthGate>(gate);
   if (options_.host == "0.0.0.0" || options_.host == "::") {
     log::get("lighthouse")
-        ->warn("lighthouse: listening on every interface ({}); bind the address of the job's "
-               "private network instead where the host has a public one",
-               options_.host);
+        ->warn(
+            "lighthouse: listening on every interface ({}); bind the address of the job's "
+            "private network instead where the host has a public one",
+            options_.host);
   }
   port_ = gate_->port();
   log::get("lighthouse")

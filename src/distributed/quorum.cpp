@@ -107,9 +107,9 @@ void check_answer(const Quorum& q, const QuorumRequest& asked, const std::string
   LOOM_CHECK_AS(InputError, me >= 0, where, ": replica group ", asked.replica,
                 " (the asker) is not a member");
   const auto& mine = q.members[static_cast<size_t>(me)];
-  LOOM_CHECK_AS(InputError, mine.step == asked.step && mine.incarnation == asked.incarnation,
-                where, ": it answers another request of replica group ", asked.replica,
-                " (step ", mine.step, ", not ", asked.step, ")");
+  LOOM_CHECK_AS(InputError, mine.step == asked.step && mine.incarnation == asked.incarnation, where,
+                ": it answers another request of replica group ", asked.replica, " (step ",
+                mine.step, ", not ", asked.step, ")");
 }
 
 namespace {

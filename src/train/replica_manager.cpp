@@ -151,8 +151,8 @@ Quorum ReplicaManager::agree_on_quorum(int64_t committed) {
         // good (a lighthouse that died never comes back into use, so groups cannot split).
         if (lighthouse_index_ + 1 >= lighthouses_.size()) {
           LOOM_THROW(distributed::CommError, "the lighthouse at ",
-                     distributed::redact_secret(lighthouses_[lighthouse_index_]),
-                     " is gone (", distributed_message(e),
+                     distributed::redact_secret(lighthouses_[lighthouse_index_]), " is gone (",
+                     distributed_message(e),
                      ") and TORCHFT_LIGHTHOUSE lists no "
                      "other");
         }

@@ -125,8 +125,9 @@ TEST(Cli, NcclReplicaGroupsWithoutAGpuAreRefused) {
                          " --fault_tolerance.enable true --fault_tolerance.group_size 2"
                          " --fault_tolerance.process_group nccl");
   EXPECT_EQ(result.exit_code, 2) << result.output;
-  EXPECT_TRUE(contains(result.output, "fault_tolerance.process_group = \"nccl\" needs a CUDA "
-                                      "device"))
+  EXPECT_TRUE(contains(result.output,
+                       "fault_tolerance.process_group = \"nccl\" needs a CUDA "
+                       "device"))
       << result.output;
 }
 

@@ -52,10 +52,10 @@ class LighthouseProcess {
     std::ofstream(secret_file_) << std::string(64, 'a') << "\n";
     const CommandResult r = run_command(
         std::string(LOOM_BINARY) + " lighthouse --secret-file " + secret_file_ +
-        " --bind 127.0.0.1:" + std::to_string(port_) +
-        " --min-replicas " + std::to_string(min_replicas) + " --join-timeout-ms " +
-        std::to_string(kJoinTimeoutMs) + " --heartbeat-timeout-ms " +
-        std::to_string(kHeartbeatTimeoutMs) + " > " + folder + "/lighthouse.log 2>&1 & echo $!");
+        " --bind 127.0.0.1:" + std::to_string(port_) + " --min-replicas " +
+        std::to_string(min_replicas) + " --join-timeout-ms " + std::to_string(kJoinTimeoutMs) +
+        " --heartbeat-timeout-ms " + std::to_string(kHeartbeatTimeoutMs) + " > " + folder +
+        "/lighthouse.log 2>&1 & echo $!");
     pid_ = std::stoi(r.output);
   }
   ~LighthouseProcess() { stop(SIGTERM); }

@@ -288,8 +288,7 @@ LOOM_TEST(LighthouseSecurity, AStoppedLighthouseEndsTheRequestWithinItsDeadline)
       std::string(LOOM_BINARY) + " lighthouse --min-replicas 2 --secret-file " + secret_file +
       " --bind 127.0.0.1:" + std::to_string(port) + " > " + folder + "/log 2>&1 & echo $!");
   const int pid = std::stoi(started.output);
-  const std::string address =
-      "127.0.0.1:" + std::to_string(port) + "?secret_file=" + secret_file;
+  const std::string address = "127.0.0.1:" + std::to_string(port) + "?secret_file=" + secret_file;
   std::unique_ptr<LighthouseClient> client;
   for (int i = 0; i < 300 && !client; ++i) {  // until it listens (a loaded machine: seconds)
     try {
