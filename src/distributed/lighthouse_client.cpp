@@ -25,6 +25,8 @@ using Clock = std::chrono::steady_clock;
 
 // What a request may take beyond its own timeout for the store operations around the wait.
 constexpr std::chrono::milliseconds kStoreGrace{5000};
+// How long the heartbeat thread tries to reconnect at a time.
+constexpr std::chrono::milliseconds kReconnect{1000};
 
 // ---------------------------------------------------------------------------------------------
 // LighthouseClient
@@ -47,7 +49,7 @@ LighthouseClient::LighthouseClient(const std::string& address, int64_t replica,
                " (TORCHFT_LIGHTHOUSE): ", e.message(),
                ". Start one with `loom lighthouse --bind HOST:PORT`");
   }
-  main_ = connect();
+  main_ = connect(connect_timeout_);
 }
 
 LighthouseClient::~LighthouseClient() {
@@ -56,11 +58,12 @@ LighthouseClient::~LighthouseClient() {
   if (heartbeat_.joinable()) heartbeat_.join();
 }
 
-std::unique_ptr<LighthouseClient::Connection> LighthouseClient::connect() const {
+std::unique_ptr<LighthouseClient::Connection> LighthouseClient::connect(
+    std::chrono::milliseconds timeout) const {
   c10d::TCPStoreOptions options;
   options.isServer = false;
   options.waitWorkers = false;
-  options.timeout = connect_timeout_;
+  options.timeout = timeout;
   auto c = std::make_unique<Connection>();
   options.port = static_cast<std::uint16_t>(tunnel_->local_port());
   try {
@@ -80,7 +83,7 @@ std::unique_ptr<LighthouseClient::Connection> LighthouseClient::connect() const 
 
 void LighthouseClient::start_heartbeat(std::chrono::milliseconds interval,
                                        const std::string& incarnation) {
-  beat_ = connect();
+  beat_ = connect(connect_timeout_);
   incarnation_ = incarnation;
   const int64_t n = beat_->store->add(kRegistered, 1) - 1;
   beat_->store->add(heartbeat_key(replica_), 1);
@@ -105,7 +108,9 @@ void LighthouseClient::start_heartbeat(std::chrono::milliseconds interval,
         log::get("ft")->warn("heartbeat to the lighthouse at {} failed: {}", address_,
                              message_of(e));
         try {
-          beat_ = connect();
+          // Briefly: c10d retries a refused connection until its timeout, and the destructor
+          // waits for this thread (a lighthouse that died must not hold the group up).
+          beat_ = connect(std::min<std::chrono::milliseconds>(connect_timeout_, kReconnect));
         } catch (const std::exception&) {  // the next beat tries again
         }
       }

@@ -128,7 +128,7 @@ class LighthouseClient {
 
  private:
   struct Connection;
-  std::unique_ptr<Connection> connect() const;
+  std::unique_ptr<Connection> connect(std::chrono::milliseconds timeout) const;
   Quorum ask(const QuorumRequest& request, std::chrono::milliseconds timeout);
   std::string address_, host_;
   int port_ = 0;
