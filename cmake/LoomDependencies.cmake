@@ -8,6 +8,8 @@ find_package(fmt 9 REQUIRED)
 find_package(spdlog 1.10 REQUIRED)
 find_package(CLI11 2.1 REQUIRED)
 find_package(ZLIB REQUIRED)
+# HMAC-SHA256 and a CSPRNG for the job secret of fault-tolerant replica groups (libssl-dev).
+find_package(OpenSSL 1.1 REQUIRED COMPONENTS Crypto)
 # TensorBoard event records (libprotobuf-dev, protobuf-compiler).
 find_package(Protobuf 3.12 REQUIRED)
 if(NOT TARGET protobuf::libprotobuf-lite OR NOT Protobuf_PROTOC_EXECUTABLE)

@@ -31,7 +31,7 @@ APT_PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git python3 python3-venv
   nlohmann-json3-dev libtomlplusplus-dev libspdlog-dev libfmt-dev libcli11-dev libgtest-dev
   zlib1g-dev libpcre2-dev libjemalloc-dev libprotobuf-dev protobuf-compiler librsvg2-bin tmux
-  libzstd-dev libsentencepiece-dev libicu-dev
+  libzstd-dev libsentencepiece-dev libicu-dev libssl-dev
 )
 
 say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }

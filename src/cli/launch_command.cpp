@@ -9,6 +9,7 @@
 
 #include "commands.h"
 #include "loom/core/check.h"
+#include "loom/core/env.h"
 #include "loom/core/logging.h"
 #include "loom/core/strings.h"
 #include "loom/launch/elastic_rendezvous.h"
@@ -190,7 +191,8 @@ std::unique_ptr<distributed::RendezvousHandler> make_rendezvous(
 }
 
 // --lighthouse HOST:PORT: the fault-tolerant replica groups' lighthouse lives in this agent (for
-// as long as it runs), and the workers find it through TORCHFT_LIGHTHOUSE.
+// as long as it runs), and the workers find it through TORCHFT_LIGHTHOUSE, with its job secret
+// (LOOM_LIGHTHOUSE_SECRET, so several groups' lighthouses can share one, or a fresh one).
 std::unique_ptr<distributed::Lighthouse> start_lighthouse(const LaunchArgs& args) {
   if (!args.lighthouse) return nullptr;
   const auto [host, port] = distributed::parse_lighthouse_address(*args.lighthouse, "--lighthouse");
@@ -198,10 +200,12 @@ std::unique_ptr<distributed::Lighthouse> start_lighthouse(const LaunchArgs& args
   options.host = host;
   options.port = port;
   options.rules.min_replicas = args.lighthouse_min_replicas;
+  const auto shared = env::get("LOOM_LIGHTHOUSE_SECRET");
+  options.secret = shared ? distributed::parse_job_secret(*shared, "LOOM_LIGHTHOUSE_SECRET")
+                          : distributed::make_job_secret();
   auto lighthouse = std::make_unique<distributed::Lighthouse>(options);
   // A TORCHFT_LIGHTHOUSE the user set (a list of every group's lighthouse, for failover) stays.
-  const std::string connect = host == "0.0.0.0" ? "127.0.0.1" : host;
-  ::setenv("TORCHFT_LIGHTHOUSE", (connect + ":" + std::to_string(port)).c_str(), 0);
+  ::setenv("TORCHFT_LIGHTHOUSE", lighthouse->worker_address().c_str(), 0);
   return lighthouse;
 }
 

@@ -585,8 +585,10 @@ void add_runtime_sections(Schema& s) {
            "Backend of the process groups across replica groups.")
       .choices({"gloo", "nccl"});
   ft.field("process_group_timeout_ms", &FaultToleranceSection::process_group_timeout_ms,
-           "Timeout of collectives across replica groups (a failure discards the step).")
-      .min(1);
+           "Timeout of collectives across replica groups (a failure discards the step); 1 ms "
+           "to 1 day.")
+      .min(1)
+      .max(86400000);
   ft.field("replica_id", &FaultToleranceSection::replica_id,
            "This replica group's id (0 .. group_size - 1); it picks the group's data.")
       .min(0);

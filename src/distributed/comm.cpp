@@ -196,6 +196,12 @@ std::string Comm::describe(const char* what, const at::Tensor& tensor) const {
     text += ", " + std::to_string(tensor.numel()) + " " +
             std::string(c10::toString(tensor.scalar_type())) + " on " + tensor.device().str();
   }
+  // A process group across replica groups (LighthouseClient::replica_group names it
+  // "replicas(qN)") has one timeout, from its own key.
+  if (name_.rfind("replicas(", 0) == 0) {
+    return text + "; timeout " + std::to_string(timeout_.count()) +
+           " ms from fault_tolerance.process_group_timeout_ms)";
+  }
   const bool training = timeout_ == options_.train_timeout && timeout_ != options_.init_timeout;
   return text + "; timeout " +
          std::to_string(std::chrono::duration_cast<std::chrono::seconds>(timeout_).count()) +

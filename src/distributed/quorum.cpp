@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <set>
 
+#include "loom/core/check.h"
 #include "loom/core/json.h"
 
 namespace loom::distributed {
@@ -46,7 +47,8 @@ nlohmann::json to_json(const QuorumRequest& r) {
           {"step", r.step},
           {"incarnation", r.incarnation},
           {"group_broken", r.group_broken},
-          {"group_ranks", r.group_ranks}};
+          {"group_ranks", r.group_ranks},
+          {"steps_per_quorum", r.steps_per_quorum}};
 }
 
 QuorumRequest request_from_json(const nlohmann::json& j, const std::string& where) {
@@ -57,6 +59,9 @@ QuorumRequest request_from_json(const nlohmann::json& j, const std::string& wher
   r.incarnation = json::string_field(j, "incarnation", where);
   r.group_broken = json::bool_field(j, "group_broken", where);
   r.group_ranks = json::int_field(j, "group_ranks", where, 1);
+  if (j.is_object() && j.contains("steps_per_quorum")) {
+    r.steps_per_quorum = json::int_field(j, "steps_per_quorum", where, 1, int64_t{1} << 20);
+  }
   return r;
 }
 
@@ -82,6 +87,29 @@ Quorum quorum_from_json(const nlohmann::json& j, const std::string& where) {
                          json::int_field(m, "group_ranks", at, 1)});
   }
   return q;
+}
+
+void check_answer(const Quorum& q, const QuorumRequest& asked, const std::string& where) {
+  LOOM_CHECK_AS(InputError, q.id >= 1, where, ": quorum id ", q.id);
+  LOOM_CHECK_AS(InputError, !q.members.empty(), where, ": no members");
+  int64_t highest = q.members.front().step;
+  for (size_t i = 0; i < q.members.size(); ++i) {
+    const auto& m = q.members[i];
+    LOOM_CHECK_AS(InputError, i == 0 || q.members[i - 1].replica < m.replica, where,
+                  ": members not sorted by replica id, or one twice");
+    LOOM_CHECK_AS(InputError, m.step >= 0 && m.group_ranks >= 1, where, ": replica group ",
+                  m.replica, " has step ", m.step, " and ", m.group_ranks, " ranks");
+    highest = std::max(highest, m.step);
+  }
+  LOOM_CHECK_AS(InputError, q.max_step == highest, where, ": max_step ", q.max_step,
+                " is not the members' highest step ", highest);
+  const int me = q.index_of(asked.replica);
+  LOOM_CHECK_AS(InputError, me >= 0, where, ": replica group ", asked.replica,
+                " (the asker) is not a member");
+  const auto& mine = q.members[static_cast<size_t>(me)];
+  LOOM_CHECK_AS(InputError, mine.step == asked.step && mine.incarnation == asked.incarnation, where,
+                ": it answers another request of replica group ", asked.replica, " (step ",
+                mine.step, ", not ", asked.step, ")");
 }
 
 namespace {

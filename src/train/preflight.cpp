@@ -96,6 +96,14 @@ void check_training_keys(const config::JobConfig& config, const PreflightWorld& 
       problems.push_back(e.message());
     }
   }
+  const auto& ft = config.fault_tolerance;
+  if (ft.enable && ft.process_group == "nccl" && !world.device.is_cuda()) {
+    // Otherwise every replica process group fails to form and the quorum retries forever.
+    problems.push_back(
+        "fault_tolerance.process_group = \"nccl\" needs a CUDA device, and this "
+        "run trains on " +
+        world.device.str() + ": use \"gloo\"");
+  }
   if (config.metrics.step_breakdown && !world.device.is_cpu()) {
     problems.push_back("metrics.step_breakdown = true on " + world.device.str() +
                        ": it times operators on the host thread and CUDA kernels run "

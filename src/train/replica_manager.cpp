@@ -96,8 +96,8 @@ std::string lighthouse_address_from_env() {
   auto address = env::get("TORCHFT_LIGHTHOUSE");
   LOOM_CHECK_AS(InputError, address && !address->empty(),
                 "fault_tolerance.enable = true needs the lighthouse's address in "
-                "TORCHFT_LIGHTHOUSE (HOST:PORT or http://HOST:PORT; start one with `loom "
-                "lighthouse --bind HOST:PORT`)");
+                "TORCHFT_LIGHTHOUSE (HOST:PORT?secret_file=PATH as `loom lighthouse` prints it; "
+                "start one with `loom lighthouse --bind HOST:PORT`)");
   return *address;
 }
 
@@ -125,7 +125,8 @@ ReplicaManager::ReplicaManager(const config::FaultToleranceSection& section,
     }
   }
   log::get("ft")->info("replica group {} of {} (lighthouse {}), min_replica_size {}",
-                       section_.replica_id, section_.group_size, lighthouses_[lighthouse_index_],
+                       section_.replica_id, section_.group_size,
+                       distributed::redact_secret(lighthouses_[lighthouse_index_]),
                        section_.min_replica_size);
 }
 
@@ -133,8 +134,10 @@ void ReplicaManager::use_lighthouse(size_t index) {
   lighthouse_.reset();  // stops the old heartbeat thread
   lighthouse_index_ = index;
   lighthouse_ = std::make_unique<distributed::LighthouseClient>(
-      lighthouses_[index], section_.replica_id, std::chrono::milliseconds(30000));
-  if (world_->rank() == 0) lighthouse_->start_heartbeat(std::chrono::milliseconds(100));
+      lighthouses_[index], section_.replica_id, quorum_timeout_);
+  if (world_->rank() == 0) {
+    lighthouse_->start_heartbeat(std::chrono::milliseconds(100), incarnation_);
+  }
 }
 
 ReplicaManager::~ReplicaManager() = default;
@@ -145,6 +148,7 @@ Quorum ReplicaManager::agree_on_quorum(int64_t committed) {
   if (world_->rank() == 0) {
     distributed::QuorumRequest request{section_.replica_id, seq_,    committed,
                                        incarnation_,        broken_, world_->size()};
+    request.steps_per_quorum = semi_synchronous() ? section_.sync_steps : 1;
     nlohmann::json j;
     for (;;) {
       try {
@@ -154,14 +158,16 @@ Quorum ReplicaManager::agree_on_quorum(int64_t committed) {
         // The lighthouse's connection broke (its process died): the next one of the list, for
         // good (a lighthouse that died never comes back into use, so groups cannot split).
         if (lighthouse_index_ + 1 >= lighthouses_.size()) {
-          LOOM_THROW(distributed::CommError, "the lighthouse at ", lighthouses_[lighthouse_index_],
-                     " is gone (", distributed_message(e),
+          LOOM_THROW(distributed::CommError, "the lighthouse at ",
+                     distributed::redact_secret(lighthouses_[lighthouse_index_]), " is gone (",
+                     distributed_message(e),
                      ") and TORCHFT_LIGHTHOUSE lists no "
                      "other");
         }
         log::get("ft")->warn("the lighthouse at {} is gone ({}); moving to {}",
-                             lighthouses_[lighthouse_index_], distributed_message(e),
-                             lighthouses_[lighthouse_index_ + 1]);
+                             distributed::redact_secret(lighthouses_[lighthouse_index_]),
+                             distributed_message(e),
+                             distributed::redact_secret(lighthouses_[lighthouse_index_ + 1]));
         use_lighthouse(lighthouse_index_ + 1);
       }
     }

@@ -226,12 +226,18 @@ int64_t Trainer::join_quorum(int64_t committed, int64_t& tokens_seen) {
   elapsed_before_ = static_cast<double>(state.scalars[2]) / 1000 - seconds_since(train_start_);
   // The loader moves to the quorum's step: the batches of the steps this group did not train
   // (its data depends on its replica id and the step alone, so nothing is skipped or repeated).
-  int64_t skip = (now - committed) * run.accumulation_steps;
+  // Bounded by the job's own length (a quorum beyond training.steps ends the run, nothing to
+  // skip to) and interruptible: SIGTERM stops the skipping within a batch.
+  const int64_t target = std::min(now, config_.training.steps);
+  int64_t skip = std::max<int64_t>(0, (target - committed) * run.accumulation_steps);
   if (!retry_.empty()) {
-    skip -= static_cast<int64_t>(retry_.size());
+    skip -= std::min(skip, static_cast<int64_t>(retry_.size()));
     retry_.clear();
   }
   for (int64_t i = 0; i < skip; ++i) {
+    LOOM_CHECK_AS(Error, !signals::shutdown_requested(), "stopped by signal ",
+                  signals::shutdown_signal(), " while the loader skipped to step ", now,
+                  " after healing (", i, " of ", skip, " batches)");
     run.source->next(config_.training.local_batch_size, config_.training.seq_len);
   }
   log::get("trainer")->info("healed from replica group {}: step {} -> {} ({} batches skipped)",
@@ -348,6 +354,14 @@ TrainResult Trainer::train(const std::function<void()>& on_started) {
     if (!outcome.committed) {  // the replica groups discarded it: the same step again
       pending_.pop_back();
       ++discarded_steps_;
+      // Retries can go on for as long as a peer group stays broken: a stop request ends them
+      // (the last committed step's checkpoint stays the newest).
+      if (const int signal = any_rank_stopping(); signal != 0) {
+        log->warn("stop requested (signal {}) while step {} was retried: stopping", signal, step);
+        result.stopped_by_signal = true;
+        result.stop_signal = signal;
+        break;
+      }
       --step;
       continue;
     }

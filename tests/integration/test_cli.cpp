@@ -126,6 +126,20 @@ TEST(Cli, BadConfigNamesEveryProblemAndExitsNonZero) {
 
 // An output subfolder that climbs out of the dump folder is refused before anything is written;
 // an absolute one is accepted as given.
+// Replica groups over NCCL need a GPU: on a CPU run `config validate` refuses it naming the key
+// (train would otherwise retry the replica process group forever).
+TEST(Cli, NcclReplicaGroupsWithoutAGpuAreRefused) {
+  auto result = run_loom("config validate --config " LOOM_SOURCE_DIR
+                         "/configs/llama3_debug.toml --training.device cpu"
+                         " --fault_tolerance.enable true --fault_tolerance.group_size 2"
+                         " --fault_tolerance.process_group nccl");
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_TRUE(contains(result.output,
+                       "fault_tolerance.process_group = \"nccl\" needs a CUDA "
+                       "device"))
+      << result.output;
+}
+
 TEST(Cli, OutputFoldersMayNotClimbOutOfTheDumpFolder) {
   for (const char* key : {"metrics.save_tb_folder", "checkpoint.folder",
                           "profiling.save_traces_folder", "comm.save_traces_folder"}) {

@@ -42,15 +42,20 @@ std::string job_args(const std::string& folder, int steps) {
          " --checkpoint.last_save_model_only false";
 }
 
-// `loom lighthouse` in the background for the life of the test.
+// `loom lighthouse` in the background for the life of the test, with a job secret in a file
+// (written here first, so no group can start before it exists).
 class LighthouseProcess {
  public:
-  LighthouseProcess(const std::string& folder, int min_replicas) : port_(free_port()) {
+  LighthouseProcess(const std::string& folder, int min_replicas)
+      : port_(free_port()), secret_file_(folder + "/job_secret") {
+    fs::create_directories(folder);
+    std::ofstream(secret_file_) << std::string(64, 'a') << "\n";
     const CommandResult r = run_command(
-        std::string(LOOM_BINARY) + " lighthouse --bind 127.0.0.1:" + std::to_string(port_) +
-        " --min-replicas " + std::to_string(min_replicas) + " --join-timeout-ms " +
-        std::to_string(kJoinTimeoutMs) + " --heartbeat-timeout-ms " +
-        std::to_string(kHeartbeatTimeoutMs) + " > " + folder + "/lighthouse.log 2>&1 & echo $!");
+        std::string(LOOM_BINARY) + " lighthouse --secret-file " + secret_file_ +
+        " --bind 127.0.0.1:" + std::to_string(port_) + " --min-replicas " +
+        std::to_string(min_replicas) + " --join-timeout-ms " + std::to_string(kJoinTimeoutMs) +
+        " --heartbeat-timeout-ms " + std::to_string(kHeartbeatTimeoutMs) + " > " + folder +
+        "/lighthouse.log 2>&1 & echo $!");
     pid_ = std::stoi(r.output);
   }
   ~LighthouseProcess() { stop(SIGTERM); }
@@ -58,10 +63,13 @@ class LighthouseProcess {
     if (pid_ > 0) ::kill(pid_, signal);
     pid_ = 0;
   }
-  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+  // What workers need in TORCHFT_LIGHTHOUSE.
+  std::string address() const { return host_port() + "?secret_file=" + secret_file_; }
+  std::string host_port() const { return "127.0.0.1:" + std::to_string(port_); }
 
  private:
   int port_ = 0;
+  std::string secret_file_;
   int pid_ = 0;
 };
 

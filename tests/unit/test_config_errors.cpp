@@ -231,5 +231,10 @@ data_parallel_replicate_degree = 2
   EXPECT_TRUE(contains(error, "fault_tolerance.sync_steps: must be >= 1, got 0")) << error;
   error = load_error("[fault_tolerance]\nenable = true\n");
   EXPECT_TRUE(contains(error, "fault_tolerance.group_size: must be the number of replica groups"))
+      << error;  // A timeout of 10^13 ms overflows the collectives' clocks (every step failed,
+                 // blaming
+  // comm.init_timeout_seconds): refused, naming the key.
+  error = load_error("[fault_tolerance]\nprocess_group_timeout_ms = 10000000000000\n");
+  EXPECT_TRUE(contains(error, "fault_tolerance.process_group_timeout_ms: must be between 1 and"))
       << error;
 }

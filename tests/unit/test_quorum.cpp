@@ -156,8 +156,9 @@ LOOM_TEST(Lighthouse, FormsQuorumsAndReplicaGroupsOverItsStore) {
   options.rules.join_timeout = milliseconds(3000);
   options.rules.heartbeat_timeout = milliseconds(400);
   options.tick = milliseconds(5);
+  options.secret = make_job_secret();
   Lighthouse lighthouse(options);
-  const std::string address = "http://" + lighthouse.address();
+  const std::string address = "http://" + lighthouse.worker_address();
   // Both groups beat before either asks (a lone asker with min_replicas 1 would get a quorum of
   // its own before the other group is heard of).
   auto c0 = std::make_unique<LighthouseClient>(address, 0, milliseconds(5000));
@@ -203,9 +204,10 @@ LOOM_TEST(Lighthouse, StatusNamesTheGroupThatHoldsUpTheQuorum) {
   options.rules.join_timeout = milliseconds(20000);
   options.rules.heartbeat_timeout = milliseconds(2000);
   options.tick = milliseconds(5);
+  options.secret = make_job_secret();
   Lighthouse lighthouse(options);
-  LighthouseClient c0(lighthouse.address(), 0, milliseconds(5000));
-  LighthouseClient c1(lighthouse.address(), 1, milliseconds(5000));
+  LighthouseClient c0(lighthouse.worker_address(), 0, milliseconds(5000));
+  LighthouseClient c1(lighthouse.worker_address(), 1, milliseconds(5000));
   c0.start_heartbeat(milliseconds(20));
   c1.start_heartbeat(milliseconds(20));
   auto first = std::async(std::launch::async, [&] {
@@ -218,7 +220,7 @@ LOOM_TEST(Lighthouse, StatusNamesTheGroupThatHoldsUpTheQuorum) {
   });
   nlohmann::json status;
   for (int i = 0; i < 200; ++i) {
-    status = read_lighthouse_status(lighthouse.address(), milliseconds(5000));
+    status = read_lighthouse_status(lighthouse.worker_address(), milliseconds(5000));
     if (!status.value("holding_up", nlohmann::json::array()).empty()) break;
     std::this_thread::sleep_for(milliseconds(10));
   }

@@ -38,6 +38,9 @@ struct QuorumRequest {
   std::string incarnation;    // new with every start of the group's processes
   bool group_broken = false;  // the replica process group failed since the last quorum
   int64_t group_ranks = 0;    // ranks in the group: only groups of one layout average together
+  // Steps a group commits between two quorums (semi-synchronous modes: sync_steps): how far
+  // past the last quorum's step its next claim may be.
+  int64_t steps_per_quorum = 1;
 };
 
 struct QuorumMember {
@@ -66,6 +69,12 @@ nlohmann::json to_json(const QuorumRequest& request);
 QuorumRequest request_from_json(const nlohmann::json& j, const std::string& where);
 nlohmann::json to_json(const Quorum& quorum);
 Quorum quorum_from_json(const nlohmann::json& j, const std::string& where);
+
+// InputError naming `where` unless `q` can be the lighthouse's answer to `asked`: members sorted
+// by replica id and distinct, `asked`'s group among them with its own step and incarnation,
+// max_step the members' highest step, a positive id. (A forged answer could otherwise make a
+// group heal from, or average with, whatever it names.)
+void check_answer(const Quorum& q, const QuorumRequest& asked, const std::string& where);
 
 struct QuorumRules {
   int64_t min_replicas = 1;
