@@ -28,7 +28,8 @@ TEST(ConfigFiles, ShippedConfigsAreValidAndUseOnlyImplementedKeys) {
   // The jobs loom ships: each family's debug model and published sizes.
   for (const char* shipped :
        {"llama3_debug.toml", "llama3_8b.toml", "llama3_70b.toml", "llama3_405b.toml",
-        "qwen3_debug.toml", "qwen3_0.6b.toml", "qwen3_moe_debug.toml", "deepseek_v3_debug.toml"}) {
+        "qwen3_debug.toml", "qwen3_0.6b.toml", "qwen3_moe_debug.toml", "deepseek_v3_debug.toml",
+        "qwen3_debug_muon.toml", "deepseek_v3_debug_muon.toml"}) {
     const std::string path = std::string(LOOM_SOURCE_DIR) + "/configs/" + shipped;
     EXPECT_NE(std::find(files.begin(), files.end(), path), files.end()) << shipped;
   }
