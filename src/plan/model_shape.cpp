@@ -48,7 +48,10 @@ double ModelShape::block_op_policy_elements(int64_t b) const {
 ModelShape read_model_shape(const config::JobConfig& config, int64_t vocab) {
   const auto model =
       models::build_model(config, vocab, at::TensorOptions().device(at::kMeta).dtype(at::kFloat));
-  const models::ModelSummary s = model->summary(config.training.seq_len);
+  return model_shape_of(config, model->summary(config.training.seq_len));
+}
+
+ModelShape model_shape_of(const config::JobConfig& config, const models::ModelSummary& s) {
   LOOM_CHECK(!s.blocks.empty() && s.dim > 0 && s.vocab > 0, "the ", s.family,
              " family's summary reports no block shapes; the planner needs them");
   ModelShape shape;

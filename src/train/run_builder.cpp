@@ -139,11 +139,12 @@ std::string device_profile_name(const at::Device& device) {
 
 // One memory model: the planner's (plan/memory_model.h) for this job's layout on this device,
 // so the start-up line and `loom plan memory` cannot disagree.
-void log_planned_memory(const Run& run, int64_t vocab) {
+void log_planned_memory(const Run& run) {
   const auto& config = run.config;
   const std::string profile_name = device_profile_name(run.device);
   const plan::DeviceProfile profile = plan::load_device_profile(profile_name);
-  const plan::ModelShape shape = plan::read_model_shape(config, vocab);
+  // run.summary (the whole model with the run's vocabulary): no third meta build at start-up.
+  const plan::ModelShape shape = plan::model_shape_of(config, run.summary);
   const plan::Layout layout = plan::layout_of(config, run.runtime->dims().world_size);
   const plan::MemoryPlan memory = plan::predict_memory(shape, config, layout, profile);
   std::string parts;
@@ -198,7 +199,7 @@ void build_model(Run& run, const std::optional<parallel::pipeline::PipelinePlan>
   log->info("model {}", models::format_summary(run.summary, false));
   log->info("parallelism: {}; gradient sync: {}", run.runtime->dims().layout(),
             run.model.description);
-  log_planned_memory(run, vocab);
+  log_planned_memory(run);
 }
 
 void build_data(Run& run, std::unique_ptr<data::BatchSource> source,

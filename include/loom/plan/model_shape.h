@@ -11,6 +11,9 @@
 namespace loom::config {
 struct JobConfig;
 }
+namespace loom::models {
+struct ModelSummary;
+}
 
 namespace loom::plan {
 
@@ -65,5 +68,7 @@ struct ModelShape {
 // The job's model (model.name, model.flavor, training.seq_len) with `vocab` (0: the flavor's
 // published vocabulary), built on the meta device.
 ModelShape read_model_shape(const config::JobConfig& config, int64_t vocab);
+// The same from a summary the caller already holds (the trainer's, built once at start-up).
+ModelShape model_shape_of(const config::JobConfig& config, const models::ModelSummary& summary);
 
 }  // namespace loom::plan
