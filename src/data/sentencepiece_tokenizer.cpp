@@ -3,32 +3,13 @@
 #include <sentencepiece_processor.h>
 
 #include <cctype>
-#include <cstdio>
 
 #include "loom/core/check.h"
+#include "loom/core/terminal_text.h"
 #include "loom/core/files.h"
 
 namespace loom::data {
 
-namespace {
-
-// A SentencePiece status as ASCII: a corrupt model's status echoes the file's raw bytes, which
-// would garble the terminal; bytes outside printable ASCII become \xNN, and it is cut short.
-std::string readable(const std::string& status) {
-  std::string out;
-  for (unsigned char byte : status.substr(0, 300)) {
-    if (byte >= 0x20 && byte < 0x7f) {
-      out += static_cast<char>(byte);
-    } else {
-      char buffer[8];
-      std::snprintf(buffer, sizeof(buffer), "\\x%02x", byte);
-      out += buffer;
-    }
-  }
-  return status.size() > 300 ? out + "..." : out;
-}
-
-}  // namespace
 namespace {
 
 // tiktoken's format: lines of "<base64 token> <rank>", text only.
@@ -61,7 +42,7 @@ SentencePieceTokenizer::SentencePieceTokenizer(const std::string& path)
   LOOM_CHECK_AS(InputError, status.ok(), "tokenizer file '", path,
                 "' is neither tiktoken text (base64 token and rank per line) nor a SentencePiece "
                 "model: ",
-                readable(status.ToString()));
+                terminal::escaped(status.ToString(), 300));
   vocab_size_ = processor_->GetPieceSize();
   LOOM_CHECK_AS(InputError, vocab_size_ > 0, "SentencePiece model '", path, "' has no pieces");
   bos_id_ = processor_->bos_id();
@@ -79,7 +60,7 @@ std::vector<int32_t> SentencePieceTokenizer::encode(std::string_view text) const
   std::vector<int> ids;
   const auto status = processor_->Encode(text, &ids);
   LOOM_CHECK_AS(InputError, status.ok(), path_, ": cannot encode a text of ", text.size(),
-                " bytes: ", readable(status.ToString()));
+                " bytes: ", terminal::escaped(status.ToString(), 300));
   return {ids.begin(), ids.end()};
 }
 
@@ -90,7 +71,8 @@ std::string SentencePieceTokenizer::decode(const std::vector<int32_t>& ids) cons
   }
   std::string text;
   const auto status = processor_->Decode(std::vector<int>(ids.begin(), ids.end()), &text);
-  LOOM_CHECK_AS(InputError, status.ok(), path_, ": cannot decode: ", readable(status.ToString()));
+  LOOM_CHECK_AS(InputError, status.ok(), path_,
+                ": cannot decode: ", terminal::escaped(status.ToString(), 300));
   return text;
 }
 
