@@ -88,7 +88,9 @@ ThreadPlan check_thread_plan(int local_ranks) {
   plan.cpus = distributed::available_cpus();
   std::error_code ec;
   const std::string exe = std::filesystem::read_symlink("/proc/self/exe", ec).string();
-  if (!ec) {
+  // One look per node (local rank 0): the node's other ranks would only repeat the warning.
+  const char* local_rank = std::getenv("LOCAL_RANK");
+  if (!ec && (local_rank == nullptr || std::atoi(local_rank) == 0)) {
     const char* port = std::getenv("MASTER_PORT");
     const char* addr = std::getenv("MASTER_ADDR");
     const std::string job = port ? std::string(addr ? addr : "") + ":" + port : "";
