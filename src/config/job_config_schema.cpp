@@ -295,7 +295,9 @@ void add_training_sections(Schema& s) {
   val.field("dataset_path", &ValidationSection::dataset_path,
             "Path of the validation dataset files.");
   val.field("local_batch_size", &ValidationSection::local_batch_size,
-            "Validation samples per data-parallel rank.")
+            "Validation samples per data-parallel rank in one evaluation batch; they run forward "
+            "in pieces of training.local_batch_size rows (the pipeline's microbatch under PP), so "
+            "validation needs no more activation memory than a training microbatch.")
       .min(1);
   val.field("seq_len", &ValidationSection::seq_len, "Tokens per validation sample.").min(1);
   val.field("freq", &ValidationSection::freq, "Validate every this many training steps.").min(1);

@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+
 #include "loom/core/logging.h"
 #include "loom/parallel/context_parallel.h"
 #include "loom/parallel/pipeline/runner.h"
@@ -13,7 +15,6 @@
 namespace loom::train {
 namespace {
 
-// The whole model on this rank (data and tensor parallel wrappers inside it).
 // The tokens a rank computes of a batch and where they sit: the whole rows, or its context-
 // parallel share; documents and their positions under block_causal.
 parallel::ContextShard place_tokens(const data::Batch& batch, bool block_causal,
@@ -27,10 +28,21 @@ parallel::ContextShard place_tokens(const data::Batch& batch, bool block_causal,
   return whole;
 }
 
+// Rows [start, start + count) of a batch.
+data::Batch batch_rows(const data::Batch& batch, int64_t start, int64_t count) {
+  const auto rows = [&](const at::Tensor& t) { return t.defined() ? t.narrow(0, start, count) : t; };
+  return {rows(batch.inputs), rows(batch.labels), rows(batch.documents), rows(batch.positions)};
+}
+
+// The whole model on this rank (data and tensor parallel wrappers inside it).
 class LocalStepRunner final : public StepRunner {
  public:
-  LocalStepRunner(parallel::ParallelModel& model, const at::Device& device, bool block_causal)
-      : model_(model), device_(device), block_causal_(block_causal) {}
+  LocalStepRunner(parallel::ParallelModel& model, const at::Device& device, bool block_causal,
+                  int64_t microbatch_rows)
+      : model_(model),
+        device_(device),
+        block_causal_(block_causal),
+        microbatch_rows_(std::max<int64_t>(microbatch_rows, 1)) {}
 
   at::Tensor train_microbatch(const data::Batch& batch, double valid_tokens, bool last) override {
     model_.gradient_sync->prepare_microbatch(last);
@@ -45,11 +57,24 @@ class LocalStepRunner final : public StepRunner {
     return loss.detach();
   }
 
+  // A validation batch larger than the training microbatch runs as forwards of microbatch size
+  // (as the pipeline runner does): validation never needs more activation memory than a training
+  // step, and its buffers are the sizes the allocator already keeps for training, so a run's peak
+  // memory does not step up at a validation. The sum of token losses does not depend on the split.
   at::Tensor eval_sum(const data::Batch& batch) override {
-    const auto tokens = place_tokens(batch, block_causal_, model_.context.get());
-    AutocastGuard autocast(device_.type(), model_.autocast);
-    return model_.loss(model_.parts.front()->forward(tokens.inputs.to(device_), tokens.layout),
-                       tokens.labels.to(device_));
+    const int64_t rows = batch.inputs.size(0);
+    at::Tensor total;
+    for (int64_t start = 0; start < rows; start += microbatch_rows_) {
+      const auto tokens = place_tokens(
+          batch_rows(batch, start, std::min(microbatch_rows_, rows - start)), block_causal_,
+          model_.context.get());
+      AutocastGuard autocast(device_.type(), model_.autocast);
+      at::Tensor sum = model_.loss(
+          model_.parts.front()->forward(tokens.inputs.to(device_), tokens.layout),
+          tokens.labels.to(device_));
+      total = total.defined() ? total + sum : sum;
+    }
+    return total;
   }
 
   at::Tensor complete_losses(at::Tensor losses, metrics::StepMetrics& /*window*/) override {
@@ -60,6 +85,7 @@ class LocalStepRunner final : public StepRunner {
   parallel::ParallelModel& model_;
   at::Device device_;
   bool block_causal_;
+  int64_t microbatch_rows_;
 };
 
 // The rank's stages under the pipeline schedule: the schedule runs backward and arms each stage's
@@ -154,7 +180,8 @@ std::unique_ptr<StepRunner> make_step_runner(
     const config::JobConfig& config) {
   if (plan) return pipeline_runner(model, *plan, runtime, device, config);
   return std::make_unique<LocalStepRunner>(model, device,
-                                           config.model.attn_mask_type == "block_causal");
+                                           config.model.attn_mask_type == "block_causal",
+                                           config.training.local_batch_size);
 }
 
 }  // namespace loom::train

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <regex>
 #include <sstream>
 
@@ -443,4 +444,31 @@ TEST(FirstDay, StartUpMemoryEstimateIsPlanMemorys) {
         << c.what << "\n" << trained.output;
     EXPECT_NE(trained.output.find("loom plan memory --device cpu"), std::string::npos) << c.what;
   }
+}
+
+// A validation batch of 32 rows when training takes 1: run as one forward, its logits alone
+// (32 x 128 x 4096 floats, 64 MiB, and as much again for the log-softmax) raise the run's peak
+// far above training's; run in training-microbatch pieces, validation leaves the peak where
+// training put it.
+TEST(FirstDay, ValidationRunsInTrainingMicrobatchesAndKeepsThePeak) {
+  const std::string folder = fresh_temp_dir("firstday_val_peak");
+  const auto result = run_loom(
+      "train --config " LOOM_SOURCE_DIR "/configs/llama3_debug.toml --job.dump_folder " + folder +
+      " --training.device cpu --training.seq_len 128 --training.local_batch_size 1"
+      " --training.global_batch_size 1 --training.steps 4 --metrics.log_freq 1"
+      " --validation.enable true --validation.freq 3 --validation.steps 1"
+      " --validation.local_batch_size 32 --validation.seq_len 128");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  std::map<int64_t, double> peak_mib;
+  int validations = 0;
+  for (const auto& line : read_jsonl(folder + "/metrics.jsonl")) {
+    if (line.contains("val_loss")) ++validations;
+    if (line.contains("loss") && line.contains("mem_peak_gib"))
+      peak_mib[line["step"].get<int64_t>()] = line["mem_peak_gib"].get<double>() * 1024;
+  }
+  ASSERT_EQ(validations, 1) << result.output;
+  ASSERT_TRUE(peak_mib.count(2) && peak_mib.count(4)) << result.output;
+  EXPECT_LT(peak_mib[4] - peak_mib[2], 24.0)
+      << "the validation at step 3 raised the peak from " << peak_mib[2] << " MiB to "
+      << peak_mib[4] << " MiB";
 }
