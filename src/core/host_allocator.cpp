@@ -41,6 +41,9 @@ std::string describe_host_allocator() {
   std::string text = fmt::format("jemalloc {} (", version);
   text += dirty_decay < 0 ? "freed memory kept for reuse"
                           : fmt::format("freed memory returned after {} ms", dirty_decay);
+  unsigned arenas = 0;
+  read_mallctl("opt.narenas", arenas);
+  if (arenas == 1) text += ", one arena for every thread";
   if (oversize > 0) text += fmt::format(", blocks over {} MiB in their own arena", oversize >> 20);
   if (const char* user = std::getenv("MALLOC_CONF")) text += fmt::format("; MALLOC_CONF={}", user);
   return text + ")";

@@ -75,6 +75,8 @@ TEST(Cli, TheLoomBinaryUsesJemallocAndKeepsFreedPages) {
   ASSERT_EQ(result.exit_code, 0) << result.output;
   EXPECT_TRUE(contains(result.output, "Host allocator: jemalloc ")) << result.output;
   EXPECT_TRUE(contains(result.output, "freed memory kept for reuse")) << result.output;
+  // Threads share freed pages (docs/performance.md, host memory over long runs).
+  EXPECT_TRUE(contains(result.output, "one arena for every thread")) << result.output;
 }
 
 TEST(Cli, NoSubcommandOrUnknownOneIsAUsageError) {

@@ -15,6 +15,7 @@
 #include "loom/distributed/quorum.h"
 #include "loom/train/replica_manager.h"
 #include "support/test_sets.h"
+#include "comm_test_util.h"
 
 namespace {
 
@@ -244,6 +245,104 @@ LOOM_TEST(Lighthouse, RefusesAnAddressThatIsNotALighthouse) {
   } catch (const loom::InputError& e) {
     FAIL() << e.what();
   }
+}
+
+// The semi-synchronous modes through ReplicaManager: two replica groups of one rank on threads,
+// a lighthouse in this process, three periods of two local steps. After each synchronization
+// both groups hold exactly what the method's definition gives: local SGD the mean of the groups'
+// parameters; DiLoCo torch.optim.SGD(nesterov) stepping from the period's start parameters on
+// the mean pseudo-gradient. Plain averaging in DiLoCo's place, or no synchronization, fails.
+void check_semi_sync(const std::string& method) {
+  LighthouseOptions options;
+  options.host = "127.0.0.1";
+  options.port = 0;
+  options.rules.min_replicas = 2;
+  options.rules.join_timeout = milliseconds(30000);
+  options.rules.heartbeat_timeout = milliseconds(1500);
+  options.tick = milliseconds(5);
+  options.secret = make_job_secret();
+  Lighthouse lighthouse(options);
+  constexpr int kPeriods = 3, kSyncSteps = 2;
+  constexpr double kOuterLr = 0.7, kOuterMomentum = 0.9;
+  // The local progress of group g in period p: a fixed random step per tensor.
+  auto local_step = [](int group, int period, int tensor, const at::Tensor& like) {
+    at::manual_seed(1000 * period + 10 * group + tensor);
+    return at::randn(like.sizes()) * 0.1;
+  };
+  at::manual_seed(5);
+  const std::vector<at::Tensor> initial = {at::randn({4, 3}), at::randn({6})};
+  // The reference: each period's result by the method's definition.
+  std::vector<std::vector<at::Tensor>> want(kPeriods);
+  std::vector<at::Tensor> global;
+  for (const auto& t : initial) global.push_back(t.clone().requires_grad_(true));
+  torch::optim::SGD outer(global, torch::optim::SGDOptions(kOuterLr)
+                                      .momentum(kOuterMomentum)
+                                      .nesterov(true)
+                                      .dampening(0));
+  for (int p = 0; p < kPeriods; ++p) {
+    for (size_t i = 0; i < global.size(); ++i) {
+      const at::Tensor start = global[i].detach().clone();
+      const at::Tensor local0 = start + local_step(0, p, static_cast<int>(i), start);
+      const at::Tensor local1 = start + local_step(1, p, static_cast<int>(i), start);
+      if (method == "local_sgd") {
+        global[i].detach().copy_((local0 + local1) / 2);
+      } else {
+        global[i].mutable_grad() = ((start - local0) + (start - local1)) / 2;
+      }
+    }
+    if (method == "diloco") outer.step();
+    for (const auto& t : global) want[p].push_back(t.detach().clone());
+  }
+  // Both groups through ReplicaManager.
+  std::vector<std::vector<std::vector<at::Tensor>>> got(2);
+  const auto errors = loom::testing::on_thread_ranks(2, [&](int group) {
+    loom::distributed::ProcessGroups world(
+        loom::testing::thread_rank_init(0, 1, loom::testing::free_port()));
+    loom::config::FaultToleranceSection section;
+    section.enable = true;
+    section.replica_id = group;
+    section.group_size = 2;
+    section.min_replica_size = 2;
+    section.semi_sync_method = method;
+    section.sync_steps = kSyncSteps;
+    section.outer_lr = kOuterLr;
+    section.outer_momentum = kOuterMomentum;
+    loom::train::ReplicaManager manager(section, world.world_ptr(), lighthouse.worker_address(),
+                                        0, milliseconds(20000));
+    loom::train::ReplicaState state;
+    for (const auto& t : initial) state.parameters.push_back(t.clone());
+    for (int p = 0; p < kPeriods; ++p) {
+      const int64_t first = int64_t{p} * kSyncSteps + 1, last = first + kSyncSteps - 1;
+      ASSERT_TRUE(manager.starts_period(first) && manager.ends_period(last));
+      ASSERT_FALSE(manager.ends_period(first));
+      ASSERT_EQ(manager.start_step(first - 1, state), first - 1);
+      for (size_t i = 0; i < state.parameters.size(); ++i) {
+        state.parameters[i].add_(local_step(group, p, static_cast<int>(i), state.parameters[i]));
+      }
+      ASSERT_TRUE(manager.synchronize(state.parameters, last));
+      std::vector<at::Tensor> snapshot;
+      for (const auto& t : state.parameters) snapshot.push_back(t.clone());
+      got[static_cast<size_t>(group)].push_back(snapshot);
+    }
+  });
+  ASSERT_TRUE(errors.empty()) << loom::testing::joined(errors);
+  for (int p = 0; p < kPeriods; ++p) {
+    for (size_t i = 0; i < initial.size(); ++i) {
+      const at::Tensor& a = got[0][static_cast<size_t>(p)][i];
+      EXPECT_TRUE(at::equal(a, got[1][static_cast<size_t>(p)][i]))
+          << method << ": the groups differ after period " << p;
+      EXPECT_LE((a - want[static_cast<size_t>(p)][i]).abs().max().item<double>(), 1e-6)
+          << method << ", period " << p << ", tensor " << i;
+    }
+  }
+}
+
+LOOM_TEST(SemiSync, LocalSgdAveragesTheGroupsParametersAtEverySync) {
+  check_semi_sync("local_sgd");
+}
+
+LOOM_TEST(SemiSync, DiLoCoTakesTheNesterovOuterStepOnTheMeanPseudoGradient) {
+  check_semi_sync("diloco");
 }
 
 }  // namespace
