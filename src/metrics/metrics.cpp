@@ -209,6 +209,7 @@ std::string MetricsLogger::to_json_line(const StepMetrics& m, double wall_time) 
                       {"data_skipped", m.data_skipped},
                       {"comm_mb", m.comm_mb},
                       {"wall_time", wall_time}};
+  for (const auto& [collective, mb] : m.comm_mb_by_collective) j["comm_mb/" + collective] = mb;
   if (m.val_loss) j["val_loss"] = *m.val_loss;
   if (m.pp_bubble_pct) j["pp_bubble_pct"] = *m.pp_bubble_pct;
   for (const auto& [block, norm] : m.block_grad_norms) j["grad_norm/" + block] = norm;

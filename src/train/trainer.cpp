@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <set>
 
 #include "loom/checkpoint/manager.h"
 #include "loom/core/check.h"
@@ -43,6 +44,23 @@ at::Tensor sum_over(distributed::Comm& group, at::Tensor values) {
   return values;
 }
 
+// Wire bytes this rank sent, by collective, over every process group of the runtime (a group
+// that serves several mesh kinds counted once).
+std::array<uint64_t, distributed::kCollectiveKinds> wire_bytes_by_collective(
+    distributed::ParallelRuntime& runtime) {
+  std::array<uint64_t, distributed::kCollectiveKinds> bytes{};
+  std::set<const distributed::Comm*> seen;
+  auto add = [&](const distributed::Comm& group) {
+    if (!seen.insert(&group).second) return;
+    for (size_t c = 0; c < bytes.size(); ++c) {
+      bytes[c] += group.counters()[static_cast<distributed::Collective>(c)].wire_bytes.load();
+    }
+  };
+  add(runtime.world_group());
+  for (const auto kind : distributed::kAllMeshGroups) add(runtime.group(kind));
+  for (const auto kind : distributed::kExpertMeshGroups) add(runtime.group(kind));
+  return bytes;
+}
 
 // metrics.jsonl's start record: which run, resumed from where, with which config and layout.
 metrics::RunStart run_start(const config::JobConfig& config, const distributed::ParallelDims& dims,
@@ -124,11 +142,21 @@ void Trainer::log_window(int64_t step, int64_t tokens_seen, metrics::StepMetrics
   m.since_start_s = metrics::seconds_since_process_start();
   m.data_skipped = run_->source->records_skipped();
   const uint64_t comm_now = run_->runtime->total_wire_bytes();
-  m.comm_mb =
-      static_cast<double>(comm_now - window_.comm_start) / 1e6 / static_cast<double>(window_.steps);
+  const double per_step_mb = 1e6 * static_cast<double>(window_.steps);
+  m.comm_mb = static_cast<double>(comm_now - window_.comm_start) / per_step_mb;
+  const auto by_collective = wire_bytes_by_collective(*run_->runtime);
+  for (size_t c = 0; c < by_collective.size(); ++c) {
+    const uint64_t sent = by_collective[c] - window_.comm_start_by_collective[c];
+    if (sent > 0) {
+      m.comm_mb_by_collective.emplace_back(
+          distributed::to_string(static_cast<distributed::Collective>(c)),
+          static_cast<double>(sent) / per_step_mb);
+    }
+  }
   metrics_->log_step(m);
   window_ = Window{};
   window_.comm_start = comm_now;
+  window_.comm_start_by_collective = by_collective;
 }
 
 bool Trainer::is_log_step(int64_t step) const {
@@ -329,6 +357,7 @@ TrainResult Trainer::train(const std::function<void()>& on_started) {
   int64_t tokens_seen = resume.tokens_seen;
   window_ = Window{};
   window_.comm_start = run_->runtime->total_wire_bytes();
+  window_.comm_start_by_collective = wire_bytes_by_collective(*run_->runtime);
   for (int64_t step = resume.step + 1; step <= t.steps; ++step) {
     if (run_->replicas && run_->replicas->starts_period(step)) {
       step = join_quorum(step - 1, tokens_seen) + 1;

@@ -110,9 +110,34 @@ std::string pipeline(int pp) {
          " --parallelism.pipeline_parallel_microbatch_size 2";
 }
 
+// The ring's traffic by its definition: per layer, the forward passes each rank's key and value
+// blocks cp - 1 steps around the ring; the backward passes them around again (cp - 1 steps) and
+// each block's key/value gradient accumulator cp steps (home at the end). Block: the rank's
+// tokens (rows x seq_len / cp) x kv heads x head dim floats. The all-gather method sends none of
+// it (its keys travel as all_gather_into_tensor), and neither does a run without cp.
+void expect_ring_traffic(const std::string& folder, int cp, const std::string& what) {
+  constexpr int64_t kLayers = 6, kKvHeads = 16, kHeadDim = 16;  // llama3 debugmodel
+  constexpr int64_t kRows = 4, kSeqLen = 32;
+  const int64_t block_bytes = kRows * kSeqLen / cp * kKvHeads * kHeadDim * 4;
+  const int64_t per_layer = 2 * (cp - 1) + 2 * (cp - 1) + 2 * cp;  // K,V fwd; K,V bwd; dK,dV
+  const double want_mb = static_cast<double>(kLayers * per_layer * block_bytes) / 1e6;
+  int checked = 0;
+  for (const auto& row : loom::testing::logged_rows(folder)) {
+    if (!row.contains("loss")) continue;
+    const int64_t step = row["step"].get<int64_t>();
+    if (step < 2 || step > 9) continue;  // one step per window, no validation forward in it
+    ++checked;
+    ASSERT_TRUE(row.contains("comm_mb/send")) << what << ": no ring traffic at step " << step;
+    EXPECT_NEAR(row["comm_mb/send"].get<double>(), want_mb, 1e-9)
+        << what << " step " << step << ": the ring's bytes per step";
+  }
+  EXPECT_EQ(checked, 8) << what;
+}
+
 LOOM_TEST(ContextParallelTraining, BlockCausalRingCp2TrainsLikeOneRank) {
-  expect_like_one_rank(block_causal(), block_causal().layout_run("cp2", 2, context(2)),
-                       "block_causal cp 2, ring");
+  const std::string ring = block_causal().layout_run("cp2", 2, context(2));
+  expect_like_one_rank(block_causal(), ring, "block_causal cp 2, ring");
+  expect_ring_traffic(ring, 2, "block_causal cp 2, ring");
 }
 
 LOOM_SLOW_TEST(ContextParallelTraining, EveryLayoutTrainsLikeOneRank) {
@@ -122,8 +147,9 @@ LOOM_SLOW_TEST(ContextParallelTraining, EveryLayoutTrainsLikeOneRank) {
   for (const std::string method : {"allgather", "alltoall"}) {
     expect_like_one_rank(causal(), causal().layout_run("cp2_" + method, 2, context(2, method)),
                          "causal cp 2, " + method);
-    expect_like_one_rank(causal(), causal().layout_run("cp4_" + method, 4, context(4, method)),
-                         "causal cp 4, " + method);
+    const std::string cp4 = causal().layout_run("cp4_" + method, 4, context(4, method));
+    expect_like_one_rank(causal(), cp4, "causal cp 4, " + method);
+    if (method == "alltoall") expect_ring_traffic(cp4, 4, "causal cp 4, ring");
     expect_like_one_rank(block_causal(),
                          block_causal().layout_run("cp4_" + method, 4, context(4, method)),
                          "block_causal cp 4, " + method);

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "support/layout_runs.h"
+#include "support/metrics_log.h"
 #include "support/test_sets.h"
 
 namespace {
@@ -40,8 +41,34 @@ LayoutRuns& runs() {
   return instance;
 }
 
+// Expert parallelism's token traffic, by its definition: each MoE layer sends a token's hidden
+// state to the rank of each of its top-k experts that lives elsewhere and gets the expert's
+// output back (dispatch and combine), in the forward and again in the backward, plus the expert
+// counts. So every step sends more than nothing, and at most every routed copy both ways twice.
+// A run whose experts are not split (ep off) sends no all_to_all at all.
+void expect_expert_traffic(const std::string& folder, int64_t rank_tokens,
+                           const std::string& what) {
+  constexpr int64_t kDim = 256, kTopK = 3, kMoeLayers = 3;  // deepseek_v3 debugmodel
+  constexpr double kCountBytes = 4096;                       // the per-expert counts, generously
+  const double most_mb =
+      (static_cast<double>(kMoeLayers * rank_tokens * kTopK * kDim * 4 * 2 * 2) + kCountBytes) /
+      1e6;
+  int checked = 0;
+  for (const auto& row : loom::testing::logged_rows(folder)) {
+    if (!row.contains("loss")) continue;
+    ++checked;
+    ASSERT_TRUE(row.contains("comm_mb/all_to_all")) << what << ": no all_to_all " << row.dump();
+    const double mb = row["comm_mb/all_to_all"].get<double>();
+    EXPECT_GT(mb, 0) << what;
+    EXPECT_LE(mb, most_mb) << what << " step " << row["step"];
+  }
+  EXPECT_EQ(checked, 20) << what;
+}
+
 LOOM_TEST(DeepseekV3Training, ExpertParallelTrainsLikeOneRank) {
-  runs().expect_matches_one_rank(runs().layout_run("ep2", 2, layout(2, 2, 2)), "deepseek_v3 ep 2");
+  const std::string ep2 = runs().layout_run("ep2", 2, layout(2, 2, 2));
+  runs().expect_matches_one_rank(ep2, "deepseek_v3 ep 2");
+  expect_expert_traffic(ep2, 2 * 16, "deepseek_v3 ep 2");
 }
 
 LOOM_SLOW_TEST(DeepseekV3Training, EveryLayoutTrainsLikeOneRank) {

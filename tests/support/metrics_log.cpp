@@ -8,6 +8,16 @@
 
 namespace loom::testing {
 
+std::vector<nlohmann::json> logged_rows(const std::string& dump_folder) {
+  std::ifstream in(dump_folder + "/metrics.jsonl");
+  std::vector<nlohmann::json> rows;
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object()) rows.push_back(std::move(j));
+  }
+  return rows;
+}
+
 std::vector<double> logged_losses(const std::string& dump_folder) {
   std::ifstream in(dump_folder + "/metrics.jsonl");
   std::vector<double> out;

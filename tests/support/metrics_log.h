@@ -1,12 +1,17 @@
 // Reading what a training run logged, for the end-to-end tests.
 #pragma once
 
+#include <nlohmann/json.hpp>
+
 #include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
 
 namespace loom::testing {
+
+// Every object line of <dump_folder>/metrics.jsonl, in order (start records included).
+std::vector<nlohmann::json> logged_rows(const std::string& dump_folder);
 
 // The loss of every training line in <dump_folder>/metrics.jsonl, in order.
 std::vector<double> logged_losses(const std::string& dump_folder);

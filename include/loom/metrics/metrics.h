@@ -46,6 +46,10 @@ struct StepMetrics {
   double since_start_s = 0;  // since the process started (start-up cost included)
   int64_t data_skipped = 0;  // bad dataset records skipped (training.dataset_on_error = skip)
   double comm_mb = 0;  // MB this rank sent per step over every process group (ring-model bytes)
+  // comm_mb split by collective ("all_to_all", "send", ...; the kinds that moved bytes in the
+  // window), logged as "comm_mb/<collective>": expert parallelism's dispatch is all_to_all,
+  // the context-parallel ring is send.
+  std::vector<std::pair<std::string, double>> comm_mb_by_collective;
   std::optional<double> val_loss;
   // Pipeline parallelism only: the measured bubble over the logging window, 100 x idle over
   // busy time summed over the pp ranks (parallel::pipeline::bubble_fraction, the definition

@@ -6,6 +6,7 @@
 // runner.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -70,6 +71,7 @@ class Trainer {
     double time = 0, data = 0, wait = 0;
     int64_t steps = 0;
     uint64_t comm_start = 0;  // the runtime's wire bytes when the window began
+    std::array<uint64_t, distributed::kCollectiveKinds> comm_start_by_collective{};
   };
 
   struct StepOutcome {
