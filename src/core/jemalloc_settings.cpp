@@ -9,13 +9,11 @@
 // oversize_threshold 0: no dedicated arena for blocks over 8 MiB. That arena returns freed pages
 // at once, so a step's big blocks faulted in again, and after the first validation pass the
 // debug model's peak RSS rose 36-45 MiB and stayed there (one rank; +2 MiB without it).
-// narenas 1: every thread allocates from one arena. With an arena per thread group, each arena
-// keeps the freed pages of its own threads only, and Gloo's worker threads (two per process
-// group, which of them runs a collective depends on timing) each grew their arena the first time
-// a large collective landed on them: HSDP 2x2's peak RSS took one 8-16 MiB step at a random step
-// (70-130) and stayed there; with one arena it is flat from step 17 to 250. Large blocks are few
-// per step and small ones go through each thread's cache, so the shared arena's lock costs
-// nothing measurable.
+// narenas 1: every thread allocates from one arena, so freed pages are reused by whichever
+// thread allocates next. With jemalloc's arena per thread group, Gloo's worker threads (two per
+// process group) each kept their own freed pages: FSDP x2 and HSDP 2x2 held 16-24 MiB more at
+// the same step (docs/performance.md). Large blocks are few per step and small ones go through
+// each thread's cache, so the shared arena's lock costs nothing measurable.
 extern "C" {
 extern const char* malloc_conf;
 const char* malloc_conf = "dirty_decay_ms:-1,oversize_threshold:0,narenas:1";
