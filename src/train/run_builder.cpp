@@ -32,6 +32,7 @@
 #include "loom/quantize/convert.h"
 #include "loom/train/mixed_precision.h"
 #include "loom/train/preflight.h"
+#include "loom/train/replica_step_hook.h"
 #include "loom/train/run.h"
 #include "loom/train/threads.h"
 
@@ -218,12 +219,12 @@ void build_data(Run& run, std::unique_ptr<data::BatchSource> source,
   const int64_t train_dp_size = ft.enable ? ft.group_size * dp_size : dp_size;
   const int64_t max_document = t.dataset_max_document_mib << 20;
   auto train_source =
-      source ? std::move(source)
-             : dataset_source(t.dataset, t.dataset_path, t.dataset_mixture, run.tokenizer.get(),
-                              vocab,
-                              {t.seq_len, run.seed, true, train_dp_rank, train_dp_size, skip_bad,
-                               t.dataset_text_field, -1, max_document},
-                              "training");
+      source
+          ? std::move(source)
+          : dataset_source(t.dataset, t.dataset_path, t.dataset_mixture, run.tokenizer.get(), vocab,
+                           {t.seq_len, run.seed, true, train_dp_rank, train_dp_size, skip_bad,
+                            t.dataset_text_field, -1, max_document},
+                           "training");
   // A background thread keeps the next two microbatches ready.
   run.source = std::make_unique<data::PrefetchingSource>(std::move(train_source),
                                                          t.local_batch_size, t.seq_len, 2);
@@ -232,11 +233,10 @@ void build_data(Run& run, std::unique_ptr<data::BatchSource> source,
   auto validation =
       validation_source
           ? std::move(validation_source)
-          : dataset_source(
-                v.dataset, v.dataset_path, v.dataset_mixture, run.tokenizer.get(), vocab,
-                {v.seq_len, run.seed + 1, false, dp_rank, dp_size, skip_bad, v.dataset_text_field,
-                 -1, max_document},
-                "validation");
+          : dataset_source(v.dataset, v.dataset_path, v.dataset_mixture, run.tokenizer.get(), vocab,
+                           {v.seq_len, run.seed + 1, false, dp_rank, dp_size, skip_bad,
+                            v.dataset_text_field, -1, max_document},
+                           "validation");
   LOOM_CHECK_AS(InputError, v.steps > 0 || validation->samples_per_epoch(),
                 "validation.steps = -1 (the whole set) needs a finite validation dataset; set a "
                 "step count for '",
@@ -304,11 +304,15 @@ std::unique_ptr<Run> build_run(config::JobConfig config, std::unique_ptr<data::B
   if (run->config.fault_tolerance.enable) {
     // Before the model: the group beats (and so counts as alive) while it builds.
     const auto& comm = run->config.comm;
-    run->replicas = std::make_unique<ReplicaManager>(
-        run->config.fault_tolerance, run->runtime->world_group_ptr(), lighthouse_address_from_env(),
-        world.restart_count,
-        std::chrono::milliseconds(std::min(comm.init_timeout_seconds, comm.train_timeout_seconds) *
-                                  800));
+    run->step_hook = replica_step_hook(
+        std::make_unique<ReplicaManager>(
+            run->config.fault_tolerance, run->runtime->world_group_ptr(),
+            lighthouse_address_from_env(), world.restart_count,
+            std::chrono::milliseconds(
+                std::min(comm.init_timeout_seconds, comm.train_timeout_seconds) * 800)),
+        *run);
+  } else {
+    run->step_hook = std::make_unique<StepHook>();
   }
   build_model(*run, plan);
   run->steps = make_step_runner(run->model, plan, *run->runtime, run->device, run->config);

@@ -83,9 +83,9 @@ metrics::RunStart run_start(const config::JobConfig& config, const distributed::
 // "finished: 2 steps (steps 61-62, resumed from step 60) of 62", or
 // "(steps 11-30, healed to step 10 from a replica group)" when a quorum moved it forward.
 std::string describe_steps_run(const TrainResult& result, int64_t resumed_from, int64_t total) {
-  const int64_t ran =
-      result.steps_completed >= result.first_step ? result.steps_completed - result.first_step + 1
-                                                  : 0;
+  const int64_t ran = result.steps_completed >= result.first_step
+                          ? result.steps_completed - result.first_step + 1
+                          : 0;
   std::string which = "none run";
   if (ran > 0 && result.first_step - 1 > resumed_from) {
     which = fmt::format("steps {}-{}, healed to step {} from a replica group", result.first_step,
@@ -202,8 +202,7 @@ Trainer::StepOutcome Trainer::train_step(int64_t step, PendingStep& pending,
     loss_sum = loss_sum.defined() ? loss_sum + loss : loss;
   }
   run.model.gradient_sync->finish();
-  const bool every_step = run.replicas && !run.replicas->semi_synchronous();
-  if (every_step) run.replicas->average(run.local_tensors, loss_sum, valid_tokens);
+  run.step_hook->reduce_gradients(loss_sum, static_cast<double>(valid_tokens));
   if (config_.metrics.log_layer_grad_norms && is_log_step(step)) {
     // Over every rank: FSDP shards, TP pieces and pipeline stages each hold some of a block.
     std::vector<std::string> names;
@@ -219,7 +218,7 @@ Trainer::StepOutcome Trainer::train_step(int64_t step, PendingStep& pending,
   pending.loss = loss_sum.to(at::kDouble);
   pending.grad_norm =
       clip_grad_norm(run.local_tensors, run.placements, t.max_norm, &run.runtime->world_group());
-  if (every_step && !run.replicas->should_commit(step)) {
+  if (!run.step_hook->commit(step)) {
     retry_ = std::move(micro);
     return {data_time, false};
   }
@@ -229,29 +228,20 @@ Trainer::StepOutcome Trainer::train_step(int64_t step, PendingStep& pending,
   if (run.spec->after_optimizer_step) {
     m.model_metrics = run.spec->after_optimizer_step(run.model, is_log_step(step));
   }
-  // Semi-synchronous replica groups meet at the end of each period (a failed meeting undoes the
-  // period's local steps, the step itself still counts).
-  if (run.replicas && run.replicas->semi_synchronous() && run.replicas->ends_period(step)) {
-    run.replicas->synchronize(run.local_tensors, step);
-  }
+  run.step_hook->after_optimizer_step(step);
   // After every change to the parameters (e.g. FSDP's precomputed float8 scales).
   run.model.gradient_sync->after_optimizer_step();
   return {data_time, true};
 }
 
-int64_t Trainer::join_quorum(int64_t committed, int64_t& tokens_seen) {
+int64_t Trainer::begin_step(int64_t committed, int64_t& tokens_seen) {
   Run& run = *run_;
-  ReplicaState state;
-  state.parameters = run.local_tensors;
-  for (const auto& b : run.model.buffers) state.buffers.push_back(b.tensor);
-  state.optimizer = run.optimizer.get();
-  state.scalars = {tokens_seen, lr_step_offset_, static_cast<int64_t>(elapsed_s() * 1000)};
-  const int64_t now = run.replicas->start_step(committed, state);
+  TrainPosition position{tokens_seen, lr_step_offset_, static_cast<int64_t>(elapsed_s() * 1000)};
+  const int64_t now = run.step_hook->begin_step(committed, position);
   if (now == committed) return committed;
-  run.model.gradient_sync->after_optimizer_step();  // the healed parameters' float8 scales
-  tokens_seen = state.scalars[0];
-  lr_step_offset_ = state.scalars[1];
-  elapsed_before_ = static_cast<double>(state.scalars[2]) / 1000 - seconds_since(train_start_);
+  tokens_seen = position.tokens_seen;
+  lr_step_offset_ = position.lr_step_offset;
+  elapsed_before_ = static_cast<double>(position.elapsed_ms) / 1000 - seconds_since(train_start_);
   // The loader moves to the quorum's step: the batches of the steps this group did not train
   // (its data depends on its replica id and the step alone, so nothing is skipped or repeated).
   // Bounded by the job's own length (a quorum beyond training.steps ends the run, nothing to
@@ -269,7 +259,7 @@ int64_t Trainer::join_quorum(int64_t committed, int64_t& tokens_seen) {
     run.source->next(config_.training.local_batch_size, config_.training.seq_len);
   }
   log::get("trainer")->info("healed from replica group {}: step {} -> {} ({} batches skipped)",
-                            *run.replicas->report().healed_from, committed, now, skip);
+                            run.step_hook->healed_from().value_or(-1), committed, now, skip);
   return now;
 }
 
@@ -359,10 +349,8 @@ TrainResult Trainer::train(const std::function<void()>& on_started) {
   window_.comm_start = run_->runtime->total_wire_bytes();
   window_.comm_start_by_collective = wire_bytes_by_collective(*run_->runtime);
   for (int64_t step = resume.step + 1; step <= t.steps; ++step) {
-    if (run_->replicas && run_->replicas->starts_period(step)) {
-      step = join_quorum(step - 1, tokens_seen) + 1;
-      if (step > t.steps) break;
-    }
+    step = begin_step(step - 1, tokens_seen) + 1;
+    if (step > t.steps) break;
     metrics::StepMetrics m;
     profiler_->step_begin(step);
     if (breakdown_) breakdown_->step_begin();
@@ -398,15 +386,9 @@ TrainResult Trainer::train(const std::function<void()>& on_started) {
     if (step == resume.step + 1) run_->runtime->use_train_timeout();
     if (result.steps_completed == 0) result.first_step = step;  // after any healing
     result.steps_completed = step;
-    const bool healed = run_->replicas && run_->replicas->report().healed_from.has_value();
-    if (run_->replicas) {
-      const auto& q = run_->replicas->report();
-      m.quorum = metrics::QuorumMetrics{q.quorum_id,   q.participants,   q.replicas,
-                                        q.healed_from, discarded_steps_, q.quorum_seconds};
-    }
-    // Every replica group of the quorum trained a global batch of this group's size.
-    tokens_seen +=
-        global_tokens_per_step * (run_->replicas ? run_->replicas->report().replicas : 1);
+    const bool healed = run_->step_hook->healed_from().has_value();
+    m.quorum = run_->step_hook->quorum(discarded_steps_);
+    tokens_seen += global_tokens_per_step * run_->step_hook->batch_copies();
     const int stop_signal = any_rank_stopping();
     const bool stopping = stop_signal != 0;
     // Losses are read (one host sync, one all-reduce) only when they are logged.
@@ -431,8 +413,7 @@ TrainResult Trainer::train(const std::function<void()>& on_started) {
   metrics_->finish_run(result.stopped_by_signal ? "stopped" : "finished", result.steps_completed);
   result.peak_memory_gib = metrics::peak_memory_gib(run_->device);
   // The replica groups' all-reduces and healing streams are this rank's traffic too.
-  result.comm_wire_bytes = run_->runtime->total_wire_bytes() +
-                           (run_->replicas ? run_->replicas->wire_bytes() : 0);
+  result.comm_wire_bytes = run_->runtime->total_wire_bytes() + run_->step_hook->wire_bytes();
   if (result.steps_completed == 0) result.first_step = resume.step + 1;
   result.elapsed_s = seconds_since(start);
   log->info(

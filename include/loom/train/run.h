@@ -19,7 +19,7 @@
 #include "loom/parallel/parallelize.h"
 #include "loom/quantize/convert.h"
 #include "loom/train/lr_scheduler.h"
-#include "loom/train/replica_manager.h"
+#include "loom/train/step_hook.h"
 #include "loom/train/step_runner.h"
 #include "loom/train/validator.h"
 
@@ -54,8 +54,9 @@ struct Run {
   std::unique_ptr<data::BatchSource> source;  // prefetching training batches
   std::unique_ptr<Validator> validator;       // null without validation
   std::unique_ptr<checkpoint::CheckpointManager> checkpoint;
-  // fault_tolerance.enable: this replica group's per-step quorum, averaging and healing.
-  std::unique_ptr<ReplicaManager> replicas;
+  // What each step passes through (step_hook.h): fault-tolerant replica groups' quorum,
+  // averaging and healing (fault_tolerance.enable), else the plain hook.
+  std::unique_ptr<StepHook> step_hook;
 };
 
 // Builds the job's run on this rank, refusing (InputError, every problem at once, before any

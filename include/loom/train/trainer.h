@@ -81,9 +81,9 @@ class Trainer {
   StepOutcome train_step(int64_t step, PendingStep& pending, metrics::StepMetrics& m);
   // The step's microbatches: the discarded attempt's again, or the loader's next.
   std::vector<data::Batch> step_batches();
-  // Fault-tolerant replica groups: the step's quorum; returns the committed step to continue
-  // from (after healing, the quorum's), with tokens seen and the data loader moved along.
-  int64_t join_quorum(int64_t committed, int64_t& tokens_seen);
+  // The step hook's begin_step: returns the committed step to continue from (after healing, the
+  // quorum's), with tokens seen, the schedule offset and the data loader moved along.
+  int64_t begin_step(int64_t committed, int64_t& tokens_seen);
   void log_window(int64_t step, int64_t tokens_seen, metrics::StepMetrics& m);
   // Reduces and reads the pending steps' losses and norms into `result` (a collective).
   void flush_pending(TrainResult& result, metrics::StepMetrics& last);
