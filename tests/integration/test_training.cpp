@@ -43,7 +43,7 @@ class FixedSamples : public loom::data::BatchSource {
   loom::data::Batch next(int64_t batch_size, int64_t seq_len) override {
     EXPECT_EQ(seq_len, data_.inputs.size(1));
     auto slice = [&](const at::Tensor& t) { return t.slice(0, position_, position_ + batch_size); };
-    loom::data::Batch batch{slice(data_.inputs), slice(data_.labels)};
+    loom::data::Batch batch{slice(data_.inputs), slice(data_.labels), {}, {}};
     position_ += batch_size;
     if (raise_at_ == ++calls_) std::raise(SIGTERM);
     return batch;
