@@ -61,7 +61,6 @@ FullyShardedDataParallel::FullyShardedDataParallel(
   at::NoGradGuard no_grad;
   std::map<std::string, at::Tensor> existing;
   for (const auto& item : model_.module().named_parameters()) existing[item.key()] = item.value();
-  const auto float8 = float8_linears(model_.module());
   for (size_t u = 0; u < units.size(); ++u) {
     auto unit = std::make_unique<Unit>();
     unit->name = units[u].name;
@@ -86,7 +85,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(
       existing.erase(it);
     }
     pack_shards(*unit);
-    plan_float8_gather(*unit, float8);
+    plan_encoded_gather(*unit);
     for (const auto& p : unit->params) shards_.push_back(p.shard);
     units_.push_back(std::move(unit));
   }
@@ -133,11 +132,13 @@ std::string FullyShardedDataParallel::describe() const {
     text += ", replicated over '" + replicate_->name() + "' (" +
             std::to_string(replicate_->size()) + ")";
   }
-  int64_t float8 = 0;
+  int64_t encoded = 0;
   for (const auto& unit : units_) {
-    for (const auto& p : unit->params) float8 += p.float8 != nullptr ? 1 : 0;
+    for (const auto& p : unit->params) encoded += p.codec != nullptr ? 1 : 0;
   }
-  if (float8 > 0) text += ", " + std::to_string(float8) + " linear weights all-gathered in float8";
+  if (encoded > 0) {
+    text += ", " + std::to_string(encoded) + " weights all-gathered through their codec (float8)";
+  }
   text += std::string(", all-gather in ") + c10::toString(options_.param_dtype) +
           ", reduce-scatter in " + c10::toString(options_.reduce_dtype) +
           (options_.defer_gradient_sync ? ", gradient sync deferred to the last microbatch" : "");
@@ -204,7 +205,7 @@ void FullyShardedDataParallel::start_unshard(Unit& unit, bool prefetch) {
   // Nothing writes the shards while a gather reads them: the optimizer steps after the
   // gradient sync, which waits for every unit's gather.
   if (unit.gather_bytes > 0) {
-    unit.gather_in = pack_float8_gather(unit);
+    unit.gather_in = pack_encoded_gather(unit);
     unit.gather_out = at::empty({unit.gather_bytes * unit.shard->size()}, unit.gather_in.options());
   } else {
     unit.gather_in = unit.shards.to(options_.param_dtype);  // the buffer itself when float32
@@ -225,7 +226,7 @@ void FullyShardedDataParallel::wait_unshard(Unit& unit) {
   unit.gather_work.wait();
   at::NoGradGuard no_grad;
   if (unit.gather_bytes > 0) {
-    unpack_float8_gather(unit);
+    unpack_encoded_gather(unit);
     unit.gather_in = at::Tensor();
     unit.gather_out = at::Tensor();
     unit.state = Unit::State::kUnsharded;
@@ -251,7 +252,7 @@ void FullyShardedDataParallel::reshard(Unit& unit) {
   }
   for (auto& p : unit.params) {
     free_storage(p.unsharded);
-    if (p.float8 != nullptr) p.float8->clear_gathered_weight();
+    if (p.codec != nullptr) p.codec->release();
   }
   unit.state = Unit::State::kSharded;
 }

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "loom/parallel/fsdp.h"
-#include "loom/quantize/float8_linear.h"
+#include "loom/protocols/gather_codec.h"
 
 namespace loom::parallel {
 
@@ -24,9 +24,9 @@ struct FullyShardedDataParallel::Param {
   int64_t local_numel = 0;  // elements of `shard` (<= chunk)
   int64_t offset = 0;       // of this parameter's chunk in the unit's per-rank buffer
   Placement placement;      // of `shard` in the global parameter
-  // Gathered in float8 (parallel/fsdp_float8.cpp): the converted linear that takes the
-  // gathered weight, and this parameter's slot in the unit's per-rank byte buffer.
-  quantize::Float8LinearCompute* float8 = nullptr;
+  // Gathered through a codec (fsdp_gather_codec.cpp; float8): the codec, and this parameter's
+  // slot in the unit's per-rank byte buffer.
+  std::shared_ptr<models::GatherCodec> codec;
   int64_t byte_offset = 0;
 };
 
@@ -49,9 +49,9 @@ struct FullyShardedDataParallel::Unit {
   at::Tensor reduce_in, reduce_out;
   distributed::Work reduce_work;
   at::Tensor grad_sum;  // float32 [chunk]: reduced gradients, summed over the step's microbatches
-  // Per-rank bytes of the all-gather when some parameter gathers in float8 (then the gather
-  // buffers are bytes: float8 data and a float32 scale per such parameter, the others in the
-  // param dtype); 0: the plain gather in the param dtype.
+  // Per-rank bytes of the all-gather when some parameter gathers through a codec (then the
+  // gather buffers are bytes: each such parameter in its encoding, the others in the param
+  // dtype); 0: the plain gather in the param dtype.
   int64_t gather_bytes = 0;
 };
 
@@ -111,10 +111,6 @@ inline void copy_rows_to_flat(const at::Tensor& flat, const at::Tensor& rows, in
   const int64_t rest = numel - full * chunk;
   if (rest > 0) flat.narrow(0, full * chunk, rest).copy_(rows[full].narrow(0, 0, rest));
 }
-
-// The weights ("layers.0.attention.wq.weight") of `root`'s linears that a float8 converter set
-// up for the float8 all-gather, with their computes.
-std::map<std::string, quantize::Float8LinearCompute*> float8_linears(torch::nn::Module& root);
 
 }  // namespace fsdp_detail
 

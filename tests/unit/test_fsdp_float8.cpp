@@ -16,10 +16,10 @@
 #include "loom/models/common/decoder_parallelize.h"
 #include "loom/models/loss.h"
 #include "loom/models/model_spec.h"
+#include "loom/optim/registry.h"
 #include "loom/parallel/fsdp.h"
 #include "loom/quantize/convert.h"
 #include "loom/quantize/float8_linear.h"
-#include "loom/optim/registry.h"
 #include "support/jobs.h"
 
 namespace loom {
@@ -70,7 +70,8 @@ at::Tensor loss_of(models::CausalLM& model, const at::Tensor& rows, double token
 
 std::unique_ptr<FullyShardedDataParallel> shard(models::CausalLM& model,
                                                 std::shared_ptr<distributed::Comm> group,
-                                                const FsdpOptions& options) {
+                                                FsdpOptions options) {
+  options.gather_codecs = models::linear_gather_codecs(model.module());  // as parallelize does
   return std::make_unique<FullyShardedDataParallel>(
       model, models::decoder_fsdp_units(model), std::map<std::string, parallel::Placement>{},
       std::move(group), nullptr, at::kCPU, kSeed, options);

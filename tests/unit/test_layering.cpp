@@ -42,7 +42,7 @@ std::map<std::string, int> layer_ranks() {
 
 // Upward includes that are known and have an issue: "file -> layer".
 const std::set<std::string>& known_exceptions() {
-  static const std::set<std::string> known = {"src/parallel/fsdp_internal.h -> quantize"};
+  static const std::set<std::string> known = {};
   return known;
 }
 

@@ -28,13 +28,14 @@
 // in the compute dtype, and only the last microbatch reduce-scatters: 1/M-th the traffic for M
 // microbatches, at the memory of one full unsharded gradient copy.
 //
-// Float8 all-gather: the weights of linears a float8 converter set up with
-// enable_fsdp_float8_all_gather (quantize/float8_linear.h) are gathered as float8 data with the
-// scale from the whole weight's amax (one max all-reduce of the unit's amaxes over the shard
-// group, and the tp group under TP; or precomputed after the optimizer step): one byte per
-// element instead of the param dtype's, plus 4 bytes of scale per weight and rank. The linear
-// computes with the gathered float8 weight directly; the unsharded parameter holds its
-// dequantized value and receives the gradient as before.
+// Encoded all-gather (FsdpOptions::gather_codecs, protocols/gather_codec.h): a parameter with a
+// codec is gathered in the codec's format. Float8's (quantize/float8_gather_codec.cpp, for
+// linears converted with enable_fsdp_float8_all_gather) sends float8 data with the scale from
+// the whole weight's amax (one max all-reduce of the unit's amaxes over the shard group, and the
+// tp group under TP; or precomputed after the optimizer step): one byte per element instead of
+// the param dtype's, plus 4 bytes of scale per weight and rank. The linear computes with the
+// gathered float8 weight directly; the unsharded parameter holds its dequantized value and
+// receives the gradient as before.
 //
 // Gradients are summed, not averaged: the loss is already divided by the tokens of the global
 // batch. Activation checkpointing composes: its recompute runs inside the unit's backward, after
@@ -50,13 +51,10 @@
 
 #include "loom/config/job_config.h"
 #include "loom/distributed/comm.h"
-#include "loom/protocols/causal_lm.h"
 #include "loom/parallel/gradient_sync.h"
 #include "loom/parallel/placement.h"
-
-namespace loom::quantize {
-class Float8LinearCompute;
-}
+#include "loom/protocols/causal_lm.h"
+#include "loom/protocols/gather_codec.h"
 
 namespace loom::parallel {
 
@@ -79,6 +77,9 @@ struct FsdpOptions {
   // set_reshard_after_backward(False)): a pipeline stage's microbatches interleave forwards and
   // backwards, so the units stay gathered until the stage's last backward of the step.
   bool keep_unsharded_until_sync = false;
+  // Parameters all-gathered in an encoding of their own (float8 all-gather), by name: what the
+  // model's converted linears hand out (models::linear_gather_codecs).
+  models::GatherCodecs gather_codecs;
 };
 
 // The FSDP options of a job: reshard policy from parallelism, reduce dtype from training (under
@@ -178,12 +179,12 @@ class FullyShardedDataParallel final : public GradientSync {
   void wait_unshard(Unit& unit);
   void reshard(Unit& unit);
   void launch_reduce_scatter(Unit& unit);
-  // Float8 all-gather (fsdp_float8.cpp).
-  void plan_float8_gather(Unit& unit,
-                          const std::map<std::string, quantize::Float8LinearCompute*>& float8);
-  at::Tensor float8_scales(const std::vector<Param*>& params, distributed::Comm& group);
-  at::Tensor pack_float8_gather(Unit& unit);
-  void unpack_float8_gather(Unit& unit);
+  // All-gather through gather codecs (fsdp_gather_codec.cpp).
+  void plan_encoded_gather(Unit& unit);
+  std::vector<at::Tensor> codec_parameters(const std::vector<Param*>& params,
+                                           distributed::Comm& group);
+  at::Tensor pack_encoded_gather(Unit& unit);
+  void unpack_encoded_gather(Unit& unit);
 
   models::CausalLM& model_;
   std::shared_ptr<distributed::Comm> shard_;

@@ -50,7 +50,7 @@ struct Float8LinearOptions {
   // Tensor parallelism: tensorwise amaxes are reduced (max) over this group, so every shard of a
   // split weight or activation shares one scale, as one rank would compute it. Null: none.
   distributed::Comm* amax_group = nullptr;
-  // FSDP (parallel/fsdp_float8.h): gather this weight in float8 with a scale over the whole
+  // FSDP (float8_gather_codec.cpp): gather this weight in float8 with a scale over the whole
   // weight, computed at each gather or once after each optimizer step (`precompute_scales`).
   bool fsdp_float8_all_gather = false;
   bool precompute_scales = false;
@@ -67,24 +67,33 @@ at::Tensor float8_linear(const at::Tensor& input, const at::Tensor& weight,
                          std::optional<at::ScalarType> out_dtype = std::nullopt);
 
 // The compute a converter installs in a Linear.
-class Float8LinearCompute final : public models::LinearCompute {
+class Float8LinearCompute final : public models::LinearCompute,
+                                  public std::enable_shared_from_this<Float8LinearCompute> {
  public:
   explicit Float8LinearCompute(Float8LinearOptions options) : options_(std::move(options)) {}
   at::Tensor forward(const at::Tensor& input, const at::Tensor& weight) override;
   std::string describe() const override;
   const Float8LinearOptions& options() const { return options_; }
+  // With fsdp_float8_all_gather: the float8 all-gather's codec (float8_gather_codec.cpp), one
+  // per linear; null otherwise.
+  std::shared_ptr<models::GatherCodec> gather_codec() override;
 
-  // FSDP's float8 all-gather: the gathered weight for the next forwards (until cleared), and a
-  // scale precomputed after the optimizer step (undefined: compute at the gather).
+  // FSDP's float8 all-gather: the gathered weight for the next forwards (until cleared).
   void set_gathered_weight(Float8Tensor weight) { gathered_ = std::move(weight); }
   void clear_gathered_weight() { gathered_ = {}; }
   const Float8Tensor& gathered_weight() const { return gathered_; }
-  at::Tensor precomputed_scale;
 
  private:
   Float8LinearOptions options_;
   Float8Tensor gathered_;
+  std::shared_ptr<models::GatherCodec> codec_;
 };
+
+// The float8 all-gather codec of `compute` (tensorwise recipes): a rank's chunk as float8 data
+// and the float32 scale of the whole weight (from its amax over every shard and compute's
+// amax_group).
+std::shared_ptr<models::GatherCodec> float8_gather_codec(
+    const std::shared_ptr<Float8LinearCompute>& compute);
 
 // The Float8LinearCompute of a Linear module, or null.
 Float8LinearCompute* float8_compute(torch::nn::Module& module);

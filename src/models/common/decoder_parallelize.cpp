@@ -8,6 +8,7 @@
 #include "loom/core/logging.h"
 #include "loom/distributed/runtime.h"
 #include "loom/models/common/decoder_model.h"
+#include "loom/models/common/layers.h"
 #include "loom/models/common/moe_parallelize.h"
 #include "loom/models/loss.h"
 #include "loom/parallel/context_parallel.h"
@@ -91,11 +92,12 @@ parallel::GradientSync* apply_fsdp(ParallelModel& out, CausalLM& model,
                                    const std::map<std::string, Placement>& boxes,
                                    const parallel::ParallelContext& context) {
   const at::ScalarType compute = context.autocast_dtype.value_or(context.param_dtype);
+  parallel::FsdpOptions options = parallel::fsdp_options(context.config, compute);
+  options.gather_codecs = linear_gather_codecs(model.module());  // float8 all-gather
   auto fsdp = std::make_unique<parallel::FullyShardedDataParallel>(
       model, decoder_fsdp_units(model, context.runtime.group_ptr(MeshGroup::efsdp)), boxes,
       context.runtime.group_ptr(MeshGroup::fsdp),
-      context.runtime.group_ptr(MeshGroup::dp_replicate), context.device, context.seed,
-      parallel::fsdp_options(context.config, compute));
+      context.runtime.group_ptr(MeshGroup::dp_replicate), context.device, context.seed, options);
   const auto& names = fsdp->parameter_names();
   for (size_t i = 0; i < names.size(); ++i) {
     out.parameters.push_back({names[i], fsdp->sharded_parameters()[i], fsdp->placement(names[i])});
@@ -363,12 +365,13 @@ std::shared_ptr<parallel::ContextParallel> make_context_parallel(
   if (context.runtime.rank() == 0) {
     const std::string& method = p.context_parallel_rotate_method;
     log::get("parallel")
-        ->info("context parallelism: cp {}, rotate method \"{}\" ({}), load balancer \"{}\", "
-               "attention mask \"{}\"",
-               context.runtime.dims().cp, method,
-               method == "alltoall" ? "ring: k/v passed rank to rank, merged by log-sum-exp"
-                                    : "k/v all-gathered before attention",
-               balancer, context.config.model.attn_mask_type);
+        ->info(
+            "context parallelism: cp {}, rotate method \"{}\" ({}), load balancer \"{}\", "
+            "attention mask \"{}\"",
+            context.runtime.dims().cp, method,
+            method == "alltoall" ? "ring: k/v passed rank to rank, merged by log-sum-exp"
+                                 : "k/v all-gathered before attention",
+            balancer, context.config.model.attn_mask_type);
   }
   return std::make_shared<parallel::ContextParallel>(context.runtime.group_ptr(MeshGroup::cp),
                                                      balancer == "headtail"

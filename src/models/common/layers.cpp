@@ -20,6 +20,16 @@ void ParameterTableModule::replace(const std::string& key, const at::Tensor& val
   parameters_[key] = value;
 }
 
+GatherCodecs linear_gather_codecs(torch::nn::Module& root) {
+  GatherCodecs out;
+  for (const auto& item : root.named_modules("", /*include_self=*/false)) {
+    const auto* linear = item.value()->as<LinearImpl>();
+    if (linear == nullptr || linear->compute == nullptr) continue;
+    if (auto codec = linear->compute->gather_codec()) out[item.key() + ".weight"] = codec;
+  }
+  return out;
+}
+
 void replace_parameter(torch::nn::Module& root, const std::string& name, const at::Tensor& value) {
   const auto dot = name.rfind('.');
   LOOM_CHECK(dot != std::string::npos, "replace_parameter: '", name, "' names no module");

@@ -11,6 +11,8 @@
 #include <memory>
 #include <string>
 
+#include "loom/protocols/gather_codec.h"
+
 namespace loom::models {
 
 // A module with one parameter, `weight`. FSDP builds models on the meta device and then swaps
@@ -46,7 +48,12 @@ class LinearCompute {
   virtual ~LinearCompute() = default;
   virtual at::Tensor forward(const at::Tensor& input, const at::Tensor& weight) = 0;
   virtual std::string describe() const = 0;
+  // How FSDP all-gathers the weight (float8 all-gather); null: in the param dtype.
+  virtual std::shared_ptr<GatherCodec> gather_codec() { return nullptr; }
 };
+
+// The gather codecs of `root`'s linears' weights, by parameter name, for FsdpOptions.
+GatherCodecs linear_gather_codecs(torch::nn::Module& root);
 
 // y = x W^T, no bias (Llama has none).
 class LinearImpl : public WeightModule {
