@@ -199,6 +199,13 @@ void CheckpointManager::on_step_end(int64_t step, int64_t tokens_seen, bool last
   }
 }
 
+void CheckpointManager::save_stopped(int64_t step, int64_t tokens_seen) {
+  const auto& c = config_.checkpoint;
+  if (!enabled_ || c.load_only || step <= 0) return;
+  const bool saved = step % c.interval == 0 || (step == 1 && c.enable_first_step_checkpoint);
+  if (!saved) save(step, tokens_seen, false);
+}
+
 void CheckpointManager::save(int64_t step, int64_t tokens_seen, bool model_only) {
   const auto wait_start = Clock::now();
   wait();

@@ -40,10 +40,15 @@ void prepare_dump_folder(const config::JobConfig& config) {
 int report_signal_stop(const train::TrainResult& result, const config::JobConfig& config,
                        checkpoint::CheckpointManager& checkpoints) {
   const int64_t step = result.steps_completed;
-  const std::string resumable =
-      checkpoints.enabled()
-          ? fmt::format("resumable from step-{} (in {})", step, checkpoints.folder())
-          : "not resumable: checkpoint.enable is false";
+  // The newest complete step on disk: a stop during a discarded step's retries saves none.
+  std::string resumable = "not resumable: checkpoint.enable is false";
+  if (checkpoints.enabled()) {
+    const auto saved = checkpoint::complete_steps(checkpoints.folder());
+    resumable = saved.empty()
+                    ? fmt::format("no complete checkpoint in {} yet", checkpoints.folder())
+                    : fmt::format("resumable from step-{} (in {})", saved.front().first,
+                                  checkpoints.folder());
+  }
   log::get("train")->warn("stopped at step {} of {} by {}; {}", step, config.training.steps,
                           distributed::signal_name(result.stop_signal), resumable);
   return 128 + result.stop_signal;
@@ -53,7 +58,8 @@ int run_train(const CLI::App& command, ConfigArgs& args) {
   signals::install_shutdown_handlers();
   // SIGUSR1 asks for flight-recorder dumps (never the default action: terminate).
   distributed::install_dump_signal_handler();
-  // Beats to `loom launch` (when it asked for them), so it can tell a stopped worker from a slow one.
+  // Beats to `loom launch` (when it asked for them), so it can tell a stopped worker from a slow
+  // one.
   const auto heartbeat = distributed::HeartbeatSender::from_environment();
   // torchrun's RANK, or SLURM's SLURM_PROCID under srun.
   const int rank = distributed::read_world_info().rank;

@@ -13,9 +13,11 @@
 #include "loom/core/env.h"
 #include "loom/core/json.h"
 #include "loom/core/logging.h"
+#include "loom/core/signals.h"
 #include "loom/core/strings.h"
 #include "loom/distributed/lighthouse.h"
 #include "loom/optim/optimizer.h"
+#include "loom/train/step_hook.h"
 
 namespace loom::train {
 namespace {
@@ -154,6 +156,12 @@ Quorum ReplicaManager::agree_on_quorum(int64_t committed) {
       try {
         j["quorum"] = distributed::to_json(lighthouse_->request_quorum(request, quorum_timeout_));
         break;
+      } catch (const distributed::CommError&) {
+        // A stop signal ended the wait: the group's other ranks, waiting for this answer, stop
+        // with this rank instead of waiting out the group's collective timeout.
+        if (!signals::shutdown_requested()) throw;
+        j["stop"] = signals::shutdown_signal();
+        break;
       } catch (const c10::DistError& e) {
         // The lighthouse's connection broke (its process died): the next one of the list, for
         // good (a lighthouse that died never comes back into use, so groups cannot split).
@@ -177,6 +185,11 @@ Quorum ReplicaManager::agree_on_quorum(int64_t committed) {
   answer = broadcast_text(*world_, answer);
   const std::string where = "quorum of replica group " + std::to_string(section_.replica_id);
   const nlohmann::json j = json::parse_bounded(answer, where);
+  if (j.contains("stop")) {
+    throw StepStopped(
+        static_cast<int>(json::int_field(j, "stop", where, 0)),
+        "while replica group " + std::to_string(section_.replica_id) + " waited for its quorum");
+  }
   const auto index = static_cast<size_t>(json::int_field(j, "lighthouse", where, 0));
   if (index != lighthouse_index_) use_lighthouse(index);  // the group's first rank moved on
   Quorum q = distributed::quorum_from_json(json::field(j, "quorum", where), where);
@@ -293,7 +306,8 @@ void ReplicaManager::heal(const Quorum& q, ReplicaState& state) {
     const size_t i = optimizer_index(*state.optimizer, p);
     optim::ParameterState healed;
     healed.step = header[n_scalars + static_cast<int64_t>(k)].item<int64_t>();
-    for (const auto& name : state.optimizer->state_names(i)) healed.tensors[name] = incoming[next++];
+    for (const auto& name : state.optimizer->state_names(i))
+      healed.tensors[name] = incoming[next++];
     state.optimizer->set_state(i, std::move(healed));  // step 0: cleared
   }
   const size_t first_buffer = next;

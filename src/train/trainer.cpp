@@ -349,7 +349,19 @@ TrainResult Trainer::train(const std::function<void()>& on_started) {
   window_.comm_start = run_->runtime->total_wire_bytes();
   window_.comm_start_by_collective = wire_bytes_by_collective(*run_->runtime);
   for (int64_t step = resume.step + 1; step <= t.steps; ++step) {
-    step = begin_step(step - 1, tokens_seen) + 1;
+    try {
+      step = begin_step(step - 1, tokens_seen) + 1;
+    } catch (const StepStopped& stop) {
+      // Between steps, on every rank of the group: the last committed step is saved as after a
+      // step's stop (not when a discarded step's batches were already taken from the loader).
+      log->warn("{}: stopping after step {}", stop.what(), step - 1);
+      if (retry_.empty() && step - 1 > resume.step) {
+        run_->checkpoint->save_stopped(step - 1, tokens_seen);
+      }
+      result.stopped_by_signal = true;
+      result.stop_signal = stop.signal();
+      break;
+    }
     if (step > t.steps) break;
     metrics::StepMetrics m;
     profiler_->step_begin(step);

@@ -12,8 +12,8 @@
 
 #include <ATen/core/Tensor.h>
 
-#include <functional>
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -62,7 +62,7 @@ struct ResumePoint {
   int64_t step = 0;
   int64_t tokens_seen = 0;
   int64_t lr_step = 0;
-  double elapsed_s = 0;  // training time of the earlier attempts (0 for older checkpoints)
+  double elapsed_s = 0;     // training time of the earlier attempts (0 for older checkpoints)
   std::string loaded_from;  // empty when nothing was loaded
   // The config the loaded checkpoint was written with (nullopt: none saved, unreadable, or a
   // fallback to an older step), to name what changed on resume.
@@ -93,6 +93,10 @@ class CheckpointManager {
   // After step `step` (tokens_seen so far): saves when the interval, the first step
   // (enable_first_step_checkpoint), the last step or a stop request asks for it.
   void on_step_end(int64_t step, int64_t tokens_seen, bool last_step, bool stopping);
+  // A stop between steps (a signal while a replica group waited for its quorum), the model and
+  // the data loader at step `step`, which this run trained: saves it unless on_step_end already
+  // did on its schedule.
+  void save_stopped(int64_t step, int64_t tokens_seen);
 
   // create_seed_checkpoint: the initialized model as step-0 (one rank only), synchronously.
   void save_seed();

@@ -9,10 +9,25 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <stdexcept>
+#include <string>
 
 #include "loom/metrics/metrics.h"
 
 namespace loom::train {
+
+// A stop request (SIGTERM, SIGINT) that reached a hook between steps, on every rank of the job
+// at once (the trainer then stops as after a step: exit 128 + signal).
+class StepStopped : public std::runtime_error {
+ public:
+  StepStopped(int signal, const std::string& where)
+      : std::runtime_error("stopped by signal " + std::to_string(signal) + " " + where),
+        signal_(signal) {}
+  int signal() const { return signal_; }
+
+ private:
+  int signal_;
+};
 
 // Where training stands besides the model and the optimizer: what healing from another group
 // carries over (that group's values replace this one's).
@@ -27,7 +42,8 @@ class StepHook {
   virtual ~StepHook() = default;
   // Before the step after `committed`: the step training continues from. A hook that moved this
   // rank forward (healed it from a peer) returns a later step and has updated `position`; the
-  // trainer then moves its data loader there.
+  // trainer then moves its data loader there. Throws StepStopped when a stop signal ends the
+  // wait (on every rank of the group).
   virtual int64_t begin_step(int64_t committed, TrainPosition& /*position*/) { return committed; }
   // After the gradient sync inside this rank's job, before clipping: the gradients of the local
   // tensors and this rank's loss part (`valid_tokens`: the step's tokens here) as the whole job
