@@ -12,6 +12,11 @@
    measured 4-rank layout.
 Prints a Markdown table (docs/planning.md keeps one). Benchmarks on a shared machine are noisy:
 run it on a quiet machine, and read the load average it prints.
+
+As a check (ctest's plan_check_held_out, slow label): --layouts picks layouts the calibration
+never ran (it runs 1 rank with and without AC, FSDP 2 and 4, TP 2), and --max-peak-error /
+--max-step-error make it exit 1 when a prediction misses the measurement by more than that many
+percent.
 """
 import argparse
 import hashlib
@@ -119,6 +124,10 @@ def main():
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--reuse", action="store_true",
                     help="read finished runs in --out again (refit and re-predict without rerunning)")
+    ap.add_argument("--layouts", default="",
+                    help="comma-separated names of LAYOUTS to measure (default: all, and the planner's first)")
+    ap.add_argument("--max-peak-error", type=float, default=None, help="percent; exit 1 beyond it")
+    ap.add_argument("--max-step-error", type=float, default=None, help="percent; exit 1 beyond it")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     print("load before:", os.getloadavg())
@@ -127,14 +136,22 @@ def main():
               f"--calibration-steps {a.steps} --save-profile {profile} --top 5 "
               f"--calibration-dir {os.path.join(a.out, 'calibration')} "
               f"--training.global_batch_size 8 --training.local_batch_size 4 2>/dev/null"))
-    best = json.loads(run(f"{a.loom} plan layout --config {DEBUG} --world-size 4 --device {profile} "
-                          f"--format json --training.global_batch_size 8 2>/dev/null"))["layouts"][0]
-    layouts = LAYOUTS + [("planner's first on 4 ranks", DEBUG, 4, layout_overrides(best))]
+    if a.layouts:
+        wanted = [n.strip() for n in a.layouts.split(",")]
+        unknown = [n for n in wanted if n not in [l[0] for l in LAYOUTS]]
+        if unknown:
+            sys.exit(f"--layouts: unknown {unknown}; known: {[l[0] for l in LAYOUTS]}")
+        layouts = [l for l in LAYOUTS if l[0] in wanted]
+    else:
+        best = json.loads(run(f"{a.loom} plan layout --config {DEBUG} --world-size 4 --device {profile} "
+                              f"--format json --training.global_batch_size 8 2>/dev/null"))["layouts"][0]
+        layouts = LAYOUTS + [("planner's first on 4 ranks", DEBUG, 4, layout_overrides(best))]
     # Every layout --repeats times, round-robin, keeping the fastest (and the first run's peak).
     measured = {}
     for rep in range(a.repeats):
         for i, (name, config, world, overrides) in enumerate(layouts):
-            tag = f"run{i}" if i < len(LAYOUTS) else "first-" + hashlib.md5(overrides.encode()).hexdigest()[:8]
+            tag = (f"run{LAYOUTS.index(layouts[i])}" if layouts[i] in LAYOUTS
+                   else "first-" + hashlib.md5(overrides.encode()).hexdigest()[:8])
             peak, step = measure(a.loom, config, world, overrides, os.path.join(a.out, f"{tag}-{rep}"), a.steps,
                                   a.reuse)
             old = measured.get(i)
@@ -151,11 +168,20 @@ def main():
     for name, world, _, pp, mp, ps, ms in rows:
         print(f"| {name} | {world} | {pp / 2**30:.3f} | {mp / 2**30:.3f} | {100 * (pp - mp) / mp:+.1f}% "
               f"| {ps:.3f} | {ms:.3f} | {100 * (ps - ms) / ms:+.1f}% |")
-    four = [r for r in rows if r[1] == 4 and "global_batch_size 8" in r[2]]
-    fastest = min(four, key=lambda r: r[6])
-    first = rows[-1]
-    print(f"\nplanner's first on 4 ranks: {first[2]}\n  measured {first[6]:.3f} s; fastest measured 4-rank "
-          f"layout: {fastest[0]} {fastest[6]:.3f} s ({100 * (first[6] - fastest[6]) / fastest[6]:+.1f}%)")
+    if not a.layouts:
+        four = [r for r in rows if r[1] == 4 and "global_batch_size 8" in r[2]]
+        fastest = min(four, key=lambda r: r[6])
+        first = rows[-1]
+        print(f"\nplanner's first on 4 ranks: {first[2]}\n  measured {first[6]:.3f} s; fastest measured 4-rank "
+              f"layout: {fastest[0]} {fastest[6]:.3f} s ({100 * (first[6] - fastest[6]) / fastest[6]:+.1f}%)")
+    misses = []
+    for name, _, _, pp, mp, ps, ms in rows:
+        if a.max_peak_error is not None and abs(100 * (pp - mp) / mp) > a.max_peak_error:
+            misses.append(f"{name}: peak {100 * (pp - mp) / mp:+.1f}% (bound {a.max_peak_error}%)")
+        if a.max_step_error is not None and abs(100 * (ps - ms) / ms) > a.max_step_error:
+            misses.append(f"{name}: step {100 * (ps - ms) / ms:+.1f}% (bound {a.max_step_error}%)")
+    if misses:
+        sys.exit("predictions off the measurements:\n  " + "\n  ".join(misses))
 
 
 if __name__ == "__main__":

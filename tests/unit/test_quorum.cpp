@@ -149,18 +149,23 @@ LOOM_TEST(QuorumRules, LighthouseAddresses) {
 
 // Two replica groups of one rank each on threads: one quorum, then an all-reduce over the replica
 // process group it names; then group 1 stops beating and group 0 gets a quorum of its own.
-LOOM_TEST(Lighthouse, FormsQuorumsAndReplicaGroupsOverItsStore) {
+// A lighthouse on loopback with a fresh secret. Timeouts with room for a machine under 4x load
+// (20 ms beats can stall for a second): the heartbeat's expiry must still come well before the
+// join timeout it is told apart from.
+LighthouseOptions loopback_lighthouse(int64_t min_replicas) {
   LighthouseOptions options;
   options.host = "127.0.0.1";
   options.port = 0;
-  options.rules.min_replicas = 1;
-  // Timeouts with room for a machine under 4x load (20 ms beats can stall for a second): the
-  // heartbeat's expiry must still come well before the join timeout it is told apart from.
+  options.rules.min_replicas = min_replicas;
   options.rules.join_timeout = milliseconds(30000);
   options.rules.heartbeat_timeout = milliseconds(1500);
   options.tick = milliseconds(5);
   options.secret = make_job_secret();
-  Lighthouse lighthouse(options);
+  return options;
+}
+
+LOOM_TEST(Lighthouse, FormsQuorumsAndReplicaGroupsOverItsStore) {
+  Lighthouse lighthouse(loopback_lighthouse(1));
   const std::string address = "http://" + lighthouse.worker_address();
   // Both groups beat before either asks (a lone asker with min_replicas 1 would get a quorum of
   // its own before the other group is heard of).
@@ -253,15 +258,7 @@ LOOM_TEST(Lighthouse, RefusesAnAddressThatIsNotALighthouse) {
 // parameters; DiLoCo torch.optim.SGD(nesterov) stepping from the period's start parameters on
 // the mean pseudo-gradient. Plain averaging in DiLoCo's place, or no synchronization, fails.
 void check_semi_sync(const std::string& method) {
-  LighthouseOptions options;
-  options.host = "127.0.0.1";
-  options.port = 0;
-  options.rules.min_replicas = 2;
-  options.rules.join_timeout = milliseconds(30000);
-  options.rules.heartbeat_timeout = milliseconds(1500);
-  options.tick = milliseconds(5);
-  options.secret = make_job_secret();
-  Lighthouse lighthouse(options);
+  Lighthouse lighthouse(loopback_lighthouse(2));
   constexpr int kPeriods = 3, kSyncSteps = 2;
   constexpr double kOuterLr = 0.7, kOuterMomentum = 0.9;
   // The local progress of group g in period p: a fixed random step per tensor.
