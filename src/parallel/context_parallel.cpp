@@ -73,12 +73,12 @@ models::AttentionBackend ContextParallel::backend() const {
   auto cp = cp_;
   if (method_ == "alltoall") {
     return [cp](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
-                const models::TokenLayout& layout) {
-      return ring_attention(q, k, v, scale, layout, *cp);
+                const models::TokenLayout& layout, const models::LayerAttention& layer) {
+      return ring_attention(q, k, v, scale, layout, *cp, layer);
     };
   }
   return [cp](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
-              const models::TokenLayout& layout) {
+              const models::TokenLayout& layout, const models::LayerAttention& layer) {
     LOOM_CHECK(layout.slots.defined() && layout.key_slots.defined(),
                "context-parallel attention without the shard's slots");
     // Gathered with their own heads, expanded to the queries' after.
@@ -86,7 +86,8 @@ models::AttentionBackend ContextParallel::backend() const {
     const at::Tensor values = models::expand_heads(gather_context(v, *cp), q.size(1));
     return models::masked_attention(
         q, keys, values, scale,
-        {layout.slots, layout.key_slots, layout.documents, layout.key_documents});
+        {layout.slots, layout.key_slots, layout.documents, layout.key_documents, layer.window},
+        layer.sinks);
   };
 }
 

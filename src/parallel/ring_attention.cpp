@@ -11,6 +11,8 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <optional>
+
 #include "loom/core/check.h"
 #include "loom/distributed/comm.h"
 #include "loom/parallel/context_parallel.h"
@@ -25,6 +27,7 @@ using torch::autograd::variable_list;
 struct RingLayout {
   at::Tensor query_slots, key_slots;          // [n], [cp n] on the CPU (rank order)
   at::Tensor query_documents, key_documents;  // [b, n], [b, cp n] on q's device, or undefined
+  int64_t window = 0;                         // the layer's sliding window (0: none)
   int64_t block = 0;                          // n: tokens per rank
 
   static RingLayout of(AutogradContext* ctx) {
@@ -33,6 +36,7 @@ struct RingLayout {
     l.key_slots = ctx->saved_data["key_slots"].toTensor();
     l.query_documents = ctx->saved_data["query_documents"].toTensor();
     l.key_documents = ctx->saved_data["key_documents"].toTensor();
+    l.window = ctx->saved_data["window"].toInt();
     l.block = l.query_slots.size(0);
     return l;
   }
@@ -41,16 +45,20 @@ struct RingLayout {
     ctx->saved_data["key_slots"] = key_slots;
     ctx->saved_data["query_documents"] = query_documents;
     ctx->saved_data["key_documents"] = key_documents;
+    ctx->saved_data["window"] = window;
   }
 
-  // bool [b or 1, 1, n, n] on `device`: which of the queries may see the keys of rank `source`;
-  // undefined when none may (a causal block entirely in the queries' future).
-  at::Tensor mask(int64_t source, const at::Device& device) const {
+  // Which of the queries may see the keys of rank `source`; nullopt when none may: a causal
+  // block entirely in the queries' future, or entirely before every query's window (the block
+  // still travels on, but costs no compute).
+  std::optional<models::MaskDescription> mask(int64_t source) const {
     const at::Tensor slots = key_slots.narrow(0, source * block, block);
-    if (slots.min().item<int64_t>() > query_slots.max().item<int64_t>()) return {};
+    const int64_t first_key = slots.min().item<int64_t>(), last_key = slots.max().item<int64_t>();
+    if (first_key > query_slots.max().item<int64_t>()) return std::nullopt;
+    if (window > 0 && last_key <= query_slots.min().item<int64_t>() - window) return std::nullopt;
     const at::Tensor documents =
         key_documents.defined() ? key_documents.narrow(1, source * block, block) : at::Tensor();
-    return models::MaskDescription{query_slots, slots, query_documents, documents}.build(device);
+    return models::MaskDescription{query_slots, slots, query_documents, documents, window};
   }
 };
 
@@ -88,9 +96,10 @@ std::pair<at::Tensor, at::Tensor> unpack(const at::Tensor& packed, const at::Ten
 struct RingAttention : torch::autograd::Function<RingAttention> {
   // q [b, h, n, d], k [b, hk, n, d], v [b, hk, n, dv] (hk divides h; expanded per block after
   // the transfer, so the ring carries hk heads); all float32 here (the caller casts).
+  // sinks [h] float or undefined: merged once, after every block (they are one more partial).
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
-                            const at::Tensor& v, double scale, distributed::Comm* cp,
-                            const RingLayout& layout) {
+                            const at::Tensor& v, const std::optional<at::Tensor>& sinks,
+                            double scale, distributed::Comm* cp, const RingLayout& layout) {
     const int64_t ranks = cp->size(), rank = cp->rank();
     at::Tensor out;  // the merged partial: softmax-weighted values of the blocks so far
     at::Tensor lse;  // [b, h, n, 1]: log-sum-exp of the scores so far (-inf: none yet)
@@ -99,12 +108,11 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
       RingTransfer transfer;
       if (step + 1 < ranks) transfer = RingTransfer::post(*cp, block);
       const int64_t source = (rank - step + ranks) % ranks;
-      const at::Tensor mask = layout.mask(source, q.device());
-      if (mask.defined()) {
+      if (const auto mask = layout.mask(source)) {
         const auto [kb, vb] = unpack(block, k, v);
         const models::AttentionPartial part =
             models::attention_partial(q, models::expand_heads(kb, q.size(1)),
-                                      models::expand_heads(vb, q.size(1)), scale, mask);
+                                      models::expand_heads(vb, q.size(1)), scale, *mask);
         if (!out.defined()) {
           out = part.out;
           lse = part.lse;
@@ -119,7 +127,13 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
       if (step + 1 < ranks) block = transfer.wait();
     }
     // Every query sees at least its own key (step 0), so lse is finite and out is complete.
-    ctx->save_for_backward({q, k, v, out, lse});
+    if (sinks) {
+      models::AttentionPartial merged{out, lse};
+      models::merge_sinks(merged, *sinks);
+      out = merged.out;
+      lse = merged.lse;
+    }
+    ctx->save_for_backward({q, k, v, out, lse, sinks.value_or(at::Tensor())});
     ctx->saved_data["comm"] = reinterpret_cast<int64_t>(cp);
     layout.save(ctx);
     ctx->saved_data["scale"] = scale;
@@ -143,10 +157,10 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
       const int64_t source = (rank - step + ranks) % ranks;
       const auto [kb, vb] = unpack(block, k, v);
       at::Tensor dk = at::zeros_like(k), dv = at::zeros_like(v);
-      if (const at::Tensor mask = layout.mask(source, q.device()); mask.defined()) {
+      if (const auto mask = layout.mask(source)) {
         auto [dq_part, dk_part, dv_part] = models::attention_partial_backward(
             dout, q, models::expand_heads(kb, q.size(1)), models::expand_heads(vb, q.size(1)), out,
-            lse, scale, mask);
+            lse, scale, *mask);
         dq.add_(dq_part);
         dk = models::fold_heads(dk_part, k.size(1));
         dv = models::fold_heads(dv_part, v.size(1));
@@ -158,14 +172,17 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
       if (step + 1 < ranks) block = blocks_in.wait();
     }
     const auto [dk, dv] = unpack(grads_in.wait(), k, v);
-    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor()};
+    at::Tensor dsinks;
+    if (saved[5].defined()) dsinks = models::sinks_backward(dout, out, lse, saved[5]);
+    return {dq, dk, dv, dsinks, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
 
 at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                          double scale, const models::TokenLayout& layout, distributed::Comm& cp) {
+                          double scale, const models::TokenLayout& layout, distributed::Comm& cp,
+                          const models::LayerAttention& layer) {
   LOOM_CHECK(layout.slots.defined() && layout.key_slots.defined(),
              "context-parallel attention without the shard's slots");
   LOOM_CHECK(k.size(2) == q.size(2) && layout.key_slots.size(0) == cp.size() * q.size(2),
@@ -175,13 +192,20 @@ at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
   ring.query_slots = layout.slots.cpu();
   ring.key_slots = layout.key_slots.cpu();
   ring.block = q.size(2);
+  ring.window = layer.window;
   if (layout.documents.defined()) {
     ring.query_documents = layout.documents.to(q.device());
     ring.key_documents = layout.key_documents.to(q.device());
   }
   const auto dtype = q.scalar_type();
-  const at::Tensor out = RingAttention::apply(q.to(at::kFloat), k.to(at::kFloat).contiguous(),
-                                              v.to(at::kFloat).contiguous(), scale, &cp, ring);
+  LOOM_CHECK(!layer.sinks.defined() || layer.sinks.numel() == q.size(1), "attention sinks: ",
+             layer.sinks.numel(), " for ", q.size(1), " query heads");
+  // Autograd functions take an absent tensor as nullopt, not as an undefined tensor.
+  const auto sinks = layer.sinks.defined() ? std::optional<at::Tensor>(layer.sinks.to(at::kFloat))
+                                           : std::nullopt;
+  const at::Tensor out =
+      RingAttention::apply(q.to(at::kFloat), k.to(at::kFloat).contiguous(),
+                           v.to(at::kFloat).contiguous(), sinks, scale, &cp, ring);
   return out.to(dtype);
 }
 

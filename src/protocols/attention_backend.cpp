@@ -1,12 +1,14 @@
 #include "loom/protocols/attention_backend.h"
 
 #include "loom/core/check.h"
+#include "loom/protocols/attention_kernel.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 
 namespace loom::models {
 
@@ -17,10 +19,6 @@ using torch::autograd::variable_list;
 
 constexpr double kMinusInfinity = -std::numeric_limits<double>::infinity();
 
-at::Tensor additive(const at::Tensor& mask, const at::Tensor& like) {
-  return at::zeros(mask.sizes(), like.options()).masked_fill_(mask.logical_not(), kMinusInfinity);
-}
-
 at::Tensor masked_scores(const at::Tensor& q, const at::Tensor& k, double scale,
                          const at::Tensor& mask) {
   return at::matmul(q, k.transpose(-2, -1))
@@ -28,39 +26,37 @@ at::Tensor masked_scores(const at::Tensor& q, const at::Tensor& k, double scale,
       .masked_fill_(mask.logical_not(), kMinusInfinity);
 }
 
-// The fused kernel takes one head size: zero columns change neither the scores (q and k padded
-// together) nor the values' columns that are kept (multi-head latent attention has dv != d).
-at::Tensor widen(const at::Tensor& x, int64_t width) {
-  return x.size(-1) == width ? x : at::constant_pad_nd(x, {0, width - x.size(-1)});
-}
-at::Tensor narrow_to(const at::Tensor& x, int64_t width) {
-  return x.size(-1) == width ? x : x.narrow(-1, 0, width);
-}
-
-// Attention under a mask described by slots and documents; backward rebuilds the mask instead of
-// keeping it (a float [s, t] mask per layer would outweigh the layer's other activations at long
-// sequences).
+// Attention under a mask described by slots, documents and a window, with optional sinks;
+// backward recomputes from the description instead of keeping a mask (a float [s, t] mask per
+// layer would outweigh the layer's other activations at long sequences).
 struct MaskedAttention : torch::autograd::Function<MaskedAttention> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
-                            const at::Tensor& v, double scale, const MaskDescription& where) {
-    const AttentionPartial p = attention_partial(q, k, v, scale, where.build(q.device()));
-    ctx->save_for_backward({q, k, v, p.out, p.lse});
+                            const at::Tensor& v, const std::optional<at::Tensor>& sinks,
+                            double scale, const MaskDescription& where) {
+    AttentionPartial p = attention_partial(q, k, v, scale, where);
+    if (sinks) merge_sinks(p, *sinks);
+    ctx->save_for_backward({q, k, v, p.out, p.lse, sinks.value_or(at::Tensor())});
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["query_slots"] = where.query_slots;
     ctx->saved_data["key_slots"] = where.key_slots;
     ctx->saved_data["query_documents"] = where.query_documents;
     ctx->saved_data["key_documents"] = where.key_documents;
+    ctx->saved_data["window"] = where.window;
     return p.out;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     MaskDescription where{
         ctx->saved_data["query_slots"].toTensor(), ctx->saved_data["key_slots"].toTensor(),
-        ctx->saved_data["query_documents"].toTensor(), ctx->saved_data["key_documents"].toTensor()};
-    auto [dq, dk, dv] = attention_partial_backward(
-        grads[0].contiguous(), saved[0], saved[1], saved[2], saved[3], saved[4],
-        ctx->saved_data["scale"].toDouble(), where.build(saved[0].device()));
-    return {dq, dk, dv, at::Tensor(), at::Tensor()};
+        ctx->saved_data["query_documents"].toTensor(), ctx->saved_data["key_documents"].toTensor(),
+        ctx->saved_data["window"].toInt()};
+    const at::Tensor dout = grads[0].contiguous();
+    auto [dq, dk, dv] =
+        attention_partial_backward(dout, saved[0], saved[1], saved[2], saved[3], saved[4],
+                                   ctx->saved_data["scale"].toDouble(), where);
+    at::Tensor dsinks;
+    if (saved[5].defined()) dsinks = sinks_backward(dout, saved[3], saved[4], saved[5]);
+    return {dq, dk, dv, dsinks, at::Tensor(), at::Tensor()};
   }
 };
 
@@ -68,24 +64,25 @@ struct MaskedAttention : torch::autograd::Function<MaskedAttention> {
 
 at::Tensor MaskDescription::build(const at::Device& device) const {
   auto on = [&](const at::Tensor& t) { return t.defined() ? t.to(device) : t; };
-  return causal_mask(on(query_slots), on(key_slots), on(query_documents), on(key_documents));
+  return causal_mask(on(query_slots), on(key_slots), on(query_documents), on(key_documents),
+                     window);
+}
+
+MaskDescription MaskDescription::tile(int64_t q0, int64_t q1, int64_t k0, int64_t k1) const {
+  MaskDescription part{query_slots.narrow(0, q0, q1 - q0), key_slots.narrow(0, k0, k1 - k0), {},
+                       {}, window};
+  if (query_documents.defined()) {
+    part.query_documents = query_documents.narrow(1, q0, q1 - q0);
+    part.key_documents = key_documents.narrow(1, k0, k1 - k0);
+  }
+  return part;
 }
 
 AttentionPartial attention_partial(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                   double scale, const at::Tensor& mask) {
+                                   double scale, const MaskDescription& where) {
+  if (q.is_cpu()) return blocked_attention(q, k, v, scale, where);
   AttentionPartial p;
-  if (q.is_cpu()) {
-    const int64_t width = std::max(q.size(-1), v.size(-1));
-    auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(
-        widen(q, width), widen(k, width), widen(v, width), 0.0, /*is_causal=*/false,
-        additive(mask, q), scale);
-    // The kernel reports 0 for a row that sees no key; the merge needs -inf there.
-    const at::Tensor blind = mask.any(-1, /*keepdim=*/true).logical_not();
-    p.out = narrow_to(out, v.size(-1));
-    p.lse = lse.unsqueeze(-1).masked_fill(blind, kMinusInfinity);
-    return p;
-  }
-  const at::Tensor scores = masked_scores(q, k, scale, mask);
+  const at::Tensor scores = masked_scores(q, k, scale, where.build(q.device()));
   p.lse = scores.logsumexp(-1, /*keepdim=*/true);
   p.out = at::matmul((scores - p.lse.masked_fill(p.lse.isinf(), 0.0)).exp_(), v);
   return p;
@@ -94,24 +91,37 @@ AttentionPartial attention_partial(const at::Tensor& q, const at::Tensor& k, con
 std::array<at::Tensor, 3> attention_partial_backward(const at::Tensor& dout, const at::Tensor& q,
                                                      const at::Tensor& k, const at::Tensor& v,
                                                      const at::Tensor& out, const at::Tensor& lse,
-                                                     double scale, const at::Tensor& mask) {
-  if (q.is_cpu()) {
-    const int64_t width = std::max(q.size(-1), v.size(-1));
-    auto [dq, dk, dv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
-        widen(dout, width), widen(q, width), widen(k, width), widen(v, width), widen(out, width),
-        lse.squeeze(-1), 0.0, /*is_causal=*/false, additive(mask, q), scale);
-    return {narrow_to(dq, q.size(-1)), narrow_to(dk, k.size(-1)), narrow_to(dv, v.size(-1))};
-  }
-  const at::Tensor p = (masked_scores(q, k, scale, mask) - lse).exp_();
+                                                     double scale, const MaskDescription& where) {
+  if (q.is_cpu()) return blocked_attention_backward(dout, q, k, v, out, lse, scale, where);
+  const at::Tensor shift = lse.masked_fill(lse.isinf(), 0.0);
+  const at::Tensor p = (masked_scores(q, k, scale, where.build(q.device())) - shift).exp_();
   const at::Tensor dv = at::matmul(p.transpose(-2, -1), dout);
   const at::Tensor delta = (dout * out).sum(-1, /*keepdim=*/true);
   const at::Tensor ds = p.mul_(at::matmul(dout, v.transpose(-2, -1)).sub_(delta)).mul_(scale);
   return {at::matmul(ds, k), at::matmul(ds.transpose(-2, -1), q), dv};
 }
 
+void merge_sinks(AttentionPartial& p, const at::Tensor& sinks) {
+  const at::Tensor sink = sinks.to(p.lse.options()).view({1, -1, 1, 1});
+  const at::Tensor merged = at::logaddexp(p.lse, sink);
+  // A row that saw no key has out 0 and lse -inf: e^(-inf - sink) = 0 keeps it 0.
+  p.out = p.out * (p.lse - merged).exp().to(p.out.scalar_type());
+  p.lse = merged;
+}
+
+at::Tensor sinks_backward(const at::Tensor& dout, const at::Tensor& out, const at::Tensor& lse,
+                          const at::Tensor& sinks) {
+  const at::Tensor delta = (dout.to(at::kFloat) * out.to(at::kFloat)).sum(-1, /*keepdim=*/true);
+  const at::Tensor weight = (sinks.to(at::kFloat).view({1, -1, 1, 1}) - lse.to(at::kFloat)).exp();
+  return (weight * delta).sum({0, 2, 3}).neg().to(sinks.scalar_type());
+}
+
 at::Tensor causal_mask(const at::Tensor& query_slots, const at::Tensor& key_slots,
-                       const at::Tensor& query_documents, const at::Tensor& key_documents) {
-  at::Tensor allowed = key_slots.view({1, 1, 1, -1}) <= query_slots.view({1, 1, -1, 1});
+                       const at::Tensor& query_documents, const at::Tensor& key_documents,
+                       int64_t window) {
+  const at::Tensor keys = key_slots.view({1, 1, 1, -1}), queries = query_slots.view({1, 1, -1, 1});
+  at::Tensor allowed = keys <= queries;
+  if (window > 0) allowed = allowed & (keys > queries - window);
   if (query_documents.defined()) {
     const int64_t b = query_documents.size(0);
     allowed = allowed & (query_documents.view({b, 1, -1, 1}) == key_documents.view({b, 1, 1, -1}));
@@ -136,28 +146,35 @@ at::Tensor fold_heads(const at::Tensor& grad, int64_t kv_heads) {
 }
 
 at::Tensor local_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                           double scale, const TokenLayout& layout) {
+                           double scale, const TokenLayout& layout, const LayerAttention& layer) {
   const at::Tensor keys = expand_heads(k, q.size(1)), values = expand_heads(v, q.size(1));
-  if (!layout.documents.defined() && !layout.slots.defined()) {
+  if (!layout.documents.defined() && !layout.slots.defined() && layer.plain()) {
     return at::scaled_dot_product_attention(q, keys, values, /*attn_mask=*/{}, /*dropout_p=*/0.0,
                                             /*is_causal=*/true, scale);
   }
   const at::Tensor slots = layout.slots.defined() ? layout.slots : at::arange(q.size(2), at::kLong);
   return masked_attention(q, keys, values, scale,
-                          {slots, slots, layout.documents, layout.documents});
+                          {slots, slots, layout.documents, layout.documents, layer.window},
+                          layer.sinks);
 }
 
 at::Tensor masked_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            double scale, const MaskDescription& where) {
-  if (q.is_cpu()) return MaskedAttention::apply(q, k, v, scale, where);
+                            double scale, const MaskDescription& where, const at::Tensor& sinks) {
+  LOOM_CHECK(!sinks.defined() || sinks.numel() == q.size(1), "attention sinks: ", sinks.numel(),
+             " for ", q.size(1), " query heads");
+  if (q.is_cpu() || sinks.defined()) {
+    // Autograd functions take an absent tensor as nullopt, not as an undefined tensor.
+    const auto maybe_sinks = sinks.defined() ? std::optional<at::Tensor>(sinks) : std::nullopt;
+    return MaskedAttention::apply(q, k, v, maybe_sinks, scale, where);
+  }
   return at::scaled_dot_product_attention(q, k, v, where.build(q.device()), 0.0,
                                           /*is_causal=*/false, scale);
 }
 
 at::Tensor AttentionInputs::attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                   double scale) const {
-  return backend && *backend ? (*backend)(q, k, v, scale, layout)
-                             : local_attention(q, k, v, scale, layout);
+                                   double scale, const LayerAttention& layer) const {
+  return backend && *backend ? (*backend)(q, k, v, scale, layout, layer)
+                             : local_attention(q, k, v, scale, layout, layer);
 }
 
 }  // namespace loom::models

@@ -72,8 +72,11 @@ at::Tensor gather_context(const at::Tensor& x, distributed::Comm& cp);
 // blocks passed to the next rank while the current block computes (cp - 1 messages of k and v
 // forward; backward cp - 1 again, and cp messages of their gradients travelling home), partial
 // results merged by their log-sum-exp. Computes in float32; saves only the local q, k, v, the
-// output and the log-sum-exp. `layout` as ContextParallel::shard makes it.
+// output and the log-sum-exp. `layout` as ContextParallel::shard makes it. The layer's window
+// skips the blocks no query can see (they still travel); its sinks join the merge once, after
+// the last block, and get their gradient from the final output and log-sum-exp.
 at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                          double scale, const models::TokenLayout& layout, distributed::Comm& cp);
+                          double scale, const models::TokenLayout& layout, distributed::Comm& cp,
+                          const models::LayerAttention& layer = {});
 
 }  // namespace loom::parallel

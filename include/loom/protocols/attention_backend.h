@@ -28,13 +28,28 @@ struct TokenLayout {
   bool trivial() const { return !positions.defined() && !documents.defined() && !slots.defined(); }
 };
 
+// What one layer adds to the batch's mask (gpt-oss alternates sliding and full layers, every
+// layer with sinks). The default, plain, is causal attention as the layout says.
+struct LayerAttention {
+  // > 0: a query sees only the keys at row slots (slot - window, slot], at most `window` keys,
+  // itself included (transformers' `sliding_window`: kv_idx > q_idx - window); 0: every earlier
+  // key. Slots, not RoPE positions, so packed documents and context-parallel chunks agree.
+  int64_t window = 0;
+  // [h] learned logits, one per query head of this rank, that join each row's softmax
+  // denominator and nothing else: out = sum_j e^(s_j) v_j / (e^(sink) + sum_j e^(s_j)). They
+  // get gradients. Undefined: no sinks.
+  at::Tensor sinks;
+
+  bool plain() const { return window == 0 && !sinks.defined(); }
+};
+
 // q [b, h, s, d], k [b, hk, t, d], v [b, hk, t, dv] -> [b, h, s, dv], the softmax scaled by
-// `scale`; `layout` describes the s query tokens. Grouped-query attention: hk divides h and q
-// head j reads k/v head j / (h / hk); backends expand the heads after any communication, so
-// context parallelism moves hk heads, not h.
-using AttentionBackend =
-    std::function<at::Tensor(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                             double scale, const TokenLayout& layout)>;
+// `scale`; `layout` describes the s query tokens, `layer` this layer's window and sinks.
+// Grouped-query attention: hk divides h and q head j reads k/v head j / (h / hk); backends
+// expand the heads after any communication, so context parallelism moves hk heads, not h.
+using AttentionBackend = std::function<at::Tensor(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+    const TokenLayout& layout, const LayerAttention& layer)>;
 
 // What every attention layer of one forward shares: the RoPE table, each token's rotation when
 // the layout gives positions, the layout and the backend.
@@ -45,8 +60,8 @@ struct AttentionInputs {
   TokenLayout layout;
   const AttentionBackend* backend = nullptr;  // null or empty: local_attention
 
-  at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                    double scale) const;
+  at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                    const LayerAttention& layer = {}) const;
 };
 
 // k or v [b, hk, t, d] -> [b, heads, t, d], each head repeated heads / hk times in place
@@ -55,48 +70,64 @@ struct AttentionInputs {
 at::Tensor expand_heads(const at::Tensor& x, int64_t heads);
 at::Tensor fold_heads(const at::Tensor& grad, int64_t kv_heads);
 
-// Attention over the local tokens alone (t == s): SDPA's causal kernel for a trivial layout,
-// else with causal_mask of the layout's slots and documents.
+// Attention over the local tokens alone (t == s): SDPA's causal kernel for a trivial layout and
+// a plain layer (bitwise what it always was), else masked_attention with the layout's slots and
+// documents and the layer's window and sinks.
 at::Tensor local_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                           double scale, const TokenLayout& layout);
+                           double scale, const TokenLayout& layout,
+                           const LayerAttention& layer = {});
 
-// Who may attend to whom, bool [b or 1, 1, s, t]: key slot <= query slot, and the same document
-// when documents are given (query_documents [b, s] and key_documents [b, t], or undefined).
+// Who may attend to whom, bool [b or 1, 1, s, t]: key slot <= query slot, the same document
+// when documents are given (query_documents [b, s] and key_documents [b, t], or undefined), and
+// key slot > query slot - window when window > 0. The dense reference; kernels use it per tile.
 at::Tensor causal_mask(const at::Tensor& query_slots, const at::Tensor& key_slots,
-                       const at::Tensor& query_documents, const at::Tensor& key_documents);
+                       const at::Tensor& query_documents, const at::Tensor& key_documents,
+                       int64_t window = 0);
 
 // Who may attend to whom, as the small tensors that make the mask (causal_mask's arguments, on
-// any device; documents undefined: one document per row).
+// any device; documents undefined: one document per row). Slots need not be sorted (context
+// parallelism gathers keys in rank order).
 struct MaskDescription {
   at::Tensor query_slots, key_slots;                 // [s], [t]
   at::Tensor query_documents, key_documents;         // [b, s], [b, t]
+  int64_t window = 0;                                // LayerAttention::window
   at::Tensor build(const at::Device& device) const;  // bool [b or 1, 1, s, t] on `device`
+  // The same description for queries [q0, q1) and keys [k0, k1).
+  MaskDescription tile(int64_t q0, int64_t q1, int64_t k0, int64_t k1) const;
 };
 
-// Attention under the described mask. On the CPU through the fused flash kernel, keeping only
-// q, k, v, the output and its log-sum-exp for backward, which rebuilds the mask: SDPA would keep
-// the mask as a float [s, t] per layer, more than the layer's other activations at long
-// sequences. Elsewhere SDPA with the mask.
+// Attention under the described mask, with the layer's sinks ([h], undefined: none;
+// differentiable). On the CPU through the blocked kernel (attention_kernel.h), keeping only q,
+// k, v, the output and its log-sum-exp for backward: no [s, t] mask exists at any time. Elsewhere
+// SDPA with the dense mask, or float matmuls when there are sinks.
 at::Tensor masked_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            double scale, const MaskDescription& where);
+                            double scale, const MaskDescription& where,
+                            const at::Tensor& sinks = {});
 
-// Softmax attention and its log-sum-exp under a bool mask [b or 1, 1, s, t], no autograd: the
-// pieces a caller merges (the ring of context parallelism) or differentiates itself. A row that
-// sees no key gets out 0 and lse -inf. CPU: the fused flash kernel (value heads of another size
-// are zero-padded); elsewhere float matmuls over the [s, t] scores.
+// Softmax attention and its log-sum-exp under a described mask, no autograd: the pieces a caller
+// merges (the ring of context parallelism) or differentiates itself. A row that sees no key gets
+// out 0 and lse -inf. CPU: the blocked kernel (key blocks outside the mask skipped); elsewhere
+// float matmuls over the dense [s, t] scores.
 struct AttentionPartial {
   at::Tensor out;  // [b, h, s, dv]
   at::Tensor lse;  // [b, h, s, 1]
 };
 AttentionPartial attention_partial(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                   double scale, const at::Tensor& mask);
+                                   double scale, const MaskDescription& where);
 
 // The gradients of q, k and v of one partial given the *final* output and log-sum-exp of the
 // rows (P = e^(S - lse), dS = P (dP - rowsum(dout * out))): summed over the partials of a row
-// they are the gradients of the merged attention.
+// they are the gradients of the merged attention. Sinks only change the final lse.
 std::array<at::Tensor, 3> attention_partial_backward(const at::Tensor& dout, const at::Tensor& q,
                                                      const at::Tensor& k, const at::Tensor& v,
                                                      const at::Tensor& out, const at::Tensor& lse,
-                                                     double scale, const at::Tensor& mask);
+                                                     double scale, const MaskDescription& where);
+
+// Sinks as one more partial with no value: lse' = logaddexp(lse, sink_h), out' = out e^(lse -
+// lse'). In place of `p`; sinks [h] float. A row that saw no key keeps out 0 and gets lse = sink.
+void merge_sinks(AttentionPartial& p, const at::Tensor& sinks);
+// d sink_h = -sum over rows of e^(sink_h - lse) rowsum(dout * out), with the final out and lse.
+at::Tensor sinks_backward(const at::Tensor& dout, const at::Tensor& out, const at::Tensor& lse,
+                          const at::Tensor& sinks);
 
 }  // namespace loom::models
