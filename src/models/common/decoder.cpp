@@ -18,7 +18,7 @@ TransformerBlockImpl::TransformerBlockImpl(int64_t id, const DecoderArgs& args,
   if (args.mla) {
     latent_attention = register_module("attention", LatentAttention(args, options));
   } else {
-    attention = register_module("attention", Attention(args, options));
+    attention = register_module("attention", Attention(args, options, id));
   }
   if (args.is_moe_layer(id)) {
     moe = register_module("moe", MoE(args, options));

@@ -25,6 +25,21 @@ double yarn_mscale(double scale, double m) {
   return scale <= 1.0 ? 1.0 : 0.1 * m * std::log(scale) + 1.0;
 }
 
+void validate_attention_options(const DecoderArgs& args, const std::string& family) {
+  if (args.layer_windows.empty() && !args.attention_sinks) return;
+  LOOM_CHECK_AS(InputError,
+                args.layer_windows.empty() ||
+                    static_cast<int64_t>(args.layer_windows.size()) == args.n_layers,
+                family, ": layer_windows has ", args.layer_windows.size(), " entries for ",
+                args.n_layers, " layers");
+  for (int64_t window : args.layer_windows) {
+    LOOM_CHECK_AS(InputError, window >= 0, family, ": a sliding window of ", window,
+                  " keys (0 means full attention)");
+  }
+  LOOM_CHECK_AS(InputError, !args.mla, family,
+                ": sliding windows and attention sinks are not implemented for latent attention");
+}
+
 }  // namespace
 
 double YarnScaling::rotation_scale() const {
@@ -77,6 +92,7 @@ void DecoderArgs::validate(const std::string& family) const {
                   family, ": YaRN factor must be >= 1, its betas and original context positive");
   }
   if (moe) moe->validate(family, n_layers);
+  validate_attention_options(*this, family);
 }
 
 }  // namespace loom::models

@@ -1,5 +1,6 @@
 // Grouped-query causal self-attention with rotary embeddings, optionally with an RMSNorm over
-// each q and k head before the rotation (Qwen3's qk_norm).
+// each q and k head before the rotation (Qwen3's qk_norm), a sliding window and sinks per layer
+// (DecoderArgs::layer_windows and attention_sinks, handed to the backend as LayerAttention).
 #pragma once
 
 #include "loom/protocols/attention_backend.h"
@@ -10,7 +11,8 @@ namespace loom::models {
 
 class AttentionImpl : public torch::nn::Module {
  public:
-  AttentionImpl(const DecoderArgs& args, const at::TensorOptions& options);
+  // `layer` picks this layer's window from args.layer_windows.
+  AttentionImpl(const DecoderArgs& args, const at::TensorOptions& options, int64_t layer = 0);
   // x [bs, seq, dim] -> [bs, seq, dim], rotated and attended as `in` says.
   at::Tensor forward(const at::Tensor& x, const AttentionInputs& in);
   // Tokens at positions 0..seq-1 of one causal row: freqs_cis [>= seq, head_dim / 2].
@@ -27,6 +29,8 @@ class AttentionImpl : public torch::nn::Module {
 
   Linear wq{nullptr}, wk{nullptr}, wv{nullptr}, wo{nullptr};
   RMSNorm q_norm{nullptr}, k_norm{nullptr};  // null without qk_norm
+  at::Tensor sinks;                           // [n_heads]; undefined without attention_sinks
+  int64_t window = 0;                         // this layer's sliding window (0: full)
   int64_t n_heads;  // of the whole model (forward() reads this rank's from wq's shape)
   int64_t n_kv_heads;
   int64_t head_dim;

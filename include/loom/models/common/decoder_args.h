@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "loom/models/common/moe_args.h"
 
@@ -94,6 +95,12 @@ struct DecoderArgs {
   std::optional<MLAArgs> mla;
   // Mixture-of-experts feed-forward on the layers MoEArgs::is_moe_layer picks; unset: dense.
   std::optional<MoEArgs> moe;
+  // Sliding-window attention per layer (gpt-oss: every other layer sees its last 128 keys):
+  // empty, every layer full; else one entry per layer, 0 for full (LayerAttention::window).
+  std::vector<int64_t> layer_windows;
+  // A learned logit per query head that joins each row's softmax denominator (gpt-oss's sinks):
+  // the parameter layers.N.attention.sinks [n_heads].
+  bool attention_sinks = false;
 
   int64_t head_dim() const { return head_dim_override.value_or(dim / n_heads); }
   int64_t kv_heads() const { return n_kv_heads.value_or(n_heads); }
@@ -105,6 +112,9 @@ struct DecoderArgs {
            (!yarn->only_beyond_original || max_seq_len > yarn->original_max_position_embeddings);
   }
   bool is_moe_layer(int64_t layer) const { return moe && moe->is_moe_layer(layer); }
+  int64_t window(int64_t layer) const {
+    return layer_windows.empty() ? 0 : layer_windows.at(static_cast<size_t>(layer));
+  }
   // Throws loom::InputError naming `family` and the first inconsistent argument.
   void validate(const std::string& family = "decoder") const;
 };
