@@ -9,10 +9,12 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <limits>
 #include <string>
 
 #include "loom/core/check.h"
+#include "loom/core/host_allocator.h"
 #include "loom/protocols/attention_backend.h"
 #include "loom/protocols/attention_kernel.h"
 #include "model_test_util.h"
@@ -239,6 +241,32 @@ TEST(AttentionMasks, WindowSkipsKeyBlocksOutsideIt) {
   causal.window = 0;
   models::blocked_attention(in.q, in.k, in.v, kScale, causal, 64, &forward);
   EXPECT_EQ(forward.tiles_computed, 36);
+}
+
+// At 8192 tokens a dense mask would be 64 MiB as bool and 256 MiB as float (what the flash call
+// took before the blocked kernel): forward and backward of block_causal attention with sinks,
+// full and with a window, must peak far below either on this thread's heap (jemalloc's peak).
+TEST(AttentionMasks, LongRowsHoldNoSquareMask) {
+  const int64_t s = 8192;
+  const at::Tensor slots = at::arange(s, at::kLong);
+  const at::Tensor docs = slots.div(3000, "floor").view({1, s});
+  const double dense_mask_bytes = static_cast<double>(s) * s;  // bool
+  for (int64_t window : {0, 512}) {
+    const at::Tensor q = random({1, 2, s, 16}, 1).requires_grad_(true);
+    const at::Tensor k = random({1, 2, s, 16}, 2).requires_grad_(true);
+    const at::Tensor v = random({1, 2, s, 16}, 3).requires_grad_(true);
+    const at::Tensor sinks = at::zeros({2}).requires_grad_(true);
+    reset_thread_heap_peak();
+    const at::Tensor out =
+        models::masked_attention(q, k, v, kScale, {slots, slots, docs, docs, window}, sinks);
+    out.sum().backward();
+    const auto peak = thread_heap_peak();
+    ASSERT_TRUE(peak.has_value()) << "this build does not link jemalloc";
+    std::printf("8192 tokens, documents, sinks, window %lld: peak %.1f MiB (a bool mask: %.0f MiB)\n",
+                static_cast<long long>(window), static_cast<double>(*peak) / (1 << 20),
+                dense_mask_bytes / (1 << 20));
+    EXPECT_LT(static_cast<double>(*peak), dense_mask_bytes / 4) << "window " << window;
+  }
 }
 
 // The decoder's wiring: DecoderArgs::layer_windows and attention_sinks reach each layer.

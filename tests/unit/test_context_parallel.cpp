@@ -119,9 +119,12 @@ TEST(ContextParallel, BlockCausalEqualsRunningEachDocumentAlone) {
 // reduce-scatter as much backward. alltoall (the ring): cp - 1 messages of this rank's k and v
 // forward; backward cp - 1 again and cp of their gradients (each block's accumulator goes home).
 // `dv`: the values' head size (multi-head latent attention's differs from the keys'); `hk`: the
-// key/value heads (grouped-query attention when fewer than the queries' 4).
+// key/value heads (grouped-query attention when fewer than the queries' 4); `window` and
+// `sinks`: the layer's sliding window and sinks (whose gradients, summed over the ranks, equal
+// one process's).
 void check_context_attention(int cp, bool documents, const std::string& method,
-                             ContextBalancer balancer, int64_t dv = 8, int64_t hk = 4) {
+                             ContextBalancer balancer, int64_t dv = 8, int64_t hk = 4,
+                             int64_t window = 0, bool sinks = false) {
   const int64_t b = 2, h = 4, s = 16, d = 8;
   const at::Tensor q = random({b, h, s, d}, 1).requires_grad_(true);
   const at::Tensor k = random({b, hk, s, d}, 2).requires_grad_(true);
@@ -135,8 +138,12 @@ void check_context_attention(int cp, bool documents, const std::string& method,
     whole.documents = docs;
   }
   const double scale = 0.3;
-  const at::Tensor out = models::local_attention(q, k, v, scale, whole);
+  const at::Tensor sink_logits = random({h}, 5);
+  models::LayerAttention layer{window, sinks ? sink_logits.clone().requires_grad_(true)
+                                             : at::Tensor()};
+  const at::Tensor out = models::local_attention(q, k, v, scale, whole, layer);
   (out * weights).sum().backward();
+  std::vector<at::Tensor> rank_sink_grads(cp);
   const auto errors = testing::run_ranks(cp, [&](ProcessGroups& groups) {
     auto group = groups.world_ptr();
     parallel::ContextParallel context(group, balancer, method);
@@ -157,7 +164,9 @@ void check_context_attention(int cp, bool documents, const std::string& method,
       return bytes;
     };
     const auto before = wire();
-    const at::Tensor local = context.backend()(ql, kl, vl, scale, shard.layout);
+    const models::LayerAttention mine_layer{
+        window, sinks ? sink_logits.clone().requires_grad_(true) : at::Tensor()};
+    const at::Tensor local = context.backend()(ql, kl, vl, scale, shard.layout, mine_layer);
     const auto forward = wire();
     (local * weights.index_select(2, slots)).sum().backward();
     const auto after = wire();
@@ -168,6 +177,7 @@ void check_context_attention(int cp, bool documents, const std::string& method,
           (mine_t.grad() - whole_t.grad().index_select(2, slots)).abs().max().item<double>();
       LOOM_CHECK(diff < 1e-5, "rank ", group->rank(), ": gradient differs by ", diff);
     }
+    if (sinks) rank_sink_grads[group->rank()] = mine_layer.sinks.grad();
     // k and v of this rank, with their own heads: b hk (s / cp) (d + dv) float32.
     const int64_t kv = b * hk * (s / cp) * (d + dv) * 4;
     const std::array<int64_t, 3> expect_forward = method == "allgather"
@@ -184,6 +194,10 @@ void check_context_attention(int cp, bool documents, const std::string& method,
     }
   });
   EXPECT_TRUE(errors.empty()) << testing::joined(errors);
+  if (sinks && errors.empty()) {
+    const at::Tensor summed = at::stack(rank_sink_grads).sum(0);
+    EXPECT_LT((summed - layer.sinks.grad()).abs().max().item<double>(), 1e-5);
+  }
 }
 
 TEST(ContextParallel, AllGatherAttentionEqualsOneProcessWithItsBytes) {
@@ -212,6 +226,20 @@ TEST(ContextParallel, RingAttentionEqualsOneProcessWithItsBytes) {
   check_context_attention(2, true, "alltoall", ContextBalancer::kHeadTail, 8, 1);
   check_context_attention(4, false, "alltoall", ContextBalancer::kHeadTail, 6, 2);
   check_context_attention(2, true, "allgather", ContextBalancer::kHeadTail, 8, 2);
+}
+
+// A layer's sliding window and sinks under both methods: windows shorter than a rank's chunk
+// (head-tail chunks of 2 and 4 tokens, contiguous shares of 4), longer, and one token; the ring
+// skips the blocks before every query's window, which still travel (the same bytes).
+TEST(ContextParallel, WindowsAndSinksEqualOneProcess) {
+  for (const std::string method : {"allgather", "alltoall"}) {
+    for (int64_t window : {1, 3, 6}) {
+      SCOPED_TRACE(method + " window " + std::to_string(window));
+      check_context_attention(2, false, method, ContextBalancer::kHeadTail, 8, 2, window, true);
+      check_context_attention(4, true, method, ContextBalancer::kNone, 6, 4, window, false);
+    }
+    check_context_attention(4, true, method, ContextBalancer::kHeadTail, 8, 4, 0, true);
+  }
 }
 
 }  // namespace
