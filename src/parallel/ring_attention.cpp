@@ -198,11 +198,11 @@ at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
     ring.key_documents = layout.key_documents.to(q.device());
   }
   const auto dtype = q.scalar_type();
-  LOOM_CHECK(!layer.sinks.defined() || layer.sinks.numel() == q.size(1), "attention sinks: ",
-             layer.sinks.numel(), " for ", q.size(1), " query heads");
+  LOOM_CHECK(!layer.sinks.defined() || layer.sinks.numel() == q.size(1),
+             "attention sinks: ", layer.sinks.numel(), " for ", q.size(1), " query heads");
   // Autograd functions take an absent tensor as nullopt, not as an undefined tensor.
-  const auto sinks = layer.sinks.defined() ? std::optional<at::Tensor>(layer.sinks.to(at::kFloat))
-                                           : std::nullopt;
+  const auto sinks =
+      layer.sinks.defined() ? std::optional<at::Tensor>(layer.sinks.to(at::kFloat)) : std::nullopt;
   const at::Tensor out =
       RingAttention::apply(q.to(at::kFloat), k.to(at::kFloat).contiguous(),
                            v.to(at::kFloat).contiguous(), sinks, scale, &cp, ring);

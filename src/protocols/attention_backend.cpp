@@ -69,8 +69,8 @@ at::Tensor MaskDescription::build(const at::Device& device) const {
 }
 
 MaskDescription MaskDescription::tile(int64_t q0, int64_t q1, int64_t k0, int64_t k1) const {
-  MaskDescription part{query_slots.narrow(0, q0, q1 - q0), key_slots.narrow(0, k0, k1 - k0), {},
-                       {}, window};
+  MaskDescription part{
+      query_slots.narrow(0, q0, q1 - q0), key_slots.narrow(0, k0, k1 - k0), {}, {}, window};
   if (query_documents.defined()) {
     part.query_documents = query_documents.narrow(1, q0, q1 - q0);
     part.key_documents = key_documents.narrow(1, k0, k1 - k0);

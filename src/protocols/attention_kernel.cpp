@@ -101,8 +101,7 @@ struct ForwardPass {
   void end() {
     const at::Tensor seen = l > 0;
     out.narrow(2, q0, q1 - q0).copy_(acc / l.masked_fill(seen.logical_not(), 1.0));
-    lse.narrow(2, q0, q1 - q0)
-        .copy_((m + l.log()).masked_fill(seen.logical_not(), kMinusInfinity));
+    lse.narrow(2, q0, q1 - q0).copy_((m + l.log()).masked_fill(seen.logical_not(), kMinusInfinity));
   }
 };
 
@@ -130,7 +129,8 @@ struct BackwardPass {
     const at::Tensor kj = k.narrow(2, k0, k1 - k0), vj = v.narrow(2, k0, k1 - k0);
     const at::Tensor p = (scores - lse_i).exp_();
     dv.narrow(2, k0, k1 - k0).add_(at::matmul(p.transpose(-2, -1), dout_i));
-    const at::Tensor ds = at::matmul(dout_i, vj.transpose(-2, -1)).sub_(delta_i).mul_(p).mul_(scale);
+    const at::Tensor ds =
+        at::matmul(dout_i, vj.transpose(-2, -1)).sub_(delta_i).mul_(p).mul_(scale);
     dq_i.add_(at::matmul(ds, kj));
     dk.narrow(2, k0, k1 - k0).add_(at::matmul(ds.transpose(-2, -1), qi));
   }

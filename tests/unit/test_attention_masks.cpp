@@ -75,7 +75,8 @@ at::Tensor dense_reference(const at::Tensor& q, const at::Tensor& k, const at::T
   at::Tensor scores = at::matmul(q.to(at::kDouble), k.to(at::kDouble).transpose(-2, -1)) * kScale;
   scores = scores.masked_fill(allowed.logical_not(), -std::numeric_limits<double>::infinity());
   if (sinks.defined()) {
-    const at::Tensor column = sinks.to(at::kDouble).view({1, -1, 1, 1}).expand({kBatch, -1, c.s, 1});
+    const at::Tensor column =
+        sinks.to(at::kDouble).view({1, -1, 1, 1}).expand({kBatch, -1, c.s, 1});
     scores = at::cat({scores, column}, -1);
   }
   at::Tensor probs = at::softmax(scores, -1);
@@ -128,8 +129,8 @@ std::vector<at::Tensor> kernel_run(const Case& c, int64_t block) {
   const MaskDescription where = description_of(c);
   AttentionPartial p = models::blocked_attention(in.q, in.k, in.v, kScale, where, block);
   if (c.sinks) models::merge_sinks(p, in.sinks);
-  auto [dq, dk, dv] = models::blocked_attention_backward(in.weights, in.q, in.k, in.v, p.out,
-                                                         p.lse, kScale, where, block);
+  auto [dq, dk, dv] = models::blocked_attention_backward(in.weights, in.q, in.k, in.v, p.out, p.lse,
+                                                         kScale, where, block);
   at::Tensor dsinks;
   if (c.sinks) dsinks = models::sinks_backward(in.weights, p.out, p.lse, in.sinks);
   return {p.out, dq, dk, dv, dsinks};
@@ -229,8 +230,8 @@ TEST(AttentionMasks, WindowSkipsKeyBlocksOutsideIt) {
   const Inputs in = inputs_of(c);
   at::NoGradGuard no_grad;
   models::AttentionKernelStats forward, backward;
-  const AttentionPartial p = models::blocked_attention(in.q, in.k, in.v, kScale,
-                                                        description_of(c), 64, &forward);
+  const AttentionPartial p =
+      models::blocked_attention(in.q, in.k, in.v, kScale, description_of(c), 64, &forward);
   models::blocked_attention_backward(in.weights, in.q, in.k, in.v, p.out, p.lse, kScale,
                                      description_of(c), 64, &backward);
   EXPECT_EQ(forward.tiles_computed, 1 + 2 * 7);  // block 0 has no previous block
@@ -262,9 +263,10 @@ TEST(AttentionMasks, LongRowsHoldNoSquareMask) {
     out.sum().backward();
     const auto peak = thread_heap_peak();
     ASSERT_TRUE(peak.has_value()) << "this build does not link jemalloc";
-    std::printf("8192 tokens, documents, sinks, window %lld: peak %.1f MiB (a bool mask: %.0f MiB)\n",
-                static_cast<long long>(window), static_cast<double>(*peak) / (1 << 20),
-                dense_mask_bytes / (1 << 20));
+    std::printf(
+        "8192 tokens, documents, sinks, window %lld: peak %.1f MiB (a bool mask: %.0f MiB)\n",
+        static_cast<long long>(window), static_cast<double>(*peak) / (1 << 20),
+        dense_mask_bytes / (1 << 20));
     EXPECT_LT(static_cast<double>(*peak), dense_mask_bytes / 4) << "window " << window;
   }
 }
