@@ -297,14 +297,14 @@ TEST(AttentionMasks, DecoderLayersTakeTheirWindowAndSinks) {
   auto without = testing::decoder_lm(windowed_args(false), 7);
   const at::Tensor reference = without->forward(tokens).detach();
   EXPECT_GT(max_diff(model->forward(tokens), reference), 1e-4);  // drawn sinks matter
-  {
-    at::NoGradGuard no_grad;
-    for (auto& block : blocks) block->attention->sinks.fill_(-1e4);
+  // Through replace_parameter, as FSDP swaps its tensors in.
+  for (const char* name : {"layers.0.attention.sinks", "layers.1.attention.sinks"}) {
+    model->replace_parameter(name, at::full({4}, -1e4).requires_grad_(true));
   }
   EXPECT_LE(max_diff(model->forward(tokens).detach(), reference), 1e-5);
   // Sinks learn: a loss reaches them.
   model->forward(tokens).pow(2).mean().backward();
-  EXPECT_TRUE(params["layers.0.attention.sinks"].grad().defined());
+  EXPECT_TRUE(blocks[0]->attention->sinks().grad().defined());
 }
 
 // One layer with a window of 3: token 0 reaches positions 1 and 2, never 3 and on.

@@ -13,6 +13,7 @@ namespace loom::models {
 AttentionImpl::AttentionImpl(const DecoderArgs& args, const at::TensorOptions& options,
                              int64_t layer)
     : window(args.window(layer)),
+      has_sinks(args.attention_sinks),
       n_heads(args.n_heads),
       n_kv_heads(args.kv_heads()),
       head_dim(args.head_dim()),
@@ -25,7 +26,7 @@ AttentionImpl::AttentionImpl(const DecoderArgs& args, const at::TensorOptions& o
     q_norm = register_module("q_norm", RMSNorm(head_dim, args.norm_eps, options));
     k_norm = register_module("k_norm", RMSNorm(head_dim, args.norm_eps, options));
   }
-  if (args.attention_sinks) sinks = register_parameter("sinks", at::zeros({n_heads}, options));
+  if (has_sinks) register_parameter("sinks", at::zeros({n_heads}, options));
 }
 
 at::Tensor repeat_kv(const at::Tensor& x, int64_t n_rep) {
@@ -61,20 +62,20 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const AttentionInputs& in
     std::tie(q, k) = rotate_qk(q, k, in.freqs_cis, rope_layout);
   }
   // Sinks are per query head; tensor parallelism would need them sharded with wq's heads.
-  LOOM_CHECK(!sinks.defined() || local_heads == n_heads, "attention sinks with ", local_heads,
-             " of ", n_heads, " heads on this rank: tensor parallelism does not shard sinks yet");
+  LOOM_CHECK(!has_sinks || local_heads == n_heads, "attention sinks with ", local_heads, " of ",
+             n_heads, " heads on this rank: tensor parallelism does not shard sinks yet");
   // The backend takes [bs, heads, seq, head_dim], k and v with their own (grouped) heads; on
   // CUDA SDPA picks flash / memory-efficient.
   at::Tensor out = in.attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                              1.0 / std::sqrt(static_cast<double>(head_dim)),
-                             LayerAttention{window, sinks});
+                             LayerAttention{window, sinks()});
   return wo->forward(out.transpose(1, 2).contiguous().view({bs, seq, local_heads * head_dim}));
 }
 
 at::Tensor AttentionImpl::forward_cached(const at::Tensor& x, const at::Tensor& rotations,
                                          at::Tensor& keys, at::Tensor& values, int64_t start,
                                          const at::Tensor& mask) {
-  LOOM_CHECK(window == 0 && !sinks.defined(),
+  LOOM_CHECK(window == 0 && !has_sinks,
              "inference with a KV cache does not implement sliding windows or attention sinks yet");
   const auto bs = x.size(0), seq = x.size(1);
   auto [q_raw, k_raw, v] = project(x);

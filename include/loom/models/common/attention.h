@@ -9,7 +9,9 @@
 
 namespace loom::models {
 
-class AttentionImpl : public torch::nn::Module {
+// A ParameterTableModule: the sinks are read from the table at each call, so FSDP's swap of the
+// meta or sharded tensor (replace_parameter) reaches them; the projections are WeightModules.
+class AttentionImpl : public ParameterTableModule {
  public:
   // `layer` picks this layer's window from args.layer_windows.
   AttentionImpl(const DecoderArgs& args, const at::TensorOptions& options, int64_t layer = 0);
@@ -29,8 +31,10 @@ class AttentionImpl : public torch::nn::Module {
 
   Linear wq{nullptr}, wk{nullptr}, wv{nullptr}, wo{nullptr};
   RMSNorm q_norm{nullptr}, k_norm{nullptr};  // null without qk_norm
-  at::Tensor sinks;                           // [n_heads]; undefined without attention_sinks
   int64_t window = 0;                         // this layer's sliding window (0: full)
+  bool has_sinks = false;                     // DecoderArgs::attention_sinks
+  // The parameter "sinks" [n_heads]; undefined without attention_sinks.
+  at::Tensor sinks() const { return has_sinks ? param("sinks") : at::Tensor(); }
   int64_t n_heads;  // of the whole model (forward() reads this rank's from wq's shape)
   int64_t n_kv_heads;
   int64_t head_dim;
