@@ -11,6 +11,7 @@
 #include <map>
 
 #include "comm_test_util.h"
+#include "model_test_util.h"
 #include "loom/models/common/decoder_parallelize.h"
 #include "loom/models/model_spec.h"
 #include "loom/parallel/fsdp.h"
@@ -339,6 +340,44 @@ TEST(Fsdp, MemoryAndTrafficFollowZero3) {
     });
     LOOM_EXPECT_RANKS_OK(errors);
   }
+}
+
+// A decoder whose layers ask for sliding windows and sinks (layers.N.attention.sinks, read from
+// the module's table) shards like any other: FSDP x 2 draws the sinks as one process does, and
+// their reduce-scattered gradients, like every other parameter's, equal one process's.
+TEST(Fsdp, WindowsAndSinksShardLikeEveryParameter) {
+  models::DecoderArgs args = testing::tiny_llama_args();
+  args.layer_windows = {5, 0};
+  args.attention_sinks = true;
+  const at::Tensor batch = tokens(4, args.vocab_size);
+  const double step_tokens = static_cast<double>(batch.size(0) * kSeq);
+  auto whole = testing::decoder_lm(args, kSeed);
+  loss_of(*whole, batch, step_tokens).backward();
+  std::map<std::string, at::Tensor> initial, grads;
+  for (const auto& item : whole->module().named_parameters()) {
+    initial[item.key()] = item.value().detach();
+    grads[item.key()] = item.value().grad();
+  }
+  ASSERT_TRUE(grads.at("layers.0.attention.sinks").abs().sum().item<double>() > 0);
+  auto errors = testing::run_ranks(2, [&](ProcessGroups& groups) {
+    const int r = groups.rank();
+    auto model = std::make_unique<models::DecoderModel>(
+        "llama3", "test", args, at::TensorOptions().device(at::kMeta), models::ModelPart{},
+        models::llama::init_parameter);
+    auto fsdp = shard_model(*model, groups.world_ptr(), nullptr, FsdpOptions{});
+    for (const auto& name : fsdp->parameter_names()) {
+      expect_close(fsdp->full_parameter(name), initial.at(name), "initial " + name, 0, 0);
+    }
+    fsdp->prepare_microbatch(true);
+    loss_of(*model, batch.narrow(0, 2 * r, 2), step_tokens).backward();
+    fsdp->finish();
+    const auto& shards = fsdp->sharded_parameters();
+    for (size_t i = 0; i < shards.size(); ++i) {
+      const std::string& name = fsdp->parameter_names()[i];
+      expect_close(shards[i].grad(), rows_of(grads.at(name), r, 2), "gradient of " + name);
+    }
+  });
+  LOOM_EXPECT_RANKS_OK(errors);
 }
 
 }  // namespace
