@@ -247,6 +247,11 @@ void check_decoder_parallelism(const DecoderArgs& args, const config::JobConfig&
                   args.moe->num_experts, " experts of ", config.model.name, " flavor '",
                   config.model.flavor, "': each expert-parallel rank holds the same number");
   }
+  // One sink per query head: tensor parallelism would shard them with wq's heads (not yet).
+  LOOM_CHECK_AS(InputError, !args.attention_sinks || tp <= 1,
+                "parallelism.tensor_parallel_degree = ", tp, ": ", config.model.name, " flavor '",
+                config.model.flavor,
+                "' has attention sinks, which tensor parallelism does not shard yet; set it to 1");
   const int64_t cp = config.parallelism.context_parallel_degree;
   if (cp > 1) {
     const bool head_tail =
