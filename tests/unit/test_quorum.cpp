@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/optim/sgd.h>
 #include <nlohmann/json.hpp>
 
@@ -261,10 +262,12 @@ void check_semi_sync(const std::string& method) {
   Lighthouse lighthouse(loopback_lighthouse(2));
   constexpr int kPeriods = 3, kSyncSteps = 2;
   constexpr double kOuterLr = 0.7, kOuterMomentum = 0.9;
-  // The local progress of group g in period p: a fixed random step per tensor.
+  // The local progress of group g in period p: a fixed random step per tensor, from a generator
+  // of its own (the groups' threads draw at the same time; the global one would race).
   auto local_step = [](int group, int period, int tensor, const at::Tensor& like) {
-    at::manual_seed(1000 * period + 10 * group + tensor);
-    return at::randn(like.sizes()) * 0.1;
+    auto generator = at::make_generator<at::CPUGeneratorImpl>(
+        static_cast<uint64_t>(1000 * period + 10 * group + tensor));
+    return at::randn(like.sizes(), generator) * 0.1;
   };
   at::manual_seed(5);
   const std::vector<at::Tensor> initial = {at::randn({4, 3}), at::randn({6})};
