@@ -257,36 +257,68 @@ void run_with_fault(const std::string& name, const std::string& where, bool expe
   EXPECT_EQ(rows0.at(kSteps).row["loss"], rows1.at(kSteps).row["loss"]);
 }
 
+// A group of 2 ranks (replica 0) under `lighthouse`, started in the background once `ready`
+// (a log line) appeared and 2 s more passed, then SIGTERMed: its exit status, the seconds from
+// the signal to the exit, and its log.
+struct StoppedGroup {
+  std::string rc, log;
+  double seconds = 0;
+};
+
+StoppedGroup sigterm_group(const std::string& folder, const LighthouseProcess& lighthouse,
+                           const std::string& extra, const std::string& ready) {
+  const std::string command = "TORCHFT_LIGHTHOUSE=" + lighthouse.address() + " " +
+                              std::string(LOOM_BINARY) +
+                              " launch --nproc-per-node 2 --master-port " +
+                              std::to_string(free_port()) + " -- " + job_args(folder + "/g0", 5) +
+                              " --fault_tolerance.enable true --fault_tolerance.group_size 2"
+                              " --fault_tolerance.replica_id 0" +
+                              extra;
+  run_command("(" + command + " > " + folder + "/g0.log 2>&1 & echo $! > " + folder +
+              "/pid; wait $!; echo $? > " + folder + "/rc) > /dev/null 2>&1 &");
+  run_command("for i in $(seq 1 1200); do grep -q '" + ready + "' " + folder +
+              "/g0.log 2>/dev/null && break; sleep 0.1; done; sleep 2");
+  const int pid = std::stoi(loom::testing::read_text(folder + "/pid"));
+  const auto start = std::chrono::steady_clock::now();
+  ::kill(pid, SIGTERM);
+  run_command("for i in $(seq 1 600); do [ -s " + folder + "/rc ] && break; sleep 0.05; done");
+  StoppedGroup out;
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  out.log = loom::testing::read_text(folder + "/g0.log");
+  if (fs::exists(folder + "/rc")) out.rc = loom::testing::read_text(folder + "/rc");
+  return out;
+}
+
 // A group of 2 ranks waits for a quorum that never forms (the lighthouse wants 2 groups): SIGTERM
 // to its launcher ends it, both ranks, with 128 + 15 well within the train timeout (rank 1 waits
 // in the group's broadcast of rank 0's answer, which now carries the stop).
 LOOM_TEST(ReplicaGroups, SigtermEndsAGroupWaitingForItsQuorum) {
   const std::string folder = fresh_temp_dir("ft_sigterm_quorum_wait");
   LighthouseProcess lighthouse(folder, 2);
-  const std::string command = "TORCHFT_LIGHTHOUSE=" + lighthouse.address() + " " +
-                              std::string(LOOM_BINARY) +
-                              " launch --nproc-per-node 2 --master-port " +
-                              std::to_string(free_port()) + " -- " + job_args(folder + "/g0", 5) +
-                              " --fault_tolerance.enable true --fault_tolerance.group_size 2"
-                              " --fault_tolerance.replica_id 0";
-  run_command("(" + command + " > " + folder + "/g0.log 2>&1 & echo $! > " + folder +
-              "/pid; wait $!; echo $? > " + folder + "/rc) > /dev/null 2>&1 &");
   // Rank 0 named the group (the other rank is up by then too) and asks for its quorum.
-  run_command("for i in $(seq 1 1200); do grep -q 'replica group 0 of 2' " + folder +
-              "/g0.log 2>/dev/null && break; sleep 0.1; done; sleep 2");
-  const int pid = std::stoi(loom::testing::read_text(folder + "/pid"));
-  const auto start = std::chrono::steady_clock::now();
-  ::kill(pid, SIGTERM);
-  run_command("for i in $(seq 1 600); do [ -s " + folder + "/rc ] && break; sleep 0.05; done");
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  const std::string log = loom::testing::read_text(folder + "/g0.log");
-  ASSERT_TRUE(fs::exists(folder + "/rc")) << "still waiting 30 s after SIGTERM\n" << log;
-  EXPECT_EQ(loom::testing::read_text(folder + "/rc"), "143\n") << log;
-  EXPECT_NE(log.find("waited for its quorum: stopping after step 0"), std::string::npos) << log;
-  std::printf("[measured] SIGTERM to exit of a group waiting for its quorum: %.2f s\n", seconds);
+  const StoppedGroup g = sigterm_group(folder, lighthouse, "", "replica group 0 of 2");
+  ASSERT_FALSE(g.rc.empty()) << "still waiting 30 s after SIGTERM\n" << g.log;
+  EXPECT_EQ(g.rc, "143\n") << g.log;
+  EXPECT_NE(g.log.find("waited for its quorum: stopping after step 0"), std::string::npos) << g.log;
+  std::printf("[measured] SIGTERM to exit of a group waiting for its quorum: %.2f s\n", g.seconds);
   // The documented bound is 5 s; 15 leaves room for a machine under 4x load.
-  EXPECT_LT(seconds, 15.0) << log;
+  EXPECT_LT(g.seconds, 15.0) << g.log;
+}
+
+// A lone group whose every step is discarded (min_replica_size 2, one group in the quorum)
+// retries step 1 until SIGTERM, which ends it with 128 + 15; nothing was committed, so the stop
+// line names no checkpoint to resume from.
+LOOM_TEST(ReplicaGroups, SigtermEndsAGroupRetryingADiscardedStep) {
+  const std::string folder = fresh_temp_dir("ft_sigterm_retry");
+  LighthouseProcess lighthouse(folder, 1);
+  const StoppedGroup g = sigterm_group(folder, lighthouse, " --fault_tolerance.min_replica_size 2",
+                                       "step 1 discarded");
+  ASSERT_FALSE(g.rc.empty()) << "still retrying 30 s after SIGTERM\n" << g.log;
+  EXPECT_EQ(g.rc, "143\n") << g.log;
+  EXPECT_NE(g.log.find("while step 1 was retried: stopping"), std::string::npos) << g.log;
+  EXPECT_NE(g.log.find("no complete checkpoint in"), std::string::npos) << g.log;
+  std::printf("[measured] SIGTERM to exit of a group retrying a step: %.2f s\n", g.seconds);
+  EXPECT_LT(g.seconds, 15.0) << g.log;
 }
 
 // Groups of one rank, 10 steps, the kill at step 5: the default suite's healing and commit/discard
