@@ -10,7 +10,6 @@
 namespace loom::checkpoint {
 namespace {
 
-constexpr size_t kMaxRank = 64;
 constexpr int kMaxWorld = 1 << 20;
 
 SavedChunk parse_chunk(const nlohmann::json& c, const SavedTensor& t,
@@ -132,7 +131,7 @@ CheckpointIndex parse_checkpoint_index(const nlohmann::json& j, const std::strin
     t.shape = json::int_array(json::field(it.value(), "shape", where), where + " shape");
     const int64_t numel = checked_numel(t.shape);
     LOOM_CHECK_AS(InputError,
-                  t.shape.size() <= kMaxRank && numel >= 0 &&
+                  t.shape.size() <= kMaxTensorRank && numel >= 0 &&
                       numel <= (int64_t{1} << 62) / static_cast<int64_t>(t.element_size),
                   where, ": shape too large");
     const auto& chunks = json::array_field(it.value(), "chunks", where);

@@ -6,11 +6,7 @@
 #include "loom/core/json.h"
 
 namespace loom::checkpoint {
-namespace {
-
-constexpr size_t kMaxRank = 64;
-
-}  // namespace
+namespace {}  // namespace
 
 size_t safetensors_element_size(const std::string& dtype) {
   static const std::map<std::string, size_t> sizes = {
@@ -74,7 +70,7 @@ SafetensorsHeader parse_safetensors_header(const char* data, uint64_t size,
     LOOM_CHECK_AS(InputError, element > 0, entry_where, ": unsupported dtype '", entry.dtype, "'");
     entry.shape =
         json::int_array(json::field(it.value(), "shape", entry_where), entry_where + " shape");
-    LOOM_CHECK_AS(InputError, entry.shape.size() <= kMaxRank, entry_where, ": shape of rank ",
+    LOOM_CHECK_AS(InputError, entry.shape.size() <= kMaxTensorRank, entry_where, ": shape of rank ",
                   entry.shape.size());
     const int64_t numel = checked_numel(entry.shape);
     LOOM_CHECK_AS(InputError, numel >= 0 && static_cast<uint64_t>(numel) <= data_size / element,

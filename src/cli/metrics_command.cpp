@@ -14,6 +14,7 @@
 
 #include "commands.h"
 #include "loom/core/check.h"
+#include "loom/core/clock.h"
 #include "loom/core/files.h"
 #include "loom/core/signals.h"
 #include "loom/metrics/plot.h"
@@ -23,10 +24,6 @@
 
 namespace loom::cli {
 namespace {
-
-double now_unix() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
 
 std::vector<metrics::RunLog> read_runs(const std::vector<std::string>& folders) {
   std::vector<metrics::RunLog> runs;

@@ -56,8 +56,6 @@ std::optional<std::string> decode_base64(std::string_view text) {
 
 constexpr const char* kCl100kPattern =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-constexpr const char* kGpt2Pattern =
-    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 constexpr const char* kO200kPattern =
     R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
@@ -109,7 +107,7 @@ std::optional<BpeSpec> builtin_bpe_spec(const std::string& name) {
   }
   if (name == "gpt2" || name == "r50k_base") {
     return BpeSpec{
-        name, kGpt2Pattern, {{"<|endoftext|>", 50256}}, "<|endoftext|>", "<|endoftext|>"};
+        name, kGpt2SplitPattern, {{"<|endoftext|>", 50256}}, "<|endoftext|>", "<|endoftext|>"};
   }
   if (name == "o200k_base") {
     return BpeSpec{name,

@@ -15,9 +15,6 @@
 namespace loom::data {
 namespace {
 
-constexpr const char* kGpt2Pattern =
-    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
-
 void append_utf8(std::string& out, uint32_t cp) {
   if (cp < 0x80) {
     out.push_back(static_cast<char>(cp));
@@ -79,7 +76,7 @@ std::string pre_tokenizer_pattern(const nlohmann::json& pre, const std::string& 
   if (type == "ByteLevel") {
     LOOM_CHECK_AS(InputError, !pre.value("add_prefix_space", false), path,
                   ": ByteLevel add_prefix_space is not supported");
-    return pre.value("use_regex", true) ? kGpt2Pattern : "";
+    return pre.value("use_regex", true) ? kGpt2SplitPattern : "";
   }
   LOOM_CHECK_AS(InputError, type == "Sequence" && pre.contains("pretokenizers"), path,
                 ": unsupported pre_tokenizer '", type,

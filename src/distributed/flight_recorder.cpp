@@ -9,15 +9,12 @@
 #include <filesystem>
 
 #include "loom/core/check.h"
+#include "loom/core/clock.h"
 #include "loom/core/files.h"
 #include "loom/core/logging.h"
 
 namespace loom::distributed {
 namespace {
-
-double now_unix() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
 
 std::atomic<uint64_t> g_dump_signals{0};
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "the signal counter must be lock-free");
@@ -59,8 +56,8 @@ namespace {
 
 // Room each slot keeps for a typical record, written once so that its pages are resident from
 // the start.
-constexpr size_t kTextRoom = 24;   // op, group and dtype names ("all_gather_into_tensor")
-constexpr size_t kShapeRoom = 4;   // dimensions
+constexpr size_t kTextRoom = 24;  // op, group and dtype names ("all_gather_into_tensor")
+constexpr size_t kShapeRoom = 4;  // dimensions
 
 void touch(std::string& text) {
   text.assign(kTextRoom, ' ');

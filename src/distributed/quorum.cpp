@@ -53,14 +53,14 @@ nlohmann::json to_json(const QuorumRequest& r) {
 
 QuorumRequest request_from_json(const nlohmann::json& j, const std::string& where) {
   QuorumRequest r;
-  r.replica = json::int_field(j, "replica", where, 0);
-  r.seq = json::int_field(j, "seq", where, 0);
-  r.step = json::int_field(j, "step", where, 0);
-  r.incarnation = json::string_field(j, "incarnation", where);
-  r.group_broken = json::bool_field(j, "group_broken", where);
-  r.group_ranks = json::int_field(j, "group_ranks", where, 1);
+  r.replica = loom::json::int_field(j, "replica", where, 0);
+  r.seq = loom::json::int_field(j, "seq", where, 0);
+  r.step = loom::json::int_field(j, "step", where, 0);
+  r.incarnation = loom::json::string_field(j, "incarnation", where);
+  r.group_broken = loom::json::bool_field(j, "group_broken", where);
+  r.group_ranks = loom::json::int_field(j, "group_ranks", where, 1);
   if (j.is_object() && j.contains("steps_per_quorum")) {
-    r.steps_per_quorum = json::int_field(j, "steps_per_quorum", where, 1, int64_t{1} << 20);
+    r.steps_per_quorum = loom::json::int_field(j, "steps_per_quorum", where, 1, int64_t{1} << 20);
   }
   return r;
 }
@@ -78,13 +78,14 @@ nlohmann::json to_json(const Quorum& q) {
 
 Quorum quorum_from_json(const nlohmann::json& j, const std::string& where) {
   Quorum q;
-  q.id = json::int_field(j, "id", where, 0);
-  q.max_step = json::int_field(j, "max_step", where, 0);
-  for (const auto& m : json::array_field(j, "members", where)) {
+  q.id = loom::json::int_field(j, "id", where, 0);
+  q.max_step = loom::json::int_field(j, "max_step", where, 0);
+  for (const auto& m : loom::json::array_field(j, "members", where)) {
     const std::string at = where + ": members";
-    q.members.push_back({json::int_field(m, "replica", at, 0), json::int_field(m, "step", at, 0),
-                         json::string_field(m, "incarnation", at),
-                         json::int_field(m, "group_ranks", at, 1)});
+    q.members.push_back({loom::json::int_field(m, "replica", at, 0),
+                         loom::json::int_field(m, "step", at, 0),
+                         loom::json::string_field(m, "incarnation", at),
+                         loom::json::int_field(m, "group_ranks", at, 1)});
   }
   return q;
 }

@@ -4,6 +4,7 @@
 
 #include <thread>
 
+#include "backend.h"  // distributed/'s private c10d helpers
 #include "loom/core/check.h"
 #include "loom/distributed/comm.h"
 
@@ -12,14 +13,6 @@ namespace {
 
 constexpr const char* kRunIdKey = "loom/job/run_id";
 constexpr const char* kWorldSizeKey = "loom/job/world_size";
-
-std::vector<uint8_t> bytes(const std::string& text) {
-  return std::vector<uint8_t>(text.begin(), text.end());
-}
-
-std::string text(const std::vector<uint8_t>& value) {
-  return std::string(value.begin(), value.end());
-}
 
 // Whether `key` appears within `wait`: c10d's wait, whose timeout also logs two c10d warnings
 // (fine for a rendezvous that failed anyway).
@@ -50,8 +43,9 @@ std::string attempt_prefix(int attempt) {
 
 void write_store_identity(c10d::Store& store, const StoreIdentity& identity) {
   // The world size first: a client that sees the run id finds it there too.
-  if (identity.world_size > 0) store.set(kWorldSizeKey, bytes(std::to_string(identity.world_size)));
-  store.set(kRunIdKey, bytes(identity.run_id));
+  if (identity.world_size > 0)
+    store.set(kWorldSizeKey, store_bytes(std::to_string(identity.world_size)));
+  store.set(kRunIdKey, store_bytes(identity.run_id));
 }
 
 std::string read_store_run_id(c10d::Store& store, const std::string& address,
@@ -59,7 +53,7 @@ std::string read_store_run_id(c10d::Store& store, const std::string& address,
   LOOM_CHECK_AS(InputError, appears_quietly(store, kRunIdKey, wait), "the store at ", address,
                 " holds no loom run id after ", wait.count() / 1000.0,
                 " s: it is not this job's (another program or job listens there); ", advice);
-  return text(store.get(kRunIdKey));
+  return store_text(store.get(kRunIdKey));
 }
 
 void check_store_identity(c10d::Store& store, const StoreIdentity& mine, const std::string& address,
@@ -69,7 +63,7 @@ void check_store_identity(c10d::Store& store, const StoreIdentity& mine, const s
                 " belongs to run '", theirs, "' (this job is run '", mine.run_id,
                 "'): another job uses this port; ", advice);
   if (mine.world_size <= 0 || !store.check({kWorldSizeKey})) return;
-  const std::string world = text(store.get(kWorldSizeKey));
+  const std::string world = store_text(store.get(kWorldSizeKey));
   LOOM_CHECK_AS(InputError, world == std::to_string(mine.world_size), "the rendezvous store at ",
                 address, " belongs to a job of ", world, " ranks (run '", theirs,
                 "'; this job has ", mine.world_size, "): another job uses this port; ", advice);
@@ -85,7 +79,7 @@ void join_store(c10d::Store& store, int rank, int world_size, int attempt,
                 advice);
   const std::string joined = prefix + "joined";
   const std::string complete = prefix + "complete";
-  if (store.add(joined, 1) == world_size) store.set(complete, bytes("1"));
+  if (store.add(joined, 1) == world_size) store.set(complete, store_bytes("1"));
   if (appears(store, complete, timeout)) return;
   std::string count = "fewer";
   try {

@@ -4,15 +4,12 @@
 
 #include <cstdlib>
 
+#include "loom/core/clock.h"
 #include "loom/core/logging.h"
 #include "loom/distributed/hang_report.h"
 
 namespace loom::distributed {
 namespace {
-
-double now_unix() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
 
 double seconds(std::chrono::milliseconds ms) {
   return static_cast<double>(ms.count()) / 1000.0;
@@ -76,9 +73,10 @@ void CollectiveWatchdog::run() {
 
 void terminate_on_hang(FlightRecorder& recorder, const HangInfo& hang) {
   auto logger = log::get("comm");
-  logger->error("watchdog: {}; stopping this rank (exit code {}) so the launcher can restart "
-                "the group",
-                hang.message, kCollectiveHangExitCode);
+  logger->error(
+      "watchdog: {}; stopping this rank (exit code {}) so the launcher can restart "
+      "the group",
+      hang.message, kCollectiveHangExitCode);
   // Dumps this rank's ring and asks the others (bounded wait), as a failed collective does.
   recorder.failed(hang.collective.id, "watchdog: " + hang.message);
   logger->flush();

@@ -24,14 +24,6 @@ using namespace std::chrono_literals;
 constexpr const char* kPrefix = "loom/elastic/";
 constexpr auto kPollStep = 50ms;
 
-std::vector<uint8_t> bytes(const std::string& text) {
-  return std::vector<uint8_t>(text.begin(), text.end());
-}
-
-std::string text(const std::vector<uint8_t>& value) {
-  return std::string(value.begin(), value.end());
-}
-
 Clock::duration seconds(double s) {
   return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
 }
@@ -42,8 +34,8 @@ struct ElasticRendezvous::Store {
   c10::intrusive_ptr<c10d::Store> store;
   int64_t counter(const std::string& k) { return store->add(k, 0); }
   bool has(const std::string& k) { return store->check({k}); }
-  std::string get(const std::string& k) { return text(store->get(k)); }
-  void set(const std::string& k, const std::string& v) { store->set(k, bytes(v)); }
+  std::string get(const std::string& k) { return store_text(store->get(k)); }
+  void set(const std::string& k, const std::string& v) { store->set(k, store_bytes(v)); }
 };
 
 void apply_rdzv_conf(const std::string& conf, ElasticOptions& options) {
@@ -254,7 +246,7 @@ bool ElasticRendezvous::fail_over() {
           store = c10::make_intrusive<c10d::TCPStore>(host, options);
           write_store_identity(*store, {options_.run_id, 0});
           // The survivors join the round after the last one (keys of the old store are gone).
-          store->set(std::string(kPrefix) + "round", bytes(std::to_string(round_ + 1)));
+          store->set(std::string(kPrefix) + "round", store_bytes(std::to_string(round_ + 1)));
         } else {
           options.isServer = false;
           store = connect_store(host, options, "standby rendezvous store");
@@ -283,8 +275,8 @@ RendezvousResult ElasticRendezvous::join_next_round() {
   if (round_ >= 0) {
     // Leave the round and open the next one (only the first node to leave moves it on).
     store_->set(key(round_, "left/" + std::to_string(index_)), "1");
-    store_->store->compareSet(round_key, bytes(std::to_string(round_)),
-                              bytes(std::to_string(round_ + 1)));
+    store_->store->compareSet(round_key, store_bytes(std::to_string(round_)),
+                              store_bytes(std::to_string(round_ + 1)));
   }
   const auto deadline = Clock::now() + seconds(options_.join_timeout_s);
   int64_t registered_waiting = -1;
@@ -297,7 +289,7 @@ RendezvousResult ElasticRendezvous::join_next_round() {
       result.job_done = true;
       return result;
     }
-    store_->store->compareSet(round_key, {}, bytes("0"));
+    store_->store->compareSet(round_key, {}, store_bytes("0"));
     const int64_t round = std::stoll(store_->get(round_key));
     if (store_->has(key(round, "closed"))) {
       if (registered_waiting != round) {

@@ -10,12 +10,13 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <fstream>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 
 #include "loom/config/dump.h"
 #include "loom/core/check.h"
+#include "loom/core/clock.h"
 #include "loom/core/files.h"
 #include "loom/core/logging.h"
 #include "loom/metrics/crc32c.h"
@@ -34,10 +35,6 @@ const std::chrono::steady_clock::time_point process_start = std::chrono::steady_
 
 double seconds_between(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-double now_unix() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 // Dense bf16 peak of known GPUs (vendor data sheets), matched by substring of the device name.

@@ -8,16 +8,13 @@
 #include <cstring>
 
 #include "loom/core/check.h"
+#include "loom/core/clock.h"
 #include "loom/core/files.h"
 #include "loom/metrics/crc32c.h"
 #include "tensorboard_event.pb.h"
 
 namespace loom::metrics {
 namespace {
-
-double now_unix() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
 
 std::string host_name() {
   char name[256] = {};

@@ -28,8 +28,6 @@ extern char** environ;
 namespace loom::plan {
 namespace {
 
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-
 // Runs argv with stdout and stderr into `log`; returns the exit status.
 int run_process(const std::vector<std::string>& args, const std::string& log) {
   std::vector<char*> argv;

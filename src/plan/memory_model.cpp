@@ -12,8 +12,6 @@
 namespace loom::plan {
 namespace {
 
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-
 bool has_float8(const config::JobConfig& config) {
   for (const auto& c : config.model.converters) {
     if (c.find("float8") != std::string::npos) return true;

@@ -12,7 +12,7 @@ namespace loom::models {
 
 namespace {
 
-constexpr double kMinusInfinity = -std::numeric_limits<double>::infinity();
+constexpr double kMaskedScore = -std::numeric_limits<double>::infinity();
 
 // The lowest and highest slot of each block of `block` tokens. Slots need not be sorted (context
 // parallelism gathers keys in rank order), so each block gets its own range.
@@ -64,7 +64,7 @@ void for_each_tile(const at::Tensor& q, const at::Tensor& k, double scale,
       const int64_t k0 = j * block, k1 = std::min(k.size(2), k0 + block);
       const at::Tensor allowed = where.tile(q0, q1, k0, k1).build(at::kCPU);
       at::Tensor scores = at::matmul(qi, k.narrow(2, k0, k1 - k0).transpose(-2, -1));
-      scores.mul_(scale).masked_fill_(allowed.logical_not(), kMinusInfinity);
+      scores.mul_(scale).masked_fill_(allowed.logical_not(), kMaskedScore);
       fn.tile(k0, k1, scores);
     }
     fn.end();
@@ -84,7 +84,7 @@ struct ForwardPass {
     q0 = from;
     q1 = to;
     const int64_t b = v.size(0), h = v.size(1), n = to - from;
-    m = at::full({b, h, n, 1}, kMinusInfinity, v.options());
+    m = at::full({b, h, n, 1}, kMaskedScore, v.options());
     l = at::zeros({b, h, n, 1}, v.options());
     acc = at::zeros({b, h, n, v.size(3)}, v.options());
   }
@@ -101,7 +101,7 @@ struct ForwardPass {
   void end() {
     const at::Tensor seen = l > 0;
     out.narrow(2, q0, q1 - q0).copy_(acc / l.masked_fill(seen.logical_not(), 1.0));
-    lse.narrow(2, q0, q1 - q0).copy_((m + l.log()).masked_fill(seen.logical_not(), kMinusInfinity));
+    lse.narrow(2, q0, q1 - q0).copy_((m + l.log()).masked_fill(seen.logical_not(), kMaskedScore));
   }
 };
 
@@ -154,7 +154,7 @@ AttentionPartial blocked_attention(const at::Tensor& q, const at::Tensor& k, con
   const at::Tensor vf = v.to(at::kFloat);
   ForwardPass pass{vf};
   pass.out = at::zeros({q.size(0), q.size(1), q.size(2), v.size(3)}, vf.options());
-  pass.lse = at::full({q.size(0), q.size(1), q.size(2), 1}, kMinusInfinity, vf.options());
+  pass.lse = at::full({q.size(0), q.size(1), q.size(2), 1}, kMaskedScore, vf.options());
   for_each_tile(q.to(at::kFloat), k.to(at::kFloat), scale, where, block, stats, pass);
   return {pass.out.to(q.scalar_type()), pass.lse};
 }

@@ -14,9 +14,7 @@ using loom::testing::run_loom;
 
 namespace {
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using loom::testing::contains;
 
 const std::string kDebugConfig = std::string(LOOM_SOURCE_DIR) + "/configs/llama3_debug.toml";
 
@@ -459,7 +457,8 @@ TEST(Cli, TorchtitansQwen3MoeTomlValidatesWithOnlyItsPathsChanged) {
   std::ofstream(dir + "/data.jsonl") << "{\"text\": \"a short document\"}\n";
   auto result = run_loom("config validate --config " LOOM_SOURCE_DIR
                          "/tests/data/configs/torchtitan_qwen3_30b_a3b_style.toml"
-                         " --training.dataset_path " + dir + "/data.jsonl --model.tokenizer_path byte");
+                         " --training.dataset_path " +
+                         dir + "/data.jsonl --model.tokenizer_path byte");
   EXPECT_EQ(result.exit_code, 0) << result.output;
   EXPECT_TRUE(contains(result.output, "config is valid")) << result.output;
 }

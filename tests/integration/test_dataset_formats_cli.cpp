@@ -16,9 +16,7 @@ namespace {
 using loom::testing::run_command;
 using loom::testing::run_loom;
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using loom::testing::contains;
 
 TEST(DatasetFormatsCli, PrepareTokenizeAndTrainOnEveryFormat) {
   const std::string dir = loom::testing::fresh_temp_dir("dataset_formats_cli");

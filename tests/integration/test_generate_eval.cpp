@@ -19,9 +19,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using loom::testing::contains;
 
 // stdout alone (stderr to a file beside it).
 loom::testing::CommandResult run_loom_stdout(const std::string& args, const std::string& dir) {
@@ -94,8 +92,9 @@ TEST(GenerateEval, FromATrainingCheckpoint) {
   }
 
   // Stop strings end the text before them.
-  auto stopped = run_loom_stdout("generate --checkpoint '" + run + "' --prompt 'The' --format json"
-                                 " --max-new-tokens 40 --ignore-eos --stop ' ' --stop ','",
+  auto stopped = run_loom_stdout("generate --checkpoint '" + run +
+                                     "' --prompt 'The' --format json"
+                                     " --max-new-tokens 40 --ignore-eos --stop ' ' --stop ','",
                                  run);
   ASSERT_EQ(stopped.exit_code, 0);
   const auto stop = json_lines(stopped.output).at(0);
@@ -204,7 +203,8 @@ TEST(GenerateEval, BadInputIsAnErrorWithExitTwo) {
   EXPECT_TRUE(contains(none.output, "holds no complete checkpoint")) << none.output;
 
   const std::string prompts = dir + "/prompts.jsonl";
-  std::ofstream(prompts) << "{\"prompt\": \"fine\"}\n{\"prompt\": \"also fine\"}\n{\"promt\": \"x\"}\n";
+  std::ofstream(prompts)
+      << "{\"prompt\": \"fine\"}\n{\"prompt\": \"also fine\"}\n{\"promt\": \"x\"}\n";
   auto bad_line = run_loom("generate --checkpoint '" + dir + "' --prompts '" + prompts + "'");
   EXPECT_EQ(bad_line.exit_code, 2) << bad_line.output;
   EXPECT_TRUE(contains(bad_line.output, prompts + ":3")) << bad_line.output;

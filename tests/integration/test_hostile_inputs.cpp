@@ -19,9 +19,7 @@ using loom::testing::read_text;
 
 namespace {
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using loom::testing::contains;
 
 // `loom <args>` under a 120 s timeout (exit 124 if it hung).
 loom::testing::CommandResult run_timed(const std::string& args) {
@@ -266,9 +264,9 @@ TEST(HostileInputs, PlanOutputsAndStdoutOnAFullDiskOrFifoFailWithoutHanging) {
   auto written = run_timed("plan layout " + job + " --device cpu --output " + dir + "/best.toml");
   EXPECT_EQ(written.exit_code, 0) << written.output;
   EXPECT_TRUE(fs::is_regular_file(dir + "/best.toml"));
-  for (const std::string& command :
-       std::vector<std::string>{"config show --config " LOOM_SOURCE_DIR "/configs/llama3_debug.toml",
-                                "plan memory " + job + " --device cpu"}) {
+  for (const std::string& command : std::vector<std::string>{
+           "config show --config " LOOM_SOURCE_DIR "/configs/llama3_debug.toml",
+           "plan memory " + job + " --device cpu"}) {
     // stdout alone on the full device; stderr still comes back through the subshell.
     auto result = loom::testing::run_command(std::string("( timeout 120 '") + LOOM_BINARY + "' " +
                                              command + " > /dev/full )");

@@ -25,9 +25,7 @@ namespace {
 
 const std::string kFixture = std::string(LOOM_SOURCE_DIR) + "/tests/data/hf_llama/transformers4";
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using loom::testing::contains;
 
 struct TimedResult {
   loom::testing::CommandResult result;

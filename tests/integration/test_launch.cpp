@@ -24,9 +24,7 @@ using loom::testing::run_command;
 
 namespace {
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using loom::testing::contains;
 
 // A port nobody listens on right now (each test takes its own).
 int free_port() {

@@ -36,9 +36,7 @@ std::string loom_line(const std::string& args, int timeout_s) {
   return "timeout -s KILL " + std::to_string(timeout_s) + " '" + LOOM_BINARY + "' " + args;
 }
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using loom::testing::contains;
 
 std::vector<std::string> lines_of(const std::string& text) {
   std::vector<std::string> lines;

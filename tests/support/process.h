@@ -42,4 +42,9 @@ std::string launch_args(int ranks, const std::string& job_args,
 // The whole content of a file; empty when it does not exist.
 std::string read_text(const std::string& path);
 
+// Whether `text` (a command's output, a log) holds `part`.
+inline bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
 }  // namespace loom::testing

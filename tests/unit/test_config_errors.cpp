@@ -1,14 +1,13 @@
 #include <gtest/gtest.h>
 
+#include "support/process.h"
 #include "unit/config_test_util.h"
 
 using loom::testing::load_error;
 
 namespace {
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using loom::testing::contains;
 
 }  // namespace
 
@@ -163,7 +162,8 @@ TEST(ConfigErrors, ValueWhereASectionBelongs) {
 TEST(ConfigErrors, ATinyCpuMemoryLimitIsNotNoLimit) {
   for (const char* tiny : {"1e-10", "1e-9", "0.0009"}) {
     const std::string error = load_error("", {{"debug.cpu_memory_limit_gib", tiny}});
-    EXPECT_TRUE(contains(error, "debug.cpu_memory_limit_gib: must be 0 (no limit) or at least 1 MiB"))
+    EXPECT_TRUE(
+        contains(error, "debug.cpu_memory_limit_gib: must be 0 (no limit) or at least 1 MiB"))
         << tiny << ": " << error;
   }
   EXPECT_EQ(load_error("", {{"debug.cpu_memory_limit_gib", "0.001"}}), "<loaded without error>");
@@ -173,8 +173,9 @@ TEST(ConfigErrors, ATinyCpuMemoryLimitIsNotNoLimit) {
 TEST(ConfigErrors, MixtureWeightsWhoseSumIsNotFiniteAreRefused) {
   std::string error =
       load_error("[training]\ndataset_mixture = [\"brown:1e308\", \"/data/web:1e308\"]\n");
-  EXPECT_TRUE(contains(error, "training.dataset_mixture: the weights add up past the largest "
-                              "number"))
+  EXPECT_TRUE(contains(error,
+                       "training.dataset_mixture: the weights add up past the largest "
+                       "number"))
       << error;
   error = load_error("[training]\ndataset_mixture = [\"brown:1e300\", \"/data/web:1e-300\"]\n");
   EXPECT_TRUE(contains(error, "is 0 next to the sum")) << error;

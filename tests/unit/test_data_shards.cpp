@@ -69,9 +69,7 @@ std::string open_error(const std::string& path, const loom::data::Tokenizer& tok
   return "<no error>";
 }
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using loom::testing::contains;
 
 nlohmann::json read_index(const std::string& dir) {
   return nlohmann::json::parse(loom::testing::read_text(dir + "/index.json"));

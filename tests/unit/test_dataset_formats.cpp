@@ -16,6 +16,7 @@
 #include "loom/data/mixture.h"
 #include "loom/data/streaming_loader.h"
 #include "loom/data/tokenizer.h"
+#include "support/errors.h"
 #include "support/process.h"
 #include "support/test_sets.h"
 
@@ -23,14 +24,7 @@ namespace {
 
 using loom::data::ByteTokenizer;
 
-std::string error_of(const std::function<void()>& body) {
-  try {
-    body();
-  } catch (const loom::InputError& error) {
-    return error.message();
-  }
-  return "<no InputError>";
-}
+using loom::testing::input_error_of;
 
 // The documents of one byte-tokenized stream: the bytes between each BOS (256) and EOS (257).
 std::vector<std::string> split_documents(const std::vector<int64_t>& tokens) {
@@ -101,14 +95,14 @@ TEST_F(DatasetFormats, EveryFormatReadsTheJsonlDocumentsInOrder) {
   EXPECT_EQ(parquet.units(), 9);  // 60 rows in row groups of 7
   EXPECT_EQ(parquet.rows(), 60);
   // A folder of mixed formats lists them all; a DatasetDict asks for a split.
-  const std::string what = error_of([&] { loom::data::expand_dataset_path(path("dict")); });
+  const std::string what = input_error_of([&] { loom::data::expand_dataset_path(path("dict")); });
   EXPECT_NE(what.find("DatasetDict"), std::string::npos) << what;
   EXPECT_NE(what.find("train"), std::string::npos) << what;
 }
 
 TEST_F(DatasetFormats, BadInputsAreRefusedByName) {
   auto expect = [&](const std::string& file, const std::string& needle) {
-    const std::string what = error_of([&] { loom::data::read_documents(path(file)); });
+    const std::string what = input_error_of([&] { loom::data::read_documents(path(file)); });
     EXPECT_NE(what.find(file), std::string::npos) << what;
     EXPECT_NE(what.find(needle), std::string::npos) << what;
   };
@@ -128,7 +122,8 @@ TEST_F(DatasetFormats, BadInputsAreRefusedByName) {
   // JSONL".
   loom::testing::run_command("cp -r '" + path("hf") + "' '" + path("hf_stateless") + "' && rm '" +
                              path("hf_stateless") + "/state.json'");
-  const std::string what = error_of([&] { loom::data::expand_dataset_path(path("hf_stateless")); });
+  const std::string what =
+      input_error_of([&] { loom::data::expand_dataset_path(path("hf_stateless")); });
   EXPECT_NE(what.find("save_to_disk folder (it has dataset_info.json) without its state.json"),
             std::string::npos)
       << what;
@@ -165,7 +160,7 @@ TEST_F(DatasetFormats, StreamedRanksAreDisjointAndComplete) {
   // More ranks than row groups: a rank without rows is an error, not an empty stream.
   loom::data::PackedLoaderOptions many{16, 0, false, 9, 10};
   const std::string what =
-      error_of([&] { loom::data::StreamingLoader({path("data.parquet")}, tok, many); });
+      input_error_of([&] { loom::data::StreamingLoader({path("data.parquet")}, tok, many); });
   EXPECT_NE(what.find("row groups"), std::string::npos) << what;
 }
 
@@ -186,7 +181,7 @@ TEST_F(DatasetFormats, StreamedResumeIsExactMidRowGroup) {
     EXPECT_EQ(stream_tokens(resumed, 40, 3, 24), rest) << dataset;
     // Another data-parallel layout is refused by name.
     loom::data::StreamingLoader other(files, tok, {24, 0, false, 0, 1});
-    const std::string what = error_of([&] { other.load_state(state); });
+    const std::string what = input_error_of([&] { other.load_state(state); });
     EXPECT_NE(what.find("data-parallel"), std::string::npos) << what;
   }
   // The training path picks the streamed loader for columnar files.

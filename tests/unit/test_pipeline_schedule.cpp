@@ -12,20 +12,14 @@
 #include "loom/core/check.h"
 #include "loom/parallel/pipeline/schedule.h"
 #include "loom/parallel/pipeline/simulate.h"
+#include "support/errors.h"
 
 namespace {
 
 using namespace loom::parallel::pipeline;
 using loom::InputError;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const InputError& e) {
-    return e.message();
-  }
-  return "<no error>";
-}
+using loom::testing::input_error_of;
 
 double bubble(ScheduleKind kind, int pp, int v, int m) {
   return simulate(make_schedule(kind, pp, v, m)).bubble_fraction();
@@ -108,14 +102,14 @@ TEST(PipelineSchedule, OneFOneBInFlightBound) {
 }
 
 TEST(PipelineSchedule, MicrobatchCountsTooSmallNameTheKeys) {
-  auto e = error_of([] { make_schedule(ScheduleKind::k1F1B, 4, 1, 3); });
+  auto e = input_error_of([] { make_schedule(ScheduleKind::k1F1B, 4, 1, 3); });
   EXPECT_NE(e.find("at least 4 microbatches"), std::string::npos) << e;
   EXPECT_NE(e.find("parallelism.pipeline_parallel_microbatch_size"), std::string::npos) << e;
-  e = error_of([] { make_schedule(ScheduleKind::kInterleaved1F1B, 4, 2, 6); });
+  e = input_error_of([] { make_schedule(ScheduleKind::kInterleaved1F1B, 4, 2, 6); });
   EXPECT_NE(e.find("multiple of it, got 6"), std::string::npos) << e;
-  e = error_of([] { make_schedule(ScheduleKind::k1F1B, 2, 2, 4); });
+  e = input_error_of([] { make_schedule(ScheduleKind::k1F1B, 2, 2, 4); });
   EXPECT_NE(e.find("one stage per rank"), std::string::npos) << e;
-  e = error_of([] { parse_schedule_kind("ZBVZeroBubble"); });
+  e = input_error_of([] { parse_schedule_kind("ZBVZeroBubble"); });
   EXPECT_NE(e.find("parallelism.pipeline_parallel_schedule"), std::string::npos) << e;
   EXPECT_EQ(parse_schedule_kind("interleaved1f1b"), ScheduleKind::kInterleaved1F1B);
 }
@@ -129,7 +123,7 @@ TEST(PipelineSchedule, ActionStrings) {
   }
   EXPECT_EQ(to_string(Action{1, ActionType::kRecvB, 2}), "1RECV_B2");
   for (const char* bad : {"", "F1", "1F", "1X2", "1F2x", "1SEND2", "-1F2", "1 F2"}) {
-    EXPECT_NE(error_of([&] { parse_action(bad, "file.csv:3 column 2"); }).find("file.csv:3"),
+    EXPECT_NE(input_error_of([&] { parse_action(bad, "file.csv:3 column 2"); }).find("file.csv:3"),
               std::string::npos)
         << bad;
   }
@@ -165,27 +159,29 @@ TEST(PipelineValidator, AcceptsEveryGeneratedSchedule) {
 TEST(PipelineValidator, MissingAndDuplicatedComputes) {
   Schedule s = two_rank_gpipe();
   s.actions[0].erase(find(s, 0, "0B1"));
-  EXPECT_NE(error_of([&] { validate_schedule(s); }).find("stage 0 microbatch 1 has 0 full"),
+  EXPECT_NE(input_error_of([&] { validate_schedule(s); }).find("stage 0 microbatch 1 has 0 full"),
             std::string::npos);
   s = two_rank_gpipe();
   s.actions[0].push_back(parse_action("0F1", "test"));
-  EXPECT_NE(error_of([&] { validate_schedule(s); }).find("forwarded 2 times"), std::string::npos);
+  EXPECT_NE(input_error_of([&] { validate_schedule(s); }).find("forwarded 2 times"),
+            std::string::npos);
 }
 
 TEST(PipelineValidator, DependenciesAndOwnership) {
   Schedule s = two_rank_gpipe();
   std::iter_swap(find(s, 1, "1RECV_F0"), find(s, 1, "1F0"));  // forward before its input
-  EXPECT_NE(error_of([&] { validate_schedule(s); }).find("(1F0): its input has not arrived"),
+  EXPECT_NE(input_error_of([&] { validate_schedule(s); }).find("(1F0): its input has not arrived"),
             std::string::npos);
   s = two_rank_gpipe();
   *find(s, 0, "0F0") = parse_action("1F0", "test");
-  EXPECT_NE(error_of([&] { validate_schedule(s); }).find("runs on rank 1"), std::string::npos);
+  EXPECT_NE(input_error_of([&] { validate_schedule(s); }).find("runs on rank 1"),
+            std::string::npos);
   s = make_schedule(ScheduleKind::kInterleavedZeroBubble, 1, 1, 2);
   auto w = find(s, 0, "0W0");
   Action moved = *w;
   s.actions[0].erase(w);
   s.actions[0].insert(s.actions[0].begin() + 1, moved);  // W right after F0, before I0
-  EXPECT_NE(error_of([&] { validate_schedule(s); }).find("needs the input gradient"),
+  EXPECT_NE(input_error_of([&] { validate_schedule(s); }).find("needs the input gradient"),
             std::string::npos);
 }
 
@@ -193,7 +189,7 @@ TEST(PipelineValidator, MessagesOutOfOrder) {
   Schedule s = make_schedule(ScheduleKind::kGPipe, 2, 1, 3);
   std::iter_swap(find(s, 1, "1RECV_F1"), find(s, 1, "1RECV_F2"));
   std::iter_swap(find(s, 1, "1F1"), find(s, 1, "1F2"));
-  const auto e = error_of([&] { validate_schedule(s); });
+  const auto e = input_error_of([&] { validate_schedule(s); });
   EXPECT_NE(e.find("matched in order"), std::string::npos) << e;
 }
 
@@ -212,7 +208,7 @@ TEST(PipelineValidator, Deadlock) {
        {"1RECV_F0", "1F0", "1RECV_F1", "1F1", "1B0", "1SEND_B0", "1B1", "1SEND_B1"}) {
     s.actions[1].push_back(parse_action(a, "test"));
   }
-  const auto e = error_of([&] { validate_schedule(s); });
+  const auto e = input_error_of([&] { validate_schedule(s); });
   EXPECT_NE(e.find("deadlocks"), std::string::npos) << e;
   EXPECT_NE(e.find("rank 0 waits at 0RECV_B0"), std::string::npos) << e;
 }
@@ -245,7 +241,7 @@ TEST(PipelineValidator, NaivePlacementOfInterleavedDeadlocks) {
     }
     s.actions[r] = naive;
   }
-  const auto e = error_of([&] { validate_schedule(s); });
+  const auto e = input_error_of([&] { validate_schedule(s); });
   EXPECT_NE(e.find("deadlocks"), std::string::npos) << e;
 }
 
@@ -301,24 +297,25 @@ TEST_F(PipelineCsv, ComputeOnlyFileGetsCommunication) {
 }
 
 TEST_F(PipelineCsv, BadFilesNameTheFileAndCell) {
-  auto e = error_of([&] { load_schedule_csv(write("bad.csv", "0F0,0B0\n1F0,1Q0\n")); });
+  auto e = input_error_of([&] { load_schedule_csv(write("bad.csv", "0F0,0B0\n1F0,1Q0\n")); });
   EXPECT_NE(e.find("bad.csv:2 column 2"), std::string::npos) << e;
   EXPECT_NE(e.find("pipeline_parallel_schedule_csv"), std::string::npos) << e;
-  e = error_of([&] { load_schedule_csv(write("missing.csv", "0F0,0F1,0B0\n1F0,1F1,1B0,1B1\n")); });
+  e = input_error_of(
+      [&] { load_schedule_csv(write("missing.csv", "0F0,0F1,0B0\n1F0,1F1,1B0,1B1\n")); });
   EXPECT_NE(e.find("stage 0 microbatch 1 has 0 full"), std::string::npos) << e;
   EXPECT_NE(e.find("missing.csv"), std::string::npos) << e;
-  e = error_of([&] { load_schedule_csv((dir_ / "none.csv").string()); });
+  e = input_error_of([&] { load_schedule_csv((dir_ / "none.csv").string()); });
   EXPECT_NE(e.find("none.csv': No such file"), std::string::npos) << e;
   // A FIFO where the file is expected is refused before it is opened (opening would block).
   const std::string fifo = (dir_ / "fifo.csv").string();
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
-  e = error_of([&] { load_schedule_csv(fifo); });
+  e = input_error_of([&] { load_schedule_csv(fifo); });
   EXPECT_NE(e.find("fifo.csv' is a FIFO (named pipe), not a regular file"), std::string::npos) << e;
-  e = error_of([&] { load_schedule_csv(write("empty.csv", "\n")); });
+  e = input_error_of([&] { load_schedule_csv(write("empty.csv", "\n")); });
   EXPECT_NE(e.find("holds no actions"), std::string::npos) << e;
   // Found by fuzz_schedule_csv: one action naming stage 66666660 and microbatch 81 sized the
   // dependency tables by their product (an int overflow, then 5.5e9 entries).
-  e = error_of([&] { load_schedule_csv(write("huge.csv", "66666660F81\n")); });
+  e = input_error_of([&] { load_schedule_csv(write("huge.csv", "66666660F81\n")); });
   EXPECT_NE(e.find("(5466666202 pairs) but lists 1 actions"), std::string::npos) << e;
   EXPECT_NE(e.find("huge.csv"), std::string::npos) << e;
 }

@@ -8,6 +8,7 @@
 #include "loom/core/check.h"
 #include "loom/parallel/pipeline/plan.h"
 #include "loom/parallel/pipeline/stage_split.h"
+#include "support/errors.h"
 
 namespace {
 
@@ -15,14 +16,7 @@ using namespace loom::parallel::pipeline;
 using loom::InputError;
 using loom::config::ParallelismSection;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const InputError& e) {
-    return e.message();
-  }
-  return "<no error>";
-}
+using loom::testing::input_error_of;
 
 ParallelismSection pp_section(int pp, const std::string& schedule) {
   ParallelismSection p;
@@ -107,20 +101,20 @@ TEST(PipelineSplit, StagesPerRankFollowTheSchedule) {
 TEST(PipelineSplit, LayersThatDoNotSplitNameTheKeys) {
   auto p = pp_section(2, "1F1B");
   p.pipeline_parallel_layers_per_stage = 4;  // ceil(16 / 4) = 4 stages: 2 per rank
-  auto e = error_of([&] { split_stages(p, 14); });
+  auto e = input_error_of([&] { split_stages(p, 14); });
   EXPECT_NE(e.find("parallelism.pipeline_parallel_layers_per_stage = 4"), std::string::npos) << e;
   EXPECT_NE(e.find("runs one stage per rank"), std::string::npos) << e;
   p = pp_section(4, "Interleaved1F1B");
   p.pipeline_parallel_layers_per_stage = 3;  // ceil(16 / 3) = 6 stages, not a multiple of 4
-  e = error_of([&] { split_stages(p, 14); });
+  e = input_error_of([&] { split_stages(p, 14); });
   EXPECT_NE(e.find("not a multiple of parallelism.pipeline_parallel_degree = 4"), std::string::npos)
       << e;
   p = pp_section(8, "1F1B");
-  e = error_of([&] { split_stages(p, 4); });  // 8 stages, 6 effective layers
+  e = input_error_of([&] { split_stages(p, 4); });  // 8 stages, 6 effective layers
   EXPECT_NE(e.find("more than the 6 layers"), std::string::npos) << e;
   p = pp_section(4, "1F1B");
   p.pipeline_parallel_first_stage_less_layers = 4;  // 10 + 4 + 1 = 15 over 4: 3 per stage
-  e = error_of([&] { split_stages(p, 10); });
+  e = input_error_of([&] { split_stages(p, 10); });
   EXPECT_NE(e.find("parallelism.pipeline_parallel_first_stage_less_layers = 4 exceeds"),
             std::string::npos)
       << e;
@@ -136,7 +130,7 @@ TEST(PipelineSplit, ExplicitModules) {
 
   auto bad = [&](std::vector<std::vector<std::string>> parts, int64_t layers) {
     p.module_fqns_per_model_part = std::move(parts);
-    return error_of([&] { split_stages(p, layers); });
+    return input_error_of([&] { split_stages(p, layers); });
   };
   EXPECT_NE(bad({{"tok_embeddings", "layers.0"}, {"layers.2", "norm", "output"}}, 3)
                 .find("\"layers.2\" is out of order; expected layers.1"),

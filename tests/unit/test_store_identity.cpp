@@ -13,9 +13,10 @@
 #include "comm_test_util.h"
 #include "loom/core/check.h"
 #include "loom/distributed/comm.h"
-#include "loom/launch/elastic_rendezvous.h"
 #include "loom/distributed/store_identity.h"
 #include "loom/distributed/store_socket.h"
+#include "loom/launch/elastic_rendezvous.h"
+#include "support/process.h"
 
 namespace loom {
 namespace {
@@ -25,9 +26,7 @@ using distributed::ProcessGroups;
 using distributed::StoreIdentity;
 using namespace std::chrono_literals;
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using loom::testing::contains;
 
 // The store a job's rank 0 owns, on a fresh loopback port.
 struct OwnedStore {

@@ -10,6 +10,7 @@
 
 #include "loom/core/check.h"
 #include "loom/launch/world_info.h"
+#include "support/process.h"
 #include "support/scoped_env.h"
 
 using loom::InputError;
@@ -82,9 +83,7 @@ std::string error_of(const std::map<std::string, std::string>& values) {
   return "";
 }
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using loom::testing::contains;
 
 }  // namespace
 

@@ -26,6 +26,9 @@ struct SafetensorsHeader {
   uint64_t data_start = 0;  // 8 + header size
 };
 
+// The highest tensor rank a header or chunk index may declare (a guard against hostile shapes).
+constexpr size_t kMaxTensorRank = 64;
+
 // The longest header loom reads (Hugging Face's safetensors refuses longer ones too).
 constexpr uint64_t kSafetensorsMaxHeaderBytes = 100'000'000;
 

@@ -9,6 +9,10 @@
 
 namespace loom::data {
 
+// GPT-2's pre-tokenizer split: tiktoken's gpt2 encoding and tokenizer.json's ByteLevel regex.
+inline constexpr const char* kGpt2SplitPattern =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
 class RegexSplitter {
  public:
   // Throws loom::InputError naming `source` when the pattern does not compile.

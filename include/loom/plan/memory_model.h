@@ -64,6 +64,8 @@ struct RankParameters {
 RankParameters rank_parameters(const ModelShape& model, const config::JobConfig& config,
                                const Layout& layout, int pipeline_rank);
 
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
 // "12.34 GiB"
 std::string format_bytes(double bytes);
 
