@@ -7,7 +7,9 @@
 # tests/CMakeLists.txt writes at configure time for each binary, setting:
 #   BINARY   the test binary           SUITES   the cached listing (a CTest file written here)
 #   LABEL    ctest label of its tests  WORKDIR  their working directory
-#   TIMEOUT  seconds per test
+#   TIMEOUT  seconds per test        SLOW_TIMEOUT  seconds per test of a "*Slow" suite
+# A suite whose name ends in "Slow" (LOOM_SLOW_TEST, tests/support/test_sets.h) is labelled
+# "slow" whatever LABEL says.
 # Nothing here may depend on another binary having been built: a build of some targets only
 # (tools/gpu_check.sh builds loom and the CUDA tests) must leave ctest able to read every test.
 # A binary that is not built gets one test, BINARY_NOT_BUILT, that fails when run; a binary
@@ -20,8 +22,9 @@ if(NOT EXISTS "${BINARY}")
   return()
 endif()
 
-# The listing is cached beside the binary and redone only when the binary changed.
-if(NOT EXISTS "${SUITES}" OR "${BINARY}" IS_NEWER_THAN "${SUITES}")
+# The listing is cached beside the binary and redone only when the binary or this file changed.
+if(NOT EXISTS "${SUITES}" OR "${BINARY}" IS_NEWER_THAN "${SUITES}"
+   OR "${CMAKE_CURRENT_LIST_FILE}" IS_NEWER_THAN "${SUITES}")
   execute_process(COMMAND "${BINARY}" --gtest_list_tests
     OUTPUT_VARIABLE _loom_listing ERROR_VARIABLE _loom_errors RESULT_VARIABLE _loom_status)
   set(_loom_content "")
@@ -31,10 +34,16 @@ if(NOT EXISTS "${SUITES}" OR "${BINARY}" IS_NEWER_THAN "${SUITES}")
       # Suite lines start in column 0 and end with '.', optionally then "  # TypeParam ...".
       if(_loom_line MATCHES "^([^ #][^ ]*)\\.( .*)?$")
         set(_loom_suite "${CMAKE_MATCH_1}")
+        set(_loom_label "${LABEL}")
+        set(_loom_timeout ${TIMEOUT})
+        if(_loom_suite MATCHES "Slow(/|$)")
+          set(_loom_label slow)
+          set(_loom_timeout ${SLOW_TIMEOUT})
+        endif()
         string(APPEND _loom_content
           "add_test([==[${_loom_suite}]==] [==[${BINARY}]==] [==[--gtest_filter=${_loom_suite}.*]==])\n"
-          "set_tests_properties([==[${_loom_suite}]==] PROPERTIES LABELS [==[${LABEL}]==] "
-          "TIMEOUT ${TIMEOUT} WORKING_DIRECTORY [==[${WORKDIR}]==] ENVIRONMENT OMP_NUM_THREADS=1)\n")
+          "set_tests_properties([==[${_loom_suite}]==] PROPERTIES LABELS [==[${_loom_label}]==] "
+          "TIMEOUT ${_loom_timeout} WORKING_DIRECTORY [==[${WORKDIR}]==] ENVIRONMENT OMP_NUM_THREADS=1)\n")
       endif()
     endforeach()
   endif()

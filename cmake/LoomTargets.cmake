@@ -46,10 +46,18 @@ endfunction()
 # GCC). Executables list libstdc++ as their first needed library, so every call (loom's and
 # LibTorch's) binds to the system libstdc++ instead of a mix; otherwise e.g.
 # std::filesystem::remove_all jumps to a null pointer.
+# TORCH: the executable's own sources include LibTorch headers; they get the precompiled header.
 function(loom_add_executable name)
-  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS" ${ARGN})
+  cmake_parse_arguments(ARG "TORCH" "" "SOURCES;DEPS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
   target_link_libraries(${name} PRIVATE "-Wl,--push-state,--no-as-needed" stdc++ "-Wl,--pop-state"
                                         ${ARG_DEPS} loom_host_allocator)
+  if(ARG_TORCH)
+    target_link_libraries(${name} PRIVATE loom::torch)
+    if(LOOM_USE_PCH)
+      _loom_pch_target()
+      target_precompile_headers(${name} REUSE_FROM loom_pch)
+    endif()
+  endif()
   loom_setup_target(${name})
 endfunction()
