@@ -242,9 +242,19 @@ void ProcessGroups::use_train_timeout() {
   if (watchdog_) watchdog_->arm(init_.options.train_timeout, init_.watchdog_grace);
 }
 
+std::array<uint64_t, kCollectiveKinds> ProcessGroups::wire_bytes_by_collective() const {
+  std::array<uint64_t, kCollectiveKinds> bytes{};
+  for (const auto& g : groups_) {
+    for (size_t c = 0; c < bytes.size(); ++c) {
+      bytes[c] += g->counters()[static_cast<Collective>(c)].wire_bytes.load();
+    }
+  }
+  return bytes;
+}
+
 uint64_t ProcessGroups::total_wire_bytes() const {
   uint64_t total = 0;
-  for (const auto& g : groups_) total += g->counters().total_wire_bytes();
+  for (const uint64_t bytes : wire_bytes_by_collective()) total += bytes;
   return total;
 }
 

@@ -132,12 +132,14 @@ std::string FullyShardedDataParallel::describe() const {
     text += ", replicated over '" + replicate_->name() + "' (" +
             std::to_string(replicate_->size()) + ")";
   }
-  int64_t encoded = 0;
+  std::map<std::string, int64_t> encoded;  // encoding -> weights all-gathered in it
   for (const auto& unit : units_) {
-    for (const auto& p : unit->params) encoded += p.codec != nullptr ? 1 : 0;
+    for (const auto& p : unit->params) {
+      if (p.codec != nullptr) ++encoded[p.codec->name()];
+    }
   }
-  if (encoded > 0) {
-    text += ", " + std::to_string(encoded) + " weights all-gathered through their codec (float8)";
+  for (const auto& [encoding, count] : encoded) {
+    text += ", " + std::to_string(count) + " weights all-gathered in " + encoding;
   }
   text += std::string(", all-gather in ") + c10::toString(options_.param_dtype) +
           ", reduce-scatter in " + c10::toString(options_.reduce_dtype) +

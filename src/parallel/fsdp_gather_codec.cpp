@@ -4,6 +4,9 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
+#include <map>
+#include <string>
+
 #include "fsdp_internal.h"
 #include "loom/core/check.h"
 #include "loom/distributed/comm.h"
@@ -49,10 +52,19 @@ std::vector<at::Tensor> FullyShardedDataParallel::codec_parameters(
   group.all_reduce(reduced, distributed::ReduceOp::kMax);
   distributed::Comm* extra = params.front()->codec->statistic_group();
   if (extra != nullptr) extra->all_reduce(reduced, distributed::ReduceOp::kMax);
-  ++stats_.float8_scale_all_reduces;
-  std::vector<at::Tensor> out;
+  ++stats_.codec_statistic_all_reduces;
+  // One conversion per encoding (float8: every scale of the unit in one amax_to_scale).
+  std::map<std::string, std::vector<int64_t>> by_encoding;
   for (size_t i = 0; i < params.size(); ++i) {
-    out.push_back(params[i]->codec->parameter_of(reduced.narrow(0, static_cast<int64_t>(i), 1)));
+    by_encoding[params[i]->codec->name()].push_back(static_cast<int64_t>(i));
+  }
+  std::vector<at::Tensor> out(params.size());
+  for (const auto& [encoding, indices] : by_encoding) {
+    const at::Tensor converted = params[static_cast<size_t>(indices.front())]->codec->parameters_of(
+        by_encoding.size() == 1 ? reduced : reduced.index_select(0, at::tensor(indices)));
+    for (size_t j = 0; j < indices.size(); ++j) {
+      out[static_cast<size_t>(indices[j])] = converted[static_cast<int64_t>(j)];
+    }
   }
   return out;
 }
@@ -81,7 +93,7 @@ at::Tensor FullyShardedDataParallel::pack_encoded_gather(Unit& unit) {
     p.codec->encode(chunk, parameter,
                     bytes.narrow(0, p.byte_offset, p.codec->encoded_bytes(p.chunk)));
   }
-  ++stats_.float8_gathers;
+  ++stats_.encoded_gathers;
   return bytes;
 }
 

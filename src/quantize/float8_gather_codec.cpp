@@ -21,6 +21,12 @@ class Float8GatherCodec final : public models::GatherCodec {
   explicit Float8GatherCodec(std::weak_ptr<Float8LinearCompute> compute)
       : compute_(std::move(compute)) {}
 
+  std::string name() const override {
+    const auto& recipe = compute().options().recipe;
+    return std::string("float8 ") + to_string(recipe.weight.format) +
+           (recipe.power_of_2 ? " (power-of-2 scales)" : "");
+  }
+
   int64_t encoded_bytes(int64_t chunk) const override { return chunk + kScaleBytes; }
 
   at::Tensor shard_statistic(const at::Tensor& shard) const override {
@@ -28,9 +34,9 @@ class Float8GatherCodec final : public models::GatherCodec {
                              : at::zeros({1}, shard.options().dtype(at::kFloat));
   }
   distributed::Comm* statistic_group() const override { return compute().options().amax_group; }
-  at::Tensor parameter_of(const at::Tensor& reduced_statistic) const override {
+  at::Tensor parameters_of(const at::Tensor& reduced_statistics) const override {
     const auto& recipe = compute().options().recipe;
-    return amax_to_scale(reduced_statistic, recipe.weight.format, recipe.power_of_2).reshape({});
+    return amax_to_scale(reduced_statistics, recipe.weight.format, recipe.power_of_2);
   }
 
   bool parameter_after_optimizer_step() const override {

@@ -49,8 +49,10 @@ class ReplicaStepHook final : public StepHook {
 
   std::optional<metrics::QuorumMetrics> quorum(int64_t discarded_steps) const override {
     const auto& q = replicas_->report();
-    return metrics::QuorumMetrics{q.quorum_id,   q.participants,  q.replicas,
-                                  q.healed_from, discarded_steps, q.quorum_seconds};
+    // healed_from_, not the report's: the report keeps the last quorum's, which a step that
+    // started no quorum (semi-synchronous groups) did not heal from.
+    return metrics::QuorumMetrics{q.quorum_id,  q.participants,  q.replicas,
+                                  healed_from_, discarded_steps, q.quorum_seconds};
   }
 
   std::optional<int64_t> healed_from() const override { return healed_from_; }

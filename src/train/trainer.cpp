@@ -9,7 +9,6 @@
 
 #include <chrono>
 #include <cmath>
-#include <set>
 
 #include "loom/checkpoint/manager.h"
 #include "loom/core/check.h"
@@ -42,24 +41,6 @@ double sum_over(distributed::Comm& group, double value) {
 at::Tensor sum_over(distributed::Comm& group, at::Tensor values) {
   if (group.size() > 1) group.all_reduce(values);
   return values;
-}
-
-// Wire bytes this rank sent, by collective, over every process group of the runtime (a group
-// that serves several mesh kinds counted once).
-std::array<uint64_t, distributed::kCollectiveKinds> wire_bytes_by_collective(
-    distributed::ParallelRuntime& runtime) {
-  std::array<uint64_t, distributed::kCollectiveKinds> bytes{};
-  std::set<const distributed::Comm*> seen;
-  auto add = [&](const distributed::Comm& group) {
-    if (!seen.insert(&group).second) return;
-    for (size_t c = 0; c < bytes.size(); ++c) {
-      bytes[c] += group.counters()[static_cast<distributed::Collective>(c)].wire_bytes.load();
-    }
-  };
-  add(runtime.world_group());
-  for (const auto kind : distributed::kAllMeshGroups) add(runtime.group(kind));
-  for (const auto kind : distributed::kExpertMeshGroups) add(runtime.group(kind));
-  return bytes;
 }
 
 // metrics.jsonl's start record: which run, resumed from where, with which config and layout.
@@ -144,7 +125,7 @@ void Trainer::log_window(int64_t step, int64_t tokens_seen, metrics::StepMetrics
   const uint64_t comm_now = run_->runtime->total_wire_bytes();
   const double per_step_mb = 1e6 * static_cast<double>(window_.steps);
   m.comm_mb = static_cast<double>(comm_now - window_.comm_start) / per_step_mb;
-  const auto by_collective = wire_bytes_by_collective(*run_->runtime);
+  const auto by_collective = run_->runtime->wire_bytes_by_collective();
   for (size_t c = 0; c < by_collective.size(); ++c) {
     const uint64_t sent = by_collective[c] - window_.comm_start_by_collective[c];
     if (sent > 0) {
@@ -347,7 +328,7 @@ TrainResult Trainer::train(const std::function<void()>& on_started) {
   int64_t tokens_seen = resume.tokens_seen;
   window_ = Window{};
   window_.comm_start = run_->runtime->total_wire_bytes();
-  window_.comm_start_by_collective = wire_bytes_by_collective(*run_->runtime);
+  window_.comm_start_by_collective = run_->runtime->wire_bytes_by_collective();
   for (int64_t step = resume.step + 1; step <= t.steps; ++step) {
     try {
       step = begin_step(step - 1, tokens_seen) + 1;

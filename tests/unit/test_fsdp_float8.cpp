@@ -98,11 +98,11 @@ TEST(FsdpFloat8, AllGatherIsHalfTheBf16BytesPlusScales) {
       LOOM_CHECK(gathers.payload_bytes == static_cast<uint64_t>(fsdp->gathered_bytes()), "counted ",
                  gathers.payload_bytes.load(), " vs ", fsdp->gathered_bytes());
       const auto& stats = fsdp->stats();
-      LOOM_CHECK(stats.float8_gathers == (float8_gather ? 6 : 0), "float8 gathers ",
-                 stats.float8_gathers);
+      LOOM_CHECK(stats.encoded_gathers == (float8_gather ? 6 : 0), "float8 gathers ",
+                 stats.encoded_gathers);
       // One max all-reduce of amaxes per block gathered (no precompute).
-      LOOM_CHECK(stats.float8_scale_all_reduces == (float8_gather ? 6 : 0), "scale all-reduces ",
-                 stats.float8_scale_all_reduces);
+      LOOM_CHECK(stats.codec_statistic_all_reduces == (float8_gather ? 6 : 0), "scale all-reduces ",
+                 stats.codec_statistic_all_reduces);
       if (groups.rank() == 0) {
         payload[float8_gather] = gathers.payload_bytes;
         if (!float8_gather) {
@@ -196,8 +196,8 @@ void train_like_one_process(bool precompute) {
       const auto& stats = fsdp->stats();
       const int64_t gathers = 6 * (2 * kSteps);  // forward and backward per block and step
       const int64_t reduces = precompute ? 6 * 2 + kSteps : gathers;
-      LOOM_CHECK(stats.float8_scale_all_reduces == reduces, "scale all-reduces ",
-                 stats.float8_scale_all_reduces, " vs ", reduces);
+      LOOM_CHECK(stats.codec_statistic_all_reduces == reduces, "scale all-reduces ",
+                 stats.codec_statistic_all_reduces, " vs ", reduces);
     });
     LOOM_EXPECT_RANKS_OK(errors);
   }

@@ -4,6 +4,7 @@
 // holds Gloo for CPU tensors and, on CUDA jobs, NCCL.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -67,7 +68,9 @@ class ProcessGroups {
   // collective watchdog (when enabled) is armed.
   void use_train_timeout();
 
-  // Sum of every group's counters (wire bytes sent by this rank).
+  // Wire bytes this rank sent over every group, by collective (indexed by Collective), and their
+  // sum.
+  std::array<uint64_t, kCollectiveKinds> wire_bytes_by_collective() const;
   uint64_t total_wire_bytes() const;
   const std::vector<std::shared_ptr<Comm>>& groups() const { return groups_; }
   // This rank's flight recorder; null when comm.trace_buf_size = 0 or the world has one rank.

@@ -46,6 +46,9 @@ class ParallelRuntime {
 
   void use_train_timeout() { groups_owner_->use_train_timeout(); }
   uint64_t total_wire_bytes() const { return groups_owner_->total_wire_bytes(); }
+  std::array<uint64_t, kCollectiveKinds> wire_bytes_by_collective() const {
+    return groups_owner_->wire_bytes_by_collective();
+  }
 
  private:
   WorldInfo world_;

@@ -105,8 +105,8 @@ struct FsdpStats {
   int64_t reduce_scatters = 0;      // unit reduce-scatters issued
   int64_t launched_at_finish = 0;   // reduce-scatters of units with a parameter without gradient
   int64_t peak_gathered_units = 0;  // most units gathered (or gathering) at once
-  int64_t float8_gathers = 0;       // of all_gathers, units gathered in float8
-  int64_t float8_scale_all_reduces = 0;  // amax all-reduces for float8 weights' scales
+  int64_t encoded_gathers = 0;      // of all_gathers, units gathered through gather codecs (float8)
+  int64_t codec_statistic_all_reduces = 0;  // their statistics' all-reduces (float8: amaxes)
 };
 
 class FullyShardedDataParallel final : public GradientSync {

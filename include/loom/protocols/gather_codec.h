@@ -24,15 +24,20 @@ class GatherCodec {
  public:
   virtual ~GatherCodec() = default;
 
+  // The encoding, for logs ("float8 e4m3fn"). Codecs of equal name() turn statistics into
+  // parameters the same way, so FSDP converts all of a unit's in one call.
+  virtual std::string name() const = 0;
+
   // Bytes one rank sends for a chunk of `chunk` elements.
   virtual int64_t encoded_bytes(int64_t chunk) const = 0;
 
   // The agreed value: a one-element float32 statistic of this rank's shard, max-reduced by FSDP
   // over the shard group and then over statistic_group() (null: none), turned into the
-  // encoding's parameter by parameter_of().
+  // encoding's parameter by parameters_of(): [n] reduced statistics of n codecs of this name()
+  // in, their [n] parameters out (one vectorized conversion, not n).
   virtual at::Tensor shard_statistic(const at::Tensor& shard) const = 0;
   virtual distributed::Comm* statistic_group() const = 0;
-  virtual at::Tensor parameter_of(const at::Tensor& reduced_statistic) const = 0;
+  virtual at::Tensor parameters_of(const at::Tensor& reduced_statistics) const = 0;
   // Computed once after each optimizer step instead of at every gather (FSDP calls
   // set_parameter then); parameter() is undefined until set.
   virtual bool parameter_after_optimizer_step() const = 0;
