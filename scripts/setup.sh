@@ -67,24 +67,28 @@ if [[ ! -x .venv/bin/python ]]; then
   say "creating .venv with $($PYTHON --version 2>&1)"
   "$PYTHON" -m venv .venv || die "python3 -m venv failed (is python3-venv installed?)"
 fi
+# torch and the Python packages the tests and tools use next to it (golden reference,
+# benchmarks), in one pip call: one resolver run for all of them.
+wanted=()
 installed_torch="$(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("torch"))' 2>/dev/null || true)"
 if [[ "${installed_torch%%+*}" != "$TORCH_VERSION" ]]; then
   say "installing torch==$TORCH_VERSION into .venv (was: ${installed_torch:-none}); a few GB on first run"
-  .venv/bin/python -m pip install --quiet --disable-pip-version-check "torch==$TORCH_VERSION" \
-    || die "pip install torch==$TORCH_VERSION failed"
+  wanted+=("torch==$TORCH_VERSION")
 else
   say "torch $installed_torch present in .venv"
 fi
-# Python packages the tests and tools use next to torch (golden reference, benchmarks).
 for requirement in "${PYTHON_PACKAGES[@]}"; do
   name="${requirement%%==*}"; version="${requirement##*==}"
   have="$(.venv/bin/python -c "import importlib.metadata as m; print(m.version('$name'))" 2>/dev/null || true)"
   if [[ "$have" != "$version" ]]; then
     say "installing $requirement into .venv (was: ${have:-none})"
-    .venv/bin/python -m pip install --quiet --disable-pip-version-check "$requirement" \
-      || die "pip install $requirement failed"
+    wanted+=("$requirement")
   fi
 done
+if ((${#wanted[@]})); then
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check "${wanted[@]}" \
+    || die "pip install ${wanted[*]} failed"
+fi
 .venv/bin/python - <<'PY' || die "the venv's torch or safetensors does not import"
 import torch.utils
 import safetensors
