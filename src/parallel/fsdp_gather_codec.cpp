@@ -29,6 +29,7 @@ void FullyShardedDataParallel::plan_encoded_gather(Unit& unit) {
     auto it = options_.gather_codecs.find(p.name);
     if (it != options_.gather_codecs.end()) {
       p.codec = it->second;
+      p.encoding = p.codec->name();
       any = true;
     }
   }
@@ -56,7 +57,7 @@ std::vector<at::Tensor> FullyShardedDataParallel::codec_parameters(
   // One conversion per encoding (float8: every scale of the unit in one amax_to_scale).
   std::map<std::string, std::vector<int64_t>> by_encoding;
   for (size_t i = 0; i < params.size(); ++i) {
-    by_encoding[params[i]->codec->name()].push_back(static_cast<int64_t>(i));
+    by_encoding[params[i]->encoding].push_back(static_cast<int64_t>(i));
   }
   std::vector<at::Tensor> out(params.size());
   for (const auto& [encoding, indices] : by_encoding) {
