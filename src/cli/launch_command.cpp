@@ -12,8 +12,9 @@
 #include "loom/core/env.h"
 #include "loom/core/logging.h"
 #include "loom/core/strings.h"
-#include "loom/launch/elastic_rendezvous.h"
+#include "loom/distributed/job_secret.h"
 #include "loom/distributed/lighthouse.h"
+#include "loom/launch/elastic_rendezvous.h"
 #include "loom/launch/launcher.h"
 #include "loom/plan/planner.h"
 #include "plan_common.h"
@@ -187,6 +188,7 @@ std::unique_ptr<distributed::RendezvousHandler> make_rendezvous(
   if (args.local_addr) elastic.local_addr = *args.local_addr;
   if (args.rdzv_id) elastic.run_id = *args.rdzv_id;
   distributed::apply_rdzv_conf(args.rdzv_conf, elastic);
+  elastic.secret = distributed::job_secret_from_env(false);
   return std::make_unique<distributed::ElasticRendezvous>(elastic);
 }
 
@@ -243,9 +245,30 @@ std::function<std::vector<std::string>(int)> layout_replanner(const LaunchArgs& 
   };
 }
 
+// The job secret the workers' rendezvous store admits (secured_store.h), passed on in
+// LOOM_JOB_SECRET: the user's (checked here, before any worker starts), or a fresh one for a
+// one-node job. Nodes cannot agree on a fresh one without talking, so several nodes share the
+// user's or run open, with a warning.
+void pass_job_secret(const LaunchArgs& args, const distributed::LaunchOptions& options) {
+  if (env::get("LOOM_JOB_SECRET") || env::get("LOOM_JOB_SECRET_FILE")) {
+    distributed::job_secret_from_env(false);
+    return;
+  }
+  if (options.nnodes == 1 && !is_elastic(args)) {
+    ::setenv("LOOM_JOB_SECRET", distributed::to_hex(distributed::make_job_secret()).c_str(), 1);
+    return;
+  }
+  log::get("launch")->warn(
+      "no LOOM_JOB_SECRET: the {}rendezvous store admits any process that reaches it (it can "
+      "read and write every key); give every node the same secret, e.g. "
+      "LOOM_JOB_SECRET=$(openssl rand -hex 32) (docs/launch.md)",
+      is_elastic(args) ? "agents' and the workers' " : "workers' ");
+}
+
 int run_launch(const LaunchArgs& args) {
   const auto lighthouse = start_lighthouse(args);
   distributed::LaunchOptions options = to_options(args);
+  pass_job_secret(args, options);
   if (args.replan_layout) {
     options.extra_args_for_world = layout_replanner(args, *args.replan_layout);
   }

@@ -169,42 +169,40 @@ bool admit(int fd, const JobSecret& secret, milliseconds timeout, const std::ato
 }
 
 // The client's half; throws what a worker should read (one line).
-void prove(int fd, const JobSecret& secret, const std::string& address, Clock::time_point deadline,
-           const std::atomic<bool>& stop) {
+void prove(int fd, const JobSecret& secret, const std::string& address, const GateNames& names,
+           Clock::time_point deadline, const std::atomic<bool>& stop) {
+  const std::string server = "the " + names.server + " at " + address;
   std::string hello(kHello, '\0');
-  LOOM_CHECK_AS(IoError, read_exact(fd, hello.data(), hello.size(), deadline, stop), address,
-                " accepted the connection but did not greet as a loom lighthouse in time");
-  LOOM_CHECK_AS(InputError, hello.compare(0, kMagicBytes, kMagic) == 0, address,
-                " answers but is not a loom lighthouse (or one older than the job secret)");
+  LOOM_CHECK_AS(IoError, read_exact(fd, hello.data(), hello.size(), deadline, stop), server,
+                " accepted the connection but did not greet as a loom ", names.server, " in time");
+  LOOM_CHECK_AS(InputError, hello.compare(0, kMagicBytes, kMagic) == 0, server,
+                " answers but is not a loom ", names.server, " (or one older than the job secret)");
   const char mode = hello[kMagicBytes];
   if (mode == 'O') {
-    LOOM_CHECK_AS(InputError, secret.empty(), "the lighthouse at ", address,
-                  " admits anyone (started with --insecure) while TORCHFT_LIGHTHOUSE carries a "
-                  "job secret: it cannot prove it belongs to this job; drop the secret from "
-                  "TORCHFT_LIGHTHOUSE only if you trust the network");
+    LOOM_CHECK_AS(InputError, secret.empty(), server,
+                  " admits anyone (started without a job secret, e.g. --insecure) while this "
+                  "process holds one: it cannot prove it belongs to this job; drop the secret only "
+                  "if you trust the network");
     return;
   }
-  LOOM_CHECK_AS(InputError, !secret.empty(), "the lighthouse at ", address,
-                " admits only workers holding the job secret: set TORCHFT_LIGHTHOUSE to the "
-                "value `loom lighthouse` printed (HOST:PORT?secret_file=PATH or ?secret=HEX)");
+  LOOM_CHECK_AS(InputError, !secret.empty(), server,
+                " admits only workers holding the job secret: ", names.secret_hint);
   const std::string server_nonce = hello.substr(kMagicBytes + 1);
   const std::string client_nonce = nonce();
   const std::string answer =
       client_nonce + proof(secret, "loom-client", server_nonce, client_nonce);
-  LOOM_CHECK_AS(IoError, write_all(fd, answer.data(), answer.size()), "the lighthouse at ", address,
+  LOOM_CHECK_AS(IoError, write_all(fd, answer.data(), answer.size()), server,
                 " closed the connection during the handshake");
   char verdict = 0;
-  LOOM_CHECK_AS(InputError, read_exact(fd, &verdict, 1, deadline, stop) && verdict == 'Y',
-                "the lighthouse at ", address,
-                " refused this worker's job secret (a stale secret, or another job's lighthouse "
-                "at that address?)");
+  LOOM_CHECK_AS(InputError, read_exact(fd, &verdict, 1, deadline, stop) && verdict == 'Y', server,
+                " refused this worker's job secret (a stale secret, or another job's ",
+                names.server, " at that address?)");
   std::string server_proof(kNonce, '\0');
-  LOOM_CHECK_AS(IoError, read_exact(fd, server_proof.data(), kNonce, deadline, stop),
-                "the lighthouse at ", address, " closed the connection during the handshake");
+  LOOM_CHECK_AS(IoError, read_exact(fd, server_proof.data(), kNonce, deadline, stop), server,
+                " closed the connection during the handshake");
   LOOM_CHECK_AS(InputError,
                 same(server_proof, proof(secret, "loom-server", server_nonce, client_nonce)),
-                "the server at ", address,
-                " did not prove it holds the job secret: not this job's lighthouse");
+                server, " did not prove it holds the job secret: not this job's ", names.server);
 }
 
 int connect_to(const std::string& host, int port, Clock::time_point deadline,
@@ -333,6 +331,16 @@ void wait_for_threads(const AuthGate::Shared& shared) {
 
 }  // namespace
 
+namespace {
+int local_port_of(int fd) {
+  sockaddr_storage addr{};
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  return ntohs(addr.ss_family == AF_INET6 ? reinterpret_cast<const sockaddr_in6&>(addr).sin6_port
+                                          : reinterpret_cast<const sockaddr_in&>(addr).sin_port);
+}
+}  // namespace
+
 int listen_on_local_address(const std::string& host, int port, const std::string& flag,
                             int& bound_port) {
   addrinfo hints{};
@@ -364,12 +372,7 @@ int listen_on_local_address(const std::string& host, int port, const std::string
                 host, " is already in use (another lighthouse?): pick another port");
   LOOM_CHECK_AS(InputError, bound.get() >= 0, flag, ": cannot listen on ", host, ":", port, ": ",
                 std::strerror(error));
-  sockaddr_storage addr{};
-  socklen_t len = sizeof(addr);
-  ::getsockname(bound.get(), reinterpret_cast<sockaddr*>(&addr), &len);
-  bound_port =
-      ntohs(addr.ss_family == AF_INET6 ? reinterpret_cast<const sockaddr_in6&>(addr).sin6_port
-                                       : reinterpret_cast<const sockaddr_in&>(addr).sin_port);
+  bound_port = local_port_of(bound.get());
   return bound.release();
 }
 
@@ -378,8 +381,13 @@ int listen_on_local_address(const std::string& host, int port, const std::string
 
 AuthGate::AuthGate(GateOptions options)
     : options_(std::move(options)), shared_(std::make_shared<Shared>()) {
-  const int fd = listen_on_local_address(options_.host, options_.port, "--bind", port_);
-  if (options_.secret.empty()) {
+  int fd = options_.listen_fd;
+  if (fd >= 0) {
+    port_ = local_port_of(fd);
+  } else {
+    fd = listen_on_local_address(options_.host, options_.port, "--bind", port_);
+  }
+  if (options_.secret.empty() && options_.warn_when_open) {
     log::get("auth")->warn(
         "the {} at {}:{} admits anyone who reaches it (no job secret): any process on the "
         "network can read its keys, join its quorums and receive model state",
@@ -446,16 +454,16 @@ int64_t AuthGate::refused() const {
 // AuthTunnel
 
 AuthTunnel::AuthTunnel(const std::string& host, int port, JobSecret secret,
-                       const std::string& address, milliseconds timeout)
+                       const std::string& address, milliseconds timeout, GateNames names)
     : host_(host), port_(port), shared_(std::make_shared<AuthGate::Shared>()) {
   {  // Once here, so a refusal reads as one line in the worker instead of a store error.
     std::string error;
     Fd probe(connect_to(host, port, Clock::now() + timeout, shared_->stop, error));
     LOOM_CHECK_AS(IoError, probe.get() >= 0, "nothing answers at ", address, ": ", error);
-    prove(probe.get(), secret, address, Clock::now() + timeout, shared_->stop);
+    prove(probe.get(), secret, address, names, Clock::now() + timeout, shared_->stop);
   }
   const int fd = listen_on_local_address("127.0.0.1", 0, "auth tunnel", local_port_);
-  auto handle = [host, port, secret, address, timeout, shared = shared_](
+  auto handle = [host, port, secret, address, timeout, names, shared = shared_](
                     Fd local, sockaddr_storage peer, socklen_t) {
     if (!from_this_process(peer)) {
       shared->warning.warn("auth tunnel to " + address +
@@ -468,7 +476,7 @@ AuthTunnel::AuthTunnel(const std::string& host, int port, JobSecret secret,
       shared->warning.warn("auth tunnel: nothing answers at " + address + ": " + error);
       return;
     }
-    prove(remote.get(), secret, address, Clock::now() + timeout, shared->stop);
+    prove(remote.get(), secret, address, names, Clock::now() + timeout, shared->stop);
     relay(local.get(), remote.get(), shared->stop);
   };
   acceptor_ = std::thread(accept_loop, fd, shared_, handle);

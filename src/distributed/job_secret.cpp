@@ -6,7 +6,9 @@
 #include <openssl/rand.h>
 
 #include "loom/core/check.h"
+#include "loom/core/env.h"
 #include "loom/core/files.h"
+#include "loom/core/strings.h"
 
 namespace loom::distributed {
 namespace {
@@ -96,6 +98,18 @@ LighthouseTarget split_lighthouse_target(const std::string& text, const std::str
                "HOST:PORT?secret_file=PATH, as `loom lighthouse` prints)");
   }
   return t;
+}
+
+JobSecret job_secret_from_env(bool fault_tolerant) {
+  if (const auto hex = env::get("LOOM_JOB_SECRET"))
+    return parse_job_secret(*hex, "LOOM_JOB_SECRET");
+  if (const auto path = env::get("LOOM_JOB_SECRET_FILE")) return read_job_secret_file(*path);
+  if (!fault_tolerant) return {};
+  const auto lighthouses = env::get("TORCHFT_LIGHTHOUSE");
+  if (!lighthouses) return {};
+  const auto entries = strings::split_list(*lighthouses);
+  if (entries.empty()) return {};
+  return split_lighthouse_target(entries.front(), "TORCHFT_LIGHTHOUSE").secret;
 }
 
 std::string redact_secret(const std::string& text) {

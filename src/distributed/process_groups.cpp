@@ -11,13 +11,15 @@
 
 #include "backend.h"
 #include "loom/core/logging.h"
-#include "loom/distributed/store_connect.h"
+#include "loom/distributed/secured_store.h"
 #include "loom/distributed/store_identity.h"
 #include "loom/distributed/store_socket.h"
 
 namespace loom::distributed {
 
 struct ProcessGroups::StoreHolder {
+  // Rank 0's store, this rank's tunnel to it, or torchrun's agent store.
+  std::unique_ptr<SecuredStore> secured;
   c10::intrusive_ptr<c10d::Store> store;
 };
 
@@ -45,25 +47,32 @@ std::string join(const std::vector<int>& ranks) {
 }
 
 // The TCPStore at MASTER_ADDR:MASTER_PORT, once this job's identity is checked and every rank
-// joined. Rank 0 owns it, unless torchrun's agent hosts it (TORCHELASTIC_USE_AGENT_STORE).
-c10::intrusive_ptr<c10d::Store> join_rendezvous_store(const CommInit& init) {
+// joined. Rank 0 owns it, behind a gate that admits only holders of the job secret when there is
+// one (secured_store.h), unless torchrun's agent hosts it (TORCHELASTIC_USE_AGENT_STORE): that
+// store is torchrun's, and admits anyone who reaches it.
+std::unique_ptr<SecuredStore> join_rendezvous_store(const CommInit& init) {
   const std::string address = init.master_addr + ":" + std::to_string(init.master_port);
   const bool owner = init.rank == 0 && !init.store_hosted_by_agent;
-  c10d::TCPStoreOptions options;
-  options.port = static_cast<std::uint16_t>(init.master_port);
-  options.isServer = owner;
-  options.numWorkers = init.world_size;
+  SecuredStoreOptions options;
+  options.host = init.master_addr;
+  options.port = init.master_port;
+  options.secret = init.secret;
+  options.names.server = "rendezvous store";
+  options.names.secret_hint =
+      "give every rank the launcher's LOOM_JOB_SECRET (`loom launch` passes it on)";
+  options.store.numWorkers = init.world_size;
   // c10d's own wait would count this rank in before it checked whose store it reached:
   // join_store does it after the check.
-  options.waitWorkers = false;
-  options.timeout = init.options.init_timeout;
-  // The store is unauthenticated: listen on MASTER_ADDR's interface only (loopback for one node).
-  if (owner) options.masterListenFd = bind_store_socket(init.master_addr, init.master_port);
-  c10::intrusive_ptr<c10d::Store> store;
+  options.store.waitWorkers = false;
+  options.store.timeout = init.options.init_timeout;
+  std::unique_ptr<SecuredStore> secured;
   try {
-    store = owner ? c10::make_intrusive<c10d::TCPStore>(init.master_addr, options)
-                  : connect_store(init.master_addr, options, "rendezvous store");
-  } catch (const CommError&) {
+    if (init.store_hosted_by_agent) {  // torchrun's store speaks no gate
+      secured = SecuredStore::connect_plain(options);
+    } else {
+      secured = owner ? SecuredStore::host(options) : SecuredStore::connect(options);
+    }
+  } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
     LOOM_THROW(CommError, "rendezvous at ", address, " (rank ", init.rank, " of ", init.world_size,
@@ -71,19 +80,20 @@ c10::intrusive_ptr<c10d::Store> join_rendezvous_store(const CommInit& init) {
                ". Check MASTER_ADDR/MASTER_PORT, that every rank started, and "
                "comm.init_timeout_seconds");
   }
+  c10d::Store& store = *secured->store();
   const StoreIdentity identity{init.run_id, init.world_size};
   const std::string advice = busy_port_advice();
   try {
     if (owner) {
-      write_store_identity(*store, identity);
+      write_store_identity(store, identity);
     } else if (!init.store_hosted_by_agent) {  // torchrun's agent writes no loom identity
-      check_store_identity(*store, identity, address, kStoreIdentityWait, advice);
+      check_store_identity(store, identity, address, kStoreIdentityWait, advice);
     }
     // Rank 0's store is new with every start; torchrun's agent keeps its store across restarts,
     // so there each restart claims its ranks anew. (Not the restart count with rank 0's store:
     // that count is per node, and a node admitted late starts from 0.)
     const int attempt = init.store_hosted_by_agent ? init.restart_count : 0;
-    join_store(*store, init.rank, init.world_size, attempt, init.run_id, address,
+    join_store(store, init.rank, init.world_size, attempt, init.run_id, address,
                init.options.init_timeout, advice);
   } catch (const Error&) {
     throw;
@@ -91,7 +101,7 @@ c10::intrusive_ptr<c10d::Store> join_rendezvous_store(const CommInit& init) {
     LOOM_THROW(CommError, "rendezvous at ", address, " (rank ", init.rank, " of ", init.world_size,
                ") failed: ", message_of(e));
   }
-  return store;
+  return secured;
 }
 
 }  // namespace
@@ -109,7 +119,8 @@ ProcessGroups::ProcessGroups(const CommInit& init) : init_(init) {
   LOOM_CHECK_AS(InputError, init.master_port > 0 && init.master_port < 65536,
                 "MASTER_PORT must be a TCP port (1-65535), got ", init.master_port);
   const auto start = std::chrono::steady_clock::now();
-  store_->store = join_rendezvous_store(init);
+  store_->secured = join_rendezvous_store(init);
+  store_->store = store_->secured->store();
   start_flight_recorder();
   std::vector<int> all(init.world_size);
   for (int r = 0; r < init.world_size; ++r) all[r] = r;

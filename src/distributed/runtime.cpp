@@ -11,7 +11,7 @@ namespace loom::distributed {
 namespace {
 
 CommInit comm_init(const WorldInfo& world, const config::CommSection& comm,
-                   const std::string& dump_folder, bool with_cuda) {
+                   const std::string& dump_folder, bool with_cuda, bool fault_tolerant) {
   CommInit init;
   init.rank = world.rank;
   init.world_size = world.world_size;
@@ -23,6 +23,7 @@ CommInit comm_init(const WorldInfo& world, const config::CommSection& comm,
   init.options.train_timeout = std::chrono::seconds(comm.train_timeout_seconds);
   init.with_cuda = with_cuda;
   init.store_hosted_by_agent = env::get("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";
+  init.secret = job_secret_from_env(fault_tolerant);
   init.trace_buffer_size = static_cast<size_t>(comm.trace_buf_size);
   init.collective_watchdog = true;
   init.trace_dump_path =
@@ -46,8 +47,8 @@ ParallelRuntime::ParallelRuntime(const config::JobConfig& config, WorldInfo worl
     device::check_gpu_per_local_rank(config.training.device, world_.local_world_size,
                                      device::query_accelerators().device_count);
   }
-  groups_owner_ = std::make_unique<ProcessGroups>(
-      comm_init(world_, config.comm, config.job.dump_folder, with_cuda));
+  groups_owner_ = std::make_unique<ProcessGroups>(comm_init(
+      world_, config.comm, config.job.dump_folder, with_cuda, config.fault_tolerance.enable));
   for (MeshGroup kind : kAllMeshGroups) {
     groups_[static_cast<size_t>(kind)] =
         groups_owner_->new_group(to_string(kind), to_int(mesh_.group_ranks(kind, world_.rank)));

@@ -16,6 +16,15 @@
 
 namespace loom::distributed {
 
+void exit_if_signalled_while_connecting(const std::string& what, const std::string& address) {
+  if (!signals::shutdown_requested()) return;
+  const int sig = signals::shutdown_signal();
+  std::fprintf(stderr, "loom: signal %d while connecting to the %s at %s: exiting\n", sig,
+               what.c_str(), address.c_str());
+  std::fflush(stderr);
+  std::_Exit(128 + sig);
+}
+
 c10::intrusive_ptr<c10d::TCPStore> connect_store(const std::string& host,
                                                  const c10d::TCPStoreOptions& options,
                                                  const std::string& what) {
@@ -38,13 +47,7 @@ c10::intrusive_ptr<c10d::TCPStore> connect_store(const std::string& host,
                     std::min<std::chrono::milliseconds>(options.timeout, std::chrono::seconds(5));
   const auto deadline = std::chrono::steady_clock::now() + wait;
   while (future.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
-    if (signals::shutdown_requested()) {
-      const int sig = signals::shutdown_signal();
-      std::fprintf(stderr, "loom: signal %d while connecting to the %s at %s: exiting\n", sig,
-                   what.c_str(), address.c_str());
-      std::fflush(stderr);
-      std::_Exit(128 + sig);
-    }
+    exit_if_signalled_while_connecting(what, address);
     LOOM_CHECK_AS(CommError, std::chrono::steady_clock::now() < deadline, "the ", what, " at ",
                   address, " accepted the connection but did not answer within ",
                   std::chrono::duration_cast<std::chrono::seconds>(wait).count(),

@@ -11,7 +11,7 @@
 #include "loom/core/logging.h"
 #include "loom/core/strings.h"
 #include "loom/distributed/comm.h"
-#include "loom/distributed/store_connect.h"
+#include "loom/distributed/secured_store.h"
 #include "loom/distributed/store_identity.h"
 #include "loom/distributed/store_socket.h"
 
@@ -31,6 +31,7 @@ Clock::duration seconds(double s) {
 }  // namespace
 
 struct ElasticRendezvous::Store {
+  std::unique_ptr<SecuredStore> secured;  // keeps the gate or tunnel of `store` open
   c10::intrusive_ptr<c10d::Store> store;
   int64_t counter(const std::string& k) { return store->add(k, 0); }
   bool has(const std::string& k) { return store->check({k}); }
@@ -63,6 +64,18 @@ void apply_rdzv_conf(const std::string& conf, ElasticOptions& options) {
   }
 }
 
+SecuredStoreOptions ElasticRendezvous::secured_store_options(const std::string& host,
+                                                             int port) const {
+  SecuredStoreOptions options;
+  options.host = host;
+  options.port = port;
+  options.secret = options_.secret;
+  options.names.server = "elastic rendezvous store";
+  options.names.secret_hint = "give every node's launcher the same LOOM_JOB_SECRET";
+  options.store.waitWorkers = false;
+  return options;
+}
+
 ElasticRendezvous::ElasticRendezvous(ElasticOptions options)
     : options_(std::move(options)), store_(std::make_unique<Store>()) {
   if (options_.local_addr.empty()) {
@@ -70,36 +83,30 @@ ElasticRendezvous::ElasticRendezvous(ElasticOptions options)
     ::gethostname(host, sizeof(host) - 1);
     options_.local_addr = is_loopback_host(options_.endpoint_host) ? "127.0.0.1" : host;
   }
-  c10d::TCPStoreOptions store_options;
-  store_options.port = static_cast<std::uint16_t>(options_.endpoint_port);
-  store_options.waitWorkers = false;
-  store_options.timeout = std::chrono::milliseconds(
+  SecuredStoreOptions store_options =
+      secured_store_options(options_.endpoint_host, options_.endpoint_port);
+  const auto timeout = std::chrono::milliseconds(
       static_cast<int64_t>(std::max(options_.join_timeout_s, 60.0) * 1000));
+  store_options.store.timeout = timeout;
   // The first agent to bind the endpoint hosts the store; the others connect to it.
   try {
-    store_options.isServer = true;
-    store_options.masterListenFd =
-        bind_store_socket(options_.endpoint_host, options_.endpoint_port);
-    store_->store = c10::make_intrusive<c10d::TCPStore>(options_.endpoint_host, store_options);
+    store_->secured = SecuredStore::host(store_options);
     hosts_store_ = true;
   } catch (const std::exception&) {
-    store_options.isServer = false;
-    store_options.masterListenFd.reset();
     try {
       // Reaching the store is part of joining: it gets join_timeout, later operations more.
-      c10d::TCPStoreOptions connect_options = store_options;
-      connect_options.timeout = std::chrono::milliseconds(
+      store_options.store.timeout = std::chrono::milliseconds(
           static_cast<int64_t>(std::max(options_.join_timeout_s, 1.0) * 1000));
-      store_->store =
-          connect_store(options_.endpoint_host, connect_options, "elastic rendezvous store");
-      store_->store->setTimeout(store_options.timeout);
-    } catch (const CommError&) {
+      store_->secured = SecuredStore::connect(store_options);
+      store_->secured->store()->setTimeout(timeout);
+    } catch (const Error&) {
       throw;
     } catch (const std::exception& e) {
       LOOM_THROW(CommError, "elastic rendezvous: cannot reach the store at ",
                  options_.endpoint_host, ":", options_.endpoint_port, ": ", message_of(e));
     }
   }
+  store_->store = store_->secured->store();
   agree_on_run_id();
   standby_port_ = pick_free_port();
   log::get("launch")->info("elastic rendezvous at {}:{} ({} the store), run {}, nodes {}..{}",
@@ -234,28 +241,26 @@ bool ElasticRendezvous::fail_over() {
       const size_t colon = address.rfind(':');
       const std::string host = address.substr(0, colon);
       const int port = std::stoi(address.substr(colon + 1));
-      c10d::TCPStoreOptions options;
-      options.port = static_cast<std::uint16_t>(port);
-      options.waitWorkers = false;
-      options.timeout = window;
+      SecuredStoreOptions options = secured_store_options(host, port);
+      options.names.server = "standby rendezvous store";
+      options.store.timeout = window;
       try {
-        c10::intrusive_ptr<c10d::Store> store;
+        std::unique_ptr<SecuredStore> secured;
         if (j == standby_index_) {
-          options.isServer = true;
-          options.masterListenFd = bind_store_socket(host, port);
-          store = c10::make_intrusive<c10d::TCPStore>(host, options);
-          write_store_identity(*store, {options_.run_id, 0});
+          secured = SecuredStore::host(options);
+          write_store_identity(*secured->store(), {options_.run_id, 0});
           // The survivors join the round after the last one (keys of the old store are gone).
-          store->set(std::string(kPrefix) + "round", store_bytes(std::to_string(round_ + 1)));
+          secured->store()->set(std::string(kPrefix) + "round",
+                                store_bytes(std::to_string(round_ + 1)));
         } else {
-          options.isServer = false;
-          store = connect_store(host, options, "standby rendezvous store");
-          const std::string theirs = read_store_run_id(*store, address, window, "");
+          secured = SecuredStore::connect(options);
+          const std::string theirs = read_store_run_id(*secured->store(), address, window, "");
           if (theirs != options_.run_id) continue;
         }
         {
           std::lock_guard<std::mutex> lock(mutex_);
-          store_->store = store;
+          store_->store = secured->store();
+          store_->secured = std::move(secured);
           hosts_store_ = j == standby_index_;
         }
         logger->warn("elastic rendezvous: {} the store at {} (node {} of the last round)",

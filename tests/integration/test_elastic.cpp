@@ -6,7 +6,8 @@
 //  - grow: a node started mid-run is admitted at the next step boundary (the running workers
 //    save a checkpoint) and the job finishes on both nodes.
 // Both keep the global batch (accumulation adjusts), so every step's loss is within 1e-5 of an
-// uninterrupted one-rank run with the same global batch.
+// uninterrupted one-rank run with the same global batch. Every node holds LOOM_JOB_SECRET, so
+// each store on the way sits behind the job secret's gate.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -48,9 +49,12 @@ std::string job(const std::string& folder) {
   return job_without_folder() + " --job.dump_folder " + folder;
 }
 
+// Every node's launcher holds the job's secret: the agents' store, its standbys and the workers'
+// stores admit only processes that prove it (secured_store.h).
 std::string node(int port) {
-  return std::string(LOOM_BINARY) + " launch --nnodes 1:2 --nproc-per-node " +
-         std::to_string(kNproc) + " --rdzv-endpoint 127.0.0.1:" + std::to_string(port) +
+  return "LOOM_JOB_SECRET=" + std::string(64, 'e') + " " + LOOM_BINARY +
+         " launch --nnodes 1:2 --nproc-per-node " + std::to_string(kNproc) +
+         " --rdzv-endpoint 127.0.0.1:" + std::to_string(port) +
          " --rdzv-conf last_call_timeout=2,keep_alive_interval=0.5,keep_alive_max_attempt=2"
          " --max-restarts 1 --grace-period 60";
 }

@@ -1,7 +1,9 @@
 // Two jobs on one host never join each other: with a job training on a port, a second `loom
-// launch` on that port and a stray rank of another run (torchrun's environment, another
-// TORCHELASTIC_RUN_ID) each fail within 5 s with one line and no C++ stack trace, and the first
-// job trains exactly like an undisturbed one; two --standalone jobs side by side both train.
+// launch` on that port, a stray rank of another run (torchrun's environment, another
+// TORCHELASTIC_RUN_ID, the same LOOM_JOB_SECRET: users who export one secret for all their jobs)
+// and a stranger without the secret each fail within 5 s with one line and no C++ stack trace,
+// and the first job trains exactly like an undisturbed one; two --standalone jobs side by side
+// both train.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -96,8 +98,9 @@ TEST(LaunchCollisions, JobsSharingAPortFailAtOnceAndStandaloneJobsTrainUndisturb
       "echo \"$n $c $((($(date +%s%N) - t) / 1000000))\"; }; ";
   // The training jobs run niced: the timings measure how fast loom refuses, not this test's
   // own load.
+  const std::string secret = "LOOM_JOB_SECRET=" + std::string(64, 'a') + " ";
   const std::string standalone =
-      "nice -n 10 " + loom_line("launch --standalone --nproc-per-node 2 -- ", 300);
+      secret + "nice -n 10 " + loom_line("launch --standalone --nproc-per-node 2 -- ", 300);
   const std::string start_both = standalone + job_args(first) + " > " + dir +
                                  "/first.log 2>&1 & A=$!; " + standalone + job_args(reference) +
                                  " > " + dir + "/reference.log 2>&1 & R=$!; ";
@@ -114,17 +117,20 @@ TEST(LaunchCollisions, JobsSharingAPortFailAtOnceAndStandaloneJobsTrainUndisturb
       loom_line("launch --nproc-per-node 2 --master-port $P -- " + job_args(second), 60) + "; ";
   // A rank of another run started with this MASTER_PORT by some launcher (its own rank 0 is
   // not there: the first job's store is).
-  const std::string try_stray = "timed stray " + dir +
-                                "/stray.log env RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 "
-                                "LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$P "
-                                "TORCHELASTIC_RUN_ID=intruder " +
+  const std::string rank_env =
+      "env RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 "
+      "MASTER_PORT=$P TORCHELASTIC_RUN_ID=intruder ";
+  const std::string try_stray = "timed stray " + dir + "/stray.log " + rank_env + secret +
                                 loom_line(job_args(stray), 60) + "; ";
+  // The same without the job's secret: the store's gate refuses it before it reads a key.
+  const std::string try_stranger = "timed stranger " + dir + "/stranger.log " + rank_env +
+                                   loom_line(job_args(dir + "/stranger"), 60) + "; ";
   // Had the first job ended already, the others would have found no store (and fail below).
   const std::string finish = "grep -q 'finished successfully' " + dir +
                              "/first.log && echo first ended early; "
                              "wait $A; echo \"first $? 0\"; wait $R; echo \"reference $? 0\"";
   const std::string script = timed + start_both + wait_for_store + find_port + time_startup +
-                             try_second + try_stray + finish;
+                             try_second + try_stray + try_stranger + finish;
   auto result = run_command(script);
   std::cout << result.output;  // the timings, for the record
 
@@ -173,8 +179,18 @@ TEST(LaunchCollisions, JobsSharingAPortFailAtOnceAndStandaloneJobsTrainUndisturb
                                             " belongs to run '" + first_id +
                                             "' (this job is run 'intruder')"))
       << stray_log;
+  const std::string stranger_log = read_text(dir + "/stranger.log");
+  const Outcome stranger_run = outcome(result.output, "stranger");
+  EXPECT_NE(stranger_run.exit_code, 0) << stranger_log;
+  EXPECT_GE(stranger_run.ms, 0) << result.output;
+  EXPECT_LT(stranger_run.ms, limit_ms) << stranger_log;
+  const auto stranger_errors = error_lines(stranger_log);
+  ASSERT_EQ(stranger_errors.size(), 1u) << stranger_log;
+  EXPECT_TRUE(contains(stranger_errors[0], "the rendezvous store at 127.0.0.1:" + port +
+                                               " admits only workers holding the job secret"))
+      << stranger_log;
 
-  // Neither disturbed the first job: the losses of the undisturbed run, step by step, bitwise.
+  // None disturbed the first job: the losses of the undisturbed run, step by step, bitwise.
   const auto want = loom::testing::logged_losses(reference);
   ASSERT_EQ(want.size(), static_cast<size_t>(kSteps));
   loom::testing::expect_losses_close(want, loom::testing::logged_losses(first), 0.0,

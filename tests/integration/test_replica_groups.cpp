@@ -315,7 +315,11 @@ LOOM_TEST(ReplicaGroups, SigtermEndsAGroupRetryingADiscardedStep) {
                                        "step 1 discarded");
   ASSERT_FALSE(g.rc.empty()) << "still retrying 30 s after SIGTERM\n" << g.log;
   EXPECT_EQ(g.rc, "143\n") << g.log;
-  EXPECT_NE(g.log.find("while step 1 was retried: stopping"), std::string::npos) << g.log;
+  // Between two tries the group asks for its quorum again: the signal lands in the retry or in
+  // that wait (a loaded machine), and both stop before step 1.
+  EXPECT_TRUE(g.log.find("while step 1 was retried: stopping") != std::string::npos ||
+              g.log.find("waited for its quorum: stopping after step 0") != std::string::npos)
+      << g.log;
   EXPECT_NE(g.log.find("no complete checkpoint in"), std::string::npos) << g.log;
   std::printf("[measured] SIGTERM to exit of a group retrying a step: %.2f s\n", g.seconds);
   EXPECT_LT(g.seconds, 15.0) << g.log;

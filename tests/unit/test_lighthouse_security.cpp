@@ -23,7 +23,9 @@
 #include "loom/distributed/auth_gate.h"
 #include "loom/distributed/job_secret.h"
 #include "loom/distributed/lighthouse.h"
+#include "loom/distributed/process_groups.h"
 #include "loom/distributed/quorum.h"
+#include "loom/distributed/secured_store.h"
 #include "loom/distributed/store_connect.h"
 #include "support/process.h"
 #include "support/test_sets.h"
@@ -163,6 +165,78 @@ LOOM_TEST(LighthouseSecurity, StrangersWithoutTheSecretCannotReadJoinOrReceiveSt
 
 // Each malformed write of the adversarial run, by a client that holds the secret: the entry is
 // dropped, the groups it aimed at keep beating, and quorums keep forming.
+// A replica group's own rendezvous store (rank 0's, at MASTER_PORT) with the job secret: its
+// ranks join and reduce through it; a stranger reads no key of it (the group's collective
+// connections are set up through those keys), a process without the secret or with another
+// job's is refused in one line, and one holding it reads the job's keys.
+LOOM_TEST(LighthouseSecurity, AGroupsRendezvousStoreAdmitsOnlyHoldersOfTheSecret) {
+  const JobSecret secret = make_job_secret();
+  const int port = loom::testing::free_port();
+  std::promise<void> probed;
+  std::shared_future<void> probes_done = probed.get_future().share();
+  std::promise<void> rank0_joined;
+  std::vector<std::string> errors(2);
+  std::vector<float> sums(2, 0.0f);
+  std::vector<std::thread> ranks;
+  for (int rank = 0; rank < 2; ++rank) {
+    ranks.emplace_back([&, rank] {
+      try {
+        CommInit init;
+        init.rank = rank;
+        init.world_size = 2;
+        init.master_addr = "127.0.0.1";
+        init.master_port = port;
+        init.options.init_timeout = std::chrono::seconds(30);
+        init.secret = secret;
+        ProcessGroups groups(init);
+        at::Tensor t = at::ones({2}) * (rank + 1);
+        groups.world().all_reduce(t, ReduceOp::kSum);
+        sums[rank] = t[0].item<float>();
+        if (rank == 0) rank0_joined.set_value();
+        probes_done.wait();  // the store lives while the probes run
+      } catch (const std::exception& e) {
+        errors[rank] = e.what();
+        if (rank == 0) rank0_joined.set_value();
+      }
+    });
+  }
+  rank0_joined.get_future().wait();
+  SecuredStoreOptions options;
+  options.host = "127.0.0.1";
+  options.port = port;
+  options.store.timeout = milliseconds(3000);
+  options.names.server = "rendezvous store";
+  options.names.secret_hint = "give every rank the launcher's LOOM_JOB_SECRET";
+  // A plain c10d client: no key, not even the run id.
+  c10d::TCPStoreOptions plain;
+  plain.port = static_cast<uint16_t>(port);
+  plain.isServer = false;
+  plain.waitWorkers = false;
+  plain.timeout = milliseconds(1000);
+  EXPECT_ANY_THROW({
+    auto store = connect_store("127.0.0.1", plain, "rendezvous store");
+    store->get("loom/job/run_id");
+  });
+  const int fd = dial(port);
+  EXPECT_EQ(read_some(fd, 10), "LOOMGATE1S");
+  ::close(fd);
+  const std::string none = error_of([&] { SecuredStore::connect(options); });
+  EXPECT_NE(none.find("the rendezvous store at 127.0.0.1:" + std::to_string(port) +
+                      " admits only workers holding the job secret: give every rank"),
+            std::string::npos)
+      << none;
+  options.secret = make_job_secret();
+  const std::string other = error_of([&] { SecuredStore::connect(options); });
+  EXPECT_NE(other.find("refused this worker's job secret"), std::string::npos) << other;
+  options.secret = secret;
+  auto member = SecuredStore::connect(options);
+  EXPECT_EQ(member->store()->get("loom/job/world_size"), bytes("2"));
+  probed.set_value();
+  for (auto& r : ranks) r.join();
+  EXPECT_EQ(errors, std::vector<std::string>(2));
+  EXPECT_EQ(sums, std::vector<float>(2, 3.0f));
+}
+
 LOOM_TEST(LighthouseSecurity, MalformedEntriesAreDroppedAndQuorumsKeepForming) {
   const LighthouseOptions options = secured(2);
   Lighthouse lighthouse(options);

@@ -38,12 +38,14 @@ struct GateOptions {
   int port = 0;                    // 0: any free port
   JobSecret secret;                // empty: open (every connection admitted; warns)
   int backend_port = 0;            // the store's port on 127.0.0.1
+  int listen_fd = -1;  // a socket already listening (host/port then only name it); -1: bind here
   std::chrono::milliseconds handshake_timeout{5000};
   // A group holds one connection per rank (two on its first rank): these bound a stranger's
   // share, not a job's (thousands of ranks behind one address would need more).
   int max_per_peer = 256;
   int max_connections = 4096;
   std::string what = "lighthouse";  // for logs
+  bool warn_when_open = true;       // log that an empty secret admits anyone
 };
 
 // Handshake failures on the client side: refused (wrong or missing secret, open gate while the
@@ -70,13 +72,22 @@ class AuthGate {
   std::thread acceptor_;
 };
 
+// What a client's errors call the server behind the gate, and where the client's secret comes
+// from (the advice when the gate asks for a secret the client lacks).
+struct GateNames {
+  std::string server = "lighthouse";
+  std::string secret_hint =
+      "set TORCHFT_LIGHTHOUSE to the value `loom lighthouse` printed (HOST:PORT?secret_file=PATH "
+      "or ?secret=HEX)";
+};
+
 class AuthTunnel {
  public:
   // Proves the secret to the gate at host:port once (InputError when refused, IoError when
   // nothing answers within `timeout`), then listens on 127.0.0.1. `address` names the gate in
   // errors (redacted of any secret).
   AuthTunnel(const std::string& host, int port, JobSecret secret, const std::string& address,
-             std::chrono::milliseconds timeout);
+             std::chrono::milliseconds timeout, GateNames names = {});
   ~AuthTunnel();
   AuthTunnel(const AuthTunnel&) = delete;
   AuthTunnel& operator=(const AuthTunnel&) = delete;

@@ -42,6 +42,12 @@ struct LighthouseTarget {
 };
 LighthouseTarget split_lighthouse_target(const std::string& text, const std::string& source);
 
+// The secret of this worker's rendezvous store (secured_store.h): LOOM_JOB_SECRET (64 hex
+// digits) or the file LOOM_JOB_SECRET_FILE names, else, for a fault-tolerant job, the secret
+// TORCHFT_LIGHTHOUSE's first entry carries (every rank of a group has the same); empty when
+// none is set. InputError naming the variable when it is malformed.
+JobSecret job_secret_from_env(bool fault_tolerant);
+
 // `text` with every `secret=...` value replaced by `***` (for logs and errors).
 std::string redact_secret(const std::string& text);
 

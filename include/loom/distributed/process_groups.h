@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "loom/distributed/comm.h"
+#include "loom/distributed/job_secret.h"
 #include "loom/distributed/watchdog.h"
 
 namespace loom::distributed {
@@ -30,6 +31,10 @@ struct CommInit {
   // torchrun's agent already hosts the TCPStore at MASTER_ADDR:MASTER_PORT
   // (TORCHELASTIC_USE_AGENT_STORE=True): every rank connects as a client.
   bool store_hosted_by_agent = false;
+  // The job secret (LOOM_JOB_SECRET, or the lighthouse's for fault-tolerant groups): rank 0's
+  // store then admits only processes that prove they hold it (secured_store.h). Empty: any
+  // loom process that reaches MASTER_ADDR's interface.
+  JobSecret secret;
   // Create the store and c10d backends even for a world of one rank (tests of the NCCL path on
   // a single GPU); otherwise one rank is the local path.
   bool backends_for_single_rank = false;

@@ -18,4 +18,8 @@ c10::intrusive_ptr<c10d::TCPStore> connect_store(const std::string& host,
                                                  const c10d::TCPStoreOptions& options,
                                                  const std::string& what);
 
+// Ends the process with 128 + the signal (one line on stderr naming `what` at `address`) when
+// SIGTERM or SIGINT arrived: for waits before anything started that could be lost.
+void exit_if_signalled_while_connecting(const std::string& what, const std::string& address);
+
 }  // namespace loom::distributed

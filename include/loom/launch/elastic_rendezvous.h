@@ -23,6 +23,8 @@
 //               first tries each lower node's standby address, and hosts a new store at its own
 //               when none answers; the new host re-publishes the run id and opens the next round,
 //               which the survivors join. (torchrun's c10d backend ends the job instead.)
+//   secret      with LOOM_JOB_SECRET the store (and every standby) admits only agents that
+//               prove they hold it (secured_store.h).
 #pragma once
 
 #include <chrono>
@@ -35,6 +37,7 @@
 
 #include <c10/util/intrusive_ptr.h>
 
+#include "loom/distributed/job_secret.h"
 #include "loom/launch/launcher.h"
 
 namespace c10d {
@@ -42,6 +45,8 @@ class Store;
 }
 
 namespace loom::distributed {
+
+struct SecuredStoreOptions;
 
 struct ElasticOptions {
   int min_nodes = 1;
@@ -55,6 +60,9 @@ struct ElasticOptions {
   double last_call_timeout_s = 30;
   double keep_alive_interval_s = 5;
   int keep_alive_max_attempt = 3;
+  // LOOM_JOB_SECRET: the agents' store (and each standby) admits only agents that hold it
+  // (secured_store.h); empty: c10d's open store on the endpoint's interface.
+  JobSecret secret;
 };
 
 // Parses torchrun's --rdzv-conf "join_timeout=600,last_call_timeout=30,keep_alive_interval=5,
@@ -86,6 +94,8 @@ class ElasticRendezvous : public RendezvousHandler {
   // knows no successor (no round closed yet).
   bool fail_over();
   c10::intrusive_ptr<c10d::Store> current_store();
+  // The agents' store at host:port, with this job's secret.
+  SecuredStoreOptions secured_store_options(const std::string& host, int port) const;
 
   ElasticOptions options_;
   std::unique_ptr<Store> store_;
