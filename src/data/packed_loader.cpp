@@ -9,6 +9,7 @@
 
 #include "loom/core/check.h"
 #include "loom/core/logging.h"
+#include "loom/core/signals.h"
 #include "loom/data/assets.h"
 #include "loom/data/documents.h"
 #include "loom/data/shards.h"
@@ -76,6 +77,14 @@ Batch PackedLoader::next(int64_t batch_size, int64_t seq_len) {
               samples.slice(1, 1, seq_len + 1).contiguous()};
   if (options_.bos_id >= 0) mark_documents(batch, options_.bos_id);
   return batch;
+}
+
+int64_t skip_batches(BatchSource& source, int64_t count, int64_t batch_size, int64_t seq_len) {
+  for (int64_t i = 0; i < count; ++i) {
+    if (signals::shutdown_requested()) return i;
+    source.next(batch_size, seq_len);
+  }
+  return count;
 }
 
 void mark_documents(Batch& batch, int64_t bos) {
@@ -167,9 +176,8 @@ std::unique_ptr<PackedLoader> open_dataset(const std::string& name,
   std::vector<std::string> documents;
   int64_t skipped = 0;
   for (const auto& part : expand_dataset_path(file)) {
-    auto part_documents =
-        read_documents(part, options.text_field, options.skip_bad_records, &skipped,
-                       options.max_document_bytes);
+    auto part_documents = read_documents(part, options.text_field, options.skip_bad_records,
+                                         &skipped, options.max_document_bytes);
     documents.insert(documents.end(), std::make_move_iterator(part_documents.begin()),
                      std::make_move_iterator(part_documents.end()));
   }

@@ -233,12 +233,11 @@ int64_t Trainer::begin_step(int64_t committed, int64_t& tokens_seen) {
     skip -= std::min(skip, static_cast<int64_t>(retry_.size()));
     retry_.clear();
   }
-  for (int64_t i = 0; i < skip; ++i) {
-    LOOM_CHECK_AS(Error, !signals::shutdown_requested(), "stopped by signal ",
-                  signals::shutdown_signal(), " while the loader skipped to step ", now,
-                  " after healing (", i, " of ", skip, " batches)");
-    run.source->next(config_.training.local_batch_size, config_.training.seq_len);
-  }
+  const int64_t skipped = data::skip_batches(*run.source, skip, config_.training.local_batch_size,
+                                             config_.training.seq_len);
+  LOOM_CHECK_AS(Error, skipped == skip, "stopped by signal ", signals::shutdown_signal(),
+                " while the loader skipped to step ", now, " after healing (", skipped, " of ",
+                skip, " batches)");
   log::get("trainer")->info("healed from replica group {}: step {} -> {} ({} batches skipped)",
                             run.step_hook->healed_from().value_or(-1), committed, now, skip);
   return now;

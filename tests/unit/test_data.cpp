@@ -4,10 +4,15 @@
 #include <zlib.h>
 #include <nlohmann/json.hpp>
 
+#include <chrono>
+#include <csignal>
 #include <fstream>
 #include <set>
+#include <thread>
 
 #include "loom/core/check.h"
+#include "loom/core/signals.h"
+#include "loom/data/batch_source.h"
 #include "loom/data/bpe_trainer.h"
 #include "loom/data/documents.h"
 #include "loom/data/packed_loader.h"
@@ -306,4 +311,38 @@ TEST(Documents, DatasetPathsExpandDirectoriesAndGlobs) {
   ByteTokenizer tok;
   auto loader = loom::data::open_dataset("mine", dir, tok, {1, 0, false, 0, 1}, "training.dataset");
   EXPECT_EQ(loader->total_tokens(), 6);  // BOS a EOS BOS b EOS
+}
+
+// A healed replica group's loader skips to the quorum's step batch by batch; SIGTERM ends the
+// skipping within a batch however far that step is (a claimed step of 10^15 once kept a group
+// skipping for hours, deaf to SIGTERM).
+TEST(SkipBatches, AStopSignalEndsTheSkippingWithinABatch) {
+  using namespace std::chrono_literals;
+  struct SlowSource : loom::data::BatchSource {
+    int64_t reads = 0;
+    loom::data::Batch next(int64_t, int64_t) override {
+      ++reads;
+      std::this_thread::sleep_for(1ms);
+      return {};
+    }
+    nlohmann::json state() const override { return {}; }
+    void load_state(const nlohmann::json&) override {}
+  } source;
+  EXPECT_EQ(loom::data::skip_batches(source, 5, 1, 8), 5);
+  loom::signals::install_shutdown_handlers();
+  std::thread signaller([] {
+    std::this_thread::sleep_for(100ms);
+    std::raise(SIGTERM);
+  });
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t far = 20000;  // 20 s of reads when the signal is not heard
+  const int64_t skipped = loom::data::skip_batches(source, far, 1, 8);
+  const auto took = std::chrono::steady_clock::now() - start;
+  signaller.join();
+  const int signal = loom::signals::shutdown_signal();
+  loom::signals::clear_shutdown_request();
+  EXPECT_EQ(signal, SIGTERM);
+  EXPECT_LT(skipped, far);
+  EXPECT_EQ(source.reads, 5 + skipped);
+  EXPECT_LT(took, 5s);
 }

@@ -39,4 +39,9 @@ class BatchSource {
   virtual void load_state(const nlohmann::json& state) = 0;
 };
 
+// Reads `count` batches from `source` and drops them (a healed replica group's loader catching
+// up with the quorum's step). Interruptible: a stop signal (signals.h) ends it within a batch.
+// Returns the batches skipped: `count`, or fewer when a signal stopped it.
+int64_t skip_batches(BatchSource& source, int64_t count, int64_t batch_size, int64_t seq_len);
+
 }  // namespace loom::data
