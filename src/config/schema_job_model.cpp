@@ -159,6 +159,16 @@ void add_optimizer_sections(Schema& s) {
             "Muon: lr per matrix of m x n: original = lr sqrt(max(1, m/n)); match_rms_adamw = "
             "lr 0.2 sqrt(max(m, n)) (Moonlight: reuses AdamW's lr and weight decay).")
       .choices({"original", "match_rms_adamw"});
+  opt.field("qk_clip_threshold", &OptimizerSection::qk_clip_threshold,
+            "QK-clip (MuonClip; any optimizer): after each step, every attention head whose "
+            "largest logit of the step passed this has its query and key projections scaled so "
+            "it would be this (Kimi K2: 100); 0: off. The step's largest logit is logged as "
+            "max_attention_logit (docs/optimizers.md).")
+      .min(0);
+  opt.field("qk_clip_alpha", &OptimizerSection::qk_clip_alpha,
+            "QK-clip: the query's share of a head's scale gamma (queries x gamma^alpha, keys x "
+            "gamma^(1 - alpha); latent attention's rotary queries x gamma).")
+      .range(0, 1);
   opt.field("embedding_lr_factor", &OptimizerSection::embedding_lr_factor,
             "lr multiplier of the token embedding's group.")
       .min(0);

@@ -158,6 +158,28 @@ at::Tensor local_attention(const at::Tensor& q, const at::Tensor& k, const at::T
                           layer.sinks);
 }
 
+at::Tensor max_attention_logits(const at::Tensor& q, const at::Tensor& k, double scale,
+                                const TokenLayout& layout, const LayerAttention& layer,
+                                int64_t score_budget) {
+  at::NoGradGuard no_grad;
+  const int64_t b = q.size(0), h = q.size(1), s = q.size(2), t = k.size(2);
+  LOOM_CHECK(t == s && !layout.key_slots.defined(),
+             "max_attention_logits takes the local tokens' keys (no context parallelism)");
+  const at::Tensor keys = expand_heads(k, h).to(at::kFloat);
+  const at::Tensor slots =
+      layout.slots.defined() ? layout.slots : at::arange(s, q.options().dtype(at::kLong));
+  const MaskDescription where{slots, slots, layout.documents, layout.documents, layer.window};
+  const int64_t block = std::max<int64_t>(1, score_budget / std::max<int64_t>(1, b * h * t));
+  at::Tensor best = at::full({h}, kMinusInfinity, q.options().dtype(at::kFloat));
+  for (int64_t q0 = 0; q0 < s; q0 += block) {
+    const int64_t q1 = std::min(s, q0 + block);
+    const at::Tensor scores = masked_scores(q.slice(2, q0, q1).to(at::kFloat), keys, scale,
+                                            where.tile(q0, q1, 0, t).build(q.device()));
+    best = at::maximum(best, scores.amax({0, 2, 3}));
+  }
+  return best;
+}
+
 at::Tensor masked_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             double scale, const MaskDescription& where, const at::Tensor& sinks) {
   LOOM_CHECK(!sinks.defined() || sinks.numel() == q.size(1), "attention sinks: ", sinks.numel(),

@@ -164,10 +164,9 @@ LOOM_TEST(Training, MetricsJsonlHasEveryContractKeyAndValidationLines) {
       continue;
     }
     ++steps;
-    for (const char* key :
-         {"step", "loss", "grad_norm", "lr", "tps", "tflops", "mfu_pct", "mem_peak_gib",
-          "step_time_s", "data_time_pct", "comm_wait_pct", "tokens_seen", "elapsed_s",
-          "wall_time"}) {
+    for (const char* key : {"step", "loss", "grad_norm", "lr", "tps", "tflops", "mfu_pct",
+                            "mem_peak_gib", "step_time_s", "data_time_pct", "comm_wait_pct",
+                            "tokens_seen", "elapsed_s", "wall_time"}) {
       EXPECT_TRUE(line.contains(key)) << key << " missing in " << line.dump();
     }
     EXPECT_GT(line["tps"].get<double>(), 0);
@@ -177,6 +176,39 @@ LOOM_TEST(Training, MetricsJsonlHasEveryContractKeyAndValidationLines) {
   EXPECT_EQ(steps, 3);  // steps 1, 5, 10
   EXPECT_EQ(validations, 2);
   EXPECT_EQ(starts, 1);
+}
+
+// QK-clip (optimizer.qk_clip_threshold): with a threshold at a quarter of the first step's largest
+// attention logit, every later step starts from projections scaled so that the heads past it would
+// have been at it; the logged max_attention_logit then stays within a small factor of it (heads
+// under it one step may pass it on the next batch: the clip reacts, it does not forbid), while a
+// run with a threshold no logit reaches (the switched-off reference, the same first step) keeps
+// its logits.
+LOOM_TEST(Training, QkClipHoldsTheLargestAttentionLogitNearItsThreshold) {
+  auto logits_of = [](const std::string& name, double tau) {
+    JobConfig config = loom::testing::small_job(loom::testing::fresh_temp_dir("qk_clip_" + name),
+                                                {4, 32, 6, 2, 1, 11});
+    config.optimizer.qk_clip_threshold = tau;
+    config.optimizer.lr = 1e-4;  // small updates: the logits move by the clip, not the steps
+    Trainer(config).train();
+    std::vector<double> logits;
+    for (const auto& row : read_jsonl(config.job.dump_folder + "/metrics.jsonl")) {
+      if (row.contains("max_attention_logit")) logits.push_back(row["max_attention_logit"]);
+    }
+    return logits;
+  };
+  const auto free = logits_of("free", 1e6);
+  ASSERT_EQ(free.size(), 6u);
+  const double tau = free[0] / 4;
+  const auto clipped = logits_of("clipped", tau);
+  ASSERT_EQ(clipped.size(), 6u);
+  EXPECT_EQ(clipped[0], free[0]);  // step 1's logits come before any clip
+  for (size_t i = 1; i < free.size(); ++i) {
+    std::printf("step %zu: max_attention_logit %.4f clipped to %.4f, %.4f free\n", i + 1, tau,
+                clipped[i], free[i]);
+    EXPECT_LT(clipped[i], 2.5 * tau) << "step " << i + 1;
+    EXPECT_LT(clipped[i], 0.6 * free[i]) << "step " << i + 1;
+  }
 }
 
 LOOM_TEST(Training, SigtermFinishesTheStepAndStops) {
@@ -392,7 +424,8 @@ LOOM_TEST(BlockCausalTraining, DocumentMasksChangeTheLosses) {
     const char* words[] = {"a", "quiet", "river", "ran", "past", "the", "old", "mill"};
     for (int doc = 0; doc < 200; ++doc) {
       std::string text;
-      for (int w = 0; w < 4 + doc % 9; ++w) text += std::string(w ? " " : "") + words[(doc + w) % 8];
+      for (int w = 0; w < 4 + doc % 9; ++w)
+        text += std::string(w ? " " : "") + words[(doc + w) % 8];
       out << "{\"text\": \"" << text << ".\"}\n";
     }
   }

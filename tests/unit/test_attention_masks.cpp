@@ -307,6 +307,37 @@ TEST(AttentionMasks, DecoderLayersTakeTheirWindowAndSinks) {
   EXPECT_TRUE(blocks[0]->attention->sinks().grad().defined());
 }
 
+// QK-clip's statistic: per query head, the largest scaled q.k the mask allows, over the batch,
+// queries and keys; grouped-query heads read their kv head; blocks of queries (a small budget
+// forces several) give the dense maximum.
+TEST(AttentionMasks, MaxLogitsPerHeadEqualTheDenseMaximum) {
+  for (const Case& c : {Case{37, 0, 0}, Case{37, 5, 0}, Case{37, 0, 9}, Case{90, 7, 20}}) {
+    SCOPED_TRACE(c.name());
+    const at::Tensor q = random({kBatch, kHeads, c.s, kDim}, 11);
+    const at::Tensor k = random({kBatch, 1, c.s, kDim}, 12);  // one kv head for three queries
+    models::TokenLayout layout;
+    layout.documents = documents_of(c);
+    const at::Tensor i = at::arange(c.s, at::kLong).view({-1, 1});
+    const at::Tensor j = at::arange(c.s, at::kLong).view({1, -1});
+    at::Tensor allowed = (j <= i).view({1, 1, c.s, c.s});
+    if (c.window > 0) allowed = allowed & ((i - j) < c.window).view({1, 1, c.s, c.s});
+    if (c.doc_every > 0) {
+      const at::Tensor docs = documents_of(c);
+      allowed = allowed & (docs.view({kBatch, 1, -1, 1}) == docs.view({kBatch, 1, 1, -1}));
+    }
+    const at::Tensor want =
+        (at::matmul(q.to(at::kDouble), k.to(at::kDouble).transpose(-2, -1)) * kScale)
+            .masked_fill(allowed.logical_not(), -std::numeric_limits<double>::infinity())
+            .amax({0, 2, 3});
+    for (int64_t budget : {int64_t{1} << 24, int64_t{kBatch * kHeads * c.s * 4}}) {
+      const at::Tensor got = models::max_attention_logits(
+          q, k, kScale, layout, models::LayerAttention{c.window, {}}, budget);
+      ASSERT_EQ(got.sizes(), at::IntArrayRef({kHeads}));
+      EXPECT_LE(max_diff(got.to(at::kDouble), want), 1e-5) << "budget " << budget;
+    }
+  }
+}
+
 // One layer with a window of 3: token 0 reaches positions 1 and 2, never 3 and on.
 TEST(AttentionMasks, SlidingWindowBoundsWhatATokenSees) {
   models::DecoderArgs args = testing::tiny_llama_args();

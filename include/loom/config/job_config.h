@@ -78,6 +78,10 @@ struct OptimizerSection {
   std::string muon_ns_dtype = "bfloat16";
   double muon_eps = 1e-7;
   std::string muon_adjust_lr_fn = "original";
+  // QK-clip (MuonClip, models/common/qk_clip.h), with any optimizer: 0 off; > 0 the largest
+  // attention logit a head keeps after the step (tau); alpha: the query's share of the scale.
+  double qk_clip_threshold = 0.0;
+  double qk_clip_alpha = 0.5;
   // Per-role factors of lr and weight_decay (optim/registry.h), every optimizer.
   double embedding_lr_factor = 1.0;
   double head_lr_factor = 1.0;

@@ -47,9 +47,9 @@ struct LayerAttention {
 // `scale`; `layout` describes the s query tokens, `layer` this layer's window and sinks.
 // Grouped-query attention: hk divides h and q head j reads k/v head j / (h / hk); backends
 // expand the heads after any communication, so context parallelism moves hk heads, not h.
-using AttentionBackend = std::function<at::Tensor(
-    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
-    const TokenLayout& layout, const LayerAttention& layer)>;
+using AttentionBackend =
+    std::function<at::Tensor(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             double scale, const TokenLayout& layout, const LayerAttention& layer)>;
 
 // What every attention layer of one forward shares: the RoPE table, each token's rotation when
 // the layout gives positions, the layout and the backend.
@@ -76,6 +76,16 @@ at::Tensor fold_heads(const at::Tensor& grad, int64_t kv_heads);
 at::Tensor local_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            double scale, const TokenLayout& layout,
                            const LayerAttention& layer = {});
+
+// The largest attention logit (scale * q.k over the pairs the mask lets attend) of each query
+// head, over the batch, queries and keys: [h] float, -inf for a head that saw no key. No
+// autograd; q [b, h, s, d], k [b, hk, s, d] of the local tokens (not under context parallelism),
+// the mask as local_attention's. Scores are formed a block of queries at a time (at most
+// `score_budget` floats, one block row at least), never as one [s, s] matrix: QK-clip's statistic
+// (MuonClip).
+at::Tensor max_attention_logits(const at::Tensor& q, const at::Tensor& k, double scale,
+                                const TokenLayout& layout, const LayerAttention& layer = {},
+                                int64_t score_budget = int64_t{1} << 24);
 
 // Who may attend to whom, bool [b or 1, 1, s, t]: key slot <= query slot, the same document
 // when documents are given (query_documents [b, s] and key_documents [b, t], or undefined), and

@@ -66,9 +66,10 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const AttentionInputs& in
              n_heads, " heads on this rank: tensor parallelism does not shard sinks yet");
   // The backend takes [bs, heads, seq, head_dim], k and v with their own (grouped) heads; on
   // CUDA SDPA picks flash / memory-efficient.
-  at::Tensor out = in.attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                             1.0 / std::sqrt(static_cast<double>(head_dim)),
-                             LayerAttention{window, sinks()});
+  const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
+  const LayerAttention layer{window, sinks()};
+  max_logits.observe(is_training(), q.transpose(1, 2), k.transpose(1, 2), scale, in, layer);
+  at::Tensor out = in.attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale, layer);
   return wo->forward(out.transpose(1, 2).contiguous().view({bs, seq, local_heads * head_dim}));
 }
 
@@ -96,6 +97,13 @@ at::Tensor AttentionImpl::forward_cached(const at::Tensor& x, const at::Tensor& 
       q.transpose(1, 2), expand_heads(keys), expand_heads(values),
       mask.defined() ? std::optional<at::Tensor>(mask) : std::nullopt, 0.0, causal);
   return wo->forward(out.transpose(1, 2).contiguous().view({bs, seq, n_heads * head_dim}));
+}
+
+void MaxLogits::observe(bool training, const at::Tensor& q, const at::Tensor& k, double scale,
+                        const AttentionInputs& in, const LayerAttention& layer) {
+  if (!enabled || !training || !at::GradMode::is_enabled()) return;
+  const at::Tensor step = max_attention_logits(q, k, scale, in.layout, layer);
+  per_head = per_head.defined() ? at::maximum(per_head, step) : step;
 }
 
 }  // namespace loom::models

@@ -10,6 +10,7 @@
 #include "loom/models/common/decoder_model.h"
 #include "loom/models/common/layers.h"
 #include "loom/models/common/moe_parallelize.h"
+#include "loom/models/common/qk_clip.h"
 #include "loom/models/loss.h"
 #include "loom/parallel/context_parallel.h"
 #include "loom/parallel/data_parallel.h"
@@ -253,6 +254,23 @@ void check_decoder_parallelism(const DecoderArgs& args, const config::JobConfig&
                 config.model.flavor,
                 "' has attention sinks, which tensor parallelism does not shard yet; set it to 1");
   const int64_t cp = config.parallelism.context_parallel_degree;
+  if (config.optimizer.qk_clip_threshold > 0) {
+    LOOM_CHECK_AS(InputError, !args.qk_norm,
+                  "optimizer.qk_clip_threshold = ", config.optimizer.qk_clip_threshold, ": ",
+                  config.model.name, " flavor '", config.model.flavor,
+                  "' normalizes q and k per head (qk_norm), which undoes any scale of their "
+                  "projections: QK-clip cannot act there; set it to 0");
+    LOOM_CHECK_AS(InputError, cp <= 1,
+                  "optimizer.qk_clip_threshold with "
+                  "parallelism.context_parallel_degree = ",
+                  cp,
+                  ": the largest logit over the other ranks' keys is not measured yet; set one of "
+                  "them to 0 / 1");
+    LOOM_CHECK_AS(InputError, !config.fault_tolerance.enable,
+                  "optimizer.qk_clip_threshold with fault_tolerance.enable: replica groups would "
+                  "clip by their own logits and drift apart (not reduced across groups yet); set "
+                  "it to 0");
+  }
   if (cp > 1) {
     const bool head_tail =
         config.parallelism.context_parallel_load_balancer.value_or("none") == "headtail";
@@ -385,6 +403,22 @@ std::shared_ptr<parallel::ContextParallel> make_context_parallel(
                                                      p.context_parallel_rotate_method);
 }
 
+// Chains QK-clip (qk_clip.h) after whatever the model already does after a step.
+void add_qk_clip(ParallelModel& out, const std::vector<std::unique_ptr<CausalLM>>& parts,
+                 const parallel::ParallelContext& context) {
+  const QkClipOptions options{context.config.optimizer.qk_clip_threshold,
+                              context.config.optimizer.qk_clip_alpha};
+  auto clip =
+      make_qk_clip(parts, out.parameters, options, context.runtime.group_ptr(MeshGroup::loss),
+                   context.runtime.world_group_ptr());
+  auto before = std::move(out.after_optimizer_step);
+  out.after_optimizer_step = [before, clip](bool log_step) {
+    parallel::ModelMetrics metrics = before ? before(log_step) : parallel::ModelMetrics{};
+    for (auto& entry : clip(log_step)) metrics.push_back(std::move(entry));
+    return metrics;
+  };
+}
+
 }  // namespace
 
 parallel::ParallelModel parallelize_decoder(std::vector<std::unique_ptr<CausalLM>> parts,
@@ -431,8 +465,10 @@ parallel::ParallelModel parallelize_decoder(std::vector<std::unique_ptr<CausalLM
   const int64_t dim = decoder_args(*parts.front()).dim;
   // 5. Mixture-of-experts layers: token dispatch over ep, balancing state and its update.
   parallelize_moe_layers(out, parts, context);
+  // 6. QK-clip after each optimizer step, after the experts' bias update.
+  if (context.config.optimizer.qk_clip_threshold > 0) add_qk_clip(out, parts, context);
   for (auto& part : parts) out.parts.push_back(std::move(part));
-  // 6. A tied table's two pipeline copies, once each copy's gradient is complete.
+  // 7. A tied table's two pipeline copies, once each copy's gradient is complete.
   tie_pipeline_copies(out, context);
   auto chain = std::make_unique<parallel::GradientSyncChain>();
   for (const auto& wrapper : out.wrappers) chain->add(wrapper.get());

@@ -58,6 +58,7 @@ at::Tensor LatentAttentionImpl::forward(const at::Tensor& x, const AttentionInpu
   const at::Tensor key =
       at::cat({expanded.narrow(-1, 0, nope), k_rot.expand({bs, seq, heads, rope})}, -1);
   const at::Tensor value = expanded.narrow(-1, nope, v_dim);
+  max_logits.observe(is_training(), query.transpose(1, 2), key.transpose(1, 2), softmax_scale, in);
   at::Tensor out =
       in.attend(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), softmax_scale);
   return wo->forward(out.transpose(1, 2).reshape({bs, seq, heads * v_dim}));

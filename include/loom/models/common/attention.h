@@ -3,9 +3,10 @@
 // (DecoderArgs::layer_windows and attention_sinks, handed to the backend as LayerAttention).
 #pragma once
 
-#include "loom/protocols/attention_backend.h"
 #include "loom/models/common/decoder_args.h"
 #include "loom/models/common/layers.h"
+#include "loom/models/common/max_logits.h"
+#include "loom/protocols/attention_backend.h"
 
 namespace loom::models {
 
@@ -31,12 +32,13 @@ class AttentionImpl : public ParameterTableModule {
 
   Linear wq{nullptr}, wk{nullptr}, wv{nullptr}, wo{nullptr};
   RMSNorm q_norm{nullptr}, k_norm{nullptr};  // null without qk_norm
-  int64_t window = 0;                         // this layer's sliding window (0: full)
-  bool has_sinks = false;                     // DecoderArgs::attention_sinks
+  int64_t window = 0;                        // this layer's sliding window (0: full)
+  bool has_sinks = false;                    // DecoderArgs::attention_sinks
   // The parameter "sinks" [n_heads]; undefined without attention_sinks.
   at::Tensor sinks() const { return has_sinks ? param("sinks") : at::Tensor(); }
   int64_t n_heads;  // of the whole model (forward() reads this rank's from wq's shape)
   int64_t n_kv_heads;
+  MaxLogits max_logits;  // QK-clip's statistic (qk_clip.h)
   int64_t head_dim;
   RopeLayout rope_layout;
 

@@ -9,9 +9,10 @@
 // value half applied after the attention, so the cache never holds per-head keys or values.
 #pragma once
 
-#include "loom/protocols/attention_backend.h"
 #include "loom/models/common/decoder_args.h"
 #include "loom/models/common/layers.h"
+#include "loom/models/common/max_logits.h"
+#include "loom/protocols/attention_backend.h"
 
 namespace loom::models {
 
@@ -37,6 +38,7 @@ class LatentAttentionImpl : public torch::nn::Module {
   MLAArgs mla;
   int64_t n_heads;  // of the whole model (forward() reads this rank's from the shapes)
   double softmax_scale;
+  MaxLogits max_logits;  // QK-clip's statistic (qk_clip.h)
   RopeLayout rope_layout;
 
  private:
