@@ -3,8 +3,9 @@
 // bias) trains like one rank with the same global batch for 20 steps under FSDP, tensor (latent
 // attention split by heads, its latent projections whole), expert and pipeline parallelism (the
 // dense layer and the mixtures in different stages) and expert x FSDP, through `loom launch`;
-// checkpoints reshard between ep 2 and one rank both ways. The default suite runs ep 2; the
-// other layouts and the reshards are in the slow label.
+// checkpoints reshard between ep 2 and one rank both ways; MuonClip (Muon + QK-clip) trains
+// like one rank under each of them too. The default suite runs ep 2; the other layouts, the
+// reshards and MuonClip's layouts are in the slow label.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -38,6 +39,26 @@ std::string layout(int ep, int dp_shard, int local_batch) {
 
 LayoutRuns& runs() {
   static LayoutRuns instance("deepseek_v3", job);
+  return instance;
+}
+
+// Kimi K2's recipe, MuonClip: Muon (Moonlight's lr rule; Newton-Schulz in float32, so that
+// sharded and whole gradients' last bits are not rounded to bfloat16) with QK-clip at a threshold
+// under the debug model's logits, so that every step clips.
+constexpr const char* kMuon =
+    "--optimizer.name Muon --optimizer.muon_adjust_lr_fn match_rms_adamw "
+    "--optimizer.muon_ns_dtype float32 ";
+
+LayoutRuns& muon_runs() {
+  static LayoutRuns instance("deepseek_v3_muon",
+                             [](const std::string& extra) { return job(kMuon + extra); });
+  return instance;
+}
+
+LayoutRuns& clipped_runs() {
+  static LayoutRuns instance("deepseek_v3_muon_clip", [](const std::string& extra) {
+    return job(std::string(kMuon) + "--optimizer.qk_clip_threshold 0.05 " + extra);
+  });
   return instance;
 }
 
@@ -90,6 +111,38 @@ LOOM_SLOW_TEST(DeepseekV3Training, EveryLayoutTrainsLikeOneRank) {
                         layout(1, 1, 4) + " --parallelism.context_parallel_degree 2"
                                           " --parallelism.context_parallel_rotate_method alltoall"),
       "deepseek_v3 cp 2, ring");
+}
+
+// MuonClip on latent attention: Muon gathers each hidden matrix whole (FSDP's rows, TP's heads),
+// each pipeline stage and each expert-parallel rank (whole experts) steps its own; QK-clip's
+// rows are scaled on every rank's own box after the max over the ranks holding the same heads.
+// Every layout trains like one rank; the clip changes the run (not Muon's losses without it) and
+// logs the step's largest logit.
+LOOM_SLOW_TEST(DeepseekV3Training, MuonClipTrainsLikeOneRankUnderEveryLayout) {
+  const std::string one = clipped_runs().one_rank();
+  EXPECT_NE(loom::testing::logged_losses(one),
+            loom::testing::logged_losses(muon_runs().one_rank()));
+  int logged = 0;
+  for (const auto& row : loom::testing::logged_rows(one)) {
+    if (!row.contains("loss")) continue;
+    ASSERT_TRUE(row.contains("max_attention_logit")) << row.dump();
+    EXPECT_GT(row["max_attention_logit"].get<double>(), 0.05) << row.dump();
+    ++logged;
+  }
+  EXPECT_EQ(logged, 20);
+  clipped_runs().expect_matches_one_rank(clipped_runs().layout_run("fsdp2", 2, layout(1, 2, 2)),
+                                         "deepseek_v3 MuonClip FSDP 2");
+  clipped_runs().expect_matches_one_rank(
+      clipped_runs().layout_run("tp2", 2,
+                                layout(1, 1, 4) + " --parallelism.tensor_parallel_degree 2"),
+      "deepseek_v3 MuonClip TP 2");
+  clipped_runs().expect_matches_one_rank(
+      clipped_runs().layout_run("pp2", 2,
+                                layout(1, 1, 4) + " --parallelism.pipeline_parallel_degree 2"
+                                                  " --parallelism.pipeline_parallel_schedule 1F1B"),
+      "deepseek_v3 MuonClip pp 2");
+  clipped_runs().expect_matches_one_rank(clipped_runs().layout_run("ep2", 2, layout(2, 2, 2)),
+                                         "deepseek_v3 MuonClip ep 2");
 }
 
 LOOM_SLOW_TEST(DeepseekV3Training, CheckpointsReshardBetweenExpertParallelAndOneRank) {

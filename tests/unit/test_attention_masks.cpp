@@ -62,8 +62,9 @@ MaskDescription description_of(const Case& c) {
 // The reference, in double, from the definitions alone: key j is allowed for query i when
 // j <= i, i - j < window (window > 0) and both are in one document; the sinks are one more
 // column of each row's softmax whose probability multiplies no value.
-at::Tensor dense_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                           const at::Tensor& sinks, const Case& c) {
+// Scores in double under the case's mask, from the definitions: key j is allowed for query i
+// when j <= i, i - j < window (window > 0) and both are in one document.
+at::Tensor reference_scores(const at::Tensor& q, const at::Tensor& k, const Case& c) {
   const at::Tensor i = at::arange(c.s, at::kLong).view({-1, 1});
   const at::Tensor j = at::arange(c.s, at::kLong).view({1, -1});
   at::Tensor allowed = (j <= i).view({1, 1, c.s, c.s});
@@ -72,8 +73,14 @@ at::Tensor dense_reference(const at::Tensor& q, const at::Tensor& k, const at::T
     const at::Tensor docs = documents_of(c);
     allowed = allowed & (docs.view({kBatch, 1, -1, 1}) == docs.view({kBatch, 1, 1, -1}));
   }
-  at::Tensor scores = at::matmul(q.to(at::kDouble), k.to(at::kDouble).transpose(-2, -1)) * kScale;
-  scores = scores.masked_fill(allowed.logical_not(), -std::numeric_limits<double>::infinity());
+  const at::Tensor scores =
+      at::matmul(q.to(at::kDouble), k.to(at::kDouble).transpose(-2, -1)) * kScale;
+  return scores.masked_fill(allowed.logical_not(), -std::numeric_limits<double>::infinity());
+}
+
+at::Tensor dense_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const at::Tensor& sinks, const Case& c) {
+  at::Tensor scores = reference_scores(q, k, c);
   if (sinks.defined()) {
     const at::Tensor column =
         sinks.to(at::kDouble).view({1, -1, 1, 1}).expand({kBatch, -1, c.s, 1});
@@ -317,18 +324,8 @@ TEST(AttentionMasks, MaxLogitsPerHeadEqualTheDenseMaximum) {
     const at::Tensor k = random({kBatch, 1, c.s, kDim}, 12);  // one kv head for three queries
     models::TokenLayout layout;
     layout.documents = documents_of(c);
-    const at::Tensor i = at::arange(c.s, at::kLong).view({-1, 1});
-    const at::Tensor j = at::arange(c.s, at::kLong).view({1, -1});
-    at::Tensor allowed = (j <= i).view({1, 1, c.s, c.s});
-    if (c.window > 0) allowed = allowed & ((i - j) < c.window).view({1, 1, c.s, c.s});
-    if (c.doc_every > 0) {
-      const at::Tensor docs = documents_of(c);
-      allowed = allowed & (docs.view({kBatch, 1, -1, 1}) == docs.view({kBatch, 1, 1, -1}));
-    }
-    const at::Tensor want =
-        (at::matmul(q.to(at::kDouble), k.to(at::kDouble).transpose(-2, -1)) * kScale)
-            .masked_fill(allowed.logical_not(), -std::numeric_limits<double>::infinity())
-            .amax({0, 2, 3});
+    // The reference reads k as one kv head against each query head by broadcasting.
+    const at::Tensor want = reference_scores(q, k, c).amax({0, 2, 3});
     for (int64_t budget : {int64_t{1} << 24, int64_t{kBatch * kHeads * c.s * 4}}) {
       const at::Tensor got = models::max_attention_logits(
           q, k, kScale, layout, models::LayerAttention{c.window, {}}, budget);

@@ -73,6 +73,17 @@ int dial(int port) {
   return fd;
 }
 
+// What a plain c10d client (no handshake) reads of `key` at 127.0.0.1:port; throws when it
+// cannot reach a store there.
+std::vector<uint8_t> plain_client_get(int port, const std::string& key) {
+  c10d::TCPStoreOptions plain;
+  plain.port = static_cast<uint16_t>(port);
+  plain.isServer = false;
+  plain.waitWorkers = false;
+  plain.timeout = milliseconds(1000);
+  return connect_store("127.0.0.1", plain, "store")->get(key);
+}
+
 std::string read_some(int fd, size_t n) {
   std::string out(n, '\0');
   size_t got = 0;
@@ -109,15 +120,7 @@ LOOM_TEST(LighthouseSecurity, StrangersWithoutTheSecretCannotReadJoinOrReceiveSt
   const LighthouseOptions options = secured();
   Lighthouse lighthouse(options);
   // A plain c10d client straight at the port: it never gets a store to read.
-  c10d::TCPStoreOptions plain;
-  plain.port = static_cast<uint16_t>(lighthouse.port());
-  plain.isServer = false;
-  plain.waitWorkers = false;
-  plain.timeout = milliseconds(1000);
-  EXPECT_ANY_THROW({
-    auto store = connect_store("127.0.0.1", plain, "lighthouse");
-    store->get("ft/status");
-  });
+  EXPECT_ANY_THROW(plain_client_get(lighthouse.port(), "ft/status"));
   // The handshake by hand with a made-up proof: refused, then closed.
   const int fd = dial(lighthouse.port());
   const std::string hello = read_some(fd, 42);
@@ -208,15 +211,7 @@ LOOM_TEST(LighthouseSecurity, AGroupsRendezvousStoreAdmitsOnlyHoldersOfTheSecret
   options.names.server = "rendezvous store";
   options.names.secret_hint = "give every rank the launcher's LOOM_JOB_SECRET";
   // A plain c10d client: no key, not even the run id.
-  c10d::TCPStoreOptions plain;
-  plain.port = static_cast<uint16_t>(port);
-  plain.isServer = false;
-  plain.waitWorkers = false;
-  plain.timeout = milliseconds(1000);
-  EXPECT_ANY_THROW({
-    auto store = connect_store("127.0.0.1", plain, "rendezvous store");
-    store->get("loom/job/run_id");
-  });
+  EXPECT_ANY_THROW(plain_client_get(port, "loom/job/run_id"));
   const int fd = dial(port);
   EXPECT_EQ(read_some(fd, 10), "LOOMGATE1S");
   ::close(fd);
