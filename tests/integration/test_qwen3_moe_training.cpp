@@ -3,7 +3,8 @@
 // 20 steps under expert parallelism, alone and composed with FSDP, HSDP, tensor and pipeline
 // parallelism, through `loom launch` (real processes over Gloo); checkpoints (the balancing bias
 // included) reshard between ep 2 and one rank. The default suite runs ep 2 and its reshard into
-// one rank; the other layouts are in the slow label.
+// one rank; the other layouts, and Muon under ep, FSDP 4, HSDP 2 x 2 and ep x pp, are in the slow
+// label.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -46,10 +47,39 @@ LayoutRuns& runs() {
   return instance;
 }
 
+// Muon (Moonlight's lr rule; Newton-Schulz in float32, so that sharded and whole gradients'
+// last bits are not rounded to bfloat16): hidden matrices gathered whole over FSDP's rows, whole
+// experts local under ep, each pipeline stage its own.
+LayoutRuns& muon_runs() {
+  static LayoutRuns instance("qwen3_moe_muon", [](const std::string& extra) {
+    return job(
+        "--optimizer.name Muon --optimizer.muon_adjust_lr_fn match_rms_adamw "
+        "--optimizer.muon_ns_dtype float32 " +
+        extra);
+  });
+  return instance;
+}
+
 LOOM_TEST(Qwen3MoeTraining, ExpertParallelTrainsLikeOneRankAndReshards) {
   const std::string ep2 = runs().layout_run("ep2", 2, experts(2, 2, 2));
   runs().expect_matches_one_rank(ep2, "qwen3_moe ep 2");
   runs().expect_resumes_like_one_rank(ep2, 1, "", "ep2_to_one", "qwen3_moe ep 2 -> 1 rank");
+}
+
+LOOM_SLOW_TEST(Qwen3MoeTraining, MuonTrainsLikeOneRankUnderExpertFsdpHsdpAndPipeline) {
+  muon_runs().expect_matches_one_rank(muon_runs().layout_run("ep2", 2, experts(2, 2, 2)),
+                                      "qwen3_moe Muon ep 2");
+  muon_runs().expect_matches_one_rank(muon_runs().layout_run("fsdp4", 4, experts(1, 4, 1)),
+                                      "qwen3_moe Muon FSDP 4");
+  muon_runs().expect_matches_one_rank(
+      muon_runs().layout_run("hsdp", 4,
+                             experts(1, 2, 1) + " --parallelism.data_parallel_replicate_degree 2"),
+      "qwen3_moe Muon HSDP 2 x 2");
+  muon_runs().expect_matches_one_rank(
+      muon_runs().layout_run("ep2_pp2", 4,
+                             experts(2, 2, 2) + " --parallelism.pipeline_parallel_degree 2"
+                                                " --parallelism.pipeline_parallel_schedule 1F1B"),
+      "qwen3_moe Muon ep 2 x pp 2");
 }
 
 LOOM_SLOW_TEST(Qwen3MoeTraining, EveryExpertLayoutTrainsLikeOneRank) {
