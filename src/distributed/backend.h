@@ -13,16 +13,9 @@
 #include <string>
 
 #include "loom/distributed/comm.h"
+#include "loom/distributed/store_text.h"
 
 namespace loom::distributed {
-
-// c10d stores hold bytes; loom's keys hold text.
-inline std::vector<uint8_t> store_bytes(const std::string& text) {
-  return std::vector<uint8_t>(text.begin(), text.end());
-}
-inline std::string store_text(const std::vector<uint8_t>& value) {
-  return std::string(value.begin(), value.end());
-}
 
 // An exception's message without c10's C++ backtrace ("Exception raised from ...", one line per
 // frame), which would bury the one line a user needs.

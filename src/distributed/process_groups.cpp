@@ -187,7 +187,7 @@ void ProcessGroups::start_flight_recorder() {
       request.count = static_cast<uint64_t>(store->add(kDumpRequests, 0));
       if (request.count > 0) {
         const auto reason = store->get(kDumpReason);
-        request.reason = "requested by another rank: " + std::string(reason.begin(), reason.end());
+        request.reason = "requested by another rank: " + store_text(reason);
       }
       return request;
     } catch (const std::exception&) {

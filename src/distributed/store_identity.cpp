@@ -4,9 +4,9 @@
 
 #include <thread>
 
-#include "backend.h"  // distributed/'s private c10d helpers
 #include "loom/core/check.h"
 #include "loom/distributed/comm.h"
+#include "loom/distributed/store_text.h"
 
 namespace loom::distributed {
 namespace {
