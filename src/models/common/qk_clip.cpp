@@ -140,17 +140,23 @@ std::function<parallel::ModelMetrics(bool)> make_qk_clip(
   return [layers, by_name = std::move(by_name), options, same_heads,
           all_ranks](bool log_step) -> parallel::ModelMetrics {
     at::NoGradGuard no_grad;
-    // Every layer's S in one vector, reduced in one collective.
+    // Every layer's S in one vector, brought to the host once (one device sync per step) and
+    // reduced in one collective.
+    at::Device device = at::kCPU;
+    for (const auto& layer : *layers) {
+      if (layer.statistic->per_head.defined()) device = layer.statistic->per_head.device();
+    }
     std::vector<at::Tensor> statistics;
     for (auto& layer : *layers) {
       const at::Tensor& s = layer.statistic->per_head;
-      statistics.push_back(
-          s.defined() ? s.to(at::kCPU, at::kFloat)
-                      : at::full({layer.local_heads}, -std::numeric_limits<float>::infinity()));
+      statistics.push_back(s.defined() ? s.to(device, at::kFloat)
+                                       : at::full({layer.local_heads},
+                                                  -std::numeric_limits<float>::infinity(),
+                                                  at::TensorOptions(device).dtype(at::kFloat)));
       layer.statistic->per_head = at::Tensor();
     }
     if (statistics.empty()) return {};
-    at::Tensor all = at::cat(statistics);
+    at::Tensor all = at::cat(statistics).to(at::kCPU);
     if (same_heads && same_heads->size() > 1) {
       same_heads->all_reduce(all, distributed::ReduceOp::kMax);
     }
