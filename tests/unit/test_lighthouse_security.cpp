@@ -15,6 +15,7 @@
 #include <csignal>
 #include <fstream>
 #include <future>
+#include <optional>
 #include <thread>
 
 #include "loom/core/check.h"
@@ -204,6 +205,18 @@ LOOM_TEST(LighthouseSecurity, AGroupsRendezvousStoreAdmitsOnlyHoldersOfTheSecret
     });
   }
   rank0_joined.get_future().wait();
+  // However the probes end (a failed assertion throws out of this scope), the ranks are let go
+  // and joined: a failure is reported, not a std::terminate of the whole binary.
+  struct Release {
+    Release(std::promise<void>& p, std::vector<std::thread>& r) : probed(p), ranks(r) {}
+    std::promise<void>& probed;
+    std::vector<std::thread>& ranks;
+    ~Release() {
+      probed.set_value();
+      for (auto& r : ranks) r.join();
+    }
+  };
+  std::optional<Release> release(std::in_place, probed, ranks);
   SecuredStoreOptions options;
   options.host = "127.0.0.1";
   options.port = port;
@@ -226,8 +239,7 @@ LOOM_TEST(LighthouseSecurity, AGroupsRendezvousStoreAdmitsOnlyHoldersOfTheSecret
   options.secret = secret;
   auto member = SecuredStore::connect(options);
   EXPECT_EQ(member->store()->get("loom/job/world_size"), bytes("2"));
-  probed.set_value();
-  for (auto& r : ranks) r.join();
+  release.reset();
   EXPECT_EQ(errors, std::vector<std::string>(2));
   EXPECT_EQ(sums, std::vector<float>(2, 3.0f));
 }
