@@ -284,8 +284,10 @@ LOOM_TEST(LighthouseSecurity, MalformedEntriesAreDroppedAndQuorumsKeepForming) {
   EXPECT_EQ(next.participants(), "0,1");
   EXPECT_EQ(next.max_step, 1);
   EXPECT_EQ(second.get().max_step, 1);
-  // not-a-number, the deep request, the mismatched one, two heartbeats, the step claim.
-  EXPECT_GE(lighthouse.entries_dropped(), 6);
+  // not-a-number, the deep request, the mismatched one, group 8's heartbeat, the step claim; and
+  // group 0's overwritten heartbeat when the lighthouse read it before group 0's next beat (every
+  // 20 ms) replaced it: on a loaded machine it may not have (5 counted, seen twice in suites).
+  EXPECT_GE(lighthouse.entries_dropped(), 5);
 }
 
 // Two groups started with one replica id both keep beating: the younger is refused by name, the
