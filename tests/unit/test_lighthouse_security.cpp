@@ -118,7 +118,7 @@ struct Insider {
 };
 
 LOOM_TEST(LighthouseSecurity, StrangersWithoutTheSecretCannotReadJoinOrReceiveState) {
-  const LighthouseOptions options = secured();
+  const LighthouseOptions options = secured(2);  // the quorum waits for both members
   Lighthouse lighthouse(options);
   // A plain c10d client straight at the port: it never gets a store to read.
   EXPECT_ANY_THROW(plain_client_get(lighthouse.port(), "ft/status"));
