@@ -11,12 +11,12 @@
 #include <future>
 #include <thread>
 
+#include "comm_test_util.h"
 #include "loom/core/check.h"
 #include "loom/distributed/lighthouse.h"
 #include "loom/distributed/quorum.h"
 #include "loom/train/replica_manager.h"
 #include "support/test_sets.h"
-#include "comm_test_util.h"
 
 namespace {
 
@@ -219,6 +219,14 @@ LOOM_TEST(Lighthouse, StatusNamesTheGroupThatHoldsUpTheQuorum) {
   LighthouseClient c1(lighthouse.worker_address(), 1, milliseconds(5000));
   c0.start_heartbeat(milliseconds(20));
   c1.start_heartbeat(milliseconds(20));
+  // Both groups must be alive to the lighthouse before the first ask: on a loaded machine group
+  // 1's first beat can come after group 0's ask, and a quorum of group 0 alone forms (min 1).
+  for (int i = 0; i < 500; ++i) {
+    const auto beats = read_lighthouse_status(lighthouse.worker_address(), milliseconds(5000))
+                           .value("heartbeat_age_ms", nlohmann::json::object());
+    if (beats.contains("0") && beats.contains("1")) break;
+    std::this_thread::sleep_for(milliseconds(10));
+  }
   auto first = std::async(std::launch::async, [&] {
     return c1.request_quorum({1, 1, 0, "b", false, 1}, milliseconds(10000));
   });
@@ -275,10 +283,9 @@ void check_semi_sync(const std::string& method) {
   std::vector<std::vector<at::Tensor>> want(kPeriods);
   std::vector<at::Tensor> global;
   for (const auto& t : initial) global.push_back(t.clone().requires_grad_(true));
-  torch::optim::SGD outer(global, torch::optim::SGDOptions(kOuterLr)
-                                      .momentum(kOuterMomentum)
-                                      .nesterov(true)
-                                      .dampening(0));
+  torch::optim::SGD outer(
+      global,
+      torch::optim::SGDOptions(kOuterLr).momentum(kOuterMomentum).nesterov(true).dampening(0));
   for (int p = 0; p < kPeriods; ++p) {
     for (size_t i = 0; i < global.size(); ++i) {
       const at::Tensor start = global[i].detach().clone();
@@ -307,8 +314,8 @@ void check_semi_sync(const std::string& method) {
     section.sync_steps = kSyncSteps;
     section.outer_lr = kOuterLr;
     section.outer_momentum = kOuterMomentum;
-    loom::train::ReplicaManager manager(section, world.world_ptr(), lighthouse.worker_address(),
-                                        0, milliseconds(20000));
+    loom::train::ReplicaManager manager(section, world.world_ptr(), lighthouse.worker_address(), 0,
+                                        milliseconds(20000));
     loom::train::ReplicaState state;
     for (const auto& t : initial) state.parameters.push_back(t.clone());
     for (int p = 0; p < kPeriods; ++p) {
