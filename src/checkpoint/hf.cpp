@@ -74,11 +74,12 @@ std::vector<std::string> hf_tensor_names(const std::string& folder);
 
 // A config.json that declares more layers than the weights hold would build (and allocate)
 // them all before the missing weights are noticed: refused by name first.
-void check_layers_present(const nlohmann::json& config, const std::string& config_path,
-                          const std::string& folder) {
+// Returns the layers the weights hold (model.layers.N.* for N below it).
+int64_t check_layers_present(const nlohmann::json& config, const std::string& config_path,
+                             const std::string& folder) {
   if (!config.is_object() || !config.contains("num_hidden_layers") ||
       !config.at("num_hidden_layers").is_number_integer()) {
-    return;  // the family's reader names a missing or mistyped value
+    return -1;  // the family's reader names a missing or mistyped value
   }
   const auto declared = config.at("num_hidden_layers").get<int64_t>();
   static const std::regex layer_name("model\\.layers\\.([0-9]{1,9})\\..*");
@@ -92,6 +93,22 @@ void check_layers_present(const nlohmann::json& config, const std::string& confi
   LOOM_CHECK_AS(InputError, declared <= held, config_path, ": num_hidden_layers is ", declared,
                 ", but the weights in '", folder, "' hold ", held,
                 " layers (model.layers.N.*): the config does not belong to these weights");
+  return held;
+}
+
+// The multi-token-prediction layers to build from a folder, unless the caller chose: those its
+// weights hold after the model's, up to what its config counts. transformers writes
+// num_nextn_predict_layers but saves no such layer, and a folder without them is still the model.
+int64_t mtp_layers_held(const nlohmann::json& config, const models::ModelSpec& spec, int64_t held) {
+  const std::string& key = spec.hf.mtp_layers_key;
+  if (key.empty() || held < 0 || !config.contains(key) || !config.at(key).is_number_integer() ||
+      !config.contains("num_hidden_layers") ||
+      !config.at("num_hidden_layers").is_number_integer()) {
+    return 0;
+  }
+  const int64_t declared = config.at(key).get<int64_t>();
+  const int64_t extra = held - config.at("num_hidden_layers").get<int64_t>();
+  return std::clamp<int64_t>(extra, 0, std::max<int64_t>(declared, 0));
 }
 
 // A model for a real device is built on the meta device first: one whose sizes cannot fit (a
@@ -130,6 +147,18 @@ SourcedModel step_model(const std::string& step, models::BuildOptions options,
   if (!overrides.flavor && !fs::exists(config_path) && fs::exists(hf_config_path)) {
     out.hf_config = json::read_file_strict(hf_config_path, "Hugging Face config");
     out.spec = &models::find_hf_model_spec(out.hf_config, hf_config_path);
+    if (options.num_mtp_layers < 0) {
+      // What the import brought (config.json may count layers the folder did not hold).
+      static const std::regex layer_name("model\\.layers\\.([0-9]{1,9})\\..*");
+      int64_t held = 0;
+      for (const auto& name : reader.tensor_names()) {
+        std::smatch match;
+        if (std::regex_match(name, match, layer_name)) {
+          held = std::max<int64_t>(held, std::stoll(match[1].str()) + 1);
+        }
+      }
+      options.num_mtp_layers = mtp_layers_held(out.hf_config, *out.spec, held);
+    }
     LOOM_CHECK_AS(InputError, !overrides.name || *overrides.name == out.spec->name, "checkpoint '",
                   step, "' holds a ", out.spec->name, " model (", hf_config_path, "), not ",
                   *overrides.name);
@@ -148,6 +177,7 @@ SourcedModel step_model(const std::string& step, models::BuildOptions options,
     out.tokenizer = data::tokenizer_location(job.model.tokenizer_path, job.model.hf_assets_path);
     if (options.max_seq_len <= 0) options.max_seq_len = job.training.seq_len;
     options.trained_seq_len = job.training.seq_len;
+    if (options.num_mtp_layers < 0) options.num_mtp_layers = job.model.num_mtp_layers;
   }
   LOOM_CHECK_AS(InputError, name && flavor, "checkpoint '", step,
                 "' has no config.toml, so its model is unknown: pass --model NAME and --flavor "
@@ -166,12 +196,16 @@ SourcedModel hf_model(const std::string& hf_folder, const models::BuildOptions& 
   SourcedModel out;
   out.hf_config = json::read_file_strict(path, "Hugging Face config");
   out.spec = &models::find_hf_model_spec(out.hf_config, path);
-  check_layers_present(out.hf_config, path, hf_folder);
+  const int64_t held = check_layers_present(out.hf_config, path, hf_folder);
+  models::BuildOptions build = options;
+  if (build.num_mtp_layers < 0) {
+    build.num_mtp_layers = mtp_layers_held(out.hf_config, *out.spec, held);
+  }
   out.model = build_checked(
       [&](const models::BuildOptions& o) {
         return out.spec->hf.build_from_config(out.hf_config, path, o);
       },
-      options, "'" + path + "'");
+      build, "'" + path + "'");
   if (fs::exists(hf_folder + "/tokenizer.json")) out.tokenizer = hf_folder + "/tokenizer.json";
   return out;
 }
@@ -323,7 +357,8 @@ std::vector<std::string> missing_weights(const models::CausalLM& model,
                                          const models::StateDictAdapter& adapter,
                                          const std::set<std::string>& read) {
   std::vector<std::string> missing;
-  auto note = [&](const std::string& name, const std::vector<std::pair<std::string, at::Tensor>>& hf) {
+  auto note = [&](const std::string& name,
+                  const std::vector<std::pair<std::string, at::Tensor>>& hf) {
     missing.push_back(name + (hf.empty() ? std::string() : " (" + hf.front().first + ")"));
   };
   auto& module = const_cast<models::CausalLM&>(model).module();
@@ -364,8 +399,9 @@ void import_from_hf(const std::string& hf_folder, const std::string& checkpoint_
   for (auto& [name, tensor] : read_hf_weights(hf_folder, *source.spec, model)) {
     LOOM_CHECK_AS(InputError, wanted.count(name), hf_folder, ": tensor '", name,
                   "' has no place in the ", source.spec->name, " model");
-    LOOM_CHECK_AS(InputError, !tensor.is_floating_point() || at::isfinite(tensor).all().item<bool>(),
-                  hf_folder, ": tensor '", name, "' holds NaN or Inf; loom imports finite weights");
+    LOOM_CHECK_AS(InputError,
+                  !tensor.is_floating_point() || at::isfinite(tensor).all().item<bool>(), hf_folder,
+                  ": tensor '", name, "' holds NaN or Inf; loom imports finite weights");
     read.insert(name);
     chunks.push_back(whole_chunk("model." + name, tensor));
   }

@@ -119,6 +119,26 @@ void add_model_section(Schema& s) {
              "Mixture-of-experts flavors: the weight of the load-balancing auxiliary loss "
              "(Megatron's moe_aux_loss_coeff; 0: off); unset: the flavor's (qwen3_moe: 0).")
       .min(0);
+  model
+      .field("num_mtp_layers", &ModelSection::num_mtp_layers,
+             "Multi-token prediction depths (DeepSeek-V3's MTP modules; 0: off): depth k "
+             "predicts the token k + 1 places ahead, from depth k - 1's representation and the "
+             "embedding of the token k ahead, through one more transformer block and the shared "
+             "head (docs/models.md). deepseek_v3 only.")
+      .range(0, 64);
+  model
+      .field("mtp_scale", &ModelSection::mtp_scale,
+             "Weight of the depths' mean loss added to the next-token loss (DeepSeek-V3: 0.3).")
+      .min(0);
+  model
+      .field("mtp_scale_switch_step", &ModelSection::mtp_scale_switch_step,
+             "loom: from this step on, mtp_scale_after_switch replaces mtp_scale (DeepSeek-V3 "
+             "went from 0.3 to 0.1 after 10T of 14.8T tokens); 0: mtp_scale throughout.")
+      .min(0);
+  model
+      .field("mtp_scale_after_switch", &ModelSection::mtp_scale_after_switch,
+             "loom: the weight of the depths' loss from mtp_scale_switch_step on.")
+      .min(0);
 }
 
 // The optimizer and its learning-rate schedule.

@@ -130,6 +130,7 @@ InferenceModel load_inference_model(const ModelSource& source) {
   models::BuildOptions build;
   build.tensor_options = at::TensorOptions().dtype(dtype).device(device);
   build.max_seq_len = source.max_seq_len.value_or(0);
+  build.num_mtp_layers = 0;  // multi-token prediction is a training objective: no depth is built
   InferenceModel out;
   checkpoint::SourcedModel sourced;
   const bool hf =
@@ -139,8 +140,8 @@ InferenceModel load_inference_model(const ModelSource& source) {
     out.format = "huggingface";
     // The folder's config.json says what the model is: --flavor has nothing to pick, and a
     // --model naming another family is a mistake, not an override (both were ignored).
-    LOOM_CHECK_AS(InputError, !source.flavor, "--flavor ", source.flavor.value_or(""),
-                  ": '", source.checkpoint,
+    LOOM_CHECK_AS(InputError, !source.flavor, "--flavor ", source.flavor.value_or(""), ": '",
+                  source.checkpoint,
                   "' is a Hugging Face folder, whose config.json describes the model; --flavor "
                   "applies to loom checkpoints without a config.toml");
     sourced = checkpoint::hf_model(source.checkpoint, build);

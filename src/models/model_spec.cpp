@@ -130,6 +130,7 @@ std::unique_ptr<CausalLM> build_model(const config::JobConfig& config, int64_t v
   build.max_seq_len = config.training.seq_len;
   build.tensor_options = options;
   build.part = part;
+  build.num_mtp_layers = config.model.num_mtp_layers;
   return spec.build(build);
 }
 
@@ -137,7 +138,8 @@ int64_t count_layers(const config::JobConfig& config) {
   auto model = build_model(config, 0, at::TensorOptions().device(at::kMeta).dtype(at::kFloat));
   int64_t layers = 0;
   for (const auto& name : model->hookable_modules()) layers += name.rfind("layers.", 0) == 0;
-  return layers;
+  // Multi-token-prediction blocks sit with the head: the pipeline splits the model's layers.
+  return layers - config.model.num_mtp_layers;
 }
 
 parallel::pipeline::PipelinePlan plan_pipeline(const config::JobConfig& config,

@@ -97,6 +97,17 @@ RankParameters rank_parameters(const ModelShape& m, const config::JobConfig& con
       r.params += p;
       r.largest_unit = std::max(r.largest_unit, p);
       r.head = true;
+      // Multi-token prediction's blocks sit with the head, and look the table up there (a copy
+      // of its own on a pipeline's last stage).
+      for (const auto& block : m.mtp_blocks) {
+        const double q = block_params(block);
+        r.params += q;
+        r.largest_unit = std::max(r.largest_unit, q);
+        ++r.blocks;
+      }
+      if (!m.mtp_blocks.empty() && !part.embedding) {
+        r.params += static_cast<double>(m.embedding_params) / tp;
+      }
     }
   }
   return r;
@@ -137,6 +148,14 @@ MemoryPlan predict_rank_memory(const ModelShape& m, const config::JobConfig& con
     acts.kept += a.kept;
     acts.recompute = std::max(acts.recompute, a.recompute);
   }
+  const double depths = static_cast<double>(m.mtp_blocks.size());
+  if (rp.head && depths > 0) {
+    // Each depth's block is shaped as the last layer (DeepSeek-V3's), plus its eh_proj input;
+    // checkpointed only under full activation checkpointing.
+    const auto last = block_activations(m, l, m.n_layers() - 1, m.n_layers());
+    acts.kept += depths * (last.kept + 3.0 * static_cast<double>(m.dim));
+    acts.recompute = std::max(acts.recompute, last.recompute);
+  }
   // Per stage held: the schedule's live microbatch-stages over the rank's stage count.
   const double per_stage_live = live / static_cast<double>(l.pp > 1 ? l.stages_per_rank : 1);
   const double act_scale = profile.activation_factor * cb * tokens / static_cast<double>(l.tp);
@@ -147,9 +166,13 @@ MemoryPlan predict_rank_memory(const ModelShape& m, const config::JobConfig& con
                   tokens, per_stage_live, acts.kept));
   if (rp.head) {
     const double vocab = static_cast<double>(m.vocab) / static_cast<double>(l.tp);
-    add("output and loss", tokens * (vocab * (cb + 4.0) + 2.0 * static_cast<double>(m.dim) * cb),
-        fmt::format("logits over {:.0f} vocabulary entries per rank, compute dtype + float32",
-                    vocab));
+    // The main logits and each multi-token-prediction depth's.
+    add("output and loss",
+        (1.0 + depths) * tokens * (vocab * (cb + 4.0) + 2.0 * static_cast<double>(m.dim) * cb),
+        fmt::format("logits over {:.0f} vocabulary entries per rank, compute dtype + float32{}",
+                    vocab,
+                    depths > 0 ? fmt::format(", for the next token and {:.0f} depths", depths)
+                               : std::string()));
   }
   if (l.fsdp_degree() > 1) {
     add("fsdp gather", 2 * rp.largest_unit * cb,

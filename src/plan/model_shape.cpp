@@ -75,6 +75,7 @@ ModelShape model_shape_of(const config::JobConfig& config, const models::ModelSu
     shape.experts = std::max(shape.experts, block.experts);
     shape.blocks.push_back(block_shape(s, block));
   }
+  for (const auto& block : s.mtp_blocks) shape.mtp_blocks.push_back(block_shape(s, block));
   const auto footprint = optim::state_footprint(config.optimizer, s.parameters);
   shape.optimizer_states = footprint.per_parameter;
   shape.optimizer_state_names = config.optimizer.name + ": " + footprint.description;

@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "loom/core/logging.h"
+#include "loom/models/mtp.h"
 #include "loom/parallel/context_parallel.h"
 #include "loom/parallel/pipeline/runner.h"
 #include "loom/parallel/pipeline/simulate.h"
@@ -16,21 +17,40 @@ namespace loom::train {
 namespace {
 
 // The tokens a rank computes of a batch and where they sit: the whole rows, or its context-
-// parallel share; documents and their positions under block_causal.
+// parallel share; documents and their positions under block_causal. A training batch with
+// multi-token prediction also carries each depth's tokens and labels (models/mtp.h), cut from
+// the whole rows and then shared out like the main ones.
 parallel::ContextShard place_tokens(const data::Batch& batch, bool block_causal,
-                                    const parallel::ContextParallel* context) {
+                                    const parallel::ContextParallel* context,
+                                    int64_t mtp_depths = 0) {
   const at::Tensor documents = block_causal ? batch.documents : at::Tensor();
   const at::Tensor positions = block_causal ? batch.positions : at::Tensor();
-  if (context) return context->shard(batch.inputs, batch.labels, documents, positions);
-  parallel::ContextShard whole{batch.inputs, batch.labels, {}};
-  whole.layout.documents = documents;
-  whole.layout.positions = positions;
-  return whole;
+  auto place = [&](const at::Tensor& inputs, const at::Tensor& labels) {
+    if (context) return context->shard(inputs, labels, documents, positions);
+    parallel::ContextShard whole{inputs, labels, {}};
+    whole.layout.documents = documents;
+    whole.layout.positions = positions;
+    return whole;
+  };
+  parallel::ContextShard out = place(batch.inputs, batch.labels);
+  if (mtp_depths <= 0) return out;
+  const auto targets = models::mtp_targets(batch.inputs, batch.labels, documents, mtp_depths);
+  std::vector<at::Tensor> tokens, labels{out.labels};
+  for (int64_t k = 0; k < mtp_depths; ++k) {
+    const auto depth = place(targets.tokens[k], targets.labels[k]);
+    tokens.push_back(depth.inputs);
+    labels.push_back(depth.labels);
+  }
+  out.layout.mtp_tokens = models::depths_side_by_side(tokens);
+  out.labels = models::depths_side_by_side(labels);
+  return out;
 }
 
 // Rows [start, start + count) of a batch.
 data::Batch batch_rows(const data::Batch& batch, int64_t start, int64_t count) {
-  const auto rows = [&](const at::Tensor& t) { return t.defined() ? t.narrow(0, start, count) : t; };
+  const auto rows = [&](const at::Tensor& t) {
+    return t.defined() ? t.narrow(0, start, count) : t;
+  };
   return {rows(batch.inputs), rows(batch.labels), rows(batch.documents), rows(batch.positions)};
 }
 
@@ -46,7 +66,7 @@ class LocalStepRunner final : public StepRunner {
 
   at::Tensor train_microbatch(const data::Batch& batch, double valid_tokens, bool last) override {
     model_.gradient_sync->prepare_microbatch(last);
-    const auto tokens = place_tokens(batch, block_causal_, model_.context.get());
+    const auto tokens = place_tokens(batch, block_causal_, model_.context.get(), model_.mtp_depths);
     at::Tensor loss;
     {
       AutocastGuard autocast(device_.type(), model_.autocast);
@@ -65,13 +85,13 @@ class LocalStepRunner final : public StepRunner {
     const int64_t rows = batch.inputs.size(0);
     at::Tensor total;
     for (int64_t start = 0; start < rows; start += microbatch_rows_) {
-      const auto tokens = place_tokens(
-          batch_rows(batch, start, std::min(microbatch_rows_, rows - start)), block_causal_,
-          model_.context.get());
+      const auto tokens =
+          place_tokens(batch_rows(batch, start, std::min(microbatch_rows_, rows - start)),
+                       block_causal_, model_.context.get());
       AutocastGuard autocast(device_.type(), model_.autocast);
-      at::Tensor sum = model_.loss(
-          model_.parts.front()->forward(tokens.inputs.to(device_), tokens.layout),
-          tokens.labels.to(device_));
+      at::Tensor sum =
+          model_.loss(model_.parts.front()->forward(tokens.inputs.to(device_), tokens.layout),
+                      tokens.labels.to(device_));
       total = total.defined() ? total + sum : sum;
     }
     return total;
@@ -97,7 +117,7 @@ class PipelineStepRunner final : public StepRunner {
       : runner_(std::move(runner)), model_(model), device_(device), block_causal_(block_causal) {}
 
   at::Tensor train_microbatch(const data::Batch& batch, double valid_tokens, bool last) override {
-    const auto tokens = place_tokens(batch, block_causal_, model_.context.get());
+    const auto tokens = place_tokens(batch, block_causal_, model_.context.get(), model_.mtp_depths);
     return runner_->train_pass(tokens.inputs.to(device_), tokens.labels.to(device_), valid_tokens,
                                last, tokens.layout);
   }

@@ -176,6 +176,7 @@ Trainer::StepOutcome Trainer::train_step(int64_t step, PendingStep& pending,
   LOOM_CHECK_AS(InputError, valid_tokens > 0, "step ", step, ": the batch has no token to predict");
 
   run.optimizer->zero_grad();
+  if (run.model.begin_step) run.model.begin_step(step);
   at::Tensor loss_sum;
   for (size_t i = 0; i < micro.size(); ++i) {
     at::Tensor loss = run.steps->train_microbatch(micro[i], static_cast<double>(valid_tokens),

@@ -62,6 +62,16 @@ LayoutRuns& clipped_runs() {
   return instance;
 }
 
+// Multi-token prediction (DeepSeek-V3's MTP, two depths): the extra blocks sit with the head
+// (the last pipeline stage), their tokens and labels are cut from whole rows before context
+// parallelism shares them out.
+LayoutRuns& mtp_runs() {
+  static LayoutRuns instance("deepseek_v3_mtp", [](const std::string& extra) {
+    return job("--model.num_mtp_layers 2 --model.mtp_scale 0.3 " + extra);
+  });
+  return instance;
+}
+
 // Expert parallelism's token traffic, by its definition: each MoE layer sends a token's hidden
 // state to the rank of each of its top-k experts that lives elsewhere and gets the expert's
 // output back (dispatch and combine), in the forward and again in the backward, plus the expert
@@ -70,7 +80,7 @@ LayoutRuns& clipped_runs() {
 void expect_expert_traffic(const std::string& folder, int64_t rank_tokens,
                            const std::string& what) {
   constexpr int64_t kDim = 256, kTopK = 3, kMoeLayers = 3;  // deepseek_v3 debugmodel
-  constexpr double kCountBytes = 4096;                       // the per-expert counts, generously
+  constexpr double kCountBytes = 4096;                      // the per-expert counts, generously
   const double most_mb =
       (static_cast<double>(kMoeLayers * rank_tokens * kTopK * kDim * 4 * 2 * 2) + kCountBytes) /
       1e6;
@@ -90,6 +100,63 @@ LOOM_TEST(DeepseekV3Training, ExpertParallelTrainsLikeOneRank) {
   const std::string ep2 = runs().layout_run("ep2", 2, layout(2, 2, 2));
   runs().expect_matches_one_rank(ep2, "deepseek_v3 ep 2");
   expect_expert_traffic(ep2, 2 * 16, "deepseek_v3 ep 2");
+}
+
+// The depths train (their losses logged, the objective not next-token training's) and expert
+// parallelism, whose dispatch the MTP blocks' mixtures share, trains like one rank.
+LOOM_TEST(DeepseekV3Training, MultiTokenPredictionTrainsLikeOneRankUnderExpertParallel) {
+  const std::string one = mtp_runs().one_rank();
+  EXPECT_NE(loom::testing::logged_losses(one), loom::testing::logged_losses(runs().one_rank()));
+  int logged = 0;
+  for (const auto& row : loom::testing::logged_rows(one)) {
+    if (!row.contains("loss")) continue;
+    for (const char* key : {"mtp/loss_1", "mtp/loss_2"}) {
+      ASSERT_TRUE(row.contains(key)) << row.dump();
+      // A depth's mean token loss: near ln(vocab 4096) = 8.3 at the start, below it after.
+      EXPECT_GT(row[key].get<double>(), 1.0) << row.dump();
+      EXPECT_LT(row[key].get<double>(), 10.0) << row.dump();
+    }
+    ++logged;
+  }
+  EXPECT_EQ(logged, 20);
+  mtp_runs().expect_matches_one_rank(mtp_runs().layout_run("ep2", 2, layout(2, 2, 2)),
+                                     "deepseek_v3 MTP ep 2");
+}
+
+// With its weight at 0 the depths change nothing the model's layers learn: the first 10 steps
+// are next-token training's, bit for bit (the depths' blocks exist, their loss counts 0). The
+// weight's switch at step 11 (DeepSeek's schedule, here 0 -> 0.3) changes the run from there on.
+LOOM_TEST(DeepseekV3Training, MultiTokenPredictionAtWeightZeroIsNextTokenTrainingUntilItsSwitch) {
+  const std::string folder = mtp_runs().layout_run(
+      "scale0_then_0.3", 1,
+      "--model.mtp_scale 0 --model.mtp_scale_switch_step 11 --model.mtp_scale_after_switch 0.3");
+  const auto switched = loom::testing::logged_losses(folder);
+  const auto next_token = loom::testing::logged_losses(runs().one_rank());
+  ASSERT_EQ(switched.size(), 20u);
+  ASSERT_EQ(next_token.size(), 20u);
+  for (size_t i = 0; i < 10; ++i) EXPECT_EQ(switched[i], next_token[i]) << "step " << i + 1;
+  for (size_t i = 10; i < 20; ++i) EXPECT_NE(switched[i], next_token[i]) << "step " << i + 1;
+}
+
+LOOM_SLOW_TEST(DeepseekV3Training, MultiTokenPredictionTrainsLikeOneRankUnderEveryLayout) {
+  mtp_runs().expect_matches_one_rank(mtp_runs().layout_run("fsdp2", 2, layout(1, 2, 2)),
+                                     "deepseek_v3 MTP FSDP 2");
+  mtp_runs().expect_matches_one_rank(
+      mtp_runs().layout_run("tp2", 2, layout(1, 1, 4) + " --parallelism.tensor_parallel_degree 2"),
+      "deepseek_v3 MTP TP 2");
+  mtp_runs().expect_matches_one_rank(
+      mtp_runs().layout_run("pp2", 2,
+                            layout(1, 1, 4) + " --parallelism.pipeline_parallel_degree 2"
+                                              " --parallelism.pipeline_parallel_schedule 1F1B"),
+      "deepseek_v3 MTP pp 2 (the depths on the last stage)");
+  mtp_runs().expect_matches_one_rank(
+      mtp_runs().layout_run("cp2", 2,
+                            layout(1, 1, 4) + " --parallelism.context_parallel_degree 2"
+                                              " --parallelism.context_parallel_rotate_method "
+                                              "alltoall"),
+      "deepseek_v3 MTP cp 2, ring");
+  mtp_runs().expect_matches_one_rank(mtp_runs().layout_run("ep2_fsdp4", 4, layout(2, 4, 1)),
+                                     "deepseek_v3 MTP ep 2 x FSDP 2 (dp_shard 4)");
 }
 
 LOOM_SLOW_TEST(DeepseekV3Training, EveryLayoutTrainsLikeOneRank) {

@@ -60,6 +60,12 @@ struct ModelSection {
   std::optional<double> moe_aux_loss_coeff;
   // "causal", or "block_causal": a token of a packed row attends only within its document.
   std::string attn_mask_type = "causal";
+  // Multi-token prediction (DeepSeek-V3): extra depths, the weight of their mean loss, and
+  // DeepSeek's switch of that weight (0.3, then 0.1 from a step on; 0: no switch).
+  int64_t num_mtp_layers = 0;
+  double mtp_scale = 0.3;
+  int64_t mtp_scale_switch_step = 0;
+  double mtp_scale_after_switch = 0.1;
 };
 
 struct OptimizerSection {

@@ -17,9 +17,9 @@
 
 #include "loom/config/diagnostics.h"
 #include "loom/config/job_config.h"
-#include "loom/protocols/causal_lm.h"
 #include "loom/parallel/parallelize.h"
 #include "loom/parallel/pipeline/plan.h"
+#include "loom/protocols/causal_lm.h"
 
 namespace loom::models {
 
@@ -33,6 +33,9 @@ struct BuildOptions {
   int64_t trained_seq_len = 0;
   at::TensorOptions tensor_options;  // device (meta for planning) and dtype
   ModelPart part;                    // the whole model by default
+  // Multi-token-prediction depths; -1: the flavor's, or the Hugging Face config's
+  // (num_nextn_predict_layers). Inference builds none (0).
+  int64_t num_mtp_layers = -1;
 };
 
 // One model's tensors between loom's names and layouts and a Hugging Face folder's, and its
@@ -70,6 +73,9 @@ struct HfFormat {
       build_from_config;
   // The adapter for a model of this family (one `build` or `build_from_config` made).
   std::function<std::unique_ptr<StateDictAdapter>(const CausalLM& model)> adapter;
+  // The config.json key counting multi-token-prediction layers ("num_nextn_predict_layers");
+  // empty: the family has none.
+  std::string mtp_layers_key;
 };
 
 struct ModelSpec {

@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "loom/config/job_config.h"
-#include "loom/protocols/causal_lm.h"
 #include "loom/parallel/gradient_sync.h"
 #include "loom/parallel/placement.h"
+#include "loom/protocols/causal_lm.h"
 
 namespace loom::distributed {
 class ParallelRuntime;
@@ -75,6 +75,12 @@ struct ParallelModel {
   // (ModelSpec::after_optimizer_step). On a logged step (`log_step`) it returns named scalars
   // for metrics.jsonl, the same on every rank.
   std::function<ModelMetrics(bool log_step)> after_optimizer_step;
+  // What the model needs to know before each step's forwards (multi-token prediction's weight
+  // schedule); empty for none. The trainer calls it with the step about to run.
+  std::function<void(int64_t step)> begin_step;
+  // Multi-token-prediction depths the training loss expects (the step runners attach each
+  // depth's tokens and labels to a training batch; validation scores the next token alone).
+  int64_t mtp_depths = 0;
   // What crosses a pipeline stage boundary for a microbatch of (rows, seq) tokens: the hidden
   // state's local shape and dtype under this layout.
   std::function<std::vector<int64_t>(int64_t rows, int64_t seq)> boundary_shape;

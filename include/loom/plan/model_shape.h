@@ -46,6 +46,8 @@ struct ModelShape {
   double flops_per_token = 0;  // training (fwd + bwd) FLOPs per token at seq_len
   int64_t seq_len = 0;
   std::vector<BlockShape> blocks;
+  // Multi-token-prediction blocks: with the head, never split by the pipeline.
+  std::vector<BlockShape> mtp_blocks;
   // The optimizer's state tensors per parameter element (AdamW: 2; Muon: 1 on its matrices) and
   // their names, from the optimizer registry (optim::state_footprint).
   double optimizer_states = 2.0;

@@ -24,8 +24,15 @@ struct TokenLayout {
   // Under context parallelism, the keys' slots [t] and documents [b, t] (undefined: the queries').
   at::Tensor key_slots;
   at::Tensor key_documents;
+  // Training with multi-token prediction (models/mtp.h): for each local token, the token
+  // 1, 2, ..., D places ahead in its document (0 where there is none), the depths side by side in
+  // each row: [b, D s] int64. Undefined: no prediction beyond the next token.
+  at::Tensor mtp_tokens;
 
-  bool trivial() const { return !positions.defined() && !documents.defined() && !slots.defined(); }
+  bool trivial() const {
+    return !positions.defined() && !documents.defined() && !slots.defined() &&
+           !mtp_tokens.defined();
+  }
 };
 
 // What one layer adds to the batch's mask (gpt-oss alternates sliding and full layers, every

@@ -62,6 +62,8 @@ struct ModelSummary {
   int64_t n_kv_heads = 0;
   bool tied_embedding = false;
   std::vector<BlockSummary> blocks;
+  // Multi-token-prediction blocks (training only; with the head), one per depth.
+  std::vector<BlockSummary> mtp_blocks;
 };
 
 // Which part of the model to build: layers [first_layer, end_layer) (end -1: through the last),

@@ -69,6 +69,12 @@ void DecoderArgs::validate(const std::string& family) const {
                 ": the feed-forward size (hidden_dim, or multiple_of) must be positive");
   LOOM_CHECK_AS(InputError, norm_eps > 0 && rope_theta > 0 && max_seq_len > 0, family,
                 ": norm_eps, rope_theta and max_seq_len must be positive");
+  LOOM_CHECK_AS(InputError, num_mtp_layers >= 0 && num_mtp_layers <= 64, family,
+                ": num_mtp_layers is ", num_mtp_layers, "; it counts prediction depths, 0 to 64");
+  LOOM_CHECK_AS(InputError, num_mtp_layers == 0 || !tie_embeddings, family,
+                ": multi-token prediction (num_mtp_layers ", num_mtp_layers,
+                ") shares the embedding and the head, which must be two tables (untied) as in "
+                "DeepSeek-V3");
   if (mla) {
     LOOM_CHECK_AS(InputError,
                   mla->q_lora_rank >= 0 && mla->kv_lora_rank > 0 && mla->qk_nope_head_dim >= 0 &&

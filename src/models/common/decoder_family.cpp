@@ -6,6 +6,17 @@
 
 namespace loom::models {
 
+namespace {
+
+void check_mtp_family(const DecoderFamily& family, int64_t depths) {
+  LOOM_CHECK_AS(InputError, depths == 0 || !family.hf.mtp_layers_key.empty(),
+                "model.num_mtp_layers = ", depths,
+                ": multi-token prediction is DeepSeek-V3's (model.name = \"deepseek_v3\"); ",
+                family.name, " has no such modules, set it to 0");
+}
+
+}  // namespace
+
 ModelSpec decoder_family_spec(const DecoderFamily& family) {
   LOOM_CHECK(family.flavors != nullptr && family.init, "decoder family ", family.name,
              " needs flavors and an init rule");
@@ -16,6 +27,8 @@ ModelSpec decoder_family_spec(const DecoderFamily& family) {
                             : options.max_seq_len > 0   ? options.max_seq_len
                                                         : args.max_seq_len;
     if (options.max_seq_len > 0) args.max_seq_len = options.max_seq_len;
+    if (options.num_mtp_layers >= 0) args.num_mtp_layers = options.num_mtp_layers;
+    check_mtp_family(family, args.num_mtp_layers);
     // A flavor's YaRN is on when the model trains beyond the original context; resolved here,
     // from the training context, so that a different inference window cannot switch it.
     if (args.yarn && args.yarn->only_beyond_original) {
@@ -45,9 +58,14 @@ ModelSpec decoder_family_spec(const DecoderFamily& family) {
     return build(*args, options);
   };
   spec.parallelize = parallelize_decoder;
-  spec.check_parallelism = [flavor_args](const config::JobConfig& config) {
+  spec.check_parallelism = [flavor_args, family](const config::JobConfig& config) {
     // An unknown flavor is reported by the model lookup, naming the flavors.
     if (const DecoderArgs* args = flavor_args(config.model.flavor)) {
+      // Multi-token prediction's settings, as the trainer's build will check them.
+      check_mtp_family(family, config.model.num_mtp_layers);
+      DecoderArgs with_depths = *args;
+      with_depths.num_mtp_layers = config.model.num_mtp_layers;
+      with_depths.validate(family.name);
       check_decoder_parallelism(*args, config);
     }
   };

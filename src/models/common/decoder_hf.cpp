@@ -32,7 +32,23 @@ const std::vector<std::pair<std::string, std::string>>& layer_names() {
       {"moe.shared_experts.w2.weight", "mlp.shared_experts.down_proj.weight"},
       {"moe.shared_experts.w3.weight", "mlp.shared_experts.up_proj.weight"},
       {"attention_norm.weight", "input_layernorm.weight"},
-      {"ffn_norm.weight", "post_attention_layernorm.weight"}};
+      {"ffn_norm.weight", "post_attention_layernorm.weight"},
+      // A multi-token-prediction layer's own modules (DeepSeek-V3's layer num_hidden_layers + k).
+      {"enorm.weight", "enorm.weight"},
+      {"hnorm.weight", "hnorm.weight"},
+      {"eh_proj.weight", "eh_proj.weight"},
+      {"mtp_norm.weight", "shared_head.norm.weight"}};
+  return names;
+}
+
+// DeepSeek-V3's folders repeat the shared embedding and head inside every multi-token-prediction
+// layer; loom keeps one of each. An import parks the copies under this prefix until
+// finish_import has checked they equal the model's.
+constexpr const char* kSharedCopy = "mtp-shared-copy:";
+const std::vector<std::pair<std::string, std::string>>& shared_copy_names() {
+  static const std::vector<std::pair<std::string, std::string>> names = {
+      {"tok_embeddings.weight", "embed_tokens.weight"},
+      {"output.weight", "shared_head.head.weight"}};
   return names;
 }
 
@@ -164,7 +180,15 @@ class DecoderStateDictAdapter final : public StateDictAdapter {
     }
     std::smatch match;
     if (!std::regex_match(name, match, experts)) {
-      return {{map_name(name, true, args_.mla.has_value()), permute(name, value, true)}};
+      std::vector<std::pair<std::string, at::Tensor>> out{
+          {map_name(name, true, args_.mla.has_value()), permute(name, value, true)}};
+      for (const auto& [loom, hf] : shared_copy_names()) {
+        if (name != loom) continue;
+        for (int64_t k = 0; k < args_.num_mtp_layers; ++k) {
+          out.emplace_back("model.layers." + std::to_string(args_.n_layers + k) + "." + hf, value);
+        }
+      }
+      return out;
     }
     std::string hf;
     for (const auto& [loom, hf_name] : expert_names()) {
@@ -196,6 +220,14 @@ class DecoderStateDictAdapter final : public StateDictAdapter {
       }
       return std::nullopt;
     }
+    static const std::regex shared_copy("model\\.layers\\.([0-9]{1,9})\\.(.+)");
+    std::smatch copy;
+    if (args_.num_mtp_layers > 0 && std::regex_match(hf_name, copy, shared_copy) &&
+        std::stoll(copy[1].str()) >= args_.n_layers) {
+      for (const auto& [loom, hf] : shared_copy_names()) {
+        if (copy[2].str() == hf) return std::make_pair(kSharedCopy + hf_name + "=" + loom, value);
+      }
+    }
     if (auto expert = expert_to_loom(hf_name, value)) {
       LOOM_CHECK_AS(InputError, args_.moe.has_value(), "tensor '", hf_name,
                     "' is a routed expert, which ", dialect_.family, " models do not have");
@@ -214,7 +246,8 @@ class DecoderStateDictAdapter final : public StateDictAdapter {
                             hf_name.find(".self_attn.q_a_layernorm.") != std::string::npos ||
                             hf_name.find(".self_attn.q_b_proj.") != std::string::npos;
     LOOM_CHECK_AS(InputError, !bottleneck || (args_.mla && args_.mla->q_lora_rank > 0), "tensor '",
-                  hf_name, "' belongs to a query bottleneck (q_a_proj, q_a_layernorm, q_b_proj), "
+                  hf_name,
+                  "' belongs to a query bottleneck (q_a_proj, q_a_layernorm, q_b_proj), "
                   "but config.json's q_lora_rank is null or missing: set q_lora_rank to the "
                   "bottleneck's rank (the rows of q_a_proj)");
     const std::string name = map_name(hf_name, false, args_.mla.has_value());
@@ -229,6 +262,7 @@ class DecoderStateDictAdapter final : public StateDictAdapter {
 
   void finish_import(std::map<std::string, at::Tensor>& tensors, const nlohmann::json& config,
                      const std::string& source) const override {
+    check_shared_copies(tensors, source);
     stack_experts(tensors, args_.moe ? args_.moe->num_experts : 0, source);
     const bool folder_ties = config.contains("tie_word_embeddings") &&
                              config.at("tie_word_embeddings") == nlohmann::json(true);
@@ -256,13 +290,38 @@ class DecoderStateDictAdapter final : public StateDictAdapter {
   }
 
  private:
+  // A multi-token-prediction layer's copies of the embedding and head must be the model's: loom
+  // trains one table each (as DeepSeek-V3 shares them). Each copy leaves the map once checked.
+  void check_shared_copies(std::map<std::string, at::Tensor>& tensors,
+                           const std::string& source) const {
+    for (auto it = tensors.begin(); it != tensors.end();) {
+      if (it->first.rfind(kSharedCopy, 0) != 0) {
+        ++it;
+        continue;
+      }
+      const std::string entry = it->first.substr(std::string(kSharedCopy).size());
+      const std::string hf_name = entry.substr(0, entry.rfind('='));
+      const std::string loom_name = entry.substr(entry.rfind('=') + 1);
+      auto shared = tensors.find(loom_name);
+      LOOM_CHECK_AS(InputError, shared != tensors.end(), source, ": '", hf_name,
+                    "' copies the model's ", decoder_hf_name(loom_name),
+                    ", which the folder does not hold");
+      LOOM_CHECK_AS(InputError, at::equal(shared->second, it->second), source, ": '", hf_name,
+                    "' differs from the model's ", decoder_hf_name(loom_name),
+                    "; loom's multi-token prediction shares one embedding and one head (as "
+                    "DeepSeek-V3 trains them), so the copies must be equal");
+      it = tensors.erase(it);
+    }
+  }
+
   // Layer N of a tensor name in a layer past the model's last, if it is one.
   std::optional<int64_t> beyond_last_layer(const std::string& hf_name) const {
     static const std::regex layer("model\\.layers\\.([0-9]{1,9})\\..+");
     std::smatch match;
     if (!args_.mla || !std::regex_match(hf_name, match, layer)) return std::nullopt;
     const int64_t index = std::stoll(match[1].str());
-    return index >= args_.n_layers ? std::optional<int64_t>(index) : std::nullopt;
+    return index >= args_.n_layers + args_.num_mtp_layers ? std::optional<int64_t>(index)
+                                                          : std::nullopt;
   }
 
   // loom's interleaved q/k rows <-> transformers' halves; the halves layout needs none, nor does
@@ -309,6 +368,7 @@ HfFormat decoder_hf_format(
     std::function<std::unique_ptr<CausalLM>(const DecoderArgs&, const BuildOptions&)> build) {
   HfFormat format;
   format.model_types = {dialect.model_type};
+  format.mtp_layers_key = dialect.mtp_layers_key;
   format.build_from_config = [dialect, build](const nlohmann::json& config,
                                               const std::string& source,
                                               const BuildOptions& options) {

@@ -86,9 +86,8 @@ const std::set<std::string>& familiar_keys() {
       "num_key_value_heads", "head_dim", "vocab_size", "max_position_embeddings", "rms_norm_eps",
       "rope_theta", "rope_scaling", "rope_parameters", "original_max_position_embeddings",
       "tie_word_embeddings", "max_window_layers", "num_experts", "num_local_experts",
-      "num_experts_per_tok",
-      "moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers",
-      "output_router_logits", "router_aux_loss_coef",
+      "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step",
+      "mlp_only_layers", "output_router_logits", "router_aux_loss_coef",
       // inert for the forward pass
       "architectures", "attention_dropout", "initializer_range", "pretraining_tp", "use_cache",
       "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id",
@@ -338,8 +337,8 @@ MoEArgs read_moe(const Json& config, const std::string& source, const DecoderArg
   };
   moe.num_experts = hf_required_int(config, {"num_experts", "num_local_experts"}, source, 1,
                                     kMaxSize, "Qwen3MoeConfig's 128");
-  moe.top_k = hf_required_int(config, {"num_experts_per_tok"}, source, 1, kMaxSize,
-                              "Qwen3MoeConfig's 8");
+  moe.top_k =
+      hf_required_int(config, {"num_experts_per_tok"}, source, 1, kMaxSize, "Qwen3MoeConfig's 8");
   moe.hidden_dim = hf_required_int(config, {"moe_intermediate_size"}, source, 1, kMaxSize,
                                    "Qwen3MoeConfig's 768");
   moe.route_norm =
@@ -462,6 +461,9 @@ DecoderArgs decoder_args_from_hf_config(const nlohmann::json& config, const std:
   args.yarn = rope.yarn;
   if (dialect.moe) args.moe = read_moe(config, source, args, *dialect.moe);
   if (dialect.read_extra) dialect.read_extra(config, source, args);
+  if (!dialect.mtp_layers_key.empty() && is_set(config, dialect.mtp_layers_key.c_str())) {
+    args.num_mtp_layers = json::int_field(config, dialect.mtp_layers_key.c_str(), source, 0, 64);
+  }
   args.validate(dialect.family);
   return args;
 }
@@ -542,6 +544,7 @@ nlohmann::json decoder_hf_config(const DecoderArgs& a, const std::string& dtype,
   }
   c["rope_parameters"] = parameters;
   if (dialect.write_extra) dialect.write_extra(a, c);
+  if (!dialect.mtp_layers_key.empty()) c[dialect.mtp_layers_key] = a.num_mtp_layers;
   return c;
 }
 

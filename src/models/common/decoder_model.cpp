@@ -113,12 +113,17 @@ ModelSummary DecoderModel::summary(int64_t seq_len) const {
     s.active_params -= shape.numel / a.moe->num_experts * (a.moe->num_experts - a.moe->top_k);
   }
   if (a.tie_embeddings && model_->part.head) s.active_params += a.vocab_size * a.dim;
+  // Each multi-token-prediction depth multiplies with the head once more (its block and eh_proj
+  // are parameters of their own, counted above).
+  if (model_->part.head) s.active_params += model_->mtp_blocks * a.vocab_size * a.dim;
   s.dim = a.dim;
   s.vocab = a.vocab_size;
   s.n_heads = a.n_heads;
   s.n_kv_heads = a.mla ? a.n_heads : a.kv_heads();
   s.tied_embedding = a.tie_embeddings;
-  for (const auto& block : model_->blocks) s.blocks.push_back(block_summary(*block, a));
+  for (const auto& block : model_->blocks) {
+    (a.is_mtp_layer(block->layer_id) ? s.mtp_blocks : s.blocks).push_back(block_summary(*block, a));
+  }
   s.flops_per_token = decoder_flops_per_token(s.active_params, a,
                                               static_cast<int64_t>(model_->blocks.size()), seq_len);
   std::ostringstream d;
@@ -140,6 +145,7 @@ ModelSummary DecoderModel::summary(int64_t seq_len) const {
   }
   d << (a.rope_layout == RopeLayout::kHalves ? " (rotate-half)" : "") << ", norm eps "
     << a.norm_eps;
+  if (model_->mtp_blocks > 0) d << ", " << model_->mtp_blocks << " multi-token-prediction depths";
   if (a.moe) {
     d << "; mixture of " << a.moe->num_experts << " experts (top " << a.moe->top_k << ", width "
       << a.moe->hidden_dim << ", " << to_string(a.moe->score_function)
@@ -162,7 +168,10 @@ void DecoderModel::apply_activation_checkpointing(const config::ActivationCheckp
       parallel::blocks_to_checkpoint(ac.mode, ac.selective_ac_option, model_->args.n_layers);
   for (const auto& block : model_->blocks) {
     const int64_t i = block->layer_id;
-    if (!wrap[static_cast<size_t>(i)]) {
+    // A multi-token-prediction block is checkpointed when every block is.
+    const bool checkpointed =
+        model_->args.is_mtp_layer(i) ? ac.mode == "full" : wrap[static_cast<size_t>(i)];
+    if (!checkpointed) {
       model_->set_block_runner(i, nullptr);
       continue;
     }

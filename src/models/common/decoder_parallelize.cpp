@@ -12,6 +12,7 @@
 #include "loom/models/common/moe_parallelize.h"
 #include "loom/models/common/qk_clip.h"
 #include "loom/models/loss.h"
+#include "loom/models/mtp.h"
 #include "loom/parallel/context_parallel.h"
 #include "loom/parallel/data_parallel.h"
 #include "loom/parallel/expert_parallel.h"
@@ -42,6 +43,12 @@ parallel::MeshAxis expert_axis(const parallel::ParallelContext& context) {
 
 bool uses_fsdp(const parallel::ParallelContext& context) {
   return parallel::uses_fsdp(context.runtime.dims(), context.config);
+}
+
+// This part's multi-token-prediction blocks (the head's part holds them).
+int64_t mtp_blocks_of(const CausalLM& part) {
+  const auto* decoder = dynamic_cast<const DecoderModel*>(&part);
+  return decoder == nullptr ? 0 : const_cast<DecoderModel*>(decoder)->transformer()->mtp_blocks;
 }
 
 // The weight the head projects with: its own, or the tied embedding table.
@@ -151,7 +158,9 @@ std::vector<parallel::TpRule> decoder_tensor_parallel_plan(const CausalLM& part,
   output.output = loss_parallel ? OutputLayout::kAsIs : OutputLayout::kGatherVocab;
   if (tied) output.weight = WeightSplit::kNone;  // it has none: it reads the table's rows
   std::vector<TpRule> plan;
-  if (part.part().embedding) {
+  const bool mtp = mtp_blocks_of(part) > 0;
+  if (part.part().embedding || mtp) {
+    // The multi-token-prediction blocks look the table up on the head's part too.
     plan.push_back(vocab_parallel_embedding("tok_embeddings"));
   } else if (tied && part.part().head) {
     plan.push_back({"tok_embeddings", WeightSplit::kRows});  // the head's copy, never looked up
@@ -184,7 +193,7 @@ std::vector<parallel::TpRule> decoder_tensor_parallel_plan(const CausalLM& part,
   }
   plan.push_back(sequence_parallel("layers.*.ffn_norm"));
   bool dense = false, sparse = false;
-  for (int64_t layer = 0; layer < args.n_layers; ++layer) {
+  for (int64_t layer = 0; layer < args.n_layers + args.num_mtp_layers; ++layer) {
     (args.is_moe_layer(layer) ? sparse : dense) = true;
   }
   if (dense) {
@@ -212,6 +221,14 @@ std::vector<parallel::TpRule> decoder_tensor_parallel_plan(const CausalLM& part,
                                rowwise("layers.*.moe.shared_experts.w2"),
                                colwise("layers.*.moe.shared_experts.w3")});
     }
+  }
+  if (mtp) {
+    // The depth's input projection acts on sequence shards like the norms around it: whole on
+    // every rank, its gradient a partial sum.
+    plan.insert(plan.end(), {sequence_parallel("layers.*.enorm"),
+                             sequence_parallel("layers.*.hnorm"),
+                             {"layers.*.eh_proj", WeightSplit::kReplicated},
+                             sequence_parallel("layers.*.mtp_norm")});
   }
   plan.insert(plan.end(), {sequence_parallel("norm"), output});
   return plan;
@@ -350,11 +367,12 @@ namespace {
 
 // Under pipeline parallelism a tied table lives on the first stage (looked up) and the last (the
 // head's copy): both copies' placements name the pair, and their gradients are summed.
+// Multi-token prediction's table on the last stage (looked up there) is such a copy too.
 void tie_pipeline_copies(parallel::ParallelModel& out, const parallel::ParallelContext& context) {
   const auto& dims = context.runtime.dims();
-  if (dims.pp <= 1 || out.parts.empty() || !decoder_args(*out.parts.front()).tie_embeddings) {
-    return;
-  }
+  if (dims.pp <= 1 || out.parts.empty()) return;
+  const DecoderArgs& args = decoder_args(*out.parts.front());
+  if (!args.tie_embeddings && args.num_mtp_layers == 0) return;
   bool original = false, copy = false;
   for (const auto& part : out.parts) {
     original = original || part->part().embedding;
@@ -362,8 +380,10 @@ void tie_pipeline_copies(parallel::ParallelModel& out, const parallel::ParallelC
   }
   if (!original && !copy) return;
   LOOM_CHECK_AS(InputError, !(original && copy),
-                "tied embeddings need the embedding and the head on different pipeline ranks; "
-                "this rank holds both (parallelism.module_fqns_per_model_part?)");
+                args.tie_embeddings ? "tied embeddings" : "multi-token prediction",
+                " needs the embedding and the head on different pipeline ranks; this rank holds "
+                "both (a schedule that puts the first and last stages on one rank, or "
+                "parallelism.module_fqns_per_model_part?)");
   std::vector<at::Tensor> tensors;
   for (auto& p : out.parameters) {
     if (p.name != "tok_embeddings.weight") continue;
@@ -419,6 +439,50 @@ void add_qk_clip(ParallelModel& out, const std::vector<std::unique_ptr<CausalLM>
   };
 }
 
+// Multi-token prediction's loss around the head's (mtp.h), its weight schedule, and the depths'
+// losses as metrics (`mtp/loss_<k>`: the logged step's summed token losses over every rank,
+// divided by its targets; tensor-parallel copies scale both alike).
+void add_multi_token_prediction(ParallelModel& out, int64_t depths,
+                                const parallel::ParallelContext& context) {
+  struct State {
+    double scale = 0;
+    std::vector<at::Tensor> sums;  // per microbatch and depth: [loss sum, targets]
+  };
+  auto state = std::make_shared<State>();
+  const config::ModelSection model = context.config.model;
+  out.mtp_depths = depths;
+  out.begin_step = [state, model](int64_t step) {
+    const bool switched = model.mtp_scale_switch_step > 0 && step >= model.mtp_scale_switch_step;
+    state->scale = switched ? model.mtp_scale_after_switch : model.mtp_scale;
+    state->sums.clear();
+  };
+  state->scale = model.mtp_scale;
+  auto base = std::move(out.loss);
+  out.loss = [state, base, depths](const at::Tensor& output, const at::Tensor& labels) {
+    // Validation (and any batch without the depths' labels) scores the next token alone.
+    if (output.size(0) == labels.size(0)) return base(output, labels);
+    return mtp_loss_sum(base, output, labels, depths, state->scale, &state->sums);
+  };
+  auto before = std::move(out.after_optimizer_step);
+  auto world = context.runtime.world_group_ptr();
+  out.after_optimizer_step = [before, state, depths, world](bool log_step) {
+    parallel::ModelMetrics metrics = before ? before(log_step) : parallel::ModelMetrics{};
+    if (!log_step) return metrics;
+    at::Tensor totals = at::zeros({depths, 2}, at::kDouble);
+    for (size_t i = 0; i < state->sums.size(); ++i) {
+      totals[static_cast<int64_t>(i) % depths] += state->sums[i].to(at::kCPU, at::kDouble);
+    }
+    state->sums.clear();
+    if (world && world->size() > 1) world->all_reduce(totals);
+    const auto t = totals.accessor<double, 2>();
+    for (int64_t k = 0; k < depths; ++k) {
+      metrics.emplace_back("mtp/loss_" + std::to_string(k + 1),
+                           t[k][1] > 0 ? t[k][0] / t[k][1] : 0.0);
+    }
+    return metrics;
+  };
+}
+
 }  // namespace
 
 parallel::ParallelModel parallelize_decoder(std::vector<std::unique_ptr<CausalLM>> parts,
@@ -467,8 +531,13 @@ parallel::ParallelModel parallelize_decoder(std::vector<std::unique_ptr<CausalLM
   parallelize_moe_layers(out, parts, context);
   // 6. QK-clip after each optimizer step, after the experts' bias update.
   if (context.config.optimizer.qk_clip_threshold > 0) add_qk_clip(out, parts, context);
+  // 7. Multi-token prediction's loss around the head's, and its metrics.
+  if (const int64_t depths = decoder_args(*parts.front()).num_mtp_layers; depths > 0) {
+    add_multi_token_prediction(out, depths, context);
+  }
   for (auto& part : parts) out.parts.push_back(std::move(part));
-  // 7. A tied table's two pipeline copies, once each copy's gradient is complete.
+  // 8. A table's two pipeline copies (tied, or multi-token prediction's), once each copy's
+  // gradient is complete.
   tie_pipeline_copies(out, context);
   auto chain = std::make_unique<parallel::GradientSyncChain>();
   for (const auto& wrapper : out.wrappers) chain->add(wrapper.get());

@@ -76,10 +76,10 @@ bool ends_with_any(const std::string& name, std::initializer_list<const char*> s
 
 bool is_input_projection(const std::string& name) {
   return ends_with_any(
-      name,
-      {"attention.wq.weight", "attention.wk.weight", "attention.wv.weight", "attention.wq_a.weight",
-       "attention.wq_b.weight", "attention.wkv_a.weight", "attention.wkv_b.weight",
-       "feed_forward.w1.weight", "moe.shared_experts.w1.weight", "moe.experts.w1"});
+      name, {"attention.wq.weight", "attention.wk.weight", "attention.wv.weight",
+             "attention.wq_a.weight", "attention.wq_b.weight", "attention.wkv_a.weight",
+             "attention.wkv_b.weight", "feed_forward.w1.weight", "moe.shared_experts.w1.weight",
+             "moe.experts.w1", "eh_proj.weight"});
 }
 
 bool is_depth_scaled(const std::string& name) {

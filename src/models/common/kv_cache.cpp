@@ -92,7 +92,8 @@ at::Tensor forward_cached(TransformerImpl& model, const at::Tensor& tokens, KVCa
   at::Tensor mask = attention_mask(cache, start, q, cache.padding_tensor_, device);
 
   at::Tensor h = model.tok_embeddings->forward(tokens);
-  for (size_t i = 0; i < model.blocks.size(); ++i) {
+  // Decoding uses the model's layers only: multi-token prediction is a training objective.
+  for (size_t i = 0; i < static_cast<size_t>(model.main_blocks()); ++i) {
     auto& block = model.blocks[i];
     const at::Tensor normed = block->attention_norm->forward(h);
     h = h + (block->latent_attention

@@ -182,6 +182,9 @@ void parallelize_moe_layers(parallel::ParallelModel& out,
   const auto layers = moe_layers(parts);
   if (layers.empty()) return;
   const auto& model = context.config.model;
+  // Multi-token-prediction blocks count as layers after the model's (their mixtures route too).
+  const DecoderArgs& args = decoder_args(*parts.front());
+  const int64_t total_layers = args.n_layers + args.num_mtp_layers;
   for (auto layer : layers) {
     layer->router->force_load_balance = context.config.debug.moe_force_load_balance;
     if (model.moe_load_balance_coeff) {
@@ -199,8 +202,7 @@ void parallelize_moe_layers(parallel::ParallelModel& out,
   }
   add_balancing_state(out, parts, context);
   scale_aux_losses(layers, context);
-  out.after_optimizer_step =
-      moe_after_step(named_moe_layers(parts), context, decoder_args(*parts.front()).n_layers);
+  out.after_optimizer_step = moe_after_step(named_moe_layers(parts), context, total_layers);
 }
 
 }  // namespace loom::models

@@ -43,7 +43,7 @@ void read_deepseek(const Json& config, const std::string& source, DecoderArgs& a
   };
   MLAArgs mla;
   // DeepseekV3Config: q_lora_rank defaults to 1536; null means a plain q projection.
-  mla.q_lora_rank = !config.contains("q_lora_rank")  ? 1536
+  mla.q_lora_rank = !config.contains("q_lora_rank")      ? 1536
                     : config.at("q_lora_rank").is_null() ? 0
                                                          : int_or("q_lora_rank", 0, 1);
   mla.kv_lora_rank = int_or("kv_lora_rank", 512, 1);
@@ -53,24 +53,25 @@ void read_deepseek(const Json& config, const std::string& source, DecoderArgs& a
   mla.norm_eps = 1e-6;  // DeepseekV3RMSNorm's default: the latent norms do not read rms_norm_eps
   args.mla = mla;
   // transformers rotates head_dim features, which DeepseekV3Config sets to qk_rope_head_dim.
-  LOOM_CHECK_AS(InputError, !is_set(config, "head_dim") ||
-                                config.at("head_dim") == Json(mla.qk_rope_head_dim),
+  LOOM_CHECK_AS(InputError,
+                !is_set(config, "head_dim") || config.at("head_dim") == Json(mla.qk_rope_head_dim),
                 source, ": head_dim is ", config.value("head_dim", Json()).dump(),
                 "; loom needs qk_rope_head_dim (", mla.qk_rope_head_dim,
                 "), the rotary features transformers reads it as");
   args.head_dim_override = mla.qk_rope_head_dim;
-  LOOM_CHECK_AS(InputError, !is_set(config, "qk_head_dim") ||
-                                config.at("qk_head_dim") == Json(mla.qk_head_dim()),
-                source, ": qk_head_dim is ", config.value("qk_head_dim", Json()).dump(),
-                "; it must be qk_nope_head_dim + qk_rope_head_dim = ", mla.qk_head_dim());
+  LOOM_CHECK_AS(
+      InputError,
+      !is_set(config, "qk_head_dim") || config.at("qk_head_dim") == Json(mla.qk_head_dim()), source,
+      ": qk_head_dim is ", config.value("qk_head_dim", Json()).dump(),
+      "; it must be qk_nope_head_dim + qk_rope_head_dim = ", mla.qk_head_dim());
   const int64_t kv_heads = int_or("num_key_value_heads", 128, 1);  // DeepseekV3Config's default
   LOOM_CHECK_AS(InputError, kv_heads == args.n_heads, source, ": num_key_value_heads is ", kv_heads,
                 "; latent attention needs num_attention_heads (", args.n_heads, ")");
   args.n_kv_heads.reset();
-  args.rope_layout = !is_set(config, "rope_interleave") ||
-                             json::bool_field(config, "rope_interleave", source)
-                         ? RopeLayout::kInterleaved
-                         : RopeLayout::kHalves;
+  args.rope_layout =
+      !is_set(config, "rope_interleave") || json::bool_field(config, "rope_interleave", source)
+          ? RopeLayout::kInterleaved
+          : RopeLayout::kHalves;
 
   MoEArgs moe = deepseek_v3_routing();
   // The shapes and the routing have no default loom would guess (DeepseekV3Config's are the
@@ -87,8 +88,8 @@ void read_deepseek(const Json& config, const std::string& source, DecoderArgs& a
       hf_required_int(config, {"n_group"}, source, 1, kMax, "DeepseekV3Config's 8");
   moe.num_limited_groups =
       hf_required_int(config, {"topk_group"}, source, 1, kMax, "DeepseekV3Config's 4");
-  moe.route_norm = !is_set(config, "norm_topk_prob") ||
-                   json::bool_field(config, "norm_topk_prob", source);
+  moe.route_norm =
+      !is_set(config, "norm_topk_prob") || json::bool_field(config, "norm_topk_prob", source);
   moe.route_scale = 2.5;
   if (is_set(config, "routed_scaling_factor")) {
     const Json& value = config.at("routed_scaling_factor");
@@ -96,8 +97,8 @@ void read_deepseek(const Json& config, const std::string& source, DecoderArgs& a
                   ": routed_scaling_factor must be a positive number, found ", value.dump());
     moe.route_scale = value.get<double>();
   }
-  moe.first_dense_layers = hf_required_int(config, {"first_k_dense_replace"}, source, 0, kMax,
-                                           "DeepseekV3Config's 3");
+  moe.first_dense_layers =
+      hf_required_int(config, {"first_k_dense_replace"}, source, 0, kMax, "DeepseekV3Config's 3");
   LOOM_CHECK_AS(InputError, moe.first_dense_layers <= args.n_layers, source,
                 ": first_k_dense_replace (", moe.first_dense_layers,
                 ") exceeds num_hidden_layers (", args.n_layers, ")");
@@ -114,7 +115,8 @@ void read_deepseek(const Json& config, const std::string& source, DecoderArgs& a
 }
 
 void write_deepseek(const DecoderArgs& a, Json& c) {
-  LOOM_CHECK_AS(InputError, a.mla && a.moe, "DeepseekV3ForCausalLM needs latent attention and a "
+  LOOM_CHECK_AS(InputError, a.mla && a.moe,
+                "DeepseekV3ForCausalLM needs latent attention and a "
                 "mixture of experts");
   const MLAArgs& mla = *a.mla;
   const MoEArgs& moe = *a.moe;
@@ -123,7 +125,8 @@ void write_deepseek(const DecoderArgs& a, Json& c) {
                     moe.group_score == GroupScore::kTopTwoSum && moe.sparse_step == 1 &&
                     moe.dense_layers.empty() && !moe.sinkhorn && mla.norm_eps == 1e-6,
                 "DeepseekV3ForCausalLM cannot describe this model (", to_string(moe.score_function),
-                " scores, latent norm eps ", mla.norm_eps, "): it routes by sigmoid scores and "
+                " scores, latent norm eps ", mla.norm_eps,
+                "): it routes by sigmoid scores and "
                 "top-two group scores with every layer after the first dense ones a mixture, and "
                 "norms the latents with eps 1e-6; transformers would compute another model");
   c["q_lora_rank"] = mla.q_lora_rank > 0 ? Json(mla.q_lora_rank) : Json(nullptr);
@@ -164,16 +167,18 @@ ModelSpec deepseek_v3_spec() {
   hf.default_norm_eps = 1e-6;
   hf.default_tie = false;
   hf.extra_keys = {"q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
-                   "v_head_dim", "qk_head_dim", "rope_interleave", "n_routed_experts", "n_shared_experts",
-                   "moe_intermediate_size", "n_group", "topk_group", "routed_scaling_factor",
-                   "first_k_dense_replace", "scoring_func", "topk_method", "moe_layer_freq",
+                   "v_head_dim", "qk_head_dim", "rope_interleave", "n_routed_experts",
+                   "n_shared_experts", "moe_intermediate_size", "n_group", "topk_group",
+                   "routed_scaling_factor", "first_k_dense_replace", "scoring_func", "topk_method",
+                   "moe_layer_freq",
                    // training-only or left out by transformers: multi-token prediction, the
                    // auxiliary loss, expert-parallel size
-                   "num_nextn_predict_layers", "num_mtp_layers", "num_local_experts", "aux_loss_alpha",
-                   "seq_aux", "ep_size"};
+                   "num_nextn_predict_layers", "num_mtp_layers", "num_local_experts",
+                   "aux_loss_alpha", "seq_aux", "ep_size"};
   hf.read_extra = read_deepseek;
   hf.write_extra = write_deepseek;
   hf.expert_bias_name = "e_score_correction_bias";
+  hf.mtp_layers_key = "num_nextn_predict_layers";
   return decoder_family_spec(family);
 }
 

@@ -83,6 +83,7 @@ void PipelineRunner::split_layout(const models::TokenLayout& layout, int64_t row
   split(&models::TokenLayout::positions);
   split(&models::TokenLayout::documents);
   split(&models::TokenLayout::key_documents);
+  split(&models::TokenLayout::mtp_tokens);
 }
 
 at::Tensor PipelineRunner::train_pass(const at::Tensor& inputs, const at::Tensor& labels,

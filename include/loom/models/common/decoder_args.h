@@ -4,6 +4,8 @@
 // head_dim set apart from dim / n_heads, rotate-half RoPE, tied head on the small sizes).
 #pragma once
 
+#include <algorithm>
+
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -101,6 +103,11 @@ struct DecoderArgs {
   // A learned logit per query head that joins each row's softmax denominator (gpt-oss's sinks):
   // the parameter layers.N.attention.sinks [n_heads].
   bool attention_sinks = false;
+  // DeepSeek-V3's multi-token prediction: this many extra blocks after the model's, layers
+  // n_layers .. n_layers + num_mtp_layers - 1 (Hugging Face's numbering), each predicting one
+  // token further ahead from the previous depth's representation and the embedding of the token
+  // it adds (mtp.h). They run in training only and sit with the head.
+  int64_t num_mtp_layers = 0;
 
   int64_t head_dim() const { return head_dim_override.value_or(dim / n_heads); }
   int64_t kv_heads() const { return n_kv_heads.value_or(n_heads); }
@@ -112,9 +119,13 @@ struct DecoderArgs {
            (!yarn->only_beyond_original || max_seq_len > yarn->original_max_position_embeddings);
   }
   bool is_moe_layer(int64_t layer) const { return moe && moe->is_moe_layer(layer); }
+  // A multi-token-prediction block (layer >= n_layers) attends as the last layer does.
   int64_t window(int64_t layer) const {
-    return layer_windows.empty() ? 0 : layer_windows.at(static_cast<size_t>(layer));
+    return layer_windows.empty()
+               ? 0
+               : layer_windows.at(static_cast<size_t>(std::min(layer, n_layers - 1)));
   }
+  bool is_mtp_layer(int64_t layer) const { return layer >= n_layers; }
   // Throws loom::InputError naming `family` and the first inconsistent argument.
   void validate(const std::string& family = "decoder") const;
 };

@@ -56,6 +56,10 @@ struct DecoderHfDialect {
   // The tensor under mlp.gate holding the balancing bias ("e_score_correction_bias"); empty:
   // the class has none (an export leaves loom's bias out, with a warning when it is not zero).
   std::string expert_bias_name;
+  // The config.json key counting multi-token-prediction layers, stored after the model's layers
+  // (DeepSeek-V3's "num_nextn_predict_layers"); empty: the family has none, and loom trains
+  // none for it.
+  std::string mtp_layers_key;
 };
 
 // The decoder arguments of a config.json (`source` names it in errors), in the layout of
