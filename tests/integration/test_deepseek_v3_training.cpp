@@ -144,11 +144,12 @@ LOOM_SLOW_TEST(DeepseekV3Training, MultiTokenPredictionTrainsLikeOneRankUnderEve
   mtp_runs().expect_matches_one_rank(
       mtp_runs().layout_run("tp2", 2, layout(1, 1, 4) + " --parallelism.tensor_parallel_degree 2"),
       "deepseek_v3 MTP TP 2");
-  mtp_runs().expect_matches_one_rank(
+  const std::string pp2 =
       mtp_runs().layout_run("pp2", 2,
-                            layout(1, 1, 4) + " --parallelism.pipeline_parallel_degree 2"
-                                              " --parallelism.pipeline_parallel_schedule 1F1B"),
-      "deepseek_v3 MTP pp 2 (the depths on the last stage)");
+                            layout(1, 1, 4) +
+                                " --parallelism.pipeline_parallel_degree 2"
+                                " --parallelism.pipeline_parallel_schedule 1F1B");
+  mtp_runs().expect_matches_one_rank(pp2, "deepseek_v3 MTP pp 2 (the depths on the last stage)");
   mtp_runs().expect_matches_one_rank(
       mtp_runs().layout_run("cp2", 2,
                             layout(1, 1, 4) + " --parallelism.context_parallel_degree 2"
@@ -157,6 +158,10 @@ LOOM_SLOW_TEST(DeepseekV3Training, MultiTokenPredictionTrainsLikeOneRankUnderEve
       "deepseek_v3 MTP cp 2, ring");
   mtp_runs().expect_matches_one_rank(mtp_runs().layout_run("ep2_fsdp4", 4, layout(2, 4, 1)),
                                      "deepseek_v3 MTP ep 2 x FSDP 2 (dp_shard 4)");
+  // The depths' blocks (and their mixtures' balancing bias) are checkpointed: a run resumed
+  // in another layout continues as the one-rank run.
+  mtp_runs().expect_resumes_like_one_rank(pp2, 2, layout(2, 2, 2), "mtp_pp2_to_ep2",
+                                          "deepseek_v3 MTP pp 2 -> ep 2");
 }
 
 LOOM_SLOW_TEST(DeepseekV3Training, EveryLayoutTrainsLikeOneRank) {
