@@ -53,8 +53,26 @@ Transformer tiny_latent_model(uint64_t seed = 7) {
   return model;
 }
 
-std::vector<Transformer> both_attentions() {
-  return {tiny_model(), tiny_latent_model()};
+// gpt-oss's attention: the first layer sees its last 3 keys, both layers have sinks (drawn away
+// from zero, so they weigh in).
+Transformer tiny_windowed_model(uint64_t seed = 7) {
+  auto args = testing::tiny_llama_args();
+  args.vocab_size = 97;
+  args.max_seq_len = 48;
+  args.layer_windows = {3, 0};
+  args.attention_sinks = true;
+  Transformer model(args, at::TensorOptions().dtype(at::kFloat));
+  models::llama::init_weights(model, seed);
+  at::NoGradGuard no_grad;
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(seed);
+  for (auto& block : model->blocks) block->attention->sinks().normal_(0.0, 1.0, generator);
+  model->init_freqs_cis(at::kCPU);
+  return model;
+}
+
+// Every attention the cache serves: grouped-query, latent, and windowed with sinks.
+std::vector<Transformer> every_attention() {
+  return {tiny_model(), tiny_latent_model(), tiny_windowed_model()};
 }
 
 at::Tensor random_tokens(int64_t rows, int64_t length, int64_t vocab, uint64_t seed) {
@@ -63,8 +81,10 @@ at::Tensor random_tokens(int64_t rows, int64_t length, int64_t vocab, uint64_t s
 }
 
 TEST(KVCache, IncrementalDecodingMatchesTheFullForward) {
-  for (Transformer model : both_attentions()) {
-    SCOPED_TRACE(model->args.mla ? "latent attention" : "grouped-query attention");
+  for (Transformer model : every_attention()) {
+    SCOPED_TRACE(model->args.mla                     ? "latent attention"
+                 : model->args.layer_windows.empty() ? "grouped-query attention"
+                                                     : "sliding window and sinks");
     at::NoGradGuard no_grad;
     const at::Tensor tokens = random_tokens(2, 12, 97, 1);
     const at::Tensor full = model->forward(tokens);
@@ -87,8 +107,10 @@ TEST(KVCache, IncrementalDecodingMatchesTheFullForward) {
 }
 
 TEST(KVCache, LeftPaddedRowsComputeWhatTheyWouldAlone) {
-  for (Transformer model : both_attentions()) {
-    SCOPED_TRACE(model->args.mla ? "latent attention" : "grouped-query attention");
+  for (Transformer model : every_attention()) {
+    SCOPED_TRACE(model->args.mla                     ? "latent attention"
+                 : model->args.layer_windows.empty() ? "grouped-query attention"
+                                                     : "sliding window and sinks");
     at::NoGradGuard no_grad;
     const std::vector<int64_t> lengths = {3, 7, 5};
     const int64_t longest = 7, steps = 4;
@@ -121,8 +143,10 @@ TEST(KVCache, LeftPaddedRowsComputeWhatTheyWouldAlone) {
 }
 
 TEST(KVCache, DroppedRowsLeaveTheOthersUnchanged) {
-  for (Transformer model : both_attentions()) {
-    SCOPED_TRACE(model->args.mla ? "latent attention" : "grouped-query attention");
+  for (Transformer model : every_attention()) {
+    SCOPED_TRACE(model->args.mla                     ? "latent attention"
+                 : model->args.layer_windows.empty() ? "grouped-query attention"
+                                                     : "sliding window and sinks");
     at::NoGradGuard no_grad;
     const at::Tensor tokens = random_tokens(3, 9, 97, 4);
     KVCache cache(model->args, 3, 9, at::TensorOptions().dtype(at::kFloat), {2, 0, 1});

@@ -75,9 +75,7 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const AttentionInputs& in
 
 at::Tensor AttentionImpl::forward_cached(const at::Tensor& x, const at::Tensor& rotations,
                                          at::Tensor& keys, at::Tensor& values, int64_t start,
-                                         const at::Tensor& mask) {
-  LOOM_CHECK(window == 0 && !has_sinks,
-             "inference with a KV cache does not implement sliding windows or attention sinks yet");
+                                         const at::Tensor& mask, const at::Tensor& padding) {
   const auto bs = x.size(0), seq = x.size(1);
   auto [q_raw, k_raw, v] = project(x);
   at::Tensor q = apply_rotary_emb_at(q_raw, rotations, rope_layout);
@@ -92,10 +90,28 @@ at::Tensor AttentionImpl::forward_cached(const at::Tensor& x, const at::Tensor& 
         .expand({bs, n_kv_heads, n_rep, used, head_dim})
         .reshape({bs, n_heads, used, head_dim});
   };
-  const bool causal = !mask.defined() && start == 0 && seq > 1;
-  at::Tensor out = at::scaled_dot_product_attention(
-      q.transpose(1, 2), expand_heads(keys), expand_heads(values),
-      mask.defined() ? std::optional<at::Tensor>(mask) : std::nullopt, 0.0, causal);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
+  at::Tensor out;
+  if (window > 0 || has_sinks) {
+    // The training path's mask over the cache's slots: causal, this layer's window, and a left-
+    // padded row's padding as a document of its own that no real token attends to.
+    const auto slots = at::TensorOptions().dtype(at::kLong).device(x.device());
+    MaskDescription where;
+    where.query_slots = at::arange(start, used, slots);
+    where.key_slots = at::arange(used, slots);
+    where.query_documents = at::zeros({bs, seq}, slots);
+    where.key_documents =
+        padding.defined() ? -(where.key_slots.view({1, used}) < padding.view({bs, 1})).to(at::kLong)
+                          : at::zeros({bs, used}, slots);
+    where.window = window;
+    out = masked_attention(q.transpose(1, 2), expand_heads(keys), expand_heads(values), scale,
+                           where, sinks());
+  } else {
+    const bool causal = !mask.defined() && start == 0 && seq > 1;
+    out = at::scaled_dot_product_attention(
+        q.transpose(1, 2), expand_heads(keys), expand_heads(values),
+        mask.defined() ? std::optional<at::Tensor>(mask) : std::nullopt, 0.0, causal);
+  }
   return wo->forward(out.transpose(1, 2).contiguous().view({bs, seq, n_heads * head_dim}));
 }
 

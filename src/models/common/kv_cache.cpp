@@ -99,8 +99,9 @@ at::Tensor forward_cached(TransformerImpl& model, const at::Tensor& tokens, KVCa
     h = h + (block->latent_attention
                  ? block->latent_attention->forward_cached(normed, rotations, cache.latents[i],
                                                            cache.rope_keys[i], start, mask)
-                 : block->attention->forward_cached(normed, rotations, cache.keys[i],
-                                                    cache.values[i], start, mask));
+                 : block->attention->forward_cached(
+                       normed, rotations, cache.keys[i], cache.values[i], start, mask,
+                       cache.padded() ? cache.padding_tensor_ : at::Tensor()));
     h = h + block->feed(block->ffn_norm->forward(h));
   }
   cache.length_ = start + q;

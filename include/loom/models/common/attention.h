@@ -26,9 +26,12 @@ class AttentionImpl : public ParameterTableModule {
   // [start, start + q), rotations [bs, q, head_dim / 2] their RoPE rows. Writes their keys and
   // values into `keys`/`values` [bs, kv_heads, capacity, head_dim] and attends over slots
   // [0, start + q) under `mask` (bool [bs, 1, q, start + q], true = may attend; undefined: every
-  // slot, or causal when start == 0). Keys are cached as rotate_qk leaves them.
+  // slot, or causal when start == 0). Keys are cached as rotate_qk leaves them. A layer with a
+  // sliding window or sinks attends as in training instead, over the slots, with each row's
+  // left `padding` ([bs] slots; undefined: none) unseen.
   at::Tensor forward_cached(const at::Tensor& x, const at::Tensor& rotations, at::Tensor& keys,
-                            at::Tensor& values, int64_t start, const at::Tensor& mask);
+                            at::Tensor& values, int64_t start, const at::Tensor& mask,
+                            const at::Tensor& padding = {});
 
   Linear wq{nullptr}, wk{nullptr}, wv{nullptr}, wo{nullptr};
   RMSNorm q_norm{nullptr}, k_norm{nullptr};  // null without qk_norm
