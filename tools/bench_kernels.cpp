@@ -125,8 +125,12 @@ std::function<void()> rotary_step(const at::Tensor& q0, const at::Tensor& k0,
 std::function<void()> experts_step(const at::Tensor& tokens, const at::Tensor& counts,
                                    int64_t experts, int64_t hidden, bool grouped) {
   at::manual_seed(1);
+  loom::models::MoEArgs args;
+  args.num_experts = experts;
+  args.hidden_dim = hidden;
+  args.use_grouped_mm = grouped;
   auto module = std::make_shared<loom::models::GroupedExpertsImpl>(
-      experts, tokens.size(1), hidden, grouped, at::TensorOptions().dtype(at::kFloat));
+      args, tokens.size(1), at::TensorOptions().dtype(at::kFloat));
   for (auto& p : module->parameters()) {
     at::NoGradGuard no_grad;
     p.normal_(0, 0.02);

@@ -333,10 +333,15 @@ std::map<std::string, at::Tensor> read_hf_weights(const std::string& hf_folder,
   for (const auto& file : weight_files(hf_folder)) {
     auto loaded = load_safetensors(hf_folder + "/" + file);
     for (auto& [name, tensor] : loaded.tensors) {
-      // A stored integer where a weight belongs is another file, not a weight to convert.
-      LOOM_CHECK_AS(InputError, at::isFloatingType(tensor.scalar_type()), hf_folder, "/", file,
-                    ": tensor '", name, "' is stored as ", tensor.scalar_type(),
-                    "; model weights are floating point (F32, BF16, F16)");
+      // A stored integer where a weight belongs is another file, not a weight to convert; MXFP4
+      // blocks and scales (gpt-oss's experts) are bytes the family's adapter dequantizes.
+      const bool mxfp4 =
+          tensor.scalar_type() == at::kByte &&
+          (strings::ends_with(name, "_blocks") || strings::ends_with(name, "_scales"));
+      LOOM_CHECK_AS(InputError, mxfp4 || at::isFloatingType(tensor.scalar_type()), hf_folder, "/",
+                    file, ": tensor '", name, "' is stored as ", tensor.scalar_type(),
+                    "; model weights are floating point (F32, BF16, F16), or MXFP4 uint8 "
+                    "_blocks and _scales");
       auto converted = adapter->from_hf(name, tensor);
       if (!converted) continue;
       LOOM_CHECK_AS(InputError, tensors.emplace(converted->first, converted->second).second,

@@ -77,15 +77,14 @@ void add_model_section(Schema& s) {
   SectionBuilder<ModelSection> model(s, "model", "Which model to train.",
                                      [](JobConfig& c) -> ModelSection& { return c.model; });
   model.field("name", &ModelSection::name,
-              "Model family in the model registry: llama3, qwen3, qwen3_moe or deepseek_v3 (`loom "
-              "plan model` "
-              "names the registered ones).");
+              "Model family in the model registry: llama3, qwen3, qwen3_moe, deepseek_v3 or gpt_oss "
+              "(`loom plan model` names the registered ones).");
   model.field(
       "flavor", &ModelSection::flavor,
       "Size of the model family (llama3: debugmodel, 100M, 8B, 8B_4layers, 70B, 405B; "
       "qwen3: debugmodel, 0.6B, 1.7B, 4B, 8B, 14B, 32B, and as torchtitan the mixture-of-experts "
       "debugmodel_moe, 30B-A3B, 235B-A22B, also named qwen3_moe; deepseek_v3: debugmodel, "
-      "16B, 236B, 671B).");
+      "16B, 236B, 671B; gpt_oss: debugmodel, 20B, 120B).");
   model.field("hf_assets_path", &ModelSection::hf_assets_path,
               "Folder with Hugging Face assets: tokenizer files, config.json, safetensors.");
   model.field(

@@ -20,13 +20,17 @@ namespace qwen3 {
 ModelSpec qwen3_spec();
 ModelSpec qwen3_moe_spec();
 }  // namespace qwen3
+namespace gpt_oss {
+ModelSpec gpt_oss_spec();
+}
 
 namespace {
 
 const std::vector<ModelSpec>& registry() {
   static const std::vector<ModelSpec> specs = {llama::llama3_spec(), qwen3::qwen3_spec(),
                                                qwen3::qwen3_moe_spec(),
-                                               deepseek_v3::deepseek_v3_spec()};
+                                               deepseek_v3::deepseek_v3_spec(),
+                                               gpt_oss::gpt_oss_spec()};
   return specs;
 }
 

@@ -18,10 +18,11 @@ AttentionImpl::AttentionImpl(const DecoderArgs& args, const at::TensorOptions& o
       n_kv_heads(args.kv_heads()),
       head_dim(args.head_dim()),
       rope_layout(args.rope_layout) {
-  wq = register_module("wq", Linear(args.dim, n_heads * head_dim, options));
-  wk = register_module("wk", Linear(args.dim, n_kv_heads * head_dim, options));
-  wv = register_module("wv", Linear(args.dim, n_kv_heads * head_dim, options));
-  wo = register_module("wo", Linear(n_heads * head_dim, args.dim, options));
+  const bool bias = args.attention_bias;
+  wq = register_module("wq", Linear(args.dim, n_heads * head_dim, options, bias));
+  wk = register_module("wk", Linear(args.dim, n_kv_heads * head_dim, options, bias));
+  wv = register_module("wv", Linear(args.dim, n_kv_heads * head_dim, options, bias));
+  wo = register_module("wo", Linear(n_heads * head_dim, args.dim, options, bias));
   if (args.qk_norm) {
     q_norm = register_module("q_norm", RMSNorm(head_dim, args.norm_eps, options));
     k_norm = register_module("k_norm", RMSNorm(head_dim, args.norm_eps, options));

@@ -117,6 +117,7 @@ void check_requirements(const Json& config, const std::string& source,
   for (const auto& [key, value] : config.items()) {
     bool known = familiar_keys().count(key) > 0 || dialect.extra_keys.count(key) > 0;
     if (key == "sliding_window" && windows_off) continue;
+    if (dialect.own_keys.count(key)) continue;
     for (const auto& requirement : requirements()) {
       if (key != requirement.key) continue;
       known = true;

@@ -112,6 +112,9 @@ void init_decoder_parameter(const DecoderArgs& args, const std::string& name, at
     param.normal_(0.0, 1.0, generator);
   } else if (strings::ends_with(name, "norm.weight")) {
     param.fill_(1.0);
+  } else if (strings::ends_with(name, ".bias") || strings::ends_with(name, "_bias")) {
+    // Projection, router and expert biases (gpt-oss) start at zero, as transformers' init.
+    param.zero_();
   } else if (strings::ends_with(name, "attention.sinks")) {
     // gpt-oss (torchtitan, transformers): sinks start as small normal logits.
     trunc_normal_(param, 0.0, kProjectionStd, -2.0, 2.0, generator);

@@ -41,6 +41,10 @@ void replace_parameter(torch::nn::Module& root, const std::string& name, const a
       table->replace(key, value);
       return;
     }
+    if (auto* linear = dynamic_cast<LinearImpl*>(item.value().get()); linear && key == "bias") {
+      linear->replace_bias(value);
+      return;
+    }
     auto* owner = dynamic_cast<WeightModule*>(item.value().get());
     LOOM_CHECK(owner != nullptr && key == "weight", "replace_parameter: module '", path,
                "' has no replaceable ", key);
@@ -50,12 +54,24 @@ void replace_parameter(torch::nn::Module& root, const std::string& name, const a
   LOOM_THROW(InternalError, "replace_parameter: no module '", path, "'");
 }
 
-LinearImpl::LinearImpl(int64_t in_features, int64_t out_features, const at::TensorOptions& options)
-    : WeightModule(at::empty({out_features, in_features}, options)) {}
+LinearImpl::LinearImpl(int64_t in_features, int64_t out_features, const at::TensorOptions& options,
+                       bool with_bias)
+    : WeightModule(at::empty({out_features, in_features}, options)) {
+  if (with_bias) bias = register_parameter("bias", at::empty({out_features}, options));
+}
+
+void LinearImpl::replace_bias(const at::Tensor& value) {
+  LOOM_CHECK(bias.defined(), "replace_bias: this linear has no bias");
+  bias = value;
+  parameters_["bias"] = value;
+}
 
 at::Tensor LinearImpl::forward(const at::Tensor& input) {
-  if (compute) return compute->forward(input, weight);
-  return at::linear(input, weight);
+  if (compute) {
+    const at::Tensor out = compute->forward(input, weight);
+    return bias.defined() ? out + bias.to(out.scalar_type()) : out;
+  }
+  return bias.defined() ? at::linear(input, weight, bias) : at::linear(input, weight);
 }
 
 EmbeddingImpl::EmbeddingImpl(int64_t num_embeddings, int64_t dim, const at::TensorOptions& options)

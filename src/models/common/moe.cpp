@@ -34,30 +34,52 @@ class AttachAuxLoss : public torch::autograd::Function<AttachAuxLoss> {
 
 }  // namespace
 
-GroupedExpertsImpl::GroupedExpertsImpl(int64_t num_experts, int64_t dim, int64_t hidden,
-                                       bool grouped, const at::TensorOptions& options)
-    : use_grouped_mm(grouped) {
-  register_parameter("w1", at::empty({num_experts, hidden, dim}, options));
-  register_parameter("w2", at::empty({num_experts, dim, hidden}, options));
-  register_parameter("w3", at::empty({num_experts, hidden, dim}, options));
+GroupedExpertsImpl::GroupedExpertsImpl(const MoEArgs& args, int64_t dim,
+                                       const at::TensorOptions& options)
+    : use_grouped_mm(args.use_grouped_mm),
+      biases(args.expert_biases),
+      swiglu_limit(args.swiglu_limit),
+      swiglu_alpha(args.swiglu_alpha) {
+  const int64_t experts = args.num_experts, hidden = args.hidden_dim;
+  register_parameter("w1", at::empty({experts, hidden, dim}, options));
+  register_parameter("w2", at::empty({experts, dim, hidden}, options));
+  register_parameter("w3", at::empty({experts, hidden, dim}, options));
+  if (biases) {
+    register_parameter("w1_bias", at::empty({experts, hidden}, options));
+    register_parameter("w2_bias", at::empty({experts, dim}, options));
+    register_parameter("w3_bias", at::empty({experts, hidden}, options));
+  }
 }
 
 at::Tensor GroupedExpertsImpl::forward(const at::Tensor& tokens, const at::Tensor& counts) {
   // Read through the table at each call: FSDP swaps the parameters as it gathers.
+  // Each routed row gets its expert's bias (rows are sorted by expert, `counts` of each).
+  const at::Tensor rows_bias_index =
+      biases ? at::repeat_interleave(at::arange(counts.size(0), counts.options()), counts)
+             : at::Tensor();
   auto project = [&](const at::Tensor& in, const char* key) {
     const at::Tensor w = param(key).transpose(-2, -1);
-    return compute ? compute->forward(in, w, counts)
-                   : grouped_matmul(in, w, counts, use_grouped_mm);
+    at::Tensor out =
+        compute ? compute->forward(in, w, counts) : grouped_matmul(in, w, counts, use_grouped_mm);
+    if (biases) {
+      const at::Tensor& b = param(std::string(key) + "_bias");
+      out = out + b.index_select(0, rows_bias_index).to(out.scalar_type());
+    }
+    return out;
   };
-  return project(kernels::swiglu(project(tokens, "w1"), project(tokens, "w3")), "w2");
+  if (swiglu_limit <= 0) {
+    return project(kernels::swiglu(project(tokens, "w1"), project(tokens, "w3")), "w2");
+  }
+  // gpt-oss's clamped SwiGLU (the gate clamped above only, the linear unit both ways, plus one).
+  const at::Tensor gate = project(tokens, "w1").clamp_max(swiglu_limit);
+  const at::Tensor up = project(tokens, "w3").clamp(-swiglu_limit, swiglu_limit);
+  return project((up + 1) * (gate * at::sigmoid(gate * swiglu_alpha)), "w2");
 }
 
 MoEImpl::MoEImpl(const DecoderArgs& decoder, const at::TensorOptions& options)
     : args(*decoder.moe) {
   router = register_module("router", TokenChoiceRouter(decoder.dim, args, options));
-  experts = register_module(
-      "experts",
-      GroupedExperts(args.num_experts, decoder.dim, args.hidden_dim, args.use_grouped_mm, options));
+  experts = register_module("experts", GroupedExperts(args, decoder.dim, options));
   if (args.num_shared_experts > 0) {
     shared_experts = register_module(
         "shared_experts",

@@ -96,7 +96,7 @@ at::Tensor sinkhorn(const at::Tensor& logits, int64_t iterations) {
 TokenChoiceRouterImpl::TokenChoiceRouterImpl(int64_t dim, const MoEArgs& moe_args,
                                              const at::TensorOptions& options)
     : args(moe_args) {
-  gate = register_module("gate", Linear(dim, args.num_experts, options));
+  gate = register_module("gate", Linear(dim, args.num_experts, options, args.router_bias));
   gate->convertible = false;  // forward reads its weight in float32, not through Linear
 }
 
@@ -119,7 +119,10 @@ at::Tensor TokenChoiceRouterImpl::limit_to_groups(const at::Tensor& choice) cons
 Routing TokenChoiceRouterImpl::forward(const at::Tensor& x, const at::Tensor& expert_bias) {
   // Scores in float32 from float32 inputs and weights, whatever the model's dtype (as
   // transformers' DeepseekV3TopkRouter): near-ties must not flip with the compute dtype.
-  const at::Tensor logits = at::linear(x.to(at::kFloat), gate->weight.to(at::kFloat));
+  const at::Tensor logits =
+      gate->bias.defined()
+          ? at::linear(x.to(at::kFloat), gate->weight.to(at::kFloat), gate->bias.to(at::kFloat))
+          : at::linear(x.to(at::kFloat), gate->weight.to(at::kFloat));
   const bool softmax = args.score_function == ScoreFunction::kSoftmax;
   const at::Tensor scores = softmax ? logits.softmax(-1) : logits.sigmoid();
   at::Tensor choice;

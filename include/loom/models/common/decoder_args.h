@@ -103,6 +103,8 @@ struct DecoderArgs {
   // A learned logit per query head that joins each row's softmax denominator (gpt-oss's sinks):
   // the parameter layers.N.attention.sinks [n_heads].
   bool attention_sinks = false;
+  // Biases on the q, k, v and output projections (gpt-oss).
+  bool attention_bias = false;
   // DeepSeek-V3's multi-token prediction: this many extra blocks after the model's, layers
   // n_layers .. n_layers + num_mtp_layers - 1 (Hugging Face's numbering), each predicting one
   // token further ahead from the previous depth's representation and the embedding of the token

@@ -51,6 +51,9 @@ struct DecoderHfDialect {
   // and routing): the keys it reads, its reader (after the shared keys, refusing what loom would
   // compute differently) and its writer (after the shared keys; it owns the MoE keys then).
   std::set<std::string> extra_keys;
+  // Keys loom's shared reader would refuse (attention_bias, sliding_window, layer_types,
+  // quantization_config) that this family's read_extra reads and checks itself (gpt-oss).
+  std::set<std::string> own_keys;
   std::function<void(const nlohmann::json&, const std::string&, DecoderArgs&)> read_extra;
   std::function<void(const DecoderArgs&, nlohmann::json&)> write_extra;
   // The tensor under mlp.gate holding the balancing bias ("e_score_correction_bias"); empty:

@@ -55,11 +55,15 @@ class LinearCompute {
 // The gather codecs of `root`'s linears' weights, by parameter name, for FsdpOptions.
 GatherCodecs linear_gather_codecs(torch::nn::Module& root);
 
-// y = x W^T, no bias (Llama has none).
+// y = x W^T, plus a bias b [out] when built with one (gpt-oss's attention and router; Llama has
+// none).
 class LinearImpl : public WeightModule {
  public:
-  LinearImpl(int64_t in_features, int64_t out_features, const at::TensorOptions& options);
+  LinearImpl(int64_t in_features, int64_t out_features, const at::TensorOptions& options,
+             bool with_bias = false);
   at::Tensor forward(const at::Tensor& input);
+  // The registered "bias" parameter and this member together (as replace_weight).
+  void replace_bias(const at::Tensor& value);
   int64_t in_features() const { return weight.size(1); }
   int64_t out_features() const { return weight.size(0); }
 
@@ -68,6 +72,7 @@ class LinearImpl : public WeightModule {
   // False for a linear whose owner reads `weight` itself rather than calling forward (a MoE
   // router's gate, in float32): converters leave it alone.
   bool convertible = true;
+  at::Tensor bias;  // undefined without one
 };
 TORCH_MODULE(Linear);
 

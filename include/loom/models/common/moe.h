@@ -38,15 +38,17 @@ class GroupedMatmulCompute {
 };
 
 // The routed experts: w1, w3 [E, F, D] and w2 [E, D, F]; expert e computes
-// w2[e] (silu(w1[e] x) * w3[e] x). Under expert parallelism the module holds this rank's block of
-// experts (the parameters' placement says which).
+// w2[e] (silu(w1[e] x) * w3[e] x), or with MoEArgs::expert_biases and swiglu_limit gpt-oss's
+// w2[e] act(w1[e] x + b1[e], w3[e] x + b3[e]) + b2[e] (MoEArgs). Under expert parallelism the
+// module holds this rank's block of experts (the parameters' placement says which).
 class GroupedExpertsImpl : public ParameterTableModule {
  public:
-  GroupedExpertsImpl(int64_t num_experts, int64_t dim, int64_t hidden, bool use_grouped_mm,
-                     const at::TensorOptions& options);
+  GroupedExpertsImpl(const MoEArgs& args, int64_t dim, const at::TensorOptions& options);
   // tokens [N, D] sorted by local expert, counts [experts held] int64.
   at::Tensor forward(const at::Tensor& tokens, const at::Tensor& counts);
   bool use_grouped_mm;
+  bool biases;
+  double swiglu_limit, swiglu_alpha;
   std::shared_ptr<GroupedMatmulCompute> compute;  // null: grouped_matmul
 };
 TORCH_MODULE(GroupedExperts);

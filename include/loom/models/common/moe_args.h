@@ -53,6 +53,13 @@ struct MoEArgs {
   int64_t first_dense_layers = 0;
   int64_t sparse_step = 1;
   std::vector<int64_t> dense_layers;
+  // gpt-oss: a bias on the router's logits, biases on every expert's projections (w1_bias,
+  // w3_bias [E, F], w2_bias [E, D]), and its clamped SwiGLU when swiglu_limit > 0:
+  // g = min(w1 x, limit), u = clamp(w3 x, -limit, limit), (u + 1) * g * sigmoid(swiglu_alpha g).
+  bool router_bias = false;
+  bool expert_biases = false;
+  double swiglu_limit = 0.0;
+  double swiglu_alpha = 1.702;
 
   bool is_moe_layer(int64_t layer) const;
   int64_t experts_per_group() const;

@@ -1,0 +1,178 @@
+// gpt-oss against transformers. Tiny random GptOssForCausalLM models made by the setup venv's
+// transformers inside the test (tools/make_hf_gpt_oss_model.py): layers alternating a sliding
+// window of 4 keys and full attention, biases on q/k/v/o, attention sinks away from zero, YaRN as
+// gpt-oss configures it (rotate-half), 8 experts of which 2 per token with router and expert
+// biases and the SwiGLU clamped at 7 (reached: the script asserts it), plain and with the experts
+// in MXFP4 as gpt-oss publishes them. Checked: the first MoE block and the whole model's logits
+// within 1e-5 of transformers' in float32, greedy tokens with loom's cache equal to
+// transformers' generate(), the MXFP4 experts dequantized equal to the reference's, import then
+// export writing the plain folder back bitwise, and malformed MXFP4 refused by name.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+#include "loom/checkpoint/hf.h"
+#include "loom/checkpoint/safetensors.h"
+#include "loom/generate/generator.h"
+#include "loom/generate/inference_model.h"
+#include "loom/models/common/decoder_model.h"
+#include "loom/models/gpt_oss/args.h"
+#include "loom/models/model_spec.h"
+#include "support/test_sets.h"
+#include "unit/hf_test_util.h"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+using loom::testing::row_of;
+using loom::testing::tensors_of;
+
+std::vector<std::string> folders() {
+  return loom::testing::made_by_transformers("make_hf_gpt_oss_model.py", "gpt_oss_models",
+                                             {"plain", "mxfp4"});
+}
+
+loom::generate::InferenceModel load(const std::string& folder) {
+  return loom::testing::load_hf_folder(folder, "gpt_oss");
+}
+
+double max_diff(const at::Tensor& a, const at::Tensor& b) {
+  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
+}
+
+}  // namespace
+
+LOOM_TEST(HfGptOss, ReadsWindowsSinksBiasesAndTheClampedExperts) {
+  for (const std::string& folder : folders()) {
+    auto model = load(folder);
+    const auto& args = loom::models::decoder_args(*model.model);
+    EXPECT_EQ(args.layer_windows, (std::vector<int64_t>{4, 0, 4, 0})) << folder;
+    EXPECT_TRUE(args.attention_sinks && args.attention_bias);
+    ASSERT_TRUE(args.moe && args.yarn);
+    EXPECT_EQ(args.moe->num_experts, 8);
+    EXPECT_EQ(args.moe->top_k, 2);
+    EXPECT_DOUBLE_EQ(args.moe->swiglu_limit, 7.0);
+    EXPECT_TRUE(args.moe->router_bias && args.moe->expert_biases);
+    EXPECT_FALSE(args.yarn->truncate);
+    EXPECT_EQ(args.rope_layout, loom::models::RopeLayout::kHalves);
+  }
+}
+
+LOOM_TEST(HfGptOss, MoEBlockAndLogitsEqualTransformers) {
+  for (const std::string& folder : folders()) {
+    auto reference = tensors_of(folder + "/reference.safetensors");
+    auto model = load(folder);
+    auto& decoder = dynamic_cast<loom::models::DecoderModel&>(*model.model);
+    auto& block = decoder.transformer()->blocks.at(reference.at("block_layer").item<int64_t>());
+    at::NoGradGuard no_grad;
+    const double block_worst =
+        max_diff(block->moe->forward(reference.at("block_in")), reference.at("block_out"));
+    EXPECT_LT(block_worst, 1e-5) << folder;
+    const at::Tensor logits = model.forward(reference.at("ids"));
+    ASSERT_EQ(logits.sizes(), reference.at("logits").sizes());
+    const double worst = max_diff(logits, reference.at("logits"));
+    EXPECT_LT(worst, 1e-5) << folder;
+    std::printf("%s: max |loom - transformers| MoE block %.2e, logits %.2e\n", folder.c_str(),
+                block_worst, worst);
+  }
+}
+
+LOOM_TEST(HfGptOss, GreedyTokensWithTheCacheEqualTransformers) {
+  for (const std::string& folder : folders()) {
+    auto reference = tensors_of(folder + "/reference.safetensors");
+    const std::vector<int32_t> want = row_of(reference.at("greedy"));
+    auto model = load(folder);
+    loom::generate::GenerationOptions options;
+    options.max_new_tokens = static_cast<int64_t>(want.size());
+    options.stop_at_eos = false;
+    options.add_bos = false;
+    loom::generate::Generator generator(model, options);
+    const auto completions = generator.generate({row_of(reference.at("prompt"))}, 0);
+    ASSERT_EQ(completions.size(), 1u);
+    EXPECT_EQ(completions[0].tokens, want) << folder;
+  }
+}
+
+LOOM_TEST(HfGptOss, Mxfp4ExpertsImportEqualToTheirDequantizedReference) {
+  const std::string folder = folders().at(1);
+  auto dequantized = tensors_of(folder + "/dequantized.safetensors");
+  auto model = load(folder);
+  auto params = model.model->module().named_parameters();
+  int checked = 0;
+  for (int64_t layer = 0; layer < 4; ++layer) {
+    const std::string hf = "model.layers." + std::to_string(layer) + ".mlp.experts.";
+    const std::string loom = "layers." + std::to_string(layer) + ".moe.experts.";
+    const at::Tensor gate_up = dequantized.at(hf + "gate_up_proj");  // [E, in, 2 out]
+    const at::Tensor down = dequantized.at(hf + "down_proj");        // [E, in, out]
+    EXPECT_TRUE(
+        at::equal(params[loom + "w1"], gate_up.slice(2, 0, gate_up.size(2), 2).transpose(1, 2)));
+    EXPECT_TRUE(
+        at::equal(params[loom + "w3"], gate_up.slice(2, 1, gate_up.size(2), 2).transpose(1, 2)));
+    EXPECT_TRUE(at::equal(params[loom + "w2"], down.transpose(1, 2)));
+    ++checked;
+  }
+  EXPECT_EQ(checked, 4);
+  // The format itself: two codes a byte, low nibble first, times 2^(scale - 127).
+  const at::Tensor blocks = at::tensor({0x21, 0xF9}, at::kByte).view({1, 1, 2}).repeat({1, 1, 8});
+  const at::Tensor scales = at::tensor({128}, at::kByte).view({1, 1});
+  const at::Tensor values = loom::models::gpt_oss::dequantize_mxfp4(blocks, scales, "test");
+  EXPECT_EQ(values.sizes(), at::IntArrayRef({1, 32}));
+  EXPECT_EQ(values[0][0].item<float>(), 1.0f);    // code 1 (0.5) x 2
+  EXPECT_EQ(values[0][1].item<float>(), 2.0f);    // code 2 (1.0) x 2
+  EXPECT_EQ(values[0][2].item<float>(), -1.0f);   // code 9 (-0.5) x 2
+  EXPECT_EQ(values[0][3].item<float>(), -12.0f);  // code 15 (-6) x 2
+}
+
+LOOM_TEST(HfGptOss, ImportThenExportWritesThePlainFolderBack) {
+  const std::string exported =
+      loom::testing::expect_import_export_bitwise(folders().at(0), "gpt_oss");
+  const json config = json::parse(std::ifstream(exported + "/config.json"));
+  const json source = json::parse(std::ifstream(folders().at(0) + "/config.json"));
+  EXPECT_EQ(config.at("architectures")[0], "GptOssForCausalLM");
+  for (const char* key :
+       {"layer_types", "sliding_window", "num_local_experts", "num_experts_per_tok",
+        "intermediate_size", "swiglu_limit", "attention_bias", "head_dim", "num_key_value_heads"}) {
+    EXPECT_EQ(config.at(key), source.at(key)) << key;
+  }
+  // The exported folder is the same model: loom reads it back to the same logits.
+  auto reference = tensors_of(folders().at(0) + "/reference.safetensors");
+  EXPECT_LT(max_diff(load(exported).forward(reference.at("ids")), reference.at("logits")), 1e-5);
+}
+
+LOOM_TEST(HfGptOss, MalformedMxfp4BlocksAreRefusedByName) {
+  const std::string folder = loom::testing::fresh_temp_dir("gpt_oss_bad_mxfp4");
+  fs::copy(folders().at(1), folder, fs::copy_options::recursive);
+  auto tensors = tensors_of(folder + "/model.safetensors");
+  const std::string name = "model.layers.2.mlp.experts.down_proj_scales";
+  tensors[name] = tensors.at(name).narrow(-1, 0, 1).contiguous();  // one scale short per row
+  loom::checkpoint::NamedTensors named(tensors.begin(), tensors.end());
+  loom::checkpoint::save_safetensors(folder + "/model.safetensors", named);
+  try {
+    load(folder);
+    FAIL() << "malformed MXFP4 scales were accepted";
+  } catch (const loom::InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("model.layers.2.mlp.experts.down_proj_blocks"),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("scales [..., G]"), std::string::npos) << e.what();
+  }
+}
+
+LOOM_TEST(GptOssFlavors, PlanCountsThePublishedSizes) {
+  const auto& spec = loom::models::find_model_spec("gpt_oss");
+  loom::models::BuildOptions options;
+  options.tensor_options = at::TensorOptions().device(at::kMeta).dtype(at::kFloat);
+  for (const auto& [flavor, total, active] :
+       {std::tuple{"20B", int64_t{20914757184}, int64_t{3608307264}},
+        std::tuple{"120B", int64_t{116829156672}, int64_t{5132849472}}}) {
+    options.flavor = flavor;
+    const auto summary = spec.build(options)->summary(4096);
+    EXPECT_EQ(summary.total_params, total) << flavor;
+    EXPECT_EQ(summary.active_params, active) << flavor;
+  }
+}
