@@ -97,7 +97,7 @@ void add_tokenize_command(CLI::App& app, CommandRun& run) {
       ->add_option(
           "--tokenizer", args->tokenizer,
           "'byte', or a tiktoken-format file (X.tiktoken with X.json beside it, or a known "
-          "encoding: cl100k_base, gpt2, o200k_base, Llama 3 tokenizer.model)")
+          "encoding: cl100k_base, gpt2, o200k_base, o200k_harmony, Llama 3 tokenizer.model)")
       ->capture_default_str();
   auto* text = command->add_option("--text", args->text, "Text to encode (or ids to decode)");
   auto* input = command->add_option("--input", args->input, "File to encode (or ids to decode)");

@@ -80,6 +80,23 @@ std::map<std::string, int32_t> llama3_specials() {
   return specials;
 }
 
+// gpt-oss's o200k_harmony: o200k_base's ranks and split regex with the harmony chat format's
+// special tokens; every id up to 201087 named (the models' 201088-row table).
+std::map<std::string, int32_t> harmony_specials() {
+  std::map<std::string, int32_t> specials = {
+      {"<|startoftext|>", 199998}, {"<|endoftext|>", 199999}, {"<|return|>", 200002},
+      {"<|constrain|>", 200003},   {"<|channel|>", 200005},   {"<|start|>", 200006},
+      {"<|end|>", 200007},         {"<|message|>", 200008},   {"<|call|>", 200012},
+      {"<|endofprompt|>", 200018}};
+  for (int32_t id : {200000, 200001, 200004, 200009, 200010, 200011}) {
+    specials["<|reserved_" + std::to_string(id) + "|>"] = id;
+  }
+  for (int32_t id = 200013; id <= 201087; ++id) {
+    if (id != 200018) specials["<|reserved_" + std::to_string(id) + "|>"] = id;
+  }
+  return specials;
+}
+
 // A rank: decimal digits only, at most kMaxTokenId; -1 otherwise.
 int32_t parse_rank(std::string_view text) {
   if (text.empty() || text.size() > 9) return -1;
@@ -115,6 +132,9 @@ std::optional<BpeSpec> builtin_bpe_spec(const std::string& name) {
                    {{"<|endoftext|>", 199999}, {"<|endofprompt|>", 200018}},
                    "<|endoftext|>",
                    "<|endoftext|>"};
+  }
+  if (name == "o200k_harmony") {  // o200k_base.tiktoken's ranks under this name (gpt-oss)
+    return BpeSpec{name, kO200kPattern, harmony_specials(), "<|startoftext|>", "<|endoftext|>"};
   }
   if (name == "llama3" || name == "tokenizer") {  // Llama 3's file is tokenizer.model
     return BpeSpec{"llama3", kCl100kPattern, llama3_specials(), "<|begin_of_text|>",
@@ -158,7 +178,7 @@ BpeSpec bpe_spec_for(const std::string& ranks_path) {
   auto builtin = builtin_bpe_spec(path.stem().string());
   LOOM_CHECK_AS(InputError, builtin.has_value(), ranks_path, ": no ", sibling.filename().string(),
                 " beside it (with \"pat_str\" and \"special_tokens\") and not a known encoding "
-                "(cl100k_base, gpt2, o200k_base, llama3 tokenizer.model)");
+                "(cl100k_base, gpt2, o200k_base, o200k_harmony, llama3 tokenizer.model)");
   return *builtin;
 }
 

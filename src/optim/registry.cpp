@@ -45,7 +45,9 @@ std::string parameter_role(const std::string& name, at::IntArrayRef global_shape
   if (contains(name, "tok_embeddings.")) return "embedding";
   if (name.rfind("output.", 0) == 0) return "head";
   if (contains(name, ".router.")) return "routing";
-  if (global_shape.size() < 2) return "scalar";
+  // Biases are vectors whatever their stacking (gpt-oss's experts' [E, F]): never orthogonalized.
+  const bool bias = name.size() >= 4 && name.compare(name.size() - 4, 4, "bias") == 0;
+  if (global_shape.size() < 2 || bias) return "scalar";
   return "matrix";
 }
 

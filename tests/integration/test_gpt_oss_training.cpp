@@ -1,9 +1,10 @@
 // gpt-oss end to end: gpt_oss debugmodel (layers alternating a sliding window of 8 keys and full
 // attention, sinks and biases in attention, a mixture of 8 experts with router and expert biases
 // and the clamped SwiGLU in every layer) trains like one rank with the same global batch for 20
-// steps under expert parallelism (default), and FSDP, pipeline and context parallelism (ring,
-// where windows and sinks cross the ranks) in the slow label, through `loom launch`. Tensor
-// parallelism is refused by name (sinks and biases are not sharded by heads yet).
+// steps under tensor parallelism (sinks and the q/k/v biases split with the heads, the output
+// projections' biases shared out over the partial sums) and expert parallelism by default, and
+// FSDP, pipeline and context parallelism (ring, where windows and sinks cross the ranks) in the
+// slow label, through `loom launch`.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -16,17 +17,9 @@ namespace {
 
 using loom::testing::LayoutRuns;
 
-// Global batch 4 of 16 tokens (twice the window); checkpoints at 10 and 20.
+// The shared 20-step job (global batch 4 of 16 tokens, checkpoints at 10 and 20).
 std::string job(const std::string& extra = "") {
-  return "train --config " LOOM_SOURCE_DIR
-         "/configs/gpt_oss_debug.toml --training.steps 20"
-         " --training.seq_len 16 --training.local_batch_size 4 --training.global_batch_size 4"
-         " --parallelism.pipeline_parallel_microbatch_size 1 --validation.enable false"
-         " --metrics.log_freq 1 --metrics.peak_tflops 1 --debug.seed 13"
-         " --lr_scheduler.warmup_steps 2 --lr_scheduler.total_steps 20"
-         " --comm.init_timeout_seconds 60 --comm.train_timeout_seconds 60"
-         " --checkpoint.enable true --checkpoint.interval 10 --checkpoint.keep_latest_k 0 " +
-         extra;
+  return loom::testing::twenty_step_job("gpt_oss_debug.toml", extra);
 }
 
 std::string layout(int ep, int dp_shard, int local_batch) {
@@ -42,7 +35,11 @@ LayoutRuns& gpt_oss_runs() {
 
 }  // namespace
 
-LOOM_TEST(GptOssTraining, ExpertParallelTrainsLikeOneRank) {
+LOOM_TEST(GptOssTraining, TensorAndExpertParallelTrainLikeOneRank) {
+  gpt_oss_runs().expect_matches_one_rank(
+      gpt_oss_runs().layout_run("tp2", 2,
+                                layout(1, 1, 4) + " --parallelism.tensor_parallel_degree 2"),
+      "gpt_oss TP 2");
   gpt_oss_runs().expect_matches_one_rank(gpt_oss_runs().layout_run("ep2", 2, layout(2, 2, 2)),
                                          "gpt_oss ep 2");
 }

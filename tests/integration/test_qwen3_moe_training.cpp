@@ -22,17 +22,9 @@ namespace {
 
 using loom::testing::LayoutRuns;
 
-// Global batch 4 of 16 tokens; checkpoints at 10 and 20.
+// The shared 20-step job (global batch 4 of 16 tokens, checkpoints at 10 and 20).
 std::string job(const std::string& extra = "") {
-  return "train --config " LOOM_SOURCE_DIR
-         "/configs/qwen3_moe_debug.toml --training.steps 20"
-         " --training.seq_len 16 --training.local_batch_size 4 --training.global_batch_size 4"
-         " --parallelism.pipeline_parallel_microbatch_size 1 --validation.enable false"
-         " --metrics.log_freq 1 --metrics.peak_tflops 1 --debug.seed 13"
-         " --lr_scheduler.warmup_steps 2 --lr_scheduler.total_steps 20"
-         " --comm.init_timeout_seconds 60 --comm.train_timeout_seconds 60"
-         " --checkpoint.enable true --checkpoint.interval 10 --checkpoint.keep_latest_k 0 " +
-         extra;
+  return loom::testing::twenty_step_job("qwen3_moe_debug.toml", extra);
 }
 
 // ep ranks come out of dp_shard: each data-parallel rank takes its share of the global batch.

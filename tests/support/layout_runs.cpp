@@ -9,6 +9,18 @@
 
 namespace loom::testing {
 
+std::string twenty_step_job(const std::string& config, const std::string& extra) {
+  return "train --config " LOOM_SOURCE_DIR "/configs/" + config +
+         " --training.steps 20"
+         " --training.seq_len 16 --training.local_batch_size 4 --training.global_batch_size 4"
+         " --parallelism.pipeline_parallel_microbatch_size 1 --validation.enable false"
+         " --metrics.log_freq 1 --metrics.peak_tflops 1 --debug.seed 13"
+         " --lr_scheduler.warmup_steps 2 --lr_scheduler.total_steps 20"
+         " --comm.init_timeout_seconds 60 --comm.train_timeout_seconds 60"
+         " --checkpoint.enable true --checkpoint.interval 10 --checkpoint.keep_latest_k 0 " +
+         extra;
+}
+
 const std::string& LayoutRuns::one_rank() {
   if (one_rank_.empty()) one_rank_ = shared_run(prefix_ + "_one_rank", job_(""));
   return one_rank_;

@@ -9,6 +9,11 @@
 
 namespace loom::testing {
 
+// The shared job of the families' layout tests: configs/`config` for 20 steps of a global batch of
+// 4 rows of 16 tokens, microbatches of 1 row under a pipeline, every step logged, checkpoints at
+// 10 and 20, with `extra` appended.
+std::string twenty_step_job(const std::string& config, const std::string& extra);
+
 class LayoutRuns {
  public:
   // `prefix` names the runs' folders ("qwen3_moe" -> "qwen3_moe_one_rank"); `job(extra)` is

@@ -11,6 +11,7 @@
 
 #include "loom/checkpoint/hf.h"
 #include "loom/checkpoint/safetensors.h"
+#include "loom/generate/generator.h"
 #include "loom/generate/inference_model.h"
 #include "support/process.h"
 
@@ -85,6 +86,20 @@ inline std::string expect_import_export_bitwise(const std::string& folder,
 inline std::vector<int32_t> row_of(const at::Tensor& ids) {
   const at::Tensor row = ids.reshape({-1}).to(at::kInt).contiguous();
   return std::vector<int32_t>(row.data_ptr<int32_t>(), row.data_ptr<int32_t>() + row.numel());
+}
+
+// Greedy decoding with loom's cache from a family test's reference: its `prompt`, as many new
+// tokens as its `greedy` holds (transformers' generate()), no BOS, no stop at EOS.
+inline std::vector<int32_t> greedy_tokens(generate::InferenceModel& model,
+                                          const std::map<std::string, at::Tensor>& reference) {
+  generate::GenerationOptions options;
+  options.max_new_tokens = reference.at("greedy").numel();
+  options.stop_at_eos = false;
+  options.add_bos = false;
+  generate::Generator generator(model, options);
+  const auto completions = generator.generate({row_of(reference.at("prompt"))}, 0);
+  EXPECT_EQ(completions.size(), 1u);
+  return completions.empty() ? std::vector<int32_t>{} : completions[0].tokens;
 }
 
 }  // namespace loom::testing

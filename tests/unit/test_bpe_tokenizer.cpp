@@ -21,7 +21,8 @@ nlohmann::json vectors() {
 
 void check_encoding(const std::string& name) {
   const std::string path = kTokenizers + "/" + name + ".tiktoken";
-  ASSERT_TRUE(std::ifstream(path).good()) << path << " is missing (shipped in tests/data/tokenizers)";
+  ASSERT_TRUE(std::ifstream(path).good())
+      << path << " is missing (shipped in tests/data/tokenizers)";
   auto tokenizer = loom::data::load_tokenizer(path);
   const auto cases = vectors()["encodings"][name];
   ASSERT_GE(cases.size(), 10u);
@@ -49,6 +50,29 @@ TEST(BpeTokenizer, SpecialTokensAndVocabulary) {
   EXPECT_EQ(tokenizer->eos_id(), 100257);
   EXPECT_EQ(tokenizer->decode({100257}), "<|endoftext|>");
   EXPECT_THROW(tokenizer->decode({100270}), loom::InputError);  // a hole in the id space
+}
+
+// gpt-oss's o200k_harmony: o200k_base's ranks (a tiny stand-in file here: the single bytes)
+// under that name get the harmony special tokens, every id to 201087 named, so the vocabulary is
+// the models' 201088 rows.
+TEST(BpeTokenizer, O200kHarmonyNamesTheHarmonySpecialTokens) {
+  const std::string dir = loom::testing::fresh_temp_dir("bpe_harmony");
+  {
+    std::ofstream ranks(dir + "/o200k_harmony.tiktoken");
+    static const char* kBase64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    for (int byte = 0; byte < 256; ++byte) {
+      // One byte in base64: two characters and "==" padding.
+      ranks << kBase64[byte >> 2] << kBase64[(byte & 3) << 4] << "== " << byte << "\n";
+    }
+  }
+  auto tokenizer = loom::data::load_tokenizer(dir + "/o200k_harmony.tiktoken");
+  EXPECT_EQ(tokenizer->vocab_size(), 201088);
+  EXPECT_EQ(tokenizer->bos_id(), 199998);
+  EXPECT_EQ(tokenizer->eos_id(), 199999);
+  EXPECT_EQ(tokenizer->decode({200002}), "<|return|>");
+  EXPECT_EQ(tokenizer->decode({200006, 200008, 200007}), "<|start|><|message|><|end|>");
+  EXPECT_EQ(tokenizer->decode({201087}), "<|reserved_201087|>");
+  EXPECT_EQ(tokenizer->decode(tokenizer->encode("hi")), "hi");
 }
 
 TEST(BpeTokenizer, RoundTripsArbitraryText) {

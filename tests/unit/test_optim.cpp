@@ -36,6 +36,7 @@ TEST(Optim, MuonTakesHiddenMatricesAndExpertsAdamWTheRest) {
                                whole("layers.0.attention_norm.weight", at::zeros({4})),
                                whole("layers.1.moe.router.gate.weight", at::zeros({3, 4})),
                                whole("layers.1.moe.experts.w1", at::zeros({3, 6, 4})),
+                               whole("layers.1.moe.experts.w1_bias", at::zeros({3, 6})),
                                whole("output.weight", at::zeros({8, 4}))});
   const std::map<std::string, std::string> want = {
       {"tok_embeddings.weight", "embedding:AdamW"},
@@ -43,6 +44,7 @@ TEST(Optim, MuonTakesHiddenMatricesAndExpertsAdamWTheRest) {
       {"layers.0.attention_norm.weight", "scalar:AdamW"},
       {"layers.1.moe.router.gate.weight", "routing:AdamW"},
       {"layers.1.moe.experts.w1", "matrix:Muon"},
+      {"layers.1.moe.experts.w1_bias", "scalar:AdamW"},  // gpt-oss's stacked biases: vectors
       {"output.weight", "head:AdamW"}};
   EXPECT_EQ(roles_of(*o), want);
   EXPECT_EQ(o->state_names(1), std::vector<std::string>{"momentum_buffer"});

@@ -53,7 +53,8 @@ class BpeTokenizer : public Tokenizer {
   int32_t eos_id_ = -1;
 };
 
-// The spec of a known encoding by name (cl100k_base, gpt2, o200k_base, llama3), or nullopt.
+// The spec of a known encoding by name (cl100k_base, gpt2, o200k_base, o200k_harmony: gpt-oss's,
+// o200k_base's ranks with the harmony special tokens; llama3), or nullopt.
 std::optional<BpeSpec> builtin_bpe_spec(const std::string& name);
 
 // Pattern and special tokens for X.tiktoken: the sibling X.json ({"pat_str", "special_tokens"}),

@@ -62,9 +62,9 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const AttentionInputs& in
   } else {
     std::tie(q, k) = rotate_qk(q, k, in.freqs_cis, rope_layout);
   }
-  // Sinks are per query head; tensor parallelism would need them sharded with wq's heads.
-  LOOM_CHECK(!has_sinks || local_heads == n_heads, "attention sinks with ", local_heads, " of ",
-             n_heads, " heads on this rank: tensor parallelism does not shard sinks yet");
+  // Sinks are per query head: tensor parallelism splits them with wq's heads.
+  LOOM_CHECK(!has_sinks || sinks().size(0) == local_heads, "attention sinks for ", sinks().size(0),
+             " heads, but this rank computes ", local_heads);
   // The backend takes [bs, heads, seq, head_dim], k and v with their own (grouped) heads; on
   // CUDA SDPA picks flash / memory-efficient.
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));

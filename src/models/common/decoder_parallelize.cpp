@@ -71,9 +71,18 @@ std::map<std::string, Placement> apply_tp(CausalLM& model,
   auto boxes = initial_placements(model);
   const auto& dims = context.runtime.dims();
   if (!dims.tp_enabled()) return boxes;
-  return parallel::apply_tensor_parallel(
+  boxes = parallel::apply_tensor_parallel(
       model, decoder_tensor_parallel_plan(model, dims.loss_parallel_enabled()), tp_axis(context),
       std::move(boxes));
+  // Row-parallel outputs are partial sums the tp ranks add up: each adds 1 / tp of the bias.
+  const double share = 1.0 / static_cast<double>(dims.tp);
+  for (auto& block : dynamic_cast<DecoderModel&>(model).transformer()->blocks) {
+    if (block->attention && block->attention->wo->bias.defined()) {
+      block->attention->wo->bias_share = share;
+    }
+    if (block->moe && block->moe->experts->biases) block->moe->experts->output_bias_share = share;
+  }
+  return boxes;
 }
 
 // The loss over the head's output: vocab-parallel over the output's columns under TP unless
@@ -186,6 +195,15 @@ std::vector<parallel::TpRule> decoder_tensor_parallel_plan(const CausalLM& part,
     plan.insert(plan.end(), {colwise("layers.*.attention.wq"), colwise("layers.*.attention.wk"),
                              colwise("layers.*.attention.wv"), rowwise("layers.*.attention.wo")});
   }
+  if (args.attention_bias) {
+    // The column-parallel projections' biases split with their rows; the output projection's
+    // is whole, each rank adding its 1 / tp share to the partial sums (see apply_tp).
+    plan.insert(plan.end(), {{"layers.*.attention.wq.bias", WeightSplit::kRows},
+                             {"layers.*.attention.wk.bias", WeightSplit::kRows},
+                             {"layers.*.attention.wv.bias", WeightSplit::kRows},
+                             {"layers.*.attention.wo.bias", WeightSplit::kReplicated}});
+  }
+  if (args.attention_sinks) plan.push_back({"layers.*.attention.sinks", WeightSplit::kRows});
   if (args.qk_norm) {
     // Per-head norms act on this rank's heads: the weight is whole, its gradient a partial sum.
     plan.push_back({"layers.*.attention.q_norm", WeightSplit::kReplicated});
@@ -216,6 +234,18 @@ std::vector<parallel::TpRule> decoder_tensor_parallel_plan(const CausalLM& part,
                              w1,
                              w2,
                              w3});
+    if (args.moe->router_bias) {
+      plan.push_back({"layers.*.moe.router.gate.bias", WeightSplit::kReplicated});
+    }
+    if (args.moe->expert_biases) {
+      // gpt-oss: w1/w3's biases split with their hidden features; w2's whole, shared out as
+      // the output projection's.
+      TpRule b1{"layers.*.moe.experts.w1_bias", WeightSplit::kRows};
+      b1.dim = 1;
+      TpRule b3 = b1;
+      b3.module = "layers.*.moe.experts.w3_bias";
+      plan.insert(plan.end(), {b1, b3, {"layers.*.moe.experts.w2_bias", WeightSplit::kReplicated}});
+    }
     if (args.moe->num_shared_experts > 0) {
       plan.insert(plan.end(), {colwise("layers.*.moe.shared_experts.w1"),
                                rowwise("layers.*.moe.shared_experts.w2"),
@@ -265,11 +295,6 @@ void check_decoder_parallelism(const DecoderArgs& args, const config::JobConfig&
                   args.moe->num_experts, " experts of ", config.model.name, " flavor '",
                   config.model.flavor, "': each expert-parallel rank holds the same number");
   }
-  // One sink per query head: tensor parallelism would shard them with wq's heads (not yet).
-  LOOM_CHECK_AS(InputError, !args.attention_sinks || tp <= 1,
-                "parallelism.tensor_parallel_degree = ", tp, ": ", config.model.name, " flavor '",
-                config.model.flavor,
-                "' has attention sinks, which tensor parallelism does not shard yet; set it to 1");
   const int64_t cp = config.parallelism.context_parallel_degree;
   if (config.optimizer.qk_clip_threshold > 0) {
     LOOM_CHECK_AS(InputError, !args.qk_norm,

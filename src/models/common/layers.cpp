@@ -67,11 +67,12 @@ void LinearImpl::replace_bias(const at::Tensor& value) {
 }
 
 at::Tensor LinearImpl::forward(const at::Tensor& input) {
+  const at::Tensor b = !bias.defined() || bias_share == 1.0 ? bias : bias * bias_share;
   if (compute) {
     const at::Tensor out = compute->forward(input, weight);
-    return bias.defined() ? out + bias.to(out.scalar_type()) : out;
+    return b.defined() ? out + b.to(out.scalar_type()) : out;
   }
-  return bias.defined() ? at::linear(input, weight, bias) : at::linear(input, weight);
+  return b.defined() ? at::linear(input, weight, b) : at::linear(input, weight);
 }
 
 EmbeddingImpl::EmbeddingImpl(int64_t num_embeddings, int64_t dim, const at::TensorOptions& options)

@@ -62,7 +62,8 @@ at::Tensor GroupedExpertsImpl::forward(const at::Tensor& tokens, const at::Tenso
     at::Tensor out =
         compute ? compute->forward(in, w, counts) : grouped_matmul(in, w, counts, use_grouped_mm);
     if (biases) {
-      const at::Tensor& b = param(std::string(key) + "_bias");
+      at::Tensor b = param(std::string(key) + "_bias");
+      if (std::string(key) == "w2" && output_bias_share != 1.0) b = b * output_bias_share;
       out = out + b.index_select(0, rows_bias_index).to(out.scalar_type());
     }
     return out;

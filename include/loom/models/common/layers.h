@@ -73,6 +73,9 @@ class LinearImpl : public WeightModule {
   // router's gate, in float32): converters leave it alone.
   bool convertible = true;
   at::Tensor bias;  // undefined without one
+  // The part of the bias this rank adds: 1 / tp on a row-parallel linear, whose partial sums the
+  // tensor-parallel ranks add up (the whole bias once in the sum, its gradient a partial sum).
+  double bias_share = 1.0;
 };
 TORCH_MODULE(Linear);
 

@@ -49,6 +49,9 @@ class GroupedExpertsImpl : public ParameterTableModule {
   bool use_grouped_mm;
   bool biases;
   double swiglu_limit, swiglu_alpha;
+  // The part of w2_bias this rank adds (1 / tp under tensor parallelism: w2's outputs are partial
+  // sums over the tp ranks, which add the shares up to the bias).
+  double output_bias_share = 1.0;
   std::shared_ptr<GroupedMatmulCompute> compute;  // null: grouped_matmul
 };
 TORCH_MODULE(GroupedExperts);
