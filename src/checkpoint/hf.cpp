@@ -72,6 +72,20 @@ void prepare_export_folder(const std::string& output, bool overwrite) {
 // model.safetensors (read alone, the data untouched).
 std::vector<std::string> hf_tensor_names(const std::string& folder);
 
+// One past the highest N of the "model.layers.N.*" tensors among `names` (a Hugging Face folder's,
+// or a checkpoint's, whose model tensors are named the same way).
+int64_t layers_held(const std::vector<std::string>& names) {
+  static const std::regex layer_name("model\\.layers\\.([0-9]{1,9})\\..*");
+  int64_t held = 0;
+  for (const auto& name : names) {
+    std::smatch match;
+    if (std::regex_match(name, match, layer_name)) {
+      held = std::max<int64_t>(held, std::stoll(match[1].str()) + 1);
+    }
+  }
+  return held;
+}
+
 // A config.json that declares more layers than the weights hold would build (and allocate)
 // them all before the missing weights are noticed: refused by name first.
 // Returns the layers the weights hold (model.layers.N.* for N below it).
@@ -82,14 +96,7 @@ int64_t check_layers_present(const nlohmann::json& config, const std::string& co
     return -1;  // the family's reader names a missing or mistyped value
   }
   const auto declared = config.at("num_hidden_layers").get<int64_t>();
-  static const std::regex layer_name("model\\.layers\\.([0-9]{1,9})\\..*");
-  int64_t held = 0;
-  for (const auto& name : hf_tensor_names(folder)) {
-    std::smatch match;
-    if (std::regex_match(name, match, layer_name)) {
-      held = std::max<int64_t>(held, std::stoll(match[1].str()) + 1);
-    }
-  }
+  const int64_t held = layers_held(hf_tensor_names(folder));
   LOOM_CHECK_AS(InputError, declared <= held, config_path, ": num_hidden_layers is ", declared,
                 ", but the weights in '", folder, "' hold ", held,
                 " layers (model.layers.N.*): the config does not belong to these weights");
@@ -149,15 +156,8 @@ SourcedModel step_model(const std::string& step, models::BuildOptions options,
     out.spec = &models::find_hf_model_spec(out.hf_config, hf_config_path);
     if (options.num_mtp_layers < 0) {
       // What the import brought (config.json may count layers the folder did not hold).
-      static const std::regex layer_name("model\\.layers\\.([0-9]{1,9})\\..*");
-      int64_t held = 0;
-      for (const auto& name : reader.tensor_names()) {
-        std::smatch match;
-        if (std::regex_match(name, match, layer_name)) {
-          held = std::max<int64_t>(held, std::stoll(match[1].str()) + 1);
-        }
-      }
-      options.num_mtp_layers = mtp_layers_held(out.hf_config, *out.spec, held);
+      options.num_mtp_layers =
+          mtp_layers_held(out.hf_config, *out.spec, layers_held(reader.tensor_names()));
     }
     LOOM_CHECK_AS(InputError, !overrides.name || *overrides.name == out.spec->name, "checkpoint '",
                   step, "' holds a ", out.spec->name, " model (", hf_config_path, "), not ",
