@@ -10,7 +10,8 @@
 #   LOOM_WITH_CUDA / LOOM_WITH_NCCL   options (default: what LibTorch has) selecting loom's CUDA and
 #                            NCCL code paths; the CPU path is always built.
 #   LOOM_NCCL_INCLUDE_DIR    with LOOM_WITH_NCCL: the folder holding nccl.h (LoomNccl.cmake)
-#   target loom::torch       LibTorch for loom targets (includes, libraries, compile definitions)
+#   target loom::torch       LibTorch's CPU half for loom targets (includes, libraries, definitions)
+#   target loom::torch_cuda  with LOOM_WITH_CUDA: the CUDA half too (the CUDA support library)
 
 set(LOOM_MIN_TORCH_VERSION 2.4)
 
@@ -112,13 +113,29 @@ if(EXISTS "${LOOM_TORCH_INCLUDE_DIR}/ATen/Config.h")
   endif()
 endif()
 
+# loom::torch is LibTorch's CPU half, which every loom target links; loom::torch_cuda adds the CUDA
+# half (libtorch_cuda, c10_cuda, the CUDA runtime, NCCL's header), which only the CUDA support
+# library (bin/libloom_cuda.so) and the cuda-labelled tests link: loading it costs every process
+# ~0.2 s of CPU (include/loom/core/cuda_support.h).
 add_library(loom_torch INTERFACE)
 add_library(loom::torch ALIAS loom_torch)
-target_link_libraries(loom_torch INTERFACE ${TORCH_LIBRARIES})
-target_compile_options(loom_torch INTERFACE ${TORCH_CXX_FLAGS})
-if(LOOM_WITH_NCCL)
-  target_include_directories(loom_torch SYSTEM INTERFACE ${LOOM_NCCL_INCLUDE_DIR})
+if(TARGET torch_cpu_library)
+  target_link_libraries(loom_torch INTERFACE torch_cpu_library c10)
+  target_include_directories(loom_torch SYSTEM INTERFACE ${TORCH_INCLUDE_DIRS})
+else()  # a LibTorch without the split targets (a static build): all of it
+  target_link_libraries(loom_torch INTERFACE ${TORCH_LIBRARIES})
 endif()
+target_compile_options(loom_torch INTERFACE ${TORCH_CXX_FLAGS})
 # Code paths are chosen per target by these definitions, never by global flags.
 target_compile_definitions(loom_torch INTERFACE
   LOOM_WITH_CUDA=$<BOOL:${LOOM_WITH_CUDA}> LOOM_WITH_NCCL=$<BOOL:${LOOM_WITH_NCCL}>)
+
+if(LOOM_WITH_CUDA)
+  add_library(loom_torch_cuda INTERFACE)
+  add_library(loom::torch_cuda ALIAS loom_torch_cuda)
+  target_link_libraries(loom_torch_cuda INTERFACE loom_torch ${TORCH_LIBRARIES})
+  if(LOOM_WITH_NCCL)
+    target_include_directories(loom_torch_cuda SYSTEM INTERFACE ${LOOM_NCCL_INCLUDE_DIR})
+    target_compile_definitions(loom_torch_cuda INTERFACE USE_C10D_NCCL)
+  endif()
+endif()

@@ -10,9 +10,12 @@
 
 #include "commands.h"
 #include "loom/core/check.h"
+#include "loom/core/cuda_support.h"
 #include "version.h"
 
 int main(int argc, char** argv) {
+  // Before anything asks LibTorch about CUDA, which caches the answer (a no-op without a GPU).
+  loom::device::load_cuda_support();
   CLI::App app{"loom: LLM pretraining on LibTorch (torchtitan-compatible configs)", "loom"};
   app.set_version_flag(
       "--version", [] { return loom::cli::version_text(); },

@@ -17,9 +17,10 @@ std::string version_report() {
   out << "CUDA: ";
   if (!accel.cuda_compiled) {
     out << "not compiled in (CPU-only LibTorch)\n";
+  } else if (accel.cuda_runtime_version.empty()) {
+    out << "compiled in; support library " << accel.cuda_support << "\n";
   } else {
-    out << "compiled in, runtime "
-        << (accel.cuda_runtime_version.empty() ? "?" : accel.cuda_runtime_version) << ", ";
+    out << "compiled in, runtime " << accel.cuda_runtime_version << ", ";
     if (accel.cuda_available) {
       out << accel.device_count << " device(s):";
       for (const auto& name : accel.device_names) out << " [" << name << "]";
@@ -29,9 +30,9 @@ std::string version_report() {
     }
   }
   out << "NCCL: "
-      << (kWithNccl ? "compiled in, library " +
-                          (accel.nccl_version.empty() ? std::string("?") : accel.nccl_version)
-                    : std::string("not compiled in"))
+      << (!kWithNccl                   ? std::string("not compiled in")
+          : accel.nccl_version.empty() ? std::string("compiled in (in the CUDA support library)")
+                                       : "compiled in, library " + accel.nccl_version)
       << "\n";
   out << "Gloo: " << (kTorchHasGloo ? "available (LibTorch built with Gloo)" : "not available")
       << "\n";

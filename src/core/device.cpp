@@ -4,25 +4,19 @@
 
 #include "loom/core/build_info.h"
 #include "loom/core/check.h"
+#include "loom/core/cuda_support.h"
 #include "loom/core/host_memory.h"
 
 #include <optional>
 
 namespace loom::device {
 
-#if LOOM_WITH_CUDA
-// core/cuda_runtime_info.cpp; compiled only into CUDA builds.
-void fill_cuda_info(AcceleratorInfo& info);
-double cuda_memory_bytes(int index);
-#endif
-
 double memory_bytes(const c10::Device& device) {
   if (device.is_cuda()) {
-#if LOOM_WITH_CUDA
-    return cuda_memory_bytes(device.index() < 0 ? 0 : device.index());
-#else
-    return 0;
-#endif
+    const CudaSupport* cuda = cuda_support();
+    if (!cuda) return 0;
+    auto properties = cuda->properties(device.index() < 0 ? 0 : device.index());
+    return properties ? properties->total_memory_bytes : 0;
   }
   return device.is_cpu() ? host::memory_bytes() : 0;
 }
@@ -38,13 +32,21 @@ void check_fits(double bytes, const c10::Device& device, const std::string& what
 AcceleratorInfo query_accelerators() {
   AcceleratorInfo info;
   info.cuda_compiled = build::kWithCuda;
-#if LOOM_WITH_CUDA
-  fill_cuda_info(info);
-#endif
+  info.cuda_support = cuda_support_status();
+  const CudaSupport* cuda = cuda_support();
+  if (!cuda) return info;
+  info.cuda_runtime_version = cuda->runtime_version();
+  info.nccl_version = cuda->nccl_version();
+  info.device_count = at::hasCUDA() ? cuda->device_count() : 0;
+  info.cuda_available = info.device_count > 0;
+  for (int index = 0; index < info.device_count; ++index) {
+    if (auto properties = cuda->properties(index)) info.device_names.push_back(properties->name);
+  }
   return info;
 }
 
 c10::Device resolve_device(const std::string& setting, int index, const std::string& key) {
+  load_cuda_support();  // before LibTorch is first asked about CUDA
   const bool cuda = at::hasCUDA();
   const auto cuda_index = static_cast<c10::DeviceIndex>(index);
   if (setting == "auto") return cuda ? c10::Device(c10::kCUDA, cuda_index) : c10::Device(c10::kCPU);

@@ -1,25 +1,23 @@
-// Constructs c10d's NCCL backend for CUDA tensors (builds with LOOM_WITH_NCCL only).
-#if LOOM_WITH_NCCL
-#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
-#endif
+// Constructs c10d's NCCL backend for CUDA tensors, through the CUDA support library
+// (include/loom/core/cuda_support.h), which links NCCL.
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include "backend.h"
+#include "loom/core/build_info.h"
+#include "loom/core/check.h"
+#include "loom/core/cuda_support.h"
 
 namespace loom::distributed {
 
 std::shared_ptr<Backend> make_nccl_backend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                            int size, std::chrono::milliseconds timeout) {
-#if LOOM_WITH_NCCL
-  auto options = c10d::ProcessGroupNCCL::Options::create();
-  options->timeout = timeout;
-  auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, options);
-  return std::make_shared<Backend>("nccl", nccl);
-#else
-  (void)store, (void)rank, (void)size, (void)timeout;
-  LOOM_THROW(InputError,
-             "CUDA collectives need NCCL, and this loom was built without it "
-             "(LOOM_WITH_NCCL=OFF)");
-#endif
+  LOOM_CHECK_AS(InputError, build::kWithNccl,
+                "CUDA collectives need NCCL, and this loom was built without it "
+                "(LOOM_WITH_NCCL=OFF)");
+  const device::CudaSupport* cuda = device::cuda_support();
+  LOOM_CHECK_AS(InputError, cuda != nullptr, "CUDA collectives need NCCL, in the CUDA support ",
+                "library, which is ", device::cuda_support_status());
+  return std::make_shared<Backend>("nccl", cuda->make_nccl_backend(store, rank, size, timeout));
 }
 
 }  // namespace loom::distributed

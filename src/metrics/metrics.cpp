@@ -17,15 +17,11 @@
 #include "loom/config/dump.h"
 #include "loom/core/check.h"
 #include "loom/core/clock.h"
+#include "loom/core/cuda_support.h"
 #include "loom/core/files.h"
 #include "loom/core/logging.h"
 #include "loom/metrics/crc32c.h"
 #include "loom/metrics/tensorboard.h"
-
-#if LOOM_WITH_CUDA
-#include <c10/cuda/CUDACachingAllocator.h>
-#include <cuda_runtime_api.h>
-#endif
 
 namespace loom::metrics {
 namespace {
@@ -332,22 +328,18 @@ std::optional<std::string> mfu_warning(double mfu_pct, const PeakFlops& peak) {
 
 PeakFlops peak_flops(const at::Device& device, std::optional<double> override_tflops) {
   if (override_tflops) return {*override_tflops * 1e12, "metrics.peak_tflops", false};
-#if LOOM_WITH_CUDA
   if (device.is_cuda()) {
-    cudaDeviceProp properties{};
-    if (cudaGetDeviceProperties(&properties, device.index() < 0 ? 0 : device.index()) ==
-        cudaSuccess) {
-      if (auto flops = gpu_table_flops(properties.name)) {
-        return {*flops, std::string("GPU table (") + properties.name + ")", false};
+    const device::CudaSupport* cuda = device::cuda_support();
+    if (auto properties =
+            cuda ? cuda->properties(device.index() < 0 ? 0 : device.index()) : std::nullopt) {
+      if (auto flops = gpu_table_flops(properties->name)) {
+        return {*flops, "GPU table (" + properties->name + ")", false};
       }
       log::get("metrics")->warn(
-          "no peak FLOP/s known for GPU '{}'; set metrics.peak_tflops for MFU", properties.name);
+          "no peak FLOP/s known for GPU '{}'; set metrics.peak_tflops for MFU", properties->name);
     }
     return {0, "unknown GPU", false};
   }
-#else
-  (void)gpu_table_flops;
-#endif
   (void)device;
   const CpuPeak cpu = cpu_peak_flops(at::get_num_threads());
   if (cpu.flops <= 0) {
@@ -414,14 +406,12 @@ CpuPeak cpu_peak_flops(int threads, const std::string& cpuinfo_path) {
 }
 
 double peak_memory_gib(const at::Device& device) {
-#if LOOM_WITH_CUDA
   if (device.is_cuda()) {
-    auto stats =
-        c10::cuda::CUDACachingAllocator::getDeviceStats(device.index() < 0 ? 0 : device.index());
-    return static_cast<double>(stats.allocated_bytes[0].peak) / (1024.0 * 1024.0 * 1024.0);
+    const device::CudaSupport* cuda = device::cuda_support();
+    const double bytes =
+        cuda ? cuda->peak_allocated_bytes(device.index() < 0 ? 0 : device.index()) : 0;
+    return bytes / (1024.0 * 1024.0 * 1024.0);
   }
-#endif
-  (void)device;
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   return static_cast<double>(usage.ru_maxrss) / (1024.0 * 1024.0);  // ru_maxrss is in KiB

@@ -7,12 +7,9 @@
 #include <set>
 
 #include "loom/core/check.h"
+#include "loom/core/cuda_support.h"
 #include "loom/core/files.h"
 #include "loom/core/logging.h"
-
-#if LOOM_WITH_CUDA
-#include <torch/csrc/cuda/memory_snapshot.h>
-#endif
 
 namespace loom::metrics {
 namespace {
@@ -53,18 +50,14 @@ StepProfiler::StepProfiler(const config::JobConfig& config, int rank, const c10:
               options_.save_traces_folder);
   }
   if (!options_.enable_memory_snapshot) return;
-#if LOOM_WITH_CUDA
-  if (device_.is_cuda()) {
+  if (const device::CudaSupport* cuda = device::cuda_support(); cuda && device_.is_cuda()) {
     // Every allocation and free with its C++ context, up to 100000 entries (PyTorch's default).
-    // (Explicit optionals: a string literal would pick the bool overload.)
-    torch::cuda::_record_memory_history(std::optional<std::string>("all"),
-                                        std::optional<std::string>("all"), "all", 100000);
+    cuda->record_memory_history(100000);
     snapshots_ = true;
     log->info("memory snapshots: every {} steps and on out-of-memory, in {}/{}",
               options_.profile_freq, dump_folder_, options_.save_memory_snapshot_folder);
     return;
   }
-#endif
   if (rank_ == 0) {
     log->warn(
         "profiling.enable_memory_snapshot: snapshots come from the CUDA caching allocator and "
@@ -136,20 +129,17 @@ void StepProfiler::stop_and_save(int64_t step) {
 }
 
 std::string StepProfiler::save_memory_snapshot(const std::string& folder_name) {
-#if LOOM_WITH_CUDA
+  const device::CudaSupport* cuda = device::cuda_support();
+  if (!cuda) return {};
   const std::string folder =
       dump_folder_ + "/" + options_.save_memory_snapshot_folder + "/" + folder_name;
   files::create_directories(folder);
   const std::string path = folder + "/rank" + std::to_string(rank_) + "_memory_snapshot.pickle";
-  files::write_atomic(path, torch::cuda::_memory_snapshot_pickled());
+  files::write_atomic(path, cuda->memory_snapshot_pickled());
   written_.push_back(path);
   log::get("profiler")
       ->info("memory snapshot written to {} (open it at pytorch.org/memory_viz)", path);
   return path;
-#else
-  (void)folder_name;
-  return {};
-#endif
 }
 
 void StepProfiler::out_of_memory(int64_t step, const std::string& message) {

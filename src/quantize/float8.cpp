@@ -5,11 +5,8 @@
 #include <map>
 #include <mutex>
 
-#if LOOM_WITH_CUDA
-#include <cuda_runtime_api.h>
-#endif
-
 #include "loom/core/check.h"
+#include "loom/core/cuda_support.h"
 
 namespace loom::quantize {
 
@@ -62,7 +59,6 @@ Float8Tensor quantize(const at::Tensor& x, const CastSpec& spec, int64_t reducti
 }
 
 bool hardware_float8(const at::Device& device) {
-#if LOOM_WITH_CUDA
   if (!device.is_cuda()) return false;
   // cudaGetDeviceProperties is slow: asked once per device index.
   static std::mutex mutex;
@@ -71,15 +67,12 @@ bool hardware_float8(const at::Device& device) {
   const std::lock_guard<std::mutex> lock(mutex);
   auto it = known.find(index);
   if (it != known.end()) return it->second;
-  cudaDeviceProp properties{};
-  const bool ok = cudaGetDeviceProperties(&properties, index) == cudaSuccess &&
-                  (properties.major > 8 || (properties.major == 8 && properties.minor >= 9));
+  const device::CudaSupport* cuda = device::cuda_support();
+  const auto properties = cuda ? cuda->properties(index) : std::nullopt;
+  const bool ok =
+      properties && (properties->major > 8 || (properties->major == 8 && properties->minor >= 9));
   known[index] = ok;
   return ok;
-#else
-  (void)device;
-  return false;
-#endif
 }
 
 namespace {

@@ -11,6 +11,7 @@ namespace loom::device {
 struct AcceleratorInfo {
   bool cuda_compiled = false;   // loom's CUDA code paths are in this binary
   bool cuda_available = false;  // a driver and at least one device answered
+  std::string cuda_support;     // whether bin/libloom_cuda.so is loaded, and from where
   int device_count = 0;
   std::vector<std::string> device_names;
   std::string cuda_runtime_version;  // "13.0", empty without CUDA

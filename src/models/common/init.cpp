@@ -8,25 +8,20 @@
 #include <initializer_list>
 
 #include "loom/core/check.h"
+#include "loom/core/cuda_support.h"
 #include "loom/core/strings.h"
-
-#if LOOM_WITH_CUDA
-#include <ATen/cuda/CUDAGeneratorImpl.h>
-#endif
 
 namespace loom::models {
 
 at::Generator parameter_generator(const at::Device& device, uint64_t run_seed,
                                   const std::string& name) {
   const uint64_t seed = parameter_seed(run_seed, name);
-#if LOOM_WITH_CUDA
   if (device.is_cuda()) {
-    auto generator =
-        at::make_generator<at::CUDAGeneratorImpl>(device.index() < 0 ? 0 : device.index());
-    generator.set_current_seed(seed);
-    return generator;
+    const device::CudaSupport* cuda = device::cuda_support();
+    LOOM_CHECK(cuda != nullptr, "no CUDA generator: the CUDA support library is ",
+               device::cuda_support_status());
+    return cuda->make_generator(device.index() < 0 ? 0 : device.index(), seed);
   }
-#endif
   LOOM_CHECK(device.is_cpu(), "no random generator for device ", device.str());
   return at::make_generator<at::CPUGeneratorImpl>(seed);
 }

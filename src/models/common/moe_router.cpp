@@ -6,11 +6,8 @@
 #include <limits>
 
 #include "loom/core/check.h"
+#include "loom/core/cuda_support.h"
 #include "loom/models/common/moe.h"
-
-#if LOOM_WITH_CUDA
-#include <ATen/cuda/CUDAContext.h>
-#endif
 
 namespace loom::models {
 namespace {
@@ -50,12 +47,13 @@ bool grouped_mm_supported(const at::Device& device, at::ScalarType dtype, int64_
   const bool aligned = (k * element) % 16 == 0 && (m * element) % 16 == 0;
   if (!aligned) return false;
   if (device.is_cpu()) return dtype == at::kFloat || dtype == at::kBFloat16;
-#if LOOM_WITH_CUDA
   // CUDA: bf16 on sm90 and later in LibTorch 2.11; older devices take the loop.
   if (device.is_cuda() && dtype == at::kBFloat16) {
-    return at::cuda::getDeviceProperties(device.index() < 0 ? 0 : device.index())->major >= 9;
+    const device::CudaSupport* cuda = device::cuda_support();
+    const auto properties =
+        cuda ? cuda->properties(device.index() < 0 ? 0 : device.index()) : std::nullopt;
+    return properties && properties->major >= 9;
   }
-#endif
   return false;
 }
 
