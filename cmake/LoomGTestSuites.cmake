@@ -43,7 +43,8 @@ if(NOT EXISTS "${SUITES}" OR "${BINARY}" IS_NEWER_THAN "${SUITES}"
         string(APPEND _loom_content
           "add_test([==[${_loom_suite}]==] [==[${BINARY}]==] [==[--gtest_filter=${_loom_suite}.*]==])\n"
           "set_tests_properties([==[${_loom_suite}]==] PROPERTIES LABELS [==[${_loom_label}]==] "
-          "TIMEOUT ${_loom_timeout} WORKING_DIRECTORY [==[${WORKDIR}]==] ENVIRONMENT OMP_NUM_THREADS=1)\n")
+          "TIMEOUT ${_loom_timeout} WORKING_DIRECTORY [==[${WORKDIR}]==] ENVIRONMENT OMP_NUM_THREADS=1 "
+          "ENVIRONMENT_MODIFICATION [==[LOOM_CACHE_DIR=set:${CACHE_DIR}]==])\n")
       endif()
     endforeach()
   endif()

@@ -13,6 +13,7 @@
 #include "loom/data/assets.h"
 #include "loom/data/documents.h"
 #include "loom/data/shards.h"
+#include "loom/data/token_cache.h"
 
 namespace loom::data {
 
@@ -173,19 +174,33 @@ std::unique_ptr<PackedLoader> open_dataset(const std::string& name,
         stream->shard_count(), stream->dtype(), *loader->samples_per_epoch(), options.seq_len);
     return loader;
   }
-  std::vector<std::string> documents;
+  const auto parts = expand_dataset_path(file);
+  const auto cache =
+      TokenCache::for_dataset(parts, options.text_field, options.max_document_bytes, tokenizer);
+  std::optional<TokenizedDataset> dataset = cache ? cache->read() : std::nullopt;
+  const bool from_cache = dataset.has_value();
   int64_t skipped = 0;
-  for (const auto& part : expand_dataset_path(file)) {
-    auto part_documents = read_documents(part, options.text_field, options.skip_bad_records,
-                                         &skipped, options.max_document_bytes);
-    documents.insert(documents.end(), std::make_move_iterator(part_documents.begin()),
-                     std::make_move_iterator(part_documents.end()));
+  if (!from_cache) {
+    dataset.emplace();
+    for (const auto& part : parts) {
+      const auto documents = read_documents(part, options.text_field, options.skip_bad_records,
+                                            &skipped, options.max_document_bytes);
+      dataset->documents += static_cast<int64_t>(documents.size());
+      for (const auto& document : documents) {
+        append_document(tokenizer, document, dataset->tokens);
+      }
+    }
+    // A run that skipped bad records logged each of them; the next one must too.
+    if (cache && skipped == 0) cache->write(*dataset);
   }
-  auto loader = std::make_unique<PackedLoader>(documents, tokenizer, options);
+  const int64_t documents = dataset->documents;
+  auto loader = std::make_unique<PackedLoader>(
+      std::make_shared<InMemoryTokenStream>(std::move(dataset->tokens)), options);
   loader->set_records_skipped(skipped);
-  log::get("data")->info("{}: {} documents, {} tokens ({} tokenizer), {} samples of {} tokens",
-                         dataset_label(name, path, file), documents.size(), loader->total_tokens(),
-                         tokenizer.name(), *loader->samples_per_epoch(), options.seq_len);
+  log::get("data")->info("{}: {} documents, {} tokens ({} tokenizer), {} samples of {} tokens{}",
+                         dataset_label(name, path, file), documents, loader->total_tokens(),
+                         tokenizer.name(), *loader->samples_per_epoch(), options.seq_len,
+                         from_cache ? "; tokens from the cache " + cache->path() : "");
   return loader;
 }
 
