@@ -137,7 +137,9 @@ LOOM_TEST(StepMemory, LoomExecutablesUseJemalloc) {
 LOOM_TEST(StepMemory, OneRankDoesNotGrow) {
   expect_no_growth({"one rank"});
 }
-LOOM_TEST(StepMemory, DdpDoesNotGrow) {
+// DDP's and the pipeline's step share FSDP's and one rank's allocations (FSDP and TP grew once,
+// issue 29; they stay in the default suite): the slow label.
+LOOM_SLOW_TEST(StepMemory, DdpDoesNotGrow) {
   expect_no_growth({"DDP x2", 1, 2});
 }
 LOOM_TEST(StepMemory, FsdpDoesNotGrow) {
@@ -153,7 +155,7 @@ LOOM_TEST(StepMemory, TensorParallelDoesNotGrow) {
 LOOM_SLOW_TEST(StepMemory, TensorParallelDoesNotGrowOverTwoHundredSteps) {
   expect_no_growth({"TP x2", 1, 1, 2}, kQuietSlopeBound, 200);
 }
-LOOM_TEST(StepMemory, PipelineDoesNotGrow) {
+LOOM_SLOW_TEST(StepMemory, PipelineDoesNotGrow) {
   expect_no_growth({"PP x2 1F1B", 1, 1, 1, 2});
 }
 
