@@ -275,7 +275,7 @@ namespace {
 std::string corpus_job(int steps) {
   return "train --config " LOOM_SOURCE_DIR "/configs/llama3_debug.toml --training.steps " +
          std::to_string(steps) +
-         " --training.seq_len 32 --training.local_batch_size 4 --validation.enable false"
+         " --training.seq_len 16 --training.local_batch_size 4 --validation.enable false"
          " --metrics.log_freq 1 --metrics.peak_tflops 1 --debug.seed 7"
          " --lr_scheduler.warmup_steps 2 --lr_scheduler.total_steps 20"
          " --comm.init_timeout_seconds 60 --comm.train_timeout_seconds 60"
