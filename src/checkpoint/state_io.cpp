@@ -8,15 +8,12 @@
 #include <regex>
 #include <sstream>
 
+#include "loom/core/clock.h"
 #include "loom/core/check.h"
 #include "loom/core/files.h"
 #include "loom/core/json.h"
 
 namespace loom::checkpoint::detail {
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 std::string rank_name(int rank, const char* suffix) {
   char name[64];

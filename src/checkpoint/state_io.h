@@ -12,10 +12,11 @@
 #include <string>
 #include <vector>
 
+#include "loom/core/clock.h"
+
 namespace loom::checkpoint::detail {
 
 using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point start);
 
 // "rank-00003" + suffix.
 std::string rank_name(int rank, const char* suffix);

@@ -1,3 +1,4 @@
+#include "loom/core/clock.h"
 #include "loom/generate/generator.h"
 
 #include <ATen/ATen.h>
@@ -13,10 +14,6 @@ namespace loom::generate {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
 }  // namespace
 
 // One prompt in flight.

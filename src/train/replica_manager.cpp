@@ -1,3 +1,4 @@
+#include "loom/core/clock.h"
 #include "loom/train/replica_manager.h"
 
 #include <ATen/ATen.h>
@@ -54,10 +55,6 @@ bool all_agree(distributed::Comm& group, bool ok) {
 
 std::string distributed_message(const c10::Error& e) {
   return e.what_without_backtrace();
-}
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
 // The optimizer's index of local tensor `p`.

@@ -1,4 +1,5 @@
 // The training loop (trainer.h); the run it steps is built by build_run (run_builder.cpp).
+#include "loom/core/clock.h"
 #include "loom/train/trainer.h"
 
 #include <ATen/ATen.h>
@@ -24,10 +25,6 @@ namespace loom::train {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 // A number summed over a group (the step's valid tokens).
 double sum_over(distributed::Comm& group, double value) {

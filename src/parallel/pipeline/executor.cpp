@@ -1,4 +1,5 @@
 // The pipeline executor (executor.h).
+#include "loom/core/clock.h"
 #include "loom/parallel/pipeline/executor.h"
 
 #include <ATen/ATen.h>
@@ -15,10 +16,6 @@ namespace {
 
 using Key = std::pair<int, int>;  // (stage, microbatch)
 using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 template <typename Map>
 at::Tensor take(Map& map, const Key& key, const char* what, const Action& action) {
