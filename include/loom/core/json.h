@@ -15,6 +15,13 @@
 
 namespace loom::json {
 
+// Whether `object` holds `key` with a value other than null (transformers, and the configs it
+// writes, treat a null value as an unset key).
+inline bool is_set(const nlohmann::json& object, const std::string& key) {
+  auto it = object.find(key);
+  return it != object.end() && !it->is_null();
+}
+
 // Parses `text`; `source` (a path, "path: header", ...) starts every error message.
 nlohmann::json parse_strict(std::string_view text, const std::string& source);
 

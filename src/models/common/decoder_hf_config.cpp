@@ -15,11 +15,7 @@ namespace {
 
 using Json = nlohmann::json;
 
-// transformers treats a null value as an unset key.
-bool is_set(const Json& object, const std::string& key) {
-  auto it = object.find(key);
-  return it != object.end() && !it->is_null();
-}
+using loom::json::is_set;
 
 double positive_number(const Json& value, const std::string& what) {
   LOOM_CHECK_AS(InputError, value.is_number(), what, " must be a number, found ", value.dump());

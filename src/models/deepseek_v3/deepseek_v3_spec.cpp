@@ -14,9 +14,7 @@ namespace {
 
 using Json = nlohmann::json;
 
-bool is_set(const Json& config, const char* key) {
-  return config.contains(key) && !config.at(key).is_null();
-}
+using loom::json::is_set;
 
 // Keys transformers' DeepseekV3Config ignores although DeepSeek's own configs carry them: a
 // value other than DeepSeek-V3's means a model transformers (and loom) would compute differently

@@ -19,9 +19,7 @@ namespace {
 
 using Json = nlohmann::json;
 
-bool is_set(const Json& config, const char* key) {
-  return config.contains(key) && !config.at(key).is_null();
-}
+using loom::json::is_set;
 
 void read_layer_windows(const Json& config, const std::string& source, DecoderArgs& args) {
   const int64_t window =
