@@ -18,6 +18,7 @@
 #include "loom/core/check.h"
 #include "loom/core/files.h"
 #include "loom/core/json.h"
+#include "crc32.h"
 
 // The files are little-endian and read by plain loads; a big-endian host would need byte swaps.
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
@@ -26,17 +27,6 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 namespace loom::data {
 namespace fs = std::filesystem;
 namespace {
-
-uint32_t crc32_of(const unsigned char* data, size_t bytes, uint32_t crc = 0) {
-  uLong value = crc;
-  while (bytes > 0) {  // zlib takes 32-bit lengths
-    const auto chunk = static_cast<uInt>(std::min<size_t>(bytes, 1u << 30));
-    value = crc32(value, data, chunk);
-    data += chunk;
-    bytes -= chunk;
-  }
-  return static_cast<uint32_t>(value);
-}
 
 std::string hex32(uint32_t value) {
   return fmt::format("{:08x}", value);

@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 #include <openssl/evp.h>
-#include <zlib.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -13,6 +12,7 @@
 #include "loom/core/check.h"
 #include "loom/core/files.h"
 #include "loom/core/logging.h"
+#include "crc32.h"
 
 namespace loom::data {
 namespace {
@@ -72,17 +72,9 @@ void add_file(Sha256& hash, const std::string& path) {
   hash.add(&total, sizeof total);
 }
 
-uint32_t crc32_of(const std::vector<int32_t>& tokens) {
-  uLong crc = crc32(0L, Z_NULL, 0);
-  const auto* bytes = reinterpret_cast<const Bytef*>(tokens.data());
-  size_t left = tokens.size() * sizeof(int32_t);
-  while (left > 0) {  // zlib takes 32-bit lengths
-    const auto chunk = static_cast<uInt>(std::min<size_t>(left, size_t{1} << 30));
-    crc = crc32(crc, bytes, chunk);
-    bytes += chunk;
-    left -= chunk;
-  }
-  return static_cast<uint32_t>(crc);
+uint32_t tokens_crc32(const std::vector<int32_t>& tokens) {
+  return data::crc32_of(reinterpret_cast<const unsigned char*>(tokens.data()),
+                        tokens.size() * sizeof(int32_t));
 }
 
 }  // namespace
@@ -143,7 +135,7 @@ std::optional<TokenizedDataset> TokenCache::read() const {
                static_cast<std::streamsize>(header.tokens * sizeof(int32_t)))) {
     return damaged("short read");
   }
-  if (crc32_of(dataset.tokens) != header.crc32) return damaged("checksum mismatch");
+  if (tokens_crc32(dataset.tokens) != header.crc32) return damaged("checksum mismatch");
   return dataset;
 }
 
@@ -152,7 +144,7 @@ void TokenCache::write(const TokenizedDataset& dataset) const {
   std::memcpy(header.magic, kMagic, sizeof kMagic);
   header.documents = static_cast<uint64_t>(dataset.documents);
   header.tokens = dataset.tokens.size();
-  header.crc32 = crc32_of(dataset.tokens);
+  header.crc32 = tokens_crc32(dataset.tokens);
   std::string content(reinterpret_cast<const char*>(&header), sizeof header);
   content.append(reinterpret_cast<const char*>(dataset.tokens.data()),
                  dataset.tokens.size() * sizeof(int32_t));
