@@ -83,6 +83,13 @@ TEST(Cli, CudaSupportIsALibraryLoadedOnlyWhereAGpuMayBe) {
   const auto version = run_loom("--version");
   ASSERT_EQ(version.exit_code, 0) << version.output;
   if (!contains(version.output, "CUDA: compiled in")) GTEST_SKIP() << "a build without CUDA";
+  // Without a driver's device nodes (this CPU machine) it is not loaded unless asked for.
+  if (!std::filesystem::exists("/dev/nvidiactl") && !std::filesystem::exists("/dev/nvidia0") &&
+      !std::filesystem::exists("/dev/dxg")) {
+    const auto plain = run_command("env -u LOOM_CUDA '" LOOM_BINARY "' --version");
+    EXPECT_TRUE(contains(plain.output, "support library not loaded (no NVIDIA device nodes"))
+        << plain.output;
+  }
   const auto off = run_command("LOOM_CUDA=0 '" LOOM_BINARY "' --version");
   EXPECT_TRUE(contains(off.output, "support library not loaded (LOOM_CUDA=0)")) << off.output;
   const auto forced = run_command("LOOM_CUDA=1 '" LOOM_BINARY "' --version");
