@@ -9,10 +9,10 @@
 #include <fstream>
 #include <memory>
 
+#include "crc32.h"
 #include "loom/core/check.h"
 #include "loom/core/files.h"
 #include "loom/core/logging.h"
-#include "crc32.h"
 
 namespace loom::data {
 namespace {
