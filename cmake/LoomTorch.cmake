@@ -126,6 +126,13 @@ else()  # a LibTorch without the split targets (a static build): all of it
   target_link_libraries(loom_torch INTERFACE ${TORCH_LIBRARIES})
 endif()
 target_compile_options(loom_torch INTERFACE ${TORCH_CXX_FLAGS})
+# Every LibTorch user compiles with -fopenmp (above: at::parallel_for must be an OpenMP region),
+# the precompiled header included, so the fused kernels' files share that header and a unity
+# batch with their neighbours (compiled alone without it: 76 s of a fresh build's CPU).
+if(LOOM_TORCH_OPENMP_LIBRARY)
+  target_compile_options(loom_torch INTERFACE -fopenmp)
+  target_link_libraries(loom_torch INTERFACE ${LOOM_TORCH_OPENMP_LIBRARY})
+endif()
 # Code paths are chosen per target by these definitions, never by global flags.
 target_compile_definitions(loom_torch INTERFACE
   LOOM_WITH_CUDA=$<BOOL:${LOOM_WITH_CUDA}> LOOM_WITH_NCCL=$<BOOL:${LOOM_WITH_NCCL}>)
