@@ -19,6 +19,7 @@
 #include "support/test_sets.h"
 
 namespace {
+namespace test_context_parallel_training {  // its own names in a unity batch
 
 using loom::testing::LayoutRuns;
 
@@ -219,4 +220,5 @@ LOOM_SLOW_TEST(ContextParallelTraining, CheckpointsResumeIntoAnotherCp) {
                                               "one_to_cp4", "block_causal 1 rank -> cp 4");
 }
 
+}  // namespace test_context_parallel_training
 }  // namespace

@@ -16,6 +16,7 @@
 #include "support/test_sets.h"
 
 namespace {
+namespace test_deepseek_v3_training {  // its own names in a unity batch
 
 using loom::testing::LayoutRuns;
 
@@ -215,4 +216,5 @@ LOOM_SLOW_TEST(DeepseekV3Training, CheckpointsReshardBetweenExpertParallelAndOne
                                       "deepseek_v3 1 rank -> ep 2");
 }
 
+}  // namespace test_deepseek_v3_training
 }  // namespace

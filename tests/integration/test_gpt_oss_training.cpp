@@ -14,6 +14,7 @@
 #include "support/test_sets.h"
 
 namespace {
+namespace test_gpt_oss_training {  // its own names in a unity batch
 
 using loom::testing::LayoutRuns;
 
@@ -32,8 +33,6 @@ LayoutRuns& gpt_oss_runs() {
   static LayoutRuns instance("gpt_oss", job);
   return instance;
 }
-
-}  // namespace
 
 LOOM_TEST(GptOssTraining, TensorAndExpertParallelTrainLikeOneRank) {
   gpt_oss_runs().expect_matches_one_rank(
@@ -61,3 +60,6 @@ LOOM_SLOW_TEST(GptOssTraining, EveryLayoutTrainsLikeOneRank) {
   gpt_oss_runs().expect_resumes_like_one_rank(gpt_oss_runs().layout_run("ep2", 2, layout(2, 2, 2)),
                                               1, "", "ep2_to_one", "gpt_oss ep 2 -> 1 rank");
 }
+
+}  // namespace test_gpt_oss_training
+}  // namespace

@@ -22,6 +22,7 @@ namespace fs = std::filesystem;
 using loom::testing::fresh_temp_dir;
 
 namespace {
+namespace test_hostile_models {  // its own names in a unity batch
 
 const std::string kFixture = std::string(LOOM_SOURCE_DIR) + "/tests/data/hf_llama/transformers4";
 
@@ -73,8 +74,6 @@ std::string generate(const std::string& folder, const std::string& extra = "") {
   return "generate --checkpoint '" + folder + "' --tokenizer byte --prompt hi --max-new-tokens 2 " +
          extra;
 }
-
-}  // namespace
 
 // num_hidden_layers far beyond the weights would build (and allocate) every layer before the
 // missing weights were noticed; vocab or hidden sizes typed wrong would allocate hundreds of GiB.
@@ -183,3 +182,6 @@ TEST(HostileModels, StatusFileThatCannotBeWrittenIsAWarningNotTheEndOfTheRun) {
   EXPECT_TRUE(contains(loom::testing::read_text(dump + "/metrics.jsonl"), "\"step\":3"))
       << r.result.output;
 }
+
+}  // namespace test_hostile_models
+}  // namespace

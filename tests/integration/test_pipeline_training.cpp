@@ -16,6 +16,7 @@
 #include "support/test_sets.h"
 
 namespace {
+namespace test_pipeline_training {  // its own names in a unity batch
 
 namespace fs = std::filesystem;
 using loom::testing::copy_of_checkpoint;
@@ -220,4 +221,5 @@ LOOM_TEST(PipelineTraining, TooFewMicrobatchesAreRefusedBeforeTheRendezvousNamin
   EXPECT_FALSE(fs::exists(folder + "/metrics.jsonl"));
 }
 
+}  // namespace test_pipeline_training
 }  // namespace

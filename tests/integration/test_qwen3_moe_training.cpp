@@ -19,6 +19,7 @@
 #include "support/test_sets.h"
 
 namespace {
+namespace test_qwen3_moe_training {  // its own names in a unity batch
 
 using loom::testing::LayoutRuns;
 
@@ -145,4 +146,5 @@ LOOM_SLOW_TEST(Qwen3MoeTraining, BalancingBiasBringsTheLoadUnderTwo) {
   EXPECT_LT(tail, 2.0);
 }
 
+}  // namespace test_qwen3_moe_training
 }  // namespace

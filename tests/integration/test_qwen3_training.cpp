@@ -15,6 +15,7 @@
 #include "support/test_sets.h"
 
 namespace {
+namespace test_qwen3_training {  // its own names in a unity batch
 
 using loom::testing::LayoutRuns;
 
@@ -81,4 +82,5 @@ LOOM_SLOW_TEST(Qwen3Training, CheckpointsReshardBetweenLayouts) {
                                       "qwen3 1 rank -> FSDP x 2 x TP x 2");
 }
 
+}  // namespace test_qwen3_training
 }  // namespace

@@ -9,14 +9,15 @@
 
 #include "comm_test_util.h"
 #include "loom/data/batch_source.h"
-#include "loom/protocols/attention_backend.h"
 #include "loom/models/common/decoder.h"
 #include "loom/models/llama/init.h"
 #include "loom/parallel/context_parallel.h"
+#include "loom/protocols/attention_backend.h"
 #include "model_test_util.h"
 
 namespace loom {
 namespace {
+namespace test_context_parallel {  // its own names in a unity batch
 
 using distributed::Collective;
 using distributed::ProcessGroups;
@@ -139,8 +140,8 @@ void check_context_attention(int cp, bool documents, const std::string& method,
   }
   const double scale = 0.3;
   const at::Tensor sink_logits = random({h}, 5);
-  models::LayerAttention layer{window, sinks ? sink_logits.clone().requires_grad_(true)
-                                             : at::Tensor()};
+  models::LayerAttention layer{window,
+                               sinks ? sink_logits.clone().requires_grad_(true) : at::Tensor()};
   const at::Tensor out = models::local_attention(q, k, v, scale, whole, layer);
   (out * weights).sum().backward();
   std::vector<at::Tensor> rank_sink_grads(cp);
@@ -242,5 +243,6 @@ TEST(ContextParallel, WindowsAndSinksEqualOneProcess) {
   }
 }
 
+}  // namespace test_context_parallel
 }  // namespace
 }  // namespace loom

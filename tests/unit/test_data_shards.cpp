@@ -24,6 +24,7 @@ using loom::data::PackedLoaderOptions;
 namespace fs = std::filesystem;
 
 namespace {
+namespace test_data_shards {  // its own names in a unity batch
 
 std::vector<std::string> varied_docs(int n, int seed = 0) {
   std::vector<std::string> docs;
@@ -78,8 +79,6 @@ nlohmann::json read_index(const std::string& dir) {
 void write_index(const std::string& dir, const nlohmann::json& index) {
   std::ofstream(dir + "/index.json") << index.dump(2);
 }
-
-}  // namespace
 
 TEST(Shards, IndexDescribesShardsAndTheStreamMatchesTheTextPath) {
   auto tokenizer = loom::data::load_tokenizer("byte");
@@ -288,8 +287,6 @@ TEST(Shards, EveryBrokenDatasetIsAnInputErrorNamingTheFile) {
       << "the same file at another path is the same tokenizer";
 }
 
-namespace {
-
 std::unique_ptr<PackedLoader> text_loader(const std::vector<std::string>& docs,
                                           const loom::data::Tokenizer& tokenizer, uint64_t seed) {
   return std::make_unique<PackedLoader>(docs, tokenizer, PackedLoaderOptions{8, seed, true, 0, 1});
@@ -315,8 +312,6 @@ std::unique_ptr<loom::data::MixtureSource> letter_mixture(const std::vector<doub
   return std::make_unique<loom::data::MixtureSource>(
       components, std::move(loaders), PackedLoaderOptions{8, seed, true, dp_rank, dp_world});
 }
-
-}  // namespace
 
 TEST(Mixture, RealizedProportionsFollowTheWeights) {
   auto mixture = letter_mixture({0.6, 0.3, 0.1}, 0, 1);
@@ -461,3 +456,6 @@ TEST(Mixture, ConfigSyntaxErrorsNameTheKeyAndEntry) {
   EXPECT_TRUE(contains(error({"brown:1", "brown:2"}), "\"brown\" appears twice"));
   EXPECT_TRUE(contains(error({"synthetic:1"}), "synthetic stream cannot be mixed"));
 }
+
+}  // namespace test_data_shards
+}  // namespace

@@ -17,14 +17,15 @@
 #include "loom/models/loss.h"
 #include "loom/models/model_spec.h"
 #include "loom/models/qwen3/args.h"
+#include "loom/optim/registry.h"
 #include "loom/parallel/expert_parallel.h"
 #include "loom/train/grad_clip.h"
-#include "loom/optim/registry.h"
 #include "one_process_step.h"
 #include "support/jobs.h"
 
 namespace loom {
 namespace {
+namespace test_expert_parallel {  // its own names in a unity batch
 
 using distributed::Collective;
 using distributed::ProcessGroups;
@@ -393,5 +394,6 @@ TEST(ExpertParallelModel, LayoutsThatDoNotFitAreRefusedWithTheKey) {
   EXPECT_EQ(refusal(moe_job(StepLayout{})), "accepted");
 }
 
+}  // namespace test_expert_parallel
 }  // namespace
 }  // namespace loom

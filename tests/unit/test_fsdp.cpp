@@ -11,16 +11,17 @@
 #include <map>
 
 #include "comm_test_util.h"
-#include "model_test_util.h"
 #include "loom/models/common/decoder_parallelize.h"
-#include "loom/models/model_spec.h"
-#include "loom/parallel/fsdp.h"
 #include "loom/models/loss.h"
-#include "loom/train/grad_clip.h"
+#include "loom/models/model_spec.h"
 #include "loom/optim/registry.h"
+#include "loom/parallel/fsdp.h"
+#include "loom/train/grad_clip.h"
+#include "model_test_util.h"
 
 namespace loom {
 namespace {
+namespace test_fsdp {  // its own names in a unity batch
 
 using distributed::Collective;
 using distributed::ProcessGroups;
@@ -65,10 +66,9 @@ std::unique_ptr<FullyShardedDataParallel> shard_model(models::CausalLM& model,
                                                       std::shared_ptr<distributed::Comm> shard,
                                                       std::shared_ptr<distributed::Comm> replicate,
                                                       const FsdpOptions& options) {
-  return std::make_unique<FullyShardedDataParallel>(model, models::decoder_fsdp_units(model),
-                                                    std::map<std::string, parallel::Placement>{},
-                                                    std::move(shard), std::move(replicate),
-                                                    at::kCPU, kSeed, options);
+  return std::make_unique<FullyShardedDataParallel>(
+      model, models::decoder_fsdp_units(model), std::map<std::string, parallel::Placement>{},
+      std::move(shard), std::move(replicate), at::kCPU, kSeed, options);
 }
 
 // The global gradient norm over FSDP's shards (clipped to max_norm when positive).
@@ -169,8 +169,10 @@ void run_case(const Case& c) {
       // Between microbatches the unsharded gradients are gone unless deferring keeps them.
       if (!last) {
         const int64_t kept = fsdp.unsharded_gradient_bytes();
-        LOOM_CHECK(c.defer ? kept > 0 : kept == 0, "unsharded gradient bytes kept between "
-                   "microbatches: ", kept, c.defer ? " (deferring)" : "");
+        LOOM_CHECK(c.defer ? kept > 0 : kept == 0,
+                   "unsharded gradient bytes kept between "
+                   "microbatches: ",
+                   kept, c.defer ? " (deferring)" : "");
       }
     }
     fsdp.finish();
@@ -385,5 +387,6 @@ TEST(Fsdp, WindowsAndSinksShardLikeEveryParameter) {
   EXPECT_NO_THROW(models::check_decoder_parallelism(args, tp));
 }
 
+}  // namespace test_fsdp
 }  // namespace
 }  // namespace loom

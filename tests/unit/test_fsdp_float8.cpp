@@ -24,6 +24,7 @@
 
 namespace loom {
 namespace {
+namespace test_fsdp_float8 {  // its own names in a unity batch
 
 using distributed::Collective;
 using distributed::ProcessGroups;
@@ -295,5 +296,6 @@ TEST(TensorParallelFloat8, TwoRanksShareScalesAndMatchOneProcess) {
   LOOM_EXPECT_RANKS_OK(errors);
 }
 
+}  // namespace test_fsdp_float8
 }  // namespace
 }  // namespace loom

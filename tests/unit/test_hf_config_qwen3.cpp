@@ -22,6 +22,7 @@ using loom::models::DecoderArgs;
 using nlohmann::json;
 
 namespace {
+namespace test_hf_config_qwen3 {  // its own names in a unity batch
 
 // A Qwen3 config.json as transformers 4.57 saves it (layer_types, max_window_layers, a window
 // switched off).
@@ -104,8 +105,6 @@ void expect_same_model(const DecoderArgs& got, const DecoderArgs& want, const st
   EXPECT_EQ(got.qk_norm, want.qk_norm) << what;
   EXPECT_EQ(got.tie_embeddings, want.tie_embeddings) << what;
 }
-
-}  // namespace
 
 TEST(HfConfigQwen3, BothLayoutsReadTheSameShape) {
   json v5_window = qwen3_layout5();
@@ -341,3 +340,6 @@ TEST(HfConfigQwen3, YarnReadsInBothLayoutsAndWritesBack) {
   EXPECT_EQ(read_qwen3(old_layout).yarn->original_max_position_embeddings,
             old_layout.at("max_position_embeddings").get<int64_t>());
 }
+
+}  // namespace test_hf_config_qwen3
+}  // namespace

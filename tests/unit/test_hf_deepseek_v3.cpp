@@ -32,6 +32,7 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
+namespace test_hf_deepseek_v3 {  // its own names in a unity batch
 
 using loom::testing::row_of;
 using loom::testing::tensors_of;
@@ -47,8 +48,6 @@ std::vector<std::string> folders() {
   made.push_back(std::string(LOOM_SOURCE_DIR) + "/tests/data/hf_deepseek_v3/transformers5/plain");
   return made;
 }
-
-}  // namespace
 
 TEST(HfDeepseekV3, ReadsLatentAttentionRoutingAndTheBias) {
   for (size_t v = 0; v < folders().size(); ++v) {
@@ -257,3 +256,6 @@ TEST(HfDeepseekV3, ABottleneckWithoutQLoraRankIsNamed) {
         << e.what();
   }
 }
+
+}  // namespace test_hf_deepseek_v3
+}  // namespace

@@ -28,6 +28,7 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
+namespace test_hf_gpt_oss {  // its own names in a unity batch
 
 using loom::testing::row_of;
 using loom::testing::tensors_of;
@@ -44,8 +45,6 @@ loom::generate::InferenceModel load(const std::string& folder) {
 double max_diff(const at::Tensor& a, const at::Tensor& b) {
   return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
 }
-
-}  // namespace
 
 LOOM_TEST(HfGptOss, ReadsWindowsSinksBiasesAndTheClampedExperts) {
   for (const std::string& folder : folders()) {
@@ -169,3 +168,6 @@ LOOM_TEST(GptOssFlavors, PlanCountsThePublishedSizes) {
     EXPECT_EQ(summary.active_params, active) << flavor;
   }
 }
+
+}  // namespace test_hf_gpt_oss
+}  // namespace

@@ -27,6 +27,7 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
+namespace test_hf_qwen3_moe {  // its own names in a unity batch
 
 using loom::testing::row_of;
 using loom::testing::tensors_of;
@@ -50,8 +51,6 @@ std::vector<std::string> folders() {
 json expert_count(const json& config) {
   return config.contains("num_experts") ? config.at("num_experts") : config.at("num_local_experts");
 }
-
-}  // namespace
 
 TEST(HfQwen3Moe, LayersAreMixturesWhereTransformersPutsThem) {
   const std::vector<std::vector<bool>> want = {
@@ -206,3 +205,6 @@ TEST(HfQwen3Moe, ModelAndFlavorOverridesOnAFolderAreCheckedNotIgnored) {
   EXPECT_NE(flavor.find("--flavor 30B-A3B"), std::string::npos) << flavor;
   EXPECT_NE(flavor.find("is a Hugging Face folder"), std::string::npos) << flavor;
 }
+
+}  // namespace test_hf_qwen3_moe
+}  // namespace

@@ -21,6 +21,7 @@
 #include "loom/parallel/pipeline/stage_split.h"
 
 namespace {
+namespace test_pipeline_llama {  // its own names in a unity batch
 
 using namespace loom::parallel::pipeline;
 using loom::distributed::ProcessGroups;
@@ -178,4 +179,5 @@ TEST(PipelineLlama, ZeroBubbleOnTwoRanksMatchesOneProcess) {
   run_llama(2, "InterleavedZeroBubble", 4);
 }
 
+}  // namespace test_pipeline_llama
 }  // namespace

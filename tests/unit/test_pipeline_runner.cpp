@@ -24,6 +24,7 @@
 
 namespace loom {
 namespace {
+namespace test_pipeline_runner {  // its own names in a unity batch
 
 constexpr int64_t kSeq = 16, kVocab = 512;
 constexpr uint64_t kSeed = 5;
@@ -179,5 +180,6 @@ TEST(PipelineRunner, InterleavedWithTensorParallelMatchesOneProcess) {
   run_layout({"Interleaved1F1B", 1, 2});
 }
 
+}  // namespace test_pipeline_runner
 }  // namespace
 }  // namespace loom

@@ -16,17 +16,18 @@
 #include "loom/models/common/decoder_parallelize.h"
 #include "loom/models/loss.h"
 #include "loom/models/model_spec.h"
+#include "loom/optim/registry.h"
 #include "loom/parallel/loss_parallel.h"
 #include "loom/parallel/tensor_parallel.h"
 #include "loom/parallel/tp_regions.h"
 #include "loom/train/grad_clip.h"
-#include "loom/optim/registry.h"
 #include "loom/train/supported_features.h"
 #include "one_process_step.h"
 #include "support/jobs.h"
 
 namespace loom {
 namespace {
+namespace test_tensor_parallel {  // its own names in a unity batch
 
 using distributed::Collective;
 using distributed::ProcessGroups;
@@ -391,5 +392,6 @@ TEST(TensorParallelLlama, HeadsAndFeaturesThatDoNotFitAreRefusedWithTheKey) {
       << refusal(c);
 }
 
+}  // namespace test_tensor_parallel
 }  // namespace
 }  // namespace loom

@@ -16,6 +16,7 @@
 #include "support/process.h"
 
 namespace {
+namespace test_watchdog {  // its own names in a unity batch
 
 using loom::distributed::CollectiveRecord;
 using loom::distributed::CollectiveWatchdog;
@@ -49,8 +50,6 @@ bool wait_until(const std::function<bool()>& done, std::chrono::milliseconds lim
   }
   return true;
 }
-
-}  // namespace
 
 TEST(CollectiveWatchdog, NamesTheCollectiveBlockedPastTheTimeoutOnce) {
   auto recorder = std::make_shared<FlightRecorder>(0, 2, 16);
@@ -157,3 +156,6 @@ TEST(CollectiveWatchdogDeathTest, DefaultActionNamesTheCollectiveAndEndsTheProce
       ::testing::ExitedWithCode(loom::distributed::kCollectiveHangExitCode),
       "watchdog: reduce_scatter_tensor #9 on group 'world' \\(ranks 0-1\\) has blocked rank 3");
 }
+
+}  // namespace test_watchdog
+}  // namespace
