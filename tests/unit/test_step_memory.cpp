@@ -21,6 +21,7 @@
 
 namespace loom {
 namespace {
+namespace test_step_memory {  // its own names in a unity batch
 
 using testing::kRows;
 using testing::kSeq;
@@ -34,11 +35,15 @@ constexpr int kWarmupSteps = 10, kMeasuredSteps = 40;
 // slope's standard error from the step-to-step noise measured here (2026-12-06): about 20 KB
 // around the mean on one rank, DDP, FSDP and PP (standard error 0.3 KB/step over 40 steps; DDP
 // once drifted by -2 KB a step, so the bound is 4 KB), and
-// 0.25 MB under TP, whose Gloo threads keep caches of their own (3.4 KB/step). The creep
+// 0.25 MB under TP, whose Gloo threads keep caches of their own. The creep
 // (7 KB/step under FSDP, 28 KB/step under TP, a flight recorder filling) fails either bound; the
 // slow label runs TP over 200 steps against the tight one.
-constexpr double kQuietSlopeBound = 4e3;    // bytes a step (DDP drifted -2 KB a step once)
-constexpr double kNoisySlopeBound = 16e3;   // bytes a step, TP over 40 steps
+constexpr double kQuietSlopeBound = 4e3;   // bytes a step (DDP drifted -2 KB a step once)
+// TP's samples scatter by +-0.4 MiB, more on a loaded machine (a suite at ctest -j3 on 2 cores
+// once saw +16.8 KB a step over 40 steps): 80 steps cut the slope's standard error 2.8-fold
+// (measured under 4 busy loops on 2 cores: -2.0 to +0.3 KB a step).
+constexpr double kNoisySlopeBound = 10e3;  // bytes a step, TP over kNoisyMeasuredSteps
+constexpr int kNoisyMeasuredSteps = 80;
 // The footprint may step up once when a rank thread's arena takes a new extent (seen: 10-18 MiB
 // by step 30 under HSDP's 4 threads, flat after); glibc's fragmentation grew it ~240 MB over 40
 // steps.
@@ -114,10 +119,10 @@ void expect_no_growth(const Layout& l, double slope_bound = kQuietSlopeBound,
   const double growth = slope(live);
   std::printf("[measured] %s: live heap bytes %+.0f a step over %d steps (bound %.0f)\n", l.name,
               growth, measured_steps, slope_bound);
-  EXPECT_LE(growth, slope_bound)
-      << l.name << ": live heap bytes grew " << growth << " bytes a step over " << measured_steps
-      << " steps (" << mib(peak_allocated, warm.allocated)
-      << " MiB at the peak): something keeps memory from every step";
+  EXPECT_LE(growth, slope_bound) << l.name << ": live heap bytes grew " << growth
+                                 << " bytes a step over " << measured_steps << " steps ("
+                                 << mib(peak_allocated, warm.allocated)
+                                 << " MiB at the peak): something keeps memory from every step";
 }
 
 LOOM_TEST(StepMemory, LoomExecutablesUseJemalloc) {
@@ -150,7 +155,7 @@ LOOM_SLOW_TEST(StepMemory, HsdpDoesNotGrow) {
   expect_no_growth({"HSDP 2x2", 2, 2});
 }
 LOOM_TEST(StepMemory, TensorParallelDoesNotGrow) {
-  expect_no_growth({"TP x2", 1, 1, 2}, kNoisySlopeBound);
+  expect_no_growth({"TP x2", 1, 1, 2}, kNoisySlopeBound, kNoisyMeasuredSteps);
 }
 LOOM_SLOW_TEST(StepMemory, TensorParallelDoesNotGrowOverTwoHundredSteps) {
   expect_no_growth({"TP x2", 1, 1, 2}, kQuietSlopeBound, 200);
@@ -159,5 +164,6 @@ LOOM_SLOW_TEST(StepMemory, PipelineDoesNotGrow) {
   expect_no_growth({"PP x2 1F1B", 1, 1, 1, 2});
 }
 
+}  // namespace test_step_memory
 }  // namespace
 }  // namespace loom
