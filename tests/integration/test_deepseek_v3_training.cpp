@@ -5,8 +5,8 @@
 // dense layer and the mixtures in different stages) and expert x FSDP, through `loom launch`;
 // checkpoints reshard between ep 2 and one rank both ways; MuonClip (Muon + QK-clip) trains
 // like one rank under each of them too; so does multi-token prediction. The default suite runs
-// ep 2 and MTP's weight switch on one rank; the other layouts, the reshards, MuonClip's and MTP's
-// layouts are in the slow label.
+// ep 2 and MTP's weight switch on one rank, for 10 steps; the other layouts, the 20-step runs,
+// the reshards, MuonClip's and MTP's layouts are in the slow label.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -71,7 +71,7 @@ LayoutRuns& mtp_runs() {
 // output back (dispatch and combine), in the forward and again in the backward, plus the expert
 // counts. So every step sends more than nothing, and at most every routed copy both ways twice.
 // A run whose experts are not split (ep off) sends no all_to_all at all.
-void expect_expert_traffic(const std::string& folder, int64_t rank_tokens,
+void expect_expert_traffic(const std::string& folder, int64_t rank_tokens, int steps,
                            const std::string& what) {
   constexpr int64_t kDim = 256, kTopK = 3, kMoeLayers = 3;  // deepseek_v3 debugmodel
   constexpr double kCountBytes = 4096;                      // the per-expert counts, generously
@@ -87,28 +87,48 @@ void expect_expert_traffic(const std::string& folder, int64_t rank_tokens,
     EXPECT_GT(mb, 0) << what;
     EXPECT_LE(mb, most_mb) << what << " step " << row["step"];
   }
-  EXPECT_EQ(checked, 20) << what;
+  EXPECT_EQ(checked, steps) << what;
+}
+
+// The default suite's checks: 10 steps, no checkpoints.
+std::string quick_job(const std::string& extra) {
+  return loom::testing::ten_step_job("deepseek_v3_debug.toml", extra);
+}
+
+LayoutRuns& quick_runs() {
+  static LayoutRuns instance("deepseek_v3_quick", quick_job, 10);
+  return instance;
+}
+
+LayoutRuns& quick_mtp_runs() {
+  static LayoutRuns instance(
+      "deepseek_v3_mtp_quick",
+      [](const std::string& extra) {
+        return quick_job("--model.num_mtp_layers 2 --model.mtp_scale 0.3 " + extra);
+      },
+      10);
+  return instance;
 }
 
 LOOM_TEST(DeepseekV3Training, ExpertParallelTrainsLikeOneRank) {
-  const std::string ep2 = runs().layout_run("ep2", 2, layout(2, 2, 2));
-  runs().expect_matches_one_rank(ep2, "deepseek_v3 ep 2");
-  expect_expert_traffic(ep2, 2 * 16, "deepseek_v3 ep 2");
+  const std::string ep2 = quick_runs().layout_run("ep2", 2, layout(2, 2, 2));
+  quick_runs().expect_matches_one_rank(ep2, "deepseek_v3 ep 2");
+  expect_expert_traffic(ep2, 2 * 16, 10, "deepseek_v3 ep 2");
 }
 
-// With its weight at 0 the depths change nothing the model's layers learn: the first 10 steps
+// With its weight at 0 the depths change nothing the model's layers learn: the first 5 steps
 // are next-token training's, bit for bit (the depths' blocks exist, their loss counts 0). The
-// weight's switch at step 11 (DeepSeek's schedule, here 0 -> 0.3) changes the run from there on.
+// weight's switch at step 6 (DeepSeek's schedule, here 0 -> 0.3) changes the run from there on.
 LOOM_TEST(DeepseekV3Training, MultiTokenPredictionAtWeightZeroIsNextTokenTrainingUntilItsSwitch) {
-  const std::string folder = mtp_runs().layout_run(
+  const std::string folder = quick_mtp_runs().layout_run(
       "scale0_then_0.3", 1,
-      "--model.mtp_scale 0 --model.mtp_scale_switch_step 11 --model.mtp_scale_after_switch 0.3");
+      "--model.mtp_scale 0 --model.mtp_scale_switch_step 6 --model.mtp_scale_after_switch 0.3");
   const auto switched = loom::testing::logged_losses(folder);
-  const auto next_token = loom::testing::logged_losses(runs().one_rank());
-  ASSERT_EQ(switched.size(), 20u);
-  ASSERT_EQ(next_token.size(), 20u);
-  for (size_t i = 0; i < 10; ++i) EXPECT_EQ(switched[i], next_token[i]) << "step " << i + 1;
-  for (size_t i = 10; i < 20; ++i) EXPECT_NE(switched[i], next_token[i]) << "step " << i + 1;
+  const auto next_token = loom::testing::logged_losses(quick_runs().one_rank());
+  ASSERT_EQ(switched.size(), 10u);
+  ASSERT_EQ(next_token.size(), 10u);
+  for (size_t i = 0; i < 5; ++i) EXPECT_EQ(switched[i], next_token[i]) << "step " << i + 1;
+  for (size_t i = 5; i < 10; ++i) EXPECT_NE(switched[i], next_token[i]) << "step " << i + 1;
   // Each depth's mean token loss is logged on every step, whatever its weight: near
   // ln(vocab 4096) = 8.3 at the start, below it after.
   int logged = 0;
@@ -121,7 +141,7 @@ LOOM_TEST(DeepseekV3Training, MultiTokenPredictionAtWeightZeroIsNextTokenTrainin
     }
     ++logged;
   }
-  EXPECT_EQ(logged, 20);
+  EXPECT_EQ(logged, 10);
 }
 
 // The depths train (the objective is not next-token training's) and every layout, expert

@@ -1,10 +1,10 @@
 // gpt-oss end to end: gpt_oss debugmodel (layers alternating a sliding window of 8 keys and full
 // attention, sinks and biases in attention, a mixture of 8 experts with router and expert biases
-// and the clamped SwiGLU in every layer) trains like one rank with the same global batch for 20
-// steps under tensor parallelism (sinks and the q/k/v biases split with the heads, the output
-// projections' biases shared out over the partial sums) and expert parallelism by default, and
-// FSDP, pipeline and context parallelism (ring, where windows and sinks cross the ranks) in the
-// slow label, through `loom launch`.
+// and the clamped SwiGLU in every layer) trains like one rank with the same global batch under
+// tensor parallelism (sinks and the q/k/v biases split with the heads, the output projections'
+// biases shared out over the partial sums) and expert parallelism for 10 steps by default, and
+// FSDP, pipeline and context parallelism (ring, where windows and sinks cross the ranks) for 20
+// in the slow label, through `loom launch`.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -34,13 +34,24 @@ LayoutRuns& gpt_oss_runs() {
   return instance;
 }
 
+// The default suite's check: 10 steps, no checkpoints.
+LayoutRuns& quick_runs() {
+  static LayoutRuns instance(
+      "gpt_oss_quick",
+      [](const std::string& extra) {
+        return loom::testing::ten_step_job("gpt_oss_debug.toml", extra);
+      },
+      10);
+  return instance;
+}
+
 LOOM_TEST(GptOssTraining, TensorAndExpertParallelTrainLikeOneRank) {
-  gpt_oss_runs().expect_matches_one_rank(
-      gpt_oss_runs().layout_run("tp2", 2,
-                                layout(1, 1, 4) + " --parallelism.tensor_parallel_degree 2"),
+  quick_runs().expect_matches_one_rank(
+      quick_runs().layout_run("tp2", 2,
+                              layout(1, 1, 4) + " --parallelism.tensor_parallel_degree 2"),
       "gpt_oss TP 2");
-  gpt_oss_runs().expect_matches_one_rank(gpt_oss_runs().layout_run("ep2", 2, layout(2, 2, 2)),
-                                         "gpt_oss ep 2");
+  quick_runs().expect_matches_one_rank(quick_runs().layout_run("ep2", 2, layout(2, 2, 2)),
+                                       "gpt_oss ep 2");
 }
 
 LOOM_SLOW_TEST(GptOssTraining, EveryLayoutTrainsLikeOneRank) {

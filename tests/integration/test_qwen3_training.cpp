@@ -4,8 +4,8 @@
 // Gloo), and its checkpoints reshard between those layouts and one rank. The tied table is the
 // hard part: one FSDP unit spanning the model, the vocabulary rows under TP, and under PP a copy
 // on the last stage whose gradient is summed with the first stage's (docs/parallelism.md).
-// The default suite runs pp 2 (the tied copies) with a reshard into one rank; every other
-// layout is in the slow label.
+// The default suite runs pp 2 (the tied copies) for 10 steps; every other layout, the 20-step
+// runs and the reshards are in the slow label.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -48,9 +48,20 @@ LayoutRuns& runs() {
   return instance;
 }
 
+// The default suite's check: 10 steps, no checkpoints.
+LayoutRuns& quick_runs() {
+  static LayoutRuns instance(
+      "qwen3_quick",
+      [](const std::string& extra) {
+        return loom::testing::ten_step_job("qwen3_debug.toml", extra);
+      },
+      10);
+  return instance;
+}
+
 LOOM_TEST(Qwen3Training, PipelineWithTiedEmbeddingsTrainsLikeOneRank) {
-  runs().expect_matches_one_rank(runs().layout_run("pp2_1f1b", 2, pipeline("1F1B")),
-                                 "qwen3 pp 2 1F1B");
+  quick_runs().expect_matches_one_rank(quick_runs().layout_run("pp2_1f1b", 2, pipeline("1F1B")),
+                                       "qwen3 pp 2 1F1B");
 }
 
 LOOM_SLOW_TEST(Qwen3Training, EveryLayoutTrainsLikeOneRank) {

@@ -9,16 +9,31 @@
 
 namespace loom::testing {
 
-std::string twenty_step_job(const std::string& config, const std::string& extra) {
-  return "train --config " LOOM_SOURCE_DIR "/configs/" + config +
-         " --training.steps 20"
+namespace {
+
+std::string layout_job(const std::string& config, int steps, const std::string& checkpoints,
+                       const std::string& extra) {
+  const std::string n = std::to_string(steps);
+  return "train --config " LOOM_SOURCE_DIR "/configs/" + config + " --training.steps " + n +
          " --training.seq_len 16 --training.local_batch_size 4 --training.global_batch_size 4"
          " --parallelism.pipeline_parallel_microbatch_size 1 --validation.enable false"
          " --metrics.log_freq 1 --metrics.peak_tflops 1 --debug.seed 13"
-         " --lr_scheduler.warmup_steps 2 --lr_scheduler.total_steps 20"
-         " --comm.init_timeout_seconds 60 --comm.train_timeout_seconds 60"
-         " --checkpoint.enable true --checkpoint.interval 10 --checkpoint.keep_latest_k 0 " +
+         " --lr_scheduler.warmup_steps 2 --lr_scheduler.total_steps " +
+         n + " --comm.init_timeout_seconds 60 --comm.train_timeout_seconds 60 " + checkpoints +
          extra;
+}
+
+}  // namespace
+
+std::string twenty_step_job(const std::string& config, const std::string& extra) {
+  return layout_job(config, 20,
+                    "--checkpoint.enable true --checkpoint.interval 10 "
+                    "--checkpoint.keep_latest_k 0 ",
+                    extra);
+}
+
+std::string ten_step_job(const std::string& config, const std::string& extra) {
+  return layout_job(config, 10, "--checkpoint.enable false ", extra);
 }
 
 const std::string& LayoutRuns::one_rank() {
@@ -32,13 +47,14 @@ std::string LayoutRuns::layout_run(const std::string& name, int ranks, const std
 
 void LayoutRuns::expect_matches_one_rank(const std::string& folder, const std::string& what) {
   const auto want = logged_losses(one_rank());
-  ASSERT_EQ(want.size(), 20u);
+  ASSERT_EQ(want.size(), static_cast<size_t>(steps_));
   expect_losses_close(want, logged_losses(folder), 1e-5, what);
 }
 
 void LayoutRuns::expect_resumes_like_one_rank(const std::string& from, int ranks,
                                               const std::string& layout, const std::string& name,
                                               const std::string& what) {
+  ASSERT_EQ(steps_, 20) << "resumes continue a 20-step job's step-10 checkpoint";
   const auto want = logged_losses(one_rank());
   ASSERT_EQ(want.size(), 20u);
   const std::string folder = copy_of_checkpoint(from, 10, prefix_ + "_resume_" + name);
