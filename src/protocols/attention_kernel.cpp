@@ -76,9 +76,9 @@ void for_each_tile(const at::Tensor& q, const at::Tensor& k, double scale,
 // yet), l the running denominator relative to e^m, acc the running numerator relative to e^m.
 struct ForwardPass {
   const at::Tensor& v;
-  at::Tensor out, lse;  // [b, h, s, dv] and [b, h, s, 1], float
+  at::Tensor out{}, lse{};  // [b, h, s, dv] and [b, h, s, 1], float
   int64_t q0 = 0, q1 = 0;
-  at::Tensor m, l, acc;
+  at::Tensor m{}, l{}, acc{};
 
   void begin(int64_t from, int64_t to) {
     q0 = from;
@@ -110,9 +110,9 @@ struct ForwardPass {
 struct BackwardPass {
   const at::Tensor &q, &k, &v, &dout, &lse, &delta;
   double scale;
-  at::Tensor dq, dk, dv;
+  at::Tensor dq{}, dk{}, dv{};
   int64_t q0 = 0, q1 = 0;
-  at::Tensor qi, dout_i, lse_i, delta_i, dq_i;
+  at::Tensor qi{}, dout_i{}, lse_i{}, delta_i{}, dq_i{};
 
   void begin(int64_t from, int64_t to) {
     q0 = from;

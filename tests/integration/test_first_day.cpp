@@ -248,7 +248,9 @@ TEST(FirstDay, MetricsLogTellsRunsApartAndKeepsCountingTime) {
       << second.output;
   EXPECT_EQ(second.output.find("job.config_file"), std::string::npos) << second.output;
   for (const auto& row : rows) {
-    if (row.value("step", 0) == 4 && row.contains("lr")) EXPECT_NEAR(row["lr"], 8e-4, 1e-12);
+    if (row.value("step", 0) == 4 && row.contains("lr")) {
+      EXPECT_NEAR(row["lr"], 8e-4, 1e-12);
+    }
   }
 }
 
