@@ -69,16 +69,23 @@ TEST(Cli, VersionReportsLibTorchAndBackends) {
 
 // LibTorch's CUDA half lives in bin/libloom_cuda.so, loaded only where a GPU may be: neither loom
 // nor a test binary links it (a CPU process starts in ~0.3 s of CPU instead of ~0.5 s), and
-// LOOM_CUDA=1 loads it on this machine too, with the CUDA runtime and NCCL behind it.
+// LOOM_CUDA=1 loads it on this machine too, with the CUDA runtime and NCCL behind it. A test
+// binary that only drives loom (this one, NO_TORCH in tests/CMakeLists.txt) links no LibTorch.
 TEST(Cli, CudaSupportIsALibraryLoadedOnlyWhereAGpuMayBe) {
-  const std::string this_test = std::filesystem::read_symlink("/proc/self/exe").string();
-  for (const std::string& binary : {std::string(LOOM_BINARY), this_test}) {
+  const std::filesystem::path this_test = std::filesystem::read_symlink("/proc/self/exe");
+  const std::string torch_test = (this_test.parent_path() / "loom_training_tests").string();
+  for (const std::string& binary : {std::string(LOOM_BINARY), torch_test}) {
     const auto needed = run_command("readelf -d '" + binary + "'");
     ASSERT_EQ(needed.exit_code, 0) << needed.output;
     ASSERT_TRUE(contains(needed.output, "libtorch_cpu.so")) << needed.output;
     for (const char* cuda_half : {"libtorch_cuda", "libc10_cuda", "libcudart", "libtorch.so"}) {
       EXPECT_FALSE(contains(needed.output, cuda_half)) << binary << " links " << cuda_half;
     }
+  }
+  const auto own = run_command("readelf -d '" + this_test.string() + "'");
+  ASSERT_EQ(own.exit_code, 0) << own.output;
+  for (const char* torch_part : {"libtorch_cpu", "libc10", "libtorch_cuda"}) {
+    EXPECT_FALSE(contains(own.output, torch_part)) << this_test << " links " << torch_part;
   }
   const auto version = run_loom("--version");
   ASSERT_EQ(version.exit_code, 0) << version.output;
