@@ -6,7 +6,8 @@
 // tp 2 with loss parallel off, tp 4, dp_shard 2 x tp 2 and dp_replicate 2 x tp 2 are in the
 // "slow" label (ctest -L slow): their thread-rank tests in the default suite prove the same
 // layouts step by step, and the 8-rank pipeline test (pp 2 x dp_shard 2 x tp 2) runs FSDP x TP
-// end to end.
+// end to end. The default suite's tp 2 check and export run 10 steps (one validation, one
+// checkpoint); the 20-step runs the resumes need are the slow label's.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -57,20 +58,34 @@ const std::string& one_rank() {
   return folder;
 }
 
+// The default suite's reference: 10 steps, its one checkpoint (step 10) for the export test.
+const std::string& quick_one_rank() {
+  static const std::string folder =
+      shared_run("tp_quick_one_rank", job(10, "--checkpoint.enable true"));
+  return folder;
+}
+
+// `folder`'s `steps` losses within 1e-5 of `reference`'s, and its validations (every 10 steps).
 // Validation is compared where the data-parallel degree is 1: with validation.steps N every
 // data-parallel rank scores N batches of its own slice, so dp 2 scores other windows.
-void expect_matches_one_rank(const std::string& folder, const std::string& what,
-                             bool same_validation = true) {
-  const auto want = logged_losses(one_rank());
-  ASSERT_EQ(want.size(), 20u);
+void expect_matches(const std::string& reference, int steps, const std::string& folder,
+                    const std::string& what, bool same_validation = true) {
+  const auto want = logged_losses(reference);
+  ASSERT_EQ(want.size(), static_cast<size_t>(steps));
   loom::testing::expect_losses_close(want, logged_losses(folder), 1e-5, what);
+  const size_t validations = static_cast<size_t>(steps / 10);
   if (!same_validation) {
-    EXPECT_EQ(val_losses(folder).size(), 2u);
+    EXPECT_EQ(val_losses(folder).size(), validations);
     return;
   }
-  const auto want_val = val_losses(one_rank());
-  ASSERT_EQ(want_val.size(), 2u);
+  const auto want_val = val_losses(reference);
+  ASSERT_EQ(want_val.size(), validations);
   loom::testing::expect_losses_close(want_val, val_losses(folder), 1e-5, what + " validation");
+}
+
+void expect_matches_one_rank(const std::string& folder, const std::string& what,
+                             bool same_validation = true) {
+  expect_matches(one_rank(), 20, folder, what, same_validation);
 }
 
 void run_ok(const std::string& args, const std::string& expect_in_log = "") {
@@ -90,6 +105,15 @@ const std::string& tp2_run() {
   return folder;
 }
 
+// The default suite's tp 2: 10 steps, checkpointed at the end.
+const std::string& quick_tp2_run() {
+  static const std::string folder = shared_run(
+      "tp2_quick",
+      launch_args(2, job(10, "--checkpoint.enable true --parallelism.tensor_parallel_degree 2"),
+                  "{port}"));
+  return folder;
+}
+
 }  // namespace
 
 // The first step's traffic proves the tp group carried the region changes (a job that ignored
@@ -97,8 +121,8 @@ const std::string& tp2_run() {
 // 2 microbatches of b = 4, s = 32, d = 256, L = 6, N = 2, plus 12 bytes of the trainer's own
 // all-reduces (the gradient norm and the stop flag over the world).
 LOOM_TEST(TensorParallelTraining, TwoRanksMatchOneRankWithLossParallel) {
-  expect_matches_one_rank(tp2_run(), "tp 2");
-  std::ifstream in(tp2_run() + "/metrics.jsonl");
+  expect_matches(quick_one_rank(), 10, quick_tp2_run(), "tp 2");
+  std::ifstream in(quick_tp2_run() + "/metrics.jsonl");
   std::string line;
   double comm_bytes = -1;
   while (std::getline(in, line)) {
@@ -136,18 +160,18 @@ LOOM_SLOW_TEST(TensorParallelTraining, CheckpointResumesOnTpBitwiseAndReshardsTo
 }
 
 // The export reads the tp boxes back into whole tensors: the same model as the one-rank
-// export of step 20 (the runs agree to 1e-5 in loss; the weights to float32 training noise,
+// export of the same step (the runs agree to 1e-5 in loss; the weights to float32 training noise,
 // which AdamW's normalized updates amplify where gradients are near zero: 1.5e-4 of a tensor's
 // largest value measured; a misplaced box would differ by the order of the values themselves).
 LOOM_TEST(TensorParallelTraining, HuggingFaceExportOfTpCheckpointEqualsOneRankExport) {
   // `checkpoint inspect` names the layout that wrote it, not only its data-parallel degree.
-  run_ok("checkpoint inspect " + tp2_run() + "/checkpoint/step-20",
+  run_ok("checkpoint inspect " + quick_tp2_run() + "/checkpoint/step-10",
          "written by 2 ranks (pp 1, dp_replicate 1, dp_shard 1, cp 1, tp 2)");
   const std::string out = fresh_temp_dir("tp2_export");
-  run_ok("checkpoint export --to hf --dtype float32 " + tp2_run() + "/checkpoint/step-20 " + out +
-         "/tp2");
-  run_ok("checkpoint export --to hf --dtype float32 " + one_rank() + "/checkpoint/step-20 " + out +
-         "/one");
+  run_ok("checkpoint export --to hf --dtype float32 " + quick_tp2_run() + "/checkpoint/step-10 " +
+         out + "/tp2");
+  run_ok("checkpoint export --to hf --dtype float32 " + quick_one_rank() + "/checkpoint/step-10 " +
+         out + "/one");
   const std::string compare =
       std::string(LOOM_PYTHON_BIN_DIR) +
       "/python -c \"import sys, json\n"
