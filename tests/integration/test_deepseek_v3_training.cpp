@@ -96,7 +96,8 @@ std::string quick_job(const std::string& extra) {
 }
 
 LayoutRuns& quick_runs() {
-  static LayoutRuns instance("deepseek_v3_quick", quick_job, 10);
+  static LayoutRuns instance =
+      loom::testing::ten_step_runs("deepseek_v3_quick", "deepseek_v3_debug.toml");
   return instance;
 }
 

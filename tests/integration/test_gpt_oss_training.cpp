@@ -36,12 +36,7 @@ LayoutRuns& gpt_oss_runs() {
 
 // The default suite's check: 10 steps, no checkpoints.
 LayoutRuns& quick_runs() {
-  static LayoutRuns instance(
-      "gpt_oss_quick",
-      [](const std::string& extra) {
-        return loom::testing::ten_step_job("gpt_oss_debug.toml", extra);
-      },
-      10);
+  static LayoutRuns instance = loom::testing::ten_step_runs("gpt_oss_quick", "gpt_oss_debug.toml");
   return instance;
 }
 

@@ -50,12 +50,7 @@ LayoutRuns& runs() {
 
 // The default suite's check: 10 steps, no checkpoints.
 LayoutRuns& quick_runs() {
-  static LayoutRuns instance(
-      "qwen3_quick",
-      [](const std::string& extra) {
-        return loom::testing::ten_step_job("qwen3_debug.toml", extra);
-      },
-      10);
+  static LayoutRuns instance = loom::testing::ten_step_runs("qwen3_quick", "qwen3_debug.toml");
   return instance;
 }
 

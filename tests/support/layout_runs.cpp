@@ -36,6 +36,11 @@ std::string ten_step_job(const std::string& config, const std::string& extra) {
   return layout_job(config, 10, "--checkpoint.enable false ", extra);
 }
 
+LayoutRuns ten_step_runs(const std::string& prefix, const std::string& config) {
+  return LayoutRuns(
+      prefix, [config](const std::string& extra) { return ten_step_job(config, extra); }, 10);
+}
+
 const std::string& LayoutRuns::one_rank() {
   if (one_rank_.empty()) one_rank_ = shared_run(prefix_ + "_one_rank", job_(""));
   return one_rank_;

@@ -45,4 +45,7 @@ class LayoutRuns {
   std::string one_rank_;
 };
 
+// The default suite's layout runs of configs/`config`: ten_step_job, losses over 10 steps.
+LayoutRuns ten_step_runs(const std::string& prefix, const std::string& config);
+
 }  // namespace loom::testing
