@@ -20,11 +20,8 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# Shapes of loom's llama3 flavors, in the reference's model-args format.
-FLAVORS = {
-    "debugmodel": dict(dim=256, n_layers=6, n_heads=16, vocab_size=2048, multiple_of=256),
-    "100M": dict(dim=768, n_layers=12, n_heads=12, vocab_size=8192, multiple_of=256),
-}
+# loom's llama3 flavors the reference knows (tools/reference/llama_reference.py, LOOM_FLAVORS).
+FLAVORS = ("debugmodel", "100M", "8B_4layers")
 
 
 def fresh_dump(workdir, name="loom_run"):
@@ -65,11 +62,8 @@ def run_loom(loom, flavor, batch, seq, warmup, steps, threads, workdir):
 
 
 def run_torch(python, flavor, batch, seq, warmup, steps, threads, workdir):
-    args_path = os.path.join(workdir, "args.json")
-    with open(args_path, "w") as f:
-        json.dump(dict(FLAVORS[flavor], max_seq_len=seq, use_scaled_rope=True), f)
     cmd = [python, os.path.join(ROOT, "tools/reference/llama_reference.py"), "bench",
-           "--model-args", args_path, "--batch-size", str(batch), "--seq-len", str(seq),
+           "--flavor", flavor, "--batch-size", str(batch), "--seq-len", str(seq),
            "--steps", str(steps), "--warmup", str(warmup), "--threads", str(threads)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
@@ -77,7 +71,7 @@ def run_torch(python, flavor, batch, seq, warmup, steps, threads, workdir):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--flavor", default="debugmodel", choices=sorted(FLAVORS))
+    p.add_argument("--flavor", default="debugmodel", choices=FLAVORS)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--warmup", type=int, default=3)

@@ -145,9 +145,17 @@ check_more_ranks_than_gpus
 phase_end
 
 run_training "100M bf16" 100M 16 2048 40
+run_reference "100M bf16 (PyTorch eager)" 100M 16 2048 20
+run_reference "100M bf16 (torch.compile)" 100M 16 2048 20 --compile
 run_training "100M fp32" 100M 16 2048 40 --training.mixed_precision_param float32
 run_training "100M FSDP" 100M 16 2048 40 --debug.force_fsdp true
 run_training "8B_4layers bf16" 8B_4layers 2 4096 20
+run_reference "8B_4layers bf16 (PyTorch eager)" 8B_4layers 2 4096 20
+run_reference "8B_4layers bf16 (torch.compile)" 8B_4layers 2 4096 20 --compile
+# loom's CUDA kernels (opt-in until this check passes: docs/performance.md) against the runs
+# above, losses step by step and tokens/s.
+run_training "100M bf16 + cuda kernels" 100M 16 2048 40 --training.cuda_kernels true
+run_training "8B_4layers bf16 + cuda kernels" 8B_4layers 2 4096 20 --training.cuda_kernels true
 # Float8 linears (issue 35), each recipe against the bf16 run above: tokens/s, MFU and peak
 # memory side by side in the report (at::_scaled_mm on sm89+; emulated in the dry run).
 run_training "8B_4layers float8 tensorwise" 8B_4layers 2 4096 20 --model.converters float8

@@ -278,3 +278,35 @@ run_training() {
   tail -1 "$OUT/metrics.jsonl" | cut -c1-200
   phase_end
 }
+
+# The same model, batch and synthetic-token count through PyTorch on the same GPU, right after
+# loom's run (tools/reference/llama_reference.py bench: float32 parameters, bfloat16 autocast,
+# fused AdamW, clipping; `--compile` for torch.compile): its tokens/s and peak memory land in the
+# report beside loom's, with the ratios (gpu_check_report.py).
+run_reference() {
+  local name="$1" flavor="$2" batch="$3" seq="$4" steps="$5" rc limit="$TRAIN_TIMEOUT"
+  shift 5
+  if [[ -n "${LOOM_GPU_RUNS:-}" ]] && ! grep -qE "$LOOM_GPU_RUNS" <<< "$name"; then return 0; fi
+  local size=(--device cuda --bf16 --flavor "$flavor" --batch-size "$batch" --seq-len "$seq"
+              --steps "$steps" --warmup 3)
+  [[ " $* " == *" --compile "* ]] && limit=$((2 * TRAIN_TIMEOUT))  # compiling takes a while
+  phase "reference $name"
+  if ((DRY_RUN)); then
+    size=(--device cpu --flavor debugmodel --batch-size 2 --seq-len 64 --steps 2 --warmup 1)
+  fi
+  local result="$WORK/reference_${name//[^A-Za-z0-9]/_}.json"
+  echo "\$ llama_reference.py bench ${size[*]} $*" >> "$OUT/train.log"
+  timeout "$limit" "$PYTHON" "$ROOT/tools/reference/llama_reference.py" bench "${size[@]}" \
+    --threads "$JOBS" --json "$result" "$@" >> "$OUT/train.log" 2>&1
+  rc=$?
+  if ((rc == 124)); then
+    phase_fails "stopped after $limit s"
+  elif ((rc != 0)); then
+    tail -5 "$OUT/train.log"
+    phase_fails "exit $rc (train.log)"
+  fi
+  "$PYTHON" "$ROOT/tools/gpu_check_report.py" reference "$name" "$result" >> "$OUT/metrics.jsonl" \
+    || phase_fails "no result"
+  tail -1 "$OUT/metrics.jsonl" | cut -c1-200
+  phase_end
+}

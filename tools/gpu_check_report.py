@@ -2,11 +2,16 @@
 """The training figures of tools/gpu_check.sh.
 
   gpu_check_report.py collect RUN METRICS_JSONL   print the run's logged steps, each with "run"
+  gpu_check_report.py reference RUN RESULT_JSON    a PyTorch reference run (llama_reference.py
+                                                  bench --json) as one record of RUN
   gpu_check_report.py summary ALL_METRICS_JSONL   Markdown: one row per run, bf16 vs fp32 losses
 
 A run's throughput is the median over its logged steps after the first (which includes start-up
 and the allocator's warm-up). The bf16/fp32 comparison pairs the runs named "X bf16" and "X fp32"
-and compares their losses step by step (same seed, same data).
+and compares their losses step by step (same seed, same data); likewise "X" and
+"X + cuda kernels" (loom's CUDA kernels, training.cuda_kernels), with their tokens/s ratio. A
+run "X (PyTorch eager)" or "X (torch.compile)" is PyTorch on the same model, batch and GPU: loom's
+run "X" is reported as a ratio of it.
 """
 import json
 import statistics
@@ -20,6 +25,16 @@ def collect(run, path):
                 record = json.loads(line)
                 if "loss" in record and "tps" in record:  # training steps, not validation lines
                     print(json.dumps({"run": run, **record}))
+    return 0
+
+
+def reference(run, path):
+    with open(path) as f:
+        result = json.load(f)
+    print(json.dumps({"run": run, "step": result["warmup"] + result["steps"],
+                      "loss": result["final_loss"], "tps": result["tokens_per_s"],
+                      "step_time_s": result["step_time_s"], "mem_peak_gib": result["peak_gib"],
+                      "reference": True}))
     return 0
 
 
@@ -55,6 +70,19 @@ def summary(path):
     for run in runs:
         if run.endswith(" bf16") and run[:-5] + " fp32" in runs:
             compare(run, runs[run], run[:-5] + " fp32", runs[run[:-5] + " fp32"])
+    kernels = " + cuda kernels"
+    for run in runs:
+        if run.endswith(kernels) and run[:-len(kernels)] in runs:
+            base = run[:-len(kernels)]
+            compare(run, runs[run], base, runs[base])
+            ratio = median_after_first(runs[run], "tps") / median_after_first(runs[base], "tps")
+            print(f"{run}: {ratio:.3f}x the tokens/s of {base}.")
+    for run in runs:
+        for suffix in (" (PyTorch eager)", " (torch.compile)"):
+            if run.endswith(suffix) and run[:-len(suffix)] in runs:
+                base = run[:-len(suffix)]
+                ratio = median_after_first(runs[base], "tps") / median_after_first(runs[run], "tps")
+                print(f"loom {base}: {ratio:.3f}x the tokens/s of {run[len(base) + 1:]}.")
     return 0
 
 
@@ -72,6 +100,8 @@ def compare(name_a, steps_a, name_b, steps_b):
 def main(argv):
     if len(argv) == 4 and argv[1] == "collect":
         return collect(argv[2], argv[3])
+    if len(argv) == 4 and argv[1] == "reference":
+        return reference(argv[2], argv[3])
     if len(argv) == 3 and argv[1] == "summary":
         return summary(argv[2])
     print(__doc__, file=sys.stderr)

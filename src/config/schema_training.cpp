@@ -68,6 +68,11 @@ void add_training_section(Schema& s) {
            "loom: compute in mixed_precision_param on CPU too (autocast; under FSDP, the "
            "all-gather dtype); CPU runs train in float32 otherwise (on CUDA, "
            "mixed_precision_param always applies).");
+  tr.field("cuda_kernels", &TrainingSection::cuda_kernels,
+           "loom: on CUDA, run loom's own kernels (RMSNorm with the residual add, SwiGLU, RoPE, "
+           "cross-entropy on bfloat16 logits, the gradient norm and clip) instead of ATen's "
+           "compositions; opt-in until their cuda tests pass on a GPU (docs/performance.md). "
+           "No effect on CPU, where loom's fused CPU kernels always run.");
   tr.field("dataset_on_error", &TrainingSection::dataset_on_error,
            "loom: a bad dataset record (invalid JSON, no text field, invalid UTF-8) stops the job "
            "with its file and line (error) or is skipped and counted in metrics.jsonl as "

@@ -19,6 +19,7 @@ constexpr const char* kLibraryName = "libloom_cuda.so";
 struct Loaded {
   const CudaSupport* support = nullptr;
   std::string status;
+  void* handle = nullptr;
 };
 
 // A GPU can only answer where the driver made its device nodes (WSL: /dev/dxg).
@@ -63,7 +64,7 @@ Loaded load() {
         path);
     return {nullptr, std::string("no entry point in ") + path};
   }
-  return {entry(), "loaded from " + path};
+  return {entry(), "loaded from " + path, handle};
 }
 
 const Loaded& loaded() {
@@ -79,6 +80,11 @@ void load_cuda_support() {
 
 const CudaSupport* cuda_support() {
   return loaded().support;
+}
+
+void* cuda_support_symbol(const char* name) {
+  void* handle = loaded().handle;
+  return handle != nullptr ? ::dlsym(handle, name) : nullptr;
 }
 
 std::string cuda_support_status() {

@@ -7,8 +7,14 @@
 namespace loom::models {
 
 at::Tensor cross_entropy_sum(const at::Tensor& logits, const at::Tensor& labels) {
-  return kernels::cross_entropy_sum(logits.flatten(0, 1).to(at::kFloat),
-                                           labels.flatten().contiguous(), kIgnoreIndex);
+  const at::Tensor rows = logits.flatten(0, 1);
+  const at::Tensor targets = labels.flatten().contiguous();
+  if (rows.is_cuda() && kernels::cross_entropy_is_fused(rows, targets, kIgnoreIndex)) {
+    // loom's CUDA kernel reads bfloat16 logits as they are and writes their gradient over them:
+    // the head's logits serve the loss alone (loss.h).
+    return kernels::cross_entropy_sum(rows, targets, kIgnoreIndex, /*overwrite_logits=*/true);
+  }
+  return kernels::cross_entropy_sum(rows.to(at::kFloat), targets, kIgnoreIndex);
 }
 
 int64_t count_valid_tokens(const at::Tensor& labels) {

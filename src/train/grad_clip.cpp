@@ -12,8 +12,8 @@ namespace loom::train {
 at::Tensor clip_grad_norm(const std::vector<at::Tensor>& tensors,
                           const std::vector<parallel::Placement>& placements, double max_norm,
                           distributed::Comm* all_ranks) {
-  LOOM_CHECK(tensors.size() == placements.size(), "clip_grad_norm: ", tensors.size(),
-             " tensors, ", placements.size(), " placements");
+  LOOM_CHECK(tensors.size() == placements.size(), "clip_grad_norm: ", tensors.size(), " tensors, ",
+             placements.size(), " placements");
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> grads, counted;
   for (size_t i = 0; i < tensors.size(); ++i) {
@@ -26,10 +26,11 @@ at::Tensor clip_grad_norm(const std::vector<at::Tensor>& tensors,
   // In float64: a float32 sum of squares over a million-element gradient is off by ~1e-4,
   // enough to make runs that differ only in layout clip differently.
   at::Tensor squared = counted.empty()
-      ? at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(device))
-      : models::kernels::squared_norm(counted);
+                           ? at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(device))
+                           : models::kernels::squared_norm(counted);
   if (all_ranks != nullptr && all_ranks->size() > 1) all_ranks->all_reduce(squared);
   at::Tensor total = squared.sqrt().squeeze(0);
+  if (max_norm > 0 && models::kernels::clip_on_device(grads, squared, max_norm)) return total;
   if (max_norm > 0 && !grads.empty()) {
     // min(1, max_norm / (norm + 1e-6)), and 1 for an infinite or NaN norm (left to the caller).
     at::Tensor coef = (max_norm / (total + 1e-6)).clamp_max(1.0);

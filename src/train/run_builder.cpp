@@ -22,6 +22,7 @@
 #include "loom/data/streaming_loader.h"
 #include "loom/data/synthetic.h"
 #include "loom/launch/world_info.h"
+#include "loom/models/kernels/cuda.h"
 #include "loom/optim/registry.h"
 #include "loom/parallel/pipeline/model_parts.h"
 #include "loom/parallel/pipeline/simulate.h"
@@ -116,6 +117,12 @@ void setup_runtime(Run& run) {
       run.device.str(), t.dtype, compute ? std::string(c10::toString(*compute)) : t.dtype, run.seed,
       c.debug.seed ? "" : " (random: set debug.seed to reproduce)", run.accumulation_steps,
       t.local_batch_size);
+  models::kernels::set_cuda_kernels_enabled(t.cuda_kernels);
+  if (cuda) {
+    const bool missing = t.cuda_kernels && models::kernels::cuda_kernels() == nullptr;
+    log->log(missing ? spdlog::level::warn : spdlog::level::info, "CUDA kernels: {}",
+             models::kernels::cuda_kernels_status());
+  }
 }
 
 // This rank's share: its pipeline stages, split over FSDP's shards and the tp ranks, with the

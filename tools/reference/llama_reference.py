@@ -100,6 +100,22 @@ def parse_model_args(raw):
     return a
 
 
+# loom's llama3 flavors (src/models/llama/args.cpp) in this file's model-args format, for
+# `bench --flavor` (tools/bench_train.py, tools/gpu_check.sh).
+LOOM_FLAVORS = {
+    "debugmodel": dict(dim=256, n_layers=6, n_heads=16, vocab_size=2048, multiple_of=256),
+    "100M": dict(dim=768, n_layers=12, n_heads=12, vocab_size=8192, multiple_of=256),
+    "8B_4layers": dict(dim=4096, n_layers=4, n_heads=32, n_kv_heads=8, vocab_size=128256,
+                       multiple_of=1024, ffn_dim_multiplier=1.3),
+}
+
+
+def flavor_args(flavor, seq_len):
+    if flavor not in LOOM_FLAVORS:
+        raise RefError(f"unknown flavor '{flavor}' (known: {', '.join(LOOM_FLAVORS)})")
+    return parse_model_args(dict(LOOM_FLAVORS[flavor], max_seq_len=seq_len, use_scaled_rope=True))
+
+
 def load_model_args(path):
     try:
         with open(path) as f:
@@ -305,24 +321,33 @@ def golden(args_path, weights_path, batch_path, out_path, threads=1):
 # ----------------------------------------------------------------------------- bench
 def bench(ns):
     torch.set_num_threads(ns.threads)
-    a = load_model_args(ns.model_args)
+    a = load_model_args(ns.model_args) if ns.model_args else flavor_args(ns.flavor, ns.seq_len)
     if ns.seq_len > a.max_seq_len:
         raise RefError(f"--seq-len {ns.seq_len} exceeds max_seq_len {a.max_seq_len}")
     if ns.steps < 1 or ns.warmup < 0:
         raise RefError("--steps must be >= 1 and --warmup >= 0")
+    if ns.device == "cuda" and not torch.cuda.is_available():
+        raise RefError("--device cuda: this PyTorch sees no CUDA device")
+    device = torch.device(ns.device)
     torch.manual_seed(0)
     model = Transformer(a)
     init_random(model)
+    model.to(device)
+    # float32 parameters, bfloat16 compute under autocast (loom's mixed precision on one GPU);
+    # fused AdamW on CUDA: the strongest eager baseline.
     opt = torch.optim.AdamW(model.parameters(), lr=ns.lr, betas=(0.9, 0.95), eps=1e-8,
-                            weight_decay=0.1)
+                            weight_decay=0.1, fused=ns.device == "cuda")
+    forward = torch.compile(model) if ns.compile else model
+    loss_of = torch.compile(loss_fn) if ns.compile else loss_fn
     # All batches made up front so the timed loop measures only training.
     g = torch.Generator().manual_seed(1234)
     data = torch.randint(0, a.vocab_size, (ns.warmup + ns.steps, ns.batch_size, ns.seq_len + 1),
-                         generator=g)
+                         generator=g).to(device)
 
     def step(i):
         opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(data[i, :, :-1]), data[i, :, 1:])
+        with torch.autocast(ns.device, dtype=torch.bfloat16, enabled=ns.bf16):
+            loss = loss_of(forward(data[i, :, :-1]), data[i, :, 1:])
         loss.backward()
         with torch.profiler.record_function("loom::optimizer"):  # tools/step_breakdown.py
             torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
@@ -354,6 +379,8 @@ def bench(ns):
         "threads": ns.threads, "params": sum(p.numel() for p in model.parameters()),
         "torch_version": torch.__version__, "batch_size": ns.batch_size,
         "seq_len": ns.seq_len, "steps": ns.steps, "warmup": ns.warmup, "final_loss": last_loss,
+        "device": ns.device, "bf16": ns.bf16, "compile": ns.compile,
+        "peak_gib": (torch.cuda.max_memory_allocated() / 2**30) if ns.device == "cuda" else None,
     }
     print(json.dumps(result))
     if ns.json:
@@ -470,10 +497,15 @@ def main(argv=None):
         g.add_argument(flag, required=True)
     g.add_argument("--threads", type=int, default=1)
     b = sub.add_parser("bench", help="eager PyTorch training throughput")
-    b.add_argument("--model-args", required=True)
+    shape = b.add_mutually_exclusive_group(required=True)
+    shape.add_argument("--model-args", help="a JSON file of model args")
+    shape.add_argument("--flavor", help=f"one of loom's llama3 flavors: {', '.join(LOOM_FLAVORS)}")
     for flag in ("--batch-size", "--seq-len", "--steps", "--warmup", "--threads"):
         b.add_argument(flag, type=int, required=True)
     b.add_argument("--lr", type=float, default=8e-4)
+    b.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    b.add_argument("--bf16", action="store_true", help="bfloat16 compute under autocast")
+    b.add_argument("--compile", action="store_true", help="torch.compile the model and the loss")
     b.add_argument("--json")
     b.add_argument("--trace", help="profile the timed steps; write a Chrome trace here")
     sub.add_parser("self-test", help="check the reference itself")

@@ -134,6 +134,8 @@ struct TrainingSection {
   std::string device = "auto";
   // loom: also autocast to mixed_precision_param on CPU (CPU trains in float32 by default).
   bool mixed_precision_on_cpu = false;
+  // loom: loom's CUDA kernels instead of ATen's compositions (models/kernels/cuda.h).
+  bool cuda_kernels = false;
   // loom: "error" stops at a bad dataset record; "skip" skips it and counts it in the metrics.
   std::string dataset_on_error = "error";
   // loom: the longest document (a JSONL line, a text file) a dataset may hold, in MiB.

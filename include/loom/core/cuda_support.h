@@ -65,6 +65,10 @@ void load_cuda_support();
 // without a GPU, in a build without CUDA, or when the library did not load.
 const CudaSupport* cuda_support();
 
+// Another entry point of the loaded library (the models' CUDA kernels register theirs there:
+// include/loom/models/kernels/cuda.h); null where the library is not loaded or lacks it.
+void* cuda_support_symbol(const char* name);
+
 // Where the library was looked for and why it is or is not loaded, for `loom --version`.
 std::string cuda_support_status();
 

@@ -10,6 +10,8 @@
 namespace loom::models {
 
 // logits [bs, seq, vocab] float32, labels [bs, seq] int64 -> 0-d sum of per-token losses.
+// With loom's CUDA kernels on (kernels/cuda.h), bfloat16 logits are read as they are and the
+// backward writes their gradient over them: pass logits that serve this loss alone.
 at::Tensor cross_entropy_sum(const at::Tensor& logits, const at::Tensor& labels);
 
 // Number of labels that count (!= kIgnoreIndex).

@@ -95,8 +95,7 @@ at::Tensor halves_to_pairs(const at::Tensor& x) {
 
 std::pair<at::Tensor, at::Tensor> rotate_qk(const at::Tensor& q, const at::Tensor& k,
                                             const at::Tensor& freqs_cis, RopeLayout layout) {
-  if (layout == RopeLayout::kInterleaved) return kernels::rotary_qk(q, k, freqs_cis);
-  return kernels::rotary_qk(halves_to_pairs(q), halves_to_pairs(k), freqs_cis);
+  return kernels::rotary_qk(q, k, freqs_cis, layout == RopeLayout::kHalves);
 }
 
 at::Tensor apply_rotary_emb_at(const at::Tensor& input, const at::Tensor& rotations,

@@ -7,9 +7,10 @@
 
 #include <algorithm>
 
-#include "dispatch.h"
 #include "cross_entropy_kernel.h"
+#include "dispatch.h"
 #include "loom/core/check.h"
+#include "loom/models/kernels/cuda.h"
 
 namespace loom::models::kernels {
 namespace {
@@ -23,6 +24,32 @@ void check_labels(const at::Tensor& labels, int64_t vocab, int64_t ignore_index)
                " (expected 0..", vocab - 1, " or the ignore index ", ignore_index, ")");
   }
 }
+
+// loom's CUDA kernel: logits read in their own dtype (no float32 copy), the loss in float32, and
+// the gradient written over the logits where the caller allows it.
+class CudaCrossEntropyFunction : public torch::autograd::Function<CudaCrossEntropyFunction> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& logits,
+                            const at::Tensor& labels, int64_t ignore_index, bool overwrite_logits) {
+    RECORD_FUNCTION("loom::kernel_cross_entropy", std::vector<c10::IValue>{});
+    auto [loss, lse] = cuda_kernels()->cross_entropy_forward(logits, labels, ignore_index);
+    ctx->save_for_backward({logits, labels, lse});
+    ctx->saved_data["ignore_index"] = ignore_index;
+    ctx->saved_data["overwrite_logits"] = overwrite_logits;
+    return loss;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    RECORD_FUNCTION("loom::kernel_cross_entropy_backward", std::vector<c10::IValue>{});
+    const auto saved = ctx->get_saved_variables();
+    // The scale stays on the device: the kernel reads it there, no host waits.
+    at::Tensor grad = cuda_kernels()->cross_entropy_backward(
+        saved[0], saved[1], saved[2], grads[0], ctx->saved_data["ignore_index"].toInt(),
+        ctx->saved_data["overwrite_logits"].toBool());
+    return {grad, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
 
 class CrossEntropyFunction : public torch::autograd::Function<CrossEntropyFunction> {
  public:
@@ -72,20 +99,32 @@ class CrossEntropyFunction : public torch::autograd::Function<CrossEntropyFuncti
 
 }  // namespace
 
+namespace {
+
+bool cross_entropy_takes_cuda(const at::Tensor& logits, const at::Tensor& labels) {
+  return enabled_cuda_kernels() != nullptr && cuda_kernel_tensor(logits) && logits.dim() == 2 &&
+         labels.device() == logits.device() && labels.scalar_type() == at::kLong &&
+         labels.dim() == 1 && labels.size(0) == logits.size(0) && labels.is_contiguous();
+}
+
+}  // namespace
+
 bool cross_entropy_is_fused(const at::Tensor& logits, const at::Tensor& labels,
                             int64_t ignore_index) {
+  if (cross_entropy_takes_cuda(logits, labels)) return true;
   return logits.device().is_cpu() && labels.device().is_cpu() &&
          logits.scalar_type() == at::kFloat && labels.scalar_type() == at::kLong &&
          logits.dim() == 2 && labels.dim() == 1 && labels.size(0) == logits.size(0) &&
-         logits.size(1) > 0 && logits.is_contiguous() && labels.is_contiguous() &&
-         ignore_index < 0;
+         logits.size(1) > 0 && logits.is_contiguous() && labels.is_contiguous() && ignore_index < 0;
 }
 
 at::Tensor cross_entropy_sum(const at::Tensor& logits, const at::Tensor& labels,
-                             int64_t ignore_index) {
+                             int64_t ignore_index, bool overwrite_logits) {
+  if (cross_entropy_takes_cuda(logits, labels)) {
+    return CudaCrossEntropyFunction::apply(logits, labels, ignore_index, overwrite_logits);
+  }
   if (!cross_entropy_is_fused(logits, labels, ignore_index)) {
-    return at::cross_entropy_loss(logits, labels, /*weight=*/{}, at::Reduction::Sum,
-                                  ignore_index);
+    return at::cross_entropy_loss(logits, labels, /*weight=*/{}, at::Reduction::Sum, ignore_index);
   }
   check_labels(labels, logits.size(1), ignore_index);
   return CrossEntropyFunction::apply(logits, labels);

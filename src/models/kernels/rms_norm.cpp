@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "dispatch.h"
+#include "loom/models/kernels/cuda.h"
 #include "rms_norm_kernel.h"
 
 namespace loom::models::kernels {
@@ -22,6 +23,11 @@ constexpr int64_t kRowsPerBlock = 64;
 at::Tensor norm_forward(const at::Tensor& input, const at::Tensor& weight, double eps,
                         at::Tensor& rstd) {
   RECORD_FUNCTION("loom::kernel_rms_norm", std::vector<c10::IValue>{});  // named in profiles
+  if (input.is_cuda()) {
+    auto outputs = cuda_kernels()->rms_norm_forward(input, at::Tensor(), weight, eps);
+    rstd = outputs.rstd;
+    return outputs.y;
+  }
   const int64_t dim = input.size(-1);
   const int64_t rows = input.numel() / dim;
   at::Tensor out = at::empty_like(input);
@@ -44,6 +50,10 @@ std::pair<at::Tensor, at::Tensor> norm_backward(const at::Tensor& grad, const at
                                                 const at::Tensor& grad_residual, bool want_x,
                                                 bool want_w) {
   RECORD_FUNCTION("loom::kernel_rms_norm_backward", std::vector<c10::IValue>{});
+  if (input.is_cuda()) {
+    return cuda_kernels()->rms_norm_backward(grad, input, weight, rstd, grad_residual, want_x,
+                                             want_w);
+  }
   const int64_t dim = input.size(-1);
   const int64_t rows = input.numel() / dim;
   at::Tensor grad_x = want_x ? at::empty_like(input) : at::Tensor();
@@ -102,9 +112,9 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
 
 // Backward of both residual norms: the norm's input gradient with the sum's own gradient added
 // in the same pass (or only the latter, where the normed output was not used).
-std::pair<at::Tensor, at::Tensor> residual_norm_backward(torch::autograd::AutogradContext* ctx,
-                                                         const torch::autograd::variable_list& grads,
-                                                         bool want_x, bool want_w) {
+std::pair<at::Tensor, at::Tensor> residual_norm_backward(
+    torch::autograd::AutogradContext* ctx, const torch::autograd::variable_list& grads, bool want_x,
+    bool want_w) {
   const auto saved = ctx->get_saved_variables();
   if (!grads[1].defined()) return {grads[0], at::Tensor()};
   return norm_backward(grads[1].contiguous(), saved[0], saved[1], saved[2], grads[0], want_x,
@@ -141,6 +151,11 @@ class AddRmsNormFunction : public torch::autograd::Function<AddRmsNormFunction> 
                                                 const at::Tensor& weight, double eps) {
     RECORD_FUNCTION("loom::kernel_rms_norm", std::vector<c10::IValue>{});
     ctx->set_materialize_grads(false);
+    if (x.is_cuda()) {
+      auto outputs = cuda_kernels()->rms_norm_forward(x, delta, weight, eps);
+      ctx->save_for_backward({outputs.sum, weight, outputs.rstd});
+      return {outputs.sum, outputs.y};
+    }
     const int64_t dim = x.size(-1);
     const int64_t rows = x.numel() / dim;
     at::Tensor sum = at::empty_like(x);
@@ -165,7 +180,8 @@ class AddRmsNormFunction : public torch::autograd::Function<AddRmsNormFunction> 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const bool want_sum = ctx->needs_input_grad(0) || ctx->needs_input_grad(1);
-    auto [grad_sum, grad_w] = residual_norm_backward(ctx, grads, want_sum, ctx->needs_input_grad(2));
+    auto [grad_sum, grad_w] =
+        residual_norm_backward(ctx, grads, want_sum, ctx->needs_input_grad(2));
     // d(x + delta) / dx = d(x + delta) / d delta = 1: both get the sum's gradient.
     return {grad_sum, grad_sum, grad_w, at::Tensor()};
   }
@@ -173,11 +189,25 @@ class AddRmsNormFunction : public torch::autograd::Function<AddRmsNormFunction> 
 
 }  // namespace
 
+namespace {
+
+// loom's CUDA kernels take it: enabled, CUDA tensors on one device, float32 or bfloat16, the
+// weight in the input's dtype or float32.
+bool rms_norm_takes_cuda(const at::Tensor& input, const at::Tensor& weight) {
+  return enabled_cuda_kernels() != nullptr && cuda_kernel_tensor(input) &&
+         cuda_kernel_tensor(weight) && weight.device() == input.device() && weight.dim() == 1 &&
+         weight.size(0) == input.size(-1) &&
+         (weight.scalar_type() == input.scalar_type() || weight.scalar_type() == at::kFloat);
+}
+
+}  // namespace
+
 bool rms_norm_is_fused(const at::Tensor& input, const at::Tensor& weight) {
-  return input.device().is_cpu() && weight.device().is_cpu() &&
-         input.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat &&
-         input.dim() >= 1 && input.numel() > 0 && weight.dim() == 1 &&
-         weight.size(0) == input.size(-1) && input.is_contiguous() && weight.is_contiguous();
+  if (rms_norm_takes_cuda(input, weight)) return true;
+  return input.device().is_cpu() && weight.device().is_cpu() && input.scalar_type() == at::kFloat &&
+         weight.scalar_type() == at::kFloat && input.dim() >= 1 && input.numel() > 0 &&
+         weight.dim() == 1 && weight.size(0) == input.size(-1) && input.is_contiguous() &&
+         weight.is_contiguous();
 }
 
 at::Tensor rms_norm(const at::Tensor& input, const at::Tensor& weight, double eps) {
@@ -190,8 +220,9 @@ at::Tensor rms_norm(const at::Tensor& input, const at::Tensor& weight, double ep
 bool residual_rms_norm_is_fused(const at::Tensor& x, const at::Tensor& delta,
                                 const at::Tensor& weight) {
   if (!rms_norm_is_fused(x, weight)) return false;
-  return !delta.defined() || (delta.device().is_cpu() && delta.scalar_type() == at::kFloat &&
-                              delta.sizes() == x.sizes() && delta.is_contiguous());
+  return !delta.defined() ||
+         (delta.device() == x.device() && delta.scalar_type() == x.scalar_type() &&
+          delta.sizes() == x.sizes() && delta.is_contiguous());
 }
 
 std::pair<at::Tensor, at::Tensor> residual_rms_norm(const at::Tensor& x, const at::Tensor& delta,

@@ -5,6 +5,7 @@
 #include <ATen/record_function.h>
 
 #include "dispatch.h"
+#include "loom/models/kernels/cuda.h"
 #include "squared_norm_kernel.h"
 
 namespace loom::models::kernels {
@@ -27,8 +28,13 @@ at::Tensor squared_norm(const std::vector<at::Tensor>& tensors) {
   const at::Device device = tensors.empty() ? at::Device(at::kCPU) : tensors.front().device();
   const auto options = at::TensorOptions().dtype(at::kDouble).device(device);
   std::vector<Block> blocks;
-  std::vector<at::Tensor> others;
+  std::vector<at::Tensor> others, on_cuda;
+  const bool cuda_on = enabled_cuda_kernels() != nullptr;
   for (const at::Tensor& t : tensors) {
+    if (cuda_on && cuda_kernel_tensor(t) && t.device() == device) {
+      on_cuda.push_back(t);
+      continue;
+    }
     if (!takes_kernel(t)) {
       others.push_back(t);
       continue;
@@ -46,8 +52,21 @@ at::Tensor squared_norm(const std::vector<at::Tensor>& tensors) {
   double sum = 0;
   for (double p : partial) sum += p;
   at::Tensor total = at::full({1}, sum, options);
+  if (!on_cuda.empty()) total += cuda_kernels()->squared_norm(on_cuda);
   if (!others.empty()) total += at::stack(at::_foreach_norm(others, 2, at::kDouble)).pow(2).sum();
   return total;
+}
+
+bool clip_on_device(const std::vector<at::Tensor>& grads, const at::Tensor& squared_total,
+                    double max_norm) {
+  const CudaKernels* kernels = enabled_cuda_kernels();
+  if (kernels == nullptr || grads.empty() || !squared_total.is_cuda()) return false;
+  for (const at::Tensor& g : grads) {
+    if (!cuda_kernel_tensor(g) || g.device() != squared_total.device()) return false;
+  }
+  RECORD_FUNCTION("loom::kernel_clip", std::vector<c10::IValue>{});
+  kernels->clip(grads, squared_total, max_norm);
+  return true;
 }
 
 }  // namespace loom::models::kernels

@@ -6,6 +6,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "dispatch.h"
+#include "loom/models/kernels/cuda.h"
 #include "swiglu_kernel.h"
 
 namespace loom::models::kernels {
@@ -17,6 +18,7 @@ class SwigluFunction : public torch::autograd::Function<SwigluFunction> {
                             const at::Tensor& b) {
     RECORD_FUNCTION("loom::kernel_swiglu", std::vector<c10::IValue>{});  // named in profiles
     ctx->save_for_backward({a, b});
+    if (a.is_cuda()) return cuda_kernels()->swiglu_forward(a, b);
     at::Tensor out = at::empty_like(a);
     const float* pa = a.const_data_ptr<float>();
     const float* pb = b.const_data_ptr<float>();
@@ -35,6 +37,10 @@ class SwigluFunction : public torch::autograd::Function<SwigluFunction> {
     const at::Tensor& a = saved[0];
     const at::Tensor& b = saved[1];
     const at::Tensor grad = grads[0].contiguous();
+    if (a.is_cuda()) {
+      auto [grad_a, grad_b] = cuda_kernels()->swiglu_backward(grad, a, b);
+      return {grad_a, grad_b};
+    }
     at::Tensor grad_a = at::empty_like(a);
     at::Tensor grad_b = at::empty_like(b);
     const float* pg = grad.const_data_ptr<float>();
@@ -53,6 +59,9 @@ class SwigluFunction : public torch::autograd::Function<SwigluFunction> {
 }  // namespace
 
 bool swiglu_is_fused(const at::Tensor& a, const at::Tensor& b) {
+  if (enabled_cuda_kernels() != nullptr && cuda_kernel_tensor(a) && cuda_kernel_tensor(b)) {
+    return a.device() == b.device() && a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes();
+  }
   return a.device().is_cpu() && b.device().is_cpu() && a.scalar_type() == at::kFloat &&
          b.scalar_type() == at::kFloat && a.sizes() == b.sizes() && a.is_contiguous() &&
          b.is_contiguous() && !a.is_complex();

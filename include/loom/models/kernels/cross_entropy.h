@@ -6,7 +6,7 @@
 // reads each row of logits for its max and its sum of exponentials and saves one logsumexp per
 // row; backward writes softmax - onehot in one pass over the saved logits. Rows are split over
 // LibTorch's intra-op threads; the per-row losses are summed in float64, in row order. Built per
-// instruction set like swiglu.h. Anything else (not CPU, not float32, not contiguous, a
+// instruction set like swiglu.h. Anything else (not CPU or CUDA, not float32, not contiguous, a
 // non-negative ignore index) takes at::cross_entropy_loss.
 #pragma once
 
@@ -17,8 +17,14 @@ namespace loom::models::kernels {
 // sum over rows of -log_softmax(logits)[row, labels[row]], skipping rows whose label is
 // `ignore_index`; logits [rows, vocab], labels [rows] int64. A label outside [0, vocab) that is
 // not the ignore index is an error.
+//
+// On CUDA, loom's kernel where enabled (cuda.h): logits in float32 or bfloat16, read in their own
+// dtype; a label out of range makes the loss NaN (the device does not stop to raise). With
+// `overwrite_logits`, its backward writes the gradient over `logits` (no second logits-sized
+// buffer): the caller promises nothing reads those logits after the backward, and no other
+// autograd node saved them (rows of one logits tensor, each with its own call, are fine).
 at::Tensor cross_entropy_sum(const at::Tensor& logits, const at::Tensor& labels,
-                             int64_t ignore_index);
+                             int64_t ignore_index, bool overwrite_logits = false);
 
 // True when cross_entropy_sum takes the fused kernel for these inputs.
 bool cross_entropy_is_fused(const at::Tensor& logits, const at::Tensor& labels,

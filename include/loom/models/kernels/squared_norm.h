@@ -14,6 +14,14 @@ namespace loom::models::kernels {
 // (CPU when empty). CPU float32 contiguous tensors take the fused kernel, summed over fixed
 // blocks of elements in order (the same result on any number of threads); others take
 // at::_foreach_norm in float64.
+// On CUDA, loom's kernel where enabled (cuda.h), in float64 in a fixed order.
 at::Tensor squared_norm(const std::vector<at::Tensor>& tensors);
+
+// Gradient clipping's scale, applied by loom's CUDA kernel: every tensor of `grads` scaled in
+// place by min(1, max_norm / (sqrt(squared_total) + 1e-6)) (1 where that is not finite), computed
+// on the device from squared_total (float64, one element), so no host waits for the norm.
+// Returns false, having done nothing, where the kernels are off or do not take every tensor.
+bool clip_on_device(const std::vector<at::Tensor>& grads, const at::Tensor& squared_total,
+                    double max_norm);
 
 }  // namespace loom::models::kernels

@@ -1,0 +1,197 @@
+// loom's CUDA kernels (label "cuda": a GPU machine only) against the ATen compositions they
+// replace, forward and backward, in float32 and bfloat16, through the seam the models call. Their
+// math is also replayed on the CPU by test_cuda_kernel_math.cpp in the default suite.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "loom/models/kernels/cross_entropy.h"
+#include "loom/models/kernels/cuda.h"
+#include "loom/models/kernels/rms_norm.h"
+#include "loom/models/kernels/rotary.h"
+#include "loom/models/kernels/squared_norm.h"
+#include "loom/models/kernels/swiglu.h"
+
+namespace {
+namespace test_cuda_kernels {
+
+namespace kernels = loom::models::kernels;
+
+// Enables loom's kernels for one scope.
+class KernelsOn {
+ public:
+  explicit KernelsOn(bool on) { kernels::set_cuda_kernels_enabled(on); }
+  ~KernelsOn() { kernels::set_cuda_kernels_enabled(false); }
+};
+
+at::Tensor cuda_randn(std::vector<int64_t> shape, at::ScalarType dtype, double scale = 1.0) {
+  return (at::randn(shape, at::TensorOptions().device(at::kCUDA)) * scale).to(dtype);
+}
+
+// Within one rounding of the dtype (bfloat16: 2^-8) relative to the reference's scale, plus
+// float32 arithmetic in a different order.
+void expect_close(const at::Tensor& actual, const at::Tensor& expected, at::ScalarType dtype,
+                  const char* what) {
+  const at::Tensor a = actual.to(at::kDouble).cpu(), e = expected.to(at::kDouble).cpu();
+  const double scale = std::max(e.abs().max().item<double>(), 1e-30);
+  const double tol = dtype == at::kBFloat16 ? 1.6e-2 : 2e-5;
+  const double worst = ((a - e).abs() / scale).max().item<double>();
+  EXPECT_LE(worst, tol) << what << " (" << dtype << "): largest difference " << worst
+                        << " of the scale " << scale;
+}
+
+std::vector<at::Tensor> leaves(const std::vector<at::Tensor>& inputs) {
+  std::vector<at::Tensor> out;
+  for (const at::Tensor& t : inputs) out.push_back(t.detach().clone().requires_grad_(true));
+  return out;
+}
+
+TEST(CudaKernels, TheLibraryHasThemAndTheSwitchSelectsThem) {
+  ASSERT_NE(kernels::cuda_kernels(), nullptr) << kernels::cuda_kernels_status();
+  at::Tensor x = cuda_randn({4, 64}, at::kBFloat16);
+  at::Tensor w = at::ones({64}, at::TensorOptions().device(at::kCUDA));
+  EXPECT_FALSE(kernels::rms_norm_is_fused(x, w)) << "off by default (training.cuda_kernels)";
+  KernelsOn on(true);
+  EXPECT_TRUE(kernels::rms_norm_is_fused(x, w));
+  EXPECT_TRUE(kernels::swiglu_is_fused(x, x));
+  EXPECT_NE(kernels::cuda_kernels_status().find("loom's CUDA kernels"), std::string::npos);
+}
+
+TEST(CudaKernels, RmsNormAndTheResidualNormEqualATen) {
+  at::manual_seed(1);
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    for (int64_t dim : {40, 1000, 4096}) {
+      const at::Tensor x = cuda_randn({3, 50, dim}, dtype), delta = cuda_randn({3, 50, dim}, dtype);
+      const at::Tensor w =
+          1.0 + 0.1 * at::randn({dim}, at::TensorOptions().device(at::kCUDA));  // float32
+      const at::Tensor g1 = cuda_randn({3, 50, dim}, dtype), g2 = cuda_randn({3, 50, dim}, dtype);
+      std::vector<std::vector<at::Tensor>> results;
+      for (bool on : {false, true}) {
+        KernelsOn scope(on);
+        auto in = leaves({x, delta, w});
+        auto [sum, y] = kernels::residual_rms_norm(in[0], in[1], in[2], 1e-5);
+        EXPECT_EQ(kernels::residual_rms_norm_is_fused(in[0], in[1], in[2]), on);
+        at::Tensor y_alone = kernels::rms_norm(in[0], in[2], 1e-5);
+        ((sum * g1).sum() + (y * g2).sum() + (y_alone * g2).sum()).backward();
+        results.push_back(
+            {sum.detach(), y.detach(), y_alone.detach(), in[0].grad(), in[1].grad(), in[2].grad()});
+      }
+      const char* names[] = {"sum", "y", "y alone", "grad x", "grad delta", "grad weight"};
+      for (size_t i = 0; i < results[0].size(); ++i) {
+        expect_close(results[1][i], results[0][i], dtype, names[i]);
+      }
+    }
+  }
+}
+
+TEST(CudaKernels, SwigluEqualsATen) {
+  at::manual_seed(2);
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    const at::Tensor a = cuda_randn({7, 333}, dtype, 3.0), b = cuda_randn({7, 333}, dtype);
+    const at::Tensor g = cuda_randn({7, 333}, dtype);
+    std::vector<std::vector<at::Tensor>> results;
+    for (bool on : {false, true}) {
+      KernelsOn scope(on);
+      auto in = leaves({a, b});
+      at::Tensor out = kernels::swiglu(in[0], in[1]);
+      (out * g).sum().backward();
+      results.push_back({out.detach(), in[0].grad(), in[1].grad()});
+    }
+    expect_close(results[1][0], results[0][0], dtype, "silu(a) * b");
+    expect_close(results[1][1], results[0][1], dtype, "grad a");
+    expect_close(results[1][2], results[0][2], dtype, "grad b");
+  }
+}
+
+TEST(CudaKernels, RotaryInBothLayoutsEqualsATen) {
+  at::manual_seed(3);
+  const int64_t bs = 2, seq = 33, q_heads = 8, k_heads = 2, head_dim = 128;
+  const at::Tensor angles = at::outer(
+      at::arange(seq, at::kFloat),
+      at::pow(10000.0, -at::arange(0, head_dim, 2, at::kFloat) / static_cast<float>(head_dim)));
+  const at::Tensor freqs = at::polar(at::ones_like(angles), angles).to(at::kCUDA);
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    for (bool halves : {false, true}) {
+      const at::Tensor q = cuda_randn({bs, seq, q_heads, head_dim}, dtype);
+      const at::Tensor k = cuda_randn({bs, seq, k_heads, head_dim}, dtype);
+      const at::Tensor gq = cuda_randn({bs, seq, q_heads, head_dim}, dtype);
+      const at::Tensor gk = cuda_randn({bs, seq, k_heads, head_dim}, dtype);
+      std::vector<std::vector<at::Tensor>> results;
+      for (bool on : {false, true}) {
+        KernelsOn scope(on);
+        auto in = leaves({q, k});
+        auto [rq, rk] = kernels::rotary_qk(in[0], in[1], freqs, halves);
+        ((rq * gq).sum() + (rk * gk).sum()).backward();
+        results.push_back({rq.detach(), rk.detach(), in[0].grad(), in[1].grad()});
+      }
+      const char* names[] = {"q", "k", "grad q", "grad k"};
+      for (size_t i = 0; i < 4; ++i) expect_close(results[1][i], results[0][i], dtype, names[i]);
+    }
+  }
+}
+
+TEST(CudaKernels, CrossEntropyEqualsATenAndCanWriteItsGradientOverTheLogits) {
+  at::manual_seed(4);
+  const int64_t rows = 64, vocab = 50257, ignore = -100;
+  at::Tensor labels =
+      at::randint(vocab, {rows}, at::TensorOptions().device(at::kCUDA).dtype(at::kLong));
+  labels.index_put_({at::indexing::Slice(0, 5)}, ignore);
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    const at::Tensor logits = cuda_randn({rows, vocab}, dtype, 3.0);
+    at::Tensor reference_loss, reference_grad;
+    {
+      auto in = leaves({logits});
+      reference_loss =
+          at::cross_entropy_loss(in[0].to(at::kFloat), labels, {}, at::Reduction::Sum, ignore);
+      (reference_loss * 0.5).backward();
+      reference_grad = in[0].grad();
+    }
+    KernelsOn on(true);
+    for (bool overwrite : {false, true}) {
+      auto in = leaves({logits});
+      at::Tensor x = in[0] * 1;  // a non-leaf the backward may overwrite
+      ASSERT_TRUE(kernels::cross_entropy_is_fused(x, labels, ignore));
+      at::Tensor loss = kernels::cross_entropy_sum(x, labels, ignore, overwrite);
+      EXPECT_EQ(loss.scalar_type(), at::kFloat);
+      (loss * 0.5).backward();
+      expect_close(loss.detach(), reference_loss.detach(), at::kFloat, "loss");
+      expect_close(in[0].grad(), reference_grad, dtype, "grad of the logits");
+      if (overwrite) {
+        EXPECT_TRUE(at::equal(x.detach(), in[0].grad())) << "the gradient is written over x";
+      }
+    }
+  }
+}
+
+TEST(CudaKernels, SquaredNormAndClipEqualATenAndRepeatBitForBit) {
+  at::manual_seed(5);
+  std::vector<at::Tensor> grads;
+  for (int i = 0; i < 70; ++i) {  // three launches of 32, and both dtypes
+    grads.push_back(cuda_randn({1 + 997 * i}, i % 3 == 0 ? at::kBFloat16 : at::kFloat));
+  }
+  double expected = 0;
+  for (const auto& g : grads) expected += g.to(at::kDouble).pow(2).sum().item<double>();
+  KernelsOn on(true);
+  const at::Tensor first = kernels::squared_norm(grads);
+  const at::Tensor second = kernels::squared_norm(grads);
+  EXPECT_EQ(first.scalar_type(), at::kDouble);
+  EXPECT_NEAR(first.item<double>(), expected, 1e-12 * expected);
+  EXPECT_TRUE(at::equal(first, second)) << "a fixed summation order";
+
+  std::vector<at::Tensor> clipped;
+  for (const auto& g : grads) clipped.push_back(g.clone());
+  const double max_norm = 0.25 * std::sqrt(expected);
+  ASSERT_TRUE(kernels::clip_on_device(clipped, first, max_norm));
+  const double coef = max_norm / (std::sqrt(expected) + 1e-6);
+  for (size_t i = 0; i < grads.size(); ++i) {
+    expect_close(clipped[i], grads[i].to(at::kDouble) * coef, grads[i].scalar_type(), "clipped");
+  }
+  std::vector<at::Tensor> kept;
+  for (const auto& g : grads) kept.push_back(g.clone());
+  ASSERT_TRUE(kernels::clip_on_device(kept, first, 4.0 * std::sqrt(expected)));
+  for (size_t i = 0; i < grads.size(); ++i) EXPECT_TRUE(at::equal(kept[i], grads[i]));
+}
+
+}  // namespace test_cuda_kernels
+}  // namespace
