@@ -163,6 +163,10 @@ run_training "8B_4layers float8 rowwise" 8B_4layers 2 4096 20 --model.converters
   --quantize.linear.float8.recipe_name rowwise
 run_training "8B_4layers float8 rowwise_with_gw_hp" 8B_4layers 2 4096 20 \
   --model.converters float8 --quantize.linear.float8.recipe_name rowwise_with_gw_hp
+# DeepSeek-V3's blockwise recipe: the train log says whether the block-scaled kernel passed its
+# check against the emulation (a "[float8] blockwise float8 GEMM" warning when it did not).
+run_training "8B_4layers float8 blockwise" 8B_4layers 2 4096 20 --model.converters float8 \
+  --quantize.linear.float8.recipe_name blockwise
 run_training "100M FSDP float8 all-gather" 100M 16 2048 40 --debug.force_fsdp true \
   --model.converters float8 --quantize.linear.float8.enable_fsdp_float8_all_gather true \
   --quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp true

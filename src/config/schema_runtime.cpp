@@ -27,9 +27,11 @@ void add_unimplemented_sections(Schema& s) {
            "optimizer step, in one all-reduce, instead of one all-reduce per FSDP unit gather.");
   f8.field("recipe_name", &Float8LinearSection::recipe_name,
            "Float8 recipe: tensorwise (one scale per tensor, e5m2 gradients), rowwise (scales "
-           "per row and column, e4m3, power-of-two scales) or rowwise_with_gw_hp (rowwise, "
-           "weight gradient in high precision); unset: tensorwise.")
-      .choices({"tensorwise", "rowwise", "rowwise_with_gw_hp"});
+           "per row and column, e4m3, power-of-two scales), rowwise_with_gw_hp (rowwise, "
+           "weight gradient in high precision) or blockwise (DeepSeek-V3's: 1 x 128 tiles of "
+           "activations and gradients, 128 x 128 weight blocks, e4m3; linears whose dims are "
+           "multiples of 128); unset: tensorwise.")
+      .choices({"tensorwise", "rowwise", "rowwise_with_gw_hp", "blockwise"});
   f8.field("filter_fqns", &Float8LinearSection::filter_fqns,
            "Linear layers left in high precision: those whose name contains one of these (the "
            "output layer and layers with dims not multiples of 16 always are).");

@@ -31,7 +31,7 @@ Float8LinearOptions float8_options(const config::JobConfig& config) {
       !options.fsdp_float8_all_gather || options.recipe.weight.scaling == Scaling::kTensorwise,
       "quantize.linear.float8.enable_fsdp_float8_all_gather = true needs the tensorwise "
       "recipe (recipe_name = '",
-      options.recipe.name, "' scales the weight per row)");
+      options.recipe.name, "' scales the weight per row or block)");
   // As torchtitan: precomputed scales only mean something for the float8 all-gather.
   options.precompute_scales = options.precompute_scales && options.fsdp_float8_all_gather;
   return options;
@@ -60,15 +60,19 @@ namespace {
 
 // Why a linear stays in high precision, or "" to convert it.
 std::string skip_reason(const std::string& fqn, const models::LinearImpl& linear,
+                        const Float8LinearOptions& options,
                         const std::vector<std::string>& filter_fqns) {
   if (!linear.convertible) return "read directly by its owner";
   if (fqn == "output") return "output layer";
   for (const auto& filter : filter_fqns) {
     if (fqn.find(filter) != std::string::npos) return "filter_fqns '" + filter + "'";
   }
-  if (linear.in_features() % 16 != 0 || linear.out_features() % 16 != 0) {
+  // Blockwise weights are whole 128 x 128 blocks, so that tensor-parallel shards (multiples of
+  // the block) hold the blocks one rank would.
+  const int64_t multiple = options.recipe.weight.scaling == Scaling::kBlockwise ? kBlock : 16;
+  if (linear.in_features() % multiple != 0 || linear.out_features() % multiple != 0) {
     return "dims " + std::to_string(linear.in_features()) + "x" +
-           std::to_string(linear.out_features()) + " not multiples of 16";
+           std::to_string(linear.out_features()) + " not multiples of " + std::to_string(multiple);
   }
   return "";
 }
@@ -81,7 +85,7 @@ Conversion convert_to_float8(torch::nn::Module& root, const Float8LinearOptions&
   for (const auto& item : root.named_modules("", /*include_self=*/false)) {
     auto* linear = dynamic_cast<models::LinearImpl*>(item.value().get());
     if (linear == nullptr) continue;
-    const std::string reason = skip_reason(item.key(), *linear, filter_fqns);
+    const std::string reason = skip_reason(item.key(), *linear, options, filter_fqns);
     if (!reason.empty()) {
       out.skipped.push_back(item.key() + " (" + reason + ")");
       continue;

@@ -4,9 +4,12 @@
 
 #include <map>
 #include <mutex>
+#include <string>
+#include <utility>
 
 #include "loom/core/check.h"
 #include "loom/core/cuda_support.h"
+#include "loom/core/logging.h"
 
 namespace loom::quantize {
 
@@ -22,17 +25,51 @@ const char* to_string(Float8Format format) {
   return format == Float8Format::kE4M3 ? "e4m3" : "e5m2";
 }
 
+std::pair<int64_t, int64_t> blockwise_tile(const CastSpec& spec, int64_t reduction_dim) {
+  LOOM_CHECK(spec.scaling == Scaling::kBlockwise, "blockwise_tile of a non-blockwise cast");
+  LOOM_CHECK(spec.block_width == 1 || spec.block_width == kBlock,
+             "float8 blockwise: a tile is 1 or ", kBlock, " wide, not ", spec.block_width);
+  return reduction_dim == 1 ? std::make_pair(spec.block_width, kBlock)
+                            : std::make_pair(kBlock, spec.block_width);
+}
+
+at::Tensor expand_tiles(const at::Tensor& per_tile, int64_t tile_rows, int64_t tile_cols,
+                        int64_t rows, int64_t cols) {
+  return per_tile.repeat_interleave(tile_rows, 0)
+      .repeat_interleave(tile_cols, 1)
+      .slice(0, 0, rows)
+      .slice(1, 0, cols);
+}
+
 at::Tensor Float8Tensor::dequantize(at::ScalarType dtype) const {
   // The kernel multiplies by its scale argument, 1 / scale in float32.
-  at::Tensor value = data.to(at::kFloat) * scale.reciprocal();
+  const at::Tensor factor = blockwise() ? expand_tiles(scale.reciprocal(), tile_rows, tile_cols,
+                                                       data.size(0), data.size(1))
+                                        : scale.reciprocal();
+  at::Tensor value = data.to(at::kFloat) * factor;
   return dtype == at::kFloat ? value : value.to(dtype);
 }
 
 at::Tensor amax(const at::Tensor& x, Scaling scaling, int64_t dim) {
-  LOOM_CHECK(scaling != Scaling::kNone, "amax of an operand that is not cast");
+  LOOM_CHECK(scaling == Scaling::kTensorwise || scaling == Scaling::kAxiswise,
+             "amax(x, scaling, dim) is for tensorwise and axiswise casts");
   at::Tensor abs = x.abs();
   at::Tensor result = scaling == Scaling::kTensorwise ? abs.max() : abs.amax({dim}, true);
   return result.to(at::kFloat);
+}
+
+at::Tensor amax(const at::Tensor& x, const CastSpec& spec, int64_t reduction_dim) {
+  LOOM_CHECK(spec.scaling != Scaling::kNone, "amax of an operand that is not cast");
+  if (spec.scaling != Scaling::kBlockwise) return amax(x, spec.scaling, reduction_dim);
+  LOOM_CHECK(x.dim() == 2, "float8 blockwise amax: a GEMM operand is 2-D, got ", x.sizes());
+  const auto [tile_rows, tile_cols] = blockwise_tile(spec, reduction_dim);
+  const int64_t rows = x.size(0), cols = x.size(1);
+  const int64_t tiles_down = (rows + tile_rows - 1) / tile_rows;
+  const int64_t tiles_across = (cols + tile_cols - 1) / tile_cols;
+  // Zeros pad the edge tiles: they leave each tile's max |x| as it is.
+  const at::Tensor padded = at::constant_pad_nd(
+      x.abs(), {0, tiles_across * tile_cols - cols, 0, tiles_down * tile_rows - rows});
+  return padded.view({tiles_down, tile_rows, tiles_across, tile_cols}).amax({1, 3}).to(at::kFloat);
 }
 
 at::Tensor amax_to_scale(const at::Tensor& amax, Float8Format format, bool power_of_2) {
@@ -43,19 +80,22 @@ at::Tensor amax_to_scale(const at::Tensor& amax, Float8Format format, bool power
   return scale;
 }
 
-Float8Tensor quantize_with_scale(const at::Tensor& x, const at::Tensor& scale,
-                                 Float8Format format) {
+Float8Tensor quantize_with_scale(const at::Tensor& x, const at::Tensor& scale, Float8Format format,
+                                 int64_t tile_rows, int64_t tile_cols) {
   const double limit = max_finite(format);
-  at::Tensor scaled = x.to(at::kFloat) * scale;
-  return {scaled.clamp(-limit, limit).to(scalar_type(format)), scale};
+  const at::Tensor factor =
+      tile_rows > 0 ? expand_tiles(scale, tile_rows, tile_cols, x.size(0), x.size(1)) : scale;
+  at::Tensor scaled = x.to(at::kFloat) * factor;
+  return {scaled.clamp(-limit, limit).to(scalar_type(format)), scale, tile_rows, tile_cols};
 }
 
 Float8Tensor quantize(const at::Tensor& x, const CastSpec& spec, int64_t reduction_dim,
                       bool power_of_2) {
   LOOM_CHECK(x.dim() == 2, "float8 quantize: a GEMM operand is 2-D, got ", x.sizes());
-  const at::Tensor scale =
-      amax_to_scale(amax(x, spec.scaling, reduction_dim), spec.format, power_of_2);
-  return quantize_with_scale(x, scale, spec.format);
+  const at::Tensor scale = amax_to_scale(amax(x, spec, reduction_dim), spec.format, power_of_2);
+  if (spec.scaling != Scaling::kBlockwise) return quantize_with_scale(x, scale, spec.format);
+  const auto [tile_rows, tile_cols] = blockwise_tile(spec, reduction_dim);
+  return quantize_with_scale(x, scale, spec.format, tile_rows, tile_cols);
 }
 
 bool hardware_float8(const at::Device& device) {
@@ -100,9 +140,82 @@ at::Tensor hardware_scaled_mm(const Float8Tensor& a, const Float8Tensor& b,
   return kernel_dtype == out_dtype ? out : out.to(out_dtype);
 }
 
-// cuBLASLt's float8 GEMMs need every dimension a multiple of 16.
+// cuBLASLt's float8 GEMMs need every dimension a multiple of 16; blockwise ones whole tiles.
 bool hardware_shapes(const Float8Tensor& a, const Float8Tensor& b) {
-  return a.data.size(0) % 16 == 0 && a.data.size(1) % 16 == 0 && b.data.size(1) % 16 == 0;
+  const int64_t multiple = a.blockwise() || b.blockwise() ? kBlock : 16;
+  return a.data.size(0) % multiple == 0 && a.data.size(1) % multiple == 0 &&
+         b.data.size(1) % multiple == 0;
+}
+
+// A blockwise scale as at::_scaled_mm takes it: the multipliers (1 / scale), outer-dimension-
+// major (the layout cuBLASLt's block-scaled GEMMs read).
+at::Tensor blockwise_kernel_scale(const at::Tensor& scale) {
+  return scale.reciprocal().to(at::kFloat).t().contiguous().t();
+}
+
+// at::_scaled_mm with block scales (1 x 128 activation tiles, 128 x 128 weight blocks, and the
+// weight gradient's 128 x 1 tiles): it reads which from the scales' shapes.
+at::Tensor hardware_blockwise_mm(const Float8Tensor& a, const Float8Tensor& b,
+                                 at::ScalarType out_dtype, bool fast_accum) {
+  const at::Tensor left = a.data.contiguous();
+  const at::Tensor right = b.data.t().contiguous().t();
+  return at::_scaled_mm(left, right, blockwise_kernel_scale(a.scale),
+                        blockwise_kernel_scale(b.scale), std::nullopt, std::nullopt, out_dtype,
+                        fast_accum);
+}
+
+at::Tensor emulated_mm(const Float8Tensor& a, const Float8Tensor& b, at::ScalarType out_dtype) {
+  at::Tensor product = at::mm(a.dequantize(), b.dequantize());
+  return out_dtype == at::kFloat ? product : product.to(out_dtype);
+}
+
+// Whether the blockwise kernel computes the emulation's definition on `device`: asked once per
+// device on a small random problem of each tile pairing loom uses, since the layout rules of
+// block-scaled GEMMs vary between releases. A mismatch (or an error) is logged once and the
+// blockwise GEMMs are emulated on that device: correct, not fast.
+bool blockwise_kernel_trusted(const at::Device& device) {
+  static std::mutex mutex;
+  static std::map<int, bool> known;
+  const int index = device.has_index() ? device.index() : 0;
+  const std::lock_guard<std::mutex> lock(mutex);
+  auto it = known.find(index);
+  if (it != known.end()) return it->second;
+  bool ok = true;
+  std::string why;
+  try {
+    const auto options = at::TensorOptions().device(device);
+    const at::Tensor x = at::randn({256, 384}, options), w = at::randn({256, 384}, options);
+    const CastSpec tiles{Scaling::kBlockwise, Float8Format::kE4M3, 1};
+    const CastSpec blocks{Scaling::kBlockwise, Float8Format::kE4M3, kBlock};
+    const std::pair<Float8Tensor, Float8Tensor> cases[] = {
+        {quantize(x, tiles, 1, false), quantize(w, blocks, 1, false).t()},  // forward
+        {quantize(x, tiles, 1, false), quantize(w.t(), blocks, 0, false)},  // grad input
+        {quantize(x.t(), tiles, 1, false), quantize(w, tiles, 0, false)},   // grad weight
+    };
+    for (const auto& [a, b] : cases) {
+      const at::Tensor want = emulated_mm(a, b, at::kFloat);
+      const at::Tensor got = hardware_blockwise_mm(a, b, at::kFloat, false);
+      const double error = (got - want).abs().max().item<double>();
+      const double scale = want.abs().max().item<double>();
+      if (!(error <= 1e-3 * scale)) {
+        ok = false;
+        why = "differs from the definition by " + std::to_string(error) + " of " +
+              std::to_string(scale);
+        break;
+      }
+    }
+  } catch (const std::exception& e) {
+    ok = false;
+    why = e.what();
+  }
+  if (!ok) {
+    log::get("float8")->warn(
+        "blockwise float8 GEMM on cuda:{}: at::_scaled_mm {}; blockwise GEMMs are emulated "
+        "there (correct, not fast)",
+        index, why.substr(0, 300));
+  }
+  known[index] = ok;
+  return ok;
 }
 
 }  // namespace
@@ -112,10 +225,12 @@ at::Tensor scaled_mm(const Float8Tensor& a, const Float8Tensor& b, at::ScalarTyp
   LOOM_CHECK(a.data.dim() == 2 && b.data.dim() == 2 && a.data.size(1) == b.data.size(0),
              "float8 scaled_mm: shapes ", a.data.sizes(), " and ", b.data.sizes());
   if (!emulate && hardware_float8(a.data.device()) && hardware_shapes(a, b)) {
-    return hardware_scaled_mm(a, b, out_dtype, fast_accum);
+    if (!a.blockwise() && !b.blockwise()) return hardware_scaled_mm(a, b, out_dtype, fast_accum);
+    if (a.blockwise() && b.blockwise() && blockwise_kernel_trusted(a.data.device())) {
+      return hardware_blockwise_mm(a, b, out_dtype, fast_accum);
+    }
   }
-  at::Tensor product = at::mm(a.dequantize(), b.dequantize());
-  return out_dtype == at::kFloat ? product : product.to(out_dtype);
+  return emulated_mm(a, b, out_dtype);
 }
 
 }  // namespace loom::quantize

@@ -29,9 +29,17 @@ Float8Recipe float8_recipe(const std::string& name, std::optional<bool> power_of
     r.weight_for_grad_input = e4m3_tensor;
     r.input_for_grad_weight = r.grad_output_for_grad_weight = high_precision;
     r.power_of_2 = true;
+  } else if (name == "blockwise") {
+    // DeepSeek-V3's: every operand in e4m3, activations and gradients in 1 x 128 tiles along
+    // each GEMM's reduction dimension, weights in 128 x 128 blocks, float32 scales.
+    const CastSpec tiles{Scaling::kBlockwise, Float8Format::kE4M3, 1};
+    const CastSpec blocks{Scaling::kBlockwise, Float8Format::kE4M3, kBlock};
+    r.input = r.grad_output = r.input_for_grad_weight = r.grad_output_for_grad_weight = tiles;
+    r.weight = r.weight_for_grad_input = blocks;
+    r.power_of_2 = false;
   } else {
     LOOM_THROW(InputError, "quantize.linear.float8.recipe_name: unknown recipe '", name,
-               "' (tensorwise, rowwise or rowwise_with_gw_hp)");
+               "' (tensorwise, rowwise, rowwise_with_gw_hp or blockwise)");
   }
   if (power_of_2) r.power_of_2 = *power_of_2;
   return r;
@@ -45,14 +53,18 @@ using torch::autograd::variable_list;
 // One operand's cast; tensorwise amaxes are shared over the tensor-parallel group.
 Float8Tensor cast(const at::Tensor& x, const CastSpec& spec, int64_t reduction_dim,
                   const Float8LinearOptions& options) {
-  at::Tensor a = amax(x, spec.scaling, reduction_dim);
+  at::Tensor a = amax(x, spec, reduction_dim);
   if (options.amax_group != nullptr && spec.scaling == Scaling::kTensorwise) {
     at::Tensor flat = a.reshape({1});
     options.amax_group->all_reduce(flat, distributed::ReduceOp::kMax);
     a = flat.reshape({});
   }
-  return quantize_with_scale(x, amax_to_scale(a, spec.format, options.recipe.power_of_2),
-                             spec.format);
+  const at::Tensor scale = amax_to_scale(a, spec.format, options.recipe.power_of_2);
+  if (spec.scaling != Scaling::kBlockwise) return quantize_with_scale(x, scale, spec.format);
+  // Tiles lie within a tensor-parallel shard when its width is a multiple of the tile (the
+  // converter's rule), so they need no reduction over the group.
+  const auto [tile_rows, tile_cols] = blockwise_tile(spec, reduction_dim);
+  return quantize_with_scale(x, scale, spec.format, tile_rows, tile_cols);
 }
 
 bool reusable(const CastSpec& first, const CastSpec& second) {

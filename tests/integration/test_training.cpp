@@ -413,6 +413,17 @@ LOOM_TEST(Float8Training, TheTrainerConvertsLinearsAndTheLossesChange) {
   EXPECT_GT(converted, 0);
   EXPECT_EQ(converted % 7, 0) << converted;
   EXPECT_EQ(start["float8_emulated"], true);
+  // The blockwise recipe (the debug model's dims are multiples of 128) is a recipe of its own:
+  // its losses are neither float32's nor tensorwise's.
+  job.job.dump_folder = loom::testing::fresh_temp_dir("train_float8_blockwise");
+  job.quantize.linear.float8.recipe_name = "blockwise";
+  const auto blockwise = Trainer(job).train().losses;
+  ASSERT_EQ(blockwise.size(), 3u);
+  for (size_t i = 0; i < high.size(); ++i) {
+    EXPECT_GT(std::abs(blockwise[i] - high[i]), 1e-6 * high[i]) << "step " << i + 1;
+    EXPECT_NE(blockwise[i], float8[i]) << "step " << i + 1;
+    EXPECT_LT(std::abs(blockwise[i] - high[i]), 0.01 * high[i]) << "step " << i + 1;
+  }
 }
 
 // The trainer applies block_causal: on rows packed from short documents its losses differ from

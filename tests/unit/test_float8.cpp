@@ -163,6 +163,67 @@ TEST(Float8, LinearGemmsFollowEachRecipe) {
   EXPECT_FALSE(q::float8_recipe("rowwise", false).power_of_2);
 }
 
+namespace {
+
+// A blockwise cast by hand, tile by tile: x [R, C] in tiles of tile_rows x tile_cols (edge tiles
+// cut short), each scaled by 448 / its max |x| (float64, then float32), returned dequantized
+// as the GEMM reads it (data * (1 / scale)).
+at::Tensor blockwise_by_hand(const at::Tensor& x, int64_t tile_rows, int64_t tile_cols) {
+  at::Tensor out = at::empty_like(x);
+  for (int64_t r = 0; r < x.size(0); r += tile_rows) {
+    for (int64_t c = 0; c < x.size(1); c += tile_cols) {
+      const at::Tensor tile = x.slice(0, r, r + tile_rows).slice(1, c, c + tile_cols);
+      const at::Tensor scale = (448.0 / tile.abs().max().to(at::kDouble)).to(at::kFloat);
+      const at::Tensor data = (tile * scale).clamp(-448, 448).to(at::kFloat8_e4m3fn);
+      out.slice(0, r, r + tile_rows).slice(1, c, c + tile_cols) =
+          data.to(at::kFloat) * scale.reciprocal();
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+// DeepSeek-V3's recipe, emulated: each of the linear's three GEMMs equals its definition with
+// the tiles cut by hand (200 tokens: the weight gradient's 128-token tiles end short).
+TEST(Float8, BlockwiseRecipeCastsTilesAndBlocksAsDeepSeekV3Defines) {
+  const at::Tensor x = randn({200, 256}, 16) * 3;
+  const at::Tensor w0 = randn({384, 256}, 17) * 0.1;
+  const at::Tensor go = randn({200, 384}, 18);
+  q::Float8LinearOptions options;
+  options.recipe = q::float8_recipe("blockwise");
+  options.emulate = true;
+  at::Tensor xin = x.clone().set_requires_grad(true);
+  at::Tensor w = w0.clone().set_requires_grad(true);
+  at::Tensor y = q::float8_linear(xin, w, options);
+  y.backward(go);
+  const at::Tensor w_blocks = blockwise_by_hand(w0, 128, 128);
+  // output = input (1 x 128 tiles along K) @ weight (128 x 128 blocks)^T
+  EXPECT_EQ(max_abs_diff(y, at::mm(blockwise_by_hand(x, 1, 128), w_blocks.t())), 0.0);
+  // grad_input = grad_output (1 x 128 tiles along N) @ weight (the same blocks)
+  EXPECT_EQ(max_abs_diff(xin.grad(), at::mm(blockwise_by_hand(go, 1, 128), w_blocks)), 0.0);
+  // grad_weight = grad_output^T @ input, both cast again in 128-token tiles along M
+  EXPECT_EQ(max_abs_diff(w.grad(),
+                         at::mm(blockwise_by_hand(go, 128, 1).t(), blockwise_by_hand(x, 128, 1))),
+            0.0);
+  // The scales' shapes: one per tile.
+  const q::Float8Tensor xq = q::quantize(x, options.recipe.input, 1, false);
+  EXPECT_EQ(xq.scale.sizes(), (std::vector<int64_t>{200, 2}));
+  const q::Float8Tensor wq = q::quantize(w0, options.recipe.weight, 1, false);
+  EXPECT_EQ(wq.scale.sizes(), (std::vector<int64_t>{3, 2}));
+  EXPECT_EQ(wq.t().scale.sizes(), (std::vector<int64_t>{2, 3}));
+  // Near the float32 linear, and closer than one scale for the whole tensor would be.
+  const double scale = at::mm(x, w0.t()).abs().max().item<double>();
+  EXPECT_LT(max_abs_diff(y, at::mm(x, w0.t())) / scale, 0.05);
+  // An outlier in one tile costs only that tile its precision.
+  at::Tensor spiky = x.clone();
+  spiky.index_put_({0, 0}, 1e4);
+  const q::Float8Tensor spiky_q = q::quantize(spiky, options.recipe.input, 1, false);
+  EXPECT_EQ(max_abs_diff(spiky_q.dequantize().slice(0, 1), xq.dequantize().slice(0, 1)), 0.0);
+  EXPECT_EQ(options.recipe.grad_output.format, q::Float8Format::kE4M3);
+  EXPECT_FALSE(options.recipe.power_of_2);
+}
+
 TEST(Float8, ConverterPicksLinearsAndKeepsTheStateDict) {
   loom::config::JobConfig config;  // llama3 debugmodel
   config.model.converters = {"float8"};
@@ -199,6 +260,13 @@ TEST(Float8, ConverterPicksLinearsAndKeepsTheStateDict) {
   root.register_module("even", loom::models::Linear(32, 48, at::TensorOptions().device(at::kMeta)));
   const q::Conversion small = q::convert_to_float8(root, q::float8_options(config), {});
   EXPECT_EQ(small.converted, std::vector<std::string>{"even"});
+  // Blockwise: whole 128 x 128 weight blocks only.
+  config.quantize.linear.float8.recipe_name = "blockwise";
+  root.register_module("blocks",
+                       loom::models::Linear(256, 384, at::TensorOptions().device(at::kMeta)));
+  const q::Conversion blocks = q::convert_to_float8(root, q::float8_options(config), {});
+  EXPECT_EQ(blocks.converted, std::vector<std::string>{"blocks"});
+  EXPECT_TRUE(has(blocks.skipped, "even (dims 32x48 not multiples of 128)"));
 }
 
 TEST(Float8, ConfigKeysAreImplementedAndChecked) {

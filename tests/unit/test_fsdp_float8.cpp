@@ -134,8 +134,10 @@ TEST(FsdpFloat8, AllGatherIsHalfTheBf16BytesPlusScales) {
 
 // One process: the float8 model, the two ranks' rows as two microbatches, AdamW.
 std::vector<double> one_process_losses(const at::Tensor& batch, int steps,
-                                       std::map<std::string, at::Tensor>& after_first) {
-  const auto config = job(false, false);
+                                       std::map<std::string, at::Tensor>& after_first,
+                                       const std::string& recipe) {
+  auto config = job(false, false);
+  config.quantize.linear.float8.recipe_name = recipe;
   auto model = float8_model(config, at::TensorOptions().dtype(at::kFloat));
   model->init_weights(kSeed);
   std::vector<at::Tensor> params;
@@ -161,14 +163,18 @@ std::vector<double> one_process_losses(const at::Tensor& batch, int steps,
   return losses;
 }
 
-void train_like_one_process(bool precompute) {
+// FSDP x2 against one process. The tensorwise recipe all-gathers in float8 (`precompute`: its
+// scales after each step); others gather the training dtype and cast after the gather.
+void train_like_one_process(bool precompute, const std::string& recipe = "tensorwise") {
   constexpr int kSteps = 2;
   const at::Tensor batch = tokens(4);
   std::map<std::string, at::Tensor> after_first;
-  const std::vector<double> want = one_process_losses(batch, kSteps, after_first);
+  const std::vector<double> want = one_process_losses(batch, kSteps, after_first, recipe);
+  const bool float8_gather = recipe == "tensorwise";
   {
     auto errors = testing::run_ranks(2, [&](ProcessGroups& groups) {
-      const auto config = job(true, precompute);
+      auto config = job(float8_gather, precompute);
+      config.quantize.linear.float8.recipe_name = recipe;
       auto model = float8_model(config, at::TensorOptions().device(at::kMeta));
       auto fsdp = shard(*model, groups.world_ptr(), FsdpOptions{});
       auto optimizer = optim::build_optimizer(config.optimizer, fsdp->sharded_parameters());
@@ -193,6 +199,7 @@ void train_like_one_process(bool precompute) {
                      (full - after_first.at(name)).abs().max().item<double>());
         }
       }
+      if (!float8_gather) return;
       // Precomputed: one scale all-reduce after each step, none at the gathers after the first.
       const auto& stats = fsdp->stats();
       const int64_t gathers = 6 * (2 * kSteps);  // forward and backward per block and step
@@ -241,13 +248,19 @@ TEST(FsdpFloat8, PrecomputedScalesTrainTheSame) {
   train_like_one_process(true);
 }
 
+// Blockwise: each rank casts the gathered weight's 128 x 128 blocks, as one process does.
+TEST(FsdpFloat8, BlockwiseTwoRanksTrainLikeOneProcess) {
+  train_like_one_process(false, "blockwise");
+}
+
 // TP x2 (column/row splits, sequence parallel): every tensorwise amax is reduced over the tp
 // group, so each shard casts with one process's scale; the loss and the gradients' global norm
 // then equal one float8 process's up to float32 summation order (and the rare element that
 // order moves across a float8 rounding boundary).
-TEST(TensorParallelFloat8, TwoRanksShareScalesAndMatchOneProcess) {
+void tensor_parallel_like_one_process(const std::string& recipe) {
   const at::Tensor batch = tokens(2);
   auto config = job(false, false);
+  config.quantize.linear.float8.recipe_name = recipe;
   double want_loss = 0, want_norm = 0;
   {
     auto model = float8_model(config, at::TensorOptions().dtype(at::kFloat));
@@ -279,7 +292,8 @@ TEST(TensorParallelFloat8, TwoRanksShareScalesAndMatchOneProcess) {
     l.backward();
     pm.gradient_sync->finish();
     const double loss = l.item<double>();
-    LOOM_CHECK(std::abs(loss - want_loss) <= 1e-5 * want_loss, "loss ", loss, " vs ", want_loss);
+    LOOM_CHECK(std::abs(loss - want_loss) <= 1e-5 * want_loss, recipe, ": loss ", loss, " vs ",
+               want_loss);
     double sq = 0;
     for (const auto& p : pm.parameters) {
       bool replicated = false;
@@ -290,10 +304,20 @@ TEST(TensorParallelFloat8, TwoRanksShareScalesAndMatchOneProcess) {
     at::Tensor total = at::full({1}, sq, at::kDouble);
     tp.all_reduce(total);
     const double norm = std::sqrt(total.item<double>());
-    LOOM_CHECK(std::abs(norm - want_norm) <= 1e-3 * want_norm, "grad norm ", norm, " vs ",
+    LOOM_CHECK(std::abs(norm - want_norm) <= 1e-3 * want_norm, recipe, ": grad norm ", norm, " vs ",
                want_norm);
   });
   LOOM_EXPECT_RANKS_OK(errors);
+}
+
+TEST(TensorParallelFloat8, TwoRanksShareScalesAndMatchOneProcess) {
+  tensor_parallel_like_one_process("tensorwise");
+}
+
+// Blockwise: the debug model's shards are whole 128-wide blocks, so each rank casts the tiles and
+// blocks one process would, with no scale to share.
+TEST(TensorParallelFloat8, BlockwiseShardsCastOneProcesssTiles) {
+  tensor_parallel_like_one_process("blockwise");
 }
 
 }  // namespace test_fsdp_float8

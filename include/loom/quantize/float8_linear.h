@@ -12,6 +12,9 @@
 //                     scales.
 // rowwise_with_gw_hp: rowwise forward, grad_input from row-scaled grad_output and a tensorwise
 //                     weight, grad_weight in high precision; e4m3; power-of-two scales.
+// blockwise:          DeepSeek-V3's: e4m3 everywhere, inputs and gradients in 1 x 128 tiles
+//                     along each GEMM's reduction dimension (so the weight gradient casts them
+//                     again along the tokens), weights in 128 x 128 blocks; float32 scales.
 // A tensorwise input is cast once and kept in float8 for the weight gradient; the weight is
 // kept as the parameter and cast again in backward (FSDP frees it in between).
 // The module's parameter is untouched: checkpoints hold the high-precision weight.
@@ -40,7 +43,7 @@ struct Float8Recipe {
   bool power_of_2 = false;
 };
 
-// "tensorwise", "rowwise" or "rowwise_with_gw_hp"; InputError naming
+// "tensorwise", "rowwise", "rowwise_with_gw_hp" or "blockwise"; InputError naming
 // quantize.linear.float8.recipe_name otherwise. `power_of_2` overrides the recipe's default.
 Float8Recipe float8_recipe(const std::string& name, std::optional<bool> power_of_2 = {});
 
