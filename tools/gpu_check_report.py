@@ -82,7 +82,7 @@ def summary(path):
             if run.endswith(suffix) and run[:-len(suffix)] in runs:
                 base = run[:-len(suffix)]
                 ratio = median_after_first(runs[base], "tps") / median_after_first(runs[run], "tps")
-                print(f"loom {base}: {ratio:.3f}x the tokens/s of {run[len(base) + 1:]}.")
+                print(f"loom {base}: {ratio:.3f}x the tokens/s of {suffix.strip(' ()')}.")
     return 0
 
 
