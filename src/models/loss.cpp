@@ -11,8 +11,12 @@ at::Tensor cross_entropy_sum(const at::Tensor& logits, const at::Tensor& labels)
   const at::Tensor targets = labels.flatten().contiguous();
   if (rows.is_cuda() && kernels::cross_entropy_is_fused(rows, targets, kIgnoreIndex)) {
     // loom's CUDA kernel reads bfloat16 logits as they are and writes their gradient over them:
-    // the head's logits serve the loss alone (loss.h).
-    return kernels::cross_entropy_sum(rows, targets, kIgnoreIndex, /*overwrite_logits=*/true);
+    // the head's logits serve the loss alone (loss.h). A leaf is someone's data: never
+    // overwritten. No version bump follows the overwrite: multi-token prediction's depths are
+    // row ranges of one logits tensor, each saved by its own loss, and a bump by one depth's
+    // backward would fail the next depth's unpacking (their rows do not overlap).
+    return kernels::cross_entropy_sum(rows, targets, kIgnoreIndex,
+                                      /*overwrite_logits=*/!logits.is_leaf());
   }
   return kernels::cross_entropy_sum(rows.to(at::kFloat), targets, kIgnoreIndex);
 }

@@ -59,6 +59,10 @@ void Optimizer::step() {
     // Every rank calls every group, even with no gradient here: distributed rules collect.
     group.algorithm->step(slots,
                           {lr_ * group.lr_factor, weight_decay_ * group.weight_decay_factor});
+    // LibTorch's fused optimizer kernels (at::_fused_adamw_) write the parameters in place
+    // without bumping their version counters: bump them, so that whatever keys on a tensor's
+    // version (float8's kept weight casts, autograd's saved-tensor checks) sees the step.
+    for (const Slot& slot : slots) slot.parameter->tensor.unsafeGetTensorImpl()->bump_version();
   }
 }
 

@@ -83,6 +83,7 @@ RankParameters rank_parameters(const ModelShape& m, const config::JobConfig& con
     for (int64_t b = part.first_layer; b < part.end_layer; ++b) {
       const double p = block_params(m.blocks[static_cast<size_t>(b)]);
       r.params += p;
+      r.block_params += p;
       r.largest_unit = std::max(r.largest_unit, p);
       ++r.blocks;
     }
@@ -102,6 +103,7 @@ RankParameters rank_parameters(const ModelShape& m, const config::JobConfig& con
       for (const auto& block : m.mtp_blocks) {
         const double q = block_params(block);
         r.params += q;
+        r.block_params += q;
         r.largest_unit = std::max(r.largest_unit, q);
         ++r.blocks;
       }
@@ -201,7 +203,16 @@ MemoryPlan predict_rank_memory(const ModelShape& m, const config::JobConfig& con
   }
   if (comm > 0) add("comm buffers", comm, comm_detail);
   if (has_float8(config)) {
-    add("float8", 2 * rp.largest_unit, "a block's float8 weight casts and their transposes");
+    // Without FSDP each converted weight's casts are kept from one optimizer step to the next
+    // (quantize/float8_linear.h, WeightCastCache): one byte per element, two for the recipes
+    // that scale the weight along both dimensions.
+    const std::string recipe = config.quantize.linear.float8.recipe_name.value_or("tensorwise");
+    const double copies = recipe == "rowwise" || recipe == "rowwise_with_gw_hp" ? 2.0 : 1.0;
+    const bool kept = l.fsdp_degree() == 1;
+    add("float8", 2 * rp.largest_unit + (kept ? copies * rp.block_params : 0.0),
+        kept ? fmt::format("a block's transient casts, and every block weight's kept cast{}",
+                           copies > 1 ? "s (2 per weight)" : "")
+             : std::string("a block's float8 weight casts and their transposes"));
   }
   for (const auto& c : plan.components) plan.tensor_bytes += c.bytes;
   plan.allocator_bytes = (profile.allocator_factor - 1.0) * plan.tensor_bytes;

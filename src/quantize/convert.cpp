@@ -1,5 +1,7 @@
 #include "loom/quantize/convert.h"
 
+#include "loom/distributed/comm.h"
+
 #include "loom/core/check.h"
 #include "loom/core/logging.h"
 #include "loom/core/strings.h"
@@ -67,9 +69,10 @@ std::string skip_reason(const std::string& fqn, const models::LinearImpl& linear
   for (const auto& filter : filter_fqns) {
     if (fqn.find(filter) != std::string::npos) return "filter_fqns '" + filter + "'";
   }
-  // Blockwise weights are whole 128 x 128 blocks, so that tensor-parallel shards (multiples of
-  // the block) hold the blocks one rank would.
-  const int64_t multiple = options.recipe.weight.scaling == Scaling::kBlockwise ? kBlock : 16;
+  // Blockwise weights are whole 128 x 128 blocks, and so are their tensor-parallel shards (either
+  // dimension may be split), so each rank casts the blocks one rank would.
+  const int64_t tp = options.amax_group != nullptr ? options.amax_group->size() : 1;
+  const int64_t multiple = options.recipe.weight.scaling == Scaling::kBlockwise ? kBlock * tp : 16;
   if (linear.in_features() % multiple != 0 || linear.out_features() % multiple != 0) {
     return "dims " + std::to_string(linear.in_features()) + "x" +
            std::to_string(linear.out_features()) + " not multiples of " + std::to_string(multiple);
@@ -100,9 +103,10 @@ namespace {
 
 int64_t apply_float8_linears(const std::vector<std::unique_ptr<models::CausalLM>>& parts,
                              const config::JobConfig& config, bool emulated,
-                             distributed::Comm* tp_group) {
+                             distributed::Comm* tp_group, bool weights_resharded) {
   Float8LinearOptions options = float8_options(config);
   options.amax_group = tp_group;
+  options.cache_weight_casts = !weights_resharded;
   Conversion total;
   for (const auto& part : parts) {
     Conversion c =
@@ -112,6 +116,8 @@ int64_t apply_float8_linears(const std::vector<std::unique_ptr<models::CausalLM>
   }
   auto log = log::get("float8");
   std::string how = Float8LinearCompute(options).describe();
+  how += options.cache_weight_casts ? ", weights cast once per optimizer step"
+                                    : ", weights cast at each use (FSDP reshards them)";
   if (emulated && !options.emulate) how += ", emulated: this device has no float8 GEMMs";
   log->info("{} linear layers in {} (of {}); high precision: {}", total.converted.size(), how,
             total.converted.size() + total.skipped.size(),
@@ -148,7 +154,7 @@ int64_t apply_float8_grouped(const std::vector<std::unique_ptr<models::CausalLM>
 
 ConverterReport apply_converters(const std::vector<std::unique_ptr<models::CausalLM>>& parts,
                                  const config::JobConfig& config, const at::Device& device,
-                                 distributed::Comm* tp_group) {
+                                 distributed::Comm* tp_group, bool weights_resharded) {
   ConverterReport report;
   for (const auto& name : config.model.converters) {
     if (name == kGroupedFloat8) {
@@ -158,7 +164,8 @@ ConverterReport apply_converters(const std::vector<std::unique_ptr<models::Causa
     }
     LOOM_CHECK_AS(InputError, is_float8(name), "model.converters: unknown converter '", name, "'");
     const bool emulated = config.quantize.linear.float8.emulate || !hardware_float8(device);
-    report.float8_linears += apply_float8_linears(parts, config, emulated, tp_group);
+    report.float8_linears +=
+        apply_float8_linears(parts, config, emulated, tp_group, weights_resharded);
     report.emulated = report.emulated || emulated;
   }
   if (report.emulated && report.float8_linears + report.float8_grouped > 0) {

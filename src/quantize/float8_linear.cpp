@@ -67,6 +67,17 @@ Float8Tensor cast(const at::Tensor& x, const CastSpec& spec, int64_t reduction_d
   return quantize_with_scale(x, scale, spec.format, tile_rows, tile_cols);
 }
 
+// The weight's cast for a GEMM, through the cache where there is one. A tensorwise cast under
+// tensor parallelism all-reduces its amax: it is made at every use, so that every rank of the
+// group issues the same collectives whatever its cache holds.
+Float8Tensor weight_cast(const at::Tensor& weight, const CastSpec& spec, int64_t reduction_dim,
+                         const Float8LinearOptions& options, WeightCastCache* cache) {
+  const bool collective = options.amax_group != nullptr && spec.scaling == Scaling::kTensorwise;
+  if (cache == nullptr || collective) return cast(weight, spec, reduction_dim, options);
+  return cache->get(weight, spec, reduction_dim,
+                    [&] { return cast(weight, spec, reduction_dim, options); });
+}
+
 bool reusable(const CastSpec& first, const CastSpec& second) {
   return first == second && first.scaling == Scaling::kTensorwise;
 }
@@ -92,11 +103,13 @@ at::Tensor high_precision_mm(const at::Tensor& a, const at::Tensor& b, at::Scala
 struct Float8LinearFunction : torch::autograd::Function<Float8LinearFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
                             const Float8LinearOptions* options, const Float8Tensor* prepared,
-                            at::ScalarType out_dtype) {
+                            at::ScalarType out_dtype, WeightCastCache* cache) {
     const Float8Recipe& r = options->recipe;
     const at::Tensor x = input.reshape({-1, input.size(-1)});
     const Float8Tensor xq = cast(x, r.input, 1, *options);
-    const Float8Tensor wq = prepared->defined() ? *prepared : cast(weight, r.weight, 1, *options);
+    const Float8Tensor wq =
+        prepared->defined() ? *prepared : weight_cast(weight, r.weight, 1, *options, cache);
+    ctx->saved_data["cache"] = reinterpret_cast<int64_t>(cache);
     at::Tensor y = scaled_mm(xq, wq.t(), out_dtype, options->emulate, /*fast_accum=*/true);
     ctx->saved_data["options"] = reinterpret_cast<int64_t>(options);
     ctx->saved_data["input_shape"] = input.sizes().vec();
@@ -132,9 +145,10 @@ struct Float8LinearFunction : torch::autograd::Function<Float8LinearFunction> {
     if (ctx->needs_input_grad(0)) {
       const auto* prepared =
           reinterpret_cast<const Float8Tensor*>(ctx->saved_data["prepared"].toInt());
+      auto* cache = reinterpret_cast<WeightCastCache*>(ctx->saved_data["cache"].toInt());
       const Float8Tensor wq = prepared != nullptr && prepared->defined()
                                   ? *prepared
-                                  : cast(weight, r.weight_for_grad_input, 0, options);
+                                  : weight_cast(weight, r.weight_for_grad_input, 0, options, cache);
       grad_input =
           scaled_mm(go_q, wq, ctx->saved_data["input_dtype"].toScalarType(), options.emulate)
               .view(ctx->saved_data["input_shape"].toIntVector());
@@ -142,7 +156,7 @@ struct Float8LinearFunction : torch::autograd::Function<Float8LinearFunction> {
     if (ctx->needs_input_grad(1)) {
       grad_weight = weight_gradient(ctx, go, go_q, x, options);
     }
-    return {grad_input, grad_weight, at::Tensor(), at::Tensor(), at::Tensor()};
+    return {grad_input, grad_weight, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 
   // grad_output^T @ input, as the recipe casts it (or in high precision).
@@ -167,9 +181,42 @@ struct Float8LinearFunction : torch::autograd::Function<Float8LinearFunction> {
 
 at::Tensor float8_linear(const at::Tensor& input, const at::Tensor& weight,
                          const Float8LinearOptions& options, const Float8Tensor& prepared_weight,
-                         std::optional<at::ScalarType> out_dtype) {
+                         std::optional<at::ScalarType> out_dtype, WeightCastCache* weight_casts) {
   return Float8LinearFunction::apply(input, weight, &options, &prepared_weight,
-                                     out_dtype.value_or(input.scalar_type()));
+                                     out_dtype.value_or(input.scalar_type()), weight_casts);
+}
+
+namespace {
+
+// The reduction dimension a weight cast depends on, or -1 when both give the same cast.
+int64_t cast_key_dim(const CastSpec& spec, int64_t reduction_dim) {
+  if (spec.scaling == Scaling::kTensorwise) return -1;
+  if (spec.scaling == Scaling::kBlockwise && spec.block_width == kBlock) return -1;
+  return reduction_dim;
+}
+
+}  // namespace
+
+Float8Tensor WeightCastCache::get(const at::Tensor& weight, const CastSpec& spec,
+                                  int64_t reduction_dim,
+                                  const std::function<Float8Tensor()>& make) {
+  const void* impl = weight.unsafeGetTensorImpl();
+  const void* data = weight.const_data_ptr();
+  const int64_t version = static_cast<int64_t>(weight._version());
+  if (impl != impl_ || data != data_ || version != version_) {
+    entries_.clear();
+    impl_ = impl;
+    data_ = data;
+    version_ = version;
+  }
+  const int64_t dim = cast_key_dim(spec, reduction_dim);
+  for (const Entry& e : entries_) {
+    if (e.spec == spec && e.reduction_dim == dim) return e.value;
+  }
+  Float8Tensor value = make();
+  ++casts_made_;
+  entries_.push_back({spec, dim, value});
+  return value;
 }
 
 at::Tensor Float8LinearCompute::forward(const at::Tensor& input, const at::Tensor& weight) {
@@ -179,7 +226,8 @@ at::Tensor Float8LinearCompute::forward(const at::Tensor& input, const at::Tenso
   at::ScalarType out = input.scalar_type();
   if (at::autocast::is_autocast_enabled(device)) out = at::autocast::get_autocast_dtype(device);
   const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
-  return float8_linear(input, weight, options_, gathered_, out);
+  return float8_linear(input, weight, options_, gathered_, out,
+                       options_.cache_weight_casts ? &weight_casts_ : nullptr);
 }
 
 std::string Float8LinearCompute::describe() const {

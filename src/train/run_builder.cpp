@@ -24,6 +24,7 @@
 #include "loom/launch/world_info.h"
 #include "loom/models/kernels/cuda.h"
 #include "loom/optim/registry.h"
+#include "loom/parallel/parallelize.h"
 #include "loom/parallel/pipeline/model_parts.h"
 #include "loom/parallel/pipeline/simulate.h"
 #include "loom/plan/device_profile.h"
@@ -197,7 +198,8 @@ void build_model(Run& run, const std::optional<parallel::pipeline::PipelinePlan>
   // model.converters (float8 linears), before the parallelisms wrap the parts.
   const bool tp = run.runtime->dims().tp > 1;
   run.converters = quantize::apply_converters(
-      parts, config, run.device, tp ? &run.runtime->group(distributed::MeshGroup::tp) : nullptr);
+      parts, config, run.device, tp ? &run.runtime->group(distributed::MeshGroup::tp) : nullptr,
+      parallel::uses_fsdp(run.runtime->dims(), config));
   run.model = run.spec->parallelize(std::move(parts), context);
   run.local_tensors = run.model.tensors();
   run.placements = run.model.placements();

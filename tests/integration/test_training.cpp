@@ -375,7 +375,7 @@ LOOM_SLOW_TEST(Float8Training, TwoHundredStepsEndWithinThreePercentOfHighPrecisi
   };
   const double reference = tail_mean(Trainer(job).train().losses);
   job.model.converters = {"float8"};
-  for (const char* recipe : {"tensorwise", "rowwise", "rowwise_with_gw_hp"}) {
+  for (const char* recipe : {"tensorwise", "rowwise", "rowwise_with_gw_hp", "blockwise"}) {
     job.quantize.linear.float8.recipe_name = recipe;
     job.job.dump_folder = loom::testing::fresh_temp_dir(std::string("train_float8_") + recipe);
     const double float8 = tail_mean(Trainer(job).train().losses);
@@ -414,15 +414,19 @@ LOOM_TEST(Float8Training, TheTrainerConvertsLinearsAndTheLossesChange) {
   EXPECT_EQ(converted % 7, 0) << converted;
   EXPECT_EQ(start["float8_emulated"], true);
   // The blockwise recipe (the debug model's dims are multiples of 128) is a recipe of its own:
-  // its losses are neither float32's nor tensorwise's.
+  // its losses are neither float32's nor tensorwise's; both stay within 1% of float32 over these
+  // steps (a weight cast kept past the optimizer's step put them 1.6% off at step 3).
   job.job.dump_folder = loom::testing::fresh_temp_dir("train_float8_blockwise");
   job.quantize.linear.float8.recipe_name = "blockwise";
   const auto blockwise = Trainer(job).train().losses;
   ASSERT_EQ(blockwise.size(), 3u);
   for (size_t i = 0; i < high.size(); ++i) {
-    EXPECT_GT(std::abs(blockwise[i] - high[i]), 1e-6 * high[i]) << "step " << i + 1;
+    // Closer to float32 than tensorwise (7.6e-6 relative at step 2, measured): the float32 run
+    // repeats bit for bit, so any difference is the recipe's.
+    EXPECT_NE(blockwise[i], high[i]) << "step " << i + 1;
     EXPECT_NE(blockwise[i], float8[i]) << "step " << i + 1;
     EXPECT_LT(std::abs(blockwise[i] - high[i]), 0.01 * high[i]) << "step " << i + 1;
+    EXPECT_LT(std::abs(float8[i] - high[i]), 0.01 * high[i]) << "step " << i + 1;
   }
 }
 

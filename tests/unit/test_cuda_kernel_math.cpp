@@ -107,6 +107,8 @@ TEST(CudaKernelMath, RmsNormWithAndWithoutTheResidualAddEqualsTheReference) {
     check_rms_norm<BF16>(150, 40, with_delta);
     check_rms_norm<BF16>(3, 1000, with_delta);
   }
+  check_rms_norm<float>(2, 16384, true);  // 1024 threads a row
+  check_rms_norm<BF16>(2, 16384, false);
 }
 
 template <typename T>
@@ -254,12 +256,22 @@ TEST(CudaKernelMath, SquaredNormAndClipEqualTheReference) {
   check_squared_norm_and_clip<BF16>();
 }
 
-TEST(CudaKernelMath, WithoutTheLibraryTheSeamSaysATenRuns) {
-  // No GPU here: the library is not loaded, and enabling the kernels changes nothing.
-  loom::models::kernels::set_cuda_kernels_enabled(true);
-  EXPECT_EQ(loom::models::kernels::enabled_cuda_kernels(), nullptr);
-  EXPECT_NE(loom::models::kernels::cuda_kernels_status().find("ATen"), std::string::npos);
-  loom::models::kernels::set_cuda_kernels_enabled(false);
+// The switch and the status line: off by default; on, the kernels where the library has them
+// (a GPU host, even with CUDA_VISIBLE_DEVICES empty) and ATen's compositions where it does not
+// (this CPU machine).
+TEST(CudaKernelMath, TheSwitchAndTheStatusLineSayWhichPathRuns) {
+  namespace kernels = loom::models::kernels;
+  EXPECT_FALSE(kernels::cuda_kernels_enabled()) << "opt-in: training.cuda_kernels";
+  EXPECT_EQ(kernels::enabled_cuda_kernels(), nullptr);
+  kernels::set_cuda_kernels_enabled(true);
+  EXPECT_EQ(kernels::enabled_cuda_kernels(), kernels::cuda_kernels());
+  const std::string status = kernels::cuda_kernels_status();
+  kernels::set_cuda_kernels_enabled(false);
+  if (kernels::cuda_kernels() == nullptr) {
+    EXPECT_NE(status.find("ATen's compositions"), std::string::npos) << status;
+  } else {
+    EXPECT_NE(status.find("loom's CUDA kernels"), std::string::npos) << status;
+  }
 }
 
 }  // namespace test_cuda_kernel_math

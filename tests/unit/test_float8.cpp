@@ -13,6 +13,7 @@
 #include "loom/config/diagnostics.h"
 #include "loom/models/common/layers.h"
 #include "loom/models/model_spec.h"
+#include "loom/optim/registry.h"
 #include "loom/quantize/convert.h"
 #include "loom/quantize/float8.h"
 #include "loom/quantize/float8_grouped.h"
@@ -222,6 +223,50 @@ TEST(Float8, BlockwiseRecipeCastsTilesAndBlocksAsDeepSeekV3Defines) {
   EXPECT_EQ(max_abs_diff(spiky_q.dequantize().slice(0, 1), xq.dequantize().slice(0, 1)), 0.0);
   EXPECT_EQ(options.recipe.grad_output.format, q::Float8Format::kE4M3);
   EXPECT_FALSE(options.recipe.power_of_2);
+}
+
+// Weights cast once per optimizer step: two microbatches' forwards and backwards take one
+// weight cast (two for rowwise, whose forward and grad_input GEMMs scale the weight along other
+// dimensions), the optimizer's step (fused AdamW, which writes in place) drops it, and the
+// numbers equal casting at every use bit for bit.
+TEST(Float8, WeightsAreCastOncePerOptimizerStep) {
+  for (const char* name : {"tensorwise", "rowwise", "blockwise"}) {
+    SCOPED_TRACE(name);
+    std::vector<at::Tensor> grads[2], outputs[2];
+    int64_t casts = 0;
+    for (bool cached : {false, true}) {
+      q::Float8LinearOptions options;
+      options.recipe = q::float8_recipe(name);
+      options.emulate = true;
+      options.cache_weight_casts = cached;
+      auto compute = std::make_shared<q::Float8LinearCompute>(options);
+      at::Tensor w = (randn({256, 128}, 20) * 0.1).set_requires_grad(true);
+      loom::config::OptimizerSection adamw;  // AdamW, at::_fused_adamw_
+      adamw.lr = 1e-2;
+      auto optimizer = loom::optim::build_optimizer(adamw, std::vector<at::Tensor>{w});
+      for (int step = 0; step < 2; ++step) {
+        for (int micro = 0; micro < 2; ++micro) {
+          // An input that wants its gradient: the backward's grad_input GEMM casts the weight.
+          const at::Tensor x = randn({2, 64, 128}, 21 + step * 2 + micro).set_requires_grad(true);
+          at::Tensor y = compute->forward(x, w);
+          y.pow(2).sum().backward();
+          outputs[cached].push_back(y.detach());
+        }
+        grads[cached].push_back(w.grad().clone());
+        optimizer->step();
+        optimizer->zero_grad();
+      }
+      if (cached) casts = compute->weight_casts().casts_made();
+    }
+    const int64_t per_step = std::string(name) == "rowwise" ? 2 : 1;
+    EXPECT_EQ(casts, 2 * per_step) << "one weight cast per step for the forwards and backwards";
+    for (size_t i = 0; i < outputs[0].size(); ++i) {
+      EXPECT_TRUE(at::equal(outputs[0][i], outputs[1][i])) << "output " << i;
+    }
+    for (size_t i = 0; i < grads[0].size(); ++i) {
+      EXPECT_TRUE(at::equal(grads[0][i], grads[1][i])) << "weight gradient of step " << i;
+    }
+  }
 }
 
 TEST(Float8, ConverterPicksLinearsAndKeepsTheStateDict) {

@@ -96,6 +96,26 @@ TEST(Optim, AdamWGroupsAreBitwiseTheFusedKernel) {
 }
 
 // The planner's and the memory estimate's numbers: state tensors per role, NS FLOPs.
+// Every stepped parameter's version counter moves, also under the fused AdamW kernel (which
+// writes in place without bumping it): float8's kept weight casts are keyed on it.
+TEST(Optim, StepBumpsTheVersionOfEveryParameterItUpdates) {
+  for (const char* name : {"AdamW", "Adam", "Muon"}) {
+    config::OptimizerSection section;
+    section.name = name;
+    at::Tensor matrix = at::randn({8, 8}).requires_grad_(true);
+    at::Tensor vector = at::randn({8}).requires_grad_(true);
+    at::Tensor untouched = at::randn({4}).requires_grad_(true);  // no gradient: not stepped
+    auto optimizer = build_optimizer(section, std::vector<at::Tensor>{matrix, vector, untouched});
+    (matrix.sum() + vector.sum()).backward();
+    const auto before =
+        std::vector<int64_t>{matrix._version(), vector._version(), untouched._version()};
+    optimizer->step();
+    EXPECT_GT(matrix._version(), before[0]) << name;
+    EXPECT_GT(vector._version(), before[1]) << name;
+    EXPECT_EQ(untouched._version(), before[2]) << name;
+  }
+}
+
 TEST(Optim, StateFootprintCountsEachRolesStateTensors) {
   config::OptimizerSection s;
   s.name = "Muon";

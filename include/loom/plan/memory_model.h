@@ -57,6 +57,7 @@ MemoryPlan predict_memory(const ModelShape& model, const config::JobConfig& conf
 struct RankParameters {
   double params = 0;        // / tp and experts / ep applied
   double largest_unit = 0;  // largest of embedding, each block, head (same division)
+  double block_params = 0;  // of params, those in transformer blocks (where float8 converts)
   int64_t blocks = 0;       // transformer blocks on the rank
   bool head = false;        // holds the output projection
   bool embedding = false;

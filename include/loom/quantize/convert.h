@@ -53,8 +53,10 @@ struct ConverterReport {
 // Applies model.converters to every part (logging what changed); `device`: where the model
 // computes (float8 without hardware support is emulated, and the log says so); `tp_group`: the
 // tensor-parallel group when tp > 1 (tensorwise scales are shared over it), else null.
+// `weights_resharded`: FSDP frees the weights between their uses, so float8 weight casts are
+// not kept (Float8LinearOptions::cache_weight_casts).
 ConverterReport apply_converters(const std::vector<std::unique_ptr<models::CausalLM>>& parts,
                                  const config::JobConfig& config, const at::Device& device,
-                                 distributed::Comm* tp_group);
+                                 distributed::Comm* tp_group, bool weights_resharded = false);
 
 }  // namespace loom::quantize

@@ -15,13 +15,15 @@
 // blockwise:          DeepSeek-V3's: e4m3 everywhere, inputs and gradients in 1 x 128 tiles
 //                     along each GEMM's reduction dimension (so the weight gradient casts them
 //                     again along the tokens), weights in 128 x 128 blocks; float32 scales.
-// A tensorwise input is cast once and kept in float8 for the weight gradient; the weight is
-// kept as the parameter and cast again in backward (FSDP frees it in between).
+// A tensorwise input is cast once and kept in float8 for the weight gradient. The weight's casts
+// are kept from its first use in an optimizer step to the next change (WeightCastCache below),
+// except under FSDP, which frees the weight between uses: there it is cast again in backward.
 // The module's parameter is untouched: checkpoints hold the high-precision weight.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -57,6 +59,36 @@ struct Float8LinearOptions {
   // weight, computed at each gather or once after each optimizer step (`precompute_scales`).
   bool fsdp_float8_all_gather = false;
   bool precompute_scales = false;
+  // Keep each weight's float8 cast until the weight changes (WeightCastCache): microbatches and
+  // the backward reuse one cast per optimizer step. Off where FSDP reshards the weight between
+  // its uses (a kept copy would hold a whole float8 weight per unit and save no cast).
+  bool cache_weight_casts = false;
+};
+
+// The float8 casts of one linear's weight, kept while the weight is the same tensor at the same
+// version: the optimizer's in-place step, a checkpoint load, healing and QK-clip each bump the
+// version (or replace the storage), which drops them. Casts that are equal whatever the
+// reduction dimension (tensorwise, 128 x 128 blocks) are made once for the forward and the
+// backward's grad_input GEMM. Memory: one float8 copy of the weight (two for row-wise
+// recipes) between steps.
+class WeightCastCache {
+ public:
+  // The cast of `weight` (spec, reduction_dim): the kept one while valid, else `make()`'s.
+  Float8Tensor get(const at::Tensor& weight, const CastSpec& spec, int64_t reduction_dim,
+                   const std::function<Float8Tensor()>& make);
+  int64_t casts_made() const { return casts_made_; }
+
+ private:
+  struct Entry {
+    CastSpec spec;
+    int64_t reduction_dim;
+    Float8Tensor value;
+  };
+  const void* impl_ = nullptr;
+  const void* data_ = nullptr;
+  int64_t version_ = -1;
+  std::vector<Entry> entries_;
+  int64_t casts_made_ = 0;
 };
 
 // y = input @ weight^T in float8 as `options` says. `prepared_weight`: the weight already cast
@@ -67,7 +99,8 @@ struct Float8LinearOptions {
 at::Tensor float8_linear(const at::Tensor& input, const at::Tensor& weight,
                          const Float8LinearOptions& options,
                          const Float8Tensor& prepared_weight = {},
-                         std::optional<at::ScalarType> out_dtype = std::nullopt);
+                         std::optional<at::ScalarType> out_dtype = std::nullopt,
+                         WeightCastCache* weight_casts = nullptr);
 
 // The compute a converter installs in a Linear.
 class Float8LinearCompute final : public models::LinearCompute,
@@ -85,10 +118,13 @@ class Float8LinearCompute final : public models::LinearCompute,
   void set_gathered_weight(Float8Tensor weight) { gathered_ = std::move(weight); }
   void clear_gathered_weight() { gathered_ = {}; }
   const Float8Tensor& gathered_weight() const { return gathered_; }
+  // The weight's kept casts (options().cache_weight_casts).
+  const WeightCastCache& weight_casts() const { return weight_casts_; }
 
  private:
   Float8LinearOptions options_;
   Float8Tensor gathered_;
+  WeightCastCache weight_casts_;
   std::shared_ptr<models::GatherCodec> codec_;
 };
 

@@ -192,12 +192,12 @@ class AddRmsNormFunction : public torch::autograd::Function<AddRmsNormFunction> 
 namespace {
 
 // loom's CUDA kernels take it: enabled, CUDA tensors on one device, float32 or bfloat16, the
-// weight in the input's dtype or float32.
+// weight in the input's dtype (a float32 weight on bfloat16 input gives at::rms_norm a float32
+// output, which the kernel, writing the input's dtype, would not).
 bool rms_norm_takes_cuda(const at::Tensor& input, const at::Tensor& weight) {
   return enabled_cuda_kernels() != nullptr && cuda_kernel_tensor(input) &&
          cuda_kernel_tensor(weight) && weight.device() == input.device() && weight.dim() == 1 &&
-         weight.size(0) == input.size(-1) &&
-         (weight.scalar_type() == input.scalar_type() || weight.scalar_type() == at::kFloat);
+         weight.size(0) == input.size(-1) && weight.scalar_type() == input.scalar_type();
 }
 
 }  // namespace

@@ -34,7 +34,7 @@ class CudaKernels {
     at::Tensor y;     // the norm's output
     at::Tensor rstd;  // float32 [rows]
   };
-  // delta may be undefined; weight float32 or x's dtype.
+  // delta may be undefined; weight in x's dtype (the kernel also reads a float32 weight).
   virtual NormOutputs rms_norm_forward(const at::Tensor& x, const at::Tensor& delta,
                                        const at::Tensor& weight, double eps) const = 0;
   // (grad of the normed input plus grad_residual where defined, grad of the weight in its dtype),

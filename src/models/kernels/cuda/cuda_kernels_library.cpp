@@ -27,6 +27,15 @@ launch::Dtype dtype_of(const at::Tensor& t) {
   }
 }
 
+// Row kernels launch one block per row: a grid's x dimension holds at most 2^31 - 1.
+int64_t checked_rows(int64_t rows) {
+  if (rows > 0x7fffffff) {
+    throw std::invalid_argument("loom CUDA kernels: " + std::to_string(rows) +
+                                " rows exceed one launch's 2^31 - 1 blocks");
+  }
+  return rows;
+}
+
 cudaStream_t stream_of(const at::Tensor& t) {
   return c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
 }
@@ -64,7 +73,7 @@ class CudaKernelsLibrary final : public CudaKernels {
   NormOutputs rms_norm_forward(const at::Tensor& x, const at::Tensor& delta,
                                const at::Tensor& weight, double eps) const override {
     const c10::cuda::CUDAGuard guard(x.device());
-    const int64_t dim = x.size(-1), rows = x.numel() / dim;
+    const int64_t dim = x.size(-1), rows = checked_rows(x.numel() / dim);
     NormOutputs out;
     out.sum = delta.defined() ? at::empty_like(x) : at::Tensor();
     out.y = at::empty_like(x);
@@ -82,7 +91,7 @@ class CudaKernelsLibrary final : public CudaKernels {
                                                       const at::Tensor& grad_residual, bool want_s,
                                                       bool want_weight) const override {
     const c10::cuda::CUDAGuard guard(s.device());
-    const int64_t dim = s.size(-1), rows = s.numel() / dim;
+    const int64_t dim = s.size(-1), rows = checked_rows(s.numel() / dim);
     at::Tensor grad_s = want_s ? at::empty_like(s) : at::Tensor();
     at::Tensor partials, grad_w;
     if (want_weight) {
@@ -136,7 +145,7 @@ class CudaKernelsLibrary final : public CudaKernels {
                                                           const at::Tensor& labels,
                                                           int64_t ignore_index) const override {
     const c10::cuda::CUDAGuard guard(logits.device());
-    const int64_t rows = logits.size(0), vocab = logits.size(1);
+    const int64_t rows = checked_rows(logits.size(0)), vocab = logits.size(1);
     const auto floats = logits.options().dtype(at::kFloat);
     at::Tensor row_loss = at::empty({rows}, floats), lse = at::empty({rows}, floats);
     launch::cross_entropy_forward(dtype_of(logits), logits.const_data_ptr(),

@@ -9,8 +9,9 @@ namespace {
 using namespace cuda_math;
 
 template <typename T>
-__global__ void cross_entropy_forward_kernel(const T* logits, const int64_t* labels, int64_t vocab,
-                                             int64_t ignore_index, float* row_loss, float* lse) {
+__global__ void __launch_bounds__(1024)
+    cross_entropy_forward_kernel(const T* logits, const int64_t* labels, int64_t vocab,
+                                 int64_t ignore_index, float* row_loss, float* lse) {
   const int64_t row = blockIdx.x;
   const T* x = logits + row * vocab;
   const MaxSum partial = cross_entropy_partial(x, vocab, threadIdx.x, blockDim.x);
@@ -30,9 +31,10 @@ __global__ void cross_entropy_forward_kernel(const T* logits, const int64_t* lab
 
 // One block per row again: each thread reads an element and writes its gradient in its place.
 template <typename T>
-__global__ void cross_entropy_backward_kernel(const T* logits, const int64_t* labels,
-                                              const float* lse, const float* grad_scale,
-                                              int64_t vocab, int64_t ignore_index, T* grad) {
+__global__ void __launch_bounds__(1024)
+    cross_entropy_backward_kernel(const T* logits, const int64_t* labels, const float* lse,
+                                  const float* grad_scale, int64_t vocab, int64_t ignore_index,
+                                  T* grad) {
   const int64_t row = blockIdx.x;
   const int64_t label = labels[row];
   const bool ignored = label == ignore_index;

@@ -8,8 +8,9 @@ using namespace cuda_math;
 
 // One block a row: the sum of squares reduced over the block, then each thread writes its share.
 template <typename T, typename W>
-__global__ void rms_norm_forward_kernel(const T* x, const T* delta, const W* weight, T* sum, T* y,
-                                        float* rstd, int64_t dim, float eps) {
+__global__ void __launch_bounds__(1024)
+    rms_norm_forward_kernel(const T* x, const T* delta, const W* weight, T* sum, T* y, float* rstd,
+                            int64_t dim, float eps) {
   const int64_t offset = static_cast<int64_t>(blockIdx.x) * dim;
   const T* row = x + offset;
   const T* row_delta = delta != nullptr ? delta + offset : nullptr;
@@ -23,9 +24,9 @@ __global__ void rms_norm_forward_kernel(const T* x, const T* delta, const W* wei
 }
 
 template <typename T, typename W>
-__global__ void rms_norm_backward_kernel(const T* grad, const T* s, const W* weight,
-                                         const float* rstd, const T* grad_residual, T* grad_s,
-                                         int64_t dim) {
+__global__ void __launch_bounds__(1024)
+    rms_norm_backward_kernel(const T* grad, const T* s, const W* weight, const float* rstd,
+                             const T* grad_residual, T* grad_s, int64_t dim) {
   const int64_t offset = static_cast<int64_t>(blockIdx.x) * dim;
   const float partial =
       rms_backward_partial(grad + offset, s + offset, weight, dim, threadIdx.x, blockDim.x);
