@@ -36,8 +36,12 @@ class FusedAdam : public Algorithm {
     }
     for (auto& [kind, lists] : by_kind) {
       // The kernel reads each parameter's step count (already incremented) from a float tensor
-      // on the parameters' device: one copy for all of them.
-      at::Tensor steps = at::stack(lists.steps_cpu).to(lists.params.front().device());
+      // on the parameters' device: one copy for all of them, from pinned memory and without
+      // waiting on a GPU (a copy from pageable memory would synchronize the host every step).
+      const at::Device device = lists.params.front().device();
+      at::Tensor steps = at::stack(lists.steps_cpu);
+      if (device.is_cuda()) steps = steps.pin_memory();
+      steps = steps.to(device, /*non_blocking=*/device.is_cuda());
       const std::vector<at::Tensor> no_max_exp_avg_sqs;  // amsgrad only
       if (decoupled_) {
         at::_fused_adamw_(lists.params, lists.grads, lists.avg, lists.avg_sq, no_max_exp_avg_sqs,

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 
+#include "loom/models/kernels/cuda.h"
 #include "step_memory_util.h"
 
 namespace loom {
@@ -44,6 +45,41 @@ TEST(CudaStepMemory, OneRankDoesNotGrow) {
   constexpr uint64_t kFewMiB = 4u << 20;
   EXPECT_LE(allocated_now(0), warm_now + kFewMiB) << "allocated bytes grew over 40 steps";
   EXPECT_LE(allocated_peak(0), first_peak + kFewMiB) << "the step's peak allocation grew";
+}
+
+// Restores the CUDA sync debug mode on scope exit.
+class SyncDebugMode {
+ public:
+  explicit SyncDebugMode(c10::cuda::SyncDebugMode mode) {
+    c10::cuda::warning_state().set_sync_debug_mode(mode);
+  }
+  ~SyncDebugMode() {
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+  }
+};
+
+// A step (forward, loss, backward, clip, fused AdamW) enqueues its work and never waits for the
+// GPU: with LibTorch's sync debug mode at "error", any synchronizing call (a host read, a copy
+// from pageable memory, a stream synchronize) throws and names itself. With loom's CUDA kernels
+// on and off. (The trainer reads the loss and the norm only on logging steps.)
+TEST(CudaStepSync, OneRankStepsDoNotSynchronizeWithTheHost) {
+  ASSERT_GT(c10::cuda::device_count(), 0) << "no CUDA device";
+  const at::Device device(at::kCUDA, 0);
+  for (bool kernels : {false, true}) {
+    SCOPED_TRACE(kernels ? "loom's CUDA kernels" : "ATen's compositions");
+    models::kernels::set_cuda_kernels_enabled(kernels);
+    const testing::Layout layout{"one rank on CUDA"};
+    testing::RankTrainer trainer(testing::step_memory_job(layout), 0, 1, 0, device);
+    const at::Tensor rows =
+        at::randint(0, testing::kVocab, {testing::kRows, testing::kSeq + 1}, at::kLong).to(device);
+    for (int s = 0; s < 3; ++s) trainer.step(rows);  // first-use allocations and caches
+    c10::cuda::device_synchronize();
+    {
+      SyncDebugMode error_on_sync(c10::cuda::SyncDebugMode::L_ERROR);
+      EXPECT_NO_THROW(for (int s = 0; s < 3; ++s) trainer.step(rows));
+    }
+    models::kernels::set_cuda_kernels_enabled(false);
+  }
 }
 
 }  // namespace
