@@ -247,8 +247,19 @@ check_more_ranks_than_gpus() {
 # run_training NAME FLAVOR BATCH SEQ STEPS [overrides...]: a timed training on the GPU. The dry
 # run validates that exact config, then trains the debug model for a few CPU steps with the same
 # overrides.
+# Fails the phase for a timed run's exit status RC under `timeout LIMIT` (124: it ran out).
+check_run_status() {
+  local rc="$1" limit="$2"
+  if ((rc == 124)); then
+    phase_fails "stopped after $limit s"
+  elif ((rc != 0)); then
+    tail -5 "$OUT/train.log"
+    phase_fails "exit $rc (train.log)"
+  fi
+}
+
 run_training() {
-  local name="$1" flavor="$2" batch="$3" seq="$4" steps="$5" rc
+  local name="$1" flavor="$2" batch="$3" seq="$4" steps="$5"
   shift 5
   # LOOM_GPU_RUNS (an extended regex) picks trainings by name: a rerun of the ones that failed.
   if [[ -n "${LOOM_GPU_RUNS:-}" ]] && ! grep -qE "$LOOM_GPU_RUNS" <<< "$name"; then return 0; fi
@@ -266,13 +277,7 @@ run_training() {
   fi
   echo "\$ loom train ${size[*]} ${common[*]}" >> "$OUT/train.log"
   timeout "$TRAIN_TIMEOUT" "$LOOM" train "${size[@]}" "${common[@]}" >> "$OUT/train.log" 2>&1
-  rc=$?
-  if ((rc == 124)); then
-    phase_fails "stopped after $TRAIN_TIMEOUT s"
-  elif ((rc != 0)); then
-    tail -5 "$OUT/train.log"
-    phase_fails "exit $rc (train.log)"
-  fi
+  check_run_status $? "$TRAIN_TIMEOUT"
   "$PYTHON" "$ROOT/tools/gpu_check_report.py" collect "$name" "$dump/metrics.jsonl" \
     >> "$OUT/metrics.jsonl" || phase_fails "no metrics"
   tail -1 "$OUT/metrics.jsonl" | cut -c1-200
@@ -284,7 +289,7 @@ run_training() {
 # fused AdamW, clipping; `--compile` for torch.compile): its tokens/s and peak memory land in the
 # report beside loom's, with the ratios (gpu_check_report.py).
 run_reference() {
-  local name="$1" flavor="$2" batch="$3" seq="$4" steps="$5" rc limit="$TRAIN_TIMEOUT"
+  local name="$1" flavor="$2" batch="$3" seq="$4" steps="$5" limit="$TRAIN_TIMEOUT"
   shift 5
   if [[ -n "${LOOM_GPU_RUNS:-}" ]] && ! grep -qE "$LOOM_GPU_RUNS" <<< "$name"; then return 0; fi
   local size=(--device cuda --bf16 --flavor "$flavor" --batch-size "$batch" --seq-len "$seq"
@@ -298,13 +303,7 @@ run_reference() {
   echo "\$ llama_reference.py bench ${size[*]} $*" >> "$OUT/train.log"
   timeout "$limit" "$PYTHON" "$ROOT/tools/reference/llama_reference.py" bench "${size[@]}" \
     --threads "$JOBS" --json "$result" "$@" >> "$OUT/train.log" 2>&1
-  rc=$?
-  if ((rc == 124)); then
-    phase_fails "stopped after $limit s"
-  elif ((rc != 0)); then
-    tail -5 "$OUT/train.log"
-    phase_fails "exit $rc (train.log)"
-  fi
+  check_run_status $? "$limit"
   "$PYTHON" "$ROOT/tools/gpu_check_report.py" reference "$name" "$result" >> "$OUT/metrics.jsonl" \
     || phase_fails "no result"
   tail -1 "$OUT/metrics.jsonl" | cut -c1-200

@@ -76,7 +76,14 @@ at::Tensor amax_to_scale(const at::Tensor& amax, Float8Format format, bool power
   // In float64 first (torchao's rule, so that scales do not depend on the float32 division's
   // rounding), a floor of 1e-12 for all-zero tensors.
   at::Tensor scale = (max_finite(format) / amax.to(at::kDouble).clamp_min(1e-12)).to(at::kFloat);
-  if (power_of_2) scale = at::exp2(at::floor(at::log2(scale)));
+  if (power_of_2) {
+    // Rounded down exactly: scale = m 2^e with m in [0.5, 1) gives 2^(e - 1) (a rounded log2
+    // could land on e just below a power of two, and the scale would then saturate).
+    const auto [mantissa, exponent] = at::frexp(scale);
+    (void)mantissa;
+    const at::Tensor finite = at::isfinite(scale) & (scale > 0);  // NaN and inf stay as they are
+    scale = at::where(finite, at::ldexp(at::ones_like(scale), exponent - 1), scale);
+  }
   return scale;
 }
 
@@ -98,21 +105,38 @@ Float8Tensor quantize(const at::Tensor& x, const CastSpec& spec, int64_t reducti
   return quantize_with_scale(x, scale, spec.format, tile_rows, tile_cols);
 }
 
-bool hardware_float8(const at::Device& device) {
-  if (!device.is_cuda()) return false;
-  // cudaGetDeviceProperties is slow: asked once per device index.
-  static std::mutex mutex;
-  static std::map<int, bool> known;
-  const int index = device.has_index() ? device.index() : 0;
-  const std::lock_guard<std::mutex> lock(mutex);
-  auto it = known.find(index);
-  if (it != known.end()) return it->second;
+namespace {
+
+// The answer of `ask(index)` for a CUDA device, asked once per device index (thread-safe).
+class PerDeviceAnswer {
+ public:
+  template <typename Ask>
+  bool get(const at::Device& device, Ask ask) {
+    const int index = device.has_index() ? device.index() : 0;
+    const std::lock_guard<std::mutex> lock(mutex_);
+    auto it = known_.find(index);
+    if (it == known_.end()) it = known_.emplace(index, ask(index)).first;
+    return it->second;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::map<int, bool> known_;
+};
+
+bool has_float8_gemms(int index) {
   const device::CudaSupport* cuda = device::cuda_support();
   const auto properties = cuda ? cuda->properties(index) : std::nullopt;
-  const bool ok =
-      properties && (properties->major > 8 || (properties->major == 8 && properties->minor >= 9));
-  known[index] = ok;
-  return ok;
+  return properties &&
+         (properties->major > 8 || (properties->major == 8 && properties->minor >= 9));
+}
+
+}  // namespace
+
+bool hardware_float8(const at::Device& device) {
+  if (!device.is_cuda()) return false;
+  static PerDeviceAnswer answers;  // cudaGetDeviceProperties is slow
+  return answers.get(device, has_float8_gemms);
 }
 
 namespace {
@@ -173,13 +197,8 @@ at::Tensor emulated_mm(const Float8Tensor& a, const Float8Tensor& b, at::ScalarT
 // device on a small random problem of each tile pairing loom uses, since the layout rules of
 // block-scaled GEMMs vary between releases. A mismatch (or an error) is logged once and the
 // blockwise GEMMs are emulated on that device: correct, not fast.
-bool blockwise_kernel_trusted(const at::Device& device) {
-  static std::mutex mutex;
-  static std::map<int, bool> known;
-  const int index = device.has_index() ? device.index() : 0;
-  const std::lock_guard<std::mutex> lock(mutex);
-  auto it = known.find(index);
-  if (it != known.end()) return it->second;
+bool blockwise_kernel_agrees(int index) {
+  const at::Device device(at::kCUDA, static_cast<c10::DeviceIndex>(index));
   bool ok = true;
   std::string why;
   try {
@@ -223,8 +242,12 @@ bool blockwise_kernel_trusted(const at::Device& device) {
         "there (correct, not fast)",
         index, why.substr(0, 300));
   }
-  known[index] = ok;
   return ok;
+}
+
+bool blockwise_kernel_trusted(const at::Device& device) {
+  static PerDeviceAnswer answers;
+  return answers.get(device, blockwise_kernel_agrees);
 }
 
 }  // namespace

@@ -10,7 +10,9 @@
 #include <vector>
 
 #include "loom/models/kernels/cuda.h"
+#include "loom/quantize/float8.h"
 #include "models/kernels/cuda/replay.h"
+#include "quantize/cuda/cast_replay.h"
 
 namespace loom::models::kernels::cuda_math {
 template <>
@@ -44,6 +46,10 @@ const T* data(const at::Tensor& t) {
 template <typename T>
 T* data(at::Tensor& t) {
   return reinterpret_cast<T*>(t.mutable_data_ptr());
+}
+template <typename T>
+const T* data_ptr_of(const at::Tensor& t) {
+  return reinterpret_cast<const T*>(t.const_data_ptr());
 }
 
 // |actual - expected| <= atol + rtol |expected| element-wise, atol relative to the largest
@@ -254,6 +260,82 @@ TEST(CudaKernelMath, SquaredNormAndClipEqualTheReference) {
   at::manual_seed(5);
   check_squared_norm_and_clip<float>();
   check_squared_norm_and_clip<BF16>();
+}
+
+// The fused float8 casts (src/quantize/cuda) give quantize()'s bits: data byte for byte and
+// scales exactly, for every scaling, both formats, power-of-two scales on and off, float32 and
+// bfloat16 input, and blockwise tiles cut by the tensor's edge (200 rows).
+template <typename T>
+void check_float8_casts() {
+  namespace q = loom::quantize;
+  namespace f8 = loom::quantize::cuda_replay;
+  using loom::quantize::cuda_math::Float8Kind;
+  SCOPED_TRACE(testing::Message() << "dtype " << dtype_of<T>());
+  at::Tensor x = random<T>({200, 384}, 3.0);
+  x.index_put_({7, 5}, 0);  // zeros and a large outlier
+  x.index_put_({9, 200}, 900.0);
+  for (q::Float8Format format : {q::Float8Format::kE4M3, q::Float8Format::kE5M2}) {
+    const Float8Kind kind =
+        format == q::Float8Format::kE4M3 ? Float8Kind::kE4M3 : Float8Kind::kE5M2;
+    for (bool pow2 : {false, true}) {
+      SCOPED_TRACE(testing::Message() << q::to_string(format) << " pow2 " << pow2);
+      auto expect_equal = [&](const q::Float8Tensor& want, const at::Tensor& data,
+                              const at::Tensor& scales, const char* what) {
+        EXPECT_TRUE(at::equal(data.view(at::kByte), want.data.view(at::kByte))) << what;
+        EXPECT_TRUE(at::equal(scales.view(want.scale.sizes()), want.scale)) << what;
+      };
+      const auto fp8 = q::scalar_type(format);
+      // Tensorwise: the amax pass, then the scale and the cast.
+      {
+        at::Tensor data = at::empty(x.sizes(), fp8);
+        float scale = 0;
+        const float a = f8::amax(data_ptr_of<T>(x), x.numel());
+        if (format == q::Float8Format::kE4M3) {
+          scale = f8::cast_tensorwise(data_ptr_of<T>(x), x.numel(), a, kind, pow2,
+                                      data.mutable_data_ptr<c10::Float8_e4m3fn>());
+        } else {
+          scale = f8::cast_tensorwise(data_ptr_of<T>(x), x.numel(), a, kind, pow2,
+                                      data.mutable_data_ptr<c10::Float8_e5m2>());
+        }
+        const q::Float8Tensor want = q::quantize(x, {q::Scaling::kTensorwise, format}, 1, pow2);
+        expect_equal(want, data, at::full({}, scale), "tensorwise");
+      }
+      // Row-wise along either dimension, and each blockwise tile.
+      struct Case {
+        q::CastSpec spec;
+        int64_t dim, tile_rows, tile_cols;
+        const char* what;
+      };
+      const Case cases[] = {
+          {{q::Scaling::kAxiswise, format}, 1, 1, 384, "per row"},
+          {{q::Scaling::kAxiswise, format}, 0, 200, 1, "per column"},
+          {{q::Scaling::kBlockwise, format, 1}, 1, 1, 128, "1 x 128 tiles"},
+          {{q::Scaling::kBlockwise, format, 1}, 0, 128, 1, "128 x 1 tiles"},
+          {{q::Scaling::kBlockwise, format, 128}, 1, 128, 128, "128 x 128 blocks"},
+      };
+      for (const Case& c : cases) {
+        at::Tensor data = at::empty(x.sizes(), fp8);
+        at::Tensor scales = at::empty(
+            {(200 + c.tile_rows - 1) / c.tile_rows, (384 + c.tile_cols - 1) / c.tile_cols});
+        if (format == q::Float8Format::kE4M3) {
+          f8::cast_tiles(data_ptr_of<T>(x), 200, 384, c.tile_rows, c.tile_cols, kind, pow2,
+                         data.mutable_data_ptr<c10::Float8_e4m3fn>(),
+                         scales.mutable_data_ptr<float>());
+        } else {
+          f8::cast_tiles(data_ptr_of<T>(x), 200, 384, c.tile_rows, c.tile_cols, kind, pow2,
+                         data.mutable_data_ptr<c10::Float8_e5m2>(),
+                         scales.mutable_data_ptr<float>());
+        }
+        expect_equal(q::quantize(x, c.spec, c.dim, pow2), data, scales, c.what);
+      }
+    }
+  }
+}
+
+TEST(CudaKernelMath, Float8CastsGiveQuantizesBits) {
+  at::manual_seed(6);
+  check_float8_casts<float>();
+  check_float8_casts<BF16>();
 }
 
 // The switch and the status line: off by default; on, the kernels where the library has them

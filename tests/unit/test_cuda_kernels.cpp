@@ -12,6 +12,8 @@
 #include "loom/models/kernels/rotary.h"
 #include "loom/models/kernels/squared_norm.h"
 #include "loom/models/kernels/swiglu.h"
+#include "loom/quantize/float8.h"
+#include "loom/quantize/float8_cuda.h"
 
 namespace {
 namespace test_cuda_kernels {
@@ -192,6 +194,36 @@ TEST(CudaKernels, SquaredNormAndClipEqualATenAndRepeatBitForBit) {
   for (const auto& g : grads) kept.push_back(g.clone());
   ASSERT_TRUE(kernels::clip_on_device(kept, first, 4.0 * std::sqrt(expected)));
   for (size_t i = 0; i < grads.size(); ++i) EXPECT_TRUE(at::equal(kept[i], grads[i]));
+}
+
+// The fused float8 casts give ATen's quantize() bits on the GPU too: every scaling, both formats,
+// power-of-two scales on and off, float32 and bfloat16, edge tiles.
+TEST(CudaKernels, Float8CastsGiveQuantizesBits) {
+  namespace q = loom::quantize;
+  at::manual_seed(6);
+  KernelsOn on(true);
+  const q::Float8CudaCasts* casts = q::float8_cuda_casts();
+  ASSERT_NE(casts, nullptr) << kernels::cuda_kernels_status();
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    const at::Tensor x = cuda_randn({200, 384}, dtype, 3.0);
+    for (q::Float8Format format : {q::Float8Format::kE4M3, q::Float8Format::kE5M2}) {
+      for (bool pow2 : {false, true}) {
+        const std::pair<q::CastSpec, int64_t> cases[] = {
+            {{q::Scaling::kTensorwise, format}, 1},   {{q::Scaling::kAxiswise, format}, 1},
+            {{q::Scaling::kAxiswise, format}, 0},     {{q::Scaling::kBlockwise, format, 1}, 1},
+            {{q::Scaling::kBlockwise, format, 1}, 0}, {{q::Scaling::kBlockwise, format, 128}, 1},
+        };
+        for (const auto& [spec, dim] : cases) {
+          const q::Float8Tensor want = q::quantize(x, spec, dim, pow2);
+          const q::Float8Tensor got = q::fused_quantize(*casts, x, spec, dim, pow2, nullptr);
+          EXPECT_TRUE(at::equal(got.data.view(at::kByte), want.data.view(at::kByte)))
+              << dtype << " " << q::to_string(format) << " pow2 " << pow2 << " dim " << dim;
+          EXPECT_TRUE(at::equal(got.scale, want.scale));
+          EXPECT_EQ(got.tile_rows, want.tile_rows);
+        }
+      }
+    }
+  }
 }
 
 }  // namespace test_cuda_kernels

@@ -177,6 +177,19 @@ LOOM_HD void rope_rotate(float x0, float x1, float cos_a, float sin_a, float sig
   *y1 = x0 * s + x1 * cos_a;
 }
 
+// Pair p of a tensor [bs, seq, heads, head_dim] rotated from x into out (a thread's work).
+template <typename T>
+LOOM_HD void rope_pair_rotate(const T* x, const float* rotation, T* out, int64_t p, int64_t seq,
+                              int64_t heads, int64_t head_dim, bool halves_in, bool halves_out,
+                              float sign) {
+  const RopePlace at = rope_place(p, seq, heads, head_dim, halves_in, halves_out);
+  float y0 = 0.f, y1 = 0.f;
+  rope_rotate(Scalar<T>::load(x[at.in0]), Scalar<T>::load(x[at.in1]), rotation[at.rotation],
+              rotation[at.rotation + 1], sign, &y0, &y1);
+  out[at.out0] = Scalar<T>::store(y0);
+  out[at.out1] = Scalar<T>::store(y1);
+}
+
 // ---- Cross-entropy: loss = logsumexp(row) - row[label]; grad = scale (softmax - onehot) ----
 
 // A running maximum and the sum of exp(x - max) over the values seen.
@@ -217,6 +230,15 @@ LOOM_HD float logsumexp_of(MaxSum m) {
 // device does not stop to report it, the loss shows it (the CPU kernel raises instead).
 LOOM_HD bool label_in_vocab(int64_t label, int64_t vocab) {
   return label >= 0 && label < vocab;
+}
+
+// A row's loss from its logsumexp: 0 when its label is the ignore index.
+template <typename T>
+LOOM_HD float cross_entropy_row_loss(const T* row, int64_t label, int64_t vocab,
+                                     int64_t ignore_index, float lse) {
+  if (label == ignore_index) return 0.f;
+  if (!label_in_vocab(label, vocab)) return NAN;
+  return lse - Scalar<T>::load(row[label]);
 }
 
 LOOM_HD float cross_entropy_grad(float x, float lse, bool is_label, float scale) {

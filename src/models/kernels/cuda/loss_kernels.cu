@@ -17,16 +17,8 @@ __global__ void __launch_bounds__(1024)
   const MaxSum partial = cross_entropy_partial(x, vocab, threadIdx.x, blockDim.x);
   const MaxSum total = block_reduce(partial, max_sum_empty(), MergeMaxSum{});
   if (threadIdx.x != 0) return;
-  const float row_lse = logsumexp_of(total);
-  lse[row] = row_lse;
-  const int64_t label = labels[row];
-  if (label == ignore_index) {
-    row_loss[row] = 0.f;
-  } else if (label_in_vocab(label, vocab)) {
-    row_loss[row] = row_lse - Scalar<T>::load(x[label]);
-  } else {
-    row_loss[row] = NAN;
-  }
+  lse[row] = logsumexp_of(total);
+  row_loss[row] = cross_entropy_row_loss(x, labels[row], vocab, ignore_index, lse[row]);
 }
 
 // One block per row again: each thread reads an element and writes its gradient in its place.

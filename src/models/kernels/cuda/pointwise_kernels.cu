@@ -33,18 +33,6 @@ __global__ void swiglu_backward_kernel(const T* grad, const T* a, const T* b, T*
   }
 }
 
-template <typename T>
-__device__ void rotate_one(const T* x, const float* rotation, T* out, int64_t p, int64_t seq,
-                           int64_t heads, int64_t head_dim, bool halves_in, bool halves_out,
-                           float sign) {
-  const RopePlace at = rope_place(p, seq, heads, head_dim, halves_in, halves_out);
-  float y0 = 0.f, y1 = 0.f;
-  rope_rotate(Scalar<T>::load(x[at.in0]), Scalar<T>::load(x[at.in1]), rotation[at.rotation],
-              rotation[at.rotation + 1], sign, &y0, &y1);
-  out[at.out0] = Scalar<T>::store(y0);
-  out[at.out1] = Scalar<T>::store(y1);
-}
-
 // q's pairs, then k's, in one launch.
 template <typename T>
 __global__ void rotary_kernel(const T* q, const T* k, const float* rotation, T* q_out, T* k_out,
@@ -53,10 +41,10 @@ __global__ void rotary_kernel(const T* q, const T* k, const float* rotation, T* 
                               float sign) {
   for (int64_t p = first_index(); p < q_pairs + k_pairs; p += grid_stride()) {
     if (p < q_pairs) {
-      rotate_one(q, rotation, q_out, p, seq, q_heads, head_dim, halves_in, halves_out, sign);
+      rope_pair_rotate(q, rotation, q_out, p, seq, q_heads, head_dim, halves_in, halves_out, sign);
     } else {
-      rotate_one(k, rotation, k_out, p - q_pairs, seq, k_heads, head_dim, halves_in, halves_out,
-                 sign);
+      rope_pair_rotate(k, rotation, k_out, p - q_pairs, seq, k_heads, head_dim, halves_in,
+                       halves_out, sign);
     }
   }
 }

@@ -123,12 +123,7 @@ void rotary(const T* x, const float* rotation, T* out, int64_t bs, int64_t seq, 
             int64_t head_dim, bool halves_in, bool halves_out, float sign) {
   const int64_t pairs = bs * seq * heads * (head_dim / 2);
   for (int64_t p = 0; p < pairs; ++p) {
-    const RopePlace at = rope_place(p, seq, heads, head_dim, halves_in, halves_out);
-    float y0 = 0.f, y1 = 0.f;
-    rope_rotate(Scalar<T>::load(x[at.in0]), Scalar<T>::load(x[at.in1]), rotation[at.rotation],
-                rotation[at.rotation + 1], sign, &y0, &y1);
-    out[at.out0] = Scalar<T>::store(y0);
-    out[at.out1] = Scalar<T>::store(y1);
+    rope_pair_rotate(x, rotation, out, p, seq, heads, head_dim, halves_in, halves_out, sign);
   }
 }
 
@@ -142,16 +137,8 @@ void cross_entropy_forward(const T* logits, const int64_t* labels, int64_t rows,
   for (int64_t row = 0; row < rows; ++row) {
     const T* x = logits + row * vocab;
     for (int t = 0; t < threads; ++t) partials[t] = cross_entropy_partial(x, vocab, t, threads);
-    const float row_lse = logsumexp_of(block_reduce(partials, max_sum_empty(), max_sum_merge));
-    lse[row] = row_lse;
-    const int64_t label = labels[row];
-    if (label == ignore_index) {
-      row_loss[row] = 0.f;
-    } else if (label_in_vocab(label, vocab)) {
-      row_loss[row] = row_lse - Scalar<T>::load(x[label]);
-    } else {
-      row_loss[row] = NAN;
-    }
+    lse[row] = logsumexp_of(block_reduce(partials, max_sum_empty(), max_sum_merge));
+    row_loss[row] = cross_entropy_row_loss(x, labels[row], vocab, ignore_index, lse[row]);
   }
 }
 
