@@ -248,7 +248,10 @@ class FailingSource : public loom::data::BatchSource {
  public:
   loom::data::Batch next(int64_t, int64_t) override {
     if (++calls_ > 2) LOOM_THROW(loom::InputError, "corrupt shard");
-    return {at::zeros({1, 4}, at::kLong), at::zeros({1, 4}, at::kLong)};
+    loom::data::Batch batch;
+    batch.inputs = at::zeros({1, 4}, at::kLong);
+    batch.labels = at::zeros({1, 4}, at::kLong);
+    return batch;
   }
   nlohmann::json state() const override { return calls_; }
   void load_state(const nlohmann::json&) override {}

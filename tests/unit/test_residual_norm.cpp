@@ -22,8 +22,8 @@ struct ResidualResult {
 ResidualResult run_residual(const at::Tensor& x0, const at::Tensor& delta0, const at::Tensor& w0,
                             const at::Tensor& g_sum, const at::Tensor& g_normed, bool fused) {
   at::Tensor x = x0.detach().clone().set_requires_grad(true);
-  at::Tensor delta = delta0.defined() ? delta0.detach().clone().set_requires_grad(true)
-                                      : at::Tensor();
+  at::Tensor delta =
+      delta0.defined() ? delta0.detach().clone().set_requires_grad(true) : at::Tensor();
   at::Tensor w = w0.detach().clone().set_requires_grad(true);
   at::Tensor sum, normed;
   if (fused) {
@@ -44,13 +44,15 @@ ResidualResult run_residual(const at::Tensor& x0, const at::Tensor& delta0, cons
     grads.push_back(g_normed);
   }
   torch::autograd::backward(outputs, grads);
-  return {sum.detach(), normed.detach(), x.grad(),
-          delta.defined() ? delta.grad() : at::Tensor(), w.grad()};
+  return {sum.detach(), normed.detach(), x.grad(), delta.defined() ? delta.grad() : at::Tensor(),
+          w.grad()};
 }
 
 void expect_same(const at::Tensor& got, const at::Tensor& want, const char* what) {
   ASSERT_EQ(got.defined(), want.defined()) << what;
-  if (want.defined()) EXPECT_TRUE(at::equal(got, want)) << what;
+  if (want.defined()) {
+    EXPECT_TRUE(at::equal(got, want)) << what;
+  }
 }
 
 void expect_same(const ResidualResult& fused, const ResidualResult& composed) {
@@ -105,8 +107,8 @@ TEST(ResidualNorm, FallsBackForInputsTheKernelDoesNotTake) {
   at::Tensor x = at::randn({6, 8}, at::kDouble), delta = at::randn({6, 8}, at::kDouble);
   at::Tensor w = at::randn({8}, at::kDouble);
   EXPECT_FALSE(kernels::residual_rms_norm_is_fused(x, delta, w));
-  EXPECT_FALSE(kernels::residual_rms_norm_is_fused(x.to(at::kFloat), delta.to(at::kFloat).t().contiguous().t(),
-                                                   w.to(at::kFloat)));
+  EXPECT_FALSE(kernels::residual_rms_norm_is_fused(
+      x.to(at::kFloat), delta.to(at::kFloat).t().contiguous().t(), w.to(at::kFloat)));
   auto [sum, normed] = kernels::residual_rms_norm(x, delta, w, 1e-6);
   EXPECT_TRUE(at::equal(sum, x + delta));
   EXPECT_TRUE(at::allclose(normed, at::rms_norm(x + delta, {8}, w, 1e-6)));

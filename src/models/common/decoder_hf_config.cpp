@@ -245,8 +245,8 @@ RopeScaling llama3_scaling(const Json& config, const Json& dict, const std::stri
 
 // YaRN as transformers reads it: factor required, the rest with its defaults
 // (original_max_position_embeddings: max_position_embeddings).
-YarnScaling yarn_scaling(const Json& config, const Json& dict, const std::string& dict_name,
-                         const std::string& source, int64_t max_positions) {
+YarnScaling yarn_scaling(const Json& dict, const std::string& dict_name, const std::string& source,
+                         int64_t max_positions) {
   const std::string where = source + ": " + dict_name + ".";
   LOOM_CHECK_AS(InputError, is_set(dict, "factor"), where,
                 "factor is missing (rope_type \"yarn\" needs it)");
@@ -292,7 +292,7 @@ Rope read_rope(const Json& config, const Json& dict, const std::string& dict_nam
   }
   rope.llama3 = type == "llama3";
   if (rope.llama3) rope.scaling = llama3_scaling(config, dict, dict_name, source);
-  if (type == "yarn") rope.yarn = yarn_scaling(config, dict, dict_name, source, max_positions);
+  if (type == "yarn") rope.yarn = yarn_scaling(dict, dict_name, source, max_positions);
   return rope;
 }
 

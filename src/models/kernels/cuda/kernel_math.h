@@ -131,6 +131,22 @@ LOOM_HD void swiglu_gradients(float g, float a, float b, float* grad_a, float* g
   *grad_b = g * a * s;
 }
 
+// Element i of SwiGLU's forward and backward (a thread's work).
+template <typename T>
+LOOM_HD void swiglu_element(const T* a, const T* b, T* out, int64_t i) {
+  out[i] = Scalar<T>::store(swiglu_value(Scalar<T>::load(a[i]), Scalar<T>::load(b[i])));
+}
+
+template <typename T>
+LOOM_HD void swiglu_element_backward(const T* grad, const T* a, const T* b, T* grad_a, T* grad_b,
+                                     int64_t i) {
+  float da = 0.f, db = 0.f;
+  swiglu_gradients(Scalar<T>::load(grad[i]), Scalar<T>::load(a[i]), Scalar<T>::load(b[i]), &da,
+                   &db);
+  grad_a[i] = Scalar<T>::store(da);
+  grad_b[i] = Scalar<T>::store(db);
+}
+
 // ---- RoPE: pairs of a head rotated by their position's angle ----
 
 // The two elements of pair `p` (0 <= p < head_dim / 2) of a head: adjacent (interleaved, Llama's

@@ -16,20 +16,14 @@ __device__ __forceinline__ int64_t grid_stride() {
 
 template <typename T>
 __global__ void swiglu_forward_kernel(const T* a, const T* b, T* out, int64_t n) {
-  for (int64_t i = first_index(); i < n; i += grid_stride()) {
-    out[i] = Scalar<T>::store(swiglu_value(Scalar<T>::load(a[i]), Scalar<T>::load(b[i])));
-  }
+  for (int64_t i = first_index(); i < n; i += grid_stride()) swiglu_element(a, b, out, i);
 }
 
 template <typename T>
 __global__ void swiglu_backward_kernel(const T* grad, const T* a, const T* b, T* grad_a, T* grad_b,
                                        int64_t n) {
   for (int64_t i = first_index(); i < n; i += grid_stride()) {
-    float da = 0.f, db = 0.f;
-    swiglu_gradients(Scalar<T>::load(grad[i]), Scalar<T>::load(a[i]), Scalar<T>::load(b[i]), &da,
-                     &db);
-    grad_a[i] = Scalar<T>::store(da);
-    grad_b[i] = Scalar<T>::store(db);
+    swiglu_element_backward(grad, a, b, grad_a, grad_b, i);
   }
 }
 

@@ -101,20 +101,12 @@ void rms_norm_backward(const T* grad, const T* s, const W* weight, const float* 
 
 template <typename T>
 void swiglu_forward(const T* a, const T* b, T* out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    out[i] = Scalar<T>::store(swiglu_value(Scalar<T>::load(a[i]), Scalar<T>::load(b[i])));
-  }
+  for (int64_t i = 0; i < n; ++i) swiglu_element(a, b, out, i);
 }
 
 template <typename T>
 void swiglu_backward(const T* grad, const T* a, const T* b, T* grad_a, T* grad_b, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    float da = 0.f, db = 0.f;
-    swiglu_gradients(Scalar<T>::load(grad[i]), Scalar<T>::load(a[i]), Scalar<T>::load(b[i]), &da,
-                     &db);
-    grad_a[i] = Scalar<T>::store(da);
-    grad_b[i] = Scalar<T>::store(db);
-  }
+  for (int64_t i = 0; i < n; ++i) swiglu_element_backward(grad, a, b, grad_a, grad_b, i);
 }
 
 // rotary_kernel on one tensor [bs, seq, heads, head_dim].
