@@ -6,11 +6,13 @@
 
 #include <cstdint>
 
+#include "../../models/kernels/cuda/launch.h"
 #include "cast_math.h"
 
 namespace loom::quantize::cuda_launch {
 
-enum class Dtype { kFloat32, kBFloat16 };
+// The models' kernels' dtype tag: one enum for every launcher in libloom_cuda.so.
+using models::kernels::cuda_launch::Dtype;
 
 // *amax = max |x| over n elements (amax must hold 0 first: the blocks combine by atomic max,
 // exact in any order).
