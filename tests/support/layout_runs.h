@@ -8,6 +8,7 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace loom::testing {
 
@@ -30,7 +31,8 @@ class LayoutRuns {
   const std::string& one_rank();
   // A layout's run on `ranks` ranks (cached across the tests of one binary build).
   std::string layout_run(const std::string& name, int ranks, const std::string& layout);
-  // The `steps` losses of `folder` within 1e-5 of one rank's.
+  // The `steps` losses of `folder` within 1e-5 of one rank's, or where the job's own float32
+  // rounding moves a step's loss further, within 4x that (step_bounds).
   void expect_matches_one_rank(const std::string& folder, const std::string& what);
   // Resumes `from`'s step-10 checkpoint in `layout` on `ranks` ranks, in the test folder
   // <prefix>_resume_<name> (unique across the default and slow binaries, which ctest may run
@@ -39,10 +41,18 @@ class LayoutRuns {
                                     const std::string& name, const std::string& what);
 
  private:
+  // The one-rank job again on another number of intra-op threads: the same arithmetic with
+  // another GEMM blocking, so its distance from one_rank() is what float32 rounding alone does.
+  const std::string& rounding_floor_run();
+  // Each step's relative bound for `got` against the one-rank losses from step `first` on.
+  std::vector<double> step_bounds(const std::vector<double>& want, const std::vector<double>& got,
+                                  size_t first);
+
   std::string prefix_;
   std::function<std::string(const std::string&)> job_;
   int steps_;
   std::string one_rank_;
+  std::string rounding_floor_;
 };
 
 // The default suite's layout runs of configs/`config`: ten_step_job, losses over 10 steps.

@@ -44,10 +44,17 @@ std::map<int64_t, double> losses_by_step(const std::string& dump_folder) {
 
 void expect_losses_close(const std::vector<double>& want, const std::vector<double>& got,
                          double relative, const std::string& what) {
+  expect_losses_close(want, got, std::vector<double>(want.size(), relative), what);
+}
+
+void expect_losses_close(const std::vector<double>& want, const std::vector<double>& got,
+                         const std::vector<double>& relative, const std::string& what) {
   ASSERT_EQ(want.size(), got.size()) << what;
+  ASSERT_EQ(want.size(), relative.size()) << what;
   for (size_t i = 0; i < want.size(); ++i) {
-    EXPECT_LE(std::abs(want[i] - got[i]), relative * std::abs(want[i]))
-        << what << ": step " << i + 1 << ": want " << want[i] << ", got " << got[i];
+    EXPECT_LE(std::abs(want[i] - got[i]), relative[i] * std::abs(want[i]))
+        << what << ": step " << i + 1 << ": want " << want[i] << ", got " << got[i] << " (bound "
+        << relative[i] << " relative)";
   }
 }
 

@@ -24,5 +24,8 @@ std::map<int64_t, double> losses_by_step(const std::string& dump_folder);
 // name `what` and the step.
 void expect_losses_close(const std::vector<double>& want, const std::vector<double>& got,
                          double relative, const std::string& what);
+// The same with a relative bound per step.
+void expect_losses_close(const std::vector<double>& want, const std::vector<double>& got,
+                         const std::vector<double>& relative, const std::string& what);
 
 }  // namespace loom::testing

@@ -43,14 +43,16 @@ std::string fresh_temp_dir(const std::string& name) {
   return dir.string();
 }
 
-std::string shared_run(const std::string& name, const std::string& args) {
+std::string shared_run(const std::string& name, const std::string& args,
+                       const std::string& environment) {
   namespace fs = std::filesystem;
   const fs::path root = fs::path(LOOM_TEST_TMPDIR) / "shared";
   fs::create_directories(root);
   const fs::path folder = root / name;
   // What identifies a run: its args and the binary it ran (rebuilt loom, new reference).
   const std::string identity =
-      args + "\n" + std::to_string(fs::last_write_time(LOOM_BINARY).time_since_epoch().count());
+      environment + args + "\n" +
+      std::to_string(fs::last_write_time(LOOM_BINARY).time_since_epoch().count());
   const int lock = ::open((root / (name + ".lock")).c_str(), O_CREAT | O_RDWR, 0644);
   if (lock < 0 || ::flock(lock, LOCK_EX) != 0) {
     throw std::runtime_error("shared_run: cannot lock " + (root / name).string());
@@ -66,7 +68,8 @@ std::string shared_run(const std::string& name, const std::string& args) {
   for (size_t at = command.find("{port}"); at != std::string::npos; at = command.find("{port}")) {
     command.replace(at, 6, std::to_string(free_port()));
   }
-  CommandResult result = run_loom(command + " --job.dump_folder " + folder.string());
+  CommandResult result = run_command(environment + " '" + LOOM_BINARY + "' " + command +
+                                     " --job.dump_folder " + folder.string());
   if (result.exit_code != 0) {
     throw std::runtime_error("shared run " + name + " failed (exit " +
                              std::to_string(result.exit_code) + "):\n" + result.output);

@@ -27,8 +27,10 @@ int free_port();
 // one rank with the global batch): the first caller runs it under a file lock while the others
 // wait, later callers reuse it. A different build of loom or other args run it again. A
 // "{port}" in args becomes a free port when it runs (and is not part of the identity). Throws
-// std::runtime_error with the output when the run fails.
-std::string shared_run(const std::string& name, const std::string& args);
+// std::runtime_error with the output when the run fails. `environment` ("NAME=value ...")
+// prefixes the command and is part of the run's identity.
+std::string shared_run(const std::string& name, const std::string& args,
+                       const std::string& environment = "");
 
 // A fresh run folder (fresh_temp_dir(name)) holding a copy of the checkpoint step-`step` of the
 // run in `from`: a `loom train` with that dump folder resumes from it.
