@@ -4,6 +4,8 @@
 #
 #   tools/memory_growth.sh LAYOUT [STEPS] [DUMP_DIR]    LAYOUT: one|ddp|fsdp|hsdp|tp|pp
 #
+# LOOM_BINARY runs another build's loom (default: build/bin/loom), e.g. a copy of the binary
+# before a change, for a side-by-side comparison.
 # Prints rank 0's mem_peak_gib by step (metrics.jsonl, full precision), the growth from step 20
 # to the last step, and every rank's console value at step 20 and at the last step.
 set -euo pipefail
@@ -26,7 +28,7 @@ esac
 ((steps > 20)) || { echo "STEPS must be above 20 (growth is measured from step 20)" >&2; exit 2; }
 rm -rf "$dir"; mkdir -p "$(dirname "$dir")"
 log="$dir.log"
-"$ROOT/build/bin/loom" launch --standalone --local-ranks-filter all --nproc-per-node "$nproc" -- \
+"${LOOM_BINARY:-$ROOT/build/bin/loom}" launch --standalone --local-ranks-filter all --nproc-per-node "$nproc" -- \
   train --config "$ROOT/configs/llama3_debug.toml" --training.seq_len 128 \
   --validation.seq_len 128 --training.steps "$steps" --job.dump_folder "$dir" \
   --metrics.log_freq 10 "${extra[@]}" > "$log" 2>&1 || { tail -5 "$log"; exit 1; }

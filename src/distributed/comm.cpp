@@ -5,6 +5,7 @@
 #include <c10/util/Exception.h>
 
 #include <chrono>
+#include <thread>
 
 #include "backend.h"
 #include "loom/core/logging.h"
@@ -148,10 +149,25 @@ void Work::Impl::wait() {
   }
   if (recorder_) recorder_->completed(record_id_);
   done_ = true;
+  release_backend_work();
+}
+
+void Work::Impl::release_backend_work() {
+  if (settle_ && work_) {
+    // The worker lets go right after it marks the work complete; a second is far beyond that,
+    // and past it the buffers are simply freed later, by the worker.
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    while (work_.use_count() > 1 && std::chrono::steady_clock::now() < give_up) {
+      std::this_thread::yield();
+    }
+  }
+  work_.reset();
+  finish_ = nullptr;
 }
 
 bool Work::Impl::completed() const {
-  return !work_ || work_->isCompleted();
+  std::lock_guard<std::mutex> lock(mutex_);
+  return done_ || !work_ || work_->isCompleted();
 }
 
 void Work::wait() {
@@ -241,6 +257,7 @@ Work Comm::launch(const char* what, const at::Tensor& tensor,
   const auto id = record(what, tensor, p2p);
   try {
     Work work = call(b);
+    if (work.impl_ && b.kind() == "gloo") work.impl_->settle_on_wait();
     if (id) {
       options_.recorder->started(*id);
       if (work.impl_) {

@@ -1,5 +1,6 @@
 // A training step of the debug Llama under one parallel layout on one thread rank, as the
-// trainer runs it (forward, backward, gradient sync, clipping, AdamW), for tests that watch
+// trainer runs it (forward, backward, gradient sync, clipping, the job's optimizer with the
+// trainer's parameter groups), for tests that watch
 // what a step leaves behind (test_step_memory.cpp, test_step_memory_cuda.cpp).
 #pragma once
 
@@ -74,7 +75,7 @@ struct RankTrainer {
           *plan, pp_rank, raw, model.part_syncs, runtime->group_ptr(distributed::MeshGroup::pp),
           options);
     }
-    optimizer = optim::build_optimizer(config.optimizer, model.tensors());
+    optimizer = optim::build_optimizer(config.optimizer, model.parameters);
   }
 
   void step(const at::Tensor& rows) {

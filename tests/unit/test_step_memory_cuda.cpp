@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <string>
 
 #include "loom/models/kernels/cuda.h"
 #include "step_memory_util.h"
@@ -58,27 +59,32 @@ class SyncDebugMode {
   }
 };
 
-// A step (forward, loss, backward, clip, fused AdamW) enqueues its work and never waits for the
-// GPU: with LibTorch's sync debug mode at "error", any synchronizing call (a host read, a copy
-// from pageable memory, a stream synchronize) throws and names itself. With loom's CUDA kernels
-// on and off. (The trainer reads the loss and the norm only on logging steps.)
+// A step (forward, loss, backward, clip, fused AdamW or Muon) enqueues its work and never waits
+// for the GPU: with LibTorch's sync debug mode at "error", any synchronizing call (a host read,
+// a copy from pageable memory, a stream synchronize) throws and names itself. With loom's CUDA
+// kernels on and off. (The trainer reads the loss and the norm only on logging steps.)
 TEST(CudaStepSync, OneRankStepsDoNotSynchronizeWithTheHost) {
   ASSERT_GT(c10::cuda::device_count(), 0) << "no CUDA device";
   const at::Device device(at::kCUDA, 0);
-  for (bool kernels : {false, true}) {
-    SCOPED_TRACE(kernels ? "loom's CUDA kernels" : "ATen's compositions");
-    models::kernels::set_cuda_kernels_enabled(kernels);
-    const testing::Layout layout{"one rank on CUDA"};
-    testing::RankTrainer trainer(testing::step_memory_job(layout), 0, 1, 0, device);
-    const at::Tensor rows =
-        at::randint(0, testing::kVocab, {testing::kRows, testing::kSeq + 1}, at::kLong).to(device);
-    for (int s = 0; s < 3; ++s) trainer.step(rows);  // first-use allocations and caches
-    c10::cuda::device_synchronize();
-    {
-      SyncDebugMode error_on_sync(c10::cuda::SyncDebugMode::L_ERROR);
-      EXPECT_NO_THROW(for (int s = 0; s < 3; ++s) trainer.step(rows));
+  for (const std::string optimizer : {"AdamW", "Muon"}) {
+    for (bool kernels : {false, true}) {
+      SCOPED_TRACE(optimizer + (kernels ? ", loom's CUDA kernels" : ", ATen's compositions"));
+      models::kernels::set_cuda_kernels_enabled(kernels);
+      const testing::Layout layout{"one rank on CUDA"};
+      auto config = testing::step_memory_job(layout);
+      config.optimizer.name = optimizer;
+      testing::RankTrainer trainer(config, 0, 1, 0, device);
+      const at::Tensor rows =
+          at::randint(0, testing::kVocab, {testing::kRows, testing::kSeq + 1}, at::kLong)
+              .to(device);
+      for (int s = 0; s < 3; ++s) trainer.step(rows);  // first-use allocations and caches
+      c10::cuda::device_synchronize();
+      {
+        SyncDebugMode error_on_sync(c10::cuda::SyncDebugMode::L_ERROR);
+        EXPECT_NO_THROW(for (int s = 0; s < 3; ++s) trainer.step(rows));
+      }
+      models::kernels::set_cuda_kernels_enabled(false);
     }
-    models::kernels::set_cuda_kernels_enabled(false);
   }
 }
 
