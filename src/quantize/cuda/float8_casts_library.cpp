@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "../../models/kernels/cuda/tensor_launch.h"
 #include "cast_launch.h"
 #include "loom/quantize/float8_cuda.h"
 
@@ -17,10 +18,7 @@ namespace {
 namespace launch = cuda_launch;
 
 launch::Dtype dtype_of(const at::Tensor& t) {
-  if (t.scalar_type() == at::kFloat) return launch::Dtype::kFloat32;
-  if (t.scalar_type() == at::kBFloat16) return launch::Dtype::kBFloat16;
-  throw std::invalid_argument(std::string("loom float8 casts take float32 or bfloat16, not ") +
-                              c10::toString(t.scalar_type()));
+  return models::kernels::cuda_launch::dtype_of(t, "loom float8 casts");
 }
 
 cuda_math::Float8Kind kind_of(Float8Format format) {
@@ -32,9 +30,7 @@ at::ScalarType float8_type(Float8Format format) {
   return format == Float8Format::kE4M3 ? at::kFloat8_e4m3fn : at::kFloat8_e5m2;
 }
 
-cudaStream_t stream_of(const at::Tensor& t) {
-  return c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
-}
+using models::kernels::cuda_launch::stream_of;
 
 class Float8CudaCastsLibrary final : public Float8CudaCasts {
  public:

@@ -11,6 +11,7 @@
 #include "kernel_math.h"
 #include "launch.h"
 #include "loom/models/kernels/cuda.h"
+#include "tensor_launch.h"
 
 namespace loom::models::kernels {
 namespace {
@@ -18,13 +19,7 @@ namespace {
 namespace launch = cuda_launch;
 
 launch::Dtype dtype_of(const at::Tensor& t) {
-  switch (t.scalar_type()) {
-    case at::kFloat: return launch::Dtype::kFloat32;
-    case at::kBFloat16: return launch::Dtype::kBFloat16;
-    default:
-      throw std::invalid_argument(std::string("loom CUDA kernels take float32 or bfloat16, not ") +
-                                  c10::toString(t.scalar_type()));
-  }
+  return launch::dtype_of(t, "loom CUDA kernels");
 }
 
 // Row kernels launch one block per row: a grid's x dimension holds at most 2^31 - 1.
@@ -36,9 +31,7 @@ int64_t checked_rows(int64_t rows) {
   return rows;
 }
 
-cudaStream_t stream_of(const at::Tensor& t) {
-  return c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
-}
+using launch::stream_of;
 
 const void* data_or_null(const at::Tensor& t) {
   return t.defined() ? t.const_data_ptr() : nullptr;
