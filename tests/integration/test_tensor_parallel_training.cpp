@@ -96,21 +96,23 @@ void run_ok(const std::string& args, const std::string& expect_in_log = "") {
   }
 }
 
+// tp 2 over `steps` steps, checkpointed at the end (every 10 steps with 20).
+std::string tp2_run_of(int steps, const std::string& name) {
+  return shared_run(
+      name,
+      launch_args(2, job(steps, "--checkpoint.enable true --parallelism.tensor_parallel_degree 2"),
+                  "{port}"));
+}
+
 // tp 2 with checkpoints at steps 10 and 20: the straight run other tests resume against.
 const std::string& tp2_run() {
-  static const std::string folder = shared_run(
-      "tp2",
-      launch_args(2, job(20, "--checkpoint.enable true --parallelism.tensor_parallel_degree 2"),
-                  "{port}"));
+  static const std::string folder = tp2_run_of(20, "tp2");
   return folder;
 }
 
 // The default suite's tp 2: 10 steps, checkpointed at the end.
 const std::string& quick_tp2_run() {
-  static const std::string folder = shared_run(
-      "tp2_quick",
-      launch_args(2, job(10, "--checkpoint.enable true --parallelism.tensor_parallel_degree 2"),
-                  "{port}"));
+  static const std::string folder = tp2_run_of(10, "tp2_quick");
   return folder;
 }
 
