@@ -11,6 +11,7 @@
 
 #include "backend.h"
 #include "loom/core/logging.h"
+#include "loom/core/signals.h"
 #include "loom/distributed/secured_store.h"
 #include "loom/distributed/store_identity.h"
 #include "loom/distributed/store_socket.h"
@@ -138,7 +139,9 @@ constexpr const char* kDumpRequests = "loom/flight_recorder/requests";
 constexpr const char* kDumpReason = "loom/flight_recorder/reason";
 constexpr const char* kDumped = "loom/flight_recorder/dumped";
 // How long a rank whose collective failed waits for the others to dump before it goes on to
-// fail (and perhaps exit, taking the store down if it hosts it).
+// fail (and perhaps exit, taking the store down if it hosts it). A SIGTERM ends the wait: the
+// launcher stops the job (a dead rank never dumps, and every rank waited out the full 10 s
+// before the launcher's grace period ran out and it killed them).
 constexpr auto kWaitForDumps = std::chrono::seconds(10);
 }  // namespace
 
@@ -173,7 +176,8 @@ void ProcessGroups::start_flight_recorder() {
       store->set(kDumpReason, what);
       store->add(kDumpRequests, 1);
       const auto deadline = std::chrono::steady_clock::now() + kWaitForDumps;
-      while (store->add(kDumped, 0) < world && std::chrono::steady_clock::now() < deadline) {
+      while (store->add(kDumped, 0) < world && std::chrono::steady_clock::now() < deadline &&
+             !signals::shutdown_requested()) {
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
       }
     } catch (const std::exception& e) {

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -165,6 +166,23 @@ LOOM_TEST(DistributedTraining, TwoLaunchersWithTwoNodesFormOneJob) {
   expect_same_losses(single_rank_losses("ddp_nodes"), losses(folder));
 }
 
+// Seconds since midnight of the launcher's first log line containing `text`
+// ("[2026-12-07 06:15:04.009] [launch node0] ..."), or -1.
+double launcher_clock(const std::string& log, const std::string& text) {
+  std::istringstream in(log);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("[20", 0) != 0 || line.find("[launch") == std::string::npos ||
+        line.find(text) == std::string::npos) {
+      continue;
+    }
+    int h = 0, m = 0;
+    double sec = 0;
+    if (std::sscanf(line.c_str() + 12, "%d:%d:%lf", &h, &m, &sec) == 3)
+      return h * 3600 + m * 60 + sec;
+  }
+  return -1;
+}
+
 LOOM_TEST(DistributedTraining, KilledWorkerStopsTheJobAndIsNamed) {
   const std::string folder = fresh_temp_dir("ddp_kill");
   // Kill global rank 1 once training is under way (its metrics line for step 2 was printed).
@@ -187,6 +205,16 @@ LOOM_TEST(DistributedTraining, KilledWorkerStopsTheJobAndIsNamed) {
   EXPECT_NE(result.output.find("rank 1"), std::string::npos) << result.output;
   EXPECT_NE(result.output.find("SIGKILL"), std::string::npos) << result.output;
   EXPECT_LT(seconds, 120) << "the launcher did not stop the surviving rank promptly";
+  // The survivor's failed all-reduce dumps its flight recorder and waits up to 10 s for the
+  // other ranks' dumps; the launcher's SIGTERM ends that wait, so the job ends right after the
+  // kill was seen, not when the launcher's 10 s grace period runs out.
+  const double seen = launcher_clock(result.output, "killed by signal SIGKILL");
+  const double ended = launcher_clock(result.output, "error: job failed");
+  ASSERT_GE(seen, 0) << result.output;
+  ASSERT_GE(ended, 0) << result.output;
+  EXPECT_LT(ended - seen, 5.0) << "the surviving rank outlived the kill by " << ended - seen
+                               << " s\n"
+                               << result.output;
 }
 
 }  // namespace
