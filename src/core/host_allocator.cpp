@@ -76,6 +76,14 @@ HostHeap host_heap() {
   return heap;
 }
 
+bool use_own_heap_arena() {
+  if (mallctl == nullptr) return false;
+  unsigned arena = 0;
+  size_t size = sizeof(arena);
+  if (mallctl("arenas.create", &arena, &size, nullptr, 0) != 0) return false;
+  return mallctl("thread.arena", nullptr, nullptr, &arena, sizeof(arena)) == 0;
+}
+
 void reset_thread_heap_peak() {
   if (mallctl != nullptr) mallctl("thread.peak.reset", nullptr, nullptr, nullptr, 0);
 }

@@ -25,6 +25,12 @@ std::string describe_host_allocator();
 // (in use; arena + mmapped bytes). Cheap enough for once per logged step, not per operator.
 HostHeap host_heap();
 
+// Gives the calling thread a jemalloc arena of its own (created now, never destroyed: call it
+// once, from a long-lived thread). Its blocks are then never split by other threads'
+// allocations, and memory it frees is reused by it alone; blocks it frees that others allocated
+// go back to theirs. False (nothing changed) without jemalloc.
+bool use_own_heap_arena();
+
 // The calling thread's heap high-water mark since reset_thread_heap_peak(): the most that its
 // allocations minus its frees reached, in bytes (jemalloc's thread.peak; a rank thread's
 // activation peak when a step starts after the reset). nullopt without jemalloc.
