@@ -2,6 +2,7 @@
 
 #include "loom/core/check.h"
 #include "loom/protocols/attention_kernel.h"
+#include "loom/protocols/varlen_attention.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -147,6 +148,11 @@ at::Tensor fold_heads(const at::Tensor& grad, int64_t kv_heads) {
 
 at::Tensor local_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            double scale, const TokenLayout& layout, const LayerAttention& layer) {
+  if (varlen_attention_applies(q, k, v, layout, layer)) {
+    if (auto sequences = varlen_sequences(layout.documents, q.size(0), q.size(2))) {
+      return varlen_attention(q, k, v, scale, *sequences, layer.window);
+    }
+  }
   const at::Tensor keys = expand_heads(k, q.size(1)), values = expand_heads(v, q.size(1));
   if (!layout.documents.defined() && !layout.slots.defined() && layer.plain()) {
     return at::scaled_dot_product_attention(q, keys, values, /*attn_mask=*/{}, /*dropout_p=*/0.0,

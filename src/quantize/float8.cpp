@@ -2,14 +2,13 @@
 
 #include <ATen/ATen.h>
 
-#include <map>
-#include <mutex>
 #include <string>
 #include <utility>
 
 #include "loom/core/check.h"
 #include "loom/core/cuda_support.h"
 #include "loom/core/logging.h"
+#include "loom/core/per_device_answer.h"
 
 namespace loom::quantize {
 
@@ -106,23 +105,6 @@ Float8Tensor quantize(const at::Tensor& x, const CastSpec& spec, int64_t reducti
 }
 
 namespace {
-
-// The answer of `ask(index)` for a CUDA device, asked once per device index (thread-safe).
-class PerDeviceAnswer {
- public:
-  template <typename Ask>
-  bool get(const at::Device& device, Ask ask) {
-    const int index = device.has_index() ? device.index() : 0;
-    const std::lock_guard<std::mutex> lock(mutex_);
-    auto it = known_.find(index);
-    if (it == known_.end()) it = known_.emplace(index, ask(index)).first;
-    return it->second;
-  }
-
- private:
-  std::mutex mutex_;
-  std::map<int, bool> known_;
-};
 
 bool has_float8_gemms(int index) {
   const device::CudaSupport* cuda = device::cuda_support();

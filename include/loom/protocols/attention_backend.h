@@ -78,8 +78,9 @@ at::Tensor expand_heads(const at::Tensor& x, int64_t heads);
 at::Tensor fold_heads(const at::Tensor& grad, int64_t kv_heads);
 
 // Attention over the local tokens alone (t == s): SDPA's causal kernel for a trivial layout and
-// a plain layer (bitwise what it always was), else masked_attention with the layout's slots and
-// documents and the layer's window and sinks.
+// a plain layer (bitwise what it always was); on CUDA, packed documents and sliding windows
+// through FlashAttention's variable-length kernels where they apply (varlen_attention.h); else
+// masked_attention with the layout's slots and documents and the layer's window and sinks.
 at::Tensor local_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            double scale, const TokenLayout& layout,
                            const LayerAttention& layer = {});
