@@ -76,12 +76,26 @@ HostHeap host_heap() {
   return heap;
 }
 
-bool use_own_heap_arena() {
-  if (mallctl == nullptr) return false;
+std::optional<unsigned> use_own_heap_arena() {
+  if (mallctl == nullptr) return std::nullopt;
   unsigned arena = 0;
   size_t size = sizeof(arena);
-  if (mallctl("arenas.create", &arena, &size, nullptr, 0) != 0) return false;
-  return mallctl("thread.arena", nullptr, nullptr, &arena, sizeof(arena)) == 0;
+  if (mallctl("arenas.create", &arena, &size, nullptr, 0) != 0) return std::nullopt;
+  if (!join_heap_arena(arena)) return std::nullopt;
+  return arena;
+}
+
+bool join_heap_arena(unsigned arena) {
+  return mallctl != nullptr &&
+         mallctl("thread.arena", nullptr, nullptr, &arena, sizeof(arena)) == 0;
+}
+
+bool in_own_heap_arena() {
+  unsigned arena = 0;
+  // Automatic arenas are 0 .. narenas-1 (one, with loom's settings); created ones come after.
+  unsigned automatic = 0;
+  return read_mallctl("thread.arena", arena) && read_mallctl("opt.narenas", automatic) &&
+         arena >= automatic;
 }
 
 void reset_thread_heap_peak() {

@@ -13,7 +13,10 @@
 // thread allocates next. With jemalloc's arena per thread group, Gloo's worker threads (two per
 // process group) each kept their own freed pages: FSDP x2 and HSDP 2x2 held 16-24 MiB more at
 // the same step (docs/performance.md). Large blocks are few per step and small ones go through
-// each thread's cache, so the shared arena's lock costs nothing measurable.
+// each thread's cache, so the shared arena's lock costs nothing measurable. The training thread
+// of `loom train` and its intra-op threads then move to an arena of their own
+// (use_own_heap_arena, cli/train_command.cpp): a step's blocks repeat exactly when no other
+// thread's blocks land between them.
 extern "C" {
 extern const char* malloc_conf;
 const char* malloc_conf = "dirty_decay_ms:-1,oversize_threshold:0,narenas:1";

@@ -92,15 +92,11 @@ void warn_builtin_validation(const config::JobConfig& c) {
 void setup_runtime(Run& run) {
   auto log = log::get("trainer");
   const bool cuda = run.device.is_cuda();
-  // Before the process groups start their threads: the step's tensors come from an arena that
-  // no other thread allocates from, so the step's pattern of blocks repeats exactly and its
-  // footprint stops growing after the first steps (docs/performance.md, issue 54).
-  const bool own_arena = use_own_heap_arena();
   run.runtime = std::make_unique<distributed::ParallelRuntime>(
       run.config, distributed::read_world_info(), cuda);
   if (run.device.is_cpu()) check_thread_plan(run.runtime->world().local_world_size);
   log->info("host memory: {}{}", describe_host_allocator(),
-            own_arena ? "; the training thread allocates from an arena of its own" : "");
+            in_own_heap_arena() ? "; the training thread allocates from an arena of its own" : "");
   auto& c = run.config;
   run.seed = c.debug.seed ? static_cast<uint64_t>(*c.debug.seed) : std::random_device{}();
   at::manual_seed(run.seed);

@@ -26,10 +26,14 @@ std::string describe_host_allocator();
 HostHeap host_heap();
 
 // Gives the calling thread a jemalloc arena of its own (created now, never destroyed: call it
-// once, from a long-lived thread). Its blocks are then never split by other threads'
-// allocations, and memory it frees is reused by it alone; blocks it frees that others allocated
-// go back to theirs. False (nothing changed) without jemalloc.
-bool use_own_heap_arena();
+// once, from a long-lived thread) and returns its index. Its blocks are then never split by other
+// threads' allocations, and memory it frees is reused by it alone; blocks it frees that others
+// allocated go back to theirs. nullopt (nothing changed) without jemalloc.
+std::optional<unsigned> use_own_heap_arena();
+// Moves the calling thread to `arena` (threads that work for the owner: its intra-op threads).
+bool join_heap_arena(unsigned arena);
+// Whether the calling thread allocates from an arena use_own_heap_arena created.
+bool in_own_heap_arena();
 
 // The calling thread's heap high-water mark since reset_thread_heap_peak(): the most that its
 // allocations minus its frees reached, in bytes (jemalloc's thread.peak; a rank thread's
