@@ -5,6 +5,7 @@
 #include <c10/util/Exception.h>
 
 #include <chrono>
+#include <mutex>
 #include <thread>
 
 #include "backend.h"
@@ -159,6 +160,17 @@ void Work::Impl::release_backend_work() {
     const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(1);
     while (work_.use_count() > 1 && std::chrono::steady_clock::now() < give_up) {
       std::this_thread::yield();
+    }
+    // A backend that keeps its works elsewhere would make every wait cost the full second.
+    static std::once_flag warned;
+    if (work_.use_count() > 1) {
+      std::call_once(warned, [this] {
+        log::get("comm")->warn(
+            "{}: Gloo still held the finished collective after 1 s; its buffers are freed later "
+            "by Gloo's thread (peak memory may step up), and if this repeats every wait costs "
+            "that second",
+            what_);
+      });
     }
   }
   work_.reset();
