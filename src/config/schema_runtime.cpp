@@ -20,11 +20,13 @@ void add_unimplemented_sections(Schema& s) {
       [](JobConfig& c) -> Float8LinearSection& { return c.quantize.linear.float8; });
   f8.field("enable_fsdp_float8_all_gather", &Float8LinearSection::enable_fsdp_float8_all_gather,
            "FSDP all-gathers the converted linears' weights in float8 with their scales (half "
-           "the bytes of bfloat16); tensorwise recipe only.");
+           "the bytes of bfloat16, and the gathered weights stay float8); tensorwise and "
+           "blockwise recipes.");
   f8.field("precompute_float8_dynamic_scale_for_fsdp",
            &Float8LinearSection::precompute_float8_dynamic_scale_for_fsdp,
-           "With the float8 all-gather: compute every converted weight's scale after the "
-           "optimizer step, in one all-reduce, instead of one all-reduce per FSDP unit gather.");
+           "With the tensorwise float8 all-gather: compute every converted weight's scale after "
+           "the optimizer step, in one all-reduce, instead of one all-reduce per FSDP unit "
+           "gather (blockwise agrees on no scale).");
   f8.field("recipe_name", &Float8LinearSection::recipe_name,
            "Float8 recipe: tensorwise (one scale per tensor, e5m2 gradients), rowwise (scales "
            "per row and column, e4m3, power-of-two scales), rowwise_with_gw_hp (rowwise, "

@@ -141,6 +141,10 @@ std::string FullyShardedDataParallel::describe() const {
   for (const auto& [encoding, count] : encoded) {
     text += ", " + std::to_string(count) + " weights all-gathered in " + encoding;
   }
+  for (const auto& [encoding, refused] : refused_codecs_) {
+    text += ", " + std::to_string(refused.first) + " weights not in " + encoding + " (e.g. " +
+            refused.second + ")";
+  }
   text += std::string(", all-gather in ") + c10::toString(options_.param_dtype) +
           ", reduce-scatter in " + c10::toString(options_.reduce_dtype) +
           (options_.defer_gradient_sync ? ", gradient sync deferred to the last microbatch" : "");
@@ -427,6 +431,17 @@ const Placement& FullyShardedDataParallel::placement(const std::string& name) co
     }
   }
   LOOM_THROW(InternalError, "FSDP has no parameter ", name);
+}
+
+int64_t FullyShardedDataParallel::unsharded_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& unit : units_) {
+    for (const auto& p : unit->params) {
+      bytes += static_cast<int64_t>(p.unsharded.storage().nbytes());
+      if (p.codec != nullptr) bytes += p.codec->decoded_bytes();
+    }
+  }
+  return bytes;
 }
 
 int64_t FullyShardedDataParallel::unsharded_gradient_bytes() const {

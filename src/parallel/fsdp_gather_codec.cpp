@@ -4,8 +4,8 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
-#include <map>
 #include <string>
+#include <vector>
 
 #include "fsdp_internal.h"
 #include "loom/core/check.h"
@@ -27,11 +27,16 @@ void FullyShardedDataParallel::plan_encoded_gather(Unit& unit) {
   bool any = false;
   for (auto& p : unit.params) {
     auto it = options_.gather_codecs.find(p.name);
-    if (it != options_.gather_codecs.end()) {
-      p.codec = it->second;
-      p.encoding = p.codec->name();
-      any = true;
+    if (it == options_.gather_codecs.end()) continue;
+    it->second->bind_shard(p.shard, unit.shard.get());
+    if (auto refused = it->second->refusal(p.chunk)) {
+      auto& [count, example] = refused_codecs_[it->second->name()];
+      if (count++ == 0) example = p.name + ": " + *refused;
+      continue;
     }
+    p.codec = it->second;
+    p.encoding = p.codec->name();
+    any = true;
   }
   if (!any) return;
   const auto element = static_cast<int64_t>(c10::elementSize(options_.param_dtype));
@@ -43,43 +48,18 @@ void FullyShardedDataParallel::plan_encoded_gather(Unit& unit) {
   unit.gather_bytes = bytes;
 }
 
-// The codecs' parameters (float8: the scales of the whole weights): the shards' statistics in
-// one max all-reduce over the shard group (and the group the codec names, e.g. tensor parallel).
-std::vector<at::Tensor> FullyShardedDataParallel::codec_parameters(
-    const std::vector<Param*>& params, distributed::Comm& group) {
-  std::vector<at::Tensor> statistics;
-  for (const Param* p : params) statistics.push_back(p->codec->shard_statistic(p->shard.detach()));
-  at::Tensor reduced = at::cat(statistics).to(at::kFloat);
-  group.all_reduce(reduced, distributed::ReduceOp::kMax);
-  distributed::Comm* extra = params.front()->codec->statistic_group();
-  if (extra != nullptr) extra->all_reduce(reduced, distributed::ReduceOp::kMax);
-  ++stats_.codec_statistic_all_reduces;
-  // One conversion per encoding (float8: every scale of the unit in one amax_to_scale).
-  std::map<std::string, std::vector<int64_t>> by_encoding;
-  for (size_t i = 0; i < params.size(); ++i) {
-    by_encoding[params[i]->encoding].push_back(static_cast<int64_t>(i));
-  }
-  std::vector<at::Tensor> out(params.size());
-  for (const auto& [encoding, indices] : by_encoding) {
-    const at::Tensor converted = params[static_cast<size_t>(indices.front())]->codec->parameters_of(
-        by_encoding.size() == 1 ? reduced : reduced.index_select(0, at::tensor(indices)));
-    for (size_t j = 0; j < indices.size(); ++j) {
-      out[static_cast<size_t>(indices[j])] = converted[static_cast<int64_t>(j)];
+at::Tensor FullyShardedDataParallel::pack_encoded_gather(Unit& unit) {
+  // The codecs' agreed parameters (float8 tensorwise: the scales of the whole weights) not yet
+  // agreed since the shards last changed: one max all-reduce of the unit's statistics.
+  std::vector<models::GatherCodec*> to_agree;
+  for (auto& p : unit.params) {
+    if (p.codec != nullptr && p.codec->needs_agreed_parameter() &&
+        !p.codec->parameter().defined()) {
+      to_agree.push_back(p.codec.get());
     }
   }
-  return out;
-}
-
-at::Tensor FullyShardedDataParallel::pack_encoded_gather(Unit& unit) {
-  std::vector<Param*> encoded;
-  bool precomputed = true;
-  for (auto& p : unit.params) {
-    if (p.codec == nullptr) continue;
-    encoded.push_back(&p);
-    precomputed = precomputed && p.codec->parameter().defined();
-  }
-  std::vector<at::Tensor> parameters;
-  if (!precomputed) parameters = codec_parameters(encoded, *unit.shard);
+  const std::vector<at::Tensor> agreed = models::agree_on_parameters(to_agree);
+  if (!to_agree.empty()) ++stats_.codec_statistic_all_reduces;
   at::Tensor bytes = at::empty({unit.gather_bytes}, unit.shards.options().dtype(at::kByte));
   size_t next = 0;
   for (auto& p : unit.params) {
@@ -89,8 +69,11 @@ at::Tensor FullyShardedDataParallel::pack_encoded_gather(Unit& unit) {
       bytes.narrow(0, p.byte_offset, values.numel()).copy_(values);
       continue;
     }
-    const at::Tensor parameter = precomputed ? p.codec->parameter() : parameters[next];
-    ++next;
+    at::Tensor parameter;
+    if (p.codec->needs_agreed_parameter()) {
+      parameter = p.codec->parameter();
+      if (!parameter.defined()) parameter = agreed[next++];
+    }
     p.codec->encode(chunk, parameter,
                     bytes.narrow(0, p.byte_offset, p.codec->encoded_bytes(p.chunk)));
   }
@@ -103,34 +86,17 @@ void FullyShardedDataParallel::unpack_encoded_gather(Unit& unit) {
   const at::Tensor rows = unit.gather_out.view({n, unit.gather_bytes});
   const auto element = static_cast<int64_t>(c10::elementSize(options_.param_dtype));
   for (auto& p : unit.params) {
-    allocate_storage(p.unsharded);
-    at::Tensor target = p.unsharded.variable_data();
-    if (p.codec == nullptr) {
-      const at::Tensor values = rows.narrow(1, p.byte_offset, p.chunk * element)
-                                    .contiguous()
-                                    .view(options_.param_dtype);  // [n, chunk]
-      copy_rows_to_flat(target.view({-1}), values, p.numel);
+    if (p.codec != nullptr) {
+      // The consumer computes from the codec's form: the parameter itself stays without storage.
+      p.codec->decode(rows.narrow(1, p.byte_offset, p.codec->encoded_bytes(p.chunk)), p.numel,
+                      p.unsharded.sizes());
       continue;
     }
-    p.codec->decode(rows.narrow(1, p.byte_offset, p.codec->encoded_bytes(p.chunk)), p.numel,
-                    target);
-  }
-}
-
-void FullyShardedDataParallel::after_optimizer_step() {
-  at::NoGradGuard no_grad;
-  // One all-reduce per shard group (the experts' units may use another).
-  std::map<distributed::Comm*, std::vector<Param*>> by_group;
-  for (auto& unit : units_) {
-    for (auto& p : unit->params) {
-      if (p.codec != nullptr && p.codec->parameter_after_optimizer_step()) {
-        by_group[unit->shard.get()].push_back(&p);
-      }
-    }
-  }
-  for (auto& [group, params] : by_group) {
-    const std::vector<at::Tensor> parameters = codec_parameters(params, *group);
-    for (size_t i = 0; i < params.size(); ++i) params[i]->codec->set_parameter(parameters[i]);
+    allocate_storage(p.unsharded);
+    const at::Tensor values = rows.narrow(1, p.byte_offset, p.chunk * element)
+                                  .contiguous()
+                                  .view(options_.param_dtype);  // [n, chunk]
+    copy_rows_to_flat(p.unsharded.variable_data().view({-1}), values, p.numel);
   }
 }
 

@@ -176,10 +176,15 @@ MemoryPlan predict_rank_memory(const ModelShape& m, const config::JobConfig& con
                     depths > 0 ? fmt::format(", for the next token and {:.0f} depths", depths)
                                : std::string()));
   }
+  // The float8 all-gather (tensorwise, blockwise) keeps the gathered linears in float8 alone.
+  const auto& f8 = config.quantize.linear.float8;
+  const std::string f8_recipe = f8.recipe_name.value_or("tensorwise");
+  const bool float8_gather = has_float8(config) && f8.enable_fsdp_float8_all_gather &&
+                             (f8_recipe == "tensorwise" || f8_recipe == "blockwise");
   if (l.fsdp_degree() > 1) {
-    add("fsdp gather", 2 * rp.largest_unit * cb,
-        fmt::format("largest unit {:.4g}M parameters gathered, and the next prefetched",
-                    rp.largest_unit / 1e6));
+    add("fsdp gather", 2 * rp.largest_unit * (float8_gather ? 1.0 : cb),
+        fmt::format("largest unit {:.4g}M parameters gathered, and the next prefetched{}",
+                    rp.largest_unit / 1e6, float8_gather ? ", in float8" : ""));
   }
   double comm = 0;
   std::string comm_detail;
@@ -206,13 +211,15 @@ MemoryPlan predict_rank_memory(const ModelShape& m, const config::JobConfig& con
     // Without FSDP each converted weight's casts are kept from one optimizer step to the next
     // (quantize/float8_linear.h, WeightCastCache): one byte per element, two for the recipes
     // that scale the weight along both dimensions.
-    const std::string recipe = config.quantize.linear.float8.recipe_name.value_or("tensorwise");
-    const double copies = recipe == "rowwise" || recipe == "rowwise_with_gw_hp" ? 2.0 : 1.0;
+    const double copies = f8_recipe == "rowwise" || f8_recipe == "rowwise_with_gw_hp" ? 2.0 : 1.0;
     const bool kept = l.fsdp_degree() == 1;
-    add("float8", 2 * rp.largest_unit + (kept ? copies * rp.block_params : 0.0),
-        kept ? fmt::format("a block's transient casts, and every block weight's kept cast{}",
+    const bool gathered = !kept && float8_gather;  // the gathered weights are the casts
+    add("float8",
+        (gathered ? 1.0 : 2.0) * rp.largest_unit + (kept ? copies * rp.block_params : 0.0),
+        kept       ? fmt::format("a block's transient casts, and every block weight's kept cast{}",
                            copies > 1 ? "s (2 per weight)" : "")
-             : std::string("a block's float8 weight casts and their transposes"));
+        : gathered ? std::string("the transposes of a block's float8-gathered weights")
+                   : std::string("a block's float8 weight casts and their transposes"));
   }
   for (const auto& c : plan.components) plan.tensor_bytes += c.bytes;
   plan.allocator_bytes = (profile.allocator_factor - 1.0) * plan.tensor_bytes;

@@ -29,13 +29,16 @@ Float8LinearOptions float8_options(const config::JobConfig& config) {
   options.fsdp_float8_all_gather = f8.enable_fsdp_float8_all_gather;
   options.precompute_scales = f8.precompute_float8_dynamic_scale_for_fsdp;
   LOOM_CHECK_AS(
-      InputError,
-      !options.fsdp_float8_all_gather || options.recipe.weight.scaling == Scaling::kTensorwise,
-      "quantize.linear.float8.enable_fsdp_float8_all_gather = true needs the tensorwise "
-      "recipe (recipe_name = '",
-      options.recipe.name, "' scales the weight per row or block)");
-  // As torchtitan: precomputed scales only mean something for the float8 all-gather.
-  options.precompute_scales = options.precompute_scales && options.fsdp_float8_all_gather;
+      InputError, !options.fsdp_float8_all_gather || weight_cast_serves_backward(options.recipe),
+      "quantize.linear.float8.enable_fsdp_float8_all_gather = true needs the tensorwise or "
+      "blockwise recipe (recipe_name = '",
+      options.recipe.name,
+      "' casts the weight per row, differently for the backward's GEMM, so the gathered float8 "
+      "weight could not serve it)");
+  // As torchtitan: precomputed scales only mean something for the float8 all-gather (and only
+  // tensorwise scales are agreed over the shards; blockwise needs no agreement).
+  options.precompute_scales = options.precompute_scales && options.fsdp_float8_all_gather &&
+                              options.recipe.weight.scaling == Scaling::kTensorwise;
   return options;
 }
 
@@ -103,7 +106,8 @@ namespace {
 
 int64_t apply_float8_linears(const std::vector<std::unique_ptr<models::CausalLM>>& parts,
                              const config::JobConfig& config, bool emulated,
-                             distributed::Comm* tp_group, bool weights_resharded) {
+                             distributed::Comm* tp_group, bool weights_resharded,
+                             models::ConverterHookList& hooks) {
   Float8LinearOptions options = float8_options(config);
   options.amax_group = tp_group;
   options.cache_weight_casts = !weights_resharded;
@@ -114,6 +118,13 @@ int64_t apply_float8_linears(const std::vector<std::unique_ptr<models::CausalLM>
     total.converted.insert(total.converted.end(), c.converted.begin(), c.converted.end());
     total.skipped.insert(total.skipped.end(), c.skipped.begin(), c.skipped.end());
   }
+  std::vector<std::shared_ptr<models::GatherCodec>> codecs;
+  for (const auto& part : parts) {
+    for (const auto& [name, codec] : models::linear_gather_codecs(part->module())) {
+      codecs.push_back(codec);
+    }
+  }
+  if (auto refresh = float8_scale_refresh(codecs)) hooks.push_back(std::move(refresh));
   auto log = log::get("float8");
   std::string how = Float8LinearCompute(options).describe();
   how += options.cache_weight_casts ? ", weights cast once per optimizer step"
@@ -165,7 +176,7 @@ ConverterReport apply_converters(const std::vector<std::unique_ptr<models::Causa
     LOOM_CHECK_AS(InputError, is_float8(name), "model.converters: unknown converter '", name, "'");
     const bool emulated = config.quantize.linear.float8.emulate || !hardware_float8(device);
     report.float8_linears +=
-        apply_float8_linears(parts, config, emulated, tp_group, weights_resharded);
+        apply_float8_linears(parts, config, emulated, tp_group, weights_resharded, report.hooks);
     report.emulated = report.emulated || emulated;
   }
   if (report.emulated && report.float8_linears + report.float8_grouped > 0) {

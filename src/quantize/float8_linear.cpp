@@ -90,6 +90,16 @@ bool reusable(const CastSpec& first, const CastSpec& second) {
   return first == second && first.scaling == Scaling::kTensorwise;
 }
 
+}  // namespace
+
+bool weight_cast_serves_backward(const Float8Recipe& r) {
+  if (!(r.weight == r.weight_for_grad_input)) return false;
+  return r.weight.scaling == Scaling::kTensorwise ||
+         (r.weight.scaling == Scaling::kBlockwise && r.weight.block_width == kBlock);
+}
+
+namespace {
+
 void save_operand(AutogradContext* ctx, const std::string& key, const Float8Tensor& t) {
   ctx->saved_data[key + "_data"] = t.data;
   ctx->saved_data[key + "_scale"] = t.scale;
@@ -129,8 +139,9 @@ struct Float8LinearFunction : torch::autograd::Function<Float8LinearFunction> {
     // copy saved here would outlive the resharding) and cast again, or taken from `prepared`,
     // which FSDP's float8 all-gather fills again before the unit's backward.
     const bool keep_xq = reusable(r.input_for_grad_weight, r.input);
-    LOOM_CHECK(!prepared->defined() || reusable(r.weight_for_grad_input, r.weight),
-               "float8: a prepared (FSDP float8-gathered) weight needs the tensorwise recipe");
+    LOOM_CHECK(!prepared->defined() || weight_cast_serves_backward(r),
+               "float8: a prepared (FSDP float8-gathered) weight needs the tensorwise or "
+               "blockwise recipe");
     if (keep_xq) save_operand(ctx, "xq", xq);
     ctx->saved_data["prepared"] =
         prepared->defined() ? reinterpret_cast<int64_t>(prepared) : int64_t{0};

@@ -1,5 +1,6 @@
 #include "loom/train/replica_step_hook.h"
 
+#include "loom/protocols/converter_hooks.h"
 #include "loom/train/run.h"
 
 namespace loom::train {
@@ -20,7 +21,7 @@ class ReplicaStepHook final : public StepHook {
     state.scalars = {position.tokens_seen, position.lr_step_offset, position.elapsed_ms};
     const int64_t now = replicas_->start_step(committed, state);
     if (now == committed) return committed;
-    run_.model.gradient_sync->after_optimizer_step();  // the healed parameters' float8 scales
+    models::after_weights_change(run_.converters.hooks);  // e.g. the healed weights' float8 scales
     position = {state.scalars[0], state.scalars[1], state.scalars[2]};
     healed_from_ = replicas_->report().healed_from;
     return now;

@@ -1,6 +1,6 @@
 // The training loop (trainer.h); the run it steps is built by build_run (run_builder.cpp).
-#include "loom/core/clock.h"
 #include "loom/train/trainer.h"
+#include "loom/core/clock.h"
 
 #include <ATen/ATen.h>
 #include <ATen/record_function.h>
@@ -18,6 +18,7 @@
 #include "loom/core/signals.h"
 #include "loom/metrics/grad_norms.h"
 #include "loom/models/loss.h"
+#include "loom/protocols/converter_hooks.h"
 #include "loom/train/grad_clip.h"
 #include "loom/train/lr_scheduler.h"
 
@@ -208,8 +209,8 @@ Trainer::StepOutcome Trainer::train_step(int64_t step, PendingStep& pending,
     m.model_metrics = run.spec->after_optimizer_step(run.model, is_log_step(step));
   }
   run.step_hook->after_optimizer_step(step);
-  // After every change to the parameters (e.g. FSDP's precomputed float8 scales).
-  run.model.gradient_sync->after_optimizer_step();
+  // After every change to the parameters (e.g. float8's precomputed all-gather scales).
+  models::after_weights_change(run.converters.hooks);
   return {data_time, true};
 }
 
@@ -309,6 +310,7 @@ TrainResult Trainer::train(const std::function<void()>& on_started) {
     return result;
   }
   const auto resume = run_->checkpoint->load();
+  models::after_weights_change(run_->converters.hooks);
   if (on_started) on_started();
   lr_step_offset_ = resume.step - resume.lr_step;
   if (resume.saved_config && run_->runtime->rank() == 0) {

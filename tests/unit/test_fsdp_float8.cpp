@@ -79,9 +79,11 @@ std::unique_ptr<FullyShardedDataParallel> shard(models::CausalLM& model,
 }
 
 // The all-gather payload of one step (reshard "never": each unit gathered once) in bf16, with
-// and without the float8 all-gather.
-TEST(FsdpFloat8, AllGatherIsHalfTheBf16BytesPlusScales) {
+// and without the float8 all-gather, and the bytes the gathered units hold after the forward:
+// a float8-gathered weight keeps its float8 bytes and scale, no bf16 copy.
+TEST(FsdpFloat8, AllGatherSendsAndHoldsHalfTheBf16Bytes) {
   std::map<bool, uint64_t> payload;
+  std::map<bool, int64_t> held;
   int64_t linear_elements = 0, linears = 0;
   for (bool float8_gather : {false, true}) {
     auto errors = testing::run_ranks(2, [&](ProcessGroups& groups) {
@@ -93,8 +95,12 @@ TEST(FsdpFloat8, AllGatherIsHalfTheBf16BytesPlusScales) {
       auto fsdp = shard(*model, groups.world_ptr(), options);
       const at::Tensor batch = tokens(2);
       groups.world().counters().reset();
-      loss_of(*model, batch, 4.0 * kSeq).backward();
+      at::Tensor loss = loss_of(*model, batch, 4.0 * kSeq);
+      if (groups.rank() == 0) held[float8_gather] = fsdp->unsharded_bytes();
+      loss.backward();
       fsdp->finish_gradient_sync();
+      LOOM_CHECK(fsdp->unsharded_bytes() == 0, "resharded units still hold ",
+                 fsdp->unsharded_bytes(), " bytes");
       const auto& gathers = groups.world().counters()[Collective::kAllGather];
       LOOM_CHECK(gathers.payload_bytes == static_cast<uint64_t>(fsdp->gathered_bytes()), "counted ",
                  gathers.payload_bytes.load(), " vs ", fsdp->gathered_bytes());
@@ -123,6 +129,15 @@ TEST(FsdpFloat8, AllGatherIsHalfTheBf16BytesPlusScales) {
   const uint64_t bf16_linears = static_cast<uint64_t>(linear_elements) * 2;
   const uint64_t float8_linears = bf16_linears / 2 + static_cast<uint64_t>(linears) * 4 * 2;
   EXPECT_EQ(payload[true], payload[false] - bf16_linears + float8_linears);
+  // Held: every parameter gathered (2 bytes an element); the linears 1 byte and one scale each.
+  const int64_t linears_held = linear_elements + linears * 4;
+  EXPECT_EQ(held[true], held[false] - static_cast<int64_t>(bf16_linears) + linears_held);
+  std::printf(
+      "[fsdp float8] gathered units hold: bf16 %lld B, float8 all-gather %lld B; "
+      "linears %llu -> %lld B (%.4f of bf16)\n",
+      static_cast<long long>(held[false]), static_cast<long long>(held[true]),
+      static_cast<unsigned long long>(bf16_linears), static_cast<long long>(linears_held),
+      static_cast<double>(linears_held) / static_cast<double>(bf16_linears));
   std::printf(
       "[fsdp float8] all-gather payload per step: bf16 %llu B, float8 %llu B; linears "
       "%llu -> %llu B (%.4f of bf16)\n",
@@ -163,20 +178,38 @@ std::vector<double> one_process_losses(const at::Tensor& batch, int steps,
   return losses;
 }
 
-// FSDP x2 against one process. The tensorwise recipe all-gathers in float8 (`precompute`: its
-// scales after each step); others gather the training dtype and cast after the gather.
-void train_like_one_process(bool precompute, const std::string& recipe = "tensorwise") {
+// The converter hook of the model's float8 all-gather codecs (precomputed scales), as
+// apply_converters builds it; null without precomputation.
+std::shared_ptr<models::ConverterHooks> scale_refresh(models::CausalLM& model) {
+  std::vector<std::shared_ptr<models::GatherCodec>> codecs;
+  for (const auto& [name, codec] : models::linear_gather_codecs(model.module())) {
+    codecs.push_back(codec);
+  }
+  return quantize::float8_scale_refresh(codecs);
+}
+
+// FSDP x2 against one process. The tensorwise and blockwise recipes all-gather in float8
+// (`precompute`: tensorwise scales after each step, by the converter's hook; blockwise: the
+// weights whose shards are whole 128-row blocks, the others in the training dtype); others
+// gather the training dtype and cast after the gather.
+// `hook_before_step`: the hook runs before the optimizer's step instead of after it, so every
+// scale it sets is stale by the next gather, which must notice and agree afresh.
+void train_like_one_process(bool precompute, const std::string& recipe = "tensorwise",
+                            bool float8_gather = true, bool hook_before_step = false) {
   constexpr int kSteps = 2;
   const at::Tensor batch = tokens(4);
   std::map<std::string, at::Tensor> after_first;
   const std::vector<double> want = one_process_losses(batch, kSteps, after_first, recipe);
-  const bool float8_gather = recipe == "tensorwise";
+  float8_gather = float8_gather && (recipe == "tensorwise" || recipe == "blockwise");
   {
     auto errors = testing::run_ranks(2, [&](ProcessGroups& groups) {
       auto config = job(float8_gather, precompute);
       config.quantize.linear.float8.recipe_name = recipe;
       auto model = float8_model(config, at::TensorOptions().device(at::kMeta));
       auto fsdp = shard(*model, groups.world_ptr(), FsdpOptions{});
+      const auto refresh = scale_refresh(*model);
+      LOOM_CHECK((refresh != nullptr) == (precompute && recipe == "tensorwise"),
+                 "a scale-refresh hook exactly for precomputed tensorwise scales");
       auto optimizer = optim::build_optimizer(config.optimizer, fsdp->sharded_parameters());
       for (int s = 0; s < kSteps; ++s) {
         optimizer->zero_grad();
@@ -184,8 +217,9 @@ void train_like_one_process(bool precompute, const std::string& recipe = "tensor
         at::Tensor l = loss_of(*model, batch.narrow(0, 2 * groups.rank(), 2), 4.0 * kSeq);
         l.backward();
         fsdp->finish();
+        if (refresh && hook_before_step) refresh->after_weights_change();
         optimizer->step();
-        fsdp->after_optimizer_step();
+        if (refresh && !hook_before_step) refresh->after_weights_change();
         at::Tensor sum = l.detach().reshape({1});
         groups.world().all_reduce(sum);
         const double got = sum.item<double>();
@@ -199,11 +233,24 @@ void train_like_one_process(bool precompute, const std::string& recipe = "tensor
                      (full - after_first.at(name)).abs().max().item<double>());
         }
       }
-      if (!float8_gather) return;
-      // Precomputed: one scale all-reduce after each step, none at the gathers after the first.
       const auto& stats = fsdp->stats();
       const int64_t gathers = 6 * (2 * kSteps);  // forward and backward per block and step
-      const int64_t reduces = precompute ? 6 * 2 + kSteps : gathers;
+      LOOM_CHECK(stats.encoded_gathers == (float8_gather ? gathers : 0), "float8 gathers ",
+                 stats.encoded_gathers);
+      if (!float8_gather) return;
+      if (recipe == "blockwise") {
+        // Each rank's blocks are cast alone: nothing agreed. Every weight's 256 or 768 rows
+        // make whole 128-row blocks on each of the two ranks.
+        LOOM_CHECK(stats.codec_statistic_all_reduces == 0, "blockwise agreed ",
+                   stats.codec_statistic_all_reduces, " times");
+        LOOM_CHECK(fsdp->describe().find("42 weights all-gathered in float8 blockwise") !=
+                       std::string::npos,
+                   fsdp->describe());
+        return;
+      }
+      // Precomputed: the hook agrees once after each step; the gathers agree only in the first
+      // step (forward and backward), before any hook ran.
+      const int64_t reduces = precompute && !hook_before_step ? 6 * 2 : gathers;
       LOOM_CHECK(stats.codec_statistic_all_reduces == reduces, "scale all-reduces ",
                  stats.codec_statistic_all_reduces, " vs ", reduces);
     });
@@ -248,9 +295,49 @@ TEST(FsdpFloat8, PrecomputedScalesTrainTheSame) {
   train_like_one_process(true);
 }
 
-// Blockwise: each rank casts the gathered weight's 128 x 128 blocks, as one process does.
+// A precomputed scale is tied to the shard's version: one set before the weights changed is
+// never encoded (each gather agrees on a fresh one), so the training stays one process's.
+TEST(FsdpFloat8, PrecomputedScalesAreNeverStale) {
+  train_like_one_process(true, "tensorwise", true, /*hook_before_step=*/true);
+}
+
+// Blockwise, gathered in the training dtype: each rank casts the gathered weight's 128 x 128
+// blocks, as one process does.
 TEST(FsdpFloat8, BlockwiseTwoRanksTrainLikeOneProcess) {
+  train_like_one_process(false, "blockwise", /*float8_gather=*/false);
+}
+
+// Blockwise, all-gathered in float8: each rank casts its own rows' blocks before the gather.
+TEST(FsdpFloat8, BlockwiseFloat8AllGatherTrainsLikeOneProcess) {
   train_like_one_process(false, "blockwise");
+}
+
+// A rank's rows that are not whole 128-row blocks (or a width that is not whole blocks) cannot
+// be cast alone as the whole weight's blocks: the blockwise codec refuses them, saying why, and
+// FSDP gathers those weights in the training dtype. Tensorwise takes any chunk.
+TEST(FsdpFloat8, BlockwiseCodecRefusesShardsOfPartBlocks) {
+  auto config = job(true, false);
+  config.quantize.linear.float8.recipe_name = "blockwise";
+  auto compute = std::make_shared<quantize::Float8LinearCompute>(quantize::float8_options(config));
+  const auto codec = compute->gather_codec();
+  ASSERT_NE(codec, nullptr);
+  EXPECT_FALSE(codec->needs_agreed_parameter());
+  codec->bind_shard(at::zeros({64, 256}), nullptr);
+  const auto refused = codec->refusal(64 * 256);
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_EQ(*refused, "a rank's 64 rows are not whole 128-row blocks");
+  codec->bind_shard(at::zeros({128, 256}), nullptr);
+  EXPECT_FALSE(codec->refusal(128 * 256).has_value());
+  EXPECT_EQ(codec->encoded_bytes(128 * 256), 128 * 256 + 2 * 4);  // two blocks, two scales
+  codec->bind_shard(at::zeros({128, 192}), nullptr);
+  EXPECT_TRUE(codec->refusal(128 * 192).has_value());
+
+  auto tensorwise = job(true, false);
+  auto other =
+      std::make_shared<quantize::Float8LinearCompute>(quantize::float8_options(tensorwise));
+  other->gather_codec()->bind_shard(at::zeros({3, 48}), nullptr);
+  EXPECT_FALSE(other->gather_codec()->refusal(3 * 48).has_value());
+  EXPECT_TRUE(other->gather_codec()->needs_agreed_parameter());
 }
 
 // TP x2 (column/row splits, sequence parallel): every tensorwise amax is reduced over the tp

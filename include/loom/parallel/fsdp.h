@@ -134,9 +134,6 @@ class FullyShardedDataParallel final : public GradientSync {
   // the global gradient slices.
   void prepare_microbatch(bool last) override;
   void finish() override { finish_gradient_sync(); }
-  // With precompute_float8_dynamic_scale_for_fsdp: every float8-gathered weight's scale from
-  // one all-reduce of their amaxes (per shard group), used by the next gathers.
-  void after_optimizer_step() override;
   std::string describe() const override;
   // FSDP2's set_requires_gradient_sync: with sync off, unsharded gradients accumulate locally.
   void set_requires_gradient_sync(bool sync) { sync_ = sync; }
@@ -150,6 +147,9 @@ class FullyShardedDataParallel final : public GradientSync {
   const Placement& placement(const std::string& name) const;
   // Bytes of unsharded gradients alive now (between microbatches: 0 unless deferring).
   int64_t unsharded_gradient_bytes() const;
+  // Bytes the gathered (unsharded) parameters hold now: their storage in the param dtype, and
+  // for weights gathered through a codec its gathered form alone (float8: a byte an element).
+  int64_t unsharded_bytes() const;
 
   int64_t local_numel() const;  // elements of this rank's shards
   int64_t total_numel() const;  // elements of the whole model
@@ -181,8 +181,6 @@ class FullyShardedDataParallel final : public GradientSync {
   void launch_reduce_scatter(Unit& unit);
   // All-gather through gather codecs (fsdp_gather_codec.cpp).
   void plan_encoded_gather(Unit& unit);
-  std::vector<at::Tensor> codec_parameters(const std::vector<Param*>& params,
-                                           distributed::Comm& group);
   at::Tensor pack_encoded_gather(Unit& unit);
   void unpack_encoded_gather(Unit& unit);
 
@@ -197,6 +195,9 @@ class FullyShardedDataParallel final : public GradientSync {
   FsdpStats stats_;
   bool sync_ = true;
   std::vector<std::string> hooked_modules_;
+  // Encodings a codec refused for some weights (their shards do not fit it), with how many and
+  // one example ("name: why"); those weights are gathered in the param dtype.
+  std::map<std::string, std::pair<int64_t, std::string>> refused_codecs_;
 };
 
 }  // namespace loom::parallel

@@ -18,8 +18,6 @@ class GradientSync {
   virtual void prepare_microbatch(bool last) = 0;
   virtual void finish() = 0;
   virtual std::string describe() const = 0;
-  // After each optimizer step (e.g. FSDP's precomputed float8 scales); default: nothing.
-  virtual void after_optimizer_step() {}
 };
 
 // Nothing to synchronize (one rank, or every gradient already complete).
@@ -39,9 +37,6 @@ class GradientSyncChain final : public GradientSync {
   }
   void finish() override {
     for (auto* s : syncs_) s->finish();
-  }
-  void after_optimizer_step() override {
-    for (auto* s : syncs_) s->after_optimizer_step();
   }
   std::string describe() const override {
     std::string out;

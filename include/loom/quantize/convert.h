@@ -48,6 +48,9 @@ struct ConverterReport {
   // The float8 GEMMs are emulated (dequantize, then a high-precision GEMM): asked for, or the
   // device has no float8 tensor cores (CPU, or a GPU before sm_89).
   bool emulated = false;
+  // What the converters do after each change of the weights (float8's precomputed all-gather
+  // scales); the trainer runs them (models::after_weights_change).
+  models::ConverterHookList hooks;
 };
 
 // Applies model.converters to every part (logging what changed); `device`: where the model

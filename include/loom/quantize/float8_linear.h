@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "loom/models/common/layers.h"
+#include "loom/protocols/converter_hooks.h"
 #include "loom/quantize/float8.h"
 
 namespace loom::distributed {
@@ -55,8 +56,9 @@ struct Float8LinearOptions {
   // Tensor parallelism: tensorwise amaxes are reduced (max) over this group, so every shard of a
   // split weight or activation shares one scale, as one rank would compute it. Null: none.
   distributed::Comm* amax_group = nullptr;
-  // FSDP (float8_gather_codec.cpp): gather this weight in float8 with a scale over the whole
-  // weight, computed at each gather or once after each optimizer step (`precompute_scales`).
+  // FSDP (float8_gather_codec.cpp): gather this weight in float8 with its scales (tensorwise: a
+  // scale over the whole weight, computed at each gather or once after each optimizer step,
+  // `precompute_scales`; blockwise: each block's, cast by the rank that holds it).
   bool fsdp_float8_all_gather = false;
   bool precompute_scales = false;
   // Keep each weight's float8 cast until the weight changes (WeightCastCache): microbatches and
@@ -128,11 +130,22 @@ class Float8LinearCompute final : public models::LinearCompute,
   std::shared_ptr<models::GatherCodec> codec_;
 };
 
-// The float8 all-gather codec of `compute` (tensorwise recipes): a rank's chunk as float8 data
-// and the float32 scale of the whole weight (from its amax over every shard and compute's
-// amax_group).
+// The float8 all-gather codec of `compute` (tensorwise: a rank's chunk as float8 data and the
+// float32 scale of the whole weight, from its amax over every shard and compute's amax_group;
+// blockwise: float8 data and the chunk's 128 x 128 blocks' scales, for shards of whole blocks).
 std::shared_ptr<models::GatherCodec> float8_gather_codec(
     const std::shared_ptr<Float8LinearCompute>& compute);
+
+// The converter hook that refreshes the precomputed tensorwise scales of those of `codecs` that
+// FSDP gathers (bound to shards), after each optimizer step, load and healing; null when no
+// codec precomputes.
+std::shared_ptr<models::ConverterHooks> float8_scale_refresh(
+    const std::vector<std::shared_ptr<models::GatherCodec>>& codecs);
+
+// Whether the forward's cast of the weight serves the backward's grad-input GEMM as it is (one
+// scale for the weight, or 128 x 128 blocks, which are the same cast whichever dimension the GEMM
+// reduces): what a weight gathered once in float8 by FSDP must be.
+bool weight_cast_serves_backward(const Float8Recipe& recipe);
 
 // The Float8LinearCompute of a Linear module, or null.
 Float8LinearCompute* float8_compute(torch::nn::Module& module);
