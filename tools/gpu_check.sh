@@ -179,6 +179,16 @@ DRY_FLAVOR=debugmodel_moe run_training "qwen3_moe debug bf16" debugmodel_moe 16 
 # routing, shared experts.
 DRY_FLAVOR=debugmodel run_training "deepseek_v3 debug bf16" debugmodel 16 2048 40 \
   --model.name deepseek_v3
+# Every layout on the one GPU against one rank (collectives through the host, over Gloo).
+run_layout_on_one_gpu "one rank" 1
+run_layout_on_one_gpu "FSDP 2" 2 --parallelism.data_parallel_shard_degree 2 \
+  --training.local_batch_size 2
+run_layout_on_one_gpu "TP 2" 2 --parallelism.tensor_parallel_degree 2
+run_layout_on_one_gpu "PP 2" 2 --parallelism.pipeline_parallel_degree 2 \
+  --parallelism.pipeline_parallel_schedule 1F1B
+run_layout_on_one_gpu "CP 2" 2 --parallelism.context_parallel_degree 2
+run_layout_on_one_gpu "EP 2" 2 --parallelism.expert_parallel_degree 2 \
+  --parallelism.data_parallel_shard_degree 2 --training.local_batch_size 2
 
 if ((CPU_SUITE)); then
   phase "CPU suite (CUDA hidden)"

@@ -309,3 +309,42 @@ run_reference() {
   tail -1 "$OUT/metrics.jsonl" | cut -c1-200
   phase_end
 }
+
+# The layouts on one GPU (issue 49): every rank of a layout on cuda:0, where NCCL takes one rank
+# per GPU, so the collectives of CUDA tensors go through host memory over Gloo
+# (CommOptions::cuda_through_host); each layout's float32 losses must equal the one-rank run's
+# within 1e-5 relative at every step (the phase fails otherwise). Qwen3-MoE's debug model covers
+# attention, MoE routing and the experts' all-to-all. The dry run runs the same commands on CPU.
+LAYOUT_JOB=(--config "$ROOT/configs/qwen3_moe_debug.toml" --training.dataset synthetic
+            --training.steps 10 --training.seq_len 64 --training.local_batch_size 4
+            --training.global_batch_size 4 --parallelism.pipeline_parallel_microbatch_size 1
+            --training.mixed_precision_param float32 --validation.enable false
+            --checkpoint.enable false --metrics.log_freq 1 --debug.seed 13
+            --comm.init_timeout_seconds 60 --comm.train_timeout_seconds 60)
+ONE_GPU_BASE="one GPU: one rank"
+
+# run_layout_on_one_gpu NAME RANKS [overrides...]
+run_layout_on_one_gpu() {
+  local name="one GPU: $1" ranks="$2" device=cuda:0
+  shift 2
+  if [[ -n "${LOOM_GPU_RUNS:-}" ]] && ! grep -qE "$LOOM_GPU_RUNS" <<< "$name"; then return 0; fi
+  local dump="$WORK/layout_${name//[^A-Za-z0-9]/_}"
+  phase "$name"
+  if ((DRY_RUN)); then  # the GPU's exact command must be valid; then the same job on CPU
+    "$LOOM" config validate "${LAYOUT_JOB[@]}" --training.device cuda:0 --world-size "$ranks" \
+      "$@" >> "$OUT/train.log" 2>&1 || phase_fails "the GPU run's config is invalid (train.log)"
+    device=cpu
+  fi
+  local command=(train "${LAYOUT_JOB[@]}" --training.device "$device" --job.dump_folder "$dump" "$@")
+  ((ranks > 1)) && command=(launch --nproc-per-node "$ranks" -- "${command[@]}")
+  echo "\$ loom ${command[*]}" >> "$OUT/train.log"
+  timeout "$TRAIN_TIMEOUT" "$LOOM" "${command[@]}" >> "$OUT/train.log" 2>&1
+  check_run_status $? "$TRAIN_TIMEOUT"
+  "$PYTHON" "$ROOT/tools/gpu_check_report.py" collect "$name" "$dump/metrics.jsonl" \
+    >> "$OUT/metrics.jsonl" || phase_fails "no metrics"
+  if [[ "$name" != "$ONE_GPU_BASE" ]]; then
+    "$PYTHON" "$ROOT/tools/gpu_check_report.py" same-losses "$name" "$ONE_GPU_BASE" \
+      "$OUT/metrics.jsonl" 1e-5 || phase_fails "losses differ from one rank's"
+  fi
+  phase_end
+}

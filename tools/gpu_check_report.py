@@ -5,6 +5,9 @@
   gpu_check_report.py reference RUN RESULT_JSON    a PyTorch reference run (llama_reference.py
                                                   bench --json) as one record of RUN
   gpu_check_report.py summary ALL_METRICS_JSONL   Markdown: one row per run, bf16 vs fp32 losses
+  gpu_check_report.py same-losses RUN BASE ALL_METRICS_JSONL BOUND
+                                                  exit 1 unless RUN's losses equal BASE's within
+                                                  BOUND (relative) at every logged step
 
 A run's throughput is the median over its logged steps after the first (which includes start-up
 and the allocator's warm-up). The bf16/fp32 comparison pairs the runs named "X bf16" and "X fp32"
@@ -97,7 +100,28 @@ def compare(name_a, steps_a, name_b, steps_b):
           f"final {pairs[-1][1]:.4f} vs {pairs[-1][2]:.4f}.")
 
 
+def same_losses(run, base, path, bound):
+    """Exit 1 unless RUN logged BASE's steps with losses within BOUND (relative) at each."""
+    runs = load(path)
+    if run not in runs or base not in runs:
+        print(f"same-losses: {run if run not in runs else base} has no logged steps")
+        return 1
+    want = {s["step"]: s["loss"] for s in runs[base]}
+    got = {s["step"]: s["loss"] for s in runs[run]}
+    if sorted(got) != sorted(want):
+        print(f"same-losses: {run} logged steps {sorted(got)}, {base} {sorted(want)}")
+        return 1
+    worst = max(want, key=lambda step: abs(got[step] - want[step]) / abs(want[step]))
+    relative = abs(got[worst] - want[worst]) / abs(want[worst])
+    verdict = "within" if relative <= bound else "BEYOND"
+    print(f"{run} vs {base}: {len(want)} steps, largest relative loss difference {relative:.2e} "
+          f"at step {worst} ({got[worst]:.8f} vs {want[worst]:.8f}), {verdict} {bound:g}")
+    return 0 if relative <= bound else 1
+
+
 def main(argv):
+    if len(argv) == 6 and argv[1] == "same-losses":
+        return same_losses(argv[2], argv[3], argv[4], float(argv[5]))
     if len(argv) == 4 and argv[1] == "collect":
         return collect(argv[2], argv[3])
     if len(argv) == 4 and argv[1] == "reference":

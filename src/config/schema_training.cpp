@@ -62,8 +62,9 @@ void add_training_section(Schema& s) {
   tr.field("gc_debug", &TrainingSection::gc_debug, "Python garbage collection debugging.")
       .unimplemented();
   tr.field("device", &TrainingSection::device,
-           "loom: where to train: auto (CUDA when available, else CPU), cpu or cuda.")
-      .choices({"auto", "cpu", "cuda"});
+           "loom: where to train: auto (CUDA when available, else CPU), cpu, cuda (local rank i "
+           "on cuda:i) or cuda:N (every local rank on GPU N; several ranks on one GPU reduce "
+           "through host memory: for checking layouts, not speed).");
   tr.field("mixed_precision_on_cpu", &TrainingSection::mixed_precision_on_cpu,
            "loom: compute in mixed_precision_param on CPU too (autocast; under FSDP, the "
            "all-gather dtype); CPU runs train in float32 otherwise (on CUDA, "

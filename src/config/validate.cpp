@@ -105,6 +105,16 @@ void check_mixture(const std::vector<std::string>& mixture,
 
 // Rules that involve more than one key, or a value format beyond a type and a range.
 void check_combinations(const JobConfig& c, Checker& check) {
+  const std::string& device = c.training.device;
+  const bool indexed_gpu = device.rfind("cuda:", 0) == 0 && device.size() > 5 &&
+                           device.size() < 9 &&
+                           device.find_first_not_of("0123456789", 5) == std::string::npos;
+  if (device != "auto" && device != "cpu" && device != "cuda" && !indexed_gpu) {
+    check.fail("training.device",
+               "must be auto, cpu, cuda (local rank i on cuda:i) or cuda:N (every local rank on "
+               "GPU N), got '" +
+                   device + "'");
+  }
   const auto& p = c.parallelism;
   const auto& t = c.training;
 
@@ -219,8 +229,7 @@ void check_combinations(const JobConfig& c, Checker& check) {
   const double limit = c.debug.cpu_memory_limit_gib;
   if (limit > 0 && limit < 1.0 / 1024) {
     check.fail("debug.cpu_memory_limit_gib",
-               "must be 0 (no limit) or at least 1 MiB (0.0009765625), got " +
-                   number_text(limit));
+               "must be 0 (no limit) or at least 1 MiB (0.0009765625), got " + number_text(limit));
   }
 }
 

@@ -7,7 +7,9 @@
 #include "loom/core/cuda_support.h"
 #include "loom/core/host_memory.h"
 
+#include <exception>
 #include <optional>
+#include <string>
 
 namespace loom::device {
 
@@ -66,17 +68,32 @@ c10::Device resolve_device(const std::string& setting, int index, const std::str
   return device->has_index() ? *device : c10::Device(c10::kCUDA, cuda_index);
 }
 
-void check_gpu_per_local_rank(const std::string& setting, int local_world_size, int gpu_count) {
+bool check_gpu_per_local_rank(const std::string& setting, int local_world_size, int gpu_count) {
   LOOM_CHECK_AS(InputError, gpu_count > 0, "training.device = '", setting,
                 "' trains on CUDA, but no CUDA device is available (this node runs ",
                 local_world_size, " local rank(s)); train on CPU with --training.device cpu");
+  const auto colon = setting.find(':');
+  if (colon != std::string::npos) {
+    int index = -1;
+    try {
+      index = std::stoi(setting.substr(colon + 1));
+    } catch (const std::exception&) {
+    }
+    LOOM_CHECK_AS(InputError, index >= 0 && index < gpu_count, "training.device = '", setting,
+                  "' names a GPU this node does not have (it sees ", gpu_count,
+                  " GPU(s): cuda:0 to cuda:", gpu_count - 1, ")");
+    return local_world_size > 1;
+  }
   LOOM_CHECK_AS(InputError, gpu_count >= local_world_size, "training.device = '", setting,
                 "' trains on CUDA with one GPU per local rank (local rank i uses cuda:i), but this "
                 "node runs ",
                 local_world_size, " local ranks and sees ", gpu_count, " GPU(s). Start at most ",
                 gpu_count, " rank(s) per node (loom launch --nproc-per-node ", gpu_count,
                 "), make more GPUs visible "
-                "(CUDA_VISIBLE_DEVICES), or train on CPU with --training.device cpu");
+                "(CUDA_VISIBLE_DEVICES), put every rank on one GPU to check a layout with "
+                "--training.device cuda:0 (collectives through the host: slow), or train on CPU "
+                "with --training.device cpu");
+  return false;
 }
 
 }  // namespace loom::device

@@ -46,6 +46,8 @@ class Work::Impl {
   // Blocks until the collective completed, runs `finish`, then drops the backend's work and
   // `finish` (and with them every tensor they hold) on this thread.
   void wait();
+  // Runs `next` after `finish` once the collective completed (at once when it already has).
+  void then(std::function<void()> next);
   // Blocks while another thread is in wait().
   bool completed() const;
   // The flight recorder's entry: completed or failed when wait() returns or throws.

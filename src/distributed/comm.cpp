@@ -177,6 +177,19 @@ void Work::Impl::release_backend_work() {
   finish_ = nullptr;
 }
 
+void Work::Impl::then(std::function<void()> next) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (done_) {
+    lock.unlock();
+    next();
+    return;
+  }
+  finish_ = [first = std::move(finish_), next = std::move(next)]() {
+    if (first) first();
+    next();
+  };
+}
+
 bool Work::Impl::completed() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return done_ || !work_ || work_->isCompleted();
@@ -188,6 +201,22 @@ void Work::wait() {
 
 bool Work::completed() const {
   return !impl_ || impl_->completed();
+}
+
+bool Comm::through_host(const at::Tensor& tensor) const {
+  return options_.cuda_through_host && size() > 1 && tensor.defined() && tensor.is_cuda() &&
+         cuda_backend_ == nullptr;
+}
+
+Work Comm::copy_back_when_done(Work work, const at::Tensor& device_tensor,
+                               const at::Tensor& host_tensor) {
+  auto copy_back = [device_tensor, host_tensor]() mutable { device_tensor.copy_(host_tensor); };
+  if (work.impl_) {
+    work.impl_->then(std::move(copy_back));
+  } else {
+    copy_back();
+  }
+  return work;
 }
 
 std::shared_ptr<Comm> Comm::single(std::string name) {
@@ -298,6 +327,10 @@ c10::intrusive_ptr<c10d::Work> Comm::all_reduce_native(Backend& b, at::Tensor& t
 }
 
 Work Comm::all_reduce(at::Tensor& tensor, ReduceOp op, bool async_op) {
+  if (through_host(tensor)) {
+    at::Tensor host = tensor.to(at::kCPU);
+    return copy_back_when_done(all_reduce(host, op, async_op), tensor, host);
+  }
   check_contiguous(tensor, "all_reduce", "input");
   counters_.add(Collective::kAllReduce, nbytes(tensor), 2 * ring_share(nbytes(tensor), size()));
   if (size() == 1) return done_work();
@@ -326,6 +359,11 @@ Work Comm::all_reduce(at::Tensor& tensor, ReduceOp op, bool async_op) {
 }
 
 Work Comm::all_gather_into_tensor(at::Tensor& output, const at::Tensor& input, bool async_op) {
+  if (through_host(output)) {
+    at::Tensor host = at::empty(output.sizes(), output.options().device(at::kCPU));
+    return copy_back_when_done(all_gather_into_tensor(host, input.to(at::kCPU), async_op), output,
+                               host);
+  }
   check_contiguous(output, "all_gather_into_tensor", "output");
   LOOM_CHECK(
       output.numel() == input.numel() * size() && output.scalar_type() == input.scalar_type(),
@@ -383,6 +421,11 @@ Work Comm::reduce_scatter_by_all_to_all(Backend& b, at::Tensor& output, const at
 
 Work Comm::reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input, ReduceOp op,
                                  bool async_op) {
+  if (through_host(input)) {
+    at::Tensor host = at::empty(output.sizes(), output.options().device(at::kCPU));
+    return copy_back_when_done(reduce_scatter_tensor(host, input.to(at::kCPU), op, async_op),
+                               output, host);
+  }
   check_contiguous(output, "reduce_scatter_tensor", "output");
   LOOM_CHECK(
       input.numel() == output.numel() * size() && output.scalar_type() == input.scalar_type(),
@@ -447,6 +490,10 @@ Work Comm::reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input, Re
 }
 
 Work Comm::broadcast(at::Tensor& tensor, int root, bool async_op) {
+  if (through_host(tensor)) {
+    at::Tensor host = tensor.to(at::kCPU);
+    return copy_back_when_done(broadcast(host, root, async_op), tensor, host);
+  }
   check_contiguous(tensor, "broadcast", "input");
   LOOM_CHECK(root >= 0 && root < size(), "broadcast root ", root, " outside group '", name_, "'");
   counters_.add(Collective::kBroadcast, nbytes(tensor), ring_share(nbytes(tensor), size()));
@@ -466,6 +513,12 @@ Work Comm::broadcast(at::Tensor& tensor, int root, bool async_op) {
 Work Comm::all_to_all_single(at::Tensor& output, const at::Tensor& input,
                              std::vector<int64_t> output_splits, std::vector<int64_t> input_splits,
                              bool async_op) {
+  if (through_host(output)) {
+    at::Tensor host = at::empty(output.sizes(), output.options().device(at::kCPU));
+    return copy_back_when_done(all_to_all_single(host, input.to(at::kCPU), std::move(output_splits),
+                                                 std::move(input_splits), async_op),
+                               output, host);
+  }
   check_contiguous(output, "all_to_all_single", "output");
   const int n = size();
   auto resolve = [n, this](std::vector<int64_t>& splits, const at::Tensor& t, const char* role) {
@@ -539,6 +592,25 @@ Work Comm::all_to_all_single(at::Tensor& output, const at::Tensor& input,
 
 std::vector<Work> Comm::batch_send_recv(const std::vector<P2POp>& ops) {
   if (ops.empty()) return {};
+  if (through_host(ops.front().tensor)) {
+    std::vector<P2POp> host_ops;
+    for (const auto& op : ops) {
+      host_ops.push_back({op.kind,
+                          op.kind == P2POp::Kind::kSend
+                              ? op.tensor.to(at::kCPU)
+                              : at::empty(op.tensor.sizes(), op.tensor.options().device(at::kCPU)),
+                          op.peer});
+    }
+    std::vector<Work> works = batch_send_recv(host_ops);
+    LOOM_CHECK(works.size() == ops.size(), "batch_send_recv through the host: ", works.size(),
+               " works for ", ops.size(), " messages");
+    for (size_t i = 0; i < ops.size(); ++i) {
+      if (ops[i].kind == P2POp::Kind::kRecv) {
+        works[i] = copy_back_when_done(works[i], ops[i].tensor, host_ops[i].tensor);
+      }
+    }
+    return works;
+  }
   for (const auto& op : ops) {
     const bool send = op.kind == P2POp::Kind::kSend;
     const char* what_name = send ? "send" : "recv";

@@ -130,7 +130,9 @@ ProcessGroups::ProcessGroups(const CommInit& init) : init_(init) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   log::get("comm")->info("rank {} of {} joined at {}:{} in {:.2f} s ({}{})", init.rank,
                          init.world_size, init.master_addr, init.master_port, seconds, "gloo",
-                         init.with_cuda ? " + nccl" : "");
+                         !init.with_cuda                  ? ""
+                         : init.options.cuda_through_host ? " (CUDA tensors through the host)"
+                                                          : " + nccl");
 }
 
 namespace {
@@ -236,7 +238,7 @@ std::shared_ptr<Comm> ProcessGroups::new_group(const std::string& name,
   try {
     cpu = make_gloo_backend(c10::make_intrusive<c10d::PrefixStore>(prefix + "gloo", store_->store),
                             group_rank, size, init_.options.init_timeout, init_.master_addr);
-    if (init_.with_cuda) {
+    if (init_.with_cuda && !init_.options.cuda_through_host) {
       cuda =
           make_nccl_backend(c10::make_intrusive<c10d::PrefixStore>(prefix + "nccl", store_->store),
                             group_rank, size, init_.options.init_timeout);

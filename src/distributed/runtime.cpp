@@ -43,12 +43,22 @@ ParallelRuntime::ParallelRuntime(const config::JobConfig& config, WorldInfo worl
       dims_(ParallelDims::from_config(config.parallelism, world_.world_size)),
       mesh_(dims_) {
   // Before the rendezvous: a rank without a GPU of its own must stop here, not hang in NCCL.
+  bool shared_gpu = false;
   if (with_cuda) {
-    device::check_gpu_per_local_rank(config.training.device, world_.local_world_size,
-                                     device::query_accelerators().device_count);
+    shared_gpu = device::check_gpu_per_local_rank(config.training.device, world_.local_world_size,
+                                                  device::query_accelerators().device_count);
   }
-  groups_owner_ = std::make_unique<ProcessGroups>(comm_init(
-      world_, config.comm, config.job.dump_folder, with_cuda, config.fault_tolerance.enable));
+  CommInit init = comm_init(world_, config.comm, config.job.dump_folder, with_cuda,
+                            config.fault_tolerance.enable);
+  if (shared_gpu) {
+    init.options.cuda_through_host = true;
+    log::get("runtime")->warn(
+        "{} local ranks share {} (training.device): NCCL takes one rank per GPU, so their "
+        "collectives of CUDA tensors go through host memory over Gloo; correct, not fast (for "
+        "checking a layout on one GPU)",
+        world_.local_world_size, config.training.device);
+  }
+  groups_owner_ = std::make_unique<ProcessGroups>(init);
   for (MeshGroup kind : kAllMeshGroups) {
     groups_[static_cast<size_t>(kind)] =
         groups_owner_->new_group(to_string(kind), to_int(mesh_.group_ranks(kind, world_.rank)));

@@ -169,6 +169,21 @@ TEST(ConfigErrors, ATinyCpuMemoryLimitIsNotNoLimit) {
   EXPECT_EQ(load_error("", {{"debug.cpu_memory_limit_gib", "0.001"}}), "<loaded without error>");
 }
 
+// training.device: auto, cpu, cuda or one GPU by index (every local rank on it); anything else
+// names the forms.
+TEST(ConfigErrors, TrainingDeviceIsAutoCpuCudaOrOneGpu) {
+  for (const char* good : {"auto", "cpu", "cuda", "cuda:0", "cuda:15"}) {
+    EXPECT_EQ(load_error("", {{"training.device", good}}), "<loaded without error>") << good;
+  }
+  for (const char* bad : {"gpu", "cuda:", "cuda:x", "cuda:-1", "cpu:0", "CUDA"}) {
+    const std::string error = load_error("", {{"training.device", bad}});
+    EXPECT_TRUE(contains(error,
+                         "training.device: must be auto, cpu, cuda (local rank i on cuda:i) "
+                         "or cuda:N"))
+        << bad << ": " << error;
+  }
+}
+
 // Weights of 1e308 summed to infinity, every share rounded to 0 and one source trained alone.
 TEST(ConfigErrors, MixtureWeightsWhoseSumIsNotFiniteAreRefused) {
   std::string error =

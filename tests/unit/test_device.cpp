@@ -45,6 +45,19 @@ TEST(GpuPerLocalRank, FewerGpusThanLocalRanksFailWithTheCounts) {
   EXPECT_TRUE(contains(failure("cuda", 8, 4), "8 local ranks and sees 4 GPU"));
 }
 
+// training.device = "cuda:N" puts every local rank on GPU N (checking a layout on one GPU): the
+// check says they share it, so their collectives go through the host; an index the node does
+// not have fails at once, naming the range.
+TEST(GpuPerLocalRank, AnExplicitIndexPutsEveryLocalRankOnThatGpu) {
+  EXPECT_TRUE(loom::device::check_gpu_per_local_rank("cuda:0", 2, 1));
+  EXPECT_TRUE(loom::device::check_gpu_per_local_rank("cuda:1", 5, 2));
+  EXPECT_FALSE(loom::device::check_gpu_per_local_rank("cuda:0", 1, 1));
+  EXPECT_FALSE(loom::device::check_gpu_per_local_rank("cuda", 2, 2));
+  EXPECT_TRUE(contains(failure("cuda:1", 2, 1), "names a GPU this node does not have"));
+  EXPECT_TRUE(contains(failure("cuda:1", 2, 1), "cuda:0 to cuda:0"));
+  EXPECT_TRUE(contains(failure("cuda", 2, 1), "--training.device cuda:0"));
+}
+
 TEST(GpuPerLocalRank, NoGpuFailsAsSuch) {
   EXPECT_TRUE(contains(failure("cuda", 1, 0), "no CUDA device is available"));
   EXPECT_TRUE(contains(failure("cuda", 1, 0), "training.device = 'cuda'"));

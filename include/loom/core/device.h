@@ -29,7 +29,10 @@ c10::Device resolve_device(const std::string& setting, int index, const std::str
 // Throws InputError naming training.device (`setting`, which resolved to CUDA) and both counts
 // when `gpu_count` < `local_world_size`: ranks would otherwise fail late on a device that does
 // not exist, or share one, which NCCL refuses or hangs on.
-void check_gpu_per_local_rank(const std::string& setting, int local_world_size, int gpu_count);
+// An explicit index ("cuda:0") puts every local rank on that GPU instead (it must exist): returns
+// true when several local ranks then share it, whose collectives must go through the host
+// (CommOptions::cuda_through_host), as NCCL accepts one rank per GPU in a communicator.
+bool check_gpu_per_local_rank(const std::string& setting, int local_world_size, int gpu_count);
 
 // Bytes of memory `device` has: CUDA's total memory, on CPU the physical memory (or the cgroup's
 // limit when lower); 0 when unknown (the meta device, a CUDA device that does not answer).

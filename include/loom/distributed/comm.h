@@ -126,6 +126,11 @@ struct CommOptions {
   // 1.6-2.5x faster than its own reduce_scatter over loopback (docs/performance.md). false:
   // Gloo's own (tests).
   bool gloo_reduce_scatter_by_all_to_all = true;
+  // Ranks that share a GPU (training.device = "cuda:N" with several local ranks) get no NCCL
+  // backend (NCCL refuses two ranks of one communicator on one device): a collective of CUDA
+  // tensors then runs on host copies over Gloo, and its results are copied back to the device
+  // when it completes. Correct, not fast: for checking layouts on one GPU.
+  bool cuda_through_host = false;
   // This rank's ring buffer of collectives (hang forensics); null: nothing recorded.
   std::shared_ptr<FlightRecorder> recorder;
 };
@@ -180,6 +185,11 @@ class Comm {
 
  private:
   Backend& backend_for(const at::Tensor& tensor, const char* what);
+  // CommOptions::cuda_through_host applies to `tensor`; the work then copies the host result
+  // back into the device tensor once it completes.
+  bool through_host(const at::Tensor& tensor) const;
+  static Work copy_back_when_done(Work work, const at::Tensor& device_tensor,
+                                  const at::Tensor& host_tensor);
   std::string describe(const char* what, const at::Tensor& tensor) const;
   Work launch(const char* what, const at::Tensor& tensor, const std::function<Work(Backend&)>& call,
               bool p2p = false);
