@@ -26,6 +26,10 @@ inline std::string message_of(const std::exception& e) {
   return e.what();
 }
 
+// Appended to a collective's failure: the usual cause is on another rank.
+inline constexpr const char* kPeerHint =
+    ". Another rank may have exited or stopped calling collectives (its log says why)";
+
 class Backend {
  public:
   Backend(std::string kind, c10::intrusive_ptr<c10d::Backend> impl)

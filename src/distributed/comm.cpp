@@ -1,12 +1,9 @@
 #include "loom/distributed/comm.h"
 
 #include <ATen/ATen.h>
-#include <ATen/record_function.h>
 #include <c10/util/Exception.h>
 
 #include <chrono>
-#include <mutex>
-#include <thread>
 
 #include "backend.h"
 #include "loom/core/logging.h"
@@ -24,24 +21,6 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
   LOOM_THROW(InternalError, "unknown reduce op");
 }
 
-std::atomic<int64_t> g_wait_ns{0};
-
-// Adds the time from construction to destruction to g_wait_ns (also when the wait throws).
-class WaitTimer {
- public:
-  WaitTimer() : start_(std::chrono::steady_clock::now()) {}
-  ~WaitTimer() {
-    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-        std::chrono::steady_clock::now() - start_);
-    g_wait_ns.fetch_add(ns.count(), std::memory_order_relaxed);
-  }
-  WaitTimer(const WaitTimer&) = delete;
-  WaitTimer& operator=(const WaitTimer&) = delete;
-
- private:
-  std::chrono::steady_clock::time_point start_;
-};
-
 uint64_t nbytes(const at::Tensor& t) {
   return static_cast<uint64_t>(t.numel()) * t.element_size();
 }
@@ -54,9 +33,6 @@ uint64_t ring_share(uint64_t bytes, int n) {
 Work done_work() {
   return Work();
 }
-
-constexpr const char* kPeerHint =
-    ". Another rank may have exited or stopped calling collectives (its log says why)";
 
 // Reduces `stacked` ([N, ...]) over dim 0 into `out`, the local step of the fallbacks.
 void reduce_rows(const at::Tensor& stacked, at::Tensor& out, ReduceOp op, int n) {
@@ -123,84 +99,6 @@ void CommCounters::reset() {
     c.payload_bytes = 0;
     c.wire_bytes = 0;
   }
-}
-
-void Work::Impl::track(std::shared_ptr<FlightRecorder> recorder, uint64_t id) {
-  recorder_ = std::move(recorder);
-  record_id_ = id;
-}
-
-double comm_wait_seconds() {
-  return static_cast<double>(g_wait_ns.load(std::memory_order_relaxed)) * 1e-9;
-}
-
-void Work::Impl::wait() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (done_) return;
-  if (recorder_) recorder_->waiting(record_id_);
-  RECORD_USER_SCOPE("loom::comm_wait");  // tools/step_breakdown.py's comm_wait
-  const WaitTimer timer;
-  try {
-    if (work_) work_->wait();
-    if (finish_) finish_();
-  } catch (const std::exception& e) {
-    if (recorder_) recorder_->failed(record_id_, message_of(e));
-    if (dynamic_cast<const Error*>(&e) != nullptr) throw;
-    LOOM_THROW(CommError, what_, " failed: ", message_of(e), kPeerHint);
-  }
-  if (recorder_) recorder_->completed(record_id_);
-  done_ = true;
-  release_backend_work();
-}
-
-void Work::Impl::release_backend_work() {
-  if (settle_ && work_) {
-    // The worker lets go right after it marks the work complete; a second is far beyond that,
-    // and past it the buffers are simply freed later, by the worker.
-    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-    while (work_.use_count() > 1 && std::chrono::steady_clock::now() < give_up) {
-      std::this_thread::yield();
-    }
-    // A backend that keeps its works elsewhere would make every wait cost the full second.
-    static std::once_flag warned;
-    if (work_.use_count() > 1) {
-      std::call_once(warned, [this] {
-        log::get("comm")->warn(
-            "{}: Gloo still held the finished collective after 1 s; its buffers are freed later "
-            "by Gloo's thread (peak memory may step up), and if this repeats every wait costs "
-            "that second",
-            what_);
-      });
-    }
-  }
-  work_.reset();
-  finish_ = nullptr;
-}
-
-void Work::Impl::then(std::function<void()> next) {
-  std::unique_lock<std::mutex> lock(mutex_);
-  if (done_) {
-    lock.unlock();
-    next();
-    return;
-  }
-  finish_ = [first = std::move(finish_), next = std::move(next)]() {
-    if (first) first();
-    next();
-  };
-}
-
-bool Work::Impl::completed() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return done_ || !work_ || work_->isCompleted();
-}
-
-void Work::wait() {
-  if (impl_) impl_->wait();
-}
-
-bool Work::completed() const {
-  return !impl_ || impl_->completed();
 }
 
 bool Comm::through_host(const at::Tensor& tensor) const {
