@@ -170,7 +170,10 @@ ConverterReport apply_converters(const std::vector<std::unique_ptr<models::Causa
   for (const auto& name : config.model.converters) {
     if (name == kGroupedFloat8) {
       report.float8_grouped += apply_float8_grouped(parts, config);
-      report.emulated = true;  // the grouped recipe is emulated everywhere for now
+      // Hopper's grouped kernel takes bf16 activations (checked against the definition here,
+      // once per device); anywhere else the grouped GEMMs are emulated.
+      report.emulated = report.emulated || config.training.mixed_precision_param != "bfloat16" ||
+                        !float8_grouped_kernel_trusted(device);
       continue;
     }
     LOOM_CHECK_AS(InputError, is_float8(name), "model.converters: unknown converter '", name, "'");

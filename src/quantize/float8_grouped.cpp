@@ -4,7 +4,14 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "loom/core/check.h"
+#include "loom/core/cuda_support.h"
+#include "loom/core/logging.h"
+#include "loom/core/per_device_answer.h"
 #include "loom/quantize/float8.h"
 
 namespace loom::quantize {
@@ -15,9 +22,11 @@ using torch::autograd::variable_list;
 
 constexpr CastSpec kRowwise{Scaling::kAxiswise, Float8Format::kE4M3};
 
-// a [n, k] @ b [k, m], both cast row-wise along k, in `dtype`.
-at::Tensor rowwise_mm(const at::Tensor& a, const at::Tensor& b, at::ScalarType dtype) {
-  return scaled_mm(quantize(a, kRowwise, 1, true), quantize(b, kRowwise, 0, true), dtype, true);
+// a [n, k] @ b [k, m], both cast row-wise along k, in `dtype`; `emulate`: the float32
+// definition even where a float8 GEMM could run.
+at::Tensor rowwise_mm(const at::Tensor& a, const at::Tensor& b, at::ScalarType dtype,
+                      bool emulate = true) {
+  return scaled_mm(quantize(a, kRowwise, 1, true), quantize(b, kRowwise, 0, true), dtype, emulate);
 }
 
 std::vector<int64_t> group_sizes(const at::Tensor& counts) {
@@ -25,9 +34,122 @@ std::vector<int64_t> group_sizes(const at::Tensor& counts) {
   return {cpu.data_ptr<int64_t>(), cpu.data_ptr<int64_t>() + cpu.numel()};
 }
 
+// Every expert's slice of w [E, R, C] cast per column along R (as quantize(w[e], rowwise, 0)
+// casts it), stacked: data [E, R, C], scales [E, C].
+struct ExpertCasts {
+  at::Tensor data, scale;
+};
+
+ExpertCasts cast_experts(const at::Tensor& w) {
+  std::vector<at::Tensor> data, scales;
+  for (int64_t e = 0; e < w.size(0); ++e) {
+    const Float8Tensor q = quantize(w[e], kRowwise, 0, true);
+    data.push_back(q.data);
+    scales.push_back(q.scale.reshape({-1}));
+  }
+  return {at::stack(data), at::stack(scales)};
+}
+
+// a [M, R] (cast per row) times each group's slice of b, every group in one at::_scaled_grouped_mm
+// (sm90's float8 grouped GEMM): the left operand row-major, the right one column-major, the scales
+// as the kernel's multipliers (1 / scale), `ends` the groups' cumulative row counts (int32, on
+// the device: no host sync). The kernel writes bfloat16.
+at::Tensor grouped_kernel_mm(const Float8Tensor& a, const ExpertCasts& b, const at::Tensor& ends,
+                             bool fast_accum) {
+  const at::Tensor right = b.data.transpose(-2, -1).contiguous().transpose(-2, -1);
+  return at::_scaled_grouped_mm(a.data.contiguous(), right,
+                                a.scale.reciprocal().reshape({-1}).to(at::kFloat).contiguous(),
+                                b.scale.reciprocal().to(at::kFloat).contiguous(), ends,
+                                std::nullopt, std::nullopt, at::kBFloat16, fast_accum);
+}
+
+// The definition of the same product (float32), group by group, for the self-check.
+at::Tensor grouped_reference(const Float8Tensor& a, const ExpertCasts& b,
+                             const std::vector<int64_t>& sizes) {
+  const at::Tensor x = a.dequantize();
+  const at::Tensor w = b.data.to(at::kFloat) * b.scale.reciprocal().unsqueeze(1);
+  at::Tensor out = at::zeros({x.size(0), w.size(2)}, x.options());
+  int64_t row = 0;
+  for (size_t g = 0; g < sizes.size(); ++g) {
+    if (sizes[g] > 0) {
+      out.narrow(0, row, sizes[g])
+          .copy_(at::mm(x.narrow(0, row, sizes[g]), w[static_cast<int64_t>(g)]));
+    }
+    row += sizes[g];
+  }
+  return out;
+}
+
+// Whether at::_scaled_grouped_mm computes the definition on `index` (an sm90 device: the float8
+// grouped kernels are Hopper's): asked once per device on uneven groups (an empty one
+// included), the forward's and grad_input's operand layouts. A mismatch or an error is logged once
+// and that device's grouped GEMMs stay emulated (correct, not fast).
+bool grouped_kernel_agrees(int index) {
+  const device::CudaSupport* cuda = device::cuda_support();
+  const auto properties = cuda ? cuda->properties(index) : std::nullopt;
+  if (!properties || properties->major != 9) return false;
+  const at::Device device(at::kCUDA, static_cast<c10::DeviceIndex>(index));
+  std::string why;
+  try {
+    at::Generator gen = cuda->make_generator(index, 0x5eed);  // the job's stream stays as it is
+    const auto options = at::TensorOptions().device(device);
+    const std::vector<int64_t> sizes = {5, 0, 19, 40};
+    const at::Tensor ends = at::tensor(std::vector<int32_t>{5, 5, 24, 64}, options.dtype(at::kInt));
+    const at::Tensor x = at::randn({64, 64}, gen, options);
+    const at::Tensor grad = at::randn({64, 48}, gen, options);
+    const at::Tensor w = at::randn({4, 64, 48}, gen, options);
+    struct Case {
+      Float8Tensor a;
+      ExpertCasts b;
+      bool fast_accum;  // as the forward calls it
+    };
+    const Case cases[] = {
+        {quantize(x, kRowwise, 1, true), cast_experts(w), true},  // forward
+        {quantize(grad, kRowwise, 1, true), cast_experts(w.transpose(1, 2).contiguous()),
+         false},  // grad x
+    };
+    for (const auto& [a, b, fast_accum] : cases) {
+      const at::Tensor want = grouped_reference(a, b, sizes);
+      const at::Tensor got = grouped_kernel_mm(a, b, ends, fast_accum).to(at::kFloat);
+      const double error = (got - want).abs().max().item<double>();
+      const double scale = want.abs().max().item<double>();
+      if (!(error <= 1e-2 * scale)) {
+        why = "differs from the definition by " + std::to_string(error) + " of " +
+              std::to_string(scale);
+        break;
+      }
+    }
+  } catch (const std::exception& e) {
+    why = e.what();
+  }
+  if (!why.empty()) {
+    log::get("float8")->warn(
+        "float8 grouped GEMM on cuda:{}: at::_scaled_grouped_mm {}; the experts' GEMMs are "
+        "emulated there (correct, not fast)",
+        index, why.substr(0, 300));
+  }
+  return why.empty();
+}
+
+// The experts' forward and grad_input GEMMs go through at::_scaled_grouped_mm: bf16 activations
+// (the kernel writes bf16) of widths that are multiples of 16, on a device whose kernel passed
+// its check.
+bool grouped_kernel_usable(const at::Tensor& x, const at::Tensor& w) {
+  return x.scalar_type() == at::kBFloat16 && x.size(1) % 16 == 0 && w.size(2) % 16 == 0 &&
+         float8_grouped_kernel_trusted(x.device());
+}
+
 struct Float8GroupedMm : torch::autograd::Function<Float8GroupedMm> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w,
                             const at::Tensor& counts) {
+    LOOM_CHECK(counts.numel() == w.size(0), "float8 grouped GEMM: ", counts.numel(), " counts for ",
+               w.size(0), " groups");
+    if (grouped_kernel_usable(x, w)) {
+      const at::Tensor ends = counts.cumsum(0).to(at::kInt);
+      ctx->save_for_backward({x, w, counts, ends});
+      return grouped_kernel_mm(quantize(x, kRowwise, 1, true), cast_experts(w), ends, true)
+          .to(x.scalar_type());
+    }
     const std::vector<int64_t> sizes = group_sizes(counts);
     LOOM_CHECK(static_cast<int64_t>(sizes.size()) == w.size(0),
                "float8 grouped GEMM: ", sizes.size(), " counts for ", w.size(0), " groups");
@@ -51,8 +173,19 @@ struct Float8GroupedMm : torch::autograd::Function<Float8GroupedMm> {
     const at::Tensor& x = saved[0];
     const at::Tensor& w = saved[1];
     const at::Tensor go = grads[0].contiguous();
-    const std::vector<int64_t> sizes = ctx->saved_data["sizes"].toIntVector();
-    at::Tensor gx = at::zeros_like(x);
+    const bool kernel = saved.size() == 4;  // the forward took at::_scaled_grouped_mm
+    at::Tensor gx;
+    if (kernel) {
+      // grad_x = grad_y · w[g]ᵀ for every group in one launch (w[g]ᵀ cast per column along N).
+      gx = grouped_kernel_mm(quantize(go, kRowwise, 1, true),
+                             cast_experts(w.transpose(1, 2).contiguous()), saved[3], false)
+               .to(x.scalar_type());
+    }
+    // The weight gradient reduces over each group's tokens: group by group (its scales run over
+    // the group's rows), with the row counts on the host.
+    const std::vector<int64_t> sizes =
+        kernel ? group_sizes(saved[2]) : ctx->saved_data["sizes"].toIntVector();
+    if (!kernel) gx = at::zeros_like(x);
     at::Tensor gw = at::zeros_like(w);
     int64_t row = 0;
     for (size_t g = 0; g < sizes.size(); ++g) {
@@ -60,8 +193,10 @@ struct Float8GroupedMm : torch::autograd::Function<Float8GroupedMm> {
       const at::Tensor xg = x.narrow(0, row, sizes[g]);
       const at::Tensor gog = go.narrow(0, row, sizes[g]);
       const auto index = static_cast<int64_t>(g);
-      gx.narrow(0, row, sizes[g]).copy_(rowwise_mm(gog, w[index].t(), x.scalar_type()));
-      gw[index].copy_(rowwise_mm(xg.t(), gog, w.scalar_type()));
+      if (!kernel) {
+        gx.narrow(0, row, sizes[g]).copy_(rowwise_mm(gog, w[index].t(), x.scalar_type()));
+      }
+      gw[index].copy_(rowwise_mm(xg.t(), gog, w.scalar_type(), /*emulate=*/!kernel));
       row += sizes[g];
     }
     return {gx, gw, at::Tensor()};
@@ -69,6 +204,12 @@ struct Float8GroupedMm : torch::autograd::Function<Float8GroupedMm> {
 };
 
 }  // namespace
+
+bool float8_grouped_kernel_trusted(const at::Device& device) {
+  if (!device.is_cuda()) return false;
+  static PerDeviceAnswer answers;
+  return answers.get(device, grouped_kernel_agrees);
+}
 
 at::Tensor float8_grouped_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& counts) {
   // The GEMMs follow the recipe, not autocast.

@@ -6,6 +6,7 @@
 
 #include <vector>
 
+#include "loom/core/cuda_support.h"
 #include "loom/models/kernels/cross_entropy.h"
 #include "loom/models/kernels/cuda.h"
 #include "loom/models/kernels/rms_norm.h"
@@ -14,6 +15,7 @@
 #include "loom/models/kernels/swiglu.h"
 #include "loom/quantize/float8.h"
 #include "loom/quantize/float8_cuda.h"
+#include "loom/quantize/float8_grouped.h"
 
 namespace {
 namespace test_cuda_kernels {
@@ -224,6 +226,34 @@ TEST(CudaKernels, Float8CastsGiveQuantizesBits) {
       }
     }
   }
+}
+
+// On Hopper the experts' forward and grad_x GEMMs run as one at::_scaled_grouped_mm (uneven
+// groups, an empty one included): output and both gradients equal the emulation of the same
+// bf16 values on the CPU within bf16's rounding (the kernel accumulates in another order, and
+// the forward with fast accumulation).
+TEST(CudaKernels, Float8GroupedExpertsTakeTheGroupedKernelAndMatchTheEmulation) {
+  namespace q = loom::quantize;
+  const auto properties = loom::device::cuda_support()->properties(0);
+  if (!properties || properties->major != 9) {
+    GTEST_SKIP() << "at::_scaled_grouped_mm's float8 kernels are sm90's";
+  }
+  const at::Device gpu(at::kCUDA, 0);
+  ASSERT_TRUE(q::float8_grouped_kernel_trusted(gpu)) << "the self-check refused the kernel";
+  at::manual_seed(11);
+  const at::Tensor x = cuda_randn({64, 128}, at::kBFloat16);
+  const at::Tensor w = cuda_randn({4, 128, 96}, at::kBFloat16, 0.1);
+  const at::Tensor grad = cuda_randn({64, 96}, at::kBFloat16);
+  const at::Tensor counts = at::tensor(std::vector<int64_t>{7, 0, 25, 32});
+  auto on_gpu = leaves({x, w});
+  const at::Tensor y = q::float8_grouped_mm(on_gpu[0], on_gpu[1], counts.to(gpu));
+  y.backward(grad);
+  auto on_cpu = leaves({x.cpu(), w.cpu()});  // the emulation, of the same bf16 values
+  const at::Tensor want = q::float8_grouped_mm(on_cpu[0], on_cpu[1], counts);
+  want.backward(grad.cpu());
+  expect_close(y, want, at::kBFloat16, "grouped output");
+  expect_close(on_gpu[0].grad(), on_cpu[0].grad(), at::kBFloat16, "grad x");
+  expect_close(on_gpu[1].grad(), on_cpu[1].grad(), at::kBFloat16, "grad w");
 }
 
 }  // namespace test_cuda_kernels

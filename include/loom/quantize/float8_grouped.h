@@ -3,11 +3,15 @@
 // recipe defines it (float8_linear.h): e4m3, power-of-two scales along each GEMM's reduction
 // dimension, for the forward GEMM and both backward GEMMs (grad_x = grad_y[g] · w[g]ᵀ,
 // grad_w[g] = x[g]ᵀ · grad_y[g], whose scales run over the group's tokens). Emulated in float32
-// on every device (loom does not call at::_scaled_grouped_mm yet), so the numbers are the
-// definition's wherever it runs.
+// (the definition) except on Hopper (sm90) with bf16 activations whose widths are multiples of
+// 16: there the forward and grad_x GEMMs of every group run as one at::_scaled_grouped_mm (group
+// ends on the device: no host sync), once the device's kernel has matched the definition on a
+// small problem (float8_grouped_kernel_trusted); the weight gradient stays group by group, each
+// a float8 GEMM where its shape allows.
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include <string>
 #include <vector>
@@ -15,6 +19,11 @@
 #include "loom/models/common/moe.h"
 
 namespace loom::quantize {
+
+// Whether `device` runs the experts' GEMMs through at::_scaled_grouped_mm: an sm90 GPU whose
+// kernel matched the definition (forward and grad_x layouts, uneven and empty groups) when first
+// asked; a mismatch is logged once under [float8]. False off CUDA.
+bool float8_grouped_kernel_trusted(const at::Device& device);
 
 // x [N, K] sorted by group, w [G, K, M], counts [G] int64 (sum N).
 at::Tensor float8_grouped_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& counts);
@@ -24,7 +33,10 @@ class Float8GroupedCompute final : public models::GroupedMatmulCompute {
   at::Tensor forward(const at::Tensor& x, const at::Tensor& w, const at::Tensor& counts) override {
     return float8_grouped_mm(x, w, counts);
   }
-  std::string describe() const override { return "float8 rowwise grouped GEMM (emulated)"; }
+  std::string describe() const override {
+    return "float8 rowwise grouped GEMM (at::_scaled_grouped_mm on sm90 with bf16, else "
+           "emulated)";
+  }
 };
 
 // Installs the compute in every GroupedExperts module of `root` whose FQN contains one of `fqns`
