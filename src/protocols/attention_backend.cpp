@@ -149,7 +149,7 @@ at::Tensor fold_heads(const at::Tensor& grad, int64_t kv_heads) {
 at::Tensor local_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            double scale, const TokenLayout& layout, const LayerAttention& layer) {
   if (varlen_attention_applies(q, k, v, layout, layer)) {
-    if (auto sequences = varlen_sequences(layout.documents, q.size(0), q.size(2))) {
+    if (auto sequences = batch_sequences(layout.documents, q.size(0), q.size(2), q.device())) {
       return varlen_attention(q, k, v, scale, *sequences, layer.window);
     }
   }

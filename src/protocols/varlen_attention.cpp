@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <mutex>
 #include <string>
 
 #include "loom/core/check.h"
@@ -195,18 +196,63 @@ bool varlen_attention_applies(const at::Tensor& q, const at::Tensor& k, const at
   return trusted.get(q.device(), varlen_kernel_agrees);
 }
 
+namespace {
+
+// Pinned, so that the copy queues behind the step's work instead of waiting for it.
+at::Tensor starts_on(const std::vector<int32_t>& starts, const at::Device& device) {
+  const auto count = static_cast<int64_t>(starts.size());
+  at::Tensor host =
+      at::empty({count}, at::TensorOptions().dtype(at::kInt).pinned_memory(device.is_cuda()));
+  std::copy(starts.begin(), starts.end(), host.mutable_data_ptr<int32_t>());
+  return host.to(device, /*non_blocking=*/device.is_cuda());
+}
+
+}  // namespace
+
+std::optional<DeviceSequences> batch_sequences(const at::Tensor& documents, int64_t rows,
+                                               int64_t seq, const at::Device& device) {
+  struct Kept {
+    at::Tensor documents;  // held: its address identifies the batch while it is kept
+    int64_t version = -1, rows = 0, seq = 0;
+    at::Device device{at::kCPU};
+    std::optional<DeviceSequences> answer;
+  };
+  static std::mutex mutex;
+  // Never destroyed: a device tensor freed by a static destructor at exit could outlive CUDA.
+  static Kept& kept = *new Kept();
+  const std::lock_guard<std::mutex> lock(mutex);
+  const bool same_batch = documents.defined() && kept.documents.defined() &&
+                          documents.unsafeGetTensorImpl() == kept.documents.unsafeGetTensorImpl() &&
+                          static_cast<int64_t>(documents._version()) == kept.version &&
+                          rows == kept.rows && seq == kept.seq && device == kept.device;
+  if (same_batch) return kept.answer;
+  std::optional<DeviceSequences> answer;
+  if (auto sequences = varlen_sequences(documents, rows, seq)) {
+    answer = DeviceSequences{starts_on(sequences->starts, device), sequences->longest};
+  }
+  if (documents.defined()) {  // rows without documents are cheap to describe again
+    kept = Kept{documents, static_cast<int64_t>(documents._version()), rows, seq, device, answer};
+  }
+  return answer;
+}
+
+at::Tensor varlen_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            double scale, const DeviceSequences& sequences, int64_t window) {
+  LOOM_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && sequences.starts.dim() == 1 &&
+                 sequences.starts.numel() >= 2,
+             "varlen_attention: q ", q.sizes(), " and ", sequences.starts.numel(),
+             " sequence starts");
+  return VarlenAttention::apply(q, k, v, sequences.starts, sequences.longest, scale, window);
+}
+
 at::Tensor varlen_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             double scale, const VarlenSequences& sequences, int64_t window) {
-  LOOM_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && sequences.starts.size() >= 2 &&
-                 sequences.starts.back() == q.size(0) * q.size(2),
+  LOOM_CHECK(sequences.starts.size() >= 2 && sequences.starts.back() == q.size(0) * q.size(2),
              "varlen_attention: q ", q.sizes(), " and sequences ending at ",
              sequences.starts.empty() ? 0 : sequences.starts.back());
-  // Pinned, so that the copy queues behind the step's work instead of waiting for it.
-  const auto count = static_cast<int64_t>(sequences.starts.size());
-  at::Tensor host = at::empty({count}, at::TensorOptions().dtype(at::kInt).pinned_memory(true));
-  std::copy(sequences.starts.begin(), sequences.starts.end(), host.mutable_data_ptr<int32_t>());
-  const at::Tensor starts = host.to(q.device(), /*non_blocking=*/true);
-  return VarlenAttention::apply(q, k, v, starts, sequences.longest, scale, window);
+  return varlen_attention(
+      q, k, v, scale, DeviceSequences{starts_on(sequences.starts, q.device()), sequences.longest},
+      window);
 }
 
 }  // namespace loom::models

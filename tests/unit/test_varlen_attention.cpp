@@ -40,6 +40,30 @@ TEST(VarlenAttention, SequencesAreTheRowsDocuments) {
   EXPECT_FALSE(varlen_sequences(documents, 3, 6).has_value());
 }
 
+// A batch's sequence starts are computed and copied to the device once, not once per layer:
+// every layer asking with the same documents tensor gets the same starts tensor; a new batch, or
+// the same tensor written in place, gets its own.
+TEST(VarlenAttention, SequencesAreComputedOncePerBatch) {
+  const at::Tensor documents = at::tensor({0, 0, 1, 1, 1, 2}, at::kLong).view({1, 6});
+  const auto first = models::batch_sequences(documents, 1, 6, at::kCPU);
+  const auto again = models::batch_sequences(documents, 1, 6, at::kCPU);
+  ASSERT_TRUE(first.has_value() && again.has_value());
+  EXPECT_TRUE(first->starts.is_same(again->starts)) << "asked twice, computed twice";
+  EXPECT_TRUE(at::equal(first->starts, at::tensor({0, 2, 5, 6}, at::kInt)));
+  EXPECT_EQ(first->longest, 3);
+  documents.fill_(0);  // the same tensor, new contents (its version moved)
+  const auto rewritten = models::batch_sequences(documents, 1, 6, at::kCPU);
+  ASSERT_TRUE(rewritten.has_value());
+  EXPECT_FALSE(rewritten->starts.is_same(first->starts));
+  EXPECT_TRUE(at::equal(rewritten->starts, at::tensor({0, 6}, at::kInt)));
+  const at::Tensor next = at::tensor({0, 1, 1, 1, 1, 1}, at::kLong).view({1, 6});
+  EXPECT_TRUE(at::equal(models::batch_sequences(next, 1, 6, at::kCPU)->starts,
+                        at::tensor({0, 1, 6}, at::kInt)));
+  EXPECT_FALSE(
+      models::batch_sequences(at::tensor({0, 1, 0}, at::kLong).view({1, 3}), 1, 3, at::kCPU)
+          .has_value());
+}
+
 TEST(VarlenAttention, NotTakenOffTheGpu) {
   const at::Tensor q = at::zeros({1, 2, 8, 16}, at::kBFloat16);
   models::TokenLayout layout;

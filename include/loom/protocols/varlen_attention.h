@@ -35,6 +35,19 @@ struct VarlenSequences {
 std::optional<VarlenSequences> varlen_sequences(const at::Tensor& documents, int64_t rows,
                                                 int64_t seq);
 
+// The sequences of a batch with their starts on `device` (int32), as the kernels take them.
+struct DeviceSequences {
+  at::Tensor starts;
+  int64_t longest = 0;
+};
+
+// varlen_sequences of `documents` copied to `device`, computed once per batch rather than once
+// per layer: the answer for the last documents tensor asked about is kept (with that tensor, so
+// that its address cannot be reused by a later batch) while its version is unchanged. nullopt
+// as varlen_sequences.
+std::optional<DeviceSequences> batch_sequences(const at::Tensor& documents, int64_t rows,
+                                               int64_t seq, const at::Device& device);
+
 // Whether local attention of q [b, h, s, d], k and v [b, hk, s, d] under `layout` and `layer`
 // goes through the variable-length kernels (see above). Runs the device's self-check the first
 // time a device asks.
@@ -44,6 +57,8 @@ bool varlen_attention_applies(const at::Tensor& q, const at::Tensor& k, const at
 // Causal attention within each of `sequences` (from varlen_sequences of the same rows), keys
 // limited to the last `window` slots when window > 0; grouped-query heads as they are (hk
 // divides h). Differentiable in q, k and v. [b, h, s, d] like q.
+at::Tensor varlen_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            double scale, const DeviceSequences& sequences, int64_t window);
 at::Tensor varlen_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             double scale, const VarlenSequences& sequences, int64_t window);
 
