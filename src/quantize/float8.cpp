@@ -126,10 +126,16 @@ namespace {
 // at::_scaled_mm's layout rules: the left operand row-major, the right one column-major; scales
 // as the kernel's multipliers (1 / scale), [] / [1] per tensor or [M, 1] and [1, N] per row and
 // column.
+// The right operand column-major: its row-major transposed copy viewed back, when the cast
+// wrote one, else a copy.
+at::Tensor column_major(const Float8Tensor& b) {
+  return b.transposed.defined() ? b.transposed.t() : b.data.t().contiguous().t();
+}
+
 at::Tensor hardware_scaled_mm(const Float8Tensor& a, const Float8Tensor& b,
                               at::ScalarType out_dtype, bool fast_accum) {
   const at::Tensor left = a.data.contiguous();
-  const at::Tensor right = b.data.t().contiguous().t();
+  const at::Tensor right = column_major(b);
   at::Tensor scale_a = a.scale.reciprocal().to(at::kFloat);
   at::Tensor scale_b = b.scale.reciprocal().to(at::kFloat);
   // The row-wise kernels take a scale per row and per column or none: a per-tensor scale next

@@ -24,9 +24,9 @@ const Float8CudaCasts* float8_cuda_casts() {
   return models::kernels::cuda_kernels_enabled() ? casts : nullptr;
 }
 
-Float8Tensor fused_quantize(const Float8CudaCasts& casts, const at::Tensor& x,
-                            const CastSpec& spec, int64_t reduction_dim, bool power_of_2,
-                            distributed::Comm* amax_group) {
+Float8Tensor fused_quantize(const Float8CudaCasts& casts, const at::Tensor& x, const CastSpec& spec,
+                            int64_t reduction_dim, bool power_of_2, distributed::Comm* amax_group,
+                            bool with_transposed) {
   LOOM_CHECK(x.dim() == 2, "float8 quantize: a GEMM operand is 2-D, got ", x.sizes());
   const at::Tensor input = x.contiguous();
   if (spec.scaling == Scaling::kTensorwise) {
@@ -36,7 +36,8 @@ Float8Tensor fused_quantize(const Float8CudaCasts& casts, const at::Tensor& x,
       amax_group->all_reduce(flat, distributed::ReduceOp::kMax);
       amax = flat.reshape({});
     }
-    return casts.cast_tensorwise(input, amax, spec.format, power_of_2);
+    return with_transposed ? casts.cast_tensorwise_transposed(input, amax, spec.format, power_of_2)
+                           : casts.cast_tensorwise(input, amax, spec.format, power_of_2);
   }
   LOOM_CHECK(spec.scaling != Scaling::kNone, "float8 quantize of an operand that is not cast");
   if (spec.scaling == Scaling::kAxiswise) {

@@ -53,12 +53,14 @@ using torch::autograd::variable_list;
 
 // One operand's cast; tensorwise amaxes are shared over the tensor-parallel group. On CUDA with
 // loom's kernels on, the fused cast kernels (float8_cuda.h) compute the same bits in fewer passes.
+// `with_transposed`: the fused tensorwise cast also writes the row-major transposed copy a
+// GEMM of the transpose reads (ignored elsewhere, where that GEMM copies or emulates).
 Float8Tensor cast(const at::Tensor& x, const CastSpec& spec, int64_t reduction_dim,
-                  const Float8LinearOptions& options) {
+                  const Float8LinearOptions& options, bool with_transposed = false) {
   if (x.is_cuda() && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16)) {
     if (const Float8CudaCasts* fused = float8_cuda_casts()) {
       return fused_quantize(*fused, x, spec, reduction_dim, options.recipe.power_of_2,
-                            options.amax_group);
+                            options.amax_group, with_transposed);
     }
   }
   at::Tensor a = amax(x, spec, reduction_dim);
@@ -159,7 +161,11 @@ struct Float8LinearFunction : torch::autograd::Function<Float8LinearFunction> {
     const at::Tensor& x = saved[0];
     const at::Tensor& weight = saved[1];
     const at::Tensor go = grads[0].reshape({-1, grads[0].size(-1)});
-    const Float8Tensor go_q = cast(go, r.grad_output, 1, options);
+    // Cast once for both GEMMs (tensorwise): the weight gradient's reads its transpose, which
+    // the fused cast writes in the same pass on a float8 GPU.
+    const bool shared = reusable(r.grad_output_for_grad_weight, r.grad_output);
+    const Float8Tensor go_q = cast(go, r.grad_output, 1, options,
+                                   shared && !options.emulate && hardware_float8(go.device()));
     at::Tensor grad_input, grad_weight;
     if (ctx->needs_input_grad(0)) {
       const auto* prepared =

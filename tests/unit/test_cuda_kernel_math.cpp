@@ -299,6 +299,25 @@ void check_float8_casts() {
         }
         const q::Float8Tensor want = q::quantize(x, {q::Scaling::kTensorwise, format}, 1, pow2);
         expect_equal(want, data, at::full({}, scale), "tensorwise");
+        // The same cast with its transposed copy in one pass (32 x 32 squares; 200 rows cut
+        // the last ones).
+        at::Tensor both = at::empty(x.sizes(), fp8);
+        at::Tensor transposed = at::empty({384, 200}, fp8);
+        float scale_t = 0;
+        if (format == q::Float8Format::kE4M3) {
+          scale_t =
+              f8::cast_tensorwise_transposed(data_ptr_of<T>(x), 200, 384, a, kind, pow2,
+                                             both.mutable_data_ptr<c10::Float8_e4m3fn>(),
+                                             transposed.mutable_data_ptr<c10::Float8_e4m3fn>());
+        } else {
+          scale_t = f8::cast_tensorwise_transposed(data_ptr_of<T>(x), 200, 384, a, kind, pow2,
+                                                   both.mutable_data_ptr<c10::Float8_e5m2>(),
+                                                   transposed.mutable_data_ptr<c10::Float8_e5m2>());
+        }
+        expect_equal(want, both, at::full({}, scale_t), "tensorwise with its transpose");
+        EXPECT_TRUE(
+            at::equal(transposed.view(at::kByte), want.data.t().contiguous().view(at::kByte)))
+            << "the transposed copy";
       }
       // Row-wise along either dimension, and each blockwise tile.
       struct Case {

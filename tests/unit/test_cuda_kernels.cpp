@@ -222,6 +222,14 @@ TEST(CudaKernels, Float8CastsGiveQuantizesBits) {
               << dtype << " " << q::to_string(format) << " pow2 " << pow2 << " dim " << dim;
           EXPECT_TRUE(at::equal(got.scale, want.scale));
           EXPECT_EQ(got.tile_rows, want.tile_rows);
+          if (spec.scaling != q::Scaling::kTensorwise) continue;
+          // With the transposed copy from the same pass: the GEMM of the transpose reads it.
+          const q::Float8Tensor both = q::fused_quantize(*casts, x, spec, dim, pow2, nullptr, true);
+          ASSERT_TRUE(both.transposed.defined());
+          EXPECT_TRUE(at::equal(both.data.view(at::kByte), want.data.view(at::kByte)));
+          EXPECT_TRUE(at::equal(both.transposed.view(at::kByte),
+                                want.data.t().contiguous().view(at::kByte)));
+          EXPECT_TRUE(both.t().data.is_contiguous()) << "the transpose is the row-major copy";
         }
       }
     }

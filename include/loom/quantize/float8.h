@@ -60,14 +60,20 @@ struct Float8Tensor {
   at::Tensor scale;
   int64_t tile_rows = 0;
   int64_t tile_cols = 0;
+  // data.t() laid out row-major, when the cast wrote it too (the fused tensorwise cast for the
+  // weight gradient's GEMM); undefined otherwise. The GEMMs then read it instead of copying.
+  at::Tensor transposed;
   bool defined() const { return data.defined(); }
   bool blockwise() const { return tile_rows > 0; }
   // data / scale as float32 (data * (1 / scale), the kernel's definition), in `dtype`.
   at::Tensor dequantize(at::ScalarType dtype = at::kFloat) const;
   // The transpose of a 2-D operand with its scale (a [M, K] row-scaled operand becomes a
-  // [K, M] column-scaled one; tiles turn with it).
+  // [K, M] column-scaled one; tiles turn with it). With a transposed copy, the two swap roles:
+  // the transpose's data is that row-major copy.
   Float8Tensor t() const {
-    return {data.t(), scale.dim() == 2 ? scale.t() : scale, tile_cols, tile_rows};
+    const at::Tensor turned_scale = scale.dim() == 2 ? scale.t() : scale;
+    if (transposed.defined()) return {transposed, turned_scale, tile_cols, tile_rows, data};
+    return {data.t(), turned_scale, tile_cols, tile_rows};
   }
 };
 

@@ -28,6 +28,10 @@ class Float8CudaCasts {
   // saturate(x * scale) in `format`, scale from `amax` (float32 [], read on the device).
   virtual Float8Tensor cast_tensorwise(const at::Tensor& x, const at::Tensor& amax,
                                        Float8Format format, bool power_of_2) const = 0;
+  // cast_tensorwise of a contiguous 2-D x that also returns the row-major transposed copy
+  // (Float8Tensor::transposed) from the same pass: what the weight gradient's GEMM reads.
+  virtual Float8Tensor cast_tensorwise_transposed(const at::Tensor& x, const at::Tensor& amax,
+                                                  Float8Format format, bool power_of_2) const = 0;
   // (data, scales [ceil(rows / tile_rows), ceil(cols / tile_cols)]) of a contiguous 2-D x cast
   // per tile of tile_rows x tile_cols.
   virtual std::pair<at::Tensor, at::Tensor> cast_tiles(const at::Tensor& x, int64_t tile_rows,
@@ -39,8 +43,11 @@ class Float8CudaCasts {
 const Float8CudaCasts* float8_cuda_casts();
 
 // The cast of a 2-D x (quantize()'s contract) through the kernels: the amax of a tensorwise
-// cast is max-reduced over `amax_group` between the two passes (null: none).
+// cast is max-reduced over `amax_group` between the two passes (null: none). `with_transposed`:
+// a tensorwise cast also writes its transposed copy in its second pass (other scalings ignore
+// it: their transposed use is another cast).
 Float8Tensor fused_quantize(const Float8CudaCasts& casts, const at::Tensor& x, const CastSpec& spec,
-                            int64_t reduction_dim, bool power_of_2, distributed::Comm* amax_group);
+                            int64_t reduction_dim, bool power_of_2, distributed::Comm* amax_group,
+                            bool with_transposed = false);
 
 }  // namespace loom::quantize

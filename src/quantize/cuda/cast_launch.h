@@ -24,6 +24,14 @@ void float8_cast_tensorwise(Dtype dtype, const void* x, int64_t n, const float* 
                             cuda_math::Float8Kind kind, bool power_of_2, void* data,
                             float* scale_out, cudaStream_t stream);
 
+// float8_cast_tensorwise of a row-major [rows, cols] x that also writes `transposed` ([cols,
+// rows] row-major: the same bytes transposed) in the same pass (grid of 32 x 32 squares; rows
+// and cols below 65536 x 32 squares).
+void float8_cast_tensorwise_transposed(Dtype dtype, const void* x, int64_t rows, int64_t cols,
+                                       const float* amax, cuda_math::Float8Kind kind,
+                                       bool power_of_2, void* data, void* transposed,
+                                       float* scale_out, cudaStream_t stream);
+
 // One scale per tile of tile_rows x tile_cols of a row-major [rows, cols] x (one block a tile:
 // its amax, scale and cast in one pass over the tile); scales row-major [tiles down, tiles
 // across]. Row-wise casts are tiles of (1, cols) or (rows, 1).

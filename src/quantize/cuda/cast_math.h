@@ -89,4 +89,39 @@ LOOM_HD void tile_cast(const T* x, int64_t cols, const Tile& tile, float scale, 
   }
 }
 
+// The tensorwise cast that also writes the transposed copy a backward GEMM needs (the weight
+// gradient reads grad_outputᵀ row-major): squares of kSquare x kSquare elements of a row-major
+// [rows, cols] tensor, one block of kSquare x kSquareRows threads a square. Thread (tx, ty) casts
+// the square's elements (r, tx) for r = ty, ty + kSquareRows, ... (reads and `data` writes
+// coalesced along the row), keeping each in the block's shared square; after the block's barrier
+// it writes the transposed copy's elements from the square along the columns (coalesced again).
+constexpr int kSquare = 32;
+constexpr int kSquareRows = 8;
+
+// Phase 1: `store(at, value)` writes data[at]; `keep(r, c, value)` the shared square's (r, c).
+template <typename T, typename Store, typename Keep>
+LOOM_HD void square_cast(const T* x, int64_t rows, int64_t cols, int64_t down, int64_t across,
+                         float scale, Float8Kind kind, int tx, int ty, Store store, Keep keep) {
+  const int64_t col = across * kSquare + tx;
+  for (int r = ty; r < kSquare; r += kSquareRows) {
+    const int64_t row = down * kSquare + r;
+    if (row < rows && col < cols) {
+      const float v = scaled_clamped(Scalar<T>::load(x[row * cols + col]), scale, kind);
+      store(row * cols + col, v);
+      keep(r, tx, v);
+    }
+  }
+}
+
+// Phase 2: `write(at, r, c)` sets transposed[at] ([cols, rows] row-major) to the square's (r, c).
+template <typename Write>
+LOOM_HD void square_write_transposed(int64_t rows, int64_t cols, int64_t down, int64_t across,
+                                     int tx, int ty, Write write) {
+  const int64_t row = down * kSquare + tx;  // a column of the transposed copy
+  for (int c = ty; c < kSquare; c += kSquareRows) {
+    const int64_t col = across * kSquare + c;
+    if (row < rows && col < cols) write(col * rows + row, tx, c);
+  }
+}
+
 }  // namespace loom::quantize::cuda_math

@@ -32,6 +32,35 @@ float cast_tensorwise(const T* x, int64_t n, float amax, Float8Kind kind, bool p
   return scale;
 }
 
+// cast_tensorwise_transposed_kernel: each square's threads through phase 1, then phase 2 (the
+// block's barrier between them), the square kept as the float8 values the kernel's shared
+// memory holds.
+template <typename T, typename F8>
+float cast_tensorwise_transposed(const T* x, int64_t rows, int64_t cols, float amax,
+                                 Float8Kind kind, bool power_of_2, F8* data, F8* transposed) {
+  const float scale = scale_from_amax(amax, kind, power_of_2);
+  F8 square[kSquare][kSquare];
+  for (int64_t down = 0; down * kSquare < rows; ++down) {
+    for (int64_t across = 0; across * kSquare < cols; ++across) {
+      for (int ty = 0; ty < kSquareRows; ++ty) {
+        for (int tx = 0; tx < kSquare; ++tx) {
+          square_cast(
+              x, rows, cols, down, across, scale, kind, tx, ty,
+              [&](int64_t at, float v) { data[at] = F8(v); },
+              [&](int r, int c, float v) { square[r][c] = F8(v); });
+        }
+      }
+      for (int ty = 0; ty < kSquareRows; ++ty) {
+        for (int tx = 0; tx < kSquare; ++tx) {
+          square_write_transposed(rows, cols, down, across, tx, ty,
+                                  [&](int64_t at, int r, int c) { transposed[at] = square[r][c]; });
+        }
+      }
+    }
+  }
+  return scale;
+}
+
 // cast_tiles_kernel: one block a tile, row_threads(tile size) threads.
 template <typename T, typename F8>
 void cast_tiles(const T* x, int64_t rows, int64_t cols, int64_t tile_rows, int64_t tile_cols,

@@ -54,6 +54,26 @@ __global__ void cast_tensorwise_kernel(const T* x, int64_t n, const float* amax,
 }
 
 template <typename T>
+__global__ void __launch_bounds__(kSquare* kSquareRows)
+    cast_tensorwise_transposed_kernel(const T* x, int64_t rows, int64_t cols, const float* amax,
+                                      Float8Kind kind, bool power_of_2, uint8_t* data,
+                                      uint8_t* transposed, float* scale_out) {
+  __shared__ uint8_t square[kSquare][kSquare + 1];  // +1: no bank conflicts down a column
+  const float scale = scale_from_amax(*amax, kind, power_of_2);
+  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0) {
+    *scale_out = scale;
+  }
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  square_cast(
+      x, rows, cols, blockIdx.y, blockIdx.x, scale, kind, tx, ty,
+      [&](int64_t at, float v) { data[at] = to_float8(v, kind); },
+      [&](int r, int c, float v) { square[r][c] = to_float8(v, kind); });
+  __syncthreads();
+  square_write_transposed(rows, cols, blockIdx.y, blockIdx.x, tx, ty,
+                          [&](int64_t at, int r, int c) { transposed[at] = square[r][c]; });
+}
+
+template <typename T>
 __global__ void __launch_bounds__(1024)
     cast_tiles_kernel(const T* x, int64_t rows, int64_t cols, int64_t tile_rows, int64_t tile_cols,
                       int64_t tiles_across, Float8Kind kind, bool power_of_2, uint8_t* data,
@@ -97,6 +117,27 @@ void float8_cast_tensorwise(Dtype dtype, const void* x, int64_t n, const float* 
                                                             amax, kind, power_of_2, out, scale_out);
   }
   models::kernels::cuda_launch::check_launch("float8_cast_tensorwise");
+}
+
+void float8_cast_tensorwise_transposed(Dtype dtype, const void* x, int64_t rows, int64_t cols,
+                                       const float* amax, Float8Kind kind, bool power_of_2,
+                                       void* data, void* transposed, float* scale_out,
+                                       cudaStream_t stream) {
+  if (rows == 0 || cols == 0) return;
+  const dim3 grid(static_cast<unsigned>((cols + kSquare - 1) / kSquare),
+                  static_cast<unsigned>((rows + kSquare - 1) / kSquare));
+  const dim3 threads(kSquare, kSquareRows);
+  auto* out = static_cast<uint8_t*>(data);
+  auto* out_t = static_cast<uint8_t*>(transposed);
+  if (dtype == Dtype::kFloat32) {
+    cast_tensorwise_transposed_kernel<<<grid, threads, 0, stream>>>(
+        static_cast<const float*>(x), rows, cols, amax, kind, power_of_2, out, out_t, scale_out);
+  } else {
+    cast_tensorwise_transposed_kernel<<<grid, threads, 0, stream>>>(
+        static_cast<const __nv_bfloat16*>(x), rows, cols, amax, kind, power_of_2, out, out_t,
+        scale_out);
+  }
+  models::kernels::cuda_launch::check_launch("float8_cast_tensorwise_transposed");
 }
 
 void float8_cast_tiles(Dtype dtype, const void* x, int64_t rows, int64_t cols, int64_t tile_rows,

@@ -54,6 +54,26 @@ class Float8CudaCastsLibrary final : public Float8CudaCasts {
     return {data, scale};
   }
 
+  Float8Tensor cast_tensorwise_transposed(const at::Tensor& x, const at::Tensor& amax,
+                                          Float8Format format, bool power_of_2) const override {
+    const c10::cuda::CUDAGuard guard(x.device());
+    const int64_t rows = x.size(0), cols = x.size(1);
+    if ((rows + 31) / 32 > 65535) {
+      throw std::invalid_argument("loom float8 casts: too many rows for one transposing launch");
+    }
+    at::Tensor data = at::empty(x.sizes(), x.options().dtype(float8_type(format)));
+    at::Tensor transposed = at::empty({cols, rows}, x.options().dtype(float8_type(format)));
+    at::Tensor scale = at::empty({}, x.options().dtype(at::kFloat));
+    const at::Tensor a = amax.to(at::kFloat).contiguous();
+    launch::float8_cast_tensorwise_transposed(dtype_of(x), x.const_data_ptr(), rows, cols,
+                                              a.const_data_ptr<float>(), kind_of(format),
+                                              power_of_2, data.data_ptr(), transposed.data_ptr(),
+                                              scale.mutable_data_ptr<float>(), stream_of(x));
+    Float8Tensor out{data, scale};
+    out.transposed = transposed;
+    return out;
+  }
+
   std::pair<at::Tensor, at::Tensor> cast_tiles(const at::Tensor& x, int64_t tile_rows,
                                                int64_t tile_cols, Float8Format format,
                                                bool power_of_2) const override {
