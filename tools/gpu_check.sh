@@ -175,6 +175,10 @@ run_training "qwen3 0.6B bf16" 0.6B 4 4096 20 --model.name qwen3
 # Mixture of experts: the grouped GEMM on CUDA bf16 (sm90+), routing, the balancing bias.
 DRY_FLAVOR=debugmodel_moe run_training "qwen3_moe debug bf16" debugmodel_moe 16 2048 40 \
   --model.name qwen3_moe
+# The experts' float8 grouped GEMMs: at::_scaled_grouped_mm on sm90 after its self-check (a
+# "[float8] float8 grouped GEMM" warning in train.log when the check refused it).
+DRY_FLAVOR=debugmodel_moe run_training "qwen3_moe debug float8 grouped" debugmodel_moe 16 2048 40 \
+  --model.name qwen3_moe --model.converters quantize.grouped_mm.float8
 # DeepSeek-V3: latent attention (SDPA with a 192-wide q.k and a 128-wide value), sigmoid group
 # routing, shared experts.
 DRY_FLAVOR=debugmodel run_training "deepseek_v3 debug bf16" debugmodel 16 2048 40 \
