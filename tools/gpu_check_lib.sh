@@ -324,10 +324,17 @@ LAYOUT_JOB=(--config "$ROOT/configs/qwen3_moe_debug.toml" --training.dataset syn
 ONE_GPU_BASE="one GPU: one rank"
 
 # run_layout_on_one_gpu NAME RANKS [overrides...]
+ONE_GPU_BASE_RAN=0
 run_layout_on_one_gpu() {
   local name="one GPU: $1" ranks="$2" device=cuda:0
   shift 2
   if [[ -n "${LOOM_GPU_RUNS:-}" ]] && ! grep -qE "$LOOM_GPU_RUNS" <<< "$name"; then return 0; fi
+  # A layout is compared with the one-rank run: run that first where the filter left it out.
+  if [[ "$name" == "$ONE_GPU_BASE" ]]; then
+    ONE_GPU_BASE_RAN=1
+  elif ((!ONE_GPU_BASE_RAN)); then
+    LOOM_GPU_RUNS= run_layout_on_one_gpu "one rank" 1
+  fi
   local dump="$WORK/layout_${name//[^A-Za-z0-9]/_}"
   phase "$name"
   if ((DRY_RUN)); then  # the GPU's exact command must be valid; then the same job on CPU

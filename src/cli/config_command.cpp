@@ -15,6 +15,7 @@ namespace {
 
 // The device `loom train` would pick here for training.device (`auto`: CUDA when present).
 at::Device device_here(const std::string& setting) {
+  if (setting.rfind("cuda:", 0) == 0) return at::Device(setting);  // validated: cuda:N
   const bool cuda = setting == "cuda" || (setting == "auto" && at::hasCUDA());
   return cuda ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
 }
@@ -27,8 +28,8 @@ int validate_config(const CLI::App& command, State& state) {
   if (state.nproc_per_node > 0) {
     const int64_t launched = state.nproc_per_node * state.nnodes;
     LOOM_CHECK_AS(InputError, state.world_size == 0 || state.world_size == launched,
-                  "--world-size ", state.world_size, " differs from --nnodes x --nproc-per-node = ",
-                  launched);
+                  "--world-size ", state.world_size,
+                  " differs from --nnodes x --nproc-per-node = ", launched);
     world_size = launched;
   } else if (state.world_size > 0) {
     world_size = state.world_size;

@@ -194,7 +194,11 @@ void FullyShardedDataParallel::pack_shards(Unit& unit) {
 FullyShardedDataParallel::~FullyShardedDataParallel() {
   for (const auto& module : hooked_modules_) model_.set_forward_hooks(module, "fsdp", {});
   for (auto& unit : units_) {
-    for (auto& p : unit->params) remove_gradient_ready_hooks(p.unsharded, this);
+    for (auto& p : unit->params) {
+      remove_gradient_ready_hooks(p.unsharded, this);
+      // The codec outlives FSDP (the linear owns it): it must not reach these shards or groups.
+      if (p.codec != nullptr) p.codec->bind_shard(at::Tensor(), nullptr);
+    }
     try {
       unit->gather_work.wait();
       unit->reduce_work.wait();

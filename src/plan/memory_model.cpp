@@ -12,9 +12,10 @@
 namespace loom::plan {
 namespace {
 
+// model.converters converts linears to float8 ("float8", or its torchtitan spelling).
 bool has_float8(const config::JobConfig& config) {
   for (const auto& c : config.model.converters) {
-    if (c.find("float8") != std::string::npos) return true;
+    if (c == "float8" || c == "quantize.linear.float8") return true;
   }
   return false;
 }
@@ -69,15 +70,25 @@ std::string format_bytes(double bytes) {
   return fmt::format("{:.1f} MiB", bytes / (1024.0 * 1024.0));
 }
 
+double RankParameters::largest_gathered_bytes(double element_bytes, bool float8_gather) const {
+  double largest = 0;
+  for (const Unit& u : units) {
+    largest = std::max(largest,
+                       u.dense * (float8_gather ? 1.0 : element_bytes) + u.other * element_bytes);
+  }
+  return largest;
+}
+
 RankParameters rank_parameters(const ModelShape& m, const config::JobConfig& config,
                                const Layout& l, int pipeline_rank) {
   RankParameters r;
   const double tp = static_cast<double>(l.tp);
   const double ep = static_cast<double>(l.ep);
   auto block_params = [&](const BlockShape& b) {
-    return (static_cast<double>(b.params - b.expert_params) +
-            static_cast<double>(b.expert_params) / ep) /
-           tp;
+    const double dense = static_cast<double>(b.params - b.expert_params) / tp;
+    const double experts = static_cast<double>(b.expert_params) / ep / tp;
+    r.units.push_back({dense, experts});
+    return dense + experts;
   };
   for (const auto& part : rank_stage_parts(config, l, m.n_layers(), pipeline_rank)) {
     for (int64_t b = part.first_layer; b < part.end_layer; ++b) {
@@ -89,12 +100,14 @@ RankParameters rank_parameters(const ModelShape& m, const config::JobConfig& con
     }
     if (part.embedding) {
       const double p = static_cast<double>(m.embedding_params) / tp;
+      r.units.push_back({0, p});
       r.params += p;
       r.largest_unit = std::max(r.largest_unit, p);
       r.embedding = true;
     }
     if (part.head) {
       const double p = static_cast<double>(m.head_params) / tp;
+      r.units.push_back({0, p});
       r.params += p;
       r.largest_unit = std::max(r.largest_unit, p);
       r.head = true;
@@ -182,9 +195,9 @@ MemoryPlan predict_rank_memory(const ModelShape& m, const config::JobConfig& con
   const bool float8_gather = has_float8(config) && f8.enable_fsdp_float8_all_gather &&
                              (f8_recipe == "tensorwise" || f8_recipe == "blockwise");
   if (l.fsdp_degree() > 1) {
-    add("fsdp gather", 2 * rp.largest_unit * (float8_gather ? 1.0 : cb),
+    add("fsdp gather", 2 * rp.largest_gathered_bytes(cb, float8_gather),
         fmt::format("largest unit {:.4g}M parameters gathered, and the next prefetched{}",
-                    rp.largest_unit / 1e6, float8_gather ? ", in float8" : ""));
+                    rp.largest_unit / 1e6, float8_gather ? " (its dense linears in float8)" : ""));
   }
   double comm = 0;
   std::string comm_detail;
@@ -214,8 +227,9 @@ MemoryPlan predict_rank_memory(const ModelShape& m, const config::JobConfig& con
     const double copies = f8_recipe == "rowwise" || f8_recipe == "rowwise_with_gw_hp" ? 2.0 : 1.0;
     const bool kept = l.fsdp_degree() == 1;
     const bool gathered = !kept && float8_gather;  // the gathered weights are the casts
-    add("float8",
-        (gathered ? 1.0 : 2.0) * rp.largest_unit + (kept ? copies * rp.block_params : 0.0),
+    double largest_dense = 0;                      // the converted linears of the largest block
+    for (const auto& u : rp.units) largest_dense = std::max(largest_dense, u.dense);
+    add("float8", (gathered ? 1.0 : 2.0) * largest_dense + (kept ? copies * rp.block_params : 0.0),
         kept       ? fmt::format("a block's transient casts, and every block weight's kept cast{}",
                            copies > 1 ? "s (2 per weight)" : "")
         : gathered ? std::string("the transposes of a block's float8-gathered weights")

@@ -79,7 +79,9 @@ std::vector<at::Tensor> agree_on_parameters(const std::vector<GatherCodec*>& cod
     }
     for (const auto& [encoding, positions] : by_encoding) {
       const at::Tensor statistics_of_encoding =
-          by_encoding.size() == 1 ? reduced : reduced.index_select(0, at::tensor(positions));
+          by_encoding.size() == 1
+              ? reduced
+              : reduced.index_select(0, at::tensor(positions).to(reduced.device()));
       const at::Tensor converted =
           codecs[r.members[static_cast<size_t>(positions.front())]]->parameters_of(
               statistics_of_encoding);

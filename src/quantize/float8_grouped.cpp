@@ -41,13 +41,12 @@ struct ExpertCasts {
 };
 
 ExpertCasts cast_experts(const at::Tensor& w) {
-  std::vector<at::Tensor> data, scales;
-  for (int64_t e = 0; e < w.size(0); ++e) {
-    const Float8Tensor q = quantize(w[e], kRowwise, 0, true);
-    data.push_back(q.data);
-    scales.push_back(q.scale.reshape({-1}));
-  }
-  return {at::stack(data), at::stack(scales)};
+  // One amax, scale and cast for all experts: the same arithmetic, element by element, as each
+  // slice's quantize() (the max is exact; amax_to_scale and the cast are elementwise).
+  const at::Tensor scale =
+      amax_to_scale(amax(w, Scaling::kAxiswise, 1), kRowwise.format, /*power_of_2=*/true);
+  const Float8Tensor q = quantize_with_scale(w, scale, kRowwise.format);
+  return {q.data, scale.squeeze(1)};
 }
 
 // a [M, R] (cast per row) times each group's slice of b, every group in one at::_scaled_grouped_mm
@@ -134,9 +133,11 @@ bool grouped_kernel_agrees(int index) {
 // The experts' forward and grad_input GEMMs go through at::_scaled_grouped_mm: bf16 activations
 // (the kernel writes bf16) of widths that are multiples of 16, on a device whose kernel passed
 // its check.
+// (Rows equal to the experts' count are left to the emulation: later PyTorch releases read a
+// scale of that length as ambiguous between per-row and per-expert.)
 bool grouped_kernel_usable(const at::Tensor& x, const at::Tensor& w) {
   return x.scalar_type() == at::kBFloat16 && x.size(1) % 16 == 0 && w.size(2) % 16 == 0 &&
-         float8_grouped_kernel_trusted(x.device());
+         x.size(0) != w.size(0) && float8_grouped_kernel_trusted(x.device());
 }
 
 struct Float8GroupedMm : torch::autograd::Function<Float8GroupedMm> {
@@ -145,6 +146,8 @@ struct Float8GroupedMm : torch::autograd::Function<Float8GroupedMm> {
     LOOM_CHECK(counts.numel() == w.size(0), "float8 grouped GEMM: ", counts.numel(), " counts for ",
                w.size(0), " groups");
     if (grouped_kernel_usable(x, w)) {
+      // The counts sum to x's rows (the dispatcher's contract; checking it here would wait for
+      // the device, which this path exists to avoid).
       const at::Tensor ends = counts.cumsum(0).to(at::kInt);
       ctx->save_for_backward({x, w, counts, ends});
       return grouped_kernel_mm(quantize(x, kRowwise, 1, true), cast_experts(w), ends, true)

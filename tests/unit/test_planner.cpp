@@ -95,6 +95,30 @@ TEST(PlanMemory, HandCountedBytesUnderFsdpAndFullCheckpointing) {
   EXPECT_EQ(m.component("comm buffers"), 136 * 4);
 }
 
+// With the float8 all-gather, a gathered block's dense linears take a byte an element, the
+// tables and routed experts keep the param dtype: the largest unit is then whichever is larger
+// in bytes. Blocks of 300 dense parameters (float32: 1200 B; float8: 300 B) against the head's
+// 136 (544 B): without float8 the block is the largest, with it the head.
+TEST(PlanMemory, Float8AllGatherCountsTheBlocksDenseLinearsAtAByte) {
+  ModelShape model = tiny_model();
+  for (auto& block : model.blocks) block.params = 300;
+  Layout l;
+  l.dp_shard = 2;
+  l.local_batch_size = 2;
+  config::JobConfig job = tiny_job();
+  EXPECT_EQ(predict_memory(model, job, l, exact_profile()).component("fsdp gather"), 2 * 1200);
+  job.model.converters = {"float8"};
+  job.quantize.linear.float8.enable_fsdp_float8_all_gather = true;
+  EXPECT_EQ(predict_memory(model, job, l, exact_profile()).component("fsdp gather"), 2 * 544);
+  // Routed experts are gathered in the param dtype: 100 dense + 200 expert parameters a block.
+  for (auto& block : model.blocks) block.expert_params = 200;
+  EXPECT_EQ(predict_memory(model, job, l, exact_profile()).component("fsdp gather"),
+            2 * (100 + 200 * 4));
+  // The grouped-GEMM converter alone converts no linear: no float8 all-gather.
+  job.model.converters = {"quantize.grouped_mm.float8"};
+  EXPECT_EQ(predict_memory(model, job, l, exact_profile()).component("fsdp gather"), 2 * 300 * 4);
+}
+
 TEST(PlanMemory, TensorParallelAndPipelineDivideTheState) {
   const auto model = tiny_model();
   const auto job = tiny_job();
@@ -264,7 +288,8 @@ TEST(PlanSearch, TheLargestWorldIsBoundedAndKeepsTheBestLayouts) {
   SearchOptions three;
   three.keep = 3;
   SearchStats three_stats;
-  const auto best = search_layouts(tiny_model(), tiny_job(), 8, exact_profile(), three, &three_stats);
+  const auto best =
+      search_layouts(tiny_model(), tiny_job(), 8, exact_profile(), three, &three_stats);
   ASSERT_EQ(best.size(), std::min<size_t>(3, all.size()));
   EXPECT_EQ(three_stats.evaluated, all_stats.evaluated);
   EXPECT_EQ(three_stats.fitting, all_stats.fitting);

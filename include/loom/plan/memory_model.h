@@ -61,6 +61,15 @@ struct RankParameters {
   int64_t blocks = 0;       // transformer blocks on the rank
   bool head = false;        // holds the output projection
   bool embedding = false;
+  // Each FSDP unit's parameters: those of dense linears and norms (which the float8 all-gather
+  // carries at a byte each), and the rest (tables, routed experts: the param dtype).
+  struct Unit {
+    double dense = 0, other = 0;
+  };
+  std::vector<Unit> units;
+  // Bytes of the largest unit gathered: `element_bytes` each, or a byte for the dense part with
+  // the float8 all-gather.
+  double largest_gathered_bytes(double element_bytes, bool float8_gather) const;
 };
 RankParameters rank_parameters(const ModelShape& model, const config::JobConfig& config,
                                const Layout& layout, int pipeline_rank);

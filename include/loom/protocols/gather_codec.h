@@ -28,7 +28,7 @@ class GatherCodec {
  public:
   virtual ~GatherCodec() = default;
 
-  // The encoding, for logs ("float8 e4m3fn"). Codecs of equal name() turn statistics into
+  // The encoding, for logs ("float8 tensorwise e4m3"). Codecs of equal name() turn statistics into
   // parameters the same way, so a unit's are converted in one call.
   virtual std::string name() const = 0;
 
@@ -57,7 +57,8 @@ class GatherCodec {
   at::Tensor parameter() const;
 
   // The parameter's shard (float32, this rank's rows) and the group it is sharded over, bound by
-  // FSDP when it plans the gather: what agree_on_parameters reads.
+  // FSDP when it plans the gather, and unbound (undefined, null) when that FSDP goes: what
+  // agree_on_parameters reads.
   void bind_shard(at::Tensor shard, distributed::Comm* group);
   const at::Tensor& shard() const { return shard_; }
   distributed::Comm* shard_group() const { return shard_group_; }
