@@ -315,12 +315,6 @@ run_reference() {
 # (CommOptions::cuda_through_host); each layout's float32 losses must equal the one-rank run's
 # within 1e-5 relative at every step (the phase fails otherwise). Qwen3-MoE's debug model covers
 # attention, MoE routing and the experts' all-to-all. The dry run runs the same commands on CPU.
-LAYOUT_JOB=(--config "$ROOT/configs/qwen3_moe_debug.toml" --training.dataset synthetic
-            --training.steps 10 --training.seq_len 64 --training.local_batch_size 4
-            --training.global_batch_size 4 --parallelism.pipeline_parallel_microbatch_size 1
-            --training.mixed_precision_param float32 --validation.enable false
-            --checkpoint.enable false --metrics.log_freq 1 --debug.seed 13
-            --comm.init_timeout_seconds 60 --comm.train_timeout_seconds 60)
 ONE_GPU_BASE="one GPU: one rank"
 
 # run_layout_on_one_gpu NAME RANKS [overrides...]
@@ -336,13 +330,19 @@ run_layout_on_one_gpu() {
     LOOM_GPU_RUNS= run_layout_on_one_gpu "one rank" 1
   fi
   local dump="$WORK/layout_${name//[^A-Za-z0-9]/_}"
+  local layout_job=(--config "$ROOT/configs/qwen3_moe_debug.toml" --training.dataset synthetic
+              --training.steps 10 --training.seq_len 64 --training.local_batch_size 4
+              --training.global_batch_size 4 --parallelism.pipeline_parallel_microbatch_size 1
+              --training.mixed_precision_param float32 --validation.enable false
+              --checkpoint.enable false --metrics.log_freq 1 --debug.seed 13
+              --comm.init_timeout_seconds 60 --comm.train_timeout_seconds 60)
   phase "$name"
   if ((DRY_RUN)); then  # the GPU's exact command must be valid; then the same job on CPU
-    "$LOOM" config validate "${LAYOUT_JOB[@]}" --training.device cuda:0 --world-size "$ranks" \
+    "$LOOM" config validate "${layout_job[@]}" --training.device cuda:0 --world-size "$ranks" \
       "$@" >> "$OUT/train.log" 2>&1 || phase_fails "the GPU run's config is invalid (train.log)"
     device=cpu
   fi
-  local command=(train "${LAYOUT_JOB[@]}" --training.device "$device" --job.dump_folder "$dump" "$@")
+  local command=(train "${layout_job[@]}" --training.device "$device" --job.dump_folder "$dump" "$@")
   ((ranks > 1)) && command=(launch --nproc-per-node "$ranks" -- "${command[@]}")
   echo "\$ loom ${command[*]}" >> "$OUT/train.log"
   timeout "$TRAIN_TIMEOUT" "$LOOM" "${command[@]}" >> "$OUT/train.log" 2>&1
