@@ -3,10 +3,15 @@
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <fmt/format.h>
 #include <torch/csrc/autograd/custom_function.h>
+
+#include <atomic>
+#include <string>
 
 #include "loom/core/check.h"
 #include "loom/distributed/comm.h"
+#include "loom/protocols/shared_input.h"
 #include "loom/quantize/float8_cuda.h"
 
 namespace loom::quantize {
@@ -88,11 +93,35 @@ Float8Tensor weight_cast(const at::Tensor& weight, const CastSpec& spec, int64_t
                     [&] { return cast(weight, spec, reduction_dim, options); });
 }
 
+std::atomic<int64_t> g_input_casts{0};
+
+// The forward's cast of `input` (as `x`, its rows): shared with the other float8 linears that
+// read the same activation inside a SharedInputScope (attention's q, k and v: one cast, one
+// tensor-parallel amax all-reduce, instead of three), else made here.
+Float8Tensor input_cast(const at::Tensor& input, const at::Tensor& x,
+                        const Float8LinearOptions& options) {
+  const CastSpec& spec = options.recipe.input;
+  const std::string key = fmt::format(
+      "float8 input {} {} {} {} {}", static_cast<int>(spec.scaling), static_cast<int>(spec.format),
+      spec.block_width, options.recipe.power_of_2, static_cast<const void*>(options.amax_group));
+  if (auto kept = models::shared_input_value(input, key)) {
+    return *static_cast<const Float8Tensor*>(kept.get());
+  }
+  Float8Tensor q = cast(x, spec, 1, options);
+  g_input_casts.fetch_add(1, std::memory_order_relaxed);
+  models::keep_shared_input_value(input, key, std::make_shared<Float8Tensor>(q));
+  return q;
+}
+
 bool reusable(const CastSpec& first, const CastSpec& second) {
   return first == second && first.scaling == Scaling::kTensorwise;
 }
 
 }  // namespace
+
+int64_t float8_input_casts_made() {
+  return g_input_casts.load(std::memory_order_relaxed);
+}
 
 bool weight_cast_serves_backward(const Float8Recipe& r) {
   if (!(r.weight == r.weight_for_grad_input)) return false;
@@ -126,7 +155,7 @@ struct Float8LinearFunction : torch::autograd::Function<Float8LinearFunction> {
                             at::ScalarType out_dtype, WeightCastCache* cache) {
     const Float8Recipe& r = options->recipe;
     const at::Tensor x = input.reshape({-1, input.size(-1)});
-    const Float8Tensor xq = cast(x, r.input, 1, *options);
+    const Float8Tensor xq = input_cast(input, x, *options);
     const Float8Tensor wq =
         prepared->defined() ? *prepared : weight_cast(weight, r.weight, 1, *options, cache);
     ctx->saved_data["cache"] = reinterpret_cast<int64_t>(cache);

@@ -6,6 +6,7 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include <cmath>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "loom/models/common/layers.h"
 #include "loom/models/model_spec.h"
 #include "loom/optim/registry.h"
+#include "loom/protocols/shared_input.h"
 #include "loom/quantize/convert.h"
 #include "loom/quantize/float8.h"
 #include "loom/quantize/float8_grouped.h"
@@ -267,6 +269,72 @@ TEST(Float8, WeightsAreCastOncePerOptimizerStep) {
       EXPECT_TRUE(at::equal(grads[0][i], grads[1][i])) << "weight gradient of step " << i;
     }
   }
+}
+
+// Linears that read one activation inside a SharedInputScope (attention's q, k and v; the
+// feed-forward's w1 and w3) share its forward cast: three linears, one cast, and each output
+// and gradient bit for bit what casting per linear gives. Outside a scope each casts its own.
+TEST(Float8, LinearsReadingOneActivationShareItsCast) {
+  for (const char* name : {"tensorwise", "rowwise", "blockwise"}) {
+    SCOPED_TRACE(name);
+    q::Float8LinearOptions options;
+    options.recipe = q::float8_recipe(name);
+    options.emulate = true;
+    std::vector<std::shared_ptr<q::Float8LinearCompute>> linears;
+    std::vector<at::Tensor> weights;
+    for (int i = 0; i < 3; ++i) {
+      linears.push_back(std::make_shared<q::Float8LinearCompute>(options));
+      weights.push_back((randn({128, 256}, 30 + i) * 0.1).set_requires_grad(true));
+    }
+    std::vector<at::Tensor> outputs[2], grads[2];
+    int64_t casts[2] = {0, 0};
+    for (bool shared : {false, true}) {
+      const at::Tensor x = randn({2, 32, 256}, 40).set_requires_grad(true);
+      const int64_t before = q::float8_input_casts_made();
+      at::Tensor sum;
+      {
+        std::optional<loom::models::SharedInputScope> scope;
+        if (shared) scope.emplace(x);
+        for (int i = 0; i < 3; ++i) {
+          const at::Tensor y = linears[i]->forward(x, weights[i]);
+          outputs[shared].push_back(y.detach());
+          sum = sum.defined() ? sum + y.pow(2).sum() : y.pow(2).sum();
+        }
+      }
+      casts[shared] = q::float8_input_casts_made() - before;
+      sum.backward();
+      grads[shared].push_back(x.grad().clone());
+      for (auto& w : weights) {
+        grads[shared].push_back(w.grad().clone());
+        w.mutable_grad() = at::Tensor();
+      }
+    }
+    EXPECT_EQ(casts[0], 3);
+    EXPECT_EQ(casts[1], 1) << "one cast for the three readers";
+    for (size_t i = 0; i < outputs[0].size(); ++i) {
+      EXPECT_TRUE(at::equal(outputs[0][i], outputs[1][i])) << "output " << i;
+    }
+    for (size_t i = 0; i < grads[0].size(); ++i) {
+      EXPECT_TRUE(at::equal(grads[0][i], grads[1][i])) << "gradient " << i;
+    }
+  }
+}
+
+// The model declares its shared activations: one forward of the debug model casts each block's
+// attention input once (q, k, v), its feed-forward input once (w1, w3), and wo's and w2's
+// inputs: 4 casts a block instead of 7.
+TEST(Float8, TheModelsBlocksCastEachSharedActivationOnce) {
+  loom::config::JobConfig config;  // llama3 debugmodel: 6 blocks
+  config.model.converters = {"float8"};
+  config.quantize.linear.float8.emulate = true;
+  auto model = loom::models::build_model(config, 96, at::TensorOptions().dtype(at::kFloat));
+  model->init_weights(1);
+  auto conversion = q::convert_to_float8(model->module(), q::float8_options(config), {});
+  ASSERT_EQ(conversion.converted.size(), 42u);
+  const at::Tensor tokens = at::randint(0, 96, {1, 16}, at::kLong);
+  const int64_t before = q::float8_input_casts_made();
+  (void)model->forward(tokens);
+  EXPECT_EQ(q::float8_input_casts_made() - before, 6 * 4);
 }
 
 TEST(Float8, ConverterPicksLinearsAndKeepsTheStateDict) {

@@ -142,6 +142,10 @@ std::shared_ptr<models::GatherCodec> float8_gather_codec(
 std::shared_ptr<models::ConverterHooks> float8_scale_refresh(
     const std::vector<std::shared_ptr<models::GatherCodec>>& codecs);
 
+// Forward casts of linears' inputs made in this process (a cast shared by the linears that read
+// one activation inside a models::SharedInputScope counts once): for tests.
+int64_t float8_input_casts_made();
+
 // Whether the forward's cast of the weight serves the backward's grad-input GEMM as it is (one
 // scale for the weight, or 128 x 128 blocks, which are the same cast whichever dimension the GEMM
 // reduces): what a weight gathered once in float8 by FSDP must be.

@@ -7,6 +7,7 @@
 
 #include "loom/core/check.h"
 #include "loom/models/common/rope.h"
+#include "loom/protocols/shared_input.h"
 
 namespace loom::models {
 
@@ -42,6 +43,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> AttentionImpl::project(const at::
   const auto bs = x.size(0), seq = x.size(1);
   // Head counts come from the projections' shapes: under tensor parallelism wq/wk/wv hold a
   // contiguous range of this rank's heads (query heads and their kv heads together).
+  const SharedInputScope shared(x);  // three projections of one x (float8: one cast)
   at::Tensor q = wq->forward(x).view({bs, seq, -1, head_dim});
   at::Tensor k = wk->forward(x).view({bs, seq, -1, head_dim});
   at::Tensor v = wv->forward(x).view({bs, seq, -1, head_dim});

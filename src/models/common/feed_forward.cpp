@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include "loom/models/kernels/swiglu.h"
+#include "loom/protocols/shared_input.h"
 
 namespace loom::models {
 
@@ -16,7 +17,13 @@ FeedForwardImpl::FeedForwardImpl(int64_t dim, int64_t hidden, const at::TensorOp
 }
 
 at::Tensor FeedForwardImpl::forward(const at::Tensor& x) {
-  return w2->forward(kernels::swiglu(w1->forward(x), w3->forward(x)));
+  at::Tensor gate, up;
+  {
+    const SharedInputScope shared(x);  // w1 and w3 read one x (float8: one cast)
+    gate = w1->forward(x);
+    up = w3->forward(x);
+  }
+  return w2->forward(kernels::swiglu(gate, up));
 }
 
 }  // namespace loom::models

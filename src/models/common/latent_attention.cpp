@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "loom/models/common/rope.h"
+#include "loom/protocols/shared_input.h"
 
 namespace loom::models {
 
@@ -41,9 +42,13 @@ at::Tensor LatentAttentionImpl::queries(const at::Tensor& x) {
 at::Tensor LatentAttentionImpl::forward(const at::Tensor& x, const AttentionInputs& in) {
   const auto bs = x.size(0), seq = x.size(1);
   const int64_t nope = mla.qk_nope_head_dim, rope = mla.qk_rope_head_dim, v_dim = mla.v_head_dim;
-  const at::Tensor q = queries(x);
+  at::Tensor q, kv;
+  {
+    const SharedInputScope shared(x);  // wq (or wq_a) and wkv_a read x (float8: one cast)
+    q = queries(x);
+    kv = wkv_a->forward(x);
+  }
   const int64_t heads = q.size(2);
-  const at::Tensor kv = wkv_a->forward(x);
   const at::Tensor latent = kv.narrow(-1, 0, mla.kv_lora_rank);
   at::Tensor q_rot = q.narrow(-1, nope, rope).contiguous();
   at::Tensor k_rot = kv.narrow(-1, mla.kv_lora_rank, rope).unsqueeze(2).contiguous();
