@@ -34,19 +34,10 @@ std::vector<int64_t> group_sizes(const at::Tensor& counts) {
   return {cpu.data_ptr<int64_t>(), cpu.data_ptr<int64_t>() + cpu.numel()};
 }
 
-// Every expert's slice of w [E, R, C] cast per column along R (as quantize(w[e], rowwise, 0)
-// casts it), stacked: data [E, R, C], scales [E, C].
-struct ExpertCasts {
-  at::Tensor data, scale;
-};
+using ExpertCasts = Float8ExpertCasts;
 
 ExpertCasts cast_experts(const at::Tensor& w) {
-  // One amax, scale and cast for all experts: the same arithmetic, element by element, as each
-  // slice's quantize() (the max is exact; amax_to_scale and the cast are elementwise).
-  const at::Tensor scale =
-      amax_to_scale(amax(w, Scaling::kAxiswise, 1), kRowwise.format, /*power_of_2=*/true);
-  const Float8Tensor q = quantize_with_scale(w, scale, kRowwise.format);
-  return {q.data, scale.squeeze(1)};
+  return quantize_experts(w);
 }
 
 // a [M, R] (cast per row) times each group's slice of b, every group in one at::_scaled_grouped_mm
@@ -207,6 +198,15 @@ struct Float8GroupedMm : torch::autograd::Function<Float8GroupedMm> {
 };
 
 }  // namespace
+
+Float8ExpertCasts quantize_experts(const at::Tensor& w) {
+  // One amax, scale and cast for all experts: the same arithmetic, element by element, as each
+  // slice's quantize() (the max is exact; amax_to_scale and the cast are elementwise).
+  const at::Tensor scale =
+      amax_to_scale(amax(w, Scaling::kAxiswise, 1), kRowwise.format, /*power_of_2=*/true);
+  const Float8Tensor q = quantize_with_scale(w, scale, kRowwise.format);
+  return {q.data, scale.squeeze(1)};
+}
 
 bool float8_grouped_kernel_trusted(const at::Device& device) {
   if (!device.is_cuda()) return false;

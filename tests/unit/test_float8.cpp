@@ -271,6 +271,23 @@ TEST(Float8, WeightsAreCastOncePerOptimizerStep) {
   }
 }
 
+// The grouped kernel's right operand: all experts cast in one pass, bit for bit each expert's
+// own row-wise cast (what the emulation does group by group), zeros and an outlier included.
+TEST(Float8, ExpertsCastTogetherAsEachAlone) {
+  at::Tensor w = randn({3, 64, 48}, 50);
+  w.index_put_({1, 5, 7}, 0);
+  w.index_put_({2, 9, 3}, 900.0);
+  w[0].zero_();  // an expert with nothing to scale
+  const q::Float8ExpertCasts all = q::quantize_experts(w);
+  ASSERT_EQ(all.scale.sizes(), (std::vector<int64_t>{3, 48}));
+  for (int64_t e = 0; e < 3; ++e) {
+    const q::Float8Tensor one =
+        q::quantize(w[e], {q::Scaling::kAxiswise, q::Float8Format::kE4M3}, 0, /*power_of_2=*/true);
+    EXPECT_TRUE(at::equal(all.data[e].view(at::kByte), one.data.view(at::kByte))) << e;
+    EXPECT_TRUE(at::equal(all.scale[e], one.scale.reshape({-1}))) << e;
+  }
+}
+
 // Linears that read one activation inside a SharedInputScope (attention's q, k and v; the
 // feed-forward's w1 and w3) share its forward cast: three linears, one cast, and each output
 // and gradient bit for bit what casting per linear gives. Outside a scope each casts its own.

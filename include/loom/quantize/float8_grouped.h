@@ -20,6 +20,14 @@
 
 namespace loom::quantize {
 
+// Every expert's slice of w [E, R, C] cast per column along R, in one pass (what
+// at::_scaled_grouped_mm reads as its right operand): data [E, R, C] e4m3, scales [E, C] with
+// power-of-two scales, bit for bit each slice's quantize(w[e], row-wise, 0).
+struct Float8ExpertCasts {
+  at::Tensor data, scale;
+};
+Float8ExpertCasts quantize_experts(const at::Tensor& w);
+
 // Whether `device` runs the experts' GEMMs through at::_scaled_grouped_mm: an sm90 GPU whose
 // kernel matched the definition (forward and grad_x layouts, uneven and empty groups) when first
 // asked; a mismatch is logged once under [float8]. False off CUDA.
