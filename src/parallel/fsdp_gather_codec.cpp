@@ -28,14 +28,14 @@ void FullyShardedDataParallel::plan_encoded_gather(Unit& unit) {
   for (auto& p : unit.params) {
     auto it = options_.gather_codecs.find(p.name);
     if (it == options_.gather_codecs.end()) continue;
-    it->second->bind_shard(p.shard, unit.shard.get());
+    it->second->bind_shard(p.shard, unit.shard.get());  // refusal() reads the shard's shape
     if (auto refused = it->second->refusal(p.chunk)) {
       auto& [count, example] = refused_codecs_[it->second->name()];
       if (count++ == 0) example = p.name + ": " + *refused;
+      it->second->bind_shard(at::Tensor(), nullptr);  // gathered as any parameter: not the codec's
       continue;
     }
     p.codec = it->second;
-    p.encoding = p.codec->name();
     any = true;
   }
   if (!any) return;

@@ -24,10 +24,9 @@ struct FullyShardedDataParallel::Param {
   int64_t local_numel = 0;  // elements of `shard` (<= chunk)
   int64_t offset = 0;       // of this parameter's chunk in the unit's per-rank buffer
   Placement placement;      // of `shard` in the global parameter
-  // Gathered through a codec (fsdp_gather_codec.cpp; float8): the codec, its name() (read once,
-  // when the unit is planned), and this parameter's slot in the unit's per-rank byte buffer.
+  // Gathered through a codec (fsdp_gather_codec.cpp; float8): the codec and this parameter's
+  // slot in the unit's per-rank byte buffer.
   std::shared_ptr<models::GatherCodec> codec;
-  std::string encoding;
   int64_t byte_offset = 0;
 };
 

@@ -34,18 +34,12 @@ std::vector<int64_t> group_sizes(const at::Tensor& counts) {
   return {cpu.data_ptr<int64_t>(), cpu.data_ptr<int64_t>() + cpu.numel()};
 }
 
-using ExpertCasts = Float8ExpertCasts;
-
-ExpertCasts cast_experts(const at::Tensor& w) {
-  return quantize_experts(w);
-}
-
 // a [M, R] (cast per row) times each group's slice of b, every group in one at::_scaled_grouped_mm
 // (sm90's float8 grouped GEMM): the left operand row-major, the right one column-major, the scales
 // as the kernel's multipliers (1 / scale), `ends` the groups' cumulative row counts (int32, on
 // the device: no host sync). The kernel writes bfloat16.
-at::Tensor grouped_kernel_mm(const Float8Tensor& a, const ExpertCasts& b, const at::Tensor& ends,
-                             bool fast_accum) {
+at::Tensor grouped_kernel_mm(const Float8Tensor& a, const Float8ExpertCasts& b,
+                             const at::Tensor& ends, bool fast_accum) {
   const at::Tensor right = b.data.transpose(-2, -1).contiguous().transpose(-2, -1);
   return at::_scaled_grouped_mm(a.data.contiguous(), right,
                                 a.scale.reciprocal().reshape({-1}).to(at::kFloat).contiguous(),
@@ -54,7 +48,7 @@ at::Tensor grouped_kernel_mm(const Float8Tensor& a, const ExpertCasts& b, const 
 }
 
 // The definition of the same product (float32), group by group, for the self-check.
-at::Tensor grouped_reference(const Float8Tensor& a, const ExpertCasts& b,
+at::Tensor grouped_reference(const Float8Tensor& a, const Float8ExpertCasts& b,
                              const std::vector<int64_t>& sizes) {
   const at::Tensor x = a.dequantize();
   const at::Tensor w = b.data.to(at::kFloat) * b.scale.reciprocal().unsqueeze(1);
@@ -90,12 +84,12 @@ bool grouped_kernel_agrees(int index) {
     const at::Tensor w = at::randn({4, 64, 48}, gen, options);
     struct Case {
       Float8Tensor a;
-      ExpertCasts b;
+      Float8ExpertCasts b;
       bool fast_accum;  // as the forward calls it
     };
     const Case cases[] = {
-        {quantize(x, kRowwise, 1, true), cast_experts(w), true},  // forward
-        {quantize(grad, kRowwise, 1, true), cast_experts(w.transpose(1, 2).contiguous()),
+        {quantize(x, kRowwise, 1, true), quantize_experts(w), true},  // forward
+        {quantize(grad, kRowwise, 1, true), quantize_experts(w.transpose(1, 2).contiguous()),
          false},  // grad x
     };
     for (const auto& [a, b, fast_accum] : cases) {
@@ -141,7 +135,7 @@ struct Float8GroupedMm : torch::autograd::Function<Float8GroupedMm> {
       // the device, which this path exists to avoid).
       const at::Tensor ends = counts.cumsum(0).to(at::kInt);
       ctx->save_for_backward({x, w, counts, ends});
-      return grouped_kernel_mm(quantize(x, kRowwise, 1, true), cast_experts(w), ends, true)
+      return grouped_kernel_mm(quantize(x, kRowwise, 1, true), quantize_experts(w), ends, true)
           .to(x.scalar_type());
     }
     const std::vector<int64_t> sizes = group_sizes(counts);
@@ -172,7 +166,7 @@ struct Float8GroupedMm : torch::autograd::Function<Float8GroupedMm> {
     if (kernel) {
       // grad_x = grad_y · w[g]ᵀ for every group in one launch (w[g]ᵀ cast per column along N).
       gx = grouped_kernel_mm(quantize(go, kRowwise, 1, true),
-                             cast_experts(w.transpose(1, 2).contiguous()), saved[3], false)
+                             quantize_experts(w.transpose(1, 2).contiguous()), saved[3], false)
                .to(x.scalar_type());
     }
     // The weight gradient reduces over each group's tokens: group by group (its scales run over
