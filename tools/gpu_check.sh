@@ -147,11 +147,14 @@ phase_end
 run_training "100M bf16" 100M 16 2048 40
 run_reference "100M bf16 (PyTorch eager)" 100M 16 2048 20
 run_reference "100M bf16 (torch.compile)" 100M 16 2048 20 --compile
+run_torchtitan "100M bf16 (torchtitan)" 100M 16 2048 20
+run_torchtitan "100M bf16 (torchtitan compile)" 100M 16 2048 20 --compile
 run_training "100M fp32" 100M 16 2048 40 --training.mixed_precision_param float32
 run_training "100M FSDP" 100M 16 2048 40 --debug.force_fsdp true
 run_training "8B_4layers bf16" 8B_4layers 2 4096 20
 run_reference "8B_4layers bf16 (PyTorch eager)" 8B_4layers 2 4096 20
 run_reference "8B_4layers bf16 (torch.compile)" 8B_4layers 2 4096 20 --compile
+run_torchtitan "8B_4layers bf16 (torchtitan compile)" 8B_4layers 2 4096 20 --compile
 # loom's CUDA kernels (opt-in until this check passes: docs/performance.md) against the runs
 # above, losses step by step and tokens/s.
 run_training "100M bf16 + cuda kernels" 100M 16 2048 40 --training.cuda_kernels true

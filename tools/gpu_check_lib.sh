@@ -310,6 +310,55 @@ run_reference() {
   phase_end
 }
 
+# torchtitan itself (tools/reference/torchtitan_bench.py) on the same model, batch and synthetic
+# tokens, right after loom's run: its Trainer, its per-block torch.compile with --compile, AMP
+# on one device, fused AdamW. torchtitan and the packages the image lacks come as wheels in the
+# carry (tools/prepare_gpu_carry.sh), unpacked once into $WORK/torchtitan_site for this Python.
+TORCHTITAN_SITE=""
+torchtitan_site() {
+  [[ -n "$TORCHTITAN_SITE" ]] && return 0
+  local wheels="$CARRY/$(sed -n 's/^wheels=//p' "$CARRY/manifest" 2>/dev/null)"
+  if [[ "$wheels" == "$CARRY/" || ! -d "$wheels" ]]; then
+    echo "  the carry has no wheels: run tools/prepare_gpu_carry.sh again"
+    return 1
+  fi
+  "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+    --target "$WORK/torchtitan_site" --find-links "$wheels" torchtitan torchdata tyro \
+    docstring-parser typeguard datasets dill multiprocess >> "$OUT/train.log" 2>&1 || {
+    tail -5 "$OUT/train.log"
+    return 1
+  }
+  TORCHTITAN_SITE="$WORK/torchtitan_site"
+}
+
+# run_torchtitan NAME FLAVOR BATCH SEQ STEPS [--compile]
+run_torchtitan() {
+  local name="$1" flavor="$2" batch="$3" seq="$4" steps="$5" limit="$TRAIN_TIMEOUT"
+  shift 5
+  if [[ -n "${LOOM_GPU_RUNS:-}" ]] && ! grep -qE "$LOOM_GPU_RUNS" <<< "$name"; then return 0; fi
+  local size=(--device cuda --flavor "$flavor" --batch-size "$batch" --seq-len "$seq"
+              --steps "$steps" --warmup 3)
+  [[ " $* " == *" --compile "* ]] && limit=$((2 * TRAIN_TIMEOUT))
+  phase "torchtitan $name"
+  if ((DRY_RUN)); then
+    size=(--device cpu --flavor debugmodel --batch-size 2 --seq-len 64 --steps 2 --warmup 1)
+  fi
+  if ! torchtitan_site; then
+    phase_fails "torchtitan is not available (train.log)"
+    phase_end
+    return 0
+  fi
+  local result="$WORK/torchtitan_${name//[^A-Za-z0-9]/_}.json"
+  echo "\$ torchtitan_bench.py ${size[*]} $*" >> "$OUT/train.log"
+  timeout "$limit" "$PYTHON" "$ROOT/tools/reference/torchtitan_bench.py" --site "$TORCHTITAN_SITE" \
+    "${size[@]}" --json "$result" "$@" >> "$OUT/train.log" 2>&1
+  check_run_status $? "$limit"
+  "$PYTHON" "$ROOT/tools/gpu_check_report.py" reference "$name" "$result" >> "$OUT/metrics.jsonl" \
+    || phase_fails "no result"
+  tail -1 "$OUT/metrics.jsonl" | cut -c1-200
+  phase_end
+}
+
 # The layouts on one GPU (issue 49): every rank of a layout on cuda:0, where NCCL takes one rank
 # per GPU, so the collectives of CUDA tensors go through host memory over Gloo
 # (CommOptions::cuda_through_host); each layout's float32 losses must equal the one-rank run's

@@ -2,8 +2,9 @@
 """The training figures of tools/gpu_check.sh.
 
   gpu_check_report.py collect RUN METRICS_JSONL   print the run's logged steps, each with "run"
-  gpu_check_report.py reference RUN RESULT_JSON    a PyTorch reference run (llama_reference.py
-                                                  bench --json) as one record of RUN
+  gpu_check_report.py reference RUN RESULT_JSON    a PyTorch or torchtitan run (llama_reference.py
+                                                  bench --json, torchtitan_bench.py --json) as
+                                                  one record of RUN
   gpu_check_report.py summary ALL_METRICS_JSONL   Markdown: one row per run, bf16 vs fp32 losses
   gpu_check_report.py same-losses RUN BASE ALL_METRICS_JSONL BOUND
                                                   exit 1 unless RUN's losses equal BASE's within
@@ -13,8 +14,9 @@ A run's throughput is the median over its logged steps after the first (which in
 and the allocator's warm-up). The bf16/fp32 comparison pairs the runs named "X bf16" and "X fp32"
 and compares their losses step by step (same seed, same data); likewise "X" and
 "X + cuda kernels" (loom's CUDA kernels, training.cuda_kernels), with their tokens/s ratio. A
-run "X (PyTorch eager)" or "X (torch.compile)" is PyTorch on the same model, batch and GPU: loom's
-run "X" is reported as a ratio of it.
+run "X (PyTorch eager)" or "X (torch.compile)" is PyTorch on the same model, batch and GPU, and
+"X (torchtitan)" or "X (torchtitan compile)" torchtitan's Trainer on them: loom's run "X" is
+reported as a ratio of each.
 """
 import json
 import statistics
@@ -81,7 +83,8 @@ def summary(path):
             ratio = median_after_first(runs[run], "tps") / median_after_first(runs[base], "tps")
             print(f"{run}: {ratio:.3f}x the tokens/s of {base}.")
     for run in runs:
-        for suffix in (" (PyTorch eager)", " (torch.compile)"):
+        for suffix in (" (PyTorch eager)", " (torch.compile)", " (torchtitan)",
+                       " (torchtitan compile)"):
             if run.endswith(suffix) and run[:-len(suffix)] in runs:
                 base = run[:-len(suffix)]
                 ratio = median_after_first(runs[base], "tps") / median_after_first(runs[run], "tps")
