@@ -19,7 +19,9 @@
 #   PYTHON (python3 there; the dry run uses .venv/bin/python), LOOM_GPU_WORK (dump folders;
 #   default a new folder in /tmp), LOOM_GPU_JOBS (default nproc), LOOM_GPU_TRAIN_TIMEOUT (120 s),
 #   LOOM_GPU_RUNS (an extended regex: only the trainings whose names match, e.g. a rerun of
-#   those that failed), LOOM_GPU_CMAKE_ARGS (extra configure arguments; default
+#   those that failed or were skipped), LOOM_GPU_BUDGET (seconds from the start within which the
+#   trainings must end; default 500, none in the dry run: a run gets what is left, one with under
+#   20 s left is skipped), LOOM_GPU_CMAKE_ARGS (extra configure arguments; default
 #   -DLOOM_JEMALLOC=OFF: the lent machine's compiler links a static libstdc++ whose operator new
 #   clashes with jemalloc's at link time, seen 2026-12-04).
 #
@@ -144,37 +146,47 @@ phase "device check"
 check_more_ranks_than_gpus
 phase_end
 
+# In order of what a lent GPU must answer first (a check that runs out of its time budget skips
+# the rest, LOOM_GPU_BUDGET): the side-by-side at 100M, loom's CUDA kernels, the 8B shape, every
+# layout on one GPU, float8, then the other families and variants.
 run_training "100M bf16" 100M 16 2048 40
 run_reference "100M bf16 (PyTorch eager)" 100M 16 2048 20
 run_reference "100M bf16 (torch.compile)" 100M 16 2048 20 --compile
 run_torchtitan "100M bf16 (torchtitan)" 100M 16 2048 20
 run_torchtitan "100M bf16 (torchtitan compile)" 100M 16 2048 20 --compile
-run_training "100M fp32" 100M 16 2048 40 --training.mixed_precision_param float32
-run_training "100M FSDP" 100M 16 2048 40 --debug.force_fsdp true
+# loom's CUDA kernels (opt-in until this check passes: docs/performance.md) against the runs
+# without, losses step by step and tokens/s.
+run_training "100M bf16 + cuda kernels" 100M 16 2048 40 --training.cuda_kernels true
 run_training "8B_4layers bf16" 8B_4layers 2 4096 20
 run_reference "8B_4layers bf16 (PyTorch eager)" 8B_4layers 2 4096 20
 run_reference "8B_4layers bf16 (torch.compile)" 8B_4layers 2 4096 20 --compile
 run_torchtitan "8B_4layers bf16 (torchtitan compile)" 8B_4layers 2 4096 20 --compile
-# loom's CUDA kernels (opt-in until this check passes: docs/performance.md) against the runs
-# above, losses step by step and tokens/s.
-run_training "100M bf16 + cuda kernels" 100M 16 2048 40 --training.cuda_kernels true
 run_training "8B_4layers bf16 + cuda kernels" 8B_4layers 2 4096 20 --training.cuda_kernels true
+# Every layout on the one GPU against one rank (collectives through the host, over Gloo).
+run_layout_on_one_gpu "one rank" 1
+run_layout_on_one_gpu "FSDP 2" 2 --parallelism.data_parallel_shard_degree 2 \
+  --training.local_batch_size 2
+run_layout_on_one_gpu "TP 2" 2 --parallelism.tensor_parallel_degree 2
+run_layout_on_one_gpu "PP 2" 2 --parallelism.pipeline_parallel_degree 2 \
+  --parallelism.pipeline_parallel_schedule 1F1B
+run_layout_on_one_gpu "CP 2" 2 --parallelism.context_parallel_degree 2
+run_layout_on_one_gpu "EP 2" 2 --parallelism.expert_parallel_degree 2 \
+  --parallelism.data_parallel_shard_degree 2 --training.local_batch_size 2
 # Float8 linears (issue 35), each recipe against the bf16 run above: tokens/s, MFU and peak
 # memory side by side in the report (at::_scaled_mm on sm89+; emulated in the dry run).
 run_training "8B_4layers float8 tensorwise" 8B_4layers 2 4096 20 --model.converters float8
 run_training "8B_4layers float8 rowwise" 8B_4layers 2 4096 20 --model.converters float8 \
   --quantize.linear.float8.recipe_name rowwise
-run_training "8B_4layers float8 rowwise_with_gw_hp" 8B_4layers 2 4096 20 \
-  --model.converters float8 --quantize.linear.float8.recipe_name rowwise_with_gw_hp
 # DeepSeek-V3's blockwise recipe: the train log says whether the block-scaled kernel passed its
 # check against the emulation (a "[float8] blockwise float8 GEMM" warning when it did not).
 run_training "8B_4layers float8 blockwise" 8B_4layers 2 4096 20 --model.converters float8 \
   --quantize.linear.float8.recipe_name blockwise
+run_training "8B_4layers float8 rowwise_with_gw_hp" 8B_4layers 2 4096 20 \
+  --model.converters float8 --quantize.linear.float8.recipe_name rowwise_with_gw_hp
+run_training "100M FSDP" 100M 16 2048 40 --debug.force_fsdp true
 run_training "100M FSDP float8 all-gather" 100M 16 2048 40 --debug.force_fsdp true \
   --model.converters float8 --quantize.linear.float8.enable_fsdp_float8_all_gather true \
   --quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp true
-# The second family: Qwen3 0.6B (q/k norm, head_dim 128, tied 151936-token table).
-run_training "qwen3 0.6B bf16" 0.6B 4 4096 20 --model.name qwen3
 # Mixture of experts: the grouped GEMM on CUDA bf16 (sm90+), routing, the balancing bias.
 DRY_FLAVOR=debugmodel_moe run_training "qwen3_moe debug bf16" debugmodel_moe 16 2048 40 \
   --model.name qwen3_moe
@@ -186,16 +198,9 @@ DRY_FLAVOR=debugmodel_moe run_training "qwen3_moe debug float8 grouped" debugmod
 # routing, shared experts.
 DRY_FLAVOR=debugmodel run_training "deepseek_v3 debug bf16" debugmodel 16 2048 40 \
   --model.name deepseek_v3
-# Every layout on the one GPU against one rank (collectives through the host, over Gloo).
-run_layout_on_one_gpu "one rank" 1
-run_layout_on_one_gpu "FSDP 2" 2 --parallelism.data_parallel_shard_degree 2 \
-  --training.local_batch_size 2
-run_layout_on_one_gpu "TP 2" 2 --parallelism.tensor_parallel_degree 2
-run_layout_on_one_gpu "PP 2" 2 --parallelism.pipeline_parallel_degree 2 \
-  --parallelism.pipeline_parallel_schedule 1F1B
-run_layout_on_one_gpu "CP 2" 2 --parallelism.context_parallel_degree 2
-run_layout_on_one_gpu "EP 2" 2 --parallelism.expert_parallel_degree 2 \
-  --parallelism.data_parallel_shard_degree 2 --training.local_batch_size 2
+# The second family: Qwen3 0.6B (q/k norm, head_dim 128, tied 151936-token table).
+run_training "qwen3 0.6B bf16" 0.6B 4 4096 20 --model.name qwen3
+run_training "100M fp32" 100M 16 2048 40 --training.mixed_precision_param float32
 
 if ((CPU_SUITE)); then
   phase "CPU suite (CUDA hidden)"

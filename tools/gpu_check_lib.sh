@@ -24,6 +24,7 @@ seconds_since() { awk -v s="$1" -v e="$(date +%s.%N)" 'BEGIN { printf "%.1f", e 
 
 phase() {
   PHASE="$1" PHASE_OPEN=1 PHASE_START=$(date +%s.%N) PHASE_NOTES=() PHASE_FAILURES=()
+  PHASE_SKIPPED=0
   printf '\n=== %s (%s)\n' "$PHASE" "$(date -u +%T)"
 }
 note() { echo "  $*"; PHASE_NOTES+=("$*"); }
@@ -32,7 +33,7 @@ phase_fails() { echo "  FAILED: ${1:-see the log above}"; PHASE_FAILURES+=("${1:
 phase_end() {
   local status=ok secs details
   secs="$(seconds_since "$PHASE_START")"
-  if ((${#PHASE_FAILURES[@]})); then status=FAILED OVERALL=1; fi
+  if ((${#PHASE_FAILURES[@]})); then status=FAILED OVERALL=1; elif ((PHASE_SKIPPED)); then status=skipped; fi
   PHASE_STATUS_LAST=$status PHASE_OPEN=0
   printf -- '--- %s: %s in %s s\n' "$PHASE" "$status" "$secs"
   details="$(printf '%s; ' "${PHASE_FAILURES[@]}" "${PHASE_NOTES[@]}")"
@@ -40,6 +41,23 @@ phase_end() {
   printf '%s\t%s\t%s\t%s\n' "$PHASE" "$status" "$secs" "${details//|//}" >> "$WORK/phases.tsv"
   write_results
 }
+
+# The device call's time: a timed run gets at most what is left of LOOM_GPU_BUDGET seconds since
+# the check started (default 500: the device tool's 540 s call less a margin for the report), and a
+# run with under 20 s left is skipped with a note, so that a check that runs long still ends with
+# its report and its outputs phase instead of being killed inside a phase. The dry run has no
+# budget unless LOOM_GPU_BUDGET is set (it runs every phase on a slower machine).
+# run_limit LIMIT: prints min(LIMIT, the budget left); fails with under 20 s left.
+run_limit() {
+  local budget="${LOOM_GPU_BUDGET:-$( ((DRY_RUN)) || echo 500)}" left
+  [[ -n "$budget" ]] || { echo "$1"; return 0; }
+  left="$(awk -v b="$budget" -v s="$CHECK_START" -v n="$(date +%s.%N)" \
+    'BEGIN { printf "%d", b - (n - s) }')"
+  ((left >= 20)) || return 1
+  echo $(($1 < left ? $1 : left))
+}
+# phase_skips: the open phase did not run for want of time (not a failure).
+phase_skips() { note "skipped: the check's time budget is spent (LOOM_GPU_BUDGET)"; PHASE_SKIPPED=1; }
 
 # results.md, rewritten after every phase so that a run stopped at its time limit still reports.
 write_results() {
@@ -62,8 +80,15 @@ finish() {
   check_outputs
   write_results
   printf '\n=== done in %s s: %s; %s\n' "$(seconds_since "$CHECK_START")" \
-    "$( ((OVERALL)) && echo "SOME PHASES FAILED" || echo "every phase ok")" "$OUT/results.md"
+    "$( ((OVERALL)) && echo "SOME PHASES FAILED" || echo "every phase ok")$(skipped_phases)" \
+    "$OUT/results.md"
   exit "$OVERALL"
+}
+
+skipped_phases() {
+  local n
+  n="$(awk -F'\t' '$2 == "skipped"' "$WORK/phases.tsv" 2>/dev/null | wc -l)"
+  ((n == 0)) || echo " ($n skipped for want of time: LOOM_GPU_RUNS picks them for a rerun)"
 }
 
 # The device tool returns at most 8 files of $OUT, 16 MiB each, no more than 2 folders down.
@@ -269,6 +294,8 @@ run_training() {
   local size=(--training.device cuda --model.flavor "$flavor" --training.local_batch_size "$batch"
               --training.seq_len "$seq" --training.steps "$steps" --metrics.log_freq 5)
   phase "train $name"
+  local limit
+  limit="$(run_limit "$TRAIN_TIMEOUT")" || { phase_skips; phase_end; return 0; }
   if ((DRY_RUN)); then
     "$LOOM" config validate "${size[@]}" "${common[@]}" >> "$OUT/train.log" 2>&1 \
       || phase_fails "the GPU run's config is invalid (train.log)"
@@ -276,8 +303,8 @@ run_training() {
           --training.seq_len 64 --training.steps 4 --metrics.log_freq 2)
   fi
   echo "\$ loom train ${size[*]} ${common[*]}" >> "$OUT/train.log"
-  timeout "$TRAIN_TIMEOUT" "$LOOM" train "${size[@]}" "${common[@]}" >> "$OUT/train.log" 2>&1
-  check_run_status $? "$TRAIN_TIMEOUT"
+  timeout "$limit" "$LOOM" train "${size[@]}" "${common[@]}" >> "$OUT/train.log" 2>&1
+  check_run_status $? "$limit"
   "$PYTHON" "$ROOT/tools/gpu_check_report.py" collect "$name" "$dump/metrics.jsonl" \
     >> "$OUT/metrics.jsonl" || phase_fails "no metrics"
   tail -1 "$OUT/metrics.jsonl" | cut -c1-200
@@ -296,6 +323,7 @@ run_reference() {
               --steps "$steps" --warmup 3)
   [[ " $* " == *" --compile "* ]] && limit=$((2 * TRAIN_TIMEOUT))  # compiling takes a while
   phase "reference $name"
+  limit="$(run_limit "$limit")" || { phase_skips; phase_end; return 0; }
   if ((DRY_RUN)); then
     size=(--device cpu --flavor debugmodel --batch-size 2 --seq-len 64 --steps 2 --warmup 1)
   fi
@@ -340,6 +368,7 @@ run_torchtitan() {
               --steps "$steps" --warmup 3)
   [[ " $* " == *" --compile "* ]] && limit=$((2 * TRAIN_TIMEOUT))
   phase "torchtitan $name"
+  limit="$(run_limit "$limit")" || { phase_skips; phase_end; return 0; }
   if ((DRY_RUN)); then
     size=(--device cpu --flavor debugmodel --batch-size 2 --seq-len 64 --steps 2 --warmup 1)
   fi
@@ -386,6 +415,8 @@ run_layout_on_one_gpu() {
               --checkpoint.enable false --metrics.log_freq 1 --debug.seed 13
               --comm.init_timeout_seconds 60 --comm.train_timeout_seconds 60)
   phase "$name"
+  local limit
+  limit="$(run_limit "$TRAIN_TIMEOUT")" || { phase_skips; phase_end; return 0; }
   if ((DRY_RUN)); then  # the GPU's exact command must be valid; then the same job on CPU
     "$LOOM" config validate "${layout_job[@]}" --training.device cuda:0 --world-size "$ranks" \
       "$@" >> "$OUT/train.log" 2>&1 || phase_fails "the GPU run's config is invalid (train.log)"
@@ -394,8 +425,8 @@ run_layout_on_one_gpu() {
   local command=(train "${layout_job[@]}" --training.device "$device" --job.dump_folder "$dump" "$@")
   ((ranks > 1)) && command=(launch --nproc-per-node "$ranks" -- "${command[@]}")
   echo "\$ loom ${command[*]}" >> "$OUT/train.log"
-  timeout "$TRAIN_TIMEOUT" "$LOOM" "${command[@]}" >> "$OUT/train.log" 2>&1
-  check_run_status $? "$TRAIN_TIMEOUT"
+  timeout "$limit" "$LOOM" "${command[@]}" >> "$OUT/train.log" 2>&1
+  check_run_status $? "$limit"
   "$PYTHON" "$ROOT/tools/gpu_check_report.py" collect "$name" "$dump/metrics.jsonl" \
     >> "$OUT/metrics.jsonl" || phase_fails "no metrics"
   if [[ "$name" != "$ONE_GPU_BASE" ]]; then
