@@ -157,6 +157,9 @@ run_torchtitan "100M bf16 (torchtitan compile)" 100M 16 2048 20 --compile
 # loom's CUDA kernels (opt-in until this check passes: docs/performance.md) against the runs
 # without, losses step by step and tokens/s.
 run_training "100M bf16 + cuda kernels" 100M 16 2048 40 --training.cuda_kernels true
+# The whole step as one CUDA graph (training.cuda_graph, opt-in until this passes): losses step
+# by step against the eager run, and the tokens/s ratio.
+run_training "100M bf16 + cuda graph" 100M 16 2048 40 --training.cuda_graph true
 run_training "8B_4layers bf16" 8B_4layers 2 4096 20
 run_reference "8B_4layers bf16 (PyTorch eager)" 8B_4layers 2 4096 20
 run_reference "8B_4layers bf16 (torch.compile)" 8B_4layers 2 4096 20 --compile

@@ -13,7 +13,8 @@
 A run's throughput is the median over its logged steps after the first (which includes start-up
 and the allocator's warm-up). The bf16/fp32 comparison pairs the runs named "X bf16" and "X fp32"
 and compares their losses step by step (same seed, same data); likewise "X" and
-"X + cuda kernels" (loom's CUDA kernels, training.cuda_kernels), with their tokens/s ratio. A
+"X + cuda kernels" (loom's CUDA kernels, training.cuda_kernels) and "X + cuda graph" (the step as
+one CUDA graph, training.cuda_graph), with their tokens/s ratio. A
 run "X (PyTorch eager)" or "X (torch.compile)" is PyTorch on the same model, batch and GPU, and
 "X (torchtitan)" or "X (torchtitan compile)" torchtitan's Trainer on them: loom's run "X" is
 reported as a ratio of each.
@@ -75,13 +76,13 @@ def summary(path):
     for run in runs:
         if run.endswith(" bf16") and run[:-5] + " fp32" in runs:
             compare(run, runs[run], run[:-5] + " fp32", runs[run[:-5] + " fp32"])
-    kernels = " + cuda kernels"
-    for run in runs:
-        if run.endswith(kernels) and run[:-len(kernels)] in runs:
-            base = run[:-len(kernels)]
-            compare(run, runs[run], base, runs[base])
-            ratio = median_after_first(runs[run], "tps") / median_after_first(runs[base], "tps")
-            print(f"{run}: {ratio:.3f}x the tokens/s of {base}.")
+    for variant in (" + cuda kernels", " + cuda graph"):
+        for run in runs:
+            if run.endswith(variant) and run[:-len(variant)] in runs:
+                base = run[:-len(variant)]
+                compare(run, runs[run], base, runs[base])
+                ratio = median_after_first(runs[run], "tps") / median_after_first(runs[base], "tps")
+                print(f"{run}: {ratio:.3f}x the tokens/s of {base}.")
     for run in runs:
         for suffix in (" (PyTorch eager)", " (torch.compile)", " (torchtitan)",
                        " (torchtitan compile)"):

@@ -172,6 +172,10 @@ void add_fault_tolerance_and_debug_sections(Schema& s) {
             "loom: apply FSDP even when data_parallel_shard_degree is 1 (each shard group is one "
             "rank holding whole parameters; with replicas, HSDP): runs FSDP's code paths on a "
             "single device, e.g. one GPU.");
+  dbg.field("cuda_graph_on_cpu", &DebugSection::cuda_graph_on_cpu,
+            "loom: with training.cuda_graph on CPU, run its path (fixed buffers, lr and step "
+            "counts on the device, the step recorded once) with the recorded step replayed "
+            "eagerly: tests that path where no GPU is.");
   dbg.field("cpu_memory_limit_gib", &DebugSection::cpu_memory_limit_gib,
             "loom: on CPU, fail with an out-of-memory error when this process's tensors would "
             "take more than this many GiB (0: no limit), as a full GPU does: sizes a job on CPU "

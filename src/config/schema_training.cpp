@@ -74,6 +74,13 @@ void add_training_section(Schema& s) {
            "cross-entropy on bfloat16 logits, the gradient norm and clip) instead of ATen's "
            "compositions; opt-in until their cuda tests pass on a GPU (docs/performance.md). "
            "No effect on CPU, where loom's fused CPU kernels always run.");
+  tr.field("cuda_graph", &TrainingSection::cuda_graph,
+           "loom: on CUDA, record the whole training step (forward, backward, clipping, the "
+           "optimizer) as one CUDA graph after 2 eager steps and replay it every step after, "
+           "with the batch, lr and step counts in fixed device buffers. Jobs it cannot record "
+           "(more than one rank, MoE, multi-token prediction, document masks, converters, "
+           "fault tolerance, optimizers other than AdamW/Adam) train eagerly, and the log "
+           "names why. Opt-in until its GPU check passes (docs/performance.md).");
   tr.field("dataset_on_error", &TrainingSection::dataset_on_error,
            "loom: a bad dataset record (invalid JSON, no text field, invalid UTF-8) stops the job "
            "with its file and line (error) or is skipped and counted in metrics.jsonl as "

@@ -2,9 +2,14 @@
 // LOOM_WITH_CUDA; links LibTorch's CUDA half, and nothing of loom's but headers, so that it binds
 // to no copy of loom's own state.
 #include <ATen/Context.h>
+#include <ATen/autocast_mode.h>
+#include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGeneratorImpl.h>
+#include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 #include <torch/csrc/cuda/memory_snapshot.h>
 
@@ -21,6 +26,64 @@
 
 namespace loom::device {
 namespace {
+
+// The step's work on a pool stream (a graph cannot be captured on the default stream), fenced
+// with events: it starts after the current stream's work (the batch's copies) and the current
+// stream's next work (reading the loss, validation) starts after it.
+class CudaStepGraph final : public StepGraph {
+ public:
+  explicit CudaStepGraph(int index)
+      : index_(static_cast<c10::DeviceIndex>(index)),
+        stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, index_)) {}
+
+  void run(const std::function<void()>& body) override { on_graph_stream(body); }
+
+  void capture(const std::function<void()>& body) override {
+    // The eager steps' activations sit cached in the allocator's general pool; the graph gets a
+    // pool of its own, so without this the step's activations would be held twice (one-time
+    // device synchronization).
+    c10::cuda::CUDACachingAllocator::emptyCache();
+    on_graph_stream([&] {
+      // Autocast's cache of cast weights would outlive the region it was made in inside the
+      // graph's pool; PyTorch captures with it off.
+      const bool cache = at::autocast::is_autocast_cache_enabled();
+      at::autocast::set_autocast_cache_enabled(false);
+      graph_.capture_begin();
+      try {
+        body();
+      } catch (...) {
+        at::autocast::set_autocast_cache_enabled(cache);
+        throw;
+      }
+      graph_.capture_end();
+      at::autocast::set_autocast_cache_enabled(cache);
+    });
+  }
+
+  void replay() override {
+    on_graph_stream([&] { graph_.replay(); });
+  }
+
+ private:
+  void on_graph_stream(const std::function<void()>& work) {
+    c10::cuda::CUDAGuard device(index_);
+    const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(index_);
+    at::cuda::CUDAEvent ready;
+    ready.record(current);
+    ready.block(stream_);
+    {
+      c10::cuda::CUDAStreamGuard on_stream(stream_);
+      work();
+    }
+    at::cuda::CUDAEvent done;
+    done.record(stream_);
+    done.block(current);
+  }
+
+  c10::DeviceIndex index_;
+  c10::cuda::CUDAStream stream_;
+  at::cuda::CUDAGraph graph_;
+};
 
 class CudaSupportLibrary final : public CudaSupport {
  public:
@@ -86,6 +149,10 @@ class CudaSupportLibrary final : public CudaSupport {
                 "CUDA collectives need NCCL, and this loom was built without it "
                 "(LOOM_WITH_NCCL=OFF)");
 #endif
+  }
+
+  std::unique_ptr<StepGraph> make_step_graph(int index) const override {
+    return std::make_unique<CudaStepGraph>(index);
   }
 };
 

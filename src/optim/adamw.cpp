@@ -19,8 +19,13 @@ class FusedAdam : public Algorithm {
 
   std::string name() const override { return decoupled_ ? "AdamW" : "Adam"; }
   std::vector<std::string> state_names() const override { return {"exp_avg", "exp_avg_sq"}; }
+  bool takes_device_scalars() const override { return true; }
 
   void step(std::vector<Slot>& slots, const GroupSettings& settings) override {
+    if (settings.device_lr.defined()) {
+      step_with_device_scalars(slots, settings);
+      return;
+    }
     struct Lists {
       std::vector<at::Tensor> params, grads, avg, avg_sq, steps_cpu;
     };
@@ -56,6 +61,37 @@ class FusedAdam : public Algorithm {
   }
 
  private:
+  // The lr and the step counts read on the device (a whole-step CUDA graph): the counts are
+  // incremented there, then the kernels read them and the lr tensor when they run.
+  void step_with_device_scalars(std::vector<Slot>& slots, const GroupSettings& settings) {
+    std::map<std::pair<std::string, at::ScalarType>, std::vector<Slot*>> by_kind;
+    for (auto& slot : slots) {
+      const at::Tensor& p = slot.parameter->tensor;
+      by_kind[{p.device().str(), p.scalar_type()}].push_back(&slot);
+    }
+    for (auto& [kind, group] : by_kind) {
+      std::vector<at::Tensor> params, grads, avg, avg_sq, steps;
+      for (Slot* slot : group) {
+        params.push_back(slot->parameter->tensor);
+        grads.push_back(slot->grad);
+        avg.push_back(slot->state[0]);
+        avg_sq.push_back(slot->state[1]);
+        steps.push_back(slot->device_step);
+      }
+      at::_foreach_add_(steps, 1);
+      const std::vector<at::Tensor> no_max_exp_avg_sqs;
+      if (decoupled_) {
+        at::_fused_adamw_(params, grads, avg, avg_sq, no_max_exp_avg_sqs, steps, settings.device_lr,
+                          beta1_, beta2_, settings.weight_decay, eps_,
+                          /*amsgrad=*/false, /*maximize=*/false, std::nullopt, std::nullopt);
+      } else {
+        at::_fused_adam_(params, grads, avg, avg_sq, no_max_exp_avg_sqs, steps, settings.device_lr,
+                         beta1_, beta2_, settings.weight_decay, eps_,
+                         /*amsgrad=*/false, /*maximize=*/false, std::nullopt, std::nullopt);
+      }
+    }
+  }
+
   double beta1_, beta2_, eps_;
   bool decoupled_;
 };

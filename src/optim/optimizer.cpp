@@ -35,12 +35,32 @@ Optimizer::Optimizer(std::string name, std::vector<NamedParameter> parameters,
 
 Optimizer::~Optimizer() = default;
 
+namespace {
+
+// A step count for the fused kernels to read on `device`: float32, as their host-fed counts.
+at::Tensor device_step_count(int64_t step, const at::Device& device) {
+  return at::full({}, static_cast<double>(step),
+                  at::TensorOptions().device(device).dtype(at::kFloat));
+}
+
+// A learning rate for them: float32 on CUDA (what its kernels read), float64 elsewhere (the CPU
+// kernel then steps exactly as with a host double).
+at::Tensor device_lr(double lr, const at::Device& device) {
+  return at::full(
+      {}, lr,
+      at::TensorOptions().device(device).dtype(device.is_cuda() ? at::kFloat : at::kDouble));
+}
+
+}  // namespace
+
 void Optimizer::step() {
   at::NoGradGuard no_grad;
-  for (auto& group : groups_) {
+  const bool on_device = scalar_device_.has_value();
+  last_stepped_.clear();
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    auto& group = groups_[g];
     const auto names = group.algorithm->state_names();
     std::vector<Slot> slots;
-    std::vector<size_t> stepped;
     for (size_t i : group.members) {
       const at::Tensor& p = parameters_[i].tensor;
       if (!p.grad().defined()) continue;
@@ -51,18 +71,58 @@ void Optimizer::step() {
           state->tensors[n] = at::zeros_like(p, at::MemoryFormat::Preserve);
         }
       }
-      ++state->step;
-      Slot slot{&parameters_[i], p.grad(), {}, state->step};
+      Slot slot{&parameters_[i], p.grad(), {}, state->step + 1};
+      if (on_device) {
+        // The host count advances in count_device_step(), after the step really ran.
+        if (!device_steps_[i].defined()) {
+          device_steps_[i] = device_step_count(state->step, *scalar_device_);
+        }
+        slot.device_step = device_steps_[i];
+      } else {
+        ++state->step;
+      }
       for (const auto& n : names) slot.state.push_back(state->tensors.at(n));
       slots.push_back(std::move(slot));
+      last_stepped_.push_back(i);
     }
+    GroupSettings settings{lr_ * group.lr_factor, weight_decay_ * group.weight_decay_factor, {}};
+    if (on_device) settings.device_lr = device_lrs_[g];
     // Every rank calls every group, even with no gradient here: distributed rules collect.
-    group.algorithm->step(slots,
-                          {lr_ * group.lr_factor, weight_decay_ * group.weight_decay_factor});
+    group.algorithm->step(slots, settings);
     // LibTorch's fused optimizer kernels (at::_fused_adamw_) write the parameters in place
     // without bumping their version counters: bump them, so that whatever keys on a tensor's
     // version (float8's kept weight casts, autograd's saved-tensor checks) sees the step.
-    for (const Slot& slot : slots) slot.parameter->tensor.unsafeGetTensorImpl()->bump_version();
+    if (!on_device) {
+      for (const Slot& slot : slots) slot.parameter->tensor.unsafeGetTensorImpl()->bump_version();
+    }
+  }
+}
+
+bool Optimizer::can_keep_scalars_on_device() const {
+  for (const auto& group : groups_) {
+    if (!group.algorithm->takes_device_scalars()) return false;
+  }
+  return true;
+}
+
+void Optimizer::keep_scalars_on_device(const at::Device& device) {
+  LOOM_CHECK(can_keep_scalars_on_device(), "optimizer ", name_,
+             ": an algorithm of its groups cannot read its lr and step counts on the device");
+  scalar_device_ = device;
+  device_lrs_.clear();
+  for (const auto& group : groups_) device_lrs_.push_back(device_lr(lr_ * group.lr_factor, device));
+  device_steps_.assign(parameters_.size(), at::Tensor());
+}
+
+void Optimizer::load_device_scalars() {
+  LOOM_CHECK(scalar_device_.has_value(), "optimizer: keep_scalars_on_device was not called");
+  for (size_t g = 0; g < groups_.size(); ++g) device_lrs_[g].fill_(lr_ * groups_[g].lr_factor);
+}
+
+void Optimizer::count_device_step() {
+  for (size_t i : last_stepped_) {
+    ++states_[i]->step;
+    parameters_[i].tensor.unsafeGetTensorImpl()->bump_version();
   }
 }
 
@@ -110,6 +170,7 @@ const ParameterState* Optimizer::state(size_t index) const {
 
 void Optimizer::set_state(size_t index, ParameterState state) {
   LOOM_CHECK(index < states_.size(), "optimizer: no parameter ", index);
+  if (scalar_device_) device_steps_[index] = at::Tensor();  // made again from the new count
   if (state.step == 0) {
     states_[index].reset();
     return;

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "loom/core/check.h"
 #include "loom/core/logging.h"
 #include "loom/models/mtp.h"
 #include "loom/parallel/context_parallel.h"
@@ -65,16 +66,16 @@ class LocalStepRunner final : public StepRunner {
         microbatch_rows_(std::max<int64_t>(microbatch_rows, 1)) {}
 
   at::Tensor train_microbatch(const data::Batch& batch, double valid_tokens, bool last) override {
-    model_.gradient_sync->prepare_microbatch(last);
-    const auto tokens = place_tokens(batch, block_causal_, model_.context.get(), model_.mtp_depths);
-    at::Tensor loss;
-    {
-      AutocastGuard autocast(device_.type(), model_.autocast);
-      at::Tensor output = model_.parts.front()->forward(tokens.inputs.to(device_), tokens.layout);
-      loss = model_.loss(output, tokens.labels.to(device_)) / valid_tokens;
-    }
-    loss.backward();
-    return loss.detach();
+    return train(batch, last, [valid_tokens](const at::Tensor& sum) { return sum / valid_tokens; });
+  }
+
+  // A float32 count divides a float32 loss sum exactly as the double does (the kernels divide in
+  // float32 either way).
+  at::Tensor train_microbatch_counted_on_device(const data::Batch& batch,
+                                                const at::Tensor& valid_tokens,
+                                                bool last) override {
+    return train(batch, last,
+                 [&valid_tokens](const at::Tensor& sum) { return sum / valid_tokens; });
   }
 
   // A validation batch larger than the training microbatch runs as forwards of microbatch size
@@ -102,6 +103,20 @@ class LocalStepRunner final : public StepRunner {
   }
 
  private:
+  template <typename Normalize>
+  at::Tensor train(const data::Batch& batch, bool last, const Normalize& normalize) {
+    model_.gradient_sync->prepare_microbatch(last);
+    const auto tokens = place_tokens(batch, block_causal_, model_.context.get(), model_.mtp_depths);
+    at::Tensor loss;
+    {
+      AutocastGuard autocast(device_.type(), model_.autocast);
+      at::Tensor output = model_.parts.front()->forward(tokens.inputs.to(device_), tokens.layout);
+      loss = normalize(model_.loss(output, tokens.labels.to(device_)));
+    }
+    loss.backward();
+    return loss.detach();
+  }
+
   parallel::ParallelModel& model_;
   at::Device device_;
   bool block_causal_;
@@ -193,6 +208,13 @@ std::unique_ptr<StepRunner> pipeline_runner(parallel::ParallelModel& model,
 }
 
 }  // namespace
+
+at::Tensor StepRunner::train_microbatch_counted_on_device(const data::Batch& /*batch*/,
+                                                          const at::Tensor& /*valid_tokens*/,
+                                                          bool /*last*/) {
+  LOOM_CHECK(false, "this step runner (the pipeline's) cannot read the token count on the device");
+  return {};
+}
 
 std::unique_ptr<StepRunner> make_step_runner(
     parallel::ParallelModel& model, const std::optional<parallel::pipeline::PipelinePlan>& plan,

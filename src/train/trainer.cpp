@@ -21,6 +21,7 @@
 #include "loom/protocols/converter_hooks.h"
 #include "loom/train/grad_clip.h"
 #include "loom/train/lr_scheduler.h"
+#include "loom/train/step_graph.h"
 
 namespace loom::train {
 namespace {
@@ -172,6 +173,15 @@ Trainer::StepOutcome Trainer::train_step(int64_t step, PendingStep& pending,
   valid_tokens = static_cast<int64_t>(sum_over(loss_group, static_cast<double>(valid_tokens))) /
                  run.runtime->dims().cp;
   LOOM_CHECK_AS(InputError, valid_tokens > 0, "step ", step, ": the batch has no token to predict");
+  if (graphed_) {
+    m.lr = config_.optimizer.lr * run.schedule->factor(step - 1 - lr_step_offset_);
+    const auto out = graphed_->step(micro, static_cast<double>(valid_tokens), m.lr);
+    pending.step = step;
+    pending.loss = out.loss;
+    pending.grad_norm = out.grad_norm;
+    run.step_hook->after_optimizer_step(step);
+    return {data_time, true};
+  }
 
   run.optimizer->zero_grad();
   if (run.model.begin_step) run.model.begin_step(step);
@@ -324,6 +334,7 @@ TrainResult Trainer::train(const std::function<void()>& on_started) {
   started.float8_grouped = run_->converters.float8_grouped;
   started.float8_emulated = run_->converters.emulated;
   metrics_->start_run(started);
+  graphed_ = make_graphed_step(*run_);
   int64_t tokens_seen = resume.tokens_seen;
   window_ = Window{};
   window_.comm_start = run_->runtime->total_wire_bytes();
@@ -402,6 +413,9 @@ TrainResult Trainer::train(const std::function<void()>& on_started) {
     }
   }
   run_->checkpoint->wait();
+  if (graphed_ && graphed_->recorded()) {
+    result.graph_replays = graphed_->steps_run() - GraphedStep::kEagerSteps;
+  }
   metrics_->finish_run(result.stopped_by_signal ? "stopped" : "finished", result.steps_completed);
   result.peak_memory_gib = metrics::peak_memory_gib(run_->device);
   // The replica groups' all-reduces and healing streams are this rank's traffic too.

@@ -18,6 +18,7 @@
 #include "loom/core/check.h"
 #include "loom/core/signals.h"
 #include "loom/data/synthetic.h"
+#include "loom/train/step_graph.h"
 #include "loom/train/threads.h"
 #include "loom/train/trainer.h"
 #include "support/jobs.h"
@@ -121,6 +122,78 @@ LOOM_TEST(Training, ActivationCheckpointingChangesNoLoss) {
           << mode << " step " << i;
     }
   }
+}
+
+// training.cuda_graph's path -- the microbatches, the token count, the lr and the step counts in
+// fixed device buffers, the step recorded once after 2 eager steps and replayed -- trains as the
+// eager step does, bit for bit, with 2 microbatches and an lr that changes every step; a
+// checkpoint it wrote resumes into it again (the host's step counts advanced with the replays,
+// the device's are made from them). On CPU the recorded step is replayed by running it again
+// (debug.cuda_graph_on_cpu); the capture itself is the cuda label's (test_step_graph_cuda.cpp).
+LOOM_TEST(Training, CudaGraphStepTrainsAsTheEagerStepAndResumesIntoIt) {
+  auto job = small_job("graph_eager");
+  job.training.steps = 8;
+  job.training.local_batch_size = 4;
+  job.training.global_batch_size = 8;
+  job.lr_scheduler.warmup_steps = 10;
+  const auto eager = Trainer(job).train();
+  ASSERT_EQ(eager.losses.size(), 8u);
+
+  job.job.dump_folder = loom::testing::fresh_temp_dir("train_graph");
+  job.training.cuda_graph = true;
+  job.debug.cuda_graph_on_cpu = true;
+  job.checkpoint.enable = true;
+  job.checkpoint.interval = 4;
+  const auto graphed = Trainer(job).train();
+  EXPECT_EQ(graphed.graph_replays, 6);  // steps 3 to 8
+  EXPECT_EQ(graphed.losses, eager.losses);
+  EXPECT_EQ(graphed.grad_norms, eager.grad_norms);
+
+  job.checkpoint.load_step = 4;
+  const auto resumed = Trainer(job).train();
+  EXPECT_EQ(resumed.first_step, 5);
+  EXPECT_EQ(resumed.graph_replays, 2);  // steps 7 and 8
+  EXPECT_EQ(resumed.losses, std::vector<double>(eager.losses.begin() + 4, eager.losses.end()));
+  EXPECT_EQ(resumed.grad_norms,
+            std::vector<double>(eager.grad_norms.begin() + 4, eager.grad_norms.end()));
+}
+
+// What the graph cannot hold trains eagerly, with the reason named: here a CPU job without the
+// debug switch, and each host-side feature in turn.
+LOOM_TEST(Training, CudaGraphRefusesWhatItCannotRecord) {
+  auto job = small_job("graph_cpu");
+  job.training.steps = 3;
+  job.training.cuda_graph = true;
+  EXPECT_EQ(Trainer(job).train().graph_replays, 0);
+
+  using loom::train::step_graph_refusal;
+  using loom::train::StepGraphFacts;
+  const StepGraphFacts gpu{.cuda = true, .optimizer = "AdamW"};
+  EXPECT_FALSE(step_graph_refusal(gpu).has_value());
+  auto reason = [&](auto change) {
+    StepGraphFacts f = gpu;
+    change(f);
+    return step_graph_refusal(f).value_or("(recorded)");
+  };
+  EXPECT_NE(reason([](auto& f) { f.cuda = false; }).find("not run on a GPU"), std::string::npos);
+  EXPECT_NE(reason([](auto& f) { f.world_size = 2; }).find("2 ranks"), std::string::npos);
+  EXPECT_NE(reason([](auto& f) { f.causal_mask = false; }).find("block_causal"), std::string::npos);
+  EXPECT_NE(reason([](auto& f) { f.mtp_depths = 1; }).find("multi-token"), std::string::npos);
+  EXPECT_NE(reason([](auto& f) { f.model_step_hooks = true; }).find("mixture of experts"),
+            std::string::npos);
+  EXPECT_NE(reason([](auto& f) { f.converters = true; }).find("model.converters"),
+            std::string::npos);
+  EXPECT_NE(reason([](auto& f) { f.fault_tolerance = true; }).find("fault_tolerance"),
+            std::string::npos);
+  EXPECT_NE(reason([](auto& f) { f.layer_grad_norms = true; }).find("log_layer_grad_norms"),
+            std::string::npos);
+  EXPECT_NE(reason([](auto& f) { f.step_breakdown = true; }).find("step_breakdown"),
+            std::string::npos);
+  EXPECT_NE(reason([](auto& f) {
+              f.optimizer_device_scalars = false;
+              f.optimizer = "Muon";
+            }).find("optimizer Muon"),
+            std::string::npos);
 }
 
 LOOM_TEST(Training, GradientAccumulationEqualsOneBigBatch) {

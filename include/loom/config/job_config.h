@@ -136,6 +136,8 @@ struct TrainingSection {
   bool mixed_precision_on_cpu = false;
   // loom: loom's CUDA kernels instead of ATen's compositions (models/kernels/cuda.h).
   bool cuda_kernels = false;
+  // loom: the whole training step as one CUDA graph, replayed each step (train/step_graph.h).
+  bool cuda_graph = false;
   // loom: "error" stops at a bad dataset record; "skip" skips it and counts it in the metrics.
   std::string dataset_on_error = "error";
   // loom: the longest document (a JSONL line, a text file) a dataset may hold, in MiB.
@@ -298,6 +300,8 @@ struct DebugSection {
   bool moe_force_load_balance = false;
   // loom: FSDP even when data_parallel_shard_degree is 1 (one-rank shard groups).
   bool force_fsdp = false;
+  // loom: training.cuda_graph's path on CPU, the recorded step replayed eagerly (for tests).
+  bool cuda_graph_on_cpu = false;
   // loom: a capacity for CPU tensors per process in GiB (0: none), the CPU's stand-in for a
   // device's memory (core/cpu_memory_limit.h).
   double cpu_memory_limit_gib = 0;

@@ -14,6 +14,8 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -29,6 +31,20 @@ struct CudaDeviceProperties {
   int major = 0;  // compute capability
   int minor = 0;
   double total_memory_bytes = 0;
+};
+
+// A training step recorded once as a CUDA graph and then replayed (train/step_graph.h). Its work
+// runs on a stream of its own, ordered after what the current stream holds and before what the
+// current stream is given next.
+class StepGraph {
+ public:
+  virtual ~StepGraph() = default;
+  // Runs `body` now, on the graph's stream (the eager steps before the capture).
+  virtual void run(const std::function<void()>& body) = 0;
+  // Records `body` into the graph, running none of its device work.
+  virtual void capture(const std::function<void()>& body) = 0;
+  // Runs the recorded work again.
+  virtual void replay() = 0;
 };
 
 // What the CUDA library provides: everything of loom's that calls into CUDA, cuDNN or NCCL.
@@ -52,6 +68,8 @@ class CudaSupport {
   virtual c10::intrusive_ptr<c10d::Backend> make_nccl_backend(
       const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
       std::chrono::milliseconds timeout) const = 0;
+  // A step graph on GPU `index` (at::cuda::CUDAGraph, with its own memory pool).
+  virtual std::unique_ptr<StepGraph> make_step_graph(int index) const = 0;
 };
 
 // Loads bin/libloom_cuda.so (next to the running executable) when this build has CUDA paths and

@@ -32,6 +32,9 @@ struct Slot {
   at::Tensor grad;
   std::vector<at::Tensor> state;
   int64_t step = 0;
+  // With the scalars on the device (Optimizer::keep_scalars_on_device): the step count as a 0-d
+  // tensor there, not yet incremented (the algorithm adds 1 on the device), and `step` is unused.
+  at::Tensor device_step;
 };
 
 // The learning rate and weight decay a group steps with this step (base values times the
@@ -39,6 +42,9 @@ struct Slot {
 struct GroupSettings {
   double lr = 0;
   double weight_decay = 0;
+  // With the scalars on the device: the group's lr as a 0-d tensor there (read by the kernels
+  // when they run, so a replayed CUDA graph steps with the current lr); `lr` is unused.
+  at::Tensor device_lr;
 };
 
 // One update rule. A new optimizer is an Algorithm in one file, plus its line in registry.cpp.
@@ -53,6 +59,10 @@ class Algorithm {
   // (Muon's Newton-Schulz), and whether the rule needs the whole tensor (gathered when sharded).
   virtual double matrix_flops(at::IntArrayRef /*global_shape*/) const { return 0; }
   virtual bool needs_whole_tensor() const { return false; }
+  // Whether step() reads the lr and the step counts from the device (Slot::device_step,
+  // GroupSettings::device_lr) when they are given, doing nothing on the host that depends on
+  // them: what a whole-step CUDA graph needs (train/step_graph.h).
+  virtual bool takes_device_scalars() const { return false; }
 };
 
 // Which parameters a group holds and how its lr and weight decay relate to the optimizer's.
@@ -89,6 +99,17 @@ class Optimizer {
   void set_lr(double lr) { lr_ = lr; }
   double lr() const { return lr_; }
 
+  // Whole-step CUDA graphs (train/step_graph.h): from now on step() takes each group's lr and
+  // each parameter's step count from tensors on `device` and counts the step there, so that a
+  // recorded step() replays with the current values. load_device_scalars() writes the current lr
+  // there before each step; count_device_step() then advances the host's step counts (what
+  // checkpoints save) by the step that ran. Needs every group's algorithm to take device
+  // scalars.
+  bool can_keep_scalars_on_device() const;
+  void keep_scalars_on_device(const at::Device& device);
+  void load_device_scalars();
+  void count_device_step();
+
   const std::vector<NamedParameter>& parameters() const { return parameters_; }
   const std::vector<ParameterGroup>& groups() const { return groups_; }
   // Index of the parameter named `name` / whose local tensor is `tensor`; nullopt when absent.
@@ -117,6 +138,12 @@ class Optimizer {
   std::unordered_map<const void*, size_t> by_tensor_;
   double lr_ = 0;
   double weight_decay_ = 0;
+  // keep_scalars_on_device: the device, each group's lr there, each parameter's step count there
+  // (made at its first step there) and the parameters the last step() stepped.
+  std::optional<at::Device> scalar_device_;
+  std::vector<at::Tensor> device_lrs_;
+  std::vector<at::Tensor> device_steps_;
+  std::vector<size_t> last_stepped_;
 };
 
 }  // namespace loom::optim

@@ -26,6 +26,11 @@ class StepRunner {
   // `last` microbatch. Returns this rank's part of the loss, detached (zero on a pipeline rank
   // without the last stage).
   virtual at::Tensor train_microbatch(const data::Batch& batch, double valid_tokens, bool last) = 0;
+  // The same with the count read from a float32 0-d tensor on the device when the kernels run
+  // (a recorded CUDA graph replays with the count of the step it replays: train/step_graph.h).
+  // Only the local runner can; the pipeline's refuses.
+  virtual at::Tensor train_microbatch_counted_on_device(const data::Batch& batch,
+                                                        const at::Tensor& valid_tokens, bool last);
   // The summed token loss of a validation batch, forward only (complete on every rank that
   // computes it; zero on pipeline ranks without the last stage).
   virtual at::Tensor eval_sum(const data::Batch& batch) = 0;

@@ -22,17 +22,20 @@
 
 namespace loom::train {
 
+class GraphedStep;
+
 struct TrainResult {
   int64_t steps_completed = 0;
   std::vector<double> losses;  // one per step
   std::vector<double> grad_norms;
   bool stopped_by_signal = false;
-  int stop_signal = 0;     // the signal that stopped the run (any rank's), 0 if none
+  int stop_signal = 0;  // the signal that stopped the run (any rank's), 0 if none
   // The first step this run trained: resume step + 1, or past the steps a replica group healed.
   int64_t first_step = 1;
-  double elapsed_s = 0;    // this run's training time
+  double elapsed_s = 0;  // this run's training time
   double peak_memory_gib = 0;
   uint64_t comm_wire_bytes = 0;  // sent by this rank over every group
+  int64_t graph_replays = 0;     // steps replayed from training.cuda_graph's recorded step
 };
 
 // What a run trained, for its last log line: "finished: 2 steps (steps 61-62, resumed from step
@@ -96,8 +99,9 @@ class Trainer {
   int any_rank_stopping();
 
   std::unique_ptr<Run> run_;
-  const config::JobConfig& config_;  // run_->config
-  int64_t lr_step_offset_ = 0;       // training step minus schedule step (lr_scheduler not resumed)
+  const config::JobConfig& config_;       // run_->config
+  std::unique_ptr<GraphedStep> graphed_;  // training.cuda_graph's recorded step; null: eager
+  int64_t lr_step_offset_ = 0;  // training step minus schedule step (lr_scheduler not resumed)
   std::unique_ptr<metrics::MetricsLogger> metrics_;
   std::unique_ptr<metrics::StepProfiler> profiler_;    // profiling.* traces and memory snapshots
   std::unique_ptr<metrics::StepBreakdown> breakdown_;  // metrics.step_breakdown
