@@ -165,6 +165,16 @@ run_reference "8B_4layers bf16 (PyTorch eager)" 8B_4layers 2 4096 20
 run_reference "8B_4layers bf16 (torch.compile)" 8B_4layers 2 4096 20 --compile
 run_torchtitan "8B_4layers bf16 (torchtitan compile)" 8B_4layers 2 4096 20 --compile
 run_training "8B_4layers bf16 + cuda kernels" 8B_4layers 2 4096 20 --training.cuda_kernels true
+# Qwen3-MoE with 30B-A3B's layers (128 experts of width 768, 8 per token), two of them: the
+# grouped expert GEMMs beside torchtitan's own Qwen3-MoE on the same shape and tokens, eager and
+# compiled (its model is plain PyTorch with torch._grouped_mm: the MoE run's PyTorch reference,
+# as llama_reference.py has no MoE).
+DRY_FLAVOR=debugmodel_moe run_training "qwen3_moe 30B-A3B_2layers bf16" 30B-A3B_2layers 4 4096 20 \
+  --model.name qwen3_moe
+DRY_FLAVOR=debugmodel_moe run_torchtitan "qwen3_moe 30B-A3B_2layers bf16 (torchtitan)" \
+  30B-A3B_2layers 4 4096 20 --model qwen3_moe
+DRY_FLAVOR=debugmodel_moe run_torchtitan "qwen3_moe 30B-A3B_2layers bf16 (torchtitan compile)" \
+  30B-A3B_2layers 4 4096 20 --model qwen3_moe --compile
 # Every layout on the one GPU against one rank (collectives through the host, over Gloo).
 run_layout_on_one_gpu "one rank" 1
 run_layout_on_one_gpu "FSDP 2" 2 --parallelism.data_parallel_shard_degree 2 \
@@ -186,6 +196,10 @@ run_training "8B_4layers float8 blockwise" 8B_4layers 2 4096 20 --model.converte
   --quantize.linear.float8.recipe_name blockwise
 run_training "8B_4layers float8 rowwise_with_gw_hp" 8B_4layers 2 4096 20 \
   --model.converters float8 --quantize.linear.float8.recipe_name rowwise_with_gw_hp
+# LibTorch's own attention kernel order against the measured choice (training.sdpa_backend):
+# the tokens/s ratio says what measuring bought at the 8B shape's 4096 tokens.
+run_training "8B_4layers bf16 + libtorch attention" 8B_4layers 2 4096 20 \
+  --training.sdpa_backend libtorch
 run_training "100M FSDP" 100M 16 2048 40 --debug.force_fsdp true
 run_training "100M FSDP float8 all-gather" 100M 16 2048 40 --debug.force_fsdp true \
   --model.converters float8 --quantize.linear.float8.enable_fsdp_float8_all_gather true \

@@ -73,6 +73,11 @@ write_results() {
   if [[ -s "$OUT/metrics.jsonl" ]]; then
     "$PYTHON" "$ROOT/tools/gpu_check_report.py" summary "$OUT/metrics.jsonl" >> "$OUT/results.md" 2>&1
   fi
+  # What training.sdpa_backend = fastest measured, one line per attention shape (train.log).
+  if grep -qE 'attention \[[0-9]' "$OUT/train.log" 2>/dev/null; then
+    printf '\n## Attention kernels measured per shape (training.sdpa_backend = fastest)\n\n'
+    grep -oE 'attention \[[0-9].*' "$OUT/train.log" | sort -u | sed 's/^/- /'
+  fi >> "$OUT/results.md"
 }
 
 finish() {
@@ -325,7 +330,8 @@ run_reference() {
   phase "reference $name"
   limit="$(run_limit "$limit")" || { phase_skips; phase_end; return 0; }
   if ((DRY_RUN)); then
-    size=(--device cpu --flavor debugmodel --batch-size 2 --seq-len 64 --steps 2 --warmup 1)
+    size=(--device cpu --flavor "${DRY_FLAVOR:-debugmodel}" --batch-size 2 --seq-len 64 --steps 2
+          --warmup 1)
   fi
   local result="$WORK/reference_${name//[^A-Za-z0-9]/_}.json"
   echo "\$ llama_reference.py bench ${size[*]} $*" >> "$OUT/train.log"
@@ -370,7 +376,8 @@ run_torchtitan() {
   phase "torchtitan $name"
   limit="$(run_limit "$limit")" || { phase_skips; phase_end; return 0; }
   if ((DRY_RUN)); then
-    size=(--device cpu --flavor debugmodel --batch-size 2 --seq-len 64 --steps 2 --warmup 1)
+    size=(--device cpu --flavor "${DRY_FLAVOR:-debugmodel}" --batch-size 2 --seq-len 64 --steps 2
+          --warmup 1)
   fi
   if ! torchtitan_site; then
     phase_fails "torchtitan is not available (train.log)"

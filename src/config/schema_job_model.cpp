@@ -76,14 +76,16 @@ void add_job_sections(Schema& s) {
 void add_model_section(Schema& s) {
   SectionBuilder<ModelSection> model(s, "model", "Which model to train.",
                                      [](JobConfig& c) -> ModelSection& { return c.model; });
-  model.field("name", &ModelSection::name,
-              "Model family in the model registry: llama3, qwen3, qwen3_moe, deepseek_v3 or gpt_oss "
-              "(`loom plan model` names the registered ones).");
+  model.field(
+      "name", &ModelSection::name,
+      "Model family in the model registry: llama3, qwen3, qwen3_moe, deepseek_v3 or gpt_oss "
+      "(`loom plan model` names the registered ones).");
   model.field(
       "flavor", &ModelSection::flavor,
       "Size of the model family (llama3: debugmodel, 100M, 8B, 8B_4layers, 70B, 405B; "
       "qwen3: debugmodel, 0.6B, 1.7B, 4B, 8B, 14B, 32B, and as torchtitan the mixture-of-experts "
-      "debugmodel_moe, 30B-A3B, 235B-A22B, also named qwen3_moe; deepseek_v3: debugmodel, "
+      "debugmodel_moe, 30B-A3B, 235B-A22B, also named qwen3_moe, and 30B-A3B_2layers; deepseek_v3: "
+      "debugmodel, "
       "16B, 236B, 671B; gpt_oss: debugmodel, 20B, 120B).");
   model.field("hf_assets_path", &ModelSection::hf_assets_path,
               "Folder with Hugging Face assets: tokenizer files, config.json, safetensors.");

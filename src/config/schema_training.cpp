@@ -81,6 +81,14 @@ void add_training_section(Schema& s) {
            "(more than one rank, MoE, multi-token prediction, document masks, converters, "
            "fault tolerance, optimizers other than AdamW/Adam) train eagerly, and the log "
            "names why. Opt-in until its GPU check passes (docs/performance.md).");
+  tr.field("sdpa_backend", &TrainingSection::sdpa_backend,
+           "loom: which of LibTorch's fused kernels runs causal attention on CUDA: fastest "
+           "(each shape's first call times flash, cudnn and efficient, forward and backward, "
+           "keeps those that agree with LibTorch's own pick, and logs the times and the "
+           "winner), libtorch (LibTorch's fixed order: flash, efficient, cudnn last), or one "
+           "kernel by name. debug.deterministic turns fastest into libtorch. No effect on CPU "
+           "or on masked attention (documents and windows take the variable-length kernels).")
+      .choices({"fastest", "libtorch", "flash", "cudnn", "efficient"});
   tr.field("dataset_on_error", &TrainingSection::dataset_on_error,
            "loom: a bad dataset record (invalid JSON, no text field, invalid UTF-8) stops the job "
            "with its file and line (error) or is skipped and counted in metrics.jsonl as "

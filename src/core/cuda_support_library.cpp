@@ -13,6 +13,10 @@
 #include <cuda_runtime_api.h>
 #include <torch/csrc/cuda/memory_snapshot.h>
 
+#include <algorithm>
+#include <utility>
+#include <vector>
+
 #if LOOM_WITH_NCCL
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 // LibTorch's own NCCL wrapper: asks the NCCL library LibTorch loads, not whichever one the
@@ -153,6 +157,33 @@ class CudaSupportLibrary final : public CudaSupport {
 
   std::unique_ptr<StepGraph> make_step_graph(int index) const override {
     return std::make_unique<CudaStepGraph>(index);
+  }
+
+  double time_on_device(int index, const std::function<void()>& work, int repeats) const override {
+    c10::cuda::CUDAGuard device(static_cast<c10::DeviceIndex>(index));
+    const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream();
+    work();  // first-use costs (workspaces, plans, autotuning) stay out of the timing
+    std::vector<std::pair<at::cuda::CUDAEvent, at::cuda::CUDAEvent>> marks(
+        static_cast<size_t>(std::max(1, repeats)));
+    for (auto& [start, end] : marks) {
+      start = at::cuda::CUDAEvent(cudaEventDefault);
+      end = at::cuda::CUDAEvent(cudaEventDefault);
+      start.record(stream);
+      work();
+      end.record(stream);
+    }
+    stream.synchronize();
+    std::vector<double> ms;
+    for (auto& [start, end] : marks) ms.push_back(start.elapsed_time(end));
+    std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
+    return ms[ms.size() / 2];
+  }
+
+  bool capturing(int index) const override {
+    c10::cuda::CUDAGuard device(static_cast<c10::DeviceIndex>(index));
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    C10_CUDA_CHECK(cudaStreamIsCapturing(c10::cuda::getCurrentCUDAStream(), &status));
+    return status != cudaStreamCaptureStatusNone;
   }
 };
 

@@ -2,6 +2,7 @@
 
 #include "loom/core/check.h"
 #include "loom/protocols/attention_kernel.h"
+#include "loom/protocols/sdpa_choice.h"
 #include "loom/protocols/varlen_attention.h"
 
 #include <ATen/ATen.h>
@@ -155,6 +156,7 @@ at::Tensor local_attention(const at::Tensor& q, const at::Tensor& k, const at::T
   }
   const at::Tensor keys = expand_heads(k, q.size(1)), values = expand_heads(v, q.size(1));
   if (!layout.documents.defined() && !layout.slots.defined() && layer.plain()) {
+    if (q.is_cuda()) return causal_fused_attention(q, keys, values, scale);
     return at::scaled_dot_product_attention(q, keys, values, /*attn_mask=*/{}, /*dropout_p=*/0.0,
                                             /*is_causal=*/true, scale);
   }

@@ -31,6 +31,7 @@
 #include "loom/plan/layout.h"
 #include "loom/plan/memory_model.h"
 #include "loom/plan/model_shape.h"
+#include "loom/protocols/sdpa_choice.h"
 #include "loom/quantize/convert.h"
 #include "loom/train/mixed_precision.h"
 #include "loom/train/preflight.h"
@@ -120,7 +121,14 @@ void setup_runtime(Run& run) {
       c.debug.seed ? "" : " (random: set debug.seed to reproduce)", run.accumulation_steps,
       t.local_batch_size);
   models::kernels::set_cuda_kernels_enabled(t.cuda_kernels);
+  // A measured choice may differ from run to run; a deterministic job takes LibTorch's order.
+  const bool measured = t.sdpa_backend == "fastest" && !c.debug.deterministic;
+  models::set_sdpa_policy(measured || t.sdpa_backend != "fastest" ? t.sdpa_backend : "libtorch");
   if (cuda) {
+    log->info("causal attention on CUDA: {}",
+              measured ? "the fastest of LibTorch's fused kernels, measured per shape"
+                       : "training.sdpa_backend = " + models::sdpa_policy() +
+                             (c.debug.deterministic ? " (debug.deterministic)" : ""));
     const bool missing = t.cuda_kernels && models::kernels::cuda_kernels() == nullptr;
     log->log(missing ? spdlog::level::warn : spdlog::level::info, "CUDA kernels: {}",
              models::kernels::cuda_kernels_status());

@@ -8,9 +8,11 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <iostream>
 #include <string>
 
 #include "loom/protocols/attention_backend.h"
+#include "loom/protocols/sdpa_choice.h"
 #include "loom/protocols/varlen_attention.h"
 
 namespace loom {
@@ -62,6 +64,63 @@ TEST(CudaAttention, PackedDocumentsTakeTheVarlenKernelsAndEqualTheDenseMask) {
       for (int i = 0; i < 3; ++i) EXPECT_LE(relative_difference(grads[i], wants[i]), 3e-2) << i;
     }
   }
+}
+
+// The measured choice among LibTorch's fused kernels: on Hopper FlashAttention and cuDNN both take
+// bf16 causal attention of head dim 128; the winner equals LibTorch's own result, forward and
+// backward, and the shape is measured once. Each kernel by name gives the same answer.
+TEST(CudaAttention, TheFastestFusedKernelIsMeasuredOnceAndAgreesWithLibTorch) {
+  ASSERT_GT(c10::cuda::device_count(), 0) << "no CUDA device";
+  const at::Device device(at::kCUDA, 0);
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(29);
+  const int64_t b = 2, h = 16, s = 1024, d = 128;
+  auto random = [&] {
+    return at::randn({b, h, s, d}, generator, at::kFloat).to(device, at::kBFloat16);
+  };
+  const at::Tensor q0 = random(), k0 = random(), v0 = random(), dout = random();
+  const std::string before = models::sdpa_policy();
+  auto attend = [&](const std::string& policy) {
+    models::set_sdpa_policy(policy);
+    const at::Tensor q = q0.clone().requires_grad_(true), k = k0.clone().requires_grad_(true);
+    const at::Tensor v = v0.clone().requires_grad_(true);
+    const at::Tensor out = models::causal_fused_attention(q, k, v, 0.088);
+    auto grads = torch::autograd::grad({out}, {q, k, v}, {dout});
+    grads.insert(grads.begin(), out);
+    return grads;
+  };
+  const auto want = attend("libtorch");
+  const int measured_before = models::fused_sdpa_chooser().measurements();
+  for (int repeat = 0; repeat < 2; ++repeat) {
+    const auto got = attend("fastest");
+    for (int i = 0; i < 4; ++i) EXPECT_LE(relative_difference(got[i], want[i]), 3e-2) << i;
+  }
+  EXPECT_EQ(models::fused_sdpa_chooser().measurements(), measured_before + 1);
+  const at::Tensor probe = q0.clone().requires_grad_(true);
+  const auto trials = models::fused_sdpa_chooser().trials(probe, k0, v0);
+  ASSERT_EQ(trials.size(), 4u);
+  int usable = 0;
+  for (const auto& trial : trials) {
+    usable += trial.usable ? 1 : 0;
+    std::cout << trial.name << ": "
+              << (trial.usable ? std::to_string(trial.ms) + " ms" : "refused: " + trial.refusal)
+              << std::endl;
+  }
+  EXPECT_GE(usable, 2) << "LibTorch's pick and at least FlashAttention";
+  for (const char* kernel : {"flash", "cudnn", "efficient"}) {
+    SCOPED_TRACE(kernel);
+    try {
+      const auto got = attend(kernel);
+      for (int i = 0; i < 4; ++i) EXPECT_LE(relative_difference(got[i], want[i]), 3e-2) << i;
+    } catch (const std::exception& error) {
+      // Only a kernel the measurement refused may refuse by name.
+      for (const auto& trial : trials) {
+        if (trial.name == kernel) {
+          EXPECT_FALSE(trial.usable) << error.what();
+        }
+      }
+    }
+  }
+  models::set_sdpa_policy(before);
 }
 
 }  // namespace

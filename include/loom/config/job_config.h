@@ -138,6 +138,8 @@ struct TrainingSection {
   bool cuda_kernels = false;
   // loom: the whole training step as one CUDA graph, replayed each step (train/step_graph.h).
   bool cuda_graph = false;
+  // loom: which fused attention kernel runs causal attention on CUDA (protocols/sdpa_choice.h).
+  std::string sdpa_backend = "fastest";
   // loom: "error" stops at a bad dataset record; "skip" skips it and counts it in the metrics.
   std::string dataset_on_error = "error";
   // loom: the longest document (a JSONL line, a text file) a dataset may hold, in MiB.

@@ -70,6 +70,12 @@ class CudaSupport {
       std::chrono::milliseconds timeout) const = 0;
   // A step graph on GPU `index` (at::cuda::CUDAGraph, with its own memory pool).
   virtual std::unique_ptr<StepGraph> make_step_graph(int index) const = 0;
+  // Milliseconds of device time `work` takes on GPU `index`'s current stream, the median of
+  // `repeats` timed runs after one untimed (CUDA events; synchronizes once at the end).
+  virtual double time_on_device(int index, const std::function<void()>& work,
+                                int repeats) const = 0;
+  // Whether GPU `index`'s current stream is recording a CUDA graph (nothing may synchronize).
+  virtual bool capturing(int index) const = 0;
 };
 
 // Loads bin/libloom_cuda.so (next to the running executable) when this build has CUDA paths and

@@ -62,7 +62,7 @@ struct Float8Tensor {
   int64_t tile_cols = 0;
   // data.t() laid out row-major, when the cast wrote it too (the fused tensorwise cast for the
   // weight gradient's GEMM); undefined otherwise. The GEMMs then read it instead of copying.
-  at::Tensor transposed;
+  at::Tensor transposed{};
   bool defined() const { return data.defined(); }
   bool blockwise() const { return tile_rows > 0; }
   // data / scale as float32 (data * (1 / scale), the kernel's definition), in `dtype`.

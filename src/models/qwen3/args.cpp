@@ -80,6 +80,10 @@ const std::map<std::string, DecoderArgs>& qwen3_moe_flavors() {
         {"debugmodel_moe", moe_args_of(debug, {8, 2, 256})},
         {"30B-A3B",
          moe_args_of(args_of({2048, 48, 32, 4, 6144, 151936, 40960, false}), {128, 8, 768})},
+        // 30B-A3B's layers, two of them: one GPU's benchmark of the grouped expert GEMMs
+        // (tools/gpu_check.sh, beside torchtitan on the same shape).
+        {"30B-A3B_2layers",
+         moe_args_of(args_of({2048, 2, 32, 4, 6144, 151936, 40960, false}), {128, 8, 768})},
         {"235B-A22B",
          moe_args_of(args_of({4096, 94, 64, 4, 12288, 151936, 40960, false}), {128, 8, 1536})},
     };
