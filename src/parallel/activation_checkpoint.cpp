@@ -59,18 +59,28 @@ class AutocastState {
   std::array<at::ScalarType, 2> dtype_{};
 };
 
-// Applies an autocast state while alive, then restores the previous one.
+// Applies an autocast state while alive, then restores the previous one. It caches no cast:
+// LibTorch's cache of cast weights is process-wide and emptied only when the outermost autocast
+// region ends, and a recompute runs in backward, outside any region, so a weight cast cached
+// there would outlive the optimizer step and serve the next forward a stale copy.
 class AutocastScope {
  public:
-  explicit AutocastScope(const AutocastState& target) : previous_(AutocastState::capture()) {
+  explicit AutocastScope(const AutocastState& target)
+      : previous_(AutocastState::capture()),
+        previous_cache_(at::autocast::is_autocast_cache_enabled()) {
     target.apply();
+    at::autocast::set_autocast_cache_enabled(false);
   }
-  ~AutocastScope() { previous_.apply(); }
+  ~AutocastScope() {
+    previous_.apply();
+    at::autocast::set_autocast_cache_enabled(previous_cache_);
+  }
   AutocastScope(const AutocastScope&) = delete;
   AutocastScope& operator=(const AutocastScope&) = delete;
 
  private:
   AutocastState previous_;
+  bool previous_cache_;
 };
 
 // The backward node of a checkpointed region. Its inputs in the graph are the region's input
