@@ -56,6 +56,13 @@ class CudaStepGraph final : public StepGraph {
       try {
         body();
       } catch (...) {
+        // End the capture so the stream and the allocator leave capture mode and the original
+        // error is the one reported (ending an invalidated capture fails too; that is expected).
+        try {
+          graph_.capture_end();
+        } catch (...) {
+        }
+        graph_.reset();
         at::autocast::set_autocast_cache_enabled(cache);
         throw;
       }

@@ -170,7 +170,10 @@ const ParameterState* Optimizer::state(size_t index) const {
 
 void Optimizer::set_state(size_t index, ParameterState state) {
   LOOM_CHECK(index < states_.size(), "optimizer: no parameter ", index);
-  if (scalar_device_) device_steps_[index] = at::Tensor();  // made again from the new count
+  // The device count follows the new one in place: a recorded step graph keeps its address.
+  if (scalar_device_ && device_steps_[index].defined()) {
+    device_steps_[index].fill_(static_cast<double>(state.step));
+  }
   if (state.step == 0) {
     states_[index].reset();
     return;

@@ -4,6 +4,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/SDPBackend.h>
 #include <ATen/autocast_mode.h>
+#include <c10/core/InferenceMode.h>
 #include <fmt/format.h>
 #include <torch/csrc/autograd/autograd.h>
 
@@ -23,6 +24,25 @@ std::string current_policy = "fastest";
 bool wants_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   return at::GradMode::is_enabled() &&
          (q.requires_grad() || k.requires_grad() || v.requires_grad());
+}
+
+// A shape is measured forward and backward, whatever the call at hand needs: an activation-
+// checkpointed layer first runs without gradients and then recomputes with them, and both must
+// take the same kernel. Only inference (generation), whose tensors take no gradient, is measured
+// forward only.
+bool measures_backward() {
+  return !c10::InferenceMode::is_enabled();
+}
+
+// The gradient attention's output receives in the models: its [b, heads, s, d] output is
+// transposed to [b, s, heads, d] and flattened, so the gradient comes back as the transpose of
+// a contiguous [b, s, heads, d] tensor. Drawn on the host so no device RNG moves.
+at::Tensor output_gradient_like(const at::Tensor& out) {
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(/*seed_in=*/20261207);
+  if (out.dim() != 4) return at::randn(out.sizes(), generator, at::kFloat).to(out.options());
+  return at::randn({out.size(0), out.size(2), out.size(1), out.size(3)}, generator, at::kFloat)
+      .to(out.options())
+      .transpose(1, 2);
 }
 
 // The agreement asked of a kernel against LibTorch's pick: both round to the inputs' dtype, and
@@ -136,7 +156,7 @@ SdpaChooser::Key SdpaChooser::key_of(const at::Tensor& q, const at::Tensor& k,
     sizes.push_back(x->is_contiguous() ? 1 : 0);
   }
   return {q.device().str() + " " + std::string(c10::toString(q.scalar_type())), sizes,
-          wants_backward(q, k, v)};
+          measures_backward()};
 }
 
 bool SdpaChooser::knows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) const {
@@ -158,19 +178,17 @@ std::vector<SdpaTrial> SdpaChooser::trials(const at::Tensor& q, const at::Tensor
 
 SdpaChooser::Decision SdpaChooser::measure(const at::Tensor& q, const at::Tensor& k,
                                            const at::Tensor& v, double scale) const {
-  const bool backward = wants_backward(q, k, v);
+  const bool backward = measures_backward();
+  const at::AutoGradMode grad_mode(backward);
   // Copies of the inputs (their values: a kernel's agreement is checked on what it will see),
-  // and one output gradient for every candidate, drawn on the host so no device RNG moves.
+  // and one output gradient for every candidate.
   auto leaf = [&](const at::Tensor& x) { return x.detach().clone().requires_grad_(backward); };
   const at::Tensor ql = leaf(q), kl = leaf(k), vl = leaf(v);
   at::Tensor grad_out;
   auto run = [&](const SdpaCandidate& candidate) {
     Outputs result{candidate.run(ql, kl, vl, scale), {}};
     if (backward) {
-      if (!grad_out.defined()) {
-        auto generator = at::make_generator<at::CPUGeneratorImpl>(/*seed_in=*/20261207);
-        grad_out = at::randn(result.out.sizes(), generator, at::kFloat).to(result.out.options());
-      }
+      if (!grad_out.defined()) grad_out = output_gradient_like(result.out);
       result.grads = torch::autograd::grad({result.out}, {ql, kl, vl}, {grad_out});
     }
     return result;
@@ -184,10 +202,15 @@ SdpaChooser::Decision SdpaChooser::measure(const at::Tensor& q, const at::Tensor
     SdpaTrial trial;
     trial.name = candidates_[i].name;
     try {
-      const Outputs got = i == 0 ? reference : run(candidates_[i]);
-      double distance = relative_distance(got.out, reference.out);
-      for (size_t g = 0; g < got.grads.size(); ++g) {
-        distance = std::max(distance, relative_distance(got.grads[g], reference.grads[g]));
+      // The reference is what would run anyway: timed, never compared (inputs that are not
+      // finite would make it differ from itself).
+      double distance = 0;
+      if (i > 0) {
+        const Outputs got = run(candidates_[i]);
+        distance = relative_distance(got.out, reference.out);
+        for (size_t g = 0; g < got.grads.size(); ++g) {
+          distance = std::max(distance, relative_distance(got.grads[g], reference.grads[g]));
+        }
       }
       if (!(distance <= bound)) {
         trial.refusal =
@@ -275,10 +298,9 @@ at::Tensor causal_fused_attention(const at::Tensor& q, const at::Tensor& k, cons
   const SdpaCandidate& kernel = chooser.choose(q, k, v, scale, policy, &measured);
   if (measured) {
     log::get("attention")
-        ->info(
-            "{} (LibTorch's own pick: {})",
-            describe_sdpa_trials(q, wants_backward(q, k, v), chooser.trials(q, k, v), kernel.name),
-            libtorch_pick_name(q, k, v, scale));
+        ->info("{} (LibTorch's own pick: {})",
+               describe_sdpa_trials(q, measures_backward(), chooser.trials(q, k, v), kernel.name),
+               libtorch_pick_name(q, k, v, scale));
   }
   try {
     return kernel.run(q, k, v, scale);

@@ -1,9 +1,11 @@
 // The measured choice of a fused attention kernel (protocols/sdpa_choice.h), on CPU with stand-in
 // kernels and a stand-in clock: the fastest kernel that agrees with the reference wins, one that
 // throws or disagrees (forward or backward) is refused with the reason, and a shape is measured
-// once. The real kernels are checked on a GPU (CudaAttention in test_attention_cuda.cpp).
+// once, with its backward, for training calls with and without gradients alike. The real kernels
+// are checked on a GPU (CudaAttention in test_attention_cuda.cpp).
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/InferenceMode.h>
 #include <gtest/gtest.h>
 
 #include <map>
@@ -98,16 +100,24 @@ TEST(SdpaChoice, TheFastestKernelThatAgreesForwardAndBackwardServesEachShape) {
   EXPECT_EQ(chooser.measurements(), 1);
   EXPECT_EQ(stand_ins.timed.at("masked"), 1);
 
-  // Forward only (no gradients wanted) is another measurement: there the q-detaching kernel
-  // agrees, and it is faster.
+  // Without gradients (an activation-checkpointed layer's first forward) the kernel is the one
+  // its recompute will take: the shape's, measured with the backward.
   {
     at::NoGradGuard no_grad;
+    EXPECT_EQ(chooser.choose(q, k, v, 0.25, "fastest", &measured).name, "masked");
+    EXPECT_FALSE(measured);
+  }
+  // Inference is measured apart, forward only: there the q-detaching kernel agrees, and it is
+  // faster.
+  {
+    c10::InferenceMode inference;
     EXPECT_EQ(chooser.choose(q, k, v, 0.25, "fastest").name, "detached_q");
   }
-  // So is another shape.
-  const auto [q2, k2, v2] = inputs(1, 48, /*grad=*/true);
+  // So is another shape, and inputs that need no gradient are measured with the backward too.
+  const auto [q2, k2, v2] = inputs(1, 48, /*grad=*/false);
   EXPECT_EQ(chooser.choose(q2, k2, v2, 0.25, "fastest").name, "masked");
   EXPECT_EQ(chooser.measurements(), 3);
+  EXPECT_FALSE(chooser.trials(q2, k2, v2)[3].usable);
 
   const std::string line = models::describe_sdpa_trials(q, true, trials, "masked");
   EXPECT_NE(line.find("attention [2, 4, 32, 16] Float causal with backward on cpu: reference "

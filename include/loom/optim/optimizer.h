@@ -34,7 +34,7 @@ struct Slot {
   int64_t step = 0;
   // With the scalars on the device (Optimizer::keep_scalars_on_device): the step count as a 0-d
   // tensor there, not yet incremented (the algorithm adds 1 on the device), and `step` is unused.
-  at::Tensor device_step;
+  at::Tensor device_step{};
 };
 
 // The learning rate and weight decay a group steps with this step (base values times the

@@ -1,10 +1,10 @@
 // Which of LibTorch's fused attention kernels runs loom's causal attention on a GPU. LibTorch
 // picks by a fixed priority (FlashAttention, then memory-efficient, then cuDNN last), though
 // cuDNN's kernel is often the fastest on Hopper and the order flips with head dim and length.
-// loom measures instead: the first time a shape is seen, each kernel runs the forward (and the
-// backward, when gradients are wanted) on that shape, its results are checked against LibTorch's
-// own choice, and the fastest that agrees serves every later call of that shape. One log line per
-// shape names the times and the winner (training.sdpa_backend, docs/performance.md).
+// loom measures instead: the first time a shape is seen, each kernel runs the forward and the
+// backward (the forward only under inference mode) on that shape, its results are checked against
+// LibTorch's own choice, and the fastest that agrees serves every later call of that shape. One log
+// line per shape names the times and the winner (training.sdpa_backend, docs/performance.md).
 #pragma once
 
 #include <ATen/core/Tensor.h>
