@@ -30,7 +30,7 @@ struct LocalChunk {
   // norm): this rank's index among them, their number, and a name for the set's mesh axes.
   int64_t replica = 0;
   int64_t replicas = 1;
-  std::string replica_set;
+  std::string replica_set{};
 };
 
 // A whole (unsharded or replicated) tensor as a chunk.
@@ -60,7 +60,7 @@ struct StepHeader {
   bool model_only = false;
   // The writers' parallel layout ("pp 1, dp_replicate 1, dp_shard 2, cp 1, tp 2"), for people:
   // no reader needs it. Empty: not recorded (older checkpoints, imports).
-  std::string layout;
+  std::string layout{};
 };
 // A step folder's index.json: the merged per-rank entries (merge_index) with the format,
 // version and step header.
