@@ -310,7 +310,17 @@ at::Tensor causal_fused_attention(const at::Tensor& q, const at::Tensor& k, cons
                   c10::toString(q.scalar_type()), " on ", q.device().str(), ": ",
                   first_line(error.what_without_backtrace()),
                   " (fastest measures which kernels can; libtorch lets LibTorch choose)");
-    throw;
+    // The measured winner refused a call of its shape (strides the measurement did not see):
+    // LibTorch's own pick serves it, as it would have without the measurement.
+    static std::once_flag warned;
+    std::call_once(warned, [&] {
+      log::get("attention")
+          ->warn(
+              "{} refused attention [{}] after its measurement ({}); LibTorch's pick runs "
+              "such calls",
+              kernel.name, shape_text(q), first_line(error.what_without_backtrace()));
+    });
+    return at::scaled_dot_product_attention(q, k, v, std::nullopt, 0.0, /*is_causal=*/true, scale);
   }
 }
 
