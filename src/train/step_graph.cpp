@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <functional>
+#include <limits>
 
 #include "loom/core/check.h"
 #include "loom/core/logging.h"
@@ -143,7 +144,12 @@ GraphedStep::Outputs GraphedStep::step(const std::vector<data::Batch>& micro, do
           "steps); every later step replays it",
           steps_run_);
     }
+    // A replay reads no host value: the host lr is poisoned while one runs, so a step that read
+    // it would train on NaN where a replay runs its body again (debug.cuda_graph_on_cpu), as it
+    // would train on the captured step's lr on a GPU.
+    run_.optimizer->set_lr(std::numeric_limits<double>::quiet_NaN());
     graph_->replay();
+    run_.optimizer->set_lr(lr);
   }
   run_.optimizer->count_device_step();
   ++steps_run_;
