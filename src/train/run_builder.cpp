@@ -122,13 +122,11 @@ void setup_runtime(Run& run) {
       t.local_batch_size);
   models::kernels::set_cuda_kernels_enabled(t.cuda_kernels);
   // A measured choice may differ from run to run; a deterministic job takes LibTorch's order.
-  const bool measured = t.sdpa_backend == "fastest" && !c.debug.deterministic;
-  models::set_sdpa_policy(measured || t.sdpa_backend != "fastest" ? t.sdpa_backend : "libtorch");
+  const bool deterministic_order = t.sdpa_backend == "fastest" && c.debug.deterministic;
+  models::set_sdpa_policy(deterministic_order ? "libtorch" : t.sdpa_backend);
   if (cuda) {
-    log->info("causal attention on CUDA: {}",
-              measured ? "the fastest of LibTorch's fused kernels, measured per shape"
-                       : "training.sdpa_backend = " + models::sdpa_policy() +
-                             (c.debug.deterministic ? " (debug.deterministic)" : ""));
+    log->info("causal attention on CUDA: training.sdpa_backend = {}{}", models::sdpa_policy(),
+              deterministic_order ? " (fastest, but debug.deterministic)" : "");
     const bool missing = t.cuda_kernels && models::kernels::cuda_kernels() == nullptr;
     log->log(missing ? spdlog::level::warn : spdlog::level::info, "CUDA kernels: {}",
              models::kernels::cuda_kernels_status());

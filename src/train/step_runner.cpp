@@ -212,8 +212,8 @@ std::unique_ptr<StepRunner> pipeline_runner(parallel::ParallelModel& model,
 at::Tensor StepRunner::train_microbatch_counted_on_device(const data::Batch& /*batch*/,
                                                           const at::Tensor& /*valid_tokens*/,
                                                           bool /*last*/) {
-  LOOM_CHECK(false, "this step runner (the pipeline's) cannot read the token count on the device");
-  return {};
+  LOOM_THROW(InternalError,
+             "this step runner (the pipeline's) cannot read the token count on the device");
 }
 
 std::unique_ptr<StepRunner> make_step_runner(

@@ -174,7 +174,7 @@ Trainer::StepOutcome Trainer::train_step(int64_t step, PendingStep& pending,
                  run.runtime->dims().cp;
   LOOM_CHECK_AS(InputError, valid_tokens > 0, "step ", step, ": the batch has no token to predict");
   if (graphed_) {
-    m.lr = config_.optimizer.lr * run.schedule->factor(step - 1 - lr_step_offset_);
+    m.lr = lr_of(step);
     const auto out = graphed_->step(micro, static_cast<double>(valid_tokens), m.lr);
     pending.step = step;
     pending.loss = out.loss;
@@ -212,7 +212,7 @@ Trainer::StepOutcome Trainer::train_step(int64_t step, PendingStep& pending,
     retry_ = std::move(micro);
     return {data_time, false};
   }
-  m.lr = config_.optimizer.lr * run.schedule->factor(step - 1 - lr_step_offset_);
+  m.lr = lr_of(step);
   run.optimizer->set_lr(m.lr);
   run.optimizer->step();
   if (run.spec->after_optimizer_step) {
@@ -279,6 +279,10 @@ double Trainer::validate() {
   return run_->validator->run(
       [&](const data::Batch& batch) { return run_->steps->eval_sum(batch); },
       run_->runtime->group(distributed::MeshGroup::loss), run_->runtime->dims().cp);
+}
+
+double Trainer::lr_of(int64_t step) const {
+  return config_.optimizer.lr * run_->schedule->factor(step - 1 - lr_step_offset_);
 }
 
 int Trainer::any_rank_stopping() {

@@ -18,6 +18,7 @@
 #include "loom/core/check.h"
 #include "loom/core/signals.h"
 #include "loom/data/synthetic.h"
+#include "loom/protocols/sdpa_choice.h"
 #include "loom/train/step_graph.h"
 #include "loom/train/threads.h"
 #include "loom/train/trainer.h"
@@ -140,6 +141,25 @@ LOOM_TEST(Training, ActivationCheckpointingUnderAutocastChangesNoLoss) {
   for (size_t i = 0; i < none.losses.size(); ++i) {
     EXPECT_NEAR(full.losses[i], none.losses[i], 1e-6 * std::abs(none.losses[i])) << "step " << i;
   }
+}
+
+// training.sdpa_backend reaches the attention seam (protocols/sdpa_choice.h) when a run is
+// built, and debug.deterministic turns the measured choice into LibTorch's fixed order.
+LOOM_TEST(Training, SdpaBackendReachesTheAttentionSeam) {
+  auto job = small_job("sdpa_policy");
+  job.training.steps = 1;
+  job.training.sdpa_backend = "cudnn";
+  { Trainer trainer(job); }
+  EXPECT_EQ(loom::models::sdpa_policy(), "cudnn");
+  job.training.sdpa_backend = "fastest";
+  job.debug.deterministic = true;
+  job.job.dump_folder = loom::testing::fresh_temp_dir("train_sdpa_policy_deterministic");
+  { Trainer trainer(job); }
+  EXPECT_EQ(loom::models::sdpa_policy(), "libtorch");
+  job.debug.deterministic = false;
+  job.job.dump_folder = loom::testing::fresh_temp_dir("train_sdpa_policy_fastest");
+  { Trainer trainer(job); }
+  EXPECT_EQ(loom::models::sdpa_policy(), "fastest");
 }
 
 // training.cuda_graph's path -- the microbatches, the token count, the lr and the step counts in

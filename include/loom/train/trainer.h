@@ -97,6 +97,8 @@ class Trainer {
   // The stop signal (SIGTERM, SIGINT) once any rank was asked to stop, on every rank (all ranks
   // leave after the same step); 0 otherwise.
   int any_rank_stopping();
+  // The learning rate of training step `step` (1-based) by the schedule.
+  double lr_of(int64_t step) const;
 
   std::unique_ptr<Run> run_;
   const config::JobConfig& config_;       // run_->config
