@@ -77,10 +77,12 @@ void add_training_section(Schema& s) {
   tr.field("cuda_graph", &TrainingSection::cuda_graph,
            "loom: on CUDA, record the whole training step (forward, backward, clipping, the "
            "optimizer) as one CUDA graph after 2 eager steps and replay it every step after, "
-           "with the batch, lr and step counts in fixed device buffers. Jobs it cannot record "
-           "(more than one rank, MoE, multi-token prediction, document masks, converters, "
-           "fault tolerance, optimizers other than AdamW/Adam) train eagerly, and the log "
-           "names why. Opt-in until its GPU check passes (docs/performance.md).");
+           "with the batch, lr and step counts in fixed device buffers; the data-parallel "
+           "wrappers (DDP, FSDP, HSDP over NCCL) are recorded with it. Jobs it cannot record "
+           "(tensor, pipeline, context or expert parallelism, ranks sharing a GPU, MoE, "
+           "multi-token prediction, document masks, converters, fault tolerance, optimizers "
+           "other than AdamW/Adam) train eagerly, and the log names why. Opt-in until its GPU "
+           "check passes (docs/performance.md).");
   tr.field("sdpa_backend", &TrainingSection::sdpa_backend,
            "loom: which of LibTorch's fused kernels runs causal attention on CUDA: fastest "
            "(each shape's first call times flash, cudnn and efficient, forward and backward, "

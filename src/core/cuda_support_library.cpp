@@ -14,6 +14,7 @@
 #include <torch/csrc/cuda/memory_snapshot.h>
 
 #include <algorithm>
+#include <deque>
 #include <utility>
 #include <vector>
 
@@ -52,7 +53,9 @@ class CudaStepGraph final : public StepGraph {
       // graph's pool; PyTorch captures with it off.
       const bool cache = at::autocast::is_autocast_cache_enabled();
       at::autocast::set_autocast_cache_enabled(false);
-      graph_.capture_begin();
+      // Thread-local: another thread's CUDA calls during the capture (c10d's NCCL watchdog
+      // querying its events, the checkpoint writer's copies) neither fail nor spoil the graph.
+      graph_.capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
       try {
         body();
       } catch (...) {
@@ -72,7 +75,18 @@ class CudaStepGraph final : public StepGraph {
   }
 
   void replay() override {
-    on_graph_stream([&] { graph_.replay(); });
+    on_graph_stream([&] {
+      graph_.replay();
+      replays_.emplace_back();
+      replays_.back().record(stream_);
+    });
+  }
+
+  void wait_for_replays(size_t in_flight) override {
+    while (replays_.size() > in_flight) {
+      replays_.front().synchronize();
+      replays_.pop_front();
+    }
   }
 
  private:
@@ -94,6 +108,7 @@ class CudaStepGraph final : public StepGraph {
   c10::DeviceIndex index_;
   c10::cuda::CUDAStream stream_;
   at::cuda::CUDAGraph graph_;
+  std::deque<at::cuda::CUDAEvent> replays_;  // recorded after each replay, oldest first
 };
 
 class CudaSupportLibrary final : public CudaSupport {

@@ -93,6 +93,42 @@ uint64_t CommCounters::total_calls() const {
   return total;
 }
 
+TrafficCounts operator-(const TrafficCounts& later, const TrafficCounts& earlier) {
+  TrafficCounts out;
+  for (size_t c = 0; c < out.size(); ++c) {
+    out[c] = {later[c].calls - earlier[c].calls, later[c].payload_bytes - earlier[c].payload_bytes,
+              later[c].wire_bytes - earlier[c].wire_bytes};
+  }
+  return out;
+}
+
+TrafficCounts operator+(const TrafficCounts& a, const TrafficCounts& b) {
+  TrafficCounts out;
+  for (size_t c = 0; c < out.size(); ++c) {
+    out[c] = {a[c].calls + b[c].calls, a[c].payload_bytes + b[c].payload_bytes,
+              a[c].wire_bytes + b[c].wire_bytes};
+  }
+  return out;
+}
+
+TrafficCounts CommCounters::values() const {
+  TrafficCounts out;
+  for (size_t c = 0; c < out.size(); ++c) {
+    out[c] = {by_kind_[c].calls.load(std::memory_order_relaxed),
+              by_kind_[c].payload_bytes.load(std::memory_order_relaxed),
+              by_kind_[c].wire_bytes.load(std::memory_order_relaxed)};
+  }
+  return out;
+}
+
+void CommCounters::set(const TrafficCounts& values) {
+  for (size_t c = 0; c < values.size(); ++c) {
+    by_kind_[c].calls = values[c].calls;
+    by_kind_[c].payload_bytes = values[c].payload_bytes;
+    by_kind_[c].wire_bytes = values[c].wire_bytes;
+  }
+}
+
 void CommCounters::reset() {
   for (auto& c : by_kind_) {
     c.calls = 0;

@@ -269,6 +269,18 @@ std::array<uint64_t, kCollectiveKinds> ProcessGroups::wire_bytes_by_collective()
   return bytes;
 }
 
+std::vector<TrafficCounts> ProcessGroups::traffic() const {
+  std::vector<TrafficCounts> out;
+  for (const auto& g : groups_) out.push_back(g->counters().values());
+  return out;
+}
+
+void ProcessGroups::set_traffic(const std::vector<TrafficCounts>& traffic) {
+  LOOM_CHECK(traffic.size() == groups_.size(), "set_traffic: ", traffic.size(), " counts for ",
+             groups_.size(), " groups");
+  for (size_t g = 0; g < groups_.size(); ++g) groups_[g]->counters().set(traffic[g]);
+}
+
 uint64_t ProcessGroups::total_wire_bytes() const {
   uint64_t total = 0;
   for (const uint64_t bytes : wire_bytes_by_collective()) total += bytes;

@@ -1,6 +1,7 @@
 #include "loom/train/step_graph.h"
 
 #include <ATen/ATen.h>
+#include <c10/util/Exception.h>
 #include <fmt/format.h>
 
 #include <functional>
@@ -24,6 +25,7 @@ class EagerStepGraph final : public device::StepGraph {
     LOOM_CHECK(body_ != nullptr, "step graph: replay before capture");
     body_();
   }
+  void wait_for_replays(size_t /*in_flight*/) override {}  // each replay ran to its end
 
  private:
   std::function<void()> body_;
@@ -41,6 +43,17 @@ StepGraphFacts step_graph_facts(const Run& run) {
   f.cuda = run.device.is_cuda();
   f.cpu_replay = c.debug.cuda_graph_on_cpu;
   f.world_size = run.runtime->world().world_size;
+  const auto& dims = run.runtime->dims();
+  for (const auto& [name, degree] : {std::pair<const char*, int64_t>{"tp", dims.tp},
+                                     {"pp", dims.pp},
+                                     {"cp", dims.cp},
+                                     {"ep", dims.ep}}) {
+    if (degree > 1) {
+      f.model_parallel +=
+          fmt::format("{}{} {}", f.model_parallel.empty() ? "" : ", ", name, degree);
+    }
+  }
+  f.collectives_through_host = run.runtime->process_groups().cuda_through_host();
   f.causal_mask = c.model.attn_mask_type == "causal";
   // (ModelSpec::after_optimizer_step only forwards to the model's.)
   f.model_step_hooks =
@@ -58,9 +71,17 @@ StepGraphFacts step_graph_facts(const Run& run) {
 
 std::optional<std::string> step_graph_refusal(const StepGraphFacts& f) {
   if (!f.cuda && !f.cpu_replay) return "the job does not run on a GPU";
-  if (f.world_size > 1) {
-    return fmt::format("{} ranks: only one-rank jobs are recorded (collectives are not)",
-                       f.world_size);
+  if (f.world_size > 1 && !f.model_parallel.empty()) {
+    return fmt::format(
+        "parallelism {}: of several ranks' jobs, only the data-parallel wrappers (DDP, FSDP, "
+        "HSDP) are recorded",
+        f.model_parallel);
+  }
+  if (f.world_size > 1 && f.collectives_through_host) {
+    return fmt::format(
+        "{} ranks share a GPU: their collectives are staged through host memory, which a graph "
+        "cannot hold",
+        f.world_size);
   }
   if (!f.causal_mask) {
     return "model.attn_mask_type = block_causal: document offsets are computed on the host per "
@@ -84,10 +105,81 @@ std::optional<std::string> step_graph_refusal(const StepGraphFacts& f) {
   return std::nullopt;
 }
 
+ReplayQueue::ReplayQueue(device::StepGraph& graph, distributed::FlightRecorder* recorder,
+                         std::vector<int> world_ranks, size_t in_flight)
+    : graph_(graph),
+      recorder_(recorder),
+      world_ranks_(std::move(world_ranks)),
+      in_flight_(in_flight) {}
+
+void ReplayQueue::replay() {
+  graph_.replay();
+  ++replays_;
+  uint64_t id = 0;
+  if (recorder_ != nullptr) {
+    distributed::CollectiveRecord record;
+    record.group = "world";
+    record.group_ranks = world_ranks_;
+    record.seq = replays_;
+    record.op = "step_graph_replay";
+    id = recorder_->record(std::move(record));
+    recorder_->started(id);
+  }
+  queued_.push_back(id);
+  wait_until(in_flight_);
+}
+
+void ReplayQueue::wait_until(size_t in_flight) {
+  while (queued_.size() > in_flight) {
+    const uint64_t oldest = queued_.front();
+    if (recorder_ != nullptr) recorder_->waiting(oldest);
+    try {
+      graph_.wait_for_replays(queued_.size() - 1);
+    } catch (const std::exception& e) {
+      if (recorder_ != nullptr) {
+        const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+        recorder_->failed(oldest, c10_error ? c10_error->what_without_backtrace() : e.what());
+      }
+      throw;
+    }
+    if (recorder_ != nullptr) recorder_->completed(oldest);
+    queued_.pop_front();
+  }
+}
+
+namespace {
+
+std::vector<distributed::TrafficCounts> plus(const std::vector<distributed::TrafficCounts>& a,
+                                             const std::vector<distributed::TrafficCounts>& b,
+                                             int sign_of_b) {
+  LOOM_CHECK(a.size() == b.size(), "step graph: the process groups changed during training");
+  std::vector<distributed::TrafficCounts> out;
+  for (size_t g = 0; g < a.size(); ++g) out.push_back(sign_of_b > 0 ? a[g] + b[g] : a[g] - b[g]);
+  return out;
+}
+
+}  // namespace
+
 GraphedStep::GraphedStep(Run& run, std::unique_ptr<device::StepGraph> graph)
     : run_(run), graph_(std::move(graph)) {
   run_.optimizer->keep_scalars_on_device(run_.device);
   valid_tokens_ = at::zeros({}, at::TensorOptions().device(run_.device).dtype(at::kFloat));
+  std::vector<int> world_ranks(static_cast<size_t>(run_.runtime->world().world_size));
+  for (size_t r = 0; r < world_ranks.size(); ++r) world_ranks[r] = static_cast<int>(r);
+  // Several ranks wait for each replay: a replay's collectives are watched by no backend, and
+  // a host that later blocked on its results in a copy would hang unseen. The device idles only
+  // for the host's work between steps (a batch's copy and one launch).
+  const size_t in_flight = world_ranks.size() > 1 ? 0 : kReplaysInFlight;
+  replays_ = std::make_unique<ReplayQueue>(*graph_, run_.runtime->process_groups().recorder(),
+                                           std::move(world_ranks), in_flight);
+}
+
+std::vector<distributed::TrafficCounts> GraphedStep::traffic() const {
+  return run_.runtime->process_groups().traffic();
+}
+
+void GraphedStep::set_traffic(const std::vector<distributed::TrafficCounts>& traffic) {
+  run_.runtime->process_groups().set_traffic(traffic);
 }
 
 void GraphedStep::load(const std::vector<data::Batch>& micro, double valid_tokens) {
@@ -134,10 +226,14 @@ GraphedStep::Outputs GraphedStep::step(const std::vector<data::Batch>& micro, do
   run_.optimizer->set_lr(lr);
   run_.optimizer->load_device_scalars();
   if (steps_run_ < kEagerSteps) {
+    const auto before = traffic();
     graph_->run([this] { body(); });
+    step_traffic_ = plus(traffic(), before, -1);
   } else {
     if (!recorded_) {
+      const auto before = traffic();
       graph_->capture([this] { body(); });
+      set_traffic(before);  // recording sends nothing
       recorded_ = true;
       log::get("trainer")->info(
           "training.cuda_graph: the step is recorded (after {} eager "
@@ -148,7 +244,11 @@ GraphedStep::Outputs GraphedStep::step(const std::vector<data::Batch>& micro, do
     // it would train on NaN where a replay runs its body again (debug.cuda_graph_on_cpu), as it
     // would train on the captured step's lr on a GPU.
     run_.optimizer->set_lr(std::numeric_limits<double>::quiet_NaN());
-    graph_->replay();
+    // The same holds for the byte counters: a replay's collectives run without the host, so
+    // its traffic is that of the last eager step, whatever the host counted meanwhile.
+    const auto before = traffic();
+    replays_->replay();
+    set_traffic(plus(before, step_traffic_, +1));
     run_.optimizer->set_lr(lr);
   }
   run_.optimizer->count_device_step();

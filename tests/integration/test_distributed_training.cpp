@@ -112,6 +112,42 @@ LOOM_SLOW_TEST(DistributedTraining, HsdpTwoByTwoMatchesOneRank) {
                                "--parallelism.fsdp_reshard_after_forward never");
 }
 
+// training.cuda_graph under the data-parallel wrappers (2 microbatches a step, so DDP's no_sync
+// and FSDP's accumulation are inside the recorded step): the graphed path trains as the eager
+// one bit for bit, and the byte counters -- which a real replay's collectives never touch --
+// advance by the eager step's traffic on every replay. On CPU a replay runs the body again
+// (debug.cuda_graph_on_cpu); the wrappers' host bookkeeping must end each step as it began.
+LOOM_TEST(DistributedTraining, CudaGraphUnderDataParallelTrainsAsTheEagerStep) {
+  for (const std::string layout : {"--parallelism.data_parallel_replicate_degree 2",
+                                   "--parallelism.data_parallel_shard_degree 2"}) {
+    auto run = [&](const std::string& name, const std::string& extra) {
+      const std::string folder = fresh_temp_dir(name);
+      auto result = run_loom(
+          "launch --nproc-per-node 2 --master-port " + std::to_string(loom::testing::free_port()) +
+          " -- " + job_args(folder, 6) +
+          " --training.global_batch_size 8 --training.local_batch_size 2 " + layout + extra);
+      EXPECT_EQ(result.exit_code, 0) << result.output;
+      return std::make_pair(folder, result.output);
+    };
+    const auto [eager, eager_log] = run("graph_dp_eager", "");
+    const auto [graphed, graphed_log] =
+        run("graph_dp", " --training.cuda_graph true --debug.cuda_graph_on_cpu true");
+    EXPECT_NE(graphed_log.find("the step is recorded"), std::string::npos) << graphed_log;
+    loom::testing::expect_losses_close(losses(eager), losses(graphed), 0, layout);
+    auto comm_mb = [](const std::string& folder) {
+      std::vector<double> out;
+      for (const auto& row : loom::testing::logged_rows(folder)) {
+        if (row.contains("loss") && row.contains("comm_mb")) out.push_back(row["comm_mb"]);
+      }
+      return out;
+    };
+    const auto want = comm_mb(eager);
+    ASSERT_EQ(want.size(), 6u) << layout;
+    EXPECT_GT(want.back(), 1.0) << layout;
+    EXPECT_EQ(comm_mb(graphed), want) << layout;
+  }
+}
+
 // debug.force_fsdp: FSDP over a one-rank shard group (how one GPU runs FSDP's code paths).
 LOOM_TEST(DistributedTraining, ForcedFsdpOnOneRankMatchesPlainTraining) {
   const std::string folder = fresh_temp_dir("fsdp_one");

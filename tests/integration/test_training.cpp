@@ -216,7 +216,19 @@ LOOM_TEST(Training, CudaGraphRefusesWhatItCannotRecord) {
     return step_graph_refusal(f).value_or("(recorded)");
   };
   EXPECT_NE(reason([](auto& f) { f.cuda = false; }).find("not run on a GPU"), std::string::npos);
-  EXPECT_NE(reason([](auto& f) { f.world_size = 2; }).find("2 ranks"), std::string::npos);
+  // Several ranks: the data-parallel wrappers are recorded; other parallelisms and collectives
+  // staged through the host are not.
+  EXPECT_EQ(reason([](auto& f) { f.world_size = 4; }), "(recorded)");
+  EXPECT_NE(reason([](auto& f) {
+              f.world_size = 4;
+              f.model_parallel = "tp 2, pp 2";
+            }).find("parallelism tp 2, pp 2"),
+            std::string::npos);
+  EXPECT_NE(reason([](auto& f) {
+              f.world_size = 2;
+              f.collectives_through_host = true;
+            }).find("2 ranks share a GPU"),
+            std::string::npos);
   EXPECT_NE(reason([](auto& f) { f.causal_mask = false; }).find("block_causal"), std::string::npos);
   EXPECT_NE(reason([](auto& f) { f.mtp_depths = 1; }).find("multi-token"), std::string::npos);
   EXPECT_NE(reason([](auto& f) { f.model_step_hooks = true; }).find("mixture of experts"),

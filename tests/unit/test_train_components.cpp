@@ -3,18 +3,23 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <atomic>
 #include <cmath>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 
 #include "loom/core/check.h"
 #include "loom/data/synthetic.h"
+#include "loom/models/loss.h"
 #include "loom/models/model_spec.h"
+#include "loom/optim/registry.h"
 #include "loom/parallel/activation_checkpoint.h"
 #include "loom/parallel/grad_hooks.h"
-#include "loom/models/loss.h"
 #include "loom/train/grad_clip.h"
 #include "loom/train/lr_scheduler.h"
 #include "loom/train/mixed_precision.h"
-#include "loom/optim/registry.h"
+#include "loom/train/step_graph.h"
 
 using loom::train::LRSchedule;
 
@@ -249,4 +254,66 @@ TEST(ActivationCheckpoint, BlockSelection) {
   EXPECT_EQ(blocks_to_checkpoint("selective", "op", 2), (std::vector<bool>{true, true}));  // warned
   EXPECT_THROW(blocks_to_checkpoint("selective", "x", 2), loom::InputError);
   EXPECT_THROW(blocks_to_checkpoint("memory_budget", "2", 2), loom::InputError);
+}
+
+namespace {
+
+// A step graph whose replays end only when the test says so.
+class HeldReplays final : public loom::device::StepGraph {
+ public:
+  void run(const std::function<void()>& /*body*/) override {}
+  void capture(const std::function<void()>& /*body*/) override {}
+  void replay() override { ++replayed; }
+  void wait_for_replays(size_t in_flight) override {
+    std::unique_lock<std::mutex> lock(mutex_);
+    asked.push_back(in_flight);
+    released_.wait(lock, [this] { return release_; });
+  }
+  void release() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      release_ = true;
+    }
+    released_.notify_all();
+  }
+  std::atomic<int> replayed{0};
+  std::vector<size_t> asked;
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable released_;
+  bool release_ = false;
+};
+
+}  // namespace
+
+// A several-rank job's replays: each is a flight-recorder entry, and the host blocks on the
+// oldest one past the queue's bound as on a collective, so the collective watchdog (which reads
+// longest_wait) names a replay that never ends.
+TEST(ReplayQueue, TheHostWaitsOnTheOldestReplayAsOnACollective) {
+  using loom::distributed::CollectiveState;
+  HeldReplays graph;
+  loom::distributed::FlightRecorder recorder(0, 2, 16);
+  loom::train::ReplayQueue queue(graph, &recorder, {0, 1}, /*in_flight=*/1);
+  queue.replay();
+  EXPECT_FALSE(recorder.longest_wait().has_value()) << "one replay in flight: nobody waits";
+  std::thread host([&] { queue.replay(); });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!recorder.longest_wait() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  const auto waited = recorder.longest_wait();
+  graph.release();
+  host.join();
+  ASSERT_TRUE(waited.has_value()) << "the host blocked on a replay the recorder does not show";
+  EXPECT_EQ(waited->op, "step_graph_replay");
+  EXPECT_EQ(waited->group, "world");
+  EXPECT_EQ(waited->seq, 1);
+  EXPECT_EQ(graph.replayed.load(), 2);
+  EXPECT_EQ(graph.asked, std::vector<size_t>{1});
+  const auto records = recorder.records();
+  ASSERT_EQ(records.size(), 2u);
+  EXPECT_EQ(records[0].state, CollectiveState::kCompleted);
+  EXPECT_EQ(records[1].state, CollectiveState::kStarted);
+  EXPECT_EQ(records[1].seq, 2);
 }

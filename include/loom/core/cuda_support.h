@@ -43,8 +43,12 @@ class StepGraph {
   virtual void run(const std::function<void()>& body) = 0;
   // Records `body` into the graph, running none of its device work.
   virtual void capture(const std::function<void()>& body) = 0;
-  // Runs the recorded work again.
+  // Runs the recorded work again (queued: the host does not wait for it).
   virtual void replay() = 0;
+  // Blocks until at most `in_flight` replays are still queued or running, so the host runs at
+  // most that many steps ahead of the device (and a replay that never ends blocks the host
+  // here, where the collective watchdog sees it).
+  virtual void wait_for_replays(size_t in_flight) = 0;
 };
 
 // What the CUDA library provides: everything of loom's that calls into CUDA, cuDNN or NCCL.

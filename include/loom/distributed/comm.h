@@ -67,6 +67,17 @@ struct CollectiveCounter {
   std::atomic<uint64_t> wire_bytes{0};
 };
 
+// The counters' values at one moment, by collective kind (a recorded CUDA graph's collectives
+// run without the host: their traffic is added to the counters at each replay).
+struct TrafficCount {
+  uint64_t calls = 0;
+  uint64_t payload_bytes = 0;
+  uint64_t wire_bytes = 0;
+};
+using TrafficCounts = std::array<TrafficCount, kCollectiveKinds>;
+TrafficCounts operator-(const TrafficCounts& later, const TrafficCounts& earlier);
+TrafficCounts operator+(const TrafficCounts& a, const TrafficCounts& b);
+
 class CommCounters {
  public:
   const CollectiveCounter& operator[](Collective c) const {
@@ -76,6 +87,8 @@ class CommCounters {
   uint64_t total_wire_bytes() const;
   uint64_t total_calls() const;
   void reset();
+  TrafficCounts values() const;
+  void set(const TrafficCounts& values);
 
  private:
   std::array<CollectiveCounter, kCollectiveKinds> by_kind_;

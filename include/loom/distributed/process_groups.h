@@ -78,6 +78,11 @@ class ProcessGroups {
   std::array<uint64_t, kCollectiveKinds> wire_bytes_by_collective() const;
   uint64_t total_wire_bytes() const;
   const std::vector<std::shared_ptr<Comm>>& groups() const { return groups_; }
+  // Every group's counters (in groups() order), and setting them back (step_graph.h).
+  std::vector<TrafficCounts> traffic() const;
+  void set_traffic(const std::vector<TrafficCounts>& traffic);
+  // Collectives of CUDA tensors run on host copies over Gloo (CommOptions::cuda_through_host).
+  bool cuda_through_host() const { return init_.options.cuda_through_host; }
   // This rank's flight recorder; null when comm.trace_buf_size = 0 or the world has one rank.
   FlightRecorder* recorder() { return init_.options.recorder.get(); }
 

@@ -49,6 +49,8 @@ class ParallelRuntime {
   std::array<uint64_t, kCollectiveKinds> wire_bytes_by_collective() const {
     return groups_owner_->wire_bytes_by_collective();
   }
+  ProcessGroups& process_groups() { return *groups_owner_; }
+  const ProcessGroups& process_groups() const { return *groups_owner_; }
 
  private:
   WorldInfo world_;
