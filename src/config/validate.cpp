@@ -187,6 +187,14 @@ void check_combinations(const JobConfig& c, Checker& check) {
         "checkpoint.keep_latest_k",
         "must be 0 (keep all) or at least 2: the newest checkpoint may still be being written");
   }
+  if (c.optimizer.muon_eps <= 0) {
+    // Newton-Schulz divides the update by max(its norm, eps): a matrix whose update is all zeros
+    // (a layer without gradient) would become 0/0 = NaN weights.
+    check.fail("optimizer.muon_eps",
+               "must be > 0 (the floor Muon divides each update's norm by; "
+               "torch.optim.Muon: 1e-7), got " +
+                   number_text(c.optimizer.muon_eps));
+  }
   if (c.optimizer.early_step_in_backward && t.max_norm > 0 && p.pipeline_parallel_degree > 1) {
     check.fail("optimizer.early_step_in_backward", "cannot be combined with pipeline parallelism");
   }

@@ -6,6 +6,7 @@
 #include "loom/protocols/varlen_attention.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
@@ -80,27 +81,54 @@ MaskDescription MaskDescription::tile(int64_t q0, int64_t q1, int64_t k0, int64_
   return part;
 }
 
+// Both directions compute in float32 whatever the inputs' dtype, with autocast off: under
+// autocast the matmuls would run in bf16 beside a float32 logsumexp (the backward, outside the
+// autocast region, then mixed the two and failed), and bf16 softmax statistics scale whole rows
+// wrongly.
+AttentionPartial dense_attention_partial(const at::Tensor& q, const at::Tensor& k,
+                                         const at::Tensor& v, double scale,
+                                         const MaskDescription& where) {
+  const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  at::NoGradGuard no_grad;
+  AttentionPartial p;
+  const at::Tensor scores =
+      masked_scores(q.to(at::kFloat), k.to(at::kFloat), scale, where.build(q.device()));
+  p.lse = scores.logsumexp(-1, /*keepdim=*/true);
+  p.out = at::matmul((scores - p.lse.masked_fill(p.lse.isinf(), 0.0)).exp_(), v.to(at::kFloat))
+              .to(q.scalar_type());
+  return p;
+}
+
+std::array<at::Tensor, 3> dense_attention_partial_backward(
+    const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& out, const at::Tensor& lse, double scale, const MaskDescription& where) {
+  const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  at::NoGradGuard no_grad;
+  const at::Tensor qf = q.to(at::kFloat), kf = k.to(at::kFloat), vf = v.to(at::kFloat);
+  const at::Tensor doutf = dout.to(at::kFloat), lsef = lse.to(at::kFloat);
+  const at::Tensor shift = lsef.masked_fill(lsef.isinf(), 0.0);
+  const at::Tensor p = (masked_scores(qf, kf, scale, where.build(q.device())) - shift).exp_();
+  const at::Tensor dv = at::matmul(p.transpose(-2, -1), doutf);
+  const at::Tensor delta = (doutf * out.to(at::kFloat)).sum(-1, /*keepdim=*/true);
+  const at::Tensor ds = p.mul_(at::matmul(doutf, vf.transpose(-2, -1)).sub_(delta)).mul_(scale);
+  return {at::matmul(ds, kf).to(q.scalar_type()),
+          at::matmul(ds.transpose(-2, -1), qf).to(k.scalar_type()), dv.to(v.scalar_type())};
+}
+
 AttentionPartial attention_partial(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                    double scale, const MaskDescription& where) {
-  if (q.is_cpu()) return blocked_attention(q, k, v, scale, where);
-  AttentionPartial p;
-  const at::Tensor scores = masked_scores(q, k, scale, where.build(q.device()));
-  p.lse = scores.logsumexp(-1, /*keepdim=*/true);
-  p.out = at::matmul((scores - p.lse.masked_fill(p.lse.isinf(), 0.0)).exp_(), v);
-  return p;
+  if (!q.is_cpu()) return dense_attention_partial(q, k, v, scale, where);
+  const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  return blocked_attention(q, k, v, scale, where);
 }
 
 std::array<at::Tensor, 3> attention_partial_backward(const at::Tensor& dout, const at::Tensor& q,
                                                      const at::Tensor& k, const at::Tensor& v,
                                                      const at::Tensor& out, const at::Tensor& lse,
                                                      double scale, const MaskDescription& where) {
-  if (q.is_cpu()) return blocked_attention_backward(dout, q, k, v, out, lse, scale, where);
-  const at::Tensor shift = lse.masked_fill(lse.isinf(), 0.0);
-  const at::Tensor p = (masked_scores(q, k, scale, where.build(q.device())) - shift).exp_();
-  const at::Tensor dv = at::matmul(p.transpose(-2, -1), dout);
-  const at::Tensor delta = (dout * out).sum(-1, /*keepdim=*/true);
-  const at::Tensor ds = p.mul_(at::matmul(dout, v.transpose(-2, -1)).sub_(delta)).mul_(scale);
-  return {at::matmul(ds, k), at::matmul(ds.transpose(-2, -1), q), dv};
+  if (!q.is_cpu()) return dense_attention_partial_backward(dout, q, k, v, out, lse, scale, where);
+  const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  return blocked_attention_backward(dout, q, k, v, out, lse, scale, where);
 }
 
 void merge_sinks(AttentionPartial& p, const at::Tensor& sinks) {

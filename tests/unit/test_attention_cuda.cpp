@@ -4,6 +4,7 @@
 // one-token document, windows of 1 and of a whole document, grouped heads, float16).
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/autocast_mode.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -69,6 +70,49 @@ TEST(CudaAttention, PackedDocumentsTakeTheVarlenKernelsAndEqualTheDenseMask) {
 // The measured choice among LibTorch's fused kernels: on Hopper FlashAttention and cuDNN both take
 // bf16 causal attention of head dim 128; the winner equals LibTorch's own result, forward and
 // backward, and the shape is measured once. Each kernel by name gives the same answer.
+// gpt-oss's attention on a GPU without FSDP: bf16 q, k, v under autocast with float32 sinks go
+// through the dense path, whose backward runs after the autocast region ended. Forward and
+// backward equal the CPU's float computation from the same values (the dense path once ran its
+// matmuls in bf16 under autocast and then failed in the backward on float32 x bf16).
+TEST(CudaAttention, SinksUnderAutocastTrainInFloat) {
+  ASSERT_GT(c10::cuda::device_count(), 0) << "no CUDA device";
+  const at::Device device(at::kCUDA, 0);
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(29);
+  const int64_t b = 2, h = 4, s = 96, d = 64;
+  auto random = [&](at::IntArrayRef shape) {
+    return at::randn(shape, generator, at::kFloat).to(at::kBFloat16);
+  };
+  const at::Tensor q0 = random({b, h, s, d}), k0 = random({b, h, s, d}), v0 = random({b, h, s, d});
+  const at::Tensor dout = random({b, h, s, d});
+  const at::Tensor sinks0 = at::randn({h}, generator, at::kFloat);
+  const at::Tensor slots = at::arange(s, at::kLong);
+  auto run = [&](const at::Device& on, bool autocast) {
+    at::Tensor q = q0.to(on).requires_grad_(true), k = k0.to(on).requires_grad_(true);
+    at::Tensor v = v0.to(on).requires_grad_(true), sinks = sinks0.to(on).requires_grad_(true);
+    const models::MaskDescription where{slots, slots, {}, {}, /*window=*/32};
+    at::Tensor out;
+    if (autocast) {
+      at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
+      at::autocast::set_autocast_enabled(at::kCUDA, true);
+      out = models::masked_attention(q, k, v, 0.125, where, sinks);
+      at::autocast::set_autocast_enabled(at::kCUDA, false);
+      at::autocast::clear_cache();
+    } else {
+      out = models::masked_attention(q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat), 0.125,
+                                     where, sinks);
+    }
+    out.backward(dout.to(on).to(out.scalar_type()));
+    return std::vector<at::Tensor>{out.cpu(), q.grad().cpu(), k.grad().cpu(), v.grad().cpu(),
+                                   sinks.grad().cpu()};
+  };
+  const auto want = run(at::kCPU, false);
+  const auto got = run(device, true);
+  const char* names[] = {"out", "dq", "dk", "dv", "dsinks"};
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_LT(relative_difference(got[i], want[i]), 2e-2) << names[i];
+  }
+}
+
 TEST(CudaAttention, TheFastestFusedKernelIsMeasuredOnceAndAgreesWithLibTorch) {
   ASSERT_GT(c10::cuda::device_count(), 0) << "no CUDA device";
   const at::Device device(at::kCUDA, 0);

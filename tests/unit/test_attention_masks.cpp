@@ -7,6 +7,7 @@
 // whose layers ask for a window and sinks.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -200,6 +201,43 @@ TEST(AttentionMasks, MaskedAttentionGradientsEqualDenseReference) {
     SCOPED_TRACE(c.name());
     expect_matches(autograd_run(c), reference_run(c));
     expect_features_matter(c);
+  }
+}
+
+// The dense path (attention off the CPU: a GPU's sinks go there) from bf16 inputs under autocast,
+// as a model without FSDP runs it: float32 statistics, the inputs' dtypes back, and the backward
+// -- run outside the autocast region, as autograd runs it -- equal to the blocked kernel's float
+// computation from the same inputs. Under autocast the dense scores ran in bf16 beside a float32
+// log-sum-exp, and the backward then multiplied float32 by bf16 and failed.
+TEST(AttentionMasks, DensePathComputesInFloatUnderAutocast) {
+  const Case c{37, 8, 11, true};
+  const at::Tensor q = random({kBatch, kHeads, c.s, kDim}, 1).to(at::kBFloat16);
+  const at::Tensor k = random({kBatch, kHeads, c.s, kDim}, 2).to(at::kBFloat16);
+  const at::Tensor v = random({kBatch, kHeads, c.s, kValueDim}, 3).to(at::kBFloat16);
+  const at::Tensor dout = random({kBatch, kHeads, c.s, kValueDim}, 4).to(at::kBFloat16);
+  const MaskDescription where = description_of(c);
+  const AttentionPartial want = models::blocked_attention(q, k, v, kScale, where);
+  AttentionPartial got;
+  {
+    at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+    at::autocast::set_autocast_enabled(at::kCPU, true);
+    got = models::dense_attention_partial(q, k, v, kScale, where);
+    at::autocast::set_autocast_enabled(at::kCPU, false);
+    at::autocast::clear_cache();
+  }
+  EXPECT_EQ(got.lse.scalar_type(), at::kFloat);
+  EXPECT_EQ(got.out.scalar_type(), at::kBFloat16);
+  EXPECT_TRUE(at::allclose(got.lse, want.lse, 1e-5, 1e-5))
+      << (got.lse - want.lse).abs().max().item<double>();
+  EXPECT_TRUE(at::allclose(got.out.to(at::kFloat), want.out.to(at::kFloat), 1e-2, 1e-2));
+  const auto got_grads =
+      models::dense_attention_partial_backward(dout, q, k, v, want.out, want.lse, kScale, where);
+  const auto want_grads =
+      models::blocked_attention_backward(dout, q, k, v, want.out, want.lse, kScale, where);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(got_grads[i].scalar_type(), at::kBFloat16) << i;
+    EXPECT_TRUE(at::allclose(got_grads[i].to(at::kFloat), want_grads[i].to(at::kFloat), 2e-2, 2e-2))
+        << i << ": " << (got_grads[i].to(at::kFloat) - want_grads[i].to(at::kFloat)).abs().max();
   }
 }
 

@@ -141,6 +141,16 @@ std::array<at::Tensor, 3> attention_partial_backward(const at::Tensor& dout, con
                                                      const at::Tensor& out, const at::Tensor& lse,
                                                      double scale, const MaskDescription& where);
 
+// The partial and its backward over the dense [s, t] scores, in float32 whatever the inputs'
+// dtype and with autocast off (attention_partial's path off the CPU; callable on the CPU for
+// its tests). out and the gradients come back in the inputs' dtypes, lse in float32.
+AttentionPartial dense_attention_partial(const at::Tensor& q, const at::Tensor& k,
+                                         const at::Tensor& v, double scale,
+                                         const MaskDescription& where);
+std::array<at::Tensor, 3> dense_attention_partial_backward(
+    const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& out, const at::Tensor& lse, double scale, const MaskDescription& where);
+
 // Sinks as one more partial with no value: lse' = logaddexp(lse, sink_h), out' = out e^(lse -
 // lse'). In place of `p`; sinks [h] float. A row that saw no key keeps out 0 and gets lse = sink.
 void merge_sinks(AttentionPartial& p, const at::Tensor& sinks);

@@ -155,9 +155,11 @@ std::function<parallel::ModelMetrics(bool)> make_qk_clip(
                                                   at::TensorOptions(device).dtype(at::kFloat)));
       layer.statistic->per_head = at::Tensor();
     }
-    if (statistics.empty()) return {};
-    at::Tensor all = at::cat(statistics).to(at::kCPU);
-    if (same_heads && same_heads->size() > 1) {
+    // A pipeline stage without attention layers has nothing to clip, but still joins the
+    // world's max below: every rank runs that collective on a log step.
+    at::Tensor all =
+        statistics.empty() ? at::empty({0}, at::kFloat) : at::cat(statistics).to(at::kCPU);
+    if (!statistics.empty() && same_heads && same_heads->size() > 1) {
       same_heads->all_reduce(all, distributed::ReduceOp::kMax);
     }
     int64_t at_head = 0;
@@ -173,7 +175,9 @@ std::function<parallel::ModelMetrics(bool)> make_qk_clip(
       }
     }
     if (!log_step) return {};
-    at::Tensor largest = all.max().reshape({1});
+    at::Tensor largest = all.numel() > 0
+                             ? all.max().reshape({1})
+                             : at::full({1}, -std::numeric_limits<float>::infinity(), at::kFloat);
     if (all_ranks && all_ranks->size() > 1) {
       all_ranks->all_reduce(largest, distributed::ReduceOp::kMax);
     }
