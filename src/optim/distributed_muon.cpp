@@ -2,7 +2,9 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <map>
+#include <string>
 
 #include "loom/core/check.h"
 #include "loom/distributed/comm.h"
@@ -14,13 +16,19 @@ using parallel::SplitAxis;
 using Orthogonalize = std::function<at::Tensor(const at::Tensor&)>;
 
 // A matrix some axes cut: its cuts (outermost first, as the wrappers made them), the box's
-// lengths before each cut, and its index among the cut matrices (the same on every rank).
+// lengths before each cut, and its owner slot (the same on every rank).
 struct Gathered {
   size_t slot = 0;
   std::vector<SplitAxis> cuts;
   std::vector<std::vector<int64_t>> before;  // before[j]: lengths before cut j
-  int64_t index = 0;
+  int64_t index = 0;  // its owner slot (owner_slots), in mixed radix over its cuts
 };
+
+int64_t numel_of(const std::vector<int64_t>& box) {
+  int64_t n = 1;
+  for (int64_t extent : box) n *= extent;
+  return n;
+}
 
 // Elements of rank `r`'s piece of `box` cut along `dim` into `n`.
 int64_t piece_numel(const std::vector<int64_t>& box, int64_t dim, int64_t r, int64_t n) {
@@ -33,25 +41,32 @@ int64_t piece_numel(const std::vector<int64_t>& box, int64_t dim, int64_t r, int
 
 std::vector<at::Tensor> level(const std::vector<const Gathered*>& items,
                               const std::vector<at::Tensor>& boxes, size_t depth,
-                              const Orthogonalize& orthogonalize);
+                              const Orthogonalize& orthogonalize, int64_t round_elements);
 
-// One cut (`cut` of each item, all over `comm`): each item's pieces go to its owner, which
-// assembles the box before the cut, hands its boxes to the next level out (`depth` + 1), and
-// sends the results' pieces back. Owners: the item's index in mixed radix over its cuts, this
-// one's digit, so that items spread over every rank the cuts span.
-std::vector<at::Tensor> exchange(distributed::Comm& comm, const std::vector<const Gathered*>& items,
-                                 const std::vector<at::Tensor>& boxes, size_t depth,
-                                 const Orthogonalize& orthogonalize) {
-  const int n = comm.size(), me = comm.rank();
+// The owner of each item over this cut (`depth` counts cuts from the innermost): the digit of
+// its slot in mixed radix over its cuts, so that items spread over every rank the cuts span.
+std::vector<int> owners(const std::vector<const Gathered*>& items, size_t depth, int n) {
   std::vector<int> owner(items.size());
-  std::vector<size_t> cut(items.size());
   for (size_t i = 0; i < items.size(); ++i) {
-    cut[i] = items[i]->cuts.size() - 1 - depth;
+    const size_t cut = items[i]->cuts.size() - 1 - depth;
     int64_t inner = 1;  // ranks of the cuts inside this one
-    for (size_t j = cut[i] + 1; j < items[i]->cuts.size(); ++j)
-      inner *= items[i]->cuts[j].axis.size;
+    for (size_t j = cut + 1; j < items[i]->cuts.size(); ++j) inner *= items[i]->cuts[j].axis.size;
     owner[i] = static_cast<int>((items[i]->index / inner) % n);
   }
+  return owner;
+}
+
+// One round of a cut (`cut` of each item, all over `comm`): each item's pieces go to its owner,
+// which assembles the box before the cut, hands its boxes to the next level out (`depth` + 1),
+// and sends the results' pieces back.
+std::vector<at::Tensor> exchange_round(distributed::Comm& comm,
+                                       const std::vector<const Gathered*>& items,
+                                       const std::vector<at::Tensor>& boxes, size_t depth,
+                                       const Orthogonalize& orthogonalize, int64_t round_elements) {
+  const int n = comm.size(), me = comm.rank();
+  const std::vector<int> owner = owners(items, depth, n);
+  std::vector<size_t> cut(items.size());
+  for (size_t i = 0; i < items.size(); ++i) cut[i] = items[i]->cuts.size() - 1 - depth;
   auto whole = [&](size_t i) -> const std::vector<int64_t>& { return items[i]->before[cut[i]]; };
   auto dim = [&](size_t i) { return items[i]->cuts[cut[i]].dim; };
   // To the owners: this rank's pieces grouped by owner (all_to_all's order), float32 on the wire.
@@ -95,7 +110,8 @@ std::vector<at::Tensor> exchange(distributed::Comm& comm, const std::vector<cons
     owned.push_back(items[i]);
     owned_boxes.push_back(at::cat(pieces, dim(i)));
   }
-  const std::vector<at::Tensor> results = level(owned, owned_boxes, depth + 1, orthogonalize);
+  const std::vector<at::Tensor> results =
+      level(owned, owned_boxes, depth + 1, orthogonalize, round_elements);
   // Back: each rank's piece of each owned result, the sizes of the first exchange swapped.
   std::vector<std::vector<at::Tensor>> back(n);
   for (size_t k = 0, i = 0; i < items.size(); ++i) {
@@ -125,12 +141,46 @@ std::vector<at::Tensor> exchange(distributed::Comm& comm, const std::vector<cons
   return out;
 }
 
+// A cut's exchange in rounds: items in order, a round closing before any owner would assemble
+// more than `round_elements` (each owner takes at least one item a round), so the exchange's
+// buffers -- about 2x this rank's pieces and 5x the boxes it owns, float32 -- hold one round.
+// Every rank of the group forms the same rounds (whole sizes and owners are the group's).
+std::vector<at::Tensor> exchange(distributed::Comm& comm, const std::vector<const Gathered*>& items,
+                                 const std::vector<at::Tensor>& boxes, size_t depth,
+                                 const Orthogonalize& orthogonalize, int64_t round_elements) {
+  const std::vector<int> owner = owners(items, depth, comm.size());
+  std::vector<at::Tensor> out(items.size());
+  std::vector<int64_t> load(static_cast<size_t>(comm.size()), 0);
+  std::vector<size_t> round;
+  auto run_round = [&] {
+    std::vector<const Gathered*> sub;
+    std::vector<at::Tensor> sub_boxes;
+    for (size_t i : round) {
+      sub.push_back(items[i]);
+      sub_boxes.push_back(boxes[i]);
+    }
+    auto results = exchange_round(comm, sub, sub_boxes, depth, orthogonalize, round_elements);
+    for (size_t k = 0; k < round.size(); ++k) out[round[k]] = std::move(results[k]);
+    round.clear();
+    std::fill(load.begin(), load.end(), 0);
+  };
+  for (size_t i = 0; i < items.size(); ++i) {
+    const int64_t elements = numel_of(items[i]->before[items[i]->cuts.size() - 1 - depth]);
+    auto& owned = load[static_cast<size_t>(owner[i])];
+    if (owned > 0 && owned + elements > round_elements) run_round();
+    round.push_back(i);
+    owned += elements;
+  }
+  if (!round.empty()) run_round();
+  return out;
+}
+
 // The results for `items` whose boxes are cut by all but their `depth` innermost cuts: whole
 // ones orthogonalized here, the others gathered over their next cut, per axis (in name order:
 // the same on every rank of a group).
 std::vector<at::Tensor> level(const std::vector<const Gathered*>& items,
                               const std::vector<at::Tensor>& boxes, size_t depth,
-                              const Orthogonalize& orthogonalize) {
+                              const Orthogonalize& orthogonalize, int64_t round_elements) {
   std::vector<at::Tensor> out(items.size());
   std::map<std::string, std::pair<distributed::Comm*, std::vector<size_t>>> by_axis;
   for (size_t i = 0; i < items.size(); ++i) {
@@ -151,7 +201,7 @@ std::vector<at::Tensor> level(const std::vector<const Gathered*>& items,
       sub.push_back(items[i]);
       sub_boxes.push_back(boxes[i]);
     }
-    auto results = exchange(*group.first, sub, sub_boxes, depth, orthogonalize);
+    auto results = exchange(*group.first, sub, sub_boxes, depth, orthogonalize, round_elements);
     for (size_t k = 0; k < group.second.size(); ++k) out[group.second[k]] = std::move(results[k]);
   }
   return out;
@@ -168,9 +218,25 @@ std::vector<SplitAxis> matrix_splits(const parallel::Placement& placement) {
   return out;
 }
 
+std::vector<int64_t> owner_slots(const std::vector<int64_t>& elements, int64_t span) {
+  LOOM_CHECK(span >= 1, "owner_slots: span ", span);
+  std::vector<size_t> order(elements.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return elements[a] > elements[b]; });
+  std::vector<int64_t> load(static_cast<size_t>(span), 0), slot(elements.size(), 0);
+  for (size_t i : order) {
+    const auto lightest = std::min_element(load.begin(), load.end());  // the lowest on ties
+    slot[i] = lightest - load.begin();
+    *lightest += elements[i];
+  }
+  return slot;
+}
+
 std::vector<at::Tensor> orthogonalize_all(const std::vector<Slot>& slots,
                                           const std::vector<at::Tensor>& updates,
-                                          const Orthogonalize& orthogonalize) {
+                                          const Orthogonalize& orthogonalize,
+                                          int64_t round_elements) {
   std::vector<Gathered> gathered;
   std::vector<at::Tensor> cut_boxes;
   std::vector<at::Tensor> out(slots.size());
@@ -199,14 +265,31 @@ std::vector<at::Tensor> orthogonalize_all(const std::vector<Slot>& slots,
     }
     LOOM_CHECK(box == placement.lengths, "Muon: ", slots[i].parameter->name,
                "'s cuts do not give its box (", placement.describe(), ")");
-    g.index = static_cast<int64_t>(gathered.size());
     gathered.push_back(std::move(g));
     cut_boxes.push_back(updates[i]);
   }
   if (gathered.empty()) return out;
+  // Owners by size: per set of cuts (the same axes), largest matrices first onto the least
+  // loaded of the ranks the cuts span.
+  std::map<std::string, std::vector<size_t>> by_cuts;
+  for (size_t k = 0; k < gathered.size(); ++k) {
+    std::string key;
+    for (const auto& cut : gathered[k].cuts) {
+      key += cut.axis.name + "/" + std::to_string(cut.axis.size) + ";";
+    }
+    by_cuts[key].push_back(k);
+  }
+  for (const auto& [key, members] : by_cuts) {
+    int64_t span = 1;
+    for (const auto& cut : gathered[members.front()].cuts) span *= cut.axis.size;
+    std::vector<int64_t> elements;
+    for (size_t k : members) elements.push_back(numel_of(gathered[k].before.front()));
+    const auto slot = owner_slots(elements, span);
+    for (size_t j = 0; j < members.size(); ++j) gathered[members[j]].index = slot[j];
+  }
   std::vector<const Gathered*> items;
   for (const auto& g : gathered) items.push_back(&g);
-  auto results = level(items, cut_boxes, 0, orthogonalize);
+  auto results = level(items, cut_boxes, 0, orthogonalize, round_elements);
   for (size_t k = 0; k < gathered.size(); ++k) out[gathered[k].slot] = std::move(results[k]);
   return out;
 }

@@ -128,7 +128,10 @@ StateFootprint state_footprint(const config::OptimizerSection& section,
     elements += static_cast<double>(p.numel);
     states += static_cast<double>(p.numel) * static_cast<double>(names.size());
     out.matrix_flops += it->second->matrix_flops(p.shape);
-    if (it->second->needs_whole_tensor()) out.whole_tensor_elements += static_cast<double>(p.numel);
+    if (it->second->needs_whole_tensor()) {
+      (p.shape.size() == 3 ? out.whole_stack_elements : out.whole_tensor_elements) +=
+          static_cast<double>(p.numel);
+    }
     std::string joined;
     for (const auto& n : names) joined += (joined.empty() ? "" : " + ") + n;
     params_of[joined] += p.numel;

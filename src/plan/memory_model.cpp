@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "loom/core/strings.h"
+#include "loom/optim/distributed_muon.h"
 #include "loom/plan/pipeline_costs.h"
 
 namespace loom::plan {
@@ -146,8 +147,13 @@ MemoryPlan predict_rank_memory(const ModelShape& m, const config::JobConfig& con
                                         local / 1e6, rp.params / 1e6, pb);
   add("parameters", local * pb, share);
   add("gradients", local * pb, share);
-  add("optimizer state", m.optimizer_states * local * pb,
-      fmt::format("{:.3g} state tensors per parameter ({}), ", m.optimizer_states,
+  // The blocks' share and the rest (embedding, head) each at their own states per element: a
+  // Muon stage holding the embedding keeps AdamW's two moments for it.
+  const double states = (m.optimizer_states_blocks * rp.block_params +
+                         m.optimizer_states_other * (rp.params - rp.block_params)) /
+                        std::max(rp.params, 1.0);
+  add("optimizer state", states * local * pb,
+      fmt::format("{:.3g} state tensors per parameter here ({}), ", states,
                   m.optimizer_state_names) +
           share);
 
@@ -174,16 +180,19 @@ MemoryPlan predict_rank_memory(const ModelShape& m, const config::JobConfig& con
   // Per stage held: the schedule's live microbatch-stages over the rank's stage count.
   const double per_stage_live = live / static_cast<double>(l.pp > 1 ? l.stages_per_rank : 1);
   const double act_scale = profile.activation_factor * cb * tokens / static_cast<double>(l.tp);
-  add("activations", (acts.kept * per_stage_live + acts.recompute) * act_scale,
+  const double activation_bytes = (acts.kept * per_stage_live + acts.recompute) * act_scale;
+  add("activations", activation_bytes,
       fmt::format("{} block(s), ac {}, {:.0f} tokens per forward, {:.3g} microbatch(es) in flight, "
                   "{:.0f} elements/token kept",
                   rp.blocks, l.ac_mode == "selective" ? "selective " + l.ac_option : l.ac_mode,
                   tokens, per_stage_live, acts.kept));
+  double output_bytes = 0;
   if (rp.head) {
     const double vocab = static_cast<double>(m.vocab) / static_cast<double>(l.tp);
+    output_bytes =
+        (1.0 + depths) * tokens * (vocab * (cb + 4.0) + 2.0 * static_cast<double>(m.dim) * cb);
     // The main logits and each multi-token-prediction depth's.
-    add("output and loss",
-        (1.0 + depths) * tokens * (vocab * (cb + 4.0) + 2.0 * static_cast<double>(m.dim) * cb),
+    add("output and loss", output_bytes,
         fmt::format("logits over {:.0f} vocabulary entries per rank, compute dtype + float32{}",
                     vocab,
                     depths > 0 ? fmt::format(", for the next token and {:.0f} depths", depths)
@@ -234,6 +243,26 @@ MemoryPlan predict_rank_memory(const ModelShape& m, const config::JobConfig& con
                            copies > 1 ? "s (2 per weight)" : "")
         : gathered ? std::string("the transposes of a block's float8-gathered weights")
                    : std::string("a block's float8 weight casts and their transposes"));
+  }
+  // Muon's exchange (optim/distributed_muon.h), at the optimizer step: the Nesterov updates of
+  // this rank's matrices, then per round about 2x its pieces and 5x the boxes it owns (balanced:
+  // as many elements as its pieces), float32. The step's activations and logits are freed by
+  // then, so only what passes them raises the peak.
+  const double gathered_share =
+      (l.fsdp_degree() > 1 || l.tp > 1 ? m.optimizer_whole_block_share : 0.0) +
+      (l.tp > 1 ? m.optimizer_whole_stack_block_share : 0.0);
+  if (gathered_share > 0) {
+    const double mine = gathered_share * rp.block_params / fsdp;
+    const double exchange =
+        4.0 * (mine + 7.0 * std::min(mine, static_cast<double>(optim::kMuonRoundElements)));
+    const double beyond = exchange - activation_bytes - output_bytes;
+    if (beyond > 0) {
+      add("muon exchange", beyond,
+          fmt::format("{:.4g}M matrix elements here gathered to owners in rounds of up to {:.4g}M, "
+                      "float32 buffers {}, beyond the freed activations",
+                      mine / 1e6, static_cast<double>(optim::kMuonRoundElements) / 1e6,
+                      format_bytes(exchange)));
+    }
   }
   for (const auto& c : plan.components) plan.tensor_bytes += c.bytes;
   plan.allocator_bytes = (profile.allocator_factor - 1.0) * plan.tensor_bytes;

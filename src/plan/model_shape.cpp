@@ -81,6 +81,21 @@ ModelShape model_shape_of(const config::JobConfig& config, const models::ModelSu
   shape.optimizer_state_names = config.optimizer.name + ": " + footprint.description;
   shape.optimizer_matrix_flops = footprint.matrix_flops;
   shape.optimizer_whole_elements = footprint.whole_tensor_elements;
+  shape.optimizer_whole_stack_elements = footprint.whole_stack_elements;
+  std::vector<models::ParameterShape> blocks, other;
+  for (const auto& p : s.parameters)
+    (p.name.rfind("layers.", 0) == 0 ? blocks : other).push_back(p);
+  if (!blocks.empty()) {
+    const auto in_blocks = optim::state_footprint(config.optimizer, blocks);
+    double elements = 0;
+    for (const auto& p : blocks) elements += static_cast<double>(p.numel);
+    shape.optimizer_states_blocks = in_blocks.per_parameter;
+    shape.optimizer_whole_block_share = in_blocks.whole_tensor_elements / elements;
+    shape.optimizer_whole_stack_block_share = in_blocks.whole_stack_elements / elements;
+  }
+  if (!other.empty()) {
+    shape.optimizer_states_other = optim::state_footprint(config.optimizer, other).per_parameter;
+  }
   return shape;
 }
 

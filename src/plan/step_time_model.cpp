@@ -147,15 +147,23 @@ StepTimePlan predict_step_time(const ModelShape& m, const config::JobConfig& con
                          static_cast<double>(l.pp) * forwards;
     add("ep", calls * collective_seconds(one, l.ep, l.tp, profile), calls * one, false);
   }
-  const int64_t cut = l.fsdp_degree() > 1 ? l.fsdp_degree() : l.tp;
-  if (m.optimizer_whole_elements > 0 && cut > 1) {
-    // Muon's gather to the owners and scatter back: this rank's pieces of the others'
-    // matrices and the others' pieces of its own, float32, once per step (distributed_muon.h).
-    const double c = static_cast<double>(cut);
-    const double bytes = 2.0 * 4.0 * (c - 1.0) / c * m.optimizer_whole_elements /
-                         static_cast<double>(l.pp * l.tp * std::max<int64_t>(l.fsdp_degree(), 1));
-    add("muon gather", collective_seconds(bytes, cut, l.fsdp_degree() > 1 ? l.tp : 1, profile),
-        bytes, false);
+  // Muon's gather to the owners and scatter back: this rank's pieces of the others' matrices
+  // and the others' pieces of its own, float32, once per step (distributed_muon.h). A matrix cut
+  // by FSDP and TP moves over both in turn; expert stacks only over TP's cut of each expert.
+  {
+    const double per_rank =
+        1.0 / static_cast<double>(l.pp * l.tp * std::max<int64_t>(l.fsdp_degree(), 1));
+    double seconds = 0, bytes = 0;
+    auto over = [&](double elements, int64_t ranks, int64_t stride) {
+      if (ranks <= 1 || elements <= 0) return;
+      const double n = static_cast<double>(ranks);
+      const double b = 2.0 * 4.0 * (n - 1.0) / n * elements * per_rank;
+      seconds += collective_seconds(b, ranks, stride, profile);
+      bytes += b;
+    };
+    over(m.optimizer_whole_elements, l.fsdp_degree(), l.tp);
+    over(m.optimizer_whole_elements + m.optimizer_whole_stack_elements, l.tp, 1);
+    if (bytes > 0) add("muon gather", seconds, bytes, false);
   }
   t.comm_seconds = overlappable + critical;
   const double busy = t.compute_seconds - optimizer_seconds_total;

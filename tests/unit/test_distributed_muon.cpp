@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 
 #include "comm_test_util.h"
@@ -89,18 +90,23 @@ std::vector<MeshAxis> world_axis(ProcessGroups& groups) {
 }
 
 // The bytes this rank sends over one axis: its pieces of the matrices others own, then the
-// pieces of its own matrices that belong to the others (owners round-robin in parameter order).
+// pieces of its own matrices that belong to the others (owners balanced by size, owner_slots).
 double one_axis_bytes(const std::vector<NamedParameter>& params, const MeshAxis& axis) {
-  double want = 0;
-  int64_t k = 0;
+  std::vector<const NamedParameter*> gathered;
+  std::vector<int64_t> elements;
   for (const auto& p : params) {
     // Muon's matrices alone (the norm steps with AdamW, on its piece).
     if (parameter_role(p.name, p.placement.global_shape) != "matrix") continue;
     if (matrix_splits(p.placement).empty()) continue;
-    const int64_t owner = k++ % axis.size;
-    const double whole = static_cast<double>(c10::multiply_integers(p.placement.global_shape));
-    const double mine = static_cast<double>(p.tensor.numel());
-    want += 4.0 * (owner == axis.rank ? whole - mine : mine);
+    gathered.push_back(&p);
+    elements.push_back(c10::multiply_integers(p.placement.global_shape));
+  }
+  const auto owner = owner_slots(elements, axis.size);
+  double want = 0;
+  for (size_t k = 0; k < gathered.size(); ++k) {
+    const double whole = static_cast<double>(elements[k]);
+    const double mine = static_cast<double>(gathered[k]->tensor.numel());
+    want += 4.0 * (owner[k] == axis.rank ? whole - mine : mine);
   }
   return want;
 }
@@ -175,6 +181,64 @@ TEST(DistributedMuon, FsdpTimesTensorParallelFourRanksEqualOneRank) {
     return whole.shard(whole.global_shape.size() == 3 ? 1 : tp_dim, a[0]).shard(0, a[1]);
   };
   run_layout(4, "original", axes, cut, /*check_bytes=*/false);
+}
+
+// Owners by size: the largest matrices first onto the least loaded rank. Round-robin in
+// parameter order put every layer's w1 on one rank of 7 (llama's 7 matrices a layer), about 2x
+// the mean's bytes and Newton-Schulz time there.
+TEST(DistributedMuon, OwnersAreBalancedBySize) {
+  // Two layers of llama 8B's seven matrices (wq wk wv wo w1 w2 w3, millions of elements).
+  std::vector<int64_t> elements;
+  for (int layer = 0; layer < 2; ++layer) {
+    for (int64_t m : {16, 4, 4, 16, 56, 56, 56}) elements.push_back(m);
+  }
+  const auto slot = owner_slots(elements, 7);
+  std::vector<int64_t> load(7, 0);
+  for (size_t i = 0; i < elements.size(); ++i) {
+    ASSERT_GE(slot[i], 0);
+    ASSERT_LT(slot[i], 7);
+    load[static_cast<size_t>(slot[i])] += elements[i];
+  }
+  // 416 over 7 ranks: 6 ranks take a 56 each, the 7th the smaller ones (64); round-robin gave
+  // one rank 112.
+  EXPECT_EQ(*std::max_element(load.begin(), load.end()), 64);
+  // 9 and 9 first (ties: the lowest slot), then 5 onto slot 0, 1 onto slot 1.
+  EXPECT_EQ(owner_slots({5, 9, 9, 1}, 2), (std::vector<int64_t>{0, 0, 1, 1}));
+}
+
+// Rounds bound the exchange's buffers: with rounds of at most one matrix per owner, the results
+// are bit for bit those of one round, over more all-to-alls.
+TEST(DistributedMuon, RoundsChangeNothingButTheNumberOfExchanges) {
+  const Tensors t = make_tensors();
+  auto errors = testing::run_ranks(2, [&](ProcessGroups& groups) {
+    const auto axes = world_axis(groups);
+    std::vector<NamedParameter> params;
+    for (const auto& [name, value] : t.init) {
+      if (value.dim() != 2) continue;
+      const Placement placement = fsdp_rows(name, Placement::whole(value.sizes()), axes);
+      params.push_back({name, parallel::local_view(value, placement).clone(), placement});
+    }
+    std::vector<Slot> slots;
+    std::vector<at::Tensor> updates;
+    for (const auto& p : params) {
+      slots.push_back({&p, {}, {}, 0, {}});
+      updates.push_back(parallel::local_view(t.grads[0].at(p.name), p.placement).clone());
+    }
+    auto orthogonalize = [](const at::Tensor& u) { return u.mm(u.t()).mm(u) + u; };
+    auto calls = [&] { return groups.world().counters()[Collective::kAllToAll].calls.load(); };
+    const auto before = calls();
+    const auto one_round = orthogonalize_all(slots, updates, orthogonalize);
+    const auto one_round_calls = calls() - before;
+    const auto many = orthogonalize_all(slots, updates, orthogonalize, /*round_elements=*/1);
+    const auto many_calls = calls() - before - one_round_calls;
+    LOOM_CHECK(one_round_calls == 2, "one round: ", one_round_calls, " all-to-alls");
+    // 4 matrices over 2 owners, one each per round: 2 rounds.
+    LOOM_CHECK(many_calls == 4, "rounds of one matrix per owner: ", many_calls, " all-to-alls");
+    for (size_t i = 0; i < slots.size(); ++i) {
+      LOOM_CHECK(at::equal(one_round[i], many[i]), params[i].name, " differs between rounds");
+    }
+  });
+  LOOM_EXPECT_RANKS_OK(errors);
 }
 
 }  // namespace

@@ -182,6 +182,48 @@ TEST(PlanMemory, MuonStateAndCostComeFromTheOptimizer) {
   EXPECT_NE(time.detail.find("muon gather"), std::string::npos) << time.detail;
 }
 
+// Under Muon a stage's state depends on what it holds: 1 state per element of the blocks'
+// matrices, AdamW's 2 on the embedding and head. pp 2 of the tiny model: the first stage (the
+// peak: more microbatches in flight) holds the embedding (128) and a block (100):
+// (100 x 1 + 128 x 2) x 4 B; one model-wide ratio gave it 228 x 1.57 x 4.
+TEST(PlanMemory, MuonStateIsCountedPerStage) {
+  ModelShape m = tiny_model();
+  m.optimizer_states_blocks = 1.0;
+  m.optimizer_states_other = 2.0;
+  m.optimizer_states = (200.0 + 2.0 * 264.0) / 464.0;
+  config::JobConfig c = tiny_job();
+  Layout l;
+  l.local_batch_size = 2;
+  l.pp = 2;
+  l.microbatch_size = 1;
+  const MemoryPlan plan = predict_memory(m, c, l, exact_profile());
+  EXPECT_EQ(plan.pipeline_rank, 0);
+  EXPECT_DOUBLE_EQ(plan.component("optimizer state"), (100.0 + 2.0 * 128.0) * 4.0);
+}
+
+// Muon's exchange buffers at the optimizer step (optim/distributed_muon.h): the rank's matrix
+// elements' updates plus about 7x them (one round), float32, counted beyond the activations
+// and logits the step has freed by then; AdamW has none.
+TEST(PlanMemory, MuonExchangeBuffersCountBeyondTheFreedActivations) {
+  ModelShape m = tiny_model();
+  for (auto& block : m.blocks) block.params = 1000;  // matrices large beside the activations
+  m.optimizer_whole_block_share = 0.8;  // 800 of each block's 1000 parameters are matrices
+  config::JobConfig c = tiny_job();
+  c.training.local_batch_size = 1;
+  c.activation_checkpoint.mode = "full";
+  Layout l;
+  l.local_batch_size = 1;
+  l.dp_shard = 2;
+  l.ac_mode = "full";
+  const MemoryPlan plan = predict_memory(m, c, l, exact_profile());
+  const double mine = 0.8 * 2000.0 / 2.0;  // this rank's share of the blocks' matrices
+  const double freed = plan.component("activations") + plan.component("output and loss");
+  ASSERT_GT(4.0 * 8.0 * mine, freed);
+  EXPECT_DOUBLE_EQ(plan.component("muon exchange"), 4.0 * 8.0 * mine - freed);
+  m.optimizer_whole_block_share = 0;  // AdamW
+  EXPECT_EQ(predict_memory(m, c, l, exact_profile()).component("muon exchange"), 0);
+}
+
 TEST(PlanLayout, RankedFittingFirstThenByStepTime) {
   config::JobConfig c = tiny_job();
   c.training.global_batch_size = 8;

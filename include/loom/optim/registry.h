@@ -21,8 +21,8 @@
 #include <vector>
 
 #include "loom/config/job_config.h"
-#include "loom/protocols/causal_lm.h"
 #include "loom/optim/optimizer.h"
+#include "loom/protocols/causal_lm.h"
 
 namespace loom::optim {
 
@@ -64,7 +64,10 @@ struct StateFootprint {
   double per_parameter = 2.0;
   std::string description;
   double matrix_flops = 0;
-  double whole_tensor_elements = 0;
+  double whole_tensor_elements = 0;  // matrices (2-D)
+  // Expert stacks (3-D) the rule needs whole per expert: never gathered over the expert dim
+  // (whole experts stay on a rank), only over tensor parallelism's cut of each expert.
+  double whole_stack_elements = 0;
 };
 StateFootprint state_footprint(const config::OptimizerSection& section,
                                const std::vector<models::ParameterShape>& parameters);

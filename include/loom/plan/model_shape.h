@@ -55,7 +55,17 @@ struct ModelShape {
   // Muon: its Newton-Schulz FLOPs per step (the whole model once) and the elements of the
   // matrices it gathers whole when FSDP or TP cut them (optim::StateFootprint).
   double optimizer_matrix_flops = 0;
-  double optimizer_whole_elements = 0;
+  double optimizer_whole_elements = 0;        // 2-D matrices
+  double optimizer_whole_stack_elements = 0;  // 3-D expert stacks (gathered only over TP)
+  // The state tensors per element of the transformer blocks' parameters (MTP's included) and of
+  // the rest (embedding, final norm, head): under Muon 1 on the blocks' matrices, 2 elsewhere,
+  // so a pipeline stage's state depends on what it holds.
+  double optimizer_states_blocks = 2.0;
+  double optimizer_states_other = 2.0;
+  // Of the blocks' parameter elements, the share the optimizer needs whole: matrices and expert
+  // stacks (Muon's exchange buffers, memory_model.cpp).
+  double optimizer_whole_block_share = 0;
+  double optimizer_whole_stack_block_share = 0;
 
   int64_t n_layers() const { return static_cast<int64_t>(blocks.size()); }
   // Saved activation elements per token of block `b` without checkpointing: norm inputs and
