@@ -17,36 +17,6 @@
 namespace loom::train {
 namespace {
 
-// The tokens a rank computes of a batch and where they sit: the whole rows, or its context-
-// parallel share; documents and their positions under block_causal. A training batch with
-// multi-token prediction also carries each depth's tokens and labels (models/mtp.h), cut from
-// the whole rows and then shared out like the main ones.
-parallel::ContextShard place_tokens(const data::Batch& batch, bool block_causal,
-                                    const parallel::ContextParallel* context,
-                                    int64_t mtp_depths = 0) {
-  const at::Tensor documents = block_causal ? batch.documents : at::Tensor();
-  const at::Tensor positions = block_causal ? batch.positions : at::Tensor();
-  auto place = [&](const at::Tensor& inputs, const at::Tensor& labels) {
-    if (context) return context->shard(inputs, labels, documents, positions);
-    parallel::ContextShard whole{inputs, labels, {}};
-    whole.layout.documents = documents;
-    whole.layout.positions = positions;
-    return whole;
-  };
-  parallel::ContextShard out = place(batch.inputs, batch.labels);
-  if (mtp_depths <= 0) return out;
-  const auto targets = models::mtp_targets(batch.inputs, batch.labels, documents, mtp_depths);
-  std::vector<at::Tensor> tokens, labels{out.labels};
-  for (int64_t k = 0; k < mtp_depths; ++k) {
-    const auto depth = place(targets.tokens[k], targets.labels[k]);
-    tokens.push_back(depth.inputs);
-    labels.push_back(depth.labels);
-  }
-  out.layout.mtp_tokens = models::depths_side_by_side(tokens);
-  out.labels = models::depths_side_by_side(labels);
-  return out;
-}
-
 // Rows [start, start + count) of a batch.
 data::Batch batch_rows(const data::Batch& batch, int64_t start, int64_t count) {
   const auto rows = [&](const at::Tensor& t) {
@@ -208,6 +178,31 @@ std::unique_ptr<StepRunner> pipeline_runner(parallel::ParallelModel& model,
 }
 
 }  // namespace
+
+parallel::ContextShard place_tokens(const data::Batch& batch, bool block_causal,
+                                    const parallel::ContextParallel* context, int64_t mtp_depths) {
+  const at::Tensor documents = block_causal ? batch.documents : at::Tensor();
+  const at::Tensor positions = block_causal ? batch.positions : at::Tensor();
+  auto place = [&](const at::Tensor& inputs, const at::Tensor& labels) {
+    if (context) return context->shard(inputs, labels, documents, positions);
+    parallel::ContextShard whole{inputs, labels, {}};
+    whole.layout.documents = documents;
+    whole.layout.positions = positions;
+    return whole;
+  };
+  parallel::ContextShard out = place(batch.inputs, batch.labels);
+  if (mtp_depths <= 0) return out;
+  const auto targets = models::mtp_targets(batch.inputs, batch.labels, documents, mtp_depths);
+  std::vector<at::Tensor> tokens, labels{out.labels};
+  for (int64_t k = 0; k < mtp_depths; ++k) {
+    const auto depth = place(targets.tokens[k], targets.labels[k]);
+    tokens.push_back(depth.inputs);
+    labels.push_back(depth.labels);
+  }
+  out.layout.mtp_tokens = models::depths_side_by_side(tokens);
+  out.labels = models::depths_side_by_side(labels);
+  return out;
+}
 
 at::Tensor StepRunner::train_microbatch_counted_on_device(const data::Batch& /*batch*/,
                                                           const at::Tensor& /*valid_tokens*/,

@@ -13,6 +13,7 @@
 #include "loom/data/synthetic.h"
 #include "loom/models/loss.h"
 #include "loom/models/model_spec.h"
+#include "loom/models/mtp.h"
 #include "loom/optim/registry.h"
 #include "loom/parallel/activation_checkpoint.h"
 #include "loom/parallel/grad_hooks.h"
@@ -20,6 +21,7 @@
 #include "loom/train/lr_scheduler.h"
 #include "loom/train/mixed_precision.h"
 #include "loom/train/step_graph.h"
+#include "loom/train/step_runner.h"
 
 using loom::train::LRSchedule;
 
@@ -316,4 +318,26 @@ TEST(ReplayQueue, TheHostWaitsOnTheOldestReplayAsOnACollective) {
   EXPECT_EQ(records[0].state, CollectiveState::kCompleted);
   EXPECT_EQ(records[1].state, CollectiveState::kStarted);
   EXPECT_EQ(records[1].seq, 2);
+}
+
+// Multi-token prediction's targets as the runners place them: under block_causal each depth's
+// shifted tokens and labels stop at the document's end (models::mtp_targets with the batch's
+// documents); causal, they run on to the row's end. Without the documents passed on, the
+// block_causal case would equal the causal one.
+TEST(PlaceTokens, MultiTokenTargetsStayInsideTheDocumentUnderBlockCausal) {
+  const at::Tensor inputs = at::tensor({10, 11, 12, 20, 21, 22, 23}, at::kLong).view({1, 7});
+  const at::Tensor labels = at::tensor({11, 12, 20, 21, 22, 23, -100}, at::kLong).view({1, 7});
+  const at::Tensor documents = at::tensor({0, 0, 0, 1, 1, 1, 1}, at::kLong).view({1, 7});
+  const at::Tensor positions = at::tensor({0, 1, 2, 0, 1, 2, 3}, at::kLong).view({1, 7});
+  const loom::data::Batch batch{inputs, labels, documents, positions};
+  const auto placed = loom::train::place_tokens(batch, /*block_causal=*/true, nullptr, 2);
+  const auto want = loom::models::mtp_targets(inputs, labels, documents, 2);
+  ASSERT_TRUE(placed.layout.documents.defined());
+  EXPECT_TRUE(at::equal(placed.layout.mtp_tokens,
+                        loom::models::depths_side_by_side({want.tokens[0], want.tokens[1]})));
+  EXPECT_TRUE(at::equal(
+      placed.labels, loom::models::depths_side_by_side({labels, want.labels[0], want.labels[1]})));
+  const auto causal = loom::train::place_tokens(batch, /*block_causal=*/false, nullptr, 2);
+  EXPECT_FALSE(causal.layout.documents.defined());
+  EXPECT_FALSE(at::equal(causal.labels, placed.labels));
 }

@@ -13,10 +13,20 @@
 #include "loom/data/batch_source.h"
 #include "loom/distributed/runtime.h"
 #include "loom/metrics/metrics.h"
+#include "loom/parallel/context_parallel.h"
 #include "loom/parallel/parallelize.h"
 #include "loom/parallel/pipeline/plan.h"
 
 namespace loom::train {
+
+// The tokens a rank computes of a batch and where they sit: the whole rows, or its context-
+// parallel share; documents and their positions under block_causal. A training batch with
+// multi-token prediction (`mtp_depths` > 0) also carries each depth's tokens and labels
+// (models/mtp.h), cut from the whole rows -- within documents under block_causal -- and then
+// shared out like the main ones.
+parallel::ContextShard place_tokens(const data::Batch& batch, bool block_causal,
+                                    const parallel::ContextParallel* context,
+                                    int64_t mtp_depths = 0);
 
 class StepRunner {
  public:
