@@ -201,6 +201,11 @@ run_training "8B_4layers float8 rowwise_with_gw_hp" 8B_4layers 2 4096 20 \
 run_training "8B_4layers bf16 + libtorch attention" 8B_4layers 2 4096 20 \
   --training.sdpa_backend libtorch
 run_training "100M FSDP" 100M 16 2048 40 --debug.force_fsdp true
+# FSDP's hooks, gathered storage freed and taken again, and its gradient sync inside the recorded
+# step (FSDP over a one-rank shard group): losses step by step and the tokens/s ratio against
+# "100M FSDP". Several ranks' graphs need a GPU per rank (NCCL): not on this machine.
+run_training "100M FSDP + cuda graph" 100M 16 2048 40 --debug.force_fsdp true \
+  --training.cuda_graph true
 run_training "100M FSDP float8 all-gather" 100M 16 2048 40 --debug.force_fsdp true \
   --model.converters float8 --quantize.linear.float8.enable_fsdp_float8_all_gather true \
   --quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp true
