@@ -141,37 +141,44 @@ std::vector<at::Tensor> exchange_round(distributed::Comm& comm,
   return out;
 }
 
-// A cut's exchange in rounds: items in order, a round closing before any owner would assemble
-// more than `round_elements` (each owner takes at least one item a round), so the exchange's
-// buffers -- about 2x this rank's pieces and 5x the boxes it owns, float32 -- hold one round.
-// Every rank of the group forms the same rounds (whole sizes and owners are the group's).
+// A cut's exchange in rounds, so that the exchange's buffers -- about 2x this rank's pieces and
+// 5x the boxes it owns, float32 -- hold one round: each owner's items, in order, fill its rounds
+// up to `round_elements` of whole matrices (at least one item a round), and round r exchanges
+// every owner's r-th. Sizes are the whole matrices' (before every cut), which every rank of
+// every group agrees on: a piece left by an uneven outer cut differs between the ranks that
+// meet in the next cut's exchange, and rounds formed from it would not match there.
 std::vector<at::Tensor> exchange(distributed::Comm& comm, const std::vector<const Gathered*>& items,
                                  const std::vector<at::Tensor>& boxes, size_t depth,
                                  const Orthogonalize& orthogonalize, int64_t round_elements) {
   const std::vector<int> owner = owners(items, depth, comm.size());
-  std::vector<at::Tensor> out(items.size());
   std::vector<int64_t> load(static_cast<size_t>(comm.size()), 0);
-  std::vector<size_t> round;
-  auto run_round = [&] {
+  std::vector<int64_t> rounds_of(static_cast<size_t>(comm.size()), 0);
+  std::vector<int64_t> round_of(items.size(), 0);
+  for (size_t i = 0; i < items.size(); ++i) {
+    const auto o = static_cast<size_t>(owner[i]);
+    const int64_t elements = numel_of(items[i]->before.front());
+    if (load[o] > 0 && load[o] + elements > round_elements) {
+      ++rounds_of[o];
+      load[o] = 0;
+    }
+    round_of[i] = rounds_of[o];
+    load[o] += elements;
+  }
+  const int64_t rounds = *std::max_element(rounds_of.begin(), rounds_of.end()) + 1;
+  std::vector<at::Tensor> out(items.size());
+  for (int64_t r = 0; r < rounds; ++r) {
+    std::vector<size_t> round;
     std::vector<const Gathered*> sub;
     std::vector<at::Tensor> sub_boxes;
-    for (size_t i : round) {
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (round_of[i] != r) continue;
+      round.push_back(i);
       sub.push_back(items[i]);
       sub_boxes.push_back(boxes[i]);
     }
     auto results = exchange_round(comm, sub, sub_boxes, depth, orthogonalize, round_elements);
     for (size_t k = 0; k < round.size(); ++k) out[round[k]] = std::move(results[k]);
-    round.clear();
-    std::fill(load.begin(), load.end(), 0);
-  };
-  for (size_t i = 0; i < items.size(); ++i) {
-    const int64_t elements = numel_of(items[i]->before[items[i]->cuts.size() - 1 - depth]);
-    auto& owned = load[static_cast<size_t>(owner[i])];
-    if (owned > 0 && owned + elements > round_elements) run_round();
-    round.push_back(i);
-    owned += elements;
   }
-  if (!round.empty()) run_round();
   return out;
 }
 

@@ -253,8 +253,13 @@ MemoryPlan predict_rank_memory(const ModelShape& m, const config::JobConfig& con
       (l.tp > 1 ? m.optimizer_whole_stack_block_share : 0.0);
   if (gathered_share > 0) {
     const double mine = gathered_share * rp.block_params / fsdp;
-    const double exchange =
-        4.0 * (mine + 7.0 * std::min(mine, static_cast<double>(optim::kMuonRoundElements)));
+    // A round holds up to kMuonRoundElements on an owner, or one larger matrix.
+    double largest = 0;
+    for (const auto& block : m.blocks)
+      largest = std::max(largest, static_cast<double>(block.largest_param));
+    const double round = std::max(static_cast<double>(optim::kMuonRoundElements),
+                                  largest / static_cast<double>(l.tp));
+    const double exchange = 4.0 * (mine + 7.0 * std::min(mine, round));
     const double beyond = exchange - activation_bytes - output_bytes;
     if (beyond > 0) {
       add("muon exchange", beyond,

@@ -118,7 +118,9 @@ void ReplayQueue::replay() {
   uint64_t id = 0;
   if (recorder_ != nullptr) {
     distributed::CollectiveRecord record;
-    record.group = "world";
+    // A group of its own: the world's collectives number theirs apart (the hang report pairs
+    // entries by group and number).
+    record.group = "world/step_graph";
     record.group_ranks = world_ranks_;
     record.seq = replays_;
     record.op = "step_graph_replay";
@@ -167,8 +169,9 @@ GraphedStep::GraphedStep(Run& run, std::unique_ptr<device::StepGraph> graph)
   std::vector<int> world_ranks(static_cast<size_t>(run_.runtime->world().world_size));
   for (size_t r = 0; r < world_ranks.size(); ++r) world_ranks[r] = static_cast<int>(r);
   // Several ranks wait for each replay: a replay's collectives are watched by no backend, and
-  // a host that later blocked on its results in a copy would hang unseen. The device idles only
-  // for the host's work between steps (a batch's copy and one launch).
+  // a host that later blocked on its results in a copy would hang unseen. The device idles for
+  // the host's work between steps: the next batch (prefetched), its token count's and the stop
+  // flag's small all-reduces over Gloo, the batch's copy and one launch.
   const size_t in_flight = world_ranks.size() > 1 ? 0 : kReplaysInFlight;
   replays_ = std::make_unique<ReplayQueue>(*graph_, run_.runtime->process_groups().recorder(),
                                            std::move(world_ranks), in_flight);

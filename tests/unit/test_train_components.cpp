@@ -309,7 +309,7 @@ TEST(ReplayQueue, TheHostWaitsOnTheOldestReplayAsOnACollective) {
   host.join();
   ASSERT_TRUE(waited.has_value()) << "the host blocked on a replay the recorder does not show";
   EXPECT_EQ(waited->op, "step_graph_replay");
-  EXPECT_EQ(waited->group, "world");
+  EXPECT_EQ(waited->group, "world/step_graph");
   EXPECT_EQ(waited->seq, 1);
   EXPECT_EQ(graph.replayed.load(), 2);
   EXPECT_EQ(graph.asked, std::vector<size_t>{1});

@@ -7,9 +7,9 @@
 // computes the same owners), so the Newton–Schulz work and the assembled bytes are spread and
 // never repeated within the group. Both moves are all_to_alls over the axis's group with exact
 // piece sizes: FSDP's padding never travels, so there is none to strip or restore. They run in
-// rounds of at most `round_elements` assembled on any owner, so the exchange's buffers (about
-// 2x this rank's pieces and 5x its owned boxes of the round, float32) stay bounded whatever the
-// model's size.
+// rounds (each owner's matrices fill its rounds up to `round_elements`; round r exchanges every
+// owner's r-th), so the exchange's buffers (about 2x this rank's pieces and 5x its owned boxes
+// of the round, float32) stay bounded whatever the model's size.
 //
 // A matrix cut twice (TP's columns, then FSDP's rows of them) is gathered innermost cut first:
 // over FSDP onto the owner of its TP piece, then, among those owners, over TP onto the matrix's
@@ -35,8 +35,8 @@
 
 namespace loom::optim {
 
-// Elements a round of the exchange may assemble on one owner: 64M float32 (256 MiB), so its
-// buffers stay near 2 GiB; a model's matrices then take a round per 64M elements a rank owns.
+// Elements of whole matrices a round of the exchange may give one owner: 64M float32 (256 MiB),
+// so its buffers stay near 2 GiB (a larger matrix is a round of its own on its owner).
 inline constexpr int64_t kMuonRoundElements = int64_t{1} << 26;
 
 // Slots in [0, span) for items of `elements` each: largest first onto the least loaded slot

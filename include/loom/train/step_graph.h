@@ -69,7 +69,8 @@ std::optional<std::string> step_graph_refusal(const StepGraphFacts& facts);
 std::unique_ptr<device::StepGraph> eager_step_graph();
 
 // The replays of a several-rank job in flight. Each is an entry of the flight recorder
-// ("step_graph_replay" on the world group, numbered from 1 by replay); once more than
+// ("step_graph_replay" on the group "world/step_graph" of every rank, numbered from 1 by
+// replay); once more than
 // `in_flight` are queued the host waits for the oldest, marked as waited for, so the collective
 // watchdog measures a replay that never ends (a dead peer inside its collectives) from there.
 class ReplayQueue {
