@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <set>
+#include <variant>
 
 #include "loom/config/schema.h"
 #include "unit/config_test_util.h"
@@ -130,7 +131,8 @@ TEST(ConfigLoad, CommandLineListsTakeNoneBracketsAndQuotes) {
     auto loaded = load_toml(file, {{"model.converters", empty}});
     EXPECT_TRUE(loaded.config.model.converters.empty()) << "'" << empty << "'";
   }
-  auto bracketed = load_toml("", {{"model.converters", "[\"float8\", 'quantize.grouped_mm.float8']"}});
+  auto bracketed =
+      load_toml("", {{"model.converters", "[\"float8\", 'quantize.grouped_mm.float8']"}});
   EXPECT_EQ(bracketed.config.model.converters,
             (std::vector<std::string>{"float8", "quantize.grouped_mm.float8"}));
   auto plain = load_toml("", {{"checkpoint.exclude_from_loading", "[optimizer]"}});
@@ -169,4 +171,46 @@ TEST(ConfigSchema, EveryKeyIsUniqueAndTyped) {
     EXPECT_NE(schema.find_section(field.section), nullptr) << field.name();
   }
   EXPECT_GE(schema.fields().size(), 149u);  // torchtitan v0.2's JobConfig has 149 keys
+}
+
+// Each key reads and writes a value of its own: a key wired to another key's member (Muon's
+// nesterov flag written into its momentum, say) would change that key instead, or another key
+// with it. Every key in turn is set to a value unlike its default, and every key read back.
+TEST(ConfigSchema, EveryKeyWritesItsOwnValueAndNoOther) {
+  using loom::config::Value;
+  using loom::config::ValueKind;
+  const auto& schema = loom::config::job_config_schema();
+  const loom::config::JobConfig defaults;
+  auto other_than = [](ValueKind kind, const Value& now) -> Value {
+    switch (kind) {
+      case ValueKind::Bool:
+        return std::holds_alternative<bool>(now) ? Value(!std::get<bool>(now)) : Value(true);
+      case ValueKind::Int:
+        return std::holds_alternative<int64_t>(now) ? Value(std::get<int64_t>(now) + 7)
+                                                    : Value(int64_t{7});
+      case ValueKind::Float:
+        return std::holds_alternative<double>(now) ? Value(std::get<double>(now) + 0.125)
+                                                   : Value(0.375);
+      case ValueKind::String:
+        return std::holds_alternative<std::string>(now) ? Value(std::get<std::string>(now) + "_x")
+                                                        : Value(std::string("x"));
+      case ValueKind::StringList: return Value(std::vector<std::string>{"a", "b_x"});
+      case ValueKind::IntList: return Value(std::vector<int64_t>{3, 5});
+      case ValueKind::StringListList:
+        return Value(std::vector<std::vector<std::string>>{{"a"}, {"b", "c"}});
+    }
+    return Value();
+  };
+  for (const auto& field : schema.fields()) {
+    loom::config::JobConfig c;
+    const Value value = other_than(field.kind, field.read(c));
+    ASSERT_NE(value, field.read(c)) << field.name();
+    field.write(c, value);
+    EXPECT_EQ(field.read(c), value) << field.name() << " does not read back what it wrote";
+    for (const auto& other : schema.fields()) {
+      if (&other == &field) continue;
+      EXPECT_EQ(other.read(c), other.read(defaults))
+          << "writing " << field.name() << " changed " << other.name();
+    }
+  }
 }
