@@ -19,8 +19,10 @@
 #include "loom/generate/generator.h"
 #include "loom/generate/inference_model.h"
 #include "loom/models/common/decoder_model.h"
+#include "loom/models/common/rope.h"
 #include "loom/models/gpt_oss/args.h"
 #include "loom/models/model_spec.h"
+#include "support/process.h"
 #include "support/test_sets.h"
 #include "unit/hf_test_util.h"
 
@@ -166,6 +168,40 @@ LOOM_TEST(GptOssFlavors, PlanCountsThePublishedSizes) {
     const auto summary = spec.build(options)->summary(4096);
     EXPECT_EQ(summary.total_params, total) << flavor;
     EXPECT_EQ(summary.active_params, active) << flavor;
+  }
+}
+
+// YaRN against transformers' own _compute_yarn_parameters (tests/python/yarn_reference.py) at
+// published shapes, where the ramp's ends fall between pairs: gpt-oss 20B (head_dim 64, factor
+// 32, no truncation), DeepSeek-V3 (mscale and mscale_all_dim, truncated ends) and a Qwen3 long
+// context (head_dim 128, factor 4). The tiny models' logits reach only a few pairs of head_dim 8.
+LOOM_TEST(Yarn, FrequenciesAndMagnitudeEqualTransformers) {
+  const auto result =
+      loom::testing::run_command(std::string("'") + LOOM_PYTHON + "' '" + LOOM_SOURCE_DIR +
+                                 "/tests/python/yarn_reference.py' 2>&1");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  const json cases = json::parse(result.output);
+  ASSERT_EQ(cases.size(), 3u);
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c["name"].get<std::string>());
+    const json& r = c["rope_scaling"];
+    loom::models::YarnScaling yarn;
+    yarn.factor = r["factor"].get<double>();
+    yarn.original_max_position_embeddings = r["original_max_position_embeddings"].get<int64_t>();
+    if (r.contains("beta_fast")) yarn.beta_fast = r["beta_fast"].get<double>();
+    if (r.contains("beta_slow")) yarn.beta_slow = r["beta_slow"].get<double>();
+    if (r.contains("mscale")) yarn.mscale = r["mscale"].get<double>();
+    if (r.contains("mscale_all_dim")) yarn.mscale_all_dim = r["mscale_all_dim"].get<double>();
+    yarn.truncate = r.value("truncate", true);
+    const auto want = c["inv_freq"].get<std::vector<double>>();
+    const at::Tensor got = loom::models::yarn_frequencies(c["head_dim"].get<int64_t>(),
+                                                          c["theta"].get<double>(), yarn);
+    ASSERT_EQ(got.numel(), static_cast<int64_t>(want.size()));
+    const at::Tensor expected = at::tensor(want, at::kDouble);
+    const double diff =
+        ((got.to(at::kDouble) - expected).abs() / expected.abs()).max().item<double>();
+    EXPECT_LE(diff, 1e-6);
+    EXPECT_NEAR(yarn.rotation_scale(), c["attention_factor"].get<double>(), 1e-12);
   }
 }
 
