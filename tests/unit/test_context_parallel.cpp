@@ -231,7 +231,8 @@ TEST(ContextParallel, RingAttentionEqualsOneProcessWithItsBytes) {
 
 // A layer's sliding window and sinks under both methods: windows shorter than a rank's chunk
 // (head-tail chunks of 2 and 4 tokens, contiguous shares of 4), longer, and one token; the ring
-// skips the blocks before every query's window, which still travel (the same bytes).
+// skips the blocks before every query's window, which still travel (the same bytes); and
+// documents, window and sinks together.
 TEST(ContextParallel, WindowsAndSinksEqualOneProcess) {
   for (const std::string method : {"allgather", "alltoall"}) {
     for (int64_t window : {1, 3, 6}) {
@@ -240,6 +241,9 @@ TEST(ContextParallel, WindowsAndSinksEqualOneProcess) {
       check_context_attention(4, true, method, ContextBalancer::kNone, 6, 4, window, false);
     }
     check_context_attention(4, true, method, ContextBalancer::kHeadTail, 8, 4, 0, true);
+    // All three at once: documents, a window shorter than a document, and sinks.
+    check_context_attention(4, true, method, ContextBalancer::kHeadTail, 8, 4, 3, true);
+    check_context_attention(2, true, method, ContextBalancer::kNone, 8, 2, 6, true);
   }
 }
 
