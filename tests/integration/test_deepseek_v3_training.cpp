@@ -161,6 +161,29 @@ LOOM_TEST(DeepseekV3Training, MultiTokenPredictionAtWeightZeroIsNextTokenTrainin
   EXPECT_EQ(logged, 10);
 }
 
+// Each depth's logged mean token loss (`mtp/loss_<k>`, summed and counted over every rank) in a
+// layout equals one rank's at every step: a layout that counted a depth's tokens or summed its
+// losses over the wrong group would log another value while training alike.
+void expect_mtp_metrics_match_one_rank(const std::string& folder, const std::string& what) {
+  auto metrics = [](const std::string& dump) {
+    std::vector<std::vector<double>> out;
+    for (const auto& row : loom::testing::logged_rows(dump)) {
+      if (!row.contains("loss")) continue;
+      out.push_back({row.at("mtp/loss_1").get<double>(), row.at("mtp/loss_2").get<double>()});
+    }
+    return out;
+  };
+  const auto want = metrics(mtp_runs().one_rank());
+  const auto got = metrics(folder);
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t step = 0; step < want.size(); ++step) {
+    for (size_t k = 0; k < 2; ++k) {
+      EXPECT_NEAR(got[step][k], want[step][k], 1e-4 * want[step][k])
+          << what << ": mtp/loss_" << k + 1 << " at step " << step + 1;
+    }
+  }
+}
+
 // The depths train (the objective is not next-token training's) and every layout, expert
 // parallelism (whose dispatch the depths' mixtures share) first, trains like one rank.
 LOOM_SLOW_TEST(DeepseekV3Training, MultiTokenPredictionTrainsLikeOneRankUnderEveryLayout) {
@@ -187,6 +210,18 @@ LOOM_SLOW_TEST(DeepseekV3Training, MultiTokenPredictionTrainsLikeOneRankUnderEve
       "deepseek_v3 MTP cp 2, ring");
   mtp_runs().expect_matches_one_rank(mtp_runs().layout_run("ep2_fsdp4", 4, layout(2, 4, 1)),
                                      "deepseek_v3 MTP ep 2 x FSDP 2 (dp_shard 4)");
+  // The same layouts' (cached) runs: the depths' logged losses.
+  expect_mtp_metrics_match_one_rank(mtp_runs().layout_run("ep2", 2, layout(2, 2, 2)), "ep 2");
+  expect_mtp_metrics_match_one_rank(
+      mtp_runs().layout_run("tp2", 2, layout(1, 1, 4) + " --parallelism.tensor_parallel_degree 2"),
+      "TP 2");
+  expect_mtp_metrics_match_one_rank(pp2, "pp 2");
+  expect_mtp_metrics_match_one_rank(
+      mtp_runs().layout_run("cp2", 2,
+                            layout(1, 1, 4) + " --parallelism.context_parallel_degree 2"
+                                              " --parallelism.context_parallel_rotate_method "
+                                              "alltoall"),
+      "cp 2");
   // The depths' blocks (and their mixtures' balancing bias) are checkpointed: a run resumed
   // in another layout continues as the one-rank run.
   mtp_runs().expect_resumes_like_one_rank(pp2, 2, layout(2, 2, 2), "mtp_pp2_to_ep2",
