@@ -5,6 +5,7 @@
 #include "loom/core/check.h"
 #include "loom/core/device.h"
 #include "loom/models/model_spec.h"
+#include "loom/optim/registry.h"
 #include "loom/train/mixed_precision.h"
 
 namespace loom::train {
@@ -39,7 +40,11 @@ MemoryEstimate estimate_memory(const config::JobConfig& config, int64_t vocab_si
   const auto compute = autocast_dtype(t, device);
   const double act_bytes =
       static_cast<double>(c10::elementSize(compute.value_or(parameter_dtype(t))));
-  e.model_state_bytes = 4.0 * param_bytes * static_cast<double>(summary.total_params) /
+  // The optimizer's own state tensors per parameter (AdamW 2; Muon about 1): counting Adam's
+  // two moments for Muon would overstate the bound and refuse jobs that fit.
+  e.optimizer_states = optim::state_footprint(config.optimizer, summary.parameters).per_parameter;
+  e.model_state_bytes = (2.0 + e.optimizer_states) * param_bytes *
+                        static_cast<double>(summary.total_params) /
                         static_cast<double>(std::max<int64_t>(1, shard_degree));
   const bool checkpointed = config.activation_checkpoint.mode == "full";
   // Per block: its input (kept even under full checkpointing); without it at least the
@@ -62,7 +67,8 @@ void check_memory_fits(const config::JobConfig& config, int64_t vocab_size, int6
   LOOM_CHECK_AS(
       InputError, e.total() <= available, "this job needs at least ", gib(e.total()), " GiB on ",
       device.str(), ", which has ", gib(available), " GiB: model state ", gib(e.model_state_bytes),
-      " GiB (weights, gradients, Adam moments; FSDP degree ", shard_degree, "), activations ",
+      " GiB (weights, gradients, ", e.optimizer_states, " optimizer state tensors per parameter (",
+      config.optimizer.name, "); FSDP degree ", shard_degree, "), activations ",
       gib(e.activation_bytes), " GiB and logits ", gib(e.logits_bytes),
       " GiB for training.local_batch_size = ", config.training.local_batch_size,
       " x training.seq_len = ", config.training.seq_len, " (model.flavor = ", config.model.flavor,

@@ -92,14 +92,16 @@ TEST(HostileTokenizers, EmptySplitRegexAndDropoutAreRefusedByName) {
   auto j = original;
   j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "";
   std::ofstream(dir + "/empty.json") << j.dump();
-  EXPECT_NE(expect_input_error([&] { loom::data::load_tokenizer(dir + "/empty.json"); })
-                .find("the Split pattern is an empty regex"),
+  EXPECT_NE(expect_input_error([&] {
+              loom::data::load_tokenizer(dir + "/empty.json");
+            }).find("the Split pattern is an empty regex"),
             std::string::npos);
   j = original;
   j["model"]["dropout"] = 0.1;
   std::ofstream(dir + "/dropout.json") << j.dump();
-  EXPECT_NE(expect_input_error([&] { loom::data::load_tokenizer(dir + "/dropout.json"); })
-                .find("model.dropout is 0.1"),
+  EXPECT_NE(expect_input_error([&] {
+              loom::data::load_tokenizer(dir + "/dropout.json");
+            }).find("model.dropout is 0.1"),
             std::string::npos);
   j["model"]["dropout"] = 0.0;
   std::ofstream(dir + "/no_dropout.json") << j.dump();
@@ -228,6 +230,14 @@ TEST(StartChecks, MemoryEstimateRefusesWhatCannotFitAndPassesTheDebugJob) {
   // FSDP shards the model state.
   EXPECT_NEAR(loom::train::estimate_memory(c, 0, 4, at::Device(at::kCPU)).model_state_bytes,
               small.model_state_bytes / 4, 1.0);
+  // The optimizer's own state count: Muon keeps one momentum on its matrices, not two moments.
+  EXPECT_DOUBLE_EQ(small.optimizer_states, 2.0);
+  c.optimizer.name = "Muon";
+  const auto muon = loom::train::estimate_memory(c, 0, 1, at::Device(at::kCPU));
+  EXPECT_LT(muon.optimizer_states, 1.9);
+  EXPECT_NEAR(muon.model_state_bytes / small.model_state_bytes, (2.0 + muon.optimizer_states) / 4.0,
+              1e-9);
+  c.optimizer.name = "AdamW";
   c.training.seq_len = 1 << 20;
   c.training.local_batch_size = 4096;
   const std::string what =

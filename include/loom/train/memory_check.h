@@ -1,7 +1,8 @@
 // A job whose model, batch and sequence cannot fit in the device's memory is refused before
 // anything is allocated, with the estimate that says why (instead of "can't allocate N bytes"
 // after validation passed). The estimate is a lower bound, so no job that fits is refused:
-// weights, gradients and the two Adam moments in training.dtype (sharded over the FSDP
+// weights, gradients and the optimizer's state tensors (AdamW's two moments, Muon's momentum on
+// its matrices) in training.dtype (sharded over the FSDP
 // degree), the logits and their gradient in the compute dtype, and one saved input per block (more
 // without activation checkpointing). Tensor and pipeline parallelism, when they land, must divide
 // the model state and activations here too, or this bound stops being one.
@@ -17,9 +18,10 @@
 namespace loom::train {
 
 struct MemoryEstimate {
-  double model_state_bytes = 0;  // weights + gradients + optimizer moments (this rank's share)
-  double activation_bytes = 0;   // saved activations of one microbatch
-  double logits_bytes = 0;       // logits and their gradient, one microbatch
+  double model_state_bytes = 0;   // weights + gradients + optimizer state (this rank's share)
+  double optimizer_states = 2.0;  // the optimizer's state tensors per parameter element
+  double activation_bytes = 0;    // saved activations of one microbatch
+  double logits_bytes = 0;        // logits and their gradient, one microbatch
   double total() const { return model_state_bytes + activation_bytes + logits_bytes; }
 };
 
