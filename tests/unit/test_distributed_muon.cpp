@@ -166,21 +166,26 @@ TEST(DistributedMuon, TensorParallelTwoRanksEqualOneRank) {
   run_layout(2, "original", world_axis, tp_columns);
 }
 
-// FSDP x TP on 4 ranks (tp innermost): TP's cut (rows of wq, columns elsewhere), then FSDP's
-// rows of the piece; each matrix gathered over FSDP, then over TP, onto one of the 4 ranks.
+// FSDP x TP on 4 ranks (tp innermost): the tp axis, then the fsdp axis of this rank.
+std::vector<MeshAxis> tp_and_fsdp_axes(ProcessGroups& groups) {
+  const int r = groups.rank();
+  auto tp = groups.new_group("tp" + std::to_string(r / 2), {r - r % 2, r - r % 2 + 1});
+  auto fsdp = groups.new_group("fsdp" + std::to_string(r % 2), {r % 2, r % 2 + 2});
+  return {MeshAxis::of(tp), MeshAxis::of(fsdp)};
+}
+
+// TP's cut (rows of wq, columns elsewhere; each expert's rows of a stack; norms replicated), then
+// FSDP's rows of the piece.
+Placement tp_then_fsdp_rows(const std::string& name, const Placement& whole,
+                            const std::vector<MeshAxis>& a) {
+  if (whole.global_shape.size() == 1) return whole.replicate(a[0], false).shard(0, a[1]);
+  const int64_t tp_dim = name.find("wq") != std::string::npos ? 0 : 1;
+  return whole.shard(whole.global_shape.size() == 3 ? 1 : tp_dim, a[0]).shard(0, a[1]);
+}
+
+// Each matrix gathered over FSDP, then over TP, onto one of the 4 ranks.
 TEST(DistributedMuon, FsdpTimesTensorParallelFourRanksEqualOneRank) {
-  auto axes = [](ProcessGroups& groups) {
-    const int r = groups.rank();
-    auto tp = groups.new_group("tp" + std::to_string(r / 2), {r - r % 2, r - r % 2 + 1});
-    auto fsdp = groups.new_group("fsdp" + std::to_string(r % 2), {r % 2, r % 2 + 2});
-    return std::vector<MeshAxis>{MeshAxis::of(tp), MeshAxis::of(fsdp)};
-  };
-  auto cut = [](const std::string& name, const Placement& whole, const std::vector<MeshAxis>& a) {
-    if (whole.global_shape.size() == 1) return whole.replicate(a[0], false).shard(0, a[1]);
-    const int64_t tp_dim = name.find("wq") != std::string::npos ? 0 : 1;
-    return whole.shard(whole.global_shape.size() == 3 ? 1 : tp_dim, a[0]).shard(0, a[1]);
-  };
-  run_layout(4, "original", axes, cut, /*check_bytes=*/false);
+  run_layout(4, "original", tp_and_fsdp_axes, tp_then_fsdp_rows, /*check_bytes=*/false);
 }
 
 // Owners by size: the largest matrices first onto the least loaded rank. Round-robin in
@@ -259,17 +264,7 @@ TEST(DistributedMuon, RoundsChangeNothingButTheNumberOfExchanges) {
   // FSDP pieces differ between the TP ranks (w2's 20 and 16 elements beside wo's 18), so rounds
   // of 36 formed from them would be one on a TP rank and two on the other; from the whole
   // matrices both take two. One round is an FSDP and a TP exchange (4 all-to-alls).
-  auto axes = [](ProcessGroups& groups) {
-    const int r = groups.rank();
-    auto tp = groups.new_group("tp" + std::to_string(r / 2), {r - r % 2, r - r % 2 + 1});
-    auto fsdp = groups.new_group("fsdp" + std::to_string(r % 2), {r % 2, r % 2 + 2});
-    return std::vector<MeshAxis>{MeshAxis::of(tp), MeshAxis::of(fsdp)};
-  };
-  auto cut = [](const std::string& name, const Placement& whole, const std::vector<MeshAxis>& a) {
-    const int64_t tp_dim = name.find("wq") != std::string::npos ? 0 : 1;
-    return whole.shard(tp_dim, a[0]).shard(0, a[1]);
-  };
-  expect_rounds_change_nothing(4, axes, cut, 36, 4, 6);
+  expect_rounds_change_nothing(4, tp_and_fsdp_axes, tp_then_fsdp_rows, 36, 4, 6);
 }
 
 }  // namespace
