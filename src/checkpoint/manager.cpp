@@ -25,6 +25,7 @@ using namespace detail;
 struct CheckpointManager::Snapshot {
   int64_t step = 0;
   int64_t tokens_seen = 0;
+  int64_t lr_step = 0;
   double elapsed_s = 0;
   bool model_only = false;
   std::vector<LocalChunk> chunks;  // what this rank writes, on the CPU
@@ -112,6 +113,7 @@ std::unique_ptr<CheckpointManager::Snapshot> CheckpointManager::snapshot(int64_t
   auto s = std::make_unique<Snapshot>();
   s->step = step;
   s->tokens_seen = tokens_seen;
+  s->lr_step = step - lr_step_offset_;
   s->elapsed_s = targets_.elapsed_s ? targets_.elapsed_s() : 0.0;
   s->model_only = model_only;
   std::vector<at::Tensor> params;
@@ -328,7 +330,7 @@ void CheckpointManager::finalize(const Snapshot& s, const std::string& temp) {
            {"global_batch_size", config_.training.global_batch_size > 0
                                      ? config_.training.global_batch_size
                                      : config_.training.local_batch_size * runtime_.dp_size()},
-           {"lr_scheduler", {{"step", s.step}}}})
+           {"lr_scheduler", {{"step", s.lr_step}}}})
           .dump(1));
   files::write_atomic(temp + "/config.toml", config::to_toml(config_));
   const std::string final_folder = step_folder(s.step);

@@ -94,7 +94,7 @@ at::ScalarType export_type(const std::string& name) {
 bool is_loom_step_folder(const std::string& folder, std::string* why) {
   namespace fs = std::filesystem;
   static const std::regex ours(
-      "(index\\.json|train_state\\.json|config\\.toml|COMPLETE|"
+      "(index\\.json|train_state\\.json|config\\.toml|hf_config\\.json|COMPLETE|"
       "rank-[0-9]{5,}\\.(safetensors|json|failed))(\\.tmp(\\.[0-9]+)?)?");
   std::error_code error;
   const auto status = fs::symlink_status(folder, error);

@@ -231,6 +231,7 @@ int64_t Trainer::begin_step(int64_t committed, int64_t& tokens_seen) {
   if (now == committed) return committed;
   tokens_seen = position.tokens_seen;
   lr_step_offset_ = position.lr_step_offset;
+  run.checkpoint->set_lr_step_offset(lr_step_offset_);
   elapsed_before_ = static_cast<double>(position.elapsed_ms) / 1000 - seconds_since(train_start_);
   // The loader moves to the quorum's step: the batches of the steps this group did not train
   // (its data depends on its replica id and the step alone, so nothing is skipped or repeated).
@@ -327,6 +328,7 @@ TrainResult Trainer::train(const std::function<void()>& on_started) {
   models::after_weights_change(run_->converters.hooks);
   if (on_started) on_started();
   lr_step_offset_ = resume.step - resume.lr_step;
+  run_->checkpoint->set_lr_step_offset(lr_step_offset_);
   if (resume.saved_config && run_->runtime->rank() == 0) {
     const auto change =
         describe_schedule_change(*resume.saved_config, config_, resume.lr_step, resume.step);

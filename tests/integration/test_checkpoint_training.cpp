@@ -403,6 +403,23 @@ LOOM_TEST(CheckpointTraining, ExcludedPartsAreNotLoaded) {
   EXPECT_THROW(Trainer{bad}, loom::InputError);
 }
 
+// A resume that restarts the learning-rate schedule (exclude_from_loading lr_scheduler) trains
+// steps 6-10 at schedule positions 1-5, and its checkpoints record those positions: resuming
+// one continues the schedule where it was. train_state.json recorded the training step (10), so
+// a resume of step 10 jumped the schedule 5 positions ahead.
+LOOM_TEST(CheckpointTraining, ARestartedScheduleIsSavedWhereItIs) {
+  const std::string folder = loom::testing::fresh_temp_dir("ckpt_lr_restart");
+  Trainer(small_job(folder, 5)).train();
+  auto job = small_job(folder, 10);
+  job.checkpoint.exclude_from_loading = {"lr_scheduler"};
+  const auto restarted = Trainer(job).train();
+  EXPECT_EQ(restarted.first_step, 6);
+  const auto state = nlohmann::json::parse(
+      loom::testing::read_text(folder + "/checkpoint/step-10/train_state.json"));
+  EXPECT_EQ(state["step"], 10);
+  EXPECT_EQ(state["lr_scheduler"]["step"], 5) << state.dump();
+}
+
 namespace {
 
 // FSDP over 2 ranks: data_parallel_shard_degree -1 takes both ranks.

@@ -239,6 +239,11 @@ TEST(HfDeepseekV3, ImportRefusesMissingOrNonFiniteWeightsAndKeepsAnExistingStep)
   EXPECT_TRUE(fs::exists(out + "/step-0/COMPLETE"));
   loom::checkpoint::import_from_hf(source, out, {}, nullptr, /*overwrite=*/true);
   EXPECT_TRUE(fs::exists(out + "/step-0/index.json"));
+  // An import over an earlier import (a job with initial_load_in_hf restarted before its first
+  // checkpoint): its step-0 holds hf_config.json, which loom wrote and may remove.
+  ASSERT_TRUE(fs::exists(out + "/step-0/hf_config.json"));
+  loom::checkpoint::import_from_hf(source, out, {}, nullptr, /*overwrite=*/true);
+  EXPECT_TRUE(fs::exists(out + "/step-0/COMPLETE"));
 }
 
 // q_lora_rank: null with q_a_* weights got a misleading name (the tensor had "no place").

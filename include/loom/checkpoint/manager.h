@@ -98,6 +98,11 @@ class CheckpointManager {
   // did on its schedule.
   void save_stopped(int64_t step, int64_t tokens_seen);
 
+  // The learning-rate schedule's position is the step minus `offset` (the steps trained before
+  // a resume that restarted the schedule: exclude_from_loading lr_scheduler or train_state, or
+  // a replica group's healing); checkpoints record that position.
+  void set_lr_step_offset(int64_t offset) { lr_step_offset_ = offset; }
+
   // create_seed_checkpoint: the initialized model as step-0 (one rank only), synchronously.
   void save_seed();
 
@@ -158,6 +163,7 @@ class CheckpointManager {
   // process exits at once and the launcher can restart the group. The step stays incomplete.
   std::atomic<bool> abandoned_{false};
   bool last_save_ok_ = true;
+  int64_t lr_step_offset_ = 0;
   SaveStats stats_;
   SaveTally tally_;
   std::thread purger_;
