@@ -327,9 +327,12 @@ void CheckpointManager::finalize(const Snapshot& s, const std::string& temp) {
            {"tokens_seen", s.tokens_seen},
            {"elapsed_s", s.elapsed_s},
            // Elastic resume on another world size keeps it (resume_batch.h).
-           {"global_batch_size", config_.training.global_batch_size > 0
-                                     ? config_.training.global_batch_size
-                                     : config_.training.local_batch_size * runtime_.dp_size()},
+           // Fault-tolerant replica groups share the global batch (run_builder.cpp).
+           {"global_batch_size",
+            config_.training.global_batch_size > 0
+                ? config_.training.global_batch_size
+                : config_.training.local_batch_size * runtime_.dp_size() *
+                      (config_.fault_tolerance.enable ? config_.fault_tolerance.group_size : 1)},
            {"lr_scheduler", {{"step", s.lr_step}}}})
           .dump(1));
   files::write_atomic(temp + "/config.toml", config::to_toml(config_));
