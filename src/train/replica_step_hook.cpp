@@ -13,7 +13,10 @@ class ReplicaStepHook final : public StepHook {
 
   int64_t begin_step(int64_t committed, TrainPosition& position) override {
     healed_from_.reset();
-    if (!replicas_->starts_period(committed + 1)) return committed;
+    // A semi-synchronous run that resumed between two meetings (a checkpoint's interval, or a
+    // stop, that is not a multiple of sync_steps) opens its period with a quorum at its first
+    // step: its first period is shorter, and it meets the others at the period's regular end.
+    if (!replicas_->starts_period(committed + 1) && replicas_->period_open()) return committed;
     ReplicaState state;
     state.parameters = run_.local_tensors;
     for (const auto& b : run_.model.buffers) state.buffers.push_back(b.tensor);

@@ -289,6 +289,33 @@ StoppedGroup sigterm_group(const std::string& folder, const LighthouseProcess& l
   return out;
 }
 
+// A semi-synchronous group resumed from a checkpoint taken between two meetings (interval 3,
+// sync_steps 4) opens its period with a quorum at its first step and meets at step 4: it ended
+// there with "a period that never started", on every restart. With the global batch unset, the
+// checkpoint records the whole job's (local 2 x dp 1 x 2 groups = 4): it recorded one group's 2,
+// which the restarted group refused.
+LOOM_TEST(ReplicaGroups, SemiSynchronousGroupResumesBetweenTwoMeetings) {
+  const std::string folder = fresh_temp_dir("ft_semi_sync_resume");
+  LighthouseProcess lighthouse(folder, 1);
+  auto group = [&](int steps) {
+    return run_command("TORCHFT_LIGHTHOUSE=" + lighthouse.address() + " " + LOOM_BINARY + " " +
+                       job_args(folder + "/run", steps) +
+                       " --fault_tolerance.enable true --fault_tolerance.group_size 2"
+                       " --fault_tolerance.replica_id 0 --training.global_batch_size -1"
+                       " --fault_tolerance.semi_sync_method local_sgd"
+                       " --fault_tolerance.sync_steps 4 --checkpoint.interval 3 2>&1");
+  };
+  const CommandResult first = group(3);
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const auto state = nlohmann::json::parse(
+      loom::testing::read_text(folder + "/run/checkpoint/step-3/train_state.json"));
+  EXPECT_EQ(state["global_batch_size"], 4) << state.dump();
+  const CommandResult resumed = group(8);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("steps 4-8, resumed from step 3"), std::string::npos)
+      << resumed.output;
+}
+
 // A group of 2 ranks waits for a quorum that never forms (the lighthouse wants 2 groups): SIGTERM
 // to its launcher ends it, both ranks, with 128 + 15 well within the train timeout (rank 1 waits
 // in the group's broadcast of rank 0's answer, which now carries the stop).

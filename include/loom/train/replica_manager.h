@@ -98,6 +98,9 @@ class ReplicaManager {
   bool semi_synchronous() const { return section_.semi_sync_method.has_value(); }
   bool starts_period(int64_t step) const;
   bool ends_period(int64_t step) const;
+  // Whether a period is under way in this process (false before its first quorum: a run that
+  // resumed from a checkpoint taken between two meetings opens one at its first step).
+  bool period_open() const { return !semi_synchronous() || !period_start_.empty(); }
   // At the end of a period, after the local optimizer step: returns whether it committed.
   bool synchronize(const std::vector<at::Tensor>& parameters, int64_t step);
 
