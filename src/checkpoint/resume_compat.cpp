@@ -44,8 +44,10 @@ constexpr Dependency kDependencies[] = {
      "seq_len"},
     {"training.dataset", "dataloader", "the data loader's position is in another dataset"},
     {"training.dataset_path", "dataloader", "the data loader's position is in other files"},
-    {"training.dataset_mixture", "dataloader",
-     "the data loader's position is in another mixture"},
+    {"training.dataset_text_field", "dataloader",
+     "another field of each record is tokenized, so the data loader's position points into "
+     "another token stream"},
+    {"training.dataset_mixture", "dataloader", "the data loader's position is in another mixture"},
     {"debug.seed", "dataloader", "the data order is drawn from the seed"},
     {"optimizer.name", "optimizer",
      "the saved optimizer state belongs to another optimizer (its state tensors mean nothing to "
@@ -86,13 +88,15 @@ std::vector<std::string> resume_conflicts(const std::vector<ConfigChange>& chang
       if (part == "model") {
         what += "resume with the old value, or start the new model in another job.dump_folder";
       } else if (part == "optimizer") {
-        what += "to keep the weights and start the new optimizer's state fresh, set "
-                "checkpoint.exclude_from_loading = [\"optimizer\"] (CLI: "
-                "--checkpoint.exclude_from_loading optimizer)";
+        what +=
+            "to keep the weights and start the new optimizer's state fresh, set "
+            "checkpoint.exclude_from_loading = [\"optimizer\"] (CLI: "
+            "--checkpoint.exclude_from_loading optimizer)";
       } else {
-        what += "to keep the weights and optimizer but restart the data from its beginning, "
-                "set checkpoint.exclude_from_loading = [\"dataloader\"] (CLI: "
-                "--checkpoint.exclude_from_loading dataloader)";
+        what +=
+            "to keep the weights and optimizer but restart the data from its beginning, "
+            "set checkpoint.exclude_from_loading = [\"dataloader\"] (CLI: "
+            "--checkpoint.exclude_from_loading dataloader)";
       }
       conflicts.push_back(what);
     }
@@ -111,8 +115,9 @@ std::optional<config::JobConfig> check_resume_compatible(const std::string& step
     // Read back, the saved config names its own file; where a config came from is no state.
     saved.job.config_file = current.job.config_file;
   } catch (const Error& e) {
-    log::get("checkpoint")->warn("cannot compare with the config saved in {} ({}); resuming anyway",
-                                 path, e.message());
+    log::get("checkpoint")
+        ->warn("cannot compare with the config saved in {} ({}); resuming anyway", path,
+               e.message());
     return std::nullopt;
   }
   const auto changes = config_changes(saved, current);
@@ -120,9 +125,10 @@ std::optional<config::JobConfig> check_resume_compatible(const std::string& step
   if (!conflicts.empty()) {
     std::string text;
     for (const auto& c : conflicts) text += "\n  " + c;
-    LOOM_THROW(InputError, "cannot resume from ", step_folder,
-               ": the config changed in ways the checkpoint cannot follow:", text,
-               "\n(the checkpoint is intact: older checkpoints share the change, so none is tried)");
+    LOOM_THROW(
+        InputError, "cannot resume from ", step_folder,
+        ": the config changed in ways the checkpoint cannot follow:", text,
+        "\n(the checkpoint is intact: older checkpoints share the change, so none is tried)");
   }
   if (changes.empty()) return saved;
   std::string text;

@@ -14,6 +14,7 @@
 #include "../src/checkpoint/state_io.h"
 #include "loom/checkpoint/chunk_index.h"
 #include "loom/checkpoint/chunks.h"
+#include "loom/checkpoint/resume_compat.h"
 #include "loom/checkpoint/safetensors.h"
 #include "loom/checkpoint/safetensors_header.h"
 #include "loom/core/check.h"
@@ -324,4 +325,21 @@ TEST(HostileCheckpointState, StepFoldersHoldingForeignFilesAreNeverRemoved) {
   std::ofstream(file) << "x";
   EXPECT_THROW(remove_step_folder(file), loom::IoError);
   EXPECT_TRUE(fs::exists(file));
+}
+
+// A resume whose config tokenizes another field of each record continues the loader's position
+// in another token stream: refused for the data loader's state, named, and allowed once the
+// loader's state is excluded.
+TEST(ResumeConflicts, AnotherTextFieldIsTheDataLoadersConflict) {
+  loom::config::JobConfig saved, current;
+  saved.training.dataset_text_field = "text";
+  current.training.dataset_text_field = "content";
+  const auto changes = loom::checkpoint::config_changes(saved, current);
+  const auto conflicts = loom::checkpoint::resume_conflicts(changes, current, false);
+  ASSERT_EQ(conflicts.size(), 1u);
+  EXPECT_NE(conflicts[0].find("training.dataset_text_field \"text\" -> \"content\""), std::string::npos)
+      << conflicts[0];
+  EXPECT_NE(conflicts[0].find("exclude_from_loading = [\"dataloader\"]"), std::string::npos);
+  current.checkpoint.exclude_from_loading = {"dataloader"};
+  EXPECT_TRUE(loom::checkpoint::resume_conflicts(changes, current, false).empty());
 }
