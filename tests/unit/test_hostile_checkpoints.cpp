@@ -337,7 +337,8 @@ TEST(ResumeConflicts, AnotherTextFieldIsTheDataLoadersConflict) {
   const auto changes = loom::checkpoint::config_changes(saved, current);
   const auto conflicts = loom::checkpoint::resume_conflicts(changes, current, false);
   ASSERT_EQ(conflicts.size(), 1u);
-  EXPECT_NE(conflicts[0].find("training.dataset_text_field \"text\" -> \"content\""), std::string::npos)
+  EXPECT_NE(conflicts[0].find("training.dataset_text_field \"text\" -> \"content\""),
+            std::string::npos)
       << conflicts[0];
   EXPECT_NE(conflicts[0].find("exclude_from_loading = [\"dataloader\"]"), std::string::npos);
   current.checkpoint.exclude_from_loading = {"dataloader"};
