@@ -63,6 +63,9 @@ class LighthouseProcess {
         " --heartbeat-timeout-ms " + std::to_string(kHeartbeatTimeoutMs) + " > " + folder +
         "/lighthouse.log 2>&1 & echo $!");
     pid_ = std::stoi(r.output);
+    // Listening before any group starts: a group run without `loom launch` asks it at once.
+    run_command("for i in $(seq 1 200); do grep -q 'lighthouse at' " + folder +
+                "/lighthouse.log 2>/dev/null && break; sleep 0.05; done");
   }
   ~LighthouseProcess() { stop(SIGTERM); }
   void stop(int signal) {
