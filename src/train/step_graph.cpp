@@ -151,12 +151,20 @@ void ReplayQueue::wait_until(size_t in_flight) {
 
 namespace {
 
-std::vector<distributed::TrafficCounts> plus(const std::vector<distributed::TrafficCounts>& a,
-                                             const std::vector<distributed::TrafficCounts>& b,
-                                             int sign_of_b) {
-  LOOM_CHECK(a.size() == b.size(), "step graph: the process groups changed during training");
-  std::vector<distributed::TrafficCounts> out;
-  for (size_t g = 0; g < a.size(); ++g) out.push_back(sign_of_b > 0 ? a[g] + b[g] : a[g] - b[g]);
+using GroupTraffic = std::vector<distributed::TrafficCounts>;
+
+// Per process group: what `later` counted since `earlier`, and `a` with `b` added.
+GroupTraffic traffic_since(const GroupTraffic& later, const GroupTraffic& earlier) {
+  LOOM_CHECK(later.size() == earlier.size(), "step graph: the process groups changed in training");
+  GroupTraffic out;
+  for (size_t g = 0; g < later.size(); ++g) out.push_back(later[g] - earlier[g]);
+  return out;
+}
+
+GroupTraffic traffic_plus(const GroupTraffic& a, const GroupTraffic& b) {
+  LOOM_CHECK(a.size() == b.size(), "step graph: the process groups changed in training");
+  GroupTraffic out;
+  for (size_t g = 0; g < a.size(); ++g) out.push_back(a[g] + b[g]);
   return out;
 }
 
@@ -231,7 +239,7 @@ GraphedStep::Outputs GraphedStep::step(const std::vector<data::Batch>& micro, do
   if (steps_run_ < kEagerSteps) {
     const auto before = traffic();
     graph_->run([this] { body(); });
-    step_traffic_ = plus(traffic(), before, -1);
+    step_traffic_ = traffic_since(traffic(), before);
   } else {
     if (!recorded_) {
       const auto before = traffic();
@@ -251,7 +259,7 @@ GraphedStep::Outputs GraphedStep::step(const std::vector<data::Batch>& micro, do
     // its traffic is that of the last eager step, whatever the host counted meanwhile.
     const auto before = traffic();
     replays_->replay();
-    set_traffic(plus(before, step_traffic_, +1));
+    set_traffic(traffic_plus(before, step_traffic_));
     run_.optimizer->set_lr(lr);
   }
   run_.optimizer->count_device_step();
