@@ -144,6 +144,13 @@ std::unique_ptr<CheckpointManager::Snapshot> CheckpointManager::snapshot(int64_t
       optimizer_steps[target.name] = state ? state->step : 0;
     }
   }
+  for (const auto& side : model_only ? std::vector<ParameterSideState>{} : targets_.side_states) {
+    const std::vector<at::Tensor> tensors = side.to_save(step);
+    if (tensors.empty()) continue;
+    LOOM_CHECK(tensors.size() == targets_.parameters.size(), "checkpoint: ", side.name, " has ",
+               tensors.size(), " tensors for ", targets_.parameters.size(), " parameters");
+    for (auto& chunk : parameter_chunks(side.name + ".", tensors)) all.push_back(std::move(chunk));
+  }
   s->chunks = chunks_written_by(all);
   // Copies: the training thread changes the parameters right after this returns.
   const bool async = config_.checkpoint.async_mode != "disabled";

@@ -49,11 +49,13 @@ std::string CheckpointManager::import_hf_once(const std::string& hf_folder) {
   if (runtime_.is_main_rank()) {
     try {
       files::create_directories(imported);
-      const auto job_model = models::build_model(
-          config_, 0, at::TensorOptions().device(at::kMeta).dtype(at::kFloat));
+      const auto job_model =
+          models::build_model(config_, 0, at::TensorOptions().device(at::kMeta).dtype(at::kFloat));
       import_from_hf(
           hf_folder, imported,
-          [&](const SourcedModel& hf) { check_hf_model_matches(config_, hf, *job_model, hf_folder); },
+          [&](const SourcedModel& hf) {
+            check_hf_model_matches(config_, hf, *job_model, hf_folder);
+          },
           job_model.get(), /*overwrite=*/true);  // hf-import/ is this manager's own
     } catch (const Error& e) {
       error = e.message();
@@ -221,6 +223,31 @@ void CheckpointManager::load_optimizer_state(CheckpointReader& reader,
   }
 }
 
+// Each side state the checkpoint holds for every parameter (read by overlap like the optimizer's);
+// none when it holds it for no parameter or its part is excluded from loading.
+void CheckpointManager::load_side_states(CheckpointReader& reader, const std::string& step_folder) {
+  const auto& exclude = config_.checkpoint.exclude_from_loading;
+  for (const auto& side : targets_.side_states) {
+    std::vector<at::Tensor> loaded;
+    size_t saved = 0;
+    for (const auto& target : targets_.parameters)
+      saved += reader.has(side.name + "." + target.name);
+    const bool excluded = std::find(exclude.begin(), exclude.end(), side.part) != exclude.end();
+    if (saved > 0 && !excluded) {
+      for (const auto& target : targets_.parameters) {
+        const std::string fqn = side.name + "." + target.name;
+        LOOM_CHECK_AS(InputError, reader.has(fqn), "checkpoint '", step_folder, "' holds ",
+                      side.name, " for ", saved, " of ", targets_.parameters.size(),
+                      " parameters; ", fqn, " is missing");
+        at::Tensor t = at::empty_like(target.tensor.detach());
+        reader.read(placed_chunk(fqn, t, target.placement));
+        loaded.push_back(t);
+      }
+    }
+    side.restore(std::move(loaded));
+  }
+}
+
 ResumePoint CheckpointManager::load_from(const std::string& step_folder, bool model_only) {
   const auto& exclude = config_.checkpoint.exclude_from_loading;
   auto excluded = [&](const char* part) {
@@ -240,7 +267,10 @@ ResumePoint CheckpointManager::load_from(const std::string& step_folder, bool mo
     }
   }
   model_only = model_only || reader.checked_index().model_only;
-  if (model_only) return point;
+  if (model_only) {
+    for (const auto& side : targets_.side_states) side.restore({});
+    return point;
+  }
   // The per-rank parts: the optimizer's step counts (any rank's), data and RNG state (by dp rank).
   const int saved_world = reader.checked_index().world_size;
   std::vector<RankState> states;
@@ -258,6 +288,7 @@ ResumePoint CheckpointManager::load_from(const std::string& step_folder, bool mo
     check_saved_optimizer(states, step_folder);
     load_optimizer_state(reader, states, step_folder);
   }
+  load_side_states(reader, step_folder);
   const TrainState train_state =
       read_train_state(step_folder + "/train_state.json", reader.checked_index().step);
   if (!excluded("train_state")) {

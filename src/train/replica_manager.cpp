@@ -1,5 +1,5 @@
-#include "loom/core/clock.h"
 #include "loom/train/replica_manager.h"
+#include "loom/core/clock.h"
 
 #include <ATen/ATen.h>
 
@@ -259,7 +259,7 @@ int64_t ReplicaManager::start_step(int64_t committed, ReplicaState& state) {
       report_.healed_from = q.members[static_cast<size_t>(source)].replica;
       committed = q.max_step;
     }
-    if (semi_synchronous()) remember_period_start(state.parameters);
+    if (semi_synchronous()) open_period(state.parameters, committed);
     break;
   }
   report_.quorum_seconds = seconds_since(start);
@@ -272,10 +272,18 @@ int64_t ReplicaManager::start_step(int64_t committed, ReplicaState& state) {
 // arrived (a failure midway leaves its state, and its step, as they were).
 void ReplicaManager::heal(const Quorum& q, ReplicaState& state) {
   const int me = q.index_of(section_.replica_id);
-  if (section_.semi_sync_method == "diloco" && outer_momentum_.empty()) {
+  if (diloco() && outer_momentum_.empty()) {
     for (const at::Tensor& p : state.parameters) outer_momentum_.push_back(at::zeros_like(p));
   }
-  std::vector<at::Tensor> mine = state_tensors(state, outer_momentum_);
+  std::vector<at::Tensor> extra = outer_momentum_;
+  const bool carries_start = heal_carries_period_start(q);
+  const bool has_start = keep_period_start_ && period_start_.size() == state.parameters.size();
+  if (carries_start) {
+    for (size_t i = 0; i < state.parameters.size(); ++i) {
+      extra.push_back(has_start ? period_start_[i] : state.parameters[i].detach());
+    }
+  }
+  std::vector<at::Tensor> mine = state_tensors(state, extra);
   std::vector<at::Tensor> incoming;
   std::vector<distributed::P2POp> ops;
   for (size_t i = 0; i < q.members.size(); ++i) {
@@ -315,6 +323,17 @@ void ReplicaManager::heal(const Quorum& q, ReplicaState& state) {
   for (size_t i = 0; i < outer_momentum_.size(); ++i) {
     outer_momentum_[i].copy_(incoming[first_momentum + i]);
   }
+  if (carries_start) {
+    const size_t first_start = first_momentum + outer_momentum_.size();
+    period_start_.assign(incoming.begin() + static_cast<std::ptrdiff_t>(first_start),
+                         incoming.begin() + static_cast<std::ptrdiff_t>(first_start) +
+                             static_cast<std::ptrdiff_t>(state.parameters.size()));
+    keep_period_start_ = true;
+  }
+}
+
+bool ReplicaManager::heal_carries_period_start(const Quorum& q) const {
+  return semi_synchronous() && !ends_period(q.max_step);
 }
 
 void ReplicaManager::average(const std::vector<at::Tensor>& parameters, at::Tensor& loss_part,
@@ -385,19 +404,57 @@ bool ReplicaManager::ends_period(int64_t step) const {
   return !semi_synchronous() || step % section_.sync_steps == 0;
 }
 
+void ReplicaManager::open_period(const std::vector<at::Tensor>& parameters, int64_t committed) {
+  const bool under_way = !starts_period(committed + 1);
+  if (under_way && keep_period_start_ && period_start_.size() == parameters.size()) {
+    if (diloco() && outer_momentum_.empty()) {
+      for (const at::Tensor& p : parameters) outer_momentum_.push_back(at::zeros_like(p));
+    }
+  } else {
+    if (under_way && diloco()) {
+      log::get("ft")->warn(
+          "step {} is inside a DiLoCo period whose start this group does not have (a checkpoint "
+          "saved without it): the period restarts from this group's parameters, which other "
+          "groups resuming the same period may not share",
+          committed + 1);
+    }
+    remember_period_start(parameters);
+  }
+  keep_period_start_ = false;
+  period_joined_ = true;
+}
+
 void ReplicaManager::remember_period_start(const std::vector<at::Tensor>& parameters) {
   period_start_.clear();
   for (const at::Tensor& p : parameters) period_start_.push_back(p.detach().clone());
-  if (section_.semi_sync_method == "diloco" && outer_momentum_.empty()) {
+  if (diloco() && outer_momentum_.empty()) {
     for (const at::Tensor& p : parameters) outer_momentum_.push_back(at::zeros_like(p));
   }
+}
+
+std::vector<at::Tensor> ReplicaManager::period_start_to_save(int64_t step) const {
+  if (!semi_synchronous() || ends_period(step)) return {};
+  return period_joined_ || keep_period_start_ ? period_start_ : std::vector<at::Tensor>{};
+}
+
+void ReplicaManager::restore_period_start(std::vector<at::Tensor> tensors) {
+  keep_period_start_ = !tensors.empty();
+  period_start_ = std::move(tensors);
+  period_joined_ = false;
+}
+
+void ReplicaManager::restore_outer_momentum(std::vector<at::Tensor> tensors) {
+  if (tensors.empty() && diloco()) {
+    log::get("ft")->info("the checkpoint holds no DiLoCo outer momentum: it starts at zero");
+  }
+  outer_momentum_ = std::move(tensors);
 }
 
 bool ReplicaManager::synchronize(const std::vector<at::Tensor>& parameters, int64_t step) {
   LOOM_CHECK(period_start_.size() == parameters.size(), "fault tolerance: step ", step,
              " ends a period that never started (no quorum at its first step)");
   maybe_inject_fault("before_sync", step);
-  const bool diloco = section_.semi_sync_method == "diloco";
+  const bool diloco = this->diloco();
   at::NoGradGuard no_grad;
   // The average over the quorum's groups, of the pseudo-gradients (DiLoCo) or the parameters.
   std::vector<at::Tensor> averaged;

@@ -62,6 +62,20 @@ class ReplicaStepHook final : public StepHook {
   std::optional<int64_t> healed_from() const override { return healed_from_; }
   uint64_t wire_bytes() const override { return replicas_->wire_bytes(); }
 
+  std::vector<checkpoint::ParameterSideState> checkpoint_side_states() override {
+    if (!replicas_->semi_synchronous()) return {};
+    ReplicaManager& r = *replicas_;
+    std::vector<checkpoint::ParameterSideState> out;
+    out.push_back({"ft.period_start", "model",
+                   [&r](int64_t step) { return r.period_start_to_save(step); },
+                   [&r](std::vector<at::Tensor> t) { r.restore_period_start(std::move(t)); }});
+    if (r.diloco()) {
+      out.push_back({"ft.outer_momentum", "optimizer", [&r](int64_t) { return r.outer_momentum(); },
+                     [&r](std::vector<at::Tensor> t) { r.restore_outer_momentum(std::move(t)); }});
+    }
+    return out;
+  }
+
  private:
   std::unique_ptr<ReplicaManager> replicas_;
   Run& run_;

@@ -270,6 +270,7 @@ void build_checkpointer(Run& run, std::function<double()> elapsed_s) {
   targets.buffers = run.model.buffers;
   targets.optimizer = run.optimizer.get();
   targets.data = run.source.get();
+  targets.side_states = run.step_hook->checkpoint_side_states();
   targets.elapsed_s = std::move(elapsed_s);
   run.checkpoint =
       std::make_unique<checkpoint::CheckpointManager>(run.config, *run.runtime, std::move(targets));

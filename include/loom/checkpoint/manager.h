@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "loom/checkpoint/chunks.h"
+#include "loom/checkpoint/side_state.h"
 #include "loom/config/job_config.h"
 #include "loom/data/batch_source.h"
 #include "loom/distributed/runtime.h"
@@ -46,6 +47,8 @@ struct CheckpointTargets {
   std::vector<parallel::ModelParameter> buffers;
   optim::Optimizer* optimizer = nullptr;
   data::BatchSource* data = nullptr;
+  // Per-parameter state kept outside the optimizer (side_state.h); full saves only.
+  std::vector<ParameterSideState> side_states;
   // Training time so far, summed over the run's attempts (train_state.json's elapsed_s).
   std::function<double()> elapsed_s;
 };
@@ -151,6 +154,7 @@ class CheckpointManager {
   std::vector<LocalChunk> parameter_chunks(const std::string& prefix,
                                            const std::vector<at::Tensor>& tensors) const;
   ResumePoint load_from(const std::string& step_folder, bool model_only);
+  void load_side_states(CheckpointReader& reader, const std::string& step_folder);
 
   config::JobConfig config_;
   distributed::ParallelRuntime& runtime_;

@@ -100,9 +100,21 @@ class ReplicaManager {
   bool ends_period(int64_t step) const;
   // Whether a period is under way in this process (false before its first quorum: a run that
   // resumed from a checkpoint taken between two meetings opens one at its first step).
-  bool period_open() const { return !semi_synchronous() || !period_start_.empty(); }
+  bool period_open() const { return !semi_synchronous() || period_joined_; }
   // At the end of a period, after the local optimizer step: returns whether it committed.
   bool synchronize(const std::vector<at::Tensor>& parameters, int64_t step);
+  bool diloco() const { return section_.semi_sync_method == "diloco"; }
+
+  // What a checkpoint keeps (checkpoint/side_state.h), one tensor per parameter. The period's
+  // start after step `step` while that period is under way (none at its end): every group must
+  // resume it from the same start, or DiLoCo's groups, each stepping from its own, never meet
+  // again. DiLoCo's outer momentum (none before the first meeting: zero).
+  std::vector<at::Tensor> period_start_to_save(int64_t step) const;
+  std::vector<at::Tensor> outer_momentum() const { return outer_momentum_; }
+  // From a checkpoint, before the first step (none: the checkpoint held none). A restored start
+  // is kept by the quorum that reopens its period; momentum none starts at zero.
+  void restore_period_start(std::vector<at::Tensor> tensors);
+  void restore_outer_momentum(std::vector<at::Tensor> tensors);
 
   const QuorumReport& report() const { return report_; }
   // Bytes this rank sent over the replica process groups (every quorum's, healing included).
@@ -114,8 +126,12 @@ class ReplicaManager {
   void use_lighthouse(size_t index);
   void heal(const distributed::Quorum& q, ReplicaState& state);
   void maybe_inject_fault(const char* where, int64_t step) const;
-  // The period's starting point (DiLoCo's global parameters), after a quorum.
+  // The period's starting point (DiLoCo's global parameters), after a quorum: the parameters,
+  // or a start restored or healed for a period under way.
+  void open_period(const std::vector<at::Tensor>& parameters, int64_t committed);
   void remember_period_start(const std::vector<at::Tensor>& parameters);
+  // Whether healing at quorum `q` also carries the period's start (its step is inside a period).
+  bool heal_carries_period_start(const distributed::Quorum& q) const;
 
   config::FaultToleranceSection section_;
   std::shared_ptr<distributed::Comm> world_;
@@ -137,6 +153,8 @@ class ReplicaManager {
   bool broken_ = false;                     // the replica group failed since the last quorum
   bool step_failed_ = false;                // a replica collective of this step failed
   std::vector<at::Tensor> period_start_;    // semi-sync: parameters at the period's start
+  bool period_joined_ = false;              // this process took part in the period's quorum
+  bool keep_period_start_ = false;          // period_start_ restored or healed, not yet joined
   std::vector<at::Tensor> outer_momentum_;  // DiLoCo's Nesterov buffers (healed with the state)
   QuorumReport report_;
 };

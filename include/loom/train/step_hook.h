@@ -11,7 +11,9 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
+#include "loom/checkpoint/side_state.h"
 #include "loom/metrics/metrics.h"
 
 namespace loom::train {
@@ -64,6 +66,9 @@ class StepHook {
   }
   virtual std::optional<int64_t> healed_from() const { return std::nullopt; }
   virtual uint64_t wire_bytes() const { return 0; }
+  // What checkpoints keep of the hook's own per-parameter state (semi-synchronous groups: the
+  // period's start and DiLoCo's outer momentum).
+  virtual std::vector<checkpoint::ParameterSideState> checkpoint_side_states() { return {}; }
 };
 
 }  // namespace loom::train
