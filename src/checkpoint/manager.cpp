@@ -6,13 +6,17 @@
 #include <chrono>
 #include <exception>
 #include <filesystem>
+#include <map>
 #include <regex>
 #include <set>
+#include <tuple>
+#include <utility>
 
 #include "loom/checkpoint/hf.h"
 #include "loom/config/dump.h"
 #include "loom/core/check.h"
 #include "loom/core/files.h"
+#include "loom/core/json.h"
 #include "loom/core/logging.h"
 #include "loom/core/strings.h"
 #include "loom/optim/optimizer.h"
@@ -38,19 +42,70 @@ bool is_complete_step(const std::string& step_folder) {
   return fs::exists(step_folder + "/COMPLETE") && fs::exists(step_folder + "/index.json");
 }
 
+SavedStepFacts saved_step_facts(const std::string& step_folder) {
+  SavedStepFacts facts;
+  try {
+    const auto state = read_json(step_folder + "/train_state.json");
+    if (state.contains("save_sequence")) {
+      facts.sequence = json::int_field(state, "save_sequence", step_folder, 0);
+      facts.parent = json::int_field(state, "parent_sequence", step_folder, 0);
+    }
+    // Before train_state.json said so, only the index did.
+    const auto& holder =
+        state.contains("model_only") ? state : read_json(step_folder + "/index.json");
+    facts.model_only = holder.value("model_only", false) == true;
+  } catch (const std::exception&) {
+    // Unreadable: ordered as the oldest saves; loading it reports the damage.
+  }
+  return facts;
+}
+
 std::vector<std::pair<int64_t, std::string>> complete_steps(const std::string& folder) {
-  std::vector<std::pair<int64_t, std::string>> steps;
+  struct Found {
+    SavedStepFacts facts;
+    int64_t step = 0;
+    std::string path;
+  };
+  std::vector<Found> found;
   std::error_code error;
-  if (!fs::is_directory(folder, error)) return steps;
+  if (!fs::is_directory(folder, error)) return {};
   static const std::regex pattern("step-([0-9]{1,18})");
   for (const auto& entry : fs::directory_iterator(folder, error)) {
     std::smatch match;
     const std::string name = entry.path().filename().string();
-    if (std::regex_match(name, match, pattern) && is_complete_step(entry.path().string())) {
-      steps.emplace_back(std::stoll(match[1].str()), entry.path().string());
+    const std::string path = entry.path().string();
+    if (std::regex_match(name, match, pattern) && is_complete_step(path)) {
+      found.push_back({saved_step_facts(path), std::stoll(match[1].str()), path});
     }
   }
-  std::sort(steps.rbegin(), steps.rend());
+  // Last saved first (then the highest step: checkpoints from before the numbering).
+  std::sort(found.begin(), found.end(), [](const Found& a, const Found& b) {
+    return std::tie(a.facts.sequence, a.step) > std::tie(b.facts.sequence, b.step);
+  });
+  // The last save's line first, parent by parent, then the other lines.
+  std::map<int64_t, size_t> by_sequence;
+  for (size_t i = 0; i < found.size(); ++i) {
+    if (found[i].facts.sequence > 0) by_sequence.emplace(found[i].facts.sequence, i);
+  }
+  std::vector<bool> taken(found.size(), false);
+  std::vector<std::pair<int64_t, std::string>> steps;
+  for (size_t i = 0; i < found.size();) {
+    taken[i] = true;
+    steps.emplace_back(found[i].step, found[i].path);
+    const auto parent = by_sequence.find(found[i].facts.parent);
+    if (parent == by_sequence.end() || taken[parent->second]) break;
+    i = parent->second;
+  }
+  for (size_t i = 0; i < found.size(); ++i) {
+    if (!taken[i]) steps.emplace_back(found[i].step, found[i].path);
+  }
+  return steps;
+}
+
+std::vector<std::pair<int64_t, std::string>> resume_order(const std::string& folder) {
+  auto steps = complete_steps(folder);
+  std::stable_partition(steps.begin(), steps.end(),
+                        [](const auto& s) { return !saved_step_facts(s.second).model_only; });
   return steps;
 }
 
@@ -156,9 +211,15 @@ std::unique_ptr<CheckpointManager::Snapshot> CheckpointManager::snapshot(int64_t
   const bool async = config_.checkpoint.async_mode != "disabled";
   const bool pinned = config_.checkpoint.async_mode == "async_with_pinned_mem";
   at::NoGradGuard no_grad;
+  // export_dtype is for the weights: model state that is not a parameter (a MoE layer's
+  // balancing bias, accumulated in small steps) keeps its precision for a resume.
+  std::set<std::string> buffers;
+  for (const auto& buffer : targets_.buffers) buffers.insert("model." + buffer.name);
   for (size_t i = 0; i < s->chunks.size(); ++i) {
     at::Tensor& t = s->chunks[i].tensor;
-    if (model_only) t = t.to(export_type(config_.checkpoint.export_dtype));
+    if (model_only && !buffers.count(s->chunks[i].fqn)) {
+      t = t.to(export_type(config_.checkpoint.export_dtype));
+    }
     if (pinned && t.is_cuda()) {
       if (pinned_.size() <= i || pinned_[i].sizes() != t.sizes() ||
           pinned_[i].scalar_type() != t.scalar_type()) {
@@ -172,6 +233,7 @@ std::unique_ptr<CheckpointManager::Snapshot> CheckpointManager::snapshot(int64_t
     }
   }
   s->rank_state = {{"rank", runtime_.rank()},
+                   {"attempt", attempt_},
                    {"world_size", runtime_.world().world_size},
                    {"dp_rank", runtime_.dp_rank()},
                    {"dp_size", runtime_.dp_size()},
@@ -245,7 +307,7 @@ void CheckpointManager::save(int64_t step, int64_t tokens_seen, bool model_only)
       if (!runtime_.is_main_rank()) {
         try {
           files::write_atomic(step_temp(s->step) + "/" + rank_name(runtime_.rank(), ".failed"),
-                              error.what());
+                              "attempt " + std::to_string(attempt_) + "\n" + error.what());
         } catch (const std::exception&) {
         }
       }
@@ -308,29 +370,36 @@ void CheckpointManager::write(Snapshot& s) {
 void CheckpointManager::finalize(const Snapshot& s, const std::string& temp) {
   const int world = runtime_.world().world_size;
   const double timeout = std::max(120.0, 4.0 * config_.comm.train_timeout_seconds);
-  const auto start = Clock::now();
   std::vector<nlohmann::json> parts(static_cast<size_t>(world));
-  for (int r = 0; r < world; ++r) {
-    const std::string path = temp + "/" + rank_name(r, ".json");
-    while (!fs::exists(path)) {
-      LOOM_CHECK_AS(IoError, !fs::exists(temp + "/" + rank_name(r, ".failed")), "rank ", r,
-                    " could not write its part of step ", s.step, ": ",
-                    read_text(temp + "/" + rank_name(r, ".failed")));
-      LOOM_CHECK_AS(IoError, !abandoned_, "step ", s.step,
-                    " abandoned: training failed before rank ", r, " wrote its part");
-      LOOM_CHECK_AS(IoError, seconds_since(start) < timeout, "rank ", r,
-                    " did not write its part of step ", s.step, " within ", timeout, " s");
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  for (int r = 0; r < world; ++r)
+    parts[static_cast<size_t>(r)] = wait_for_part(s, temp, r, timeout);
+  // Parts of ranks beyond this world (an earlier, larger attempt's) would sit in the step unread.
+  static const std::regex rank_file("rank-([0-9]{5,})\\..*");
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(temp, error)) {
+    std::smatch match;
+    const std::string name = entry.path().filename().string();
+    if (std::regex_match(name, match, rank_file) && std::stoll(match[1].str()) >= world) {
+      fs::remove(entry.path(), error);
     }
-    parts[static_cast<size_t>(r)] = read_json(path);
   }
   nlohmann::json index = step_index(
       parts, {s.step, world, runtime_.dp_size(), s.model_only, runtime_.dims().layout()});
   files::write_atomic(temp + "/index.json", index.dump(1));
+  // Saves are numbered in the order they complete: the newest is the last one saved, not the
+  // highest step (a run resumed from an older step with load_step goes on from its own saves).
+  int64_t sequence = 0;
+  for (const auto& [step, path] : complete_steps(folder_)) {
+    sequence = std::max(sequence, saved_step_facts(path).sequence);
+  }
+  const int64_t parent = std::exchange(last_sequence_, sequence + 1);
   files::write_atomic(
       temp + "/train_state.json",
       nlohmann::json(
           {{"step", s.step},
+           {"save_sequence", sequence + 1},
+           {"parent_sequence", parent},
+           {"model_only", s.model_only},
            {"tokens_seen", s.tokens_seen},
            {"elapsed_s", s.elapsed_s},
            // Elastic resume on another world size keeps it (resume_batch.h).
@@ -343,20 +412,60 @@ void CheckpointManager::finalize(const Snapshot& s, const std::string& temp) {
            {"lr_scheduler", {{"step", s.lr_step}}}})
           .dump(1));
   files::write_atomic(temp + "/config.toml", config::to_toml(config_));
+  // The marker before the rename: a stop between the removal of a step this run re-did and the
+  // rename leaves a complete step-N.tmp, which the next start puts in place (remove_incomplete).
+  files::write_atomic(temp + "/COMPLETE", "step " + std::to_string(s.step) + "\n");
   const std::string final_folder = step_folder(s.step);
   remove_step_folder(final_folder);  // a step of an earlier run that this run re-did
-  std::error_code error;
   fs::rename(temp, final_folder, error);
   LOOM_CHECK_AS(IoError, !error, "cannot rename '", temp, "' to '", final_folder,
                 "': ", error.message());
   files::sync_folder(folder_);
-  files::write_atomic(final_folder + "/COMPLETE", "step " + std::to_string(s.step) + "\n");
+  // The checkpoint folder's own entry too (its first save may have created it).
+  const fs::path above = fs::path(folder_).parent_path();
+  files::sync_folder(above.empty() ? "." : above.string());
   if (config_.checkpoint.keep_latest_k > 0) {
     if (purger_.joinable()) purger_.join();
     purger_ = std::thread([this] { purge_old(); });
   }
 }
 
+// Rank `rank`'s part of this save: its rank-R.json once it carries this attempt's mark (a part an
+// earlier attempt left is waited past: the rank's own write replaces it).
+nlohmann::json CheckpointManager::wait_for_part(const Snapshot& s, const std::string& temp,
+                                                int rank, double timeout_s) {
+  const std::string path = temp + "/" + rank_name(rank, ".json");
+  const std::string failed = temp + "/" + rank_name(rank, ".failed");
+  const std::string mark = "attempt " + std::to_string(attempt_) + "\n";
+  const auto start = Clock::now();
+  fs::file_time_type stale{};  // an earlier attempt's part, read once until it is replaced
+  for (;;) {
+    std::error_code io;
+    const auto written = fs::last_write_time(path, io);
+    if (!io && written != stale) {
+      try {
+        nlohmann::json part = read_json(path);
+        if (part.at("state").value("attempt", int64_t{-1}) == attempt_) return part;
+      } catch (const std::exception&) {
+        // Damaged: the rank's own write replaces it.
+      }
+      stale = written;
+    }
+    if (fs::exists(failed)) {
+      const std::string text = read_text(failed);
+      LOOM_CHECK_AS(IoError, text.rfind(mark, 0) != 0, "rank ", rank,
+                    " could not write its part of step ", s.step, ": ", text.substr(mark.size()));
+    }
+    LOOM_CHECK_AS(IoError, !abandoned_, "step ", s.step, " abandoned: training failed before rank ",
+                  rank, " wrote its part");
+    LOOM_CHECK_AS(IoError, seconds_since(start) < timeout_s, "rank ", rank,
+                  " did not write its part of step ", s.step, " within ", timeout_s, " s");
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+// The keep_latest_k last saves stay (at least 2: a weights-only last save leaves the newest full
+// one among them).
 void CheckpointManager::purge_old() {
   const auto steps = complete_steps(folder_);
   for (size_t i = static_cast<size_t>(config_.checkpoint.keep_latest_k); i < steps.size(); ++i) {

@@ -5,6 +5,7 @@
 #include <ATen/core/grad_mode.h>
 
 #include <filesystem>
+#include <random>
 #include <regex>
 
 #include "loom/checkpoint/hf.h"
@@ -70,18 +71,27 @@ std::string CheckpointManager::import_hf_once(const std::string& hf_folder) {
   return imported + "/step-0";
 }
 
-// Leftovers of saves that never completed. Rank 0 runs this before any rank can save: the first
-// save follows the first step's collectives.
+// Leftovers of saves that never completed: step-N.tmp, and step-N without its COMPLETE marker
+// (a save stopped between its rename and the marker, or a removal stopped halfway). Rank 0 runs
+// this before any rank can save: the first save follows the first step's collectives. A job
+// that never saves (load_only) leaves them: they may be another job's saves in progress.
 void CheckpointManager::remove_incomplete() {
-  if (!runtime_.is_main_rank() || !fs::is_directory(folder_)) return;
+  if (!runtime_.is_main_rank() || config_.checkpoint.load_only || !fs::is_directory(folder_)) {
+    return;
+  }
   std::error_code error;
   for (const auto& entry : fs::directory_iterator(folder_, error)) {
     const std::string name = entry.path().filename().string();
-    static const std::regex incomplete("step-[0-9]+\\.tmp");
-    if (!std::regex_match(name, incomplete)) continue;
+    static const std::regex temporary("step-[0-9]+\\.tmp"), step("step-[0-9]+");
+    const bool orphan = std::regex_match(name, step) && !fs::exists(entry.path() / "COMPLETE");
+    if (!std::regex_match(name, temporary) && !orphan) continue;
     std::string why;
     if (!is_loom_step_folder(entry.path().string(), &why)) {
       log::get("checkpoint")->warn("leaving {} alone: {}", entry.path().string(), why);
+      continue;
+    }
+    if (!orphan && is_complete_step(entry.path().string())) {
+      promote_complete_temp(entry.path().string());
       continue;
     }
     log::get("checkpoint")->warn("removing the incomplete checkpoint {}", entry.path().string());
@@ -93,14 +103,53 @@ void CheckpointManager::remove_incomplete() {
   }
 }
 
+// A save that was complete when it stopped, between the removal of the step it re-did and its
+// rename: put in place.
+void CheckpointManager::promote_complete_temp(const std::string& temp) {
+  const std::string final_folder = temp.substr(0, temp.size() - std::string(".tmp").size());
+  log::get("checkpoint")->warn("{} is complete: moving it to {}", temp, final_folder);
+  try {
+    remove_step_folder(final_folder);
+    std::error_code error;
+    fs::rename(temp, final_folder, error);
+    LOOM_CHECK_AS(IoError, !error, "cannot rename '", temp, "' to '", final_folder,
+                  "': ", error.message());
+    files::sync_folder(folder_);
+  } catch (const Error& e) {
+    log::get("checkpoint")->warn("{}", e.message());
+  }
+}
+
+// A mark every rank of this attempt shares (rank 0's random draw), on the parts it saves.
+void CheckpointManager::agree_on_attempt() {
+  std::random_device random;
+  const int64_t draw =
+      static_cast<int64_t>((uint64_t{random()} << 31) ^ random()) & ((int64_t{1} << 53) - 1);
+  at::Tensor mark = at::full({1}, draw, at::kLong);
+  auto& world = runtime_.world_group();
+  if (world.size() > 1) world.broadcast(mark, 0);
+  attempt_ = mark.item<int64_t>();
+}
+
 // What to try, newest first: load_step's folder, else every complete step of the run, else
 // initial_load_path's (weights only when initial_load_model_only or a Hugging Face folder).
 std::vector<std::pair<int64_t, std::string>> CheckpointManager::load_candidates(bool& model_only,
                                                                                 bool& fall_back) {
   const auto& c = config_.checkpoint;
-  auto candidates = complete_steps(folder_);
+  auto candidates = resume_order(folder_);
   model_only = false;
   fall_back = c.load_step < 0;
+  if (c.load_step < 0 && !candidates.empty()) {
+    const auto last_saved = complete_steps(folder_).front();
+    if (last_saved != candidates.front()) {
+      log::get("checkpoint")
+          ->warn(
+              "{} holds the weights only (checkpoint.last_save_model_only); resuming from step "
+              "{}, the newest full checkpoint, with its optimizer and data loader (to start from "
+              "step {}'s weights at step 1 instead, set checkpoint.load_step = {})",
+              last_saved.second, candidates.front().first, last_saved.first, last_saved.first);
+    }
+  }
   if (c.load_step >= 0) {
     auto it = std::find_if(candidates.begin(), candidates.end(),
                            [&](const auto& s) { return s.first == c.load_step; });
@@ -132,6 +181,7 @@ std::vector<std::pair<int64_t, std::string>> CheckpointManager::load_candidates(
 ResumePoint CheckpointManager::load() {
   if (!enabled_) return {};
   auto log = log::get("checkpoint");
+  agree_on_attempt();
   remove_incomplete();
   bool model_only = false, fall_back = true;
   const auto candidates = load_candidates(model_only, fall_back);
@@ -160,6 +210,12 @@ ResumePoint CheckpointManager::load() {
     if (world.size() > 1) world.all_reduce(failed, distributed::ReduceOp::kMax);
     if (failed.item<int>() == 0) {
       if (i == 0) point.saved_config = saved_config;
+      // A checkpoint of this run's folder: the run's saves descend from it.
+      std::error_code io;
+      if (fs::weakly_canonical(fs::path(path).parent_path(), io) ==
+          fs::weakly_canonical(folder_, io)) {
+        last_sequence_ = saved_step_facts(path).sequence;
+      }
       log->info("resumed from {} (step {}, {} tokens seen{}) in {:.2f} s", path, point.step,
                 point.tokens_seen, point.step == 0 ? ", model weights only" : "",
                 seconds_since(start));

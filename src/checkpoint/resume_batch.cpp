@@ -16,7 +16,7 @@ std::optional<int64_t> resumable_global_batch(const config::JobConfig& config) {
   if (!c.enable) return std::nullopt;
   const std::string folder =
       files::output_folder(config.job.dump_folder, c.folder, "checkpoint.folder");
-  for (const auto& [step, path] : complete_steps(folder)) {
+  for (const auto& [step, path] : resume_order(folder)) {
     if (c.load_step >= 0 && step != c.load_step) continue;
     const std::string state_path = path + "/train_state.json";
     try {

@@ -44,7 +44,7 @@ int report_signal_stop(const train::TrainResult& result, const config::JobConfig
   // The newest complete step on disk: a stop during a discarded step's retries saves none.
   std::string resumable = "not resumable: checkpoint.enable is false";
   if (checkpoints.enabled()) {
-    const auto saved = checkpoint::complete_steps(checkpoints.folder());
+    const auto saved = checkpoint::resume_order(checkpoints.folder());
     resumable = saved.empty()
                     ? fmt::format("no complete checkpoint in {} yet", checkpoints.folder())
                     : fmt::format("resumable from step-{} (in {})", saved.front().first,

@@ -74,8 +74,24 @@ struct ResumePoint {
 
 // The state of one step folder.
 bool is_complete_step(const std::string& step_folder);
-// The complete step-N folders under `folder`, newest first, as (step, path).
+// What train_state.json says of a complete step: the order in which the folder's saves completed
+// (1, 2, ...; 0 for checkpoints written before loom numbered them), the save it descends from
+// (the previous save of its run, or the checkpoint its run resumed from; 0: none) and whether it
+// holds the weights only (checkpoint.last_save_model_only, a seed).
+struct SavedStepFacts {
+  int64_t sequence = 0;
+  int64_t parent = 0;
+  bool model_only = false;
+};
+SavedStepFacts saved_step_facts(const std::string& step_folder);
+// The complete step-N folders under `folder`, as (step, path): the last save and its ancestors,
+// newest first, then the other saves, last saved first (then the highest step). After a resume
+// from an older step (load_step), the new line comes first and the abandoned one after it.
 std::vector<std::pair<int64_t, std::string>> complete_steps(const std::string& folder);
+// The order in which a run resumes from its own folder: the full checkpoints, last saved first,
+// then the weights-only ones (a run extended past a weights-only last save goes on from its
+// newest full checkpoint, with the optimizer and the data loader, rather than from step 0).
+std::vector<std::pair<int64_t, std::string>> resume_order(const std::string& folder);
 
 class CheckpointManager {
  public:
@@ -140,9 +156,13 @@ class CheckpointManager {
   std::string step_folder(int64_t step) const;
   std::string step_temp(int64_t step) const;
   void finalize(const Snapshot& snapshot, const std::string& temp);
+  nlohmann::json wait_for_part(const Snapshot& snapshot, const std::string& temp, int rank,
+                               double timeout_s);
   void purge_old();
   std::string import_hf_once(const std::string& hf_folder);
   void remove_incomplete();
+  void promote_complete_temp(const std::string& temp);
+  void agree_on_attempt();
   std::vector<std::pair<int64_t, std::string>> load_candidates(bool& model_only, bool& fall_back);
   void export_last_in_hf(int64_t step);
   // The optimizer's index of parameter `name` (throws when it does not step it).
@@ -168,6 +188,11 @@ class CheckpointManager {
   std::atomic<bool> abandoned_{false};
   bool last_save_ok_ = true;
   int64_t lr_step_offset_ = 0;
+  // This attempt's mark on its rank parts (agreed in load()): rank 0 merges no part a crashed
+  // earlier attempt left in a step-N.tmp folder it could not remove.
+  int64_t attempt_ = 0;
+  // The save this run's next save descends from: the loaded checkpoint's, then its own last.
+  int64_t last_sequence_ = 0;
   SaveStats stats_;
   SaveTally tally_;
   std::thread purger_;

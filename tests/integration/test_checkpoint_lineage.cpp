@@ -1,0 +1,90 @@
+// Which checkpoint a run goes on from when its folder holds more than one line of saves: the last
+// one saved, not the highest step (a run resumed from an older step with load_step), and a full
+// one before a weights-only last save (a run extended past its end). Leftovers of a save stopped
+// between its rename and its COMPLETE marker are removed.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "loom/checkpoint/manager.h"
+#include "loom/train/trainer.h"
+#include "support/jobs.h"
+#include "support/test_sets.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using loom::config::JobConfig;
+using loom::train::Trainer;
+
+JobConfig lineage_job(const std::string& folder, int64_t steps) {
+  JobConfig c = loom::testing::small_job(folder, {4, 32, steps, 3, 10, 11});
+  c.lr_scheduler.total_steps = 20;  // one schedule whatever the run's length
+  c.checkpoint.enable = true;
+  c.checkpoint.interval = 4;
+  c.checkpoint.last_save_model_only = false;
+  c.checkpoint.keep_latest_k = 0;
+  return c;
+}
+
+std::vector<double> straight_losses(const std::string& name, int64_t steps) {
+  auto c = lineage_job(loom::testing::fresh_temp_dir(name), steps);
+  c.checkpoint.enable = false;
+  return Trainer(c).train().losses;
+}
+
+}  // namespace
+
+// A: steps 1-12 (saves 4, 8, 12). B: back to step 4 (load_step), on to 8 (its own step-8 replaces
+// A's). C, with no load_step: goes on from B's step 8, the last saved; it took A's step 12 (an
+// abandoned line) when the highest step was the newest. Were B's step 8 unreadable, C would fall
+// back to step 4, its parent, before A's step 12. When C starts, a step folder left without its
+// COMPLETE marker is removed, and a complete step-N.tmp (stopped before its rename) is put in
+// place.
+LOOM_TEST(CheckpointLineage, ARunResumedFromAnOlderStepGoesOnFromItsOwnSaves) {
+  const std::string folder = loom::testing::fresh_temp_dir("ckpt_lineage_rollback");
+  Trainer(lineage_job(folder, 12)).train();
+  auto back = lineage_job(folder, 8);
+  back.checkpoint.load_step = 4;
+  ASSERT_EQ(Trainer(back).train().losses.size(), 4u);
+  const std::string checkpoints = folder + "/checkpoint";
+  const auto order = loom::checkpoint::complete_steps(checkpoints);
+  ASSERT_EQ(order.size(), 3u);
+  EXPECT_EQ(order[0].first, 8);
+  EXPECT_EQ(order[1].first, 4) << "B's step 8 descends from step 4";
+  EXPECT_EQ(order[2].first, 12) << "A's step 12 is of an abandoned line";
+  // A save stopped between its rename and its marker.
+  fs::copy(checkpoints + "/step-8", checkpoints + "/step-6", fs::copy_options::recursive);
+  fs::remove(checkpoints + "/step-6/COMPLETE");
+  // A save that stopped after its marker, before its rename (B's step 8 re-did A's).
+  fs::rename(checkpoints + "/step-8", checkpoints + "/step-8.tmp");
+  const auto on = Trainer(lineage_job(folder, 12)).train();
+  ASSERT_EQ(on.losses.size(), 4u) << "steps 9-12 after B's step 8";
+  // B's line is A's (the same data and seed): C's steps equal A's straight run.
+  const auto want = straight_losses("ckpt_lineage_straight", 12);
+  for (size_t i = 0; i < on.losses.size(); ++i) EXPECT_EQ(on.losses[i], want[8 + i]) << i;
+  EXPECT_FALSE(fs::exists(checkpoints + "/step-6")) << "the step without COMPLETE stays";
+}
+
+// A run of 10 steps saves step 5 in full and step 10 weights only (last_save_model_only).
+// Extended to 14 steps, it goes on from step 5 with its optimizer and data (it started over from
+// step 0 with step 10's weights and a fresh optimizer).
+LOOM_TEST(CheckpointLineage, AnExtendedRunGoesOnFromItsNewestFullCheckpoint) {
+  const std::string folder = loom::testing::fresh_temp_dir("ckpt_lineage_extend");
+  auto first = lineage_job(folder, 10);
+  first.checkpoint.interval = 5;
+  first.checkpoint.last_save_model_only = true;
+  Trainer(first).train();
+  const std::string checkpoints = folder + "/checkpoint";
+  EXPECT_TRUE(loom::checkpoint::saved_step_facts(checkpoints + "/step-10").model_only);
+  ASSERT_TRUE(loom::checkpoint::is_complete_step(checkpoints + "/step-5"));
+  const auto order = loom::checkpoint::resume_order(checkpoints);
+  ASSERT_EQ(order.size(), 2u);
+  EXPECT_EQ(order[0].first, 5);
+  auto extended = lineage_job(folder, 14);
+  extended.checkpoint.interval = 5;
+  const auto on = Trainer(extended).train();
+  ASSERT_EQ(on.losses.size(), 9u) << "steps 6-14 after step 5";
+  const auto want = straight_losses("ckpt_lineage_extend_straight", 14);
+  for (size_t i = 0; i < on.losses.size(); ++i) EXPECT_EQ(on.losses[i], want[5 + i]) << i;
+}
