@@ -397,6 +397,8 @@ void CheckpointManager::finalize(const Snapshot& s, const std::string& temp) {
       temp + "/train_state.json",
       nlohmann::json(
           {{"step", s.step},
+           // The run's seed (drawn when debug.seed was unset): its data order (resume_batch.h).
+           {"seed", config_.debug.seed.value_or(-1)},
            {"save_sequence", sequence + 1},
            {"parent_sequence", parent},
            {"model_only", s.model_only},

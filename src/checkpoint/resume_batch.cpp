@@ -11,7 +11,13 @@
 
 namespace loom::checkpoint {
 
-std::optional<int64_t> resumable_global_batch(const config::JobConfig& config) {
+namespace {
+
+// A non-negative integer of the train_state.json of the step the manager would resume from;
+// nullopt when there is none, it predates the key, or it is unreadable (the manager reports a
+// damaged step when it loads).
+std::optional<int64_t> resumable_train_state_field(const config::JobConfig& config, const char* key,
+                                                   int64_t minimum) {
   const auto& c = config.checkpoint;
   if (!c.enable) return std::nullopt;
   const std::string folder =
@@ -21,15 +27,24 @@ std::optional<int64_t> resumable_global_batch(const config::JobConfig& config) {
     const std::string state_path = path + "/train_state.json";
     try {
       const auto state = json::parse_bounded(detail::read_text(state_path), state_path);
-      if (!state.contains("global_batch_size")) return std::nullopt;
-      return json::int_field(state, "global_batch_size", state_path, 1);
+      if (!state.contains(key)) return std::nullopt;
+      return json::int_field(state, key, state_path, minimum);
     } catch (const std::exception& e) {
-      // The manager reports a damaged step when it loads; here it only means "unknown".
-      log::get("checkpoint")->warn("cannot read the global batch of {}: {}", state_path, e.what());
+      log::get("checkpoint")->warn("cannot read {} of {}: {}", key, state_path, e.what());
       return std::nullopt;
     }
   }
   return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<int64_t> resumable_global_batch(const config::JobConfig& config) {
+  return resumable_train_state_field(config, "global_batch_size", 1);
+}
+
+std::optional<int64_t> resumable_seed(const config::JobConfig& config) {
+  return resumable_train_state_field(config, "seed", 0);
 }
 
 int64_t resolve_global_batch(const config::JobConfig& config, int64_t dp) {

@@ -158,8 +158,10 @@ void add_fault_tolerance_and_debug_sections(Schema& s) {
 
   SectionBuilder<DebugSection> dbg(s, "debug", "Reproducibility and debugging.",
                                    [](JobConfig& c) -> DebugSection& { return c.debug; });
-  dbg.field("seed", &DebugSection::seed,
-            "Seed of every random number generator; unset means a random seed (logged).");
+  dbg.field(
+      "seed", &DebugSection::seed,
+      "Seed of every random number generator; unset: the resumed checkpoint's, else one drawn by "
+      "the first rank for every rank (logged, and recorded in the checkpoints).");
   dbg.field("deterministic", &DebugSection::deterministic,
             "Use deterministic kernels only (slower).");
   dbg.field("deterministic_warn_only", &DebugSection::deterministic_warn_only,

@@ -216,6 +216,11 @@ void check_combinations(const JobConfig& c, Checker& check) {
                                                    std::to_string(ft.group_size) + "), got " +
                                                    std::to_string(ft.replica_id));
     }
+    if (!c.debug.seed) {
+      check.fail("debug.seed",
+                 "must be set with fault_tolerance.enable: every replica group draws its initial "
+                 "weights from it, and groups of different weights never train as one");
+    }
     if (ft.min_replica_size > std::max<int64_t>(ft.group_size, 1)) {
       check.fail("fault_tolerance.min_replica_size",
                  "must be at most fault_tolerance.group_size (" + std::to_string(ft.group_size) +

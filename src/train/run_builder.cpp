@@ -89,6 +89,23 @@ void warn_builtin_validation(const config::JobConfig& c) {
   }
 }
 
+// debug.seed when set; else the checkpoint's (the seed of the run it resumes, so its data order
+// goes on); else a draw of the first rank's, the same on every rank. It becomes the run's
+// debug.seed, which its checkpoints record. Returns what the log says of its origin.
+const char* resolve_seed(config::JobConfig& c, distributed::Comm& world) {
+  if (c.debug.seed) return "";
+  const char* origin = " (the checkpoint's: debug.seed is unset)";
+  auto seed = checkpoint::resumable_seed(c);
+  if (!seed) {
+    origin = " (drawn: debug.seed is unset; the checkpoints record it)";
+    seed = static_cast<int64_t>(std::random_device{}() & 0x7fffffff);
+  }
+  at::Tensor agreed = at::full({1}, *seed, at::kLong);
+  if (world.size() > 1) world.broadcast(agreed, 0);
+  c.debug.seed = agreed.item<int64_t>();
+  return origin;
+}
+
 // Ranks, mesh and groups; the seed; the gradient accumulation that keeps the global batch.
 void setup_runtime(Run& run) {
   auto log = log::get("trainer");
@@ -99,7 +116,8 @@ void setup_runtime(Run& run) {
   log->info("host memory: {}{}", describe_host_allocator(),
             in_own_heap_arena() ? "; the training thread allocates from an arena of its own" : "");
   auto& c = run.config;
-  run.seed = c.debug.seed ? static_cast<uint64_t>(*c.debug.seed) : std::random_device{}();
+  const char* seed_origin = resolve_seed(c, run.runtime->world_group());
+  run.seed = static_cast<uint64_t>(*c.debug.seed);
   at::manual_seed(run.seed);
   if (c.debug.deterministic) {
     at::globalContext().setDeterministicAlgorithms(true, c.debug.deterministic_warn_only);
@@ -118,8 +136,7 @@ void setup_runtime(Run& run) {
   log->info(
       "device {}, parameters {}, compute {}, seed {}{}, gradient accumulation {} x local batch {}",
       run.device.str(), t.dtype, compute ? std::string(c10::toString(*compute)) : t.dtype, run.seed,
-      c.debug.seed ? "" : " (random: set debug.seed to reproduce)", run.accumulation_steps,
-      t.local_batch_size);
+      seed_origin, run.accumulation_steps, t.local_batch_size);
   models::kernels::set_cuda_kernels_enabled(t.cuda_kernels);
   // A measured choice may differ from run to run; a deterministic job takes LibTorch's order.
   const bool deterministic_order = t.sdpa_backend == "fastest" && c.debug.deterministic;

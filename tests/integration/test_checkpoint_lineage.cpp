@@ -4,11 +4,15 @@
 // between its rename and its COMPLETE marker are removed.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <filesystem>
+#include <fstream>
 
 #include "loom/checkpoint/manager.h"
 #include "loom/train/trainer.h"
 #include "support/jobs.h"
+#include "support/process.h"
 #include "support/test_sets.h"
 
 namespace {
@@ -87,4 +91,40 @@ LOOM_TEST(CheckpointLineage, AnExtendedRunGoesOnFromItsNewestFullCheckpoint) {
   ASSERT_EQ(on.losses.size(), 9u) << "steps 6-14 after step 5";
   const auto want = straight_losses("ckpt_lineage_extend_straight", 14);
   for (size_t i = 0; i < on.losses.size(); ++i) EXPECT_EQ(on.losses[i], want[5 + i]) << i;
+}
+
+// Without debug.seed (torchtitan's default) the first rank draws the seed, every rank takes it,
+// and the checkpoints record it: 2 data-parallel ranks shuffle the corpus alike, and the run
+// resumes (each rank used to draw its own seed on every start, and the data loader refused the
+// saved state of another seed).
+LOOM_TEST(CheckpointLineage, ARunWithoutASeedResumesWithTheSeedItDrew) {
+  const std::string folder = loom::testing::fresh_temp_dir("ckpt_lineage_unseeded");
+  std::string toml = loom::testing::read_text(LOOM_SOURCE_DIR "/configs/llama3_debug.toml");
+  const auto seed_line = toml.find("\nseed = 42\n");
+  ASSERT_NE(seed_line, std::string::npos);
+  toml.erase(seed_line, std::string("\nseed = 42").size());
+  std::ofstream(folder + "/job.toml") << toml;
+  auto train = [&](int steps) {
+    return loom::testing::run_loom(
+        "launch --nproc-per-node 2 --master-port " + std::to_string(loom::testing::free_port()) +
+        " -- train --config " + folder + "/job.toml --job.dump_folder " + folder +
+        " --training.steps " + std::to_string(steps) +
+        " --training.seq_len 32 --training.local_batch_size 2 --training.global_batch_size 4"
+        " --validation.enable false --checkpoint.enable true --checkpoint.interval 2"
+        " --checkpoint.last_save_model_only false 2>&1");
+  };
+  const auto first = train(2);
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const std::string step = folder + "/checkpoint/step-2/";
+  const auto state = nlohmann::json::parse(loom::testing::read_text(step + "train_state.json"));
+  ASSERT_TRUE(state.contains("seed"));
+  for (const char* rank : {"rank-00000.json", "rank-00001.json"}) {
+    const auto part = nlohmann::json::parse(loom::testing::read_text(step + rank));
+    EXPECT_EQ(part["state"]["dataloader"]["seed"], state["seed"]) << rank;
+  }
+  const auto resumed = train(4);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("the checkpoint's: debug.seed is unset"), std::string::npos)
+      << resumed.output;
+  EXPECT_NE(resumed.output.find("resumed from step 2"), std::string::npos) << resumed.output;
 }

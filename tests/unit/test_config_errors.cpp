@@ -240,6 +240,7 @@ data_parallel_replicate_degree = 2
       error, "fault_tolerance.replica_id: must be below fault_tolerance.group_size (2), got 3"))
       << error;
   EXPECT_TRUE(contains(error, "fault_tolerance.min_replica_size: must be at most")) << error;
+  EXPECT_TRUE(contains(error, "debug.seed: must be set with fault_tolerance.enable")) << error;
   EXPECT_TRUE(contains(
       error, "parallelism.data_parallel_replicate_degree: must be 1 with fault_tolerance.enable"))
       << error;

@@ -15,6 +15,10 @@ namespace loom::checkpoint {
 // checkpointing is off, there is no such step, or the step predates the record.
 std::optional<int64_t> resumable_global_batch(const config::JobConfig& config);
 
+// The seed recorded in that step (the run's effective debug.seed, drawn when unset), so that a
+// run without debug.seed resumes its data order; nullopt as above.
+std::optional<int64_t> resumable_seed(const config::JobConfig& config);
+
 // training.global_batch_size when set (> 0); else, on resume, the checkpoint's global batch
 // (logged when it differs from local_batch_size x dp); else local_batch_size x dp. Throws
 // loom::InputError naming the keys when the batch does not split into dp x local batches.
