@@ -217,7 +217,7 @@ ResumePoint CheckpointManager::load() {
         last_sequence_ = saved_step_facts(path).sequence;
       }
       log->info("resumed from {} (step {}, {} tokens seen{}) in {:.2f} s", path, point.step,
-                point.tokens_seen, point.step == 0 ? ", model weights only" : "",
+                point.tokens_seen, point.weights_only ? ", model weights only" : "",
                 seconds_since(start));
       return point;
     }
@@ -325,6 +325,7 @@ ResumePoint CheckpointManager::load_from(const std::string& step_folder, bool mo
   model_only = model_only || reader.checked_index().model_only;
   if (model_only) {
     for (const auto& side : targets_.side_states) side.restore({});
+    point.weights_only = true;
     return point;
   }
   // The per-rank parts: the optimizer's step counts (any rank's), data and RNG state (by dp rank).

@@ -8,8 +8,8 @@
 #include <regex>
 #include <sstream>
 
-#include "loom/core/clock.h"
 #include "loom/core/check.h"
+#include "loom/core/clock.h"
 #include "loom/core/files.h"
 #include "loom/core/json.h"
 
@@ -68,8 +68,9 @@ TrainState read_train_state(const std::string& path, int64_t index_step) {
                   ": elapsed_s must be a number >= 0");
     out.elapsed_s = j["elapsed_s"].get<double>();
   }
+  // The schedule's own position: past the step after a resume that excluded train_state only.
   out.lr_step = json::int_field(json::object_field(j, "lr_scheduler", path), "step",
-                                path + ": lr_scheduler", 0, out.step);
+                                path + ": lr_scheduler", 0);
   return out;
 }
 

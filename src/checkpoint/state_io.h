@@ -29,14 +29,13 @@ struct RankState {
   std::string path;
   int64_t dp_rank = -1;
   std::map<std::string, int64_t> optimizer_steps;
-  std::string optimizer_name;  // empty in checkpoints before it (Adam or AdamW wrote them)
+  std::string optimizer_name;    // empty in checkpoints before it (Adam or AdamW wrote them)
   nlohmann::json dataloader;     // null when absent
   std::vector<uint8_t> rng_cpu;  // empty when absent
 };
 RankState read_rank_state(const std::string& path);
 
-// train_state.json: step (must equal the index's), tokens_seen >= 0, lr_scheduler.step in
-// [0, step].
+// train_state.json: step (must equal the index's), tokens_seen >= 0, lr_scheduler.step >= 0.
 struct TrainState {
   int64_t step = 0, tokens_seen = 0, lr_step = 0;
   double elapsed_s = 0;  // optional (checkpoints before it have none)

@@ -18,8 +18,8 @@
 #include "loom/core/signals.h"
 #include "loom/data/synthetic.h"
 #include "loom/train/trainer.h"
-#include "support/metrics_log.h"
 #include "support/jobs.h"
+#include "support/metrics_log.h"
 #include "support/process.h"
 
 using loom::config::JobConfig;
@@ -398,6 +398,16 @@ LOOM_TEST(CheckpointTraining, ExcludedPartsAreNotLoaded) {
   auto again = Trainer(job).train();
   ASSERT_EQ(again.losses.size(), 5u);
   EXPECT_LT(again.losses[0], straight_losses()[0] - 0.05);
+  // Without train_state but with the schedule: the steps count from 1 again and the schedule goes
+  // on from 5. Its checkpoints record the schedule's position (10 at step 5) and load (they were
+  // refused: a position past the step).
+  auto on_schedule = small_job(folder, 5);
+  on_schedule.checkpoint.exclude_from_loading = {"train_state"};
+  ASSERT_EQ(Trainer(on_schedule).train().losses.size(), 5u);
+  const auto state = nlohmann::json::parse(
+      loom::testing::read_text(folder + "/checkpoint/step-5/train_state.json"));
+  EXPECT_EQ(state["lr_scheduler"]["step"], 10) << state.dump();
+  EXPECT_EQ(Trainer(small_job(folder, 7)).train().losses.size(), 2u);
   auto bad = small_job(folder, 5);
   bad.checkpoint.exclude_from_loading = {"optimiser"};
   EXPECT_THROW(Trainer{bad}, loom::InputError);
@@ -497,9 +507,9 @@ LOOM_SLOW_TEST(CheckpointTraining, MuonUnderFsdpTrainsLikeOneRankResumesAndResha
   loom::testing::expect_losses_close(one, logged_losses(fsdp), 1e-5, "Muon FSDP x2 vs 1 rank");
   auto index =
       nlohmann::json::parse(loom::testing::read_text(fsdp + "/checkpoint/step-10/index.json"));
-  EXPECT_EQ(index["tensors"]["optimizer.momentum_buffer.layers.0.attention.wq.weight"]["chunks"]
-                .size(),
-            2u);
+  EXPECT_EQ(
+      index["tensors"]["optimizer.momentum_buffer.layers.0.attention.wq.weight"]["chunks"].size(),
+      2u);
   EXPECT_TRUE(index["tensors"].contains("optimizer.exp_avg.tok_embeddings.weight"));
   EXPECT_FALSE(index["tensors"].contains("optimizer.exp_avg.layers.0.attention.wq.weight"));
   // One rank, resumed at step 10: bitwise its straight run.

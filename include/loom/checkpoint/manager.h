@@ -65,8 +65,9 @@ struct ResumePoint {
   int64_t step = 0;
   int64_t tokens_seen = 0;
   int64_t lr_step = 0;
-  double elapsed_s = 0;     // training time of the earlier attempts (0 for older checkpoints)
-  std::string loaded_from;  // empty when nothing was loaded
+  double elapsed_s = 0;       // training time of the earlier attempts (0 for older checkpoints)
+  std::string loaded_from;    // empty when nothing was loaded
+  bool weights_only = false;  // the weights alone were loaded (a weights-only step, initial load)
   // The config the loaded checkpoint was written with (nullopt: none saved, unreadable, or a
   // fallback to an older step), to name what changed on resume.
   std::optional<config::JobConfig> saved_config;
