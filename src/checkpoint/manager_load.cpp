@@ -40,6 +40,37 @@ void check_hf_model_matches(const config::JobConfig& job, const SourcedModel& hf
                 "' (config.json vs flavor): ", strings::join(differences, "; "));
 }
 
+// What loading changes besides the parameters (which every candidate writes in full).
+struct LiveState {
+  std::vector<at::Tensor> buffers;
+  nlohmann::json data;
+  std::vector<uint8_t> rng;
+};
+
+LiveState capture_live_state(const CheckpointTargets& targets) {
+  LiveState s;
+  for (const auto& buffer : targets.buffers) s.buffers.push_back(buffer.tensor.detach().clone());
+  if (targets.data) s.data = targets.data->state();
+  s.rng = generator_state()["cpu"].get<std::vector<uint8_t>>();
+  return s;
+}
+
+void restore_live_state(const CheckpointTargets& targets, const LiveState& s) {
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < targets.buffers.size(); ++i) {
+    targets.buffers[i].tensor.detach().copy_(s.buffers[i]);
+  }
+  if (targets.optimizer) {
+    for (const auto& target : targets.parameters) {
+      if (auto index = targets.optimizer->index_of(target.name)) {
+        targets.optimizer->set_state(*index, optim::ParameterState{});  // step 0: cleared
+      }
+    }
+  }
+  if (targets.data) targets.data->load_state(s.data);
+  restore_generator(s.rng, "the state before loading");
+}
+
 }  // namespace
 
 // Rank 0 converts the Hugging Face folder into <folder>/hf-import/step-0; every rank waits for
@@ -193,20 +224,30 @@ ResumePoint CheckpointManager::load() {
   // (every rank reads the same config.toml and throws alike).
   const auto saved_config = check_resume_compatible(candidates.front().second, config_, model_only);
   auto& world = runtime_.world_group();
+  // What a candidate that fails halfway may have changed, put back before the next one (a
+  // weights-only fallback would otherwise keep the failed step's optimizer, data and RNG).
+  const LiveState before = capture_live_state(targets_);
   for (size_t i = 0; i < candidates.size(); ++i) {
     const std::string& path = candidates[i].second;
+    if (i > 0) restore_live_state(targets_, before);
     std::string error;
+    int failure = 0;  // 1: unreadable, 2: this job cannot follow it (no fallback)
     ResumePoint point;
     const auto start = Clock::now();
     try {
       point = load_from(path, model_only);
+    } catch (const IncompatibleCheckpoint& e) {
+      error = e.message();
+      failure = 2;
     } catch (const Error& e) {
       error = e.message();
+      failure = 1;
     } catch (const std::exception& e) {  // e.g. a c10::Error from a copy
       error = e.what();
+      failure = 1;
     }
     // Every rank must resume from the same step, whichever rank found a problem.
-    at::Tensor failed = at::full({1}, error.empty() ? 0 : 1, at::kInt);
+    at::Tensor failed = at::full({1}, failure, at::kInt);
     if (world.size() > 1) world.all_reduce(failed, distributed::ReduceOp::kMax);
     if (failed.item<int>() == 0) {
       if (i == 0) point.saved_config = saved_config;
@@ -222,6 +263,10 @@ ResumePoint CheckpointManager::load() {
       return point;
     }
     const std::string why = error.empty() ? "another rank could not load it" : error;
+    if (failed.item<int>() == 2) {
+      LOOM_THROW(InputError, "cannot resume from checkpoint ", path, ": ", why,
+                 " (not falling back to an older step: it would not fit either)");
+    }
     if (!fall_back || i + 1 == candidates.size()) {
       LOOM_THROW(InputError, "cannot load checkpoint ", path, ": ", why);
     }
@@ -239,7 +284,8 @@ void CheckpointManager::check_saved_optimizer(const std::vector<RankState>& stat
   for (const auto& s : states) {
     const bool adam_family = now == "AdamW" || now == "Adam";
     const bool same = s.optimizer_name.empty() ? adam_family : s.optimizer_name == now;
-    LOOM_CHECK_AS(InputError, same, "checkpoint '", step_folder, "' holds the state of optimizer ",
+    LOOM_CHECK_AS(IncompatibleCheckpoint, same, "checkpoint '", step_folder,
+                  "' holds the state of optimizer ",
                   s.optimizer_name.empty() ? "AdamW or Adam" : s.optimizer_name,
                   ", this job's optimizer.name is ", now,
                   ": resume with the saved optimizer, or start the new one's state fresh with "
@@ -358,7 +404,7 @@ ResumePoint CheckpointManager::load_from(const std::string& step_folder, bool mo
     try {
       targets_.data->load_state(mine->dataloader);
     } catch (const Error& e) {
-      LOOM_THROW(InputError, mine->path, ": dataloader: ", e.message());
+      LOOM_THROW(IncompatibleCheckpoint, mine->path, ": dataloader: ", e.message());
     }
   }
   if (!mine->rng_cpu.empty()) restore_generator(mine->rng_cpu, mine->path);

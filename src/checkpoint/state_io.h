@@ -12,11 +12,19 @@
 #include <string>
 #include <vector>
 
+#include "loom/core/check.h"
 #include "loom/core/clock.h"
 
 namespace loom::checkpoint::detail {
 
 using Clock = std::chrono::steady_clock;
+
+// A checkpoint that reads fine but that this job cannot follow (another optimizer, a data loader
+// that does not fit the new layout): an older step would not fit either, so the load stops at
+// once instead of falling back to it.
+class IncompatibleCheckpoint : public InputError {
+  using InputError::InputError;
+};
 
 // "rank-00003" + suffix.
 std::string rank_name(int rank, const char* suffix);

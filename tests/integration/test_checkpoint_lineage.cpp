@@ -1,7 +1,8 @@
-// Which checkpoint a run goes on from when its folder holds more than one line of saves: the last
-// one saved, not the highest step (a run resumed from an older step with load_step), and a full
-// one before a weights-only last save (a run extended past its end). Leftovers of a save stopped
-// between its rename and its COMPLETE marker are removed.
+// Which checkpoint a run goes on from: the last one saved, not the highest step (a run resumed
+// from an older step with load_step), and a full one before a weights-only last save (a run
+// extended past its end); leftovers of a stopped save removed or put in place; the seed of a run
+// without debug.seed; a fallback that keeps nothing of the step that failed, and none for a step
+// the job cannot follow.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -10,6 +11,7 @@
 #include <fstream>
 
 #include "loom/checkpoint/manager.h"
+#include "loom/core/check.h"
 #include "loom/train/trainer.h"
 #include "support/jobs.h"
 #include "support/process.h"
@@ -127,4 +129,54 @@ LOOM_TEST(CheckpointLineage, ARunWithoutASeedResumesWithTheSeedItDrew) {
   EXPECT_NE(resumed.output.find("the checkpoint's: debug.seed is unset"), std::string::npos)
       << resumed.output;
   EXPECT_NE(resumed.output.find("resumed from step 2"), std::string::npos) << resumed.output;
+}
+
+// A seed (step-0, weights only) and a full step 2 whose RNG state is damaged (found unreadable
+// only after its optimizer and data loader loaded): the run falls back to the seed and trains
+// exactly as a run from the seed alone. It kept step 2's optimizer moments and data position.
+LOOM_TEST(CheckpointLineage, AFallbackToTheSeedKeepsNothingOfTheStepThatFailed) {
+  const std::string folder = loom::testing::fresh_temp_dir("ckpt_lineage_fallback");
+  const std::string reference = loom::testing::fresh_temp_dir("ckpt_lineage_fallback_ref");
+  for (const std::string& dump : {folder, reference}) {
+    auto seed = lineage_job(dump, 4);
+    seed.checkpoint.create_seed_checkpoint = true;
+    Trainer(seed).train();
+  }
+  auto first = lineage_job(folder, 4);
+  first.checkpoint.interval = 2;
+  Trainer(first).train();
+  const std::string checkpoints = folder + "/checkpoint";
+  fs::remove_all(checkpoints + "/step-4");
+  const std::string part = checkpoints + "/step-2/rank-00000.json";
+  auto j = nlohmann::json::parse(loom::testing::read_text(part));
+  j["state"]["rng"]["cpu"].erase(0);
+  std::ofstream(part) << j.dump();
+  const auto fell_back = Trainer(lineage_job(folder, 4)).train();
+  const auto from_seed = Trainer(lineage_job(reference, 4)).train();
+  ASSERT_EQ(fell_back.losses.size(), 4u);
+  ASSERT_EQ(from_seed.losses.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(fell_back.losses[i], from_seed.losses[i]) << i;
+}
+
+// A step this job cannot follow (another optimizer) stops the load at once: an older step would
+// not fit either, and falling back to it discarded the newer steps' work. The steps' config.toml
+// removed (checkpoints from before it was saved), so that the config comparison, which names
+// such a change before any load, cannot.
+LOOM_TEST(CheckpointLineage, ACheckpointTheJobCannotFollowStopsWithoutFallingBack) {
+  const std::string folder = loom::testing::fresh_temp_dir("ckpt_lineage_incompatible");
+  auto first = lineage_job(folder, 4);
+  first.checkpoint.interval = 2;
+  Trainer(first).train();
+  for (const char* step : {"/step-2", "/step-4"})
+    fs::remove(folder + "/checkpoint" + step + "/config.toml");
+  auto muon = lineage_job(folder, 6);
+  muon.optimizer.name = "Muon";
+  try {
+    Trainer(muon).train();
+    FAIL() << "an AdamW checkpoint resumed under Muon";
+  } catch (const loom::InputError& e) {
+    const std::string text = e.what();
+    EXPECT_NE(text.find("step-4"), std::string::npos) << text;
+    EXPECT_NE(text.find("not falling back"), std::string::npos) << text;
+  }
 }
