@@ -12,6 +12,7 @@
 #include <parquet/file_reader.h>
 
 #include <algorithm>
+#include <mutex>
 
 #include "loom/core/check.h"
 #include "loom/core/files.h"
@@ -45,10 +46,17 @@ void check_text_type(const arrow::Schema& schema, const std::string& path,
                 field->type()->ToString(), ", expected a string column");
 }
 
+// Arrow's UTF-8 check reads tables that InitializeUTF8 fills: without it every text passes.
+void initialize_utf8_tables() {
+  static std::once_flag once;
+  std::call_once(once, [] { arrow::util::InitializeUTF8(); });
+}
+
 // Appends the texts of one string array, checking nulls and UTF-8 row by row.
 template <typename ArrayType>
 void append_texts(const ArrayType& array, int64_t first_row, const std::string& where,
                   bool skip_bad, int64_t* skipped, std::vector<std::string_view>& out) {
+  initialize_utf8_tables();
   for (int64_t i = 0; i < array.length(); ++i) {
     const char* problem = nullptr;
     std::string_view text;
@@ -68,6 +76,30 @@ void append_texts(const ArrayType& array, int64_t first_row, const std::string& 
     LOOM_CHECK_AS(InputError, skip_bad, where, ", row ", first_row + i, ": ", problem);
     if (skipped) ++*skipped;
   }
+}
+
+// A string array's buffers (sizes, and every offset inside the character data), without its
+// UTF-8 (append_texts checks that per row).
+template <typename ArrayType>
+arrow::Status check_offsets(const ArrayType& array) {
+  const auto* offsets = array.raw_value_offsets();
+  const int64_t n = array.length();
+  if (n == 0) return arrow::Status::OK();
+  const int64_t size = array.value_data() ? array.value_data()->size() : 0;
+  if (offsets[0] < 0) return arrow::Status::Invalid("negative first offset");
+  for (int64_t i = 0; i < n; ++i) {
+    if (offsets[i + 1] < offsets[i]) return arrow::Status::Invalid("offsets decrease at ", i);
+  }
+  if (offsets[n] > size) return arrow::Status::Invalid("offsets pass the end of the data");
+  return arrow::Status::OK();
+}
+
+arrow::Status check_structure(const arrow::Array& array) {
+  ARROW_RETURN_NOT_OK(array.Validate());
+  if (array.type_id() == arrow::Type::LARGE_STRING) {
+    return check_offsets(static_cast<const arrow::LargeStringArray&>(array));
+  }
+  return check_offsets(static_cast<const arrow::StringArray&>(array));
 }
 
 void append_column(const arrow::ChunkedArray& column, const std::string& where, bool skip_bad,
@@ -220,10 +252,9 @@ ColumnarUnit ColumnarFile::read_unit(int64_t unit, bool skip_bad_records, int64_
     std::shared_ptr<arrow::Table> table;
     try {
 #if ARROW_VERSION_MAJOR >= 24
-      auto result = impl_->reader->ReadRowGroup(static_cast<int>(unit), {impl_->column});
-      LOOM_CHECK_AS(InputError, result.ok(), where,
-                    ": cannot read it: ", result.status().ToString());
-      table = *result;
+      auto read = impl_->reader->ReadRowGroup(static_cast<int>(unit), {impl_->column});
+      LOOM_CHECK_AS(InputError, read.ok(), where, ": cannot read it: ", read.status().ToString());
+      table = *read;
 #else
       auto status = impl_->reader->ReadRowGroup(static_cast<int>(unit), {impl_->column}, &table);
       LOOM_CHECK_AS(InputError, status.ok(), where, ": cannot read it: ", status.ToString());
@@ -236,8 +267,10 @@ ColumnarUnit ColumnarFile::read_unit(int64_t unit, bool skip_bad_records, int64_
   } else {
     const auto& batch = impl_->batches[static_cast<size_t>(unit)];
     // The batch's buffers are views of the mapped file: check offsets and lengths before
-    // trusting them (a corrupt file must fail here, not read out of bounds).
-    const auto valid = batch->column(impl_->column)->ValidateFull();
+    // trusting them (a corrupt file must fail here, not read out of bounds). ValidateFull would
+    // also refuse the whole batch for one text that is not UTF-8, which skip_bad_records checks
+    // row by row.
+    const auto valid = check_structure(*batch->column(impl_->column));
     LOOM_CHECK_AS(InputError, valid.ok(), where, " is corrupt: ", valid.ToString());
     auto column = std::make_shared<arrow::ChunkedArray>(batch->column(impl_->column));
     append_column(*column, where, skip_bad_records, skipped, texts);

@@ -115,6 +115,16 @@ TEST_F(DatasetFormats, BadInputsAreRefusedByName) {
   EXPECT_EQ(loom::data::read_documents(path("null_text.parquet"), "text", true, &skipped),
             (std::vector<std::string>{"a", "b", "c", "e"}));
   EXPECT_EQ(skipped, 1);
+  // Text that is not UTF-8: refused by row, or skipped (Arrow's check passed every text before
+  // its tables were initialized, and an .arrow batch was refused whole even when skipping).
+  for (const char* file : {"bad_utf8.parquet", "bad_utf8.arrow"}) {
+    expect(file, "row 1: the text is not valid UTF-8");
+    skipped = 0;
+    EXPECT_EQ(loom::data::read_documents(path(file), "text", true, &skipped),
+              (std::vector<std::string>{"a", "c"}))
+        << file;
+    EXPECT_EQ(skipped, 1) << file;
+  }
   // An .arrow file that is not Arrow.
   loom::testing::run_command("cp '" + path("source.jsonl") + "' '" + path("bogus.arrow") + "'");
   expect("bogus.arrow", "Arrow");
