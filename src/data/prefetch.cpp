@@ -11,6 +11,7 @@ PrefetchingSource::PrefetchingSource(std::unique_ptr<BatchSource> source, int64_
       seq_len_(seq_len),
       depth_(static_cast<size_t>(std::max<int64_t>(depth, 1))) {
   consumed_state_ = source_->state();
+  consumed_skipped_ = source_->records_skipped();
   start();
 }
 
@@ -44,8 +45,9 @@ void PrefetchingSource::run() {
     try {
       Batch batch = source_->next(batch_size_, seq_len_);
       nlohmann::json state = source_->state();
+      const int64_t skipped = source_->records_skipped();
       std::lock_guard<std::mutex> lock(mutex_);
-      queue_.push_back({std::move(batch), std::move(state)});
+      queue_.push_back({std::move(batch), std::move(state), skipped});
     } catch (...) {
       std::lock_guard<std::mutex> lock(mutex_);
       error_ = std::current_exception();
@@ -65,6 +67,7 @@ Batch PrefetchingSource::next(int64_t batch_size, int64_t seq_len) {
   Ready ready = std::move(queue_.front());
   queue_.pop_front();
   consumed_state_ = std::move(ready.state_after);
+  consumed_skipped_ = ready.skipped_after;
   lock.unlock();
   changed_.notify_all();
   return std::move(ready.batch);
@@ -75,10 +78,28 @@ nlohmann::json PrefetchingSource::state() const {
   return consumed_state_;
 }
 
+int64_t PrefetchingSource::records_skipped() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return consumed_skipped_;
+}
+
 void PrefetchingSource::load_state(const nlohmann::json& state) {
   stop();
-  source_->load_state(state);
+  try {
+    source_->load_state(state);
+  } catch (...) {
+    // The source may have changed part of itself before refusing: back to the consumer's place.
+    // (The thread stayed stopped, and the next next() waited forever.)
+    try {
+      source_->load_state(consumed_state_);
+    } catch (...) {
+      // The error that matters is the first: it goes up.
+    }
+    start();
+    throw;
+  }
   consumed_state_ = source_->state();
+  consumed_skipped_ = source_->records_skipped();
   start();
 }
 

@@ -241,6 +241,11 @@ TEST(Prefetch, SameBatchesAndStateOfWhatWasHandedOut) {
   EXPECT_EQ(prefetched.state()["samples_consumed"], 40);
   prefetched.load_state(plain.state());
   EXPECT_EQ(rows(prefetched.next(4, 16)), rows(plain.next(4, 16)));
+  // A state the source refuses: the error goes up, and the source goes on from where it stood
+  // (its thread stayed stopped, and the next batch never came).
+  EXPECT_THROW(prefetched.load_state(nlohmann::json{{"kind", "packed"}}), loom::InputError);
+  EXPECT_EQ(prefetched.state()["samples_consumed"], 44);
+  EXPECT_EQ(rows(prefetched.next(4, 16)), rows(plain.next(4, 16)));
 }
 
 namespace {

@@ -29,15 +29,18 @@ class PrefetchingSource : public BatchSource {
 
   Batch next(int64_t batch_size, int64_t seq_len) override;
   std::optional<int64_t> samples_per_epoch() const override { return source_->samples_per_epoch(); }
-  int64_t records_skipped() const override { return source_->records_skipped(); }
+  // As of the last batch handed out (the thread reads ahead).
+  int64_t records_skipped() const override;
   nlohmann::json state() const override;
-  // Stops the thread, drops queued batches, restores the source, starts again.
+  // Stops the thread, drops queued batches, restores the source, starts again. When the source
+  // refuses `state`, it goes back to where it stood and prefetches on before the error goes up.
   void load_state(const nlohmann::json& state) override;
 
  private:
   struct Ready {
     Batch batch;
     nlohmann::json state_after;  // the source's state once this batch was made
+    int64_t skipped_after = 0;   // and its count of skipped records
   };
   void start();
   void stop();
@@ -48,6 +51,7 @@ class PrefetchingSource : public BatchSource {
   int64_t seq_len_;
   size_t depth_;
   nlohmann::json consumed_state_;  // state after the last batch handed out
+  int64_t consumed_skipped_ = 0;
 
   mutable std::mutex mutex_;
   std::condition_variable changed_;
