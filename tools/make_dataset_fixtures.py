@@ -6,7 +6,8 @@ OUT_DIR gets: source.jsonl (the documents, one JSON record each), data.parquet (
 rows, an "id" column beside "text"), data.jsonl.zst (zstandard), hf/ (datasets' save_to_disk,
 two .arrow shards), and bad inputs: int_text.parquet (an integer "text"), null_text.parquet (a
 null text in row 3), no_text.parquet ("body" only), corrupt.parquet (cut in half),
-bad_utf8.parquet and bad_utf8.arrow (row 1 is not UTF-8), cut.jsonl.zst (a frame cut short),
+bad_utf8.parquet and bad_utf8.arrow (row 1 is not UTF-8), null_first.parquet (row groups of 2,
+the first all null), cut.jsonl.zst (a frame cut short),
 dict/ (a DatasetDict).
 """
 import argparse
@@ -90,6 +91,8 @@ def main():
     pq.write_table(pa.table({"text": ["a", "b", "c", None, "e"]}),
                    os.path.join(out, "null_text.parquet"))
     pq.write_table(pa.table({"body": ["a"]}), os.path.join(out, "no_text.parquet"))
+    pq.write_table(pa.table({"text": [None, None, "ab", "cd", "ef", "gh"]}),
+                   os.path.join(out, "null_first.parquet"), row_group_size=2)
     # Bytes that are not UTF-8 in a string column (view: Arrow's own check never runs).
     bad = pa.table({"text": pa.array([b"a", b"\xff\xfe", b"c"], pa.binary()).view(pa.string())})
     pq.write_table(bad, os.path.join(out, "bad_utf8.parquet"))

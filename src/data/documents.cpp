@@ -38,11 +38,24 @@ std::vector<std::string> expand_dataset_path(const std::string& path) {
   namespace fs = std::filesystem;
   std::vector<std::string> files;
   if (path.find_first_of("*?[") != std::string::npos) {
+    // As a folder's files: the dataset files among the matches (a README.md is no document).
     glob_t matches{};
+    std::vector<std::string> left_out;
     if (::glob(path.c_str(), 0, nullptr, &matches) == 0) {
-      for (size_t i = 0; i < matches.gl_pathc; ++i) files.emplace_back(matches.gl_pathv[i]);
+      for (size_t i = 0; i < matches.gl_pathc; ++i) {
+        const fs::path match(matches.gl_pathv[i]);
+        const bool dataset =
+            fs::is_regular_file(match) && is_dataset_file(match.filename().string());
+        (dataset ? files : left_out).push_back(match.string());
+      }
     }
     ::globfree(&matches);
+    if (!left_out.empty()) {
+      log::get("data")->warn(
+          "dataset path '{}': {} match(es) left out, not dataset files (.jsonl, .json, .txt, "
+          ".parquet, .arrow): {}",
+          path, left_out.size(), left_out.front() + (left_out.size() > 1 ? ", ..." : ""));
+    }
   } else if (fs::is_directory(path)) {
     if (is_hf_dataset_folder(path)) return hf_dataset_folder_files(path);
     for (const auto& entry : fs::directory_iterator(path)) {

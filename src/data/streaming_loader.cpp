@@ -165,7 +165,11 @@ void StreamingLoader::load_state(const nlohmann::json& state) {
     load_unit();
     skipped_ = state.at("records_skipped").get<int64_t>();
     token_ = state.at("token").get<size_t>();
-    LOOM_CHECK_AS(InputError, row_ < unit_texts_.size() && token_ <= document_.size(),
+    // Row 0 of a unit with no readable row is where a loader stands before its first batch
+    // when its first unit is such (next() moves past it).
+    const bool before_empty_unit = unit_texts_.empty() && row_ == 0 && token_ == 0;
+    LOOM_CHECK_AS(InputError,
+                  before_empty_unit || (row_ < unit_texts_.size() && token_ <= document_.size()),
                   "data-loader state's row ", row_, " / token ", token_,
                   " is outside its row group (", unit_texts_.size(), " rows)");
   } catch (const nlohmann::json::exception& error) {

@@ -315,6 +315,9 @@ TEST(Documents, DatasetPathsExpandDirectoriesAndGlobs) {
             (std::vector<std::string>{dir + "/a.txt", dir + "/b.jsonl"}));
   EXPECT_EQ(loom::data::expand_dataset_path(dir + "/*.jsonl"),
             std::vector<std::string>{dir + "/b.jsonl"});
+  // A glob takes the dataset files among its matches, as a folder does (notes.md was a document).
+  EXPECT_EQ(loom::data::expand_dataset_path(dir + "/*"),
+            (std::vector<std::string>{dir + "/a.txt", dir + "/b.jsonl"}));
   EXPECT_THROW(loom::data::expand_dataset_path(dir + "/*.parquet"), loom::InputError);
   ByteTokenizer tok;
   auto loader = loom::data::open_dataset("mine", dir, tok, {1, 0, false, 0, 1}, "training.dataset");

@@ -174,6 +174,19 @@ TEST_F(DatasetFormats, StreamedRanksAreDisjointAndComplete) {
   EXPECT_NE(what.find("row groups"), std::string::npos) << what;
 }
 
+// A loader whose first row group has no readable row (skipped as bad) saves its state before its
+// first batch (validation does, to start over each time) and loads it back: it was refused as
+// "outside its row group".
+TEST_F(DatasetFormats, StreamedStateBeforeAnUnreadableFirstRowGroupLoads) {
+  ByteTokenizer tok;
+  loom::data::PackedLoaderOptions options{8, 0, false, 0, 1, true};
+  loom::data::StreamingLoader loader({path("null_first.parquet")}, tok, options);
+  const nlohmann::json start = loader.state();
+  const auto first = stream_tokens(loader, 2, 1, 8);
+  loader.load_state(start);
+  EXPECT_EQ(stream_tokens(loader, 2, 1, 8), first);
+}
+
 TEST_F(DatasetFormats, StreamedResumeIsExactMidRowGroup) {
   ByteTokenizer tok;
   for (const auto& dataset : {path("data.parquet"), path("hf")}) {
