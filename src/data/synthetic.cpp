@@ -24,12 +24,17 @@ SyntheticSource::SyntheticSource(int64_t vocab_size, uint64_t seed, int64_t dp_r
 Batch SyntheticSource::next(int64_t local_batch_size, int64_t seq_len) {
   const int64_t batch_size = local_batch_size * dp_world_;
   // seq_len + 1 tokens per sample: inputs are the first seq_len, labels the last seq_len.
+  // Sample by sample from the stream, so that a global batch is the same samples however ranks
+  // and microbatches cut it (a resume on another layout goes on with the same data).
   at::Tensor tokens = at::empty({batch_size, seq_len + 1}, at::kLong);
-  tokens.select(1, 0).random_(0, vocab_size_, generator_);
-  at::Tensor follow =
-      at::empty({batch_size, seq_len}).uniform_(0, 1, generator_).lt(follow_probability_);
-  at::Tensor noise =
-      at::empty({batch_size, seq_len}, at::kLong).random_(0, vocab_size_, generator_);
+  at::Tensor draws = at::empty({batch_size, seq_len});
+  at::Tensor noise = at::empty({batch_size, seq_len}, at::kLong);
+  for (int64_t i = 0; i < batch_size; ++i) {
+    tokens[i].narrow(0, 0, 1).random_(0, vocab_size_, generator_);
+    draws[i].uniform_(0, 1, generator_);
+    noise[i].random_(0, vocab_size_, generator_);
+  }
+  const at::Tensor follow = draws.lt(follow_probability_);
   for (int64_t t = 0; t < seq_len; ++t) {
     at::Tensor likely = successor_.index_select(0, tokens.select(1, t));
     tokens.select(1, t + 1).copy_(at::where(follow.select(1, t), likely, noise.select(1, t)));

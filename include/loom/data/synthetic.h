@@ -11,8 +11,9 @@ namespace loom::data {
 
 class SyntheticSource : public BatchSource {
  public:
-  // Data parallelism: each call draws the global batch (batch_size x dp_world rows) and keeps
-  // rows [dp_rank x batch_size, (dp_rank + 1) x batch_size), so every layout sees one stream.
+  // Data parallelism: each call draws the global batch (batch_size x dp_world rows, sample by
+  // sample) and keeps rows [dp_rank x batch_size, (dp_rank + 1) x batch_size), so every layout
+  // (ranks, microbatches) sees one stream of samples, and its state resumes on any other.
   SyntheticSource(int64_t vocab_size, uint64_t seed, int64_t dp_rank = 0, int64_t dp_world = 1,
                   double follow_probability = 0.9);
   Batch next(int64_t batch_size, int64_t seq_len) override;
