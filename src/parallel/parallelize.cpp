@@ -31,8 +31,11 @@ at::Tensor materialize_local(models::CausalLM& model, const std::string& name,
                              uint64_t seed) {
   at::NoGradGuard no_grad;
   // The global draw, one parameter at a time: the box's values do not depend on the layout.
-  at::Tensor global = at::empty(placement.global_shape, options);
+  // Drawn in float32 whatever the parameters' dtype, so that a bfloat16 model starts from the
+  // float32 model's values, rounded.
+  at::Tensor global = at::empty(placement.global_shape, options.dtype(at::kFloat));
   model.init_parameter(name, global, seed);
+  global = global.to(options.dtype());
   if (placement.is_whole()) return global;
   return local_view(global, placement).clone();
 }

@@ -419,8 +419,13 @@ LOOM_TEST(Training, PureBf16ParametersRun) {
   ASSERT_EQ(result.losses.size(), 4u);
   for (size_t i = 0; i < 4; ++i) {
     EXPECT_TRUE(std::isfinite(result.losses[i]));
-    EXPECT_NEAR(result.losses[i], fp32.losses[i], 0.05 * fp32.losses[i]) << "step " << i;
+    EXPECT_NEAR(result.losses[i], fp32.losses[i], 0.01 * fp32.losses[i]) << "step " << i;
   }
+  // The first step starts from the float32 initialization, rounded: the same loss and gradient
+  // norm up to bfloat16's rounding. (Initialized in bfloat16, the truncated normal's draw reached
+  // its clamp bounds: weights at +-2 beside a 0.02 spread, a gradient norm 5x the float32 one.)
+  EXPECT_NEAR(result.losses[0], fp32.losses[0], 1e-3 * fp32.losses[0]);
+  EXPECT_NEAR(result.grad_norms[0], fp32.grad_norms[0], 0.02 * fp32.grad_norms[0]);
   EXPECT_NE(result.losses, fp32.losses) << "the parameters stayed float32";
 }
 

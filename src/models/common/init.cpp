@@ -48,6 +48,14 @@ uint64_t parameter_seed(uint64_t seed, const std::string& name) {
 
 void trunc_normal_(at::Tensor& tensor, double mean, double std, double low, double high,
                    at::Generator generator) {
+  if (tensor.scalar_type() != at::kFloat && tensor.scalar_type() != at::kDouble) {
+    // In bfloat16 the uniform draw rounds to +-1, where erfinv is infinite: weights at the clamp
+    // bounds (100 standard deviations out for the projections). Drawn in float32, then rounded.
+    at::Tensor wide = at::empty(tensor.sizes(), tensor.options().dtype(at::kFloat));
+    trunc_normal_(wide, mean, std, low, high, generator);
+    tensor.copy_(wide);
+    return;
+  }
   // Inverse-CDF sampling: uniform in [cdf(low), cdf(high)], mapped back through erfinv.
   const double lower = normal_cdf((low - mean) / std);
   const double upper = normal_cdf((high - mean) / std);
