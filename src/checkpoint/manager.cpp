@@ -273,8 +273,10 @@ void CheckpointManager::on_step_end(int64_t step, int64_t tokens_seen, bool last
 void CheckpointManager::save_stopped(int64_t step, int64_t tokens_seen) {
   const auto& c = config_.checkpoint;
   if (!enabled_ || c.load_only || step <= 0) return;
-  const bool saved = step % c.interval == 0 || (step == 1 && c.enable_first_step_checkpoint);
-  if (!saved) save(step, tokens_seen, false);
+  // on_step_end saved it on its schedule, unless that save failed (then this is the last chance).
+  const bool scheduled = step % c.interval == 0 || (step == 1 && c.enable_first_step_checkpoint);
+  if (scheduled && wait() && last_saved_step_ == step) return;
+  save(step, tokens_seen, false);
 }
 
 void CheckpointManager::save(int64_t step, int64_t tokens_seen, bool model_only) {
@@ -289,6 +291,7 @@ void CheckpointManager::save(int64_t step, int64_t tokens_seen, bool model_only)
     try {
       write(*s);
       last_save_ok_ = true;
+      last_saved_step_ = s->step;
       stats_ = {s->blocked_s, seconds_since(start), s->bytes};
       if (config_.checkpoint.async_mode == "disabled") stats_.blocked_s += stats_.write_s;
       log::get("checkpoint")

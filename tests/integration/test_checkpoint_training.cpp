@@ -160,6 +160,21 @@ LOOM_TEST(CheckpointTraining, FailingWriterLeavesTrainingRunningAndTheStepIncomp
   EXPECT_FALSE(fs::exists(folder + "/checkpoint/step-5.tmp"));
 }
 
+// A stop between steps (a replica group's quorum wait) saves the last step unless its scheduled
+// save completed: it skipped a step whose scheduled save had failed, losing the steps since the
+// one before.
+LOOM_TEST(CheckpointTraining, AStopBetweenStepsSavesAStepWhoseScheduledSaveFailed) {
+  const std::string folder = loom::testing::fresh_temp_dir("ckpt_stop_after_failed_save");
+  Trainer trainer(small_job(folder, 5));
+  trainer.checkpointer().inject_write_failure("No space left on device (injected)");
+  EXPECT_EQ(trainer.train().steps_completed, 5);
+  EXPECT_FALSE(trainer.checkpointer().wait());
+  trainer.checkpointer().inject_write_failure("");
+  trainer.checkpointer().save_stopped(5, 5 * 4 * 32);
+  EXPECT_TRUE(trainer.checkpointer().wait());
+  EXPECT_TRUE(loom::checkpoint::is_complete_step(folder + "/checkpoint/step-5"));
+}
+
 LOOM_TEST(CheckpointTraining, UnwritableCheckpointFolderIsLoggedAndTrainingGoesOn) {
   // A real I/O failure (no injection): the checkpoint folder's path is taken by a file.
   const std::string folder = loom::testing::fresh_temp_dir("ckpt_unwritable");

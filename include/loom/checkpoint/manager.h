@@ -188,6 +188,7 @@ class CheckpointManager {
   // process exits at once and the launcher can restart the group. The step stays incomplete.
   std::atomic<bool> abandoned_{false};
   bool last_save_ok_ = true;
+  int64_t last_saved_step_ = -1;  // of the last save that completed
   int64_t lr_step_offset_ = 0;
   // This attempt's mark on its rank parts (agreed in load()): rank 0 merges no part a crashed
   // earlier attempt left in a step-N.tmp folder it could not remove.
