@@ -109,8 +109,13 @@ std::string record_text(const std::string& line, const std::string& path, int64_
   // Nesting is bounded: a record nested a million deep is refused, not followed.
   const nlohmann::json record =
       json::parse_bounded(line, path + ":" + std::to_string(line_number) + ": invalid JSON");
-  LOOM_CHECK_AS(InputError, record.is_object() && record.contains(text_field), path, ":",
-                line_number, ": no \"", text_field,
+  LOOM_CHECK_AS(InputError, record.is_object(), path, ":", line_number,
+                ": expected one JSON object per line (JSON Lines), found ",
+                record.is_array() ? "an array (a JSON file that is one array of records: write "
+                                    "one record per line)"
+                                  : std::string("a ") + record.type_name());
+  LOOM_CHECK_AS(InputError, record.contains(text_field), path, ":", line_number, ": no \"",
+                text_field,
                 "\" field (name the field holding the text with training.dataset_text_field / "
                 "validation.dataset_text_field, or prepare-data's --text-field)");
   LOOM_CHECK_AS(InputError, record[text_field].is_string(), path, ":", line_number, ": \"",

@@ -128,7 +128,8 @@ nlohmann::json StreamingLoader::state() const {
           {"row_group", unit.index},
           {"row", row_},
           {"token", token_},
-          {"records_skipped", skipped_}};
+          {"records_skipped", skipped_},
+          {"tokenizer", tokenizer_.identity().hash}};
 }
 
 void StreamingLoader::load_state(const nlohmann::json& state) {
@@ -152,6 +153,14 @@ void StreamingLoader::load_state(const nlohmann::json& state) {
                   " with seq_len ", options_.seq_len,
                   ": a streamed dataset resumes on the same data-parallel degree (or set "
                   "checkpoint.exclude_from_loading = [\"dataloader\"] to start it over)");
+    // The position is a token inside a document: another tokenizer's tokens there are others.
+    LOOM_CHECK_AS(
+        InputError,
+        !state.contains("tokenizer") || state.at("tokenizer") == tokenizer_.identity().hash,
+        "streamed-dataset state was made with another tokenizer (saved ",
+        state.at("tokenizer").dump(), ", now \"", tokenizer_.identity().hash,
+        "\"): its position inside a document means nothing to this one (set "
+        "checkpoint.exclude_from_loading = [\"dataloader\"] to start the data over)");
     const auto unit = state.at("unit").get<size_t>();
     LOOM_CHECK_AS(InputError, unit < units_.size(), "data-loader state names unit ", unit, " of ",
                   units_.size());

@@ -86,6 +86,10 @@ TEST(Documents, BadInputNamesFileAndLine) {
   EXPECT_NE(error_of(write_file(dir, "field.jsonl", "{\"text\": \"ok\"}\n{\"txt\": \"x\"}\n"))
                 .find("field.jsonl:2: no \"text\" field"),
             std::string::npos);
+  EXPECT_NE(
+      error_of(write_file(dir, "array.json", "[{\"text\": \"a\"}, {\"text\": \"b\"}]\n"))
+          .find("array.json:1: expected one JSON object per line (JSON Lines), found an array"),
+      std::string::npos);
   EXPECT_NE(error_of(write_file(dir, "type.jsonl", "{\"text\": 5}\n"))
                 .find("type.jsonl:1: \"text\" is not a string"),
             std::string::npos);

@@ -206,6 +206,12 @@ TEST_F(DatasetFormats, StreamedResumeIsExactMidRowGroup) {
     loom::data::StreamingLoader other(files, tok, {24, 0, false, 0, 1});
     const std::string what = input_error_of([&] { other.load_state(state); });
     EXPECT_NE(what.find("data-parallel"), std::string::npos) << what;
+    // So is another tokenizer (a tokenizer file changed under the same path).
+    ByteTokenizer changed;
+    changed.set_identity({"tokenizer.json", "crc32:00000000:1"});
+    loom::data::StreamingLoader retokenized(files, changed, options);
+    const std::string why = input_error_of([&] { retokenized.load_state(state); });
+    EXPECT_NE(why.find("made with another tokenizer"), std::string::npos) << why;
   }
   // The training path picks the streamed loader for columnar files.
   auto source = loom::data::open_dataset_source("mine", path("data.parquet"), tok,

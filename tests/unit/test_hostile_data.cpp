@@ -145,7 +145,7 @@ TEST(HostileTokenizers, TiktokenRanksAreUniqueDecimalAndBounded) {
   EXPECT_THROW(loom::data::load_tokenizer(dir + "/s.tiktoken"), loom::InputError);
 }
 
-TEST(HostileData, TruncatedGzipIsRefusedAndAWholeOneReads) {
+TEST(HostileData, TruncatedOrDamagedGzipIsRefusedAndAWholeOneReads) {
   const std::string dir = loom::testing::fresh_temp_dir("hostile_gz_unit");
   std::string jsonl;
   for (int i = 0; i < 500; ++i) jsonl += "{\"text\": \"line " + std::to_string(i) + "\"}\n";
@@ -163,6 +163,25 @@ TEST(HostileData, TruncatedGzipIsRefusedAndAWholeOneReads) {
   }
   ASSERT_EQ(::mkfifo((dir + "/f.jsonl").c_str(), 0644), 0);
   EXPECT_NE(expect_input_error([&] { loom::data::read_documents(dir + "/f.jsonl"); }).find("FIFO"),
+            std::string::npos);
+  // Members concatenated (cat a.gz b.gz) read whole, zero padding after them too. A damaged
+  // second member header and a .gz that is not gzip are refused: zlib's gzread ended quietly at
+  // the first (half the documents) and read the second as plain text.
+  std::ofstream(dir + "/two.jsonl.gz", std::ios::binary) << bytes << bytes;
+  EXPECT_EQ(loom::data::read_documents(dir + "/two.jsonl.gz").size(), 1000u);
+  std::ofstream(dir + "/padded.jsonl.gz", std::ios::binary) << bytes << std::string(512, '\0');
+  EXPECT_EQ(loom::data::read_documents(dir + "/padded.jsonl.gz").size(), 500u);
+  std::string damaged = bytes + bytes;
+  damaged[bytes.size()] = 'x';
+  std::ofstream(dir + "/damaged.jsonl.gz", std::ios::binary) << damaged;
+  EXPECT_NE(expect_input_error([&] {
+              loom::data::read_documents(dir + "/damaged.jsonl.gz");
+            }).find("neither a gzip member nor zero padding after member 1"),
+            std::string::npos);
+  std::ofstream(dir + "/plain.jsonl.gz") << jsonl;
+  EXPECT_NE(expect_input_error([&] {
+              loom::data::read_documents(dir + "/plain.jsonl.gz");
+            }).find("is not gzip data"),
             std::string::npos);
 }
 
