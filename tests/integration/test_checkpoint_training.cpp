@@ -228,6 +228,21 @@ LOOM_TEST(CheckpointTraining, ModelOnlyInitialLoadStartsAtStepOne) {
   EXPECT_LT(result.losses[0], straight_losses()[0] - 0.05);
 }
 
+// export_dtype is for the weights: a weights-only save keeps a MoE layer's balancing bias (model
+// state that is not a parameter, moved in small steps) in float32. It was rounded to bfloat16.
+LOOM_TEST(CheckpointTraining, ModelOnlySavesKeepTheBalancingBiasInFloat32) {
+  const std::string folder = loom::testing::fresh_temp_dir("ckpt_model_only_bias");
+  auto job = small_job(folder, 1);
+  job.model.name = "deepseek_v3";
+  job.checkpoint.last_save_model_only = true;
+  job.checkpoint.export_dtype = "bfloat16";
+  Trainer(job).train();
+  const auto index =
+      nlohmann::json::parse(loom::testing::read_text(folder + "/checkpoint/step-1/index.json"));
+  EXPECT_EQ(index["tensors"]["model.layers.1.moe.expert_bias"]["dtype"], "F32");
+  EXPECT_EQ(index["tensors"]["model.norm.weight"]["dtype"], "BF16");
+}
+
 LOOM_TEST(CheckpointTraining, SeedCheckpointAndHuggingFaceRoundTripThroughTraining) {
   // create_seed_checkpoint: the initialized model as step-0, no training.
   const std::string seed = loom::testing::fresh_temp_dir("ckpt_seed");
