@@ -36,6 +36,7 @@ struct CheckpointManager::Snapshot {
   nlohmann::json rank_state;
   double blocked_s = 0;
   uint64_t bytes = 0;
+  int64_t save = 0;  // this attempt's saves so far, this one included: the same on every rank
 };
 
 bool is_complete_step(const std::string& step_folder) {
@@ -274,9 +275,16 @@ void CheckpointManager::save_stopped(int64_t step, int64_t tokens_seen) {
   const auto& c = config_.checkpoint;
   if (!enabled_ || c.load_only || step <= 0) return;
   // on_step_end saved it on its schedule, unless that save failed (then this is the last chance).
+  // Every rank decides alike: another rank's part may have failed where this one's was written.
   const bool scheduled = step % c.interval == 0 || (step == 1 && c.enable_first_step_checkpoint);
-  if (scheduled && wait() && last_saved_step_ == step) return;
-  save(step, tokens_seen, false);
+  bool saved = scheduled && wait() && last_saved_step_ == step;
+  auto& world = runtime_.world_group();
+  if (world.size() > 1) {
+    at::Tensor all = at::full({1}, saved ? 1 : 0, at::kInt);
+    world.all_reduce(all, distributed::ReduceOp::kMin);
+    saved = all.item<int>() == 1;
+  }
+  if (!saved) save(step, tokens_seen, false);
 }
 
 void CheckpointManager::save(int64_t step, int64_t tokens_seen, bool model_only) {
@@ -284,7 +292,8 @@ void CheckpointManager::save(int64_t step, int64_t tokens_seen, bool model_only)
   wait();
   const double waited = seconds_since(wait_start);
   std::shared_ptr<Snapshot> s = snapshot(step, tokens_seen, model_only);
-  ++tally_.started;
+  s->save = ++tally_.started;
+  s->rank_state["save"] = s->save;
   s->blocked_s += waited;
   auto run = [this, s] {
     const auto start = Clock::now();
@@ -310,7 +319,7 @@ void CheckpointManager::save(int64_t step, int64_t tokens_seen, bool model_only)
       if (!runtime_.is_main_rank()) {
         try {
           files::write_atomic(step_temp(s->step) + "/" + rank_name(runtime_.rank(), ".failed"),
-                              "attempt " + std::to_string(attempt_) + "\n" + error.what());
+                              part_mark(s->save) + error.what());
         } catch (const std::exception&) {
         }
       }
@@ -395,7 +404,7 @@ void CheckpointManager::finalize(const Snapshot& s, const std::string& temp) {
   for (const auto& [step, path] : complete_steps(folder_)) {
     sequence = std::max(sequence, saved_step_facts(path).sequence);
   }
-  const int64_t parent = std::exchange(last_sequence_, sequence + 1);
+  const int64_t parent = last_sequence_;
   files::write_atomic(
       temp + "/train_state.json",
       nlohmann::json(
@@ -429,32 +438,45 @@ void CheckpointManager::finalize(const Snapshot& s, const std::string& temp) {
   // The checkpoint folder's own entry too (its first save may have created it).
   const fs::path above = fs::path(folder_).parent_path();
   files::sync_folder(above.empty() ? "." : above.string());
+  last_sequence_ = sequence + 1;  // the next save descends from this one, now that it is in place
   if (config_.checkpoint.keep_latest_k > 0) {
     if (purger_.joinable()) purger_.join();
     purger_ = std::thread([this] { purge_old(); });
   }
 }
 
-// Rank `rank`'s part of this save: its rank-R.json once it carries this attempt's mark (a part an
-// earlier attempt left is waited past: the rank's own write replaces it).
+std::string CheckpointManager::part_mark(int64_t save) const {
+  return "attempt " + std::to_string(attempt_) + " save " + std::to_string(save) + "\n";
+}
+
+// Rank `rank`'s part of this save: its rank-R.json once it carries this save's mark (a part an
+// earlier attempt or an earlier save of the step left is waited past: the rank's own write
+// replaces it).
 nlohmann::json CheckpointManager::wait_for_part(const Snapshot& s, const std::string& temp,
                                                 int rank, double timeout_s) {
   const std::string path = temp + "/" + rank_name(rank, ".json");
   const std::string failed = temp + "/" + rank_name(rank, ".failed");
-  const std::string mark = "attempt " + std::to_string(attempt_) + "\n";
+  const std::string mark = part_mark(s.save);
   const auto start = Clock::now();
-  fs::file_time_type stale{};  // an earlier attempt's part, read once until it is replaced
+  // A stale part is read again when it changes, and every half second (coarse file times).
+  fs::file_time_type stale{};
+  auto read_at = start;
   for (;;) {
     std::error_code io;
     const auto written = fs::last_write_time(path, io);
-    if (!io && written != stale) {
+    if (!io && (written != stale || seconds_since(read_at) > 0.5)) {
       try {
-        nlohmann::json part = read_json(path);
-        if (part.at("state").value("attempt", int64_t{-1}) == attempt_) return part;
+        const nlohmann::json part = read_json(path);
+        const auto& state = part.at("state");
+        if (state.value("attempt", int64_t{-1}) == attempt_ &&
+            state.value("save", int64_t{-1}) == s.save) {
+          return part;
+        }
       } catch (const std::exception&) {
         // Damaged: the rank's own write replaces it.
       }
       stale = written;
+      read_at = Clock::now();
     }
     if (fs::exists(failed)) {
       const std::string text = read_text(failed);

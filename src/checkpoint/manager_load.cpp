@@ -151,6 +151,29 @@ void CheckpointManager::promote_complete_temp(const std::string& temp) {
   }
 }
 
+// The same steps in the same order on every rank, or the ranks would load different steps (a
+// checkpoint folder that is not one shared file system, or that another job changes).
+void CheckpointManager::check_every_rank_sees(
+    const std::vector<std::pair<int64_t, std::string>>& candidates) {
+  auto& world = runtime_.world_group();
+  if (world.size() == 1) return;
+  uint64_t hash = 1469598103934665603ull;
+  for (const auto& [step, path] : candidates) {
+    for (unsigned char c : std::to_string(step) + ":" + path + ";")
+      hash = (hash ^ c) * 1099511628211ull;
+  }
+  const auto mine = static_cast<int64_t>(hash >> 1);
+  at::Tensor low = at::full({1}, mine, at::kLong), high = at::full({1}, mine, at::kLong);
+  world.all_reduce(low, distributed::ReduceOp::kMin);
+  world.all_reduce(high, distributed::ReduceOp::kMax);
+  std::string listed;
+  for (const auto& candidate : candidates) listed += " " + std::to_string(candidate.first);
+  LOOM_CHECK_AS(InputError, low.item<int64_t>() == high.item<int64_t>(), "rank ", runtime_.rank(),
+                " sees the checkpoints", listed.empty() ? " (none)" : listed, " in '", folder_,
+                "', and another rank sees others: checkpoint.folder must be one file system "
+                "every rank shares, changed by no other job");
+}
+
 // A mark every rank of this attempt shares (rank 0's random draw), on the parts it saves.
 void CheckpointManager::agree_on_attempt() {
   std::random_device random;
@@ -214,8 +237,12 @@ ResumePoint CheckpointManager::load() {
   auto log = log::get("checkpoint");
   agree_on_attempt();
   remove_incomplete();
+  // The other ranks list the folder once rank 0 has tidied it (it may have put a step in place).
+  auto& world = runtime_.world_group();
+  if (world.size() > 1) world.barrier();
   bool model_only = false, fall_back = true;
   const auto candidates = load_candidates(model_only, fall_back);
+  check_every_rank_sees(candidates);
   if (candidates.empty()) {
     log->info("no checkpoint in {}: training starts from scratch", folder_);
     return {};
@@ -223,18 +250,17 @@ ResumePoint CheckpointManager::load() {
   // A config change the saved state cannot follow is the same for every candidate: say so once
   // (every rank reads the same config.toml and throws alike).
   const auto saved_config = check_resume_compatible(candidates.front().second, config_, model_only);
-  auto& world = runtime_.world_group();
   // What a candidate that fails halfway may have changed, put back before the next one (a
   // weights-only fallback would otherwise keep the failed step's optimizer, data and RNG).
   const LiveState before = capture_live_state(targets_);
   for (size_t i = 0; i < candidates.size(); ++i) {
     const std::string& path = candidates[i].second;
-    if (i > 0) restore_live_state(targets_, before);
     std::string error;
     int failure = 0;  // 1: unreadable, 2: this job cannot follow it (no fallback)
     ResumePoint point;
     const auto start = Clock::now();
     try {
+      if (i > 0) restore_live_state(targets_, before);
       point = load_from(path, model_only);
     } catch (const IncompatibleCheckpoint& e) {
       error = e.message();

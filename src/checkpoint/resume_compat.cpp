@@ -34,6 +34,8 @@ struct Dependency {
 constexpr Dependency kDependencies[] = {
     {"model.name", "model", "the saved weights belong to another model"},
     {"model.flavor", "model", "the saved weights have other shapes"},
+    {"model.num_mtp_layers", "model",
+     "the saved weights hold another number of multi-token prediction modules"},
     {"model.tokenizer_path", "dataloader",
      "the token ids change, so the data loader's position points into another token stream"},
     {"model.hf_assets_path", "dataloader",
@@ -79,6 +81,11 @@ std::vector<std::string> resume_conflicts(const std::vector<ConfigChange>& chang
                                           const config::JobConfig& current, bool model_only) {
   std::vector<std::string> conflicts;
   for (const auto& change : changes) {
+    // A run saved before its drawn seed was recorded: which seed it drew is unknown, and the data
+    // loader's own state says whether its order depends on one.
+    if (change.key == "debug.seed" && (change.saved == "null" || change.saved == "(unset)")) {
+      continue;
+    }
     for (const auto& dependency : kDependencies) {
       if (change.key != dependency.key) continue;
       const std::string part = dependency.part;

@@ -223,6 +223,26 @@ std::string read_file(const std::string& path) {
   return files::read_file(path, "config file", 64u << 20);
 }
 
+// Keys the user set that the job's other values leave without effect (a value the user set and
+// loom then ignores silently would look like it changed the arithmetic).
+std::vector<std::string> inert_keys(const JobConfig& c, const Provenance& provenance) {
+  std::vector<std::string> out;
+  auto inert_unless = [&](bool applies, std::initializer_list<const char*> keys, const char* why) {
+    if (applies) return;
+    for (const char* key : keys) {
+      if (provenance.count(key)) out.push_back(std::string(key) + " (" + why + ")");
+    }
+  };
+  inert_unless(c.model.num_mtp_layers > 0,
+               {"model.mtp_scale", "model.mtp_scale_switch_step", "model.mtp_scale_after_switch"},
+               "model.num_mtp_layers = 0: no multi-token prediction module");
+  inert_unless(c.optimizer.name == "Muon",
+               {"optimizer.muon_momentum", "optimizer.muon_nesterov", "optimizer.muon_ns_steps",
+                "optimizer.muon_ns_dtype", "optimizer.muon_eps", "optimizer.muon_adjust_lr_fn"},
+               "optimizer.name is not Muon");
+  return out;
+}
+
 LoadedConfig load(const std::optional<std::string>& text, const std::string& source,
                   const std::vector<Override>& overrides) {
   const Schema& schema = job_config_schema();
@@ -243,6 +263,7 @@ LoadedConfig load(const std::optional<std::string>& text, const std::string& sou
   validate(out.config, out.provenance, diagnostics);
   diagnostics.throw_if_any();
   std::sort(out.unimplemented_keys.begin(), out.unimplemented_keys.end());
+  out.inert_keys = inert_keys(out.config, out.provenance);
   return out;
 }
 
@@ -279,6 +300,10 @@ LoadedConfig load_job_config_text(const std::string& text, const std::string& so
 }
 
 void warn_unimplemented(const LoadedConfig& loaded) {
+  if (!loaded.inert_keys.empty()) {
+    log::get("config")->warn("set but without effect in this job: {}",
+                             strings::join(loaded.inert_keys, "; "));
+  }
   if (loaded.unimplemented_keys.empty()) {
     return;
   }

@@ -180,3 +180,32 @@ LOOM_TEST(CheckpointLineage, ACheckpointTheJobCannotFollowStopsWithoutFallingBac
     EXPECT_NE(text.find("not falling back"), std::string::npos) << text;
   }
 }
+
+// Two ranks, step 4 left complete in step-4.tmp (stopped before its rename): rank 0 puts it in
+// place at start, and both ranks resume from it. Rank 1 used to list the folder before the rename
+// and resume from step 2 (then the ranks trained different steps and hung).
+LOOM_TEST(CheckpointLineage, EveryRankResumesFromAStepPutInPlaceAtStart) {
+  const std::string folder = loom::testing::fresh_temp_dir("ckpt_lineage_two_ranks");
+  auto train = [&](int steps) {
+    return loom::testing::run_loom(
+        "launch --nproc-per-node 2 --local-ranks-filter all --master-port " +
+        std::to_string(loom::testing::free_port()) +
+        " -- train --config " LOOM_SOURCE_DIR "/configs/llama3_debug.toml --job.dump_folder " +
+        folder + " --training.steps " + std::to_string(steps) +
+        " --training.dataset synthetic --training.seq_len 32 --training.local_batch_size 2"
+        " --training.global_batch_size 4 --validation.enable false --checkpoint.enable true"
+        " --checkpoint.interval 2 --checkpoint.last_save_model_only false"
+        " --comm.train_timeout_seconds 30 2>&1");
+  };
+  const auto first = train(4);
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  fs::rename(folder + "/checkpoint/step-4", folder + "/checkpoint/step-4.tmp");
+  const auto resumed = train(6);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  for (const char* rank : {"[rank0]", "[rank1]"}) {
+    const auto line = resumed.output.find(std::string(rank) + " [checkpoint] info: resumed from");
+    ASSERT_NE(line, std::string::npos) << rank << "\n" << resumed.output;
+    EXPECT_NE(resumed.output.substr(line, 200).find("(step 4,"), std::string::npos)
+        << resumed.output.substr(line, 200);
+  }
+}

@@ -37,6 +37,7 @@ TEST(ConfigFiles, ShippedConfigsAreValidAndUseOnlyImplementedKeys) {
     SCOPED_TRACE(file);
     auto loaded = loom::config::load_job_config(file, {});
     EXPECT_TRUE(loaded.unimplemented_keys.empty());
+    EXPECT_TRUE(loaded.inert_keys.empty());
     // Each file is named after its family (llama3_8b.toml, qwen3_debug.toml).
     const std::string name = std::filesystem::path(file).filename().string();
     EXPECT_EQ(name.rfind(loaded.config.model.name + "_", 0), 0u) << loaded.config.model.name;

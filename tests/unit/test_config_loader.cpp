@@ -45,6 +45,23 @@ TEST(ConfigDefaults, DefaultsAloneAreValid) {
   EXPECT_FALSE(loaded.config.job.config_file.has_value());
 }
 
+// A key the user set that another key makes inert is named with why (loom said nothing: an MTP
+// weight set with no MTP module looked like it weighed something).
+TEST(ConfigLoad, KeysMadeInertByOthersAreListed) {
+  auto loaded = load_toml(R"(
+[model]
+mtp_scale = 0.3
+[optimizer]
+name = "AdamW"
+muon_momentum = 0.9
+)");
+  EXPECT_EQ(loaded.inert_keys,
+            (std::vector<std::string>{
+                "model.mtp_scale (model.num_mtp_layers = 0: no multi-token prediction module)",
+                "optimizer.muon_momentum (optimizer.name is not Muon)"}));
+  EXPECT_TRUE(load_toml("[model]\nnum_mtp_layers = 1\nmtp_scale = 0.3\n").inert_keys.empty());
+}
+
 TEST(ConfigLoad, TomlSetsTypedValuesIncludingNestedSections) {
   auto loaded = load_toml(R"(
 [training]

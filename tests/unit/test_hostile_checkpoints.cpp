@@ -351,3 +351,31 @@ TEST(ResumeConflicts, AnotherTextFieldIsTheDataLoadersConflict) {
   current.checkpoint.exclude_from_loading = {"dataloader"};
   EXPECT_TRUE(loom::checkpoint::resume_conflicts(changes, current, false).empty());
 }
+
+// Another number of MTP depths is named before any load: the saved weights lack (or hold more)
+// MTP modules, and every step was tried and called unreadable in turn.
+TEST(ResumeConflicts, AChangedNumberOfMtpDepthsIsNamed) {
+  loom::config::JobConfig saved, current;
+  saved.model.num_mtp_layers = 0;
+  current.model.num_mtp_layers = 1;
+  const auto conflicts = loom::checkpoint::resume_conflicts(
+      loom::checkpoint::config_changes(saved, current), current, false);
+  ASSERT_EQ(conflicts.size(), 1u);
+  EXPECT_NE(conflicts[0].find("model.num_mtp_layers 0 -> 1"), std::string::npos) << conflicts[0];
+}
+
+// A checkpoint saved without debug.seed before the drawn seed was recorded resumes under the seed
+// this run drew: the data loader's own state decides (a streamed dataset's order has no seed).
+// An explicit seed that differs from a saved one is still the data loader's conflict.
+TEST(ResumeConflicts, ASeedDrawnWithoutARecordIsNoConflict) {
+  loom::config::JobConfig saved, current;
+  current.debug.seed = 1234;
+  EXPECT_TRUE(loom::checkpoint::resume_conflicts(loom::checkpoint::config_changes(saved, current),
+                                                 current, false)
+                  .empty());
+  saved.debug.seed = 7;
+  EXPECT_EQ(loom::checkpoint::resume_conflicts(loom::checkpoint::config_changes(saved, current),
+                                               current, false)
+                .size(),
+            1u);
+}

@@ -157,6 +157,7 @@ class CheckpointManager {
   std::string step_folder(int64_t step) const;
   std::string step_temp(int64_t step) const;
   void finalize(const Snapshot& snapshot, const std::string& temp);
+  std::string part_mark(int64_t save) const;
   nlohmann::json wait_for_part(const Snapshot& snapshot, const std::string& temp, int rank,
                                double timeout_s);
   void purge_old();
@@ -164,6 +165,7 @@ class CheckpointManager {
   void remove_incomplete();
   void promote_complete_temp(const std::string& temp);
   void agree_on_attempt();
+  void check_every_rank_sees(const std::vector<std::pair<int64_t, std::string>>& candidates);
   std::vector<std::pair<int64_t, std::string>> load_candidates(bool& model_only, bool& fall_back);
   void export_last_in_hf(int64_t step);
   // The optimizer's index of parameter `name` (throws when it does not step it).

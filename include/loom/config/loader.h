@@ -22,6 +22,9 @@ struct LoadedConfig {
   Provenance provenance;
   // Keys set by the user that loom accepts for torchtitan compatibility but does not implement.
   std::vector<std::string> unimplemented_keys;
+  // Keys set by the user that another key's value makes inert in this job, each with why
+  // ("model.mtp_scale (model.num_mtp_layers = 0)").
+  std::vector<std::string> inert_keys;
 };
 
 // Reads `path` (.toml or .json; none = defaults only), applies the overrides and validates.
@@ -35,7 +38,8 @@ LoadedConfig load_job_config(const std::optional<std::string>& path,
 LoadedConfig load_job_config_text(const std::string& text, const std::string& source_name,
                                   const std::vector<Override>& overrides);
 
-// Logs the single warning listing keys that are accepted but have no effect yet.
+// Logs the single warning listing keys that are accepted but have no effect yet, and the one
+// listing keys this job's other keys make inert.
 void warn_unimplemented(const LoadedConfig& loaded);
 
 }  // namespace loom::config
