@@ -198,6 +198,8 @@ at::Tensor max_attention_logits(const at::Tensor& q, const at::Tensor& k, double
                                 const TokenLayout& layout, const LayerAttention& layer,
                                 int64_t score_budget) {
   at::NoGradGuard no_grad;
+  // In float32 under autocast too: QK-clip compares this with its threshold.
+  const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   const int64_t b = q.size(0), h = q.size(1), s = q.size(2), t = k.size(2);
   LOOM_CHECK(t == s && !layout.key_slots.defined(),
              "max_attention_logits takes the local tokens' keys (no context parallelism)");

@@ -250,13 +250,27 @@ void build_data(Run& run, std::unique_ptr<data::BatchSource> source,
   const auto& ft = config.fault_tolerance;
   const int64_t train_dp_rank = ft.enable ? ft.replica_id * dp_size + dp_rank : dp_rank;
   const int64_t train_dp_size = ft.enable ? ft.group_size * dp_size : dp_size;
-  const int64_t max_document = t.dataset_max_document_mib << 20;
+  // Field by field: in declaration order, the document cap once filled bos_id's place and the cap
+  // became -1 (every line past the reader's 64 KiB buffer refused).
+  auto loader_options = [&](int64_t seq_len, uint64_t seed, bool shuffle, int64_t rank,
+                            int64_t world, const std::string& text_field) {
+    data::PackedLoaderOptions o;
+    o.seq_len = seq_len;
+    o.seed = seed;
+    o.shuffle = shuffle;
+    o.dp_rank = rank;
+    o.dp_world = world;
+    o.skip_bad_records = skip_bad;
+    o.text_field = text_field;
+    o.max_document_bytes = t.dataset_max_document_mib << 20;
+    return o;
+  };
   auto train_source =
       source
           ? std::move(source)
           : dataset_source(t.dataset, t.dataset_path, t.dataset_mixture, run.tokenizer.get(), vocab,
-                           {t.seq_len, run.seed, true, train_dp_rank, train_dp_size, skip_bad,
-                            t.dataset_text_field, -1, max_document},
+                           loader_options(t.seq_len, run.seed, true, train_dp_rank, train_dp_size,
+                                          t.dataset_text_field),
                            "training");
   // A background thread keeps the next two microbatches ready.
   run.source = std::make_unique<data::PrefetchingSource>(std::move(train_source),
@@ -267,8 +281,8 @@ void build_data(Run& run, std::unique_ptr<data::BatchSource> source,
       validation_source
           ? std::move(validation_source)
           : dataset_source(v.dataset, v.dataset_path, v.dataset_mixture, run.tokenizer.get(), vocab,
-                           {v.seq_len, run.seed + 1, false, dp_rank, dp_size, skip_bad,
-                            v.dataset_text_field, -1, max_document},
+                           loader_options(v.seq_len, run.seed + 1, false, dp_rank, dp_size,
+                                          v.dataset_text_field),
                            "validation");
   LOOM_CHECK_AS(InputError, v.steps > 0 || validation->samples_per_epoch(),
                 "validation.steps = -1 (the whole set) needs a finite validation dataset; set a "

@@ -458,6 +458,31 @@ LOOM_TEST(Training, BadRecordsStopTheJobOrAreSkippedAndCounted) {
   EXPECT_EQ(lines.back()["data_skipped"].get<int64_t>(), 2);
 }
 
+// A document longer than the reader's 64 KiB buffer trains under the default cap (256 MiB) and
+// is refused by a cap below it, naming the key. The trainer once passed the cap as -1: every
+// such line was refused ("longer than -1 MiB").
+LOOM_TEST(Training, LongDocumentsTrainUpToTheConfiguredCap) {
+  const std::string data_dir = loom::testing::fresh_temp_dir("long_document_data");
+  std::ofstream(data_dir + "/long.jsonl")
+      << "{\"text\": \"" << std::string(3 << 19, 'a') << "\"}\n{\"text\": \"short\"}\n";
+  auto job = small_job("long_document");
+  job.training.dataset = "mine";
+  job.training.dataset_path = data_dir + "/long.jsonl";
+  job.training.steps = 1;
+  job.training.seq_len = 32;
+  EXPECT_EQ(Trainer(job).train().steps_completed, 1);
+  job.training.dataset_max_document_mib = 1;
+  job.job.dump_folder = loom::testing::fresh_temp_dir("train_long_document_capped");
+  try {
+    Trainer trainer(job);
+    FAIL() << "a 1.5 MiB line passed a 1 MiB cap";
+  } catch (const loom::InputError& error) {
+    EXPECT_NE(error.message().find("longer than 1 MiB (training.dataset_max_document_mib)"),
+              std::string::npos)
+        << error.message();
+  }
+}
+
 LOOM_TEST(Training, SyntheticTrainingWithRealValidationSizesTheModelForTheTokenizer) {
   auto job = small_job("synthetic_real_validation");
   job.training.steps = 2;

@@ -6,6 +6,7 @@
 // identical on every rank and summing to 0 after its update, and unmoved under uniform routing.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -148,6 +149,32 @@ TEST(GroupedMatmul, ActivationsInTheComputeDtypeMeetFloat32Weights) {
   out.to(at::kFloat).sum().backward();
   ASSERT_TRUE(w.grad().defined());
   EXPECT_EQ(w.grad().scalar_type(), at::kFloat);
+}
+
+// The router scores in float32 under autocast too: a 64-expert sigmoid router under CPU bfloat16
+// autocast picks the experts and gates it picks without it. Its float32 linear ran in bfloat16
+// there (sigmoids near 0.5 tie at bfloat16's step; the top-k then broke ties by index).
+TEST(MoERouter, ScoresInFloat32UnderAutocast) {
+  models::MoEArgs args;
+  args.num_experts = 64;
+  args.top_k = 8;
+  args.score_function = models::ScoreFunction::kSigmoid;
+  models::TokenChoiceRouter router(256, args, at::TensorOptions().dtype(at::kFloat));
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  {
+    at::NoGradGuard no_grad;
+    router->gate->weight.normal_(0, 0.005, gen);
+  }
+  const at::Tensor x = at::randn({512, 256}, gen);
+  const models::Routing plain = router->forward(x, at::Tensor());
+  at::autocast::set_autocast_enabled(at::kCPU, true);
+  at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+  const models::Routing autocast = router->forward(x, at::Tensor());
+  at::autocast::set_autocast_enabled(at::kCPU, false);
+  at::autocast::clear_cache();
+  EXPECT_EQ(autocast.gates.scalar_type(), at::kFloat);
+  EXPECT_TRUE(at::equal(plain.experts, autocast.experts));
+  EXPECT_TRUE(at::allclose(plain.gates, autocast.gates, 1e-6, 1e-6));
 }
 
 TEST(ExpertParallelLayer, TwoRanksEqualTheWholeLayer) {

@@ -1,5 +1,6 @@
 // The token-choice router and the grouped matrix product of the shared MoE layer (common/moe.h).
 #include <ATen/ATen.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <cmath>
@@ -116,7 +117,10 @@ at::Tensor TokenChoiceRouterImpl::limit_to_groups(const at::Tensor& choice) cons
 
 Routing TokenChoiceRouterImpl::forward(const at::Tensor& x, const at::Tensor& expert_bias) {
   // Scores in float32 from float32 inputs and weights, whatever the model's dtype (as
-  // transformers' DeepseekV3TopkRouter): near-ties must not flip with the compute dtype.
+  // transformers' DeepseekV3TopkRouter): near-ties must not flip with the compute dtype. Autocast
+  // excluded: it ran the float32 linear in bfloat16 (a sigmoid near 0.5 steps by 0.004 there,
+  // and a third of the tokens of a 256-expert router changed experts).
+  const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   const at::Tensor logits =
       gate->bias.defined()
           ? at::linear(x.to(at::kFloat), gate->weight.to(at::kFloat), gate->bias.to(at::kFloat))
