@@ -188,7 +188,9 @@ bool DocumentReader::next_line(std::string& line) {
       buffer_start_ = 0;
     }
     if (buffer_end_ == buffer_.size()) {
-      LOOM_CHECK_AS(InputError, static_cast<int64_t>(buffer_end_) <= max_document_bytes_,
+      // A full window without the line's end: the line is longer than the window (the cap let
+      // lines of up to twice itself through when it compared with <=).
+      LOOM_CHECK_AS(InputError, static_cast<int64_t>(buffer_end_) < max_document_bytes_,
                     "dataset file '", path_, "': one ", jsonl_ ? "line" : "document",
                     " is longer than ", max_document_bytes_ >> 20,
                     " MiB (training.dataset_max_document_mib); split it, or raise the key if "
