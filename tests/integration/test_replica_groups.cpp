@@ -319,48 +319,66 @@ LOOM_TEST(ReplicaGroups, SemiSynchronousGroupResumesBetweenTwoMeetings) {
       << resumed.output;
 }
 
-// Two DiLoCo groups of one rank each (sync_steps 4), stopped after step 6 (inside the second
-// period, after one outer step) and resumed, end step 8 bitwise as two groups that never stopped.
-// A checkpoint without the period's start resumed each group from its own local parameters (the
-// groups, each stepping from its own start, never meet again); one without the outer momentum
-// restarted it at zero. A group that heals inside a period receives its start too.
-LOOM_TEST(ReplicaGroups, DiLoCoGroupsResumedInsideAPeriodTrainAsIfNeverStopped) {
-  const std::string folder = fresh_temp_dir("ft_diloco_resume");
-  LighthouseProcess lighthouse(folder, 2);
-  const std::string diloco =
-      " --fault_tolerance.semi_sync_method diloco --fault_tolerance.sync_steps 4"
-      " --lr_scheduler.warmup_steps 2 --lr_scheduler.total_steps 8";
-  auto run_both = [&](const std::string& name, int steps, const std::string& extra = "") {
-    auto g0 = start_group(lighthouse.address(), 0, folder + "/" + name + "0", steps, "",
-                          diloco + extra, 1);
-    auto g1 = start_group(lighthouse.address(), 1, folder + "/" + name + "1", steps, "",
-                          diloco + extra, 1);
+// Two DiLoCo groups of one rank each (sync_steps 4) under one lighthouse, run into folders
+// <name>0 and <name>1.
+class DiLoCoGroups {
+ public:
+  explicit DiLoCoGroups(const std::string& name)
+      : folder_(fresh_temp_dir(name)), lighthouse_(folder_, 2) {}
+  bool run_both(const std::string& name, int steps, const std::string& extra = "") {
+    const std::string diloco =
+        " --fault_tolerance.semi_sync_method diloco --fault_tolerance.sync_steps 4"
+        " --lr_scheduler.warmup_steps 2 --lr_scheduler.total_steps 8" +
+        extra;
+    auto g0 =
+        start_group(lighthouse_.address(), 0, folder_ + "/" + name + "0", steps, "", diloco, 1);
+    auto g1 =
+        start_group(lighthouse_.address(), 1, folder_ + "/" + name + "1", steps, "", diloco, 1);
     const CommandResult r0 = g0.get(), r1 = g1.get();
     EXPECT_EQ(r0.exit_code, 0) << r0.output;
     EXPECT_EQ(r1.exit_code, 0) << r1.output;
     return r0.exit_code == 0 && r1.exit_code == 0;
-  };
-  ASSERT_TRUE(run_both("whole", 8));
-  ASSERT_TRUE(run_both("stopped", 6));
+  }
+  std::string path(const std::string& name) const { return folder_ + "/" + name; }
+
+ private:
+  std::string folder_;
+  LighthouseProcess lighthouse_;
+};
+
+// Two DiLoCo groups stopped after step 6 (inside the second period, after one outer step) and
+// resumed end step 8 bitwise as two groups that never stopped. A checkpoint without the period's
+// start resumed each group from its own local parameters (the groups, each stepping from its own
+// start, never meet again); one without the outer momentum restarted it at zero.
+LOOM_TEST(ReplicaGroups, DiLoCoGroupsResumedInsideAPeriodTrainAsIfNeverStopped) {
+  DiLoCoGroups groups("ft_diloco_resume");
+  ASSERT_TRUE(groups.run_both("whole", 8));
+  ASSERT_TRUE(groups.run_both("stopped", 6));
   const std::string index =
-      loom::testing::read_text(folder + "/stopped0/checkpoint/step-6/index.json");
+      loom::testing::read_text(groups.path("stopped0/checkpoint/step-6/index.json"));
   EXPECT_NE(index.find("ft.period_start."), std::string::npos) << "step 6 is inside a period";
   EXPECT_NE(index.find("ft.outer_momentum."), std::string::npos);
-  // Group 0 also resumes from step 6 alone: group 1 starts afresh and heals from it, inside the
-  // period. Its own inner moments are gone (it gets group 0's), but after the meeting at step 8
-  // both hold the same parameters only if the period's start came with the healing.
-  fs::copy(folder + "/stopped0", folder + "/healed0", fs::copy_options::recursive);
-  ASSERT_TRUE(run_both("stopped", 8));
+  ASSERT_TRUE(groups.run_both("stopped", 8));
   for (const char* group : {"0", "1"}) {
     const std::string file = std::string(group) + "/checkpoint/step-8/rank-00000.safetensors";
-    ASSERT_TRUE(fs::exists(folder + "/whole" + file)) << file;
-    EXPECT_TRUE(bytes_of(folder + "/whole" + file) == bytes_of(folder + "/stopped" + file))
+    ASSERT_TRUE(fs::exists(groups.path("whole" + file))) << file;
+    EXPECT_TRUE(bytes_of(groups.path("whole" + file)) == bytes_of(groups.path("stopped" + file)))
         << "group " << group << ": the resumed run's weights, moments or outer momentum differ";
   }
-  ASSERT_TRUE(run_both("healed", 8, " --checkpoint.last_save_model_only true"));
+}
+
+// Group 0 resumes from its step 6 alone and group 1 starts afresh and heals from it, inside the
+// period. Its own inner moments are gone (it gets group 0's), but after the meeting at step 8
+// both hold the same parameters only if the period's start came with the healing.
+LOOM_SLOW_TEST(ReplicaGroups, ADiLoCoGroupHealedInsideAPeriodMeetsItsSource) {
+  DiLoCoGroups groups("ft_diloco_heal");
+  ASSERT_TRUE(groups.run_both("stopped", 6));
+  fs::copy(groups.path("stopped0"), groups.path("healed0"), fs::copy_options::recursive);
+  ASSERT_TRUE(groups.run_both("healed", 8, " --checkpoint.last_save_model_only true"));
   const std::string weights = "/checkpoint/step-8/rank-00000.safetensors";
-  ASSERT_TRUE(fs::exists(folder + "/healed0" + weights));
-  EXPECT_TRUE(bytes_of(folder + "/healed0" + weights) == bytes_of(folder + "/healed1" + weights))
+  ASSERT_TRUE(fs::exists(groups.path("healed0" + weights)));
+  EXPECT_TRUE(bytes_of(groups.path("healed0" + weights)) ==
+              bytes_of(groups.path("healed1" + weights)))
       << "the healed group's parameters differ from its source's after the meeting";
 }
 
