@@ -33,24 +33,25 @@ double seconds_between(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-// Dense bf16 peak of known GPUs (vendor data sheets), matched by substring of the device name.
+}  // namespace
+
 std::optional<double> gpu_table_flops(const std::string& name) {
   struct Entry {
     const char* key;
     double flops;
   };
+  // First match wins: the H100's PCIe and NVL cards before the SXM one.
   static const Entry table[] = {
-      {"H200", 989e12},  {"H100", 989e12},  {"H800", 989e12}, {"GH200", 989e12},
-      {"B200", 2250e12}, {"B100", 1750e12}, {"A100", 312e12}, {"A800", 312e12},
-      {"L40S", 362e12},  {"A10G", 125e12},  {"V100", 125e12}, {"RTX 4090", 165e12},
+      {"H100 PCIe", 756e12}, {"H100 NVL", 835e12}, {"H200", 989e12},  {"H100", 989e12},
+      {"H800", 989e12},      {"GH200", 989e12},    {"B200", 2250e12}, {"B100", 1750e12},
+      {"A100", 312e12},      {"A800", 312e12},     {"L40S", 362e12},  {"A10G", 125e12},
+      {"V100", 125e12},      {"RTX 4090", 165e12},
   };
   for (const auto& entry : table) {
     if (name.find(entry.key) != std::string::npos) return entry.flops;
   }
   return std::nullopt;
 }
-
-}  // namespace
 
 MetricsSinks metrics_sinks(const config::JobConfig& config, int rank, bool color) {
   MetricsSinks sinks;

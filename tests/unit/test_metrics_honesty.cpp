@@ -30,6 +30,16 @@ TEST(MetricsHonesty, ConfiguredPeakIsTrustedCpuPeakIsOneDocumentedNumber) {
 }
 
 // The documented formula: threads x nominal clock x float32 FLOPs per cycle of the ISA.
+// The H100's three cards have three peaks (torchtitan's numbers): MFU on a PCIe or NVL card was
+// divided by the SXM card's 989 TFLOP/s.
+TEST(MetricsHonesty, GpuPeakTellsTheH100CardsApart) {
+  EXPECT_EQ(loom::metrics::gpu_table_flops("NVIDIA H100 PCIe"), 756e12);
+  EXPECT_EQ(loom::metrics::gpu_table_flops("NVIDIA H100 NVL"), 835e12);
+  EXPECT_EQ(loom::metrics::gpu_table_flops("NVIDIA H100 80GB HBM3"), 989e12);
+  EXPECT_EQ(loom::metrics::gpu_table_flops("NVIDIA H200"), 989e12);
+  EXPECT_FALSE(loom::metrics::gpu_table_flops("Some Future GPU").has_value());
+}
+
 TEST(MetricsHonesty, CpuPeakIsThreadsTimesClockTimesFlopsPerCycle) {
   const std::string dir = ::testing::TempDir();
   const std::string rated = dir + "/cpuinfo_rated";
@@ -78,8 +88,7 @@ TEST(MetricsHonesty, StartRecordTellsRunsApartAndHasNoStep) {
   start.world_size = 2;
   start.layout = "pp 1, dp_replicate 1, dp_shard 2, cp 1, tp 1";
   start.elapsed_s = 12.5;
-  const auto record =
-      nlohmann::json::parse(MetricsLogger::start_json_line(start, 3.0, 1.7e9));
+  const auto record = nlohmann::json::parse(MetricsLogger::start_json_line(start, 3.0, 1.7e9));
   EXPECT_EQ(record["event"], "start");
   EXPECT_FALSE(record.contains("step")) << "readers of step rows would take it for one";
   EXPECT_EQ(record["resumed_from_step"], 60);

@@ -159,6 +159,9 @@ struct PeakFlops {
 // metrics.peak_tflops if set; a table of GPUs (bf16 dense); on CPU the nominal float32 peak of
 // the cores this rank computes on (cpu_peak_flops), the same for every run on the machine.
 PeakFlops peak_flops(const at::Device& device, std::optional<double> override_tflops);
+// Dense bf16 peak of a known GPU by its device name (vendor data sheets; "NVIDIA H100 PCIe" is
+// 756e12, "NVIDIA H100 80GB HBM3" 989e12); nullopt for one not in the table.
+std::optional<double> gpu_table_flops(const std::string& name);
 
 // A CPU's nominal float32 peak, documented in docs/observability.md: `threads` cores x the
 // nominal clock (the "@ N GHz" of /proc/cpuinfo's model name, else its "cpu MHz") x the float32
