@@ -61,13 +61,17 @@ SavedStepFacts saved_step_facts(const std::string& step_folder) {
   return facts;
 }
 
-std::vector<std::pair<int64_t, std::string>> complete_steps(const std::string& folder) {
-  struct Found {
-    SavedStepFacts facts;
-    int64_t step = 0;
-    std::string path;
-  };
-  std::vector<Found> found;
+namespace {
+
+struct SavedStep {
+  int64_t step = 0;
+  std::string path;
+  SavedStepFacts facts;
+};
+
+// The complete steps of `folder` in complete_steps' order, each with its facts (read once).
+std::vector<SavedStep> ordered_saves(const std::string& folder) {
+  std::vector<SavedStep> found;
   std::error_code error;
   if (!fs::is_directory(folder, error)) return {};
   static const std::regex pattern("step-([0-9]{1,18})");
@@ -76,11 +80,11 @@ std::vector<std::pair<int64_t, std::string>> complete_steps(const std::string& f
     const std::string name = entry.path().filename().string();
     const std::string path = entry.path().string();
     if (std::regex_match(name, match, pattern) && is_complete_step(path)) {
-      found.push_back({saved_step_facts(path), std::stoll(match[1].str()), path});
+      found.push_back({std::stoll(match[1].str()), path, saved_step_facts(path)});
     }
   }
   // Last saved first (then the highest step: checkpoints from before the numbering).
-  std::sort(found.begin(), found.end(), [](const Found& a, const Found& b) {
+  std::sort(found.begin(), found.end(), [](const SavedStep& a, const SavedStep& b) {
     return std::tie(a.facts.sequence, a.step) > std::tie(b.facts.sequence, b.step);
   });
   // The last save's line first, parent by parent, then the other lines.
@@ -89,25 +93,37 @@ std::vector<std::pair<int64_t, std::string>> complete_steps(const std::string& f
     if (found[i].facts.sequence > 0) by_sequence.emplace(found[i].facts.sequence, i);
   }
   std::vector<bool> taken(found.size(), false);
-  std::vector<std::pair<int64_t, std::string>> steps;
+  std::vector<SavedStep> ordered;
   for (size_t i = 0; i < found.size();) {
     taken[i] = true;
-    steps.emplace_back(found[i].step, found[i].path);
+    ordered.push_back(found[i]);
     const auto parent = by_sequence.find(found[i].facts.parent);
     if (parent == by_sequence.end() || taken[parent->second]) break;
     i = parent->second;
   }
   for (size_t i = 0; i < found.size(); ++i) {
-    if (!taken[i]) steps.emplace_back(found[i].step, found[i].path);
+    if (!taken[i]) ordered.push_back(found[i]);
   }
-  return steps;
+  return ordered;
+}
+
+std::vector<std::pair<int64_t, std::string>> steps_and_paths(const std::vector<SavedStep>& saves) {
+  std::vector<std::pair<int64_t, std::string>> out;
+  for (const auto& save : saves) out.emplace_back(save.step, save.path);
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::pair<int64_t, std::string>> complete_steps(const std::string& folder) {
+  return steps_and_paths(ordered_saves(folder));
 }
 
 std::vector<std::pair<int64_t, std::string>> resume_order(const std::string& folder) {
-  auto steps = complete_steps(folder);
-  std::stable_partition(steps.begin(), steps.end(),
-                        [](const auto& s) { return !saved_step_facts(s.second).model_only; });
-  return steps;
+  auto saves = ordered_saves(folder);
+  std::stable_partition(saves.begin(), saves.end(),
+                        [](const SavedStep& s) { return !s.facts.model_only; });
+  return steps_and_paths(saves);
 }
 
 CheckpointManager::CheckpointManager(const config::JobConfig& config,
@@ -401,9 +417,8 @@ void CheckpointManager::finalize(const Snapshot& s, const std::string& temp) {
   // Saves are numbered in the order they complete: the newest is the last one saved, not the
   // highest step (a run resumed from an older step with load_step goes on from its own saves).
   int64_t sequence = 0;
-  for (const auto& [step, path] : complete_steps(folder_)) {
-    sequence = std::max(sequence, saved_step_facts(path).sequence);
-  }
+  for (const auto& save : ordered_saves(folder_))
+    sequence = std::max(sequence, save.facts.sequence);
   const int64_t parent = last_sequence_;
   files::write_atomic(
       temp + "/train_state.json",
