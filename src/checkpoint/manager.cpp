@@ -275,14 +275,21 @@ void CheckpointManager::save_seed() {
   LOOM_CHECK_AS(IoError, wait(), "the seed checkpoint could not be written (see the log)");
 }
 
+bool CheckpointManager::saves_at(int64_t step, bool last_step, bool stopping) const {
+  const auto& c = config_.checkpoint;
+  if (!enabled_ || c.load_only) return false;
+  return last_step || stopping || step % c.interval == 0 ||
+         (step == 1 && c.enable_first_step_checkpoint);
+}
+
 void CheckpointManager::on_step_end(int64_t step, int64_t tokens_seen, bool last_step,
                                     bool stopping) {
   const auto& c = config_.checkpoint;
-  if (!enabled_ || c.load_only) return;
+  if (!saves_at(step, last_step, stopping)) return;
   if (last_step) {
     save(step, tokens_seen, c.last_save_model_only);
     if (c.last_save_in_hf) export_last_in_hf(step);
-  } else if (stopping || step % c.interval == 0 || (step == 1 && c.enable_first_step_checkpoint)) {
+  } else {
     save(step, tokens_seen, false);
   }
 }

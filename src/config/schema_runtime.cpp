@@ -183,6 +183,9 @@ void add_fault_tolerance_and_debug_sections(Schema& s) {
             "take more than this many GiB (0: no limit), as a full GPU does: sizes a job on CPU "
             "the way it will run on a device.")
       .min(0.0);
+  dbg.field("nonfinite_gradient_steps", &DebugSection::nonfinite_gradient_steps,
+            "loom: at these steps the first rank writes a NaN into one of its gradients before "
+            "clipping (fault injection: what training.skip_nonfinite_steps guards against).");
 }
 
 }  // namespace loom::config::detail

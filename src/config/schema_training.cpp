@@ -42,6 +42,12 @@ void add_training_section(Schema& s) {
       .sentinel(-1);
   tr.field("seq_len", &TrainingSection::seq_len, "Tokens per sample.").min(1);
   tr.field("max_norm", &TrainingSection::max_norm, "Clip gradients to this global L2 norm.").min(0);
+  tr.field("skip_nonfinite_steps", &TrainingSection::skip_nonfinite_steps,
+           "loom: a step whose gradient norm is NaN or infinite leaves the weights and the "
+           "optimizer state as they were (decided on the device, no host sync) and is logged; "
+           "this many such steps in a row are allowed before the run stops. 0: the run stops "
+           "at the first, before a checkpoint could keep its weights.")
+      .min(0);
   tr.field("steps", &TrainingSection::steps, "Optimizer steps to train.").min(1);
   tr.field("enable_cpu_offload", &TrainingSection::enable_cpu_offload,
            "Keep FSDP parameters, gradients and optimizer state in CPU memory.")

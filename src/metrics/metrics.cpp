@@ -206,6 +206,7 @@ std::string MetricsLogger::to_json_line(const StepMetrics& m, double wall_time) 
   for (const auto& [collective, mb] : m.comm_mb_by_collective) j["comm_mb/" + collective] = mb;
   if (m.val_loss) j["val_loss"] = *m.val_loss;
   if (m.pp_bubble_pct) j["pp_bubble_pct"] = *m.pp_bubble_pct;
+  if (m.skipped_steps) j["skipped_steps"] = *m.skipped_steps;
   for (const auto& [block, norm] : m.block_grad_norms) j["grad_norm/" + block] = norm;
   for (const auto& [key, value] : m.model_metrics) j[key] = value;
   if (m.quorum) {

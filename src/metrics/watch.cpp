@@ -239,7 +239,10 @@ std::string render_watch(const std::vector<RunLog>& runs, double now, const Watc
     for (const auto& run : runs) {
       double loss = NAN;
       for (const auto& l : run.train) {
-        if (l["step"].get<int64_t>() <= common) loss = l["loss"].get<double>();
+        // A skipped step's loss may be null (training.skip_nonfinite_steps).
+        if (l["step"].get<int64_t>() <= common) {
+          loss = l.contains("loss") && l["loss"].is_number() ? l["loss"].get<double>() : NAN;
+        }
       }
       line += fmt::format("  {} loss {:.4f}", strings::printable(run.name), loss);
     }

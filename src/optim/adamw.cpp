@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include <map>
+#include <optional>
 
 #include "loom/core/check.h"
 #include "loom/optim/adamw.h"
@@ -20,6 +21,8 @@ class FusedAdam : public Algorithm {
   std::string name() const override { return decoupled_ ? "AdamW" : "Adam"; }
   std::vector<std::string> state_names() const override { return {"exp_avg", "exp_avg_sq"}; }
   bool takes_device_scalars() const override { return true; }
+  // The fused kernels' found_inf: a step flagged there changes nothing.
+  bool takes_skip() const override { return true; }
 
   void step(std::vector<Slot>& slots, const GroupSettings& settings) override {
     if (settings.device_lr.defined()) {
@@ -27,7 +30,7 @@ class FusedAdam : public Algorithm {
       return;
     }
     struct Lists {
-      std::vector<at::Tensor> params, grads, avg, avg_sq, steps_cpu;
+      std::vector<at::Tensor> params, grads, avg, avg_sq, steps_cpu, uncounted_skips;
     };
     std::map<std::pair<std::string, at::ScalarType>, Lists> by_kind;
     for (auto& slot : slots) {
@@ -38,7 +41,10 @@ class FusedAdam : public Algorithm {
       lists.avg.push_back(slot.state[0]);
       lists.avg_sq.push_back(slot.state[1]);
       lists.steps_cpu.push_back(at::scalar_tensor(static_cast<double>(slot.step), at::kFloat));
+      if (slot.uncounted_skips.defined()) lists.uncounted_skips.push_back(slot.uncounted_skips);
     }
+    const std::optional<at::Tensor> found_inf =
+        settings.skip.defined() ? std::optional<at::Tensor>(settings.skip) : std::nullopt;
     for (auto& [kind, lists] : by_kind) {
       // The kernel reads each parameter's step count (already incremented) from a float tensor
       // on the parameters' device: one copy for all of them, from pinned memory and without
@@ -47,15 +53,17 @@ class FusedAdam : public Algorithm {
       at::Tensor steps = at::stack(lists.steps_cpu);
       if (device.is_cuda()) steps = steps.pin_memory();
       steps = steps.to(device, /*non_blocking=*/device.is_cuda());
+      // Skipped steps the host counts still hold are taken off on the device (no sync).
+      if (!lists.uncounted_skips.empty()) steps = steps - at::stack(lists.uncounted_skips);
       const std::vector<at::Tensor> no_max_exp_avg_sqs;  // amsgrad only
       if (decoupled_) {
         at::_fused_adamw_(lists.params, lists.grads, lists.avg, lists.avg_sq, no_max_exp_avg_sqs,
                           steps.unbind(0), settings.lr, beta1_, beta2_, settings.weight_decay, eps_,
-                          /*amsgrad=*/false, /*maximize=*/false, std::nullopt, std::nullopt);
+                          /*amsgrad=*/false, /*maximize=*/false, std::nullopt, found_inf);
       } else {
         at::_fused_adam_(lists.params, lists.grads, lists.avg, lists.avg_sq, no_max_exp_avg_sqs,
                          steps.unbind(0), settings.lr, beta1_, beta2_, settings.weight_decay, eps_,
-                         /*amsgrad=*/false, /*maximize=*/false, std::nullopt, std::nullopt);
+                         /*amsgrad=*/false, /*maximize=*/false, std::nullopt, found_inf);
       }
     }
   }
@@ -80,14 +88,17 @@ class FusedAdam : public Algorithm {
       }
       at::_foreach_add_(steps, 1);
       const std::vector<at::Tensor> no_max_exp_avg_sqs;
+      // A skipped step's count is taken back by the Optimizer after this (count_skip).
+      const std::optional<at::Tensor> found_inf =
+          settings.skip.defined() ? std::optional<at::Tensor>(settings.skip) : std::nullopt;
       if (decoupled_) {
         at::_fused_adamw_(params, grads, avg, avg_sq, no_max_exp_avg_sqs, steps, settings.device_lr,
                           beta1_, beta2_, settings.weight_decay, eps_,
-                          /*amsgrad=*/false, /*maximize=*/false, std::nullopt, std::nullopt);
+                          /*amsgrad=*/false, /*maximize=*/false, std::nullopt, found_inf);
       } else {
         at::_fused_adam_(params, grads, avg, avg_sq, no_max_exp_avg_sqs, steps, settings.device_lr,
                          beta1_, beta2_, settings.weight_decay, eps_,
-                         /*amsgrad=*/false, /*maximize=*/false, std::nullopt, std::nullopt);
+                         /*amsgrad=*/false, /*maximize=*/false, std::nullopt, found_inf);
       }
     }
   }

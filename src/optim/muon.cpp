@@ -62,6 +62,8 @@ class Muon : public Algorithm {
   std::string name() const override { return "Muon"; }
   std::vector<std::string> state_names() const override { return {"momentum_buffer"}; }
   bool needs_whole_tensor() const override { return true; }
+  // A skipped step keeps the momentum and the parameter (selected on the device).
+  bool takes_skip() const override { return true; }
   // Per NS iteration on m x n (m <= n): X X^T 2m^2n, (cA)A 2m^3, (bA + cA^2) X 2m^2n.
   double matrix_flops(at::IntArrayRef shape) const override {
     if (shape.size() < 2) return 0;
@@ -73,9 +75,13 @@ class Muon : public Algorithm {
   }
 
   void step(std::vector<Slot>& slots, const GroupSettings& settings) override {
-    std::vector<at::Tensor> updates;
+    // With a skip flag: the buffers as they were, for a skipped step to keep (the update is
+    // still computed, on every rank alike: distributed orthogonalization collects).
+    const at::Tensor keep = settings.skip.defined() ? settings.skip.gt(0.5) : at::Tensor();
+    std::vector<at::Tensor> updates, buffers_before;
     for (auto& slot : slots) {
       at::Tensor& buf = slot.state[0];
+      if (keep.defined()) buffers_before.push_back(buf.clone());
       buf.lerp_(slot.grad, 1 - momentum_);
       updates.push_back(nesterov_ ? slot.grad.lerp(buf, momentum_) : buf);
     }
@@ -87,8 +93,18 @@ class Muon : public Algorithm {
       const auto& global = slots[i].parameter->placement.global_shape;
       const int64_t rows = global[global.size() - 2], cols = global.back();
       at::Tensor p = slots[i].parameter->tensor;
+      const double step_size = -muon_adjusted_lr(settings.lr, rule_, rows, cols);
+      if (keep.defined()) {
+        // The same ops as below on a copy: a step that is not skipped is bitwise the same.
+        at::Tensor stepped = p.clone();
+        stepped.mul_(1 - settings.lr * settings.weight_decay);
+        stepped.add_(orthogonal[i], step_size);
+        p.copy_(at::where(keep, p, stepped));
+        slots[i].state[0].copy_(at::where(keep, buffers_before[i], slots[i].state[0]));
+        continue;
+      }
       p.mul_(1 - settings.lr * settings.weight_decay);
-      p.add_(orthogonal[i], -muon_adjusted_lr(settings.lr, rule_, rows, cols));
+      p.add_(orthogonal[i], step_size);
     }
   }
 

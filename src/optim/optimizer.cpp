@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
+#include <cmath>
+
 #include "loom/core/check.h"
 
 namespace loom::optim {
@@ -54,8 +56,19 @@ at::Tensor device_lr(double lr, const at::Device& device) {
 }  // namespace
 
 void Optimizer::step() {
+  step(at::Tensor());
+}
+
+void Optimizer::step(const at::Tensor& skip) {
   at::NoGradGuard no_grad;
   const bool on_device = scalar_device_.has_value();
+  if (skip.defined()) {
+    LOOM_CHECK(can_skip(), "optimizer ", name_, ": an algorithm of its groups cannot skip a step");
+    LOOM_CHECK(skip.dim() == 0 && skip.scalar_type() == at::kFloat,
+               "optimizer: the skip flag is a 0-d float32 tensor, got ", skip.sizes(), " ",
+               skip.scalar_type());
+    if (uncounted_skips_.empty()) uncounted_skips_.assign(parameters_.size(), at::Tensor());
+  }
   last_stepped_.clear();
   for (size_t g = 0; g < groups_.size(); ++g) {
     auto& group = groups_[g];
@@ -81,14 +94,22 @@ void Optimizer::step() {
       } else {
         ++state->step;
       }
+      if (skip.defined()) {
+        if (!uncounted_skips_[i].defined()) {
+          uncounted_skips_[i] = at::zeros({}, p.options().dtype(at::kFloat));
+        }
+        slot.uncounted_skips = uncounted_skips_[i];
+      }
       for (const auto& n : names) slot.state.push_back(state->tensors.at(n));
       slots.push_back(std::move(slot));
       last_stepped_.push_back(i);
     }
-    GroupSettings settings{lr_ * group.lr_factor, weight_decay_ * group.weight_decay_factor, {}};
+    GroupSettings settings{
+        lr_ * group.lr_factor, weight_decay_ * group.weight_decay_factor, {}, skip};
     if (on_device) settings.device_lr = device_lrs_[g];
     // Every rank calls every group, even with no gradient here: distributed rules collect.
     group.algorithm->step(slots, settings);
+    if (skip.defined() && !slots.empty()) count_skip(slots, skip, on_device);
     // LibTorch's fused optimizer kernels (at::_fused_adamw_) write the parameters in place
     // without bumping their version counters: bump them, so that whatever keys on a tensor's
     // version (float8's kept weight casts, autograd's saved-tensor checks) sees the step.
@@ -96,6 +117,47 @@ void Optimizer::step() {
       for (const Slot& slot : slots) slot.parameter->tensor.unsafeGetTensorImpl()->bump_version();
     }
   }
+}
+
+void Optimizer::count_skip(const std::vector<Slot>& slots, const at::Tensor& skip, bool on_device) {
+  // The host counts (and count_device_step) advanced for the step: a skipped one is remembered
+  // on the device, and the device counts the kernels read go back by it at once.
+  std::vector<at::Tensor> uncounted, device_counts;
+  for (const Slot& slot : slots) {
+    uncounted.push_back(slot.uncounted_skips);
+    if (on_device) device_counts.push_back(slot.device_step);
+  }
+  at::_foreach_add_(uncounted, skip);
+  if (on_device) at::_foreach_add_(device_counts, skip, /*alpha=*/-1);
+  skips_unsettled_ = true;
+}
+
+void Optimizer::settle_skips() const {
+  if (!skips_unsettled_) return;
+  skips_unsettled_ = false;
+  std::vector<size_t> held;
+  std::vector<at::Tensor> counts;
+  for (size_t i = 0; i < uncounted_skips_.size(); ++i) {
+    if (!uncounted_skips_[i].defined()) continue;
+    held.push_back(i);
+    counts.push_back(uncounted_skips_[i].to(at::kCPU).reshape({1}));
+  }
+  if (held.empty()) return;
+  const at::Tensor values = at::cat(counts);
+  for (size_t k = 0; k < held.size(); ++k) {
+    const auto skipped = static_cast<int64_t>(std::llround(values[k].item<double>()));
+    if (skipped == 0) continue;
+    auto& state = states_[held[k]];
+    if (state) state->step -= skipped;
+    uncounted_skips_[held[k]].zero_();
+  }
+}
+
+bool Optimizer::can_skip() const {
+  for (const auto& group : groups_) {
+    if (!group.algorithm->takes_skip()) return false;
+  }
+  return true;
 }
 
 bool Optimizer::can_keep_scalars_on_device() const {
@@ -108,6 +170,7 @@ bool Optimizer::can_keep_scalars_on_device() const {
 void Optimizer::keep_scalars_on_device(const at::Device& device) {
   LOOM_CHECK(can_keep_scalars_on_device(), "optimizer ", name_,
              ": an algorithm of its groups cannot read its lr and step counts on the device");
+  settle_skips();  // the device counts start from the host's
   scalar_device_ = device;
   device_lrs_.clear();
   for (const auto& group : groups_) device_lrs_.push_back(device_lr(lr_ * group.lr_factor, device));
@@ -165,11 +228,13 @@ std::vector<std::string> Optimizer::all_state_names() const {
 
 const ParameterState* Optimizer::state(size_t index) const {
   LOOM_CHECK(index < states_.size(), "optimizer: no parameter ", index);
+  settle_skips();
   return states_[index] ? &*states_[index] : nullptr;
 }
 
 void Optimizer::set_state(size_t index, ParameterState state) {
   LOOM_CHECK(index < states_.size(), "optimizer: no parameter ", index);
+  settle_skips();
   // The device count follows the new one in place: a recorded step graph keeps its address.
   if (scalar_device_ && device_steps_[index].defined()) {
     device_steps_[index].fill_(static_cast<double>(state.step));

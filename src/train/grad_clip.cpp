@@ -50,4 +50,9 @@ double clip_grad_norm(const std::vector<at::Tensor>& parameters, double max_norm
   return clip_grad_norm(parameters, whole, max_norm, nullptr).item<double>();
 }
 
+at::Tensor nonfinite_skip_flag(const at::Tensor& grad_norm, int64_t limit) {
+  if (limit <= 0) return {};
+  return at::logical_not(at::isfinite(grad_norm)).to(at::kFloat).reshape({});
+}
+
 }  // namespace loom::train

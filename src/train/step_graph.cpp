@@ -228,7 +228,7 @@ void GraphedStep::body() {
   loss_ = loss_sum.to(at::kDouble);
   grad_norm_ = clip_grad_norm(run.local_tensors, run.placements, run.config.training.max_norm,
                               &run.runtime->world_group());
-  run.optimizer->step();
+  run.optimizer->step(nonfinite_skip_flag(grad_norm_, run.config.training.skip_nonfinite_steps));
 }
 
 GraphedStep::Outputs GraphedStep::step(const std::vector<data::Batch>& micro, double valid_tokens,

@@ -206,6 +206,7 @@ Trainer::StepOutcome Trainer::train_step(int64_t step, PendingStep& pending,
   RECORD_USER_SCOPE("loom::optimizer");
   pending.step = step;
   pending.loss = loss_sum.to(at::kDouble);
+  poison_gradient_for_test(step);
   pending.grad_norm =
       clip_grad_norm(run.local_tensors, run.placements, t.max_norm, &run.runtime->world_group());
   if (!run.step_hook->commit(step)) {
@@ -214,9 +215,10 @@ Trainer::StepOutcome Trainer::train_step(int64_t step, PendingStep& pending,
   }
   m.lr = lr_of(step);
   run.optimizer->set_lr(m.lr);
-  run.optimizer->step();
+  const at::Tensor skipped = nonfinite_skip_flag(pending.grad_norm, t.skip_nonfinite_steps);
+  run.optimizer->step(skipped);
   if (run.spec->after_optimizer_step) {
-    m.model_metrics = run.spec->after_optimizer_step(run.model, is_log_step(step));
+    m.model_metrics = run.spec->after_optimizer_step(run.model, {is_log_step(step), skipped});
   }
   run.step_hook->after_optimizer_step(step);
   // After every change to the parameters (e.g. float8's precomputed all-gather scales).
@@ -253,6 +255,43 @@ int64_t Trainer::begin_step(int64_t committed, int64_t& tokens_seen) {
   return now;
 }
 
+void Trainer::poison_gradient_for_test(int64_t step) {
+  const auto& steps = config_.debug.nonfinite_gradient_steps;
+  if (run_->runtime->rank() != 0 || std::find(steps.begin(), steps.end(), step) == steps.end()) {
+    return;
+  }
+  for (const auto& tensor : run_->local_tensors) {
+    if (!tensor.grad().defined()) continue;
+    tensor.grad().view(-1).narrow(0, 0, 1).fill_(std::numeric_limits<double>::quiet_NaN());
+    log::get("trainer")->warn("debug.nonfinite_gradient_steps: a NaN in a gradient of step {}",
+                              step);
+    return;
+  }
+}
+
+bool Trainer::check_gradient_norm(int64_t step, double norm) {
+  const int64_t limit = config_.training.skip_nonfinite_steps;
+  if (std::isfinite(norm)) {
+    skipped_in_a_row_ = 0;
+    return false;
+  }
+  LOOM_CHECK_AS(InputError, limit > 0, "step ", step, ": the gradient norm is ", norm,
+                ", and the update made the weights non-finite; the run stops before a checkpoint "
+                "keeps them (training.skip_nonfinite_steps = N skips up to N such steps in a "
+                "row instead; or lower optimizer.lr, check the data)");
+  ++skipped_in_a_row_;
+  ++skipped_steps_;
+  LOOM_CHECK_AS(InputError, skipped_in_a_row_ <= limit, "step ", step, ": ", skipped_in_a_row_,
+                " steps in a row had a non-finite gradient norm, more than "
+                "training.skip_nonfinite_steps = ",
+                limit, " allows; the weights are still those after step ", step - skipped_in_a_row_,
+                " (diverged; lower optimizer.lr or check the data)");
+  log::get("trainer")->warn(
+      "step {}: the gradient norm is {}: the update was skipped ({} in a row, at most {})", step,
+      norm, skipped_in_a_row_, limit);
+  return true;
+}
+
 void Trainer::flush_pending(TrainResult& result, metrics::StepMetrics& last) {
   if (pending_.empty()) return;
   std::vector<at::Tensor> losses, norms;
@@ -266,11 +305,15 @@ void Trainer::flush_pending(TrainResult& result, metrics::StepMetrics& last) {
   const at::Tensor norm_values = at::cat(norms).to(at::kCPU).contiguous();
   for (size_t i = 0; i < pending_.size(); ++i) {
     const double loss = loss_values[static_cast<int64_t>(i)].item<double>();
-    LOOM_CHECK_AS(InputError, std::isfinite(loss), "step ", pending_[i].step, ": loss is ", loss,
-                  " (diverged; lower optimizer.lr or check the data)");
+    const double norm = norm_values[static_cast<int64_t>(i)].item<double>();
+    // A skipped step's loss may be non-finite too: its update changed nothing.
+    const bool skipped = check_gradient_norm(pending_[i].step, norm);
+    LOOM_CHECK_AS(InputError, skipped || std::isfinite(loss), "step ", pending_[i].step,
+                  ": loss is ", loss, " (diverged; lower optimizer.lr or check the data)");
     result.losses.push_back(loss);
-    result.grad_norms.push_back(norm_values[static_cast<int64_t>(i)].item<double>());
+    result.grad_norms.push_back(norm);
   }
+  if (config_.training.skip_nonfinite_steps > 0) last.skipped_steps = skipped_steps_;
   last.loss = result.losses.back();
   last.grad_norm = result.grad_norms.back();
   pending_.clear();
@@ -353,6 +396,8 @@ TrainResult Trainer::train(const std::function<void()>& on_started) {
       // step's stop (not when a discarded step's batches were already taken from the loader).
       log->warn("{}: stopping after step {}", stop.what(), step - 1);
       if (retry_.empty() && step - 1 > resume.step) {
+        metrics::StepMetrics unlogged;
+        flush_pending(result, unlogged);  // a diverged step is not saved
         run_->checkpoint->save_stopped(step - 1, tokens_seen);
       }
       result.stopped_by_signal = true;
@@ -400,11 +445,14 @@ TrainResult Trainer::train(const std::function<void()>& on_started) {
     tokens_seen += global_tokens_per_step * run_->step_hook->batch_copies();
     const int stop_signal = any_rank_stopping();
     const bool stopping = stop_signal != 0;
-    // Losses are read (one host sync, one all-reduce) only when they are logged.
+    // Losses are read (one host sync, one all-reduce) only when they are logged, and before a
+    // checkpoint: the checks of flush_pending stop a diverged run before it is saved.
     if (is_log_step(step) || step == resume.step + 1 || stopping || healed) {
       flush_pending(result, m);
       log_window(step, tokens_seen, m);
       discarded_steps_ = 0;
+    } else if (run_->checkpoint->saves_at(step, step == t.steps, stopping)) {
+      flush_pending(result, m);
     }
     if (run_->validator && step % config_.validation.freq == 0) {
       metrics_->log_validation(step, validate(), tokens_seen, elapsed_s());

@@ -9,11 +9,14 @@
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "loom/checkpoint/manager.h"
+#include "loom/checkpoint/safetensors.h"
 #include "loom/core/check.h"
 #include "loom/core/signals.h"
 #include "loom/data/synthetic.h"
@@ -557,4 +560,92 @@ LOOM_SLOW_TEST(CheckpointTraining, MuonUnderFsdpTrainsLikeOneRankResumesAndResha
   auto refused = loom::testing::run_loom(corpus_job(other, 20) + " --training.global_batch_size 8");
   EXPECT_NE(refused.exit_code, 0);
   EXPECT_NE(refused.output.find("optimizer.name"), std::string::npos) << refused.output;
+}
+
+namespace {
+
+// The model's and the optimizer's tensors of a one-rank checkpoint step.
+std::map<std::string, at::Tensor> trained_state(const std::string& step_folder) {
+  std::map<std::string, at::Tensor> out;
+  for (auto& [name, tensor] :
+       loom::checkpoint::load_safetensors(step_folder + "/rank-00000.safetensors").tensors) {
+    if (name.rfind("model.", 0) == 0 || name.rfind("optimizer.", 0) == 0) out[name] = tensor;
+  }
+  return out;
+}
+
+}  // namespace
+
+// training.skip_nonfinite_steps: a NaN in a gradient at step 3 (debug.nonfinite_gradient_steps)
+// skips that step's update. Checkpoint step-3 holds step 2's model and optimizer tensors bit for
+// bit, a run resumed from it trains steps 4-5 as the straight run did (the skipped step is not
+// counted by the optimizer's bias correction), and metrics.jsonl counts the skip; for AdamW and
+// Muon. With skipping off the run stops at step 3, before its checkpoint is written (the losses
+// are read before every save); two in a row over a limit of 1 stop it too.
+LOOM_TEST(CheckpointTraining, ANonFiniteGradientSkipsItsUpdateOrStopsTheRunBeforeASave) {
+  for (const std::string optimizer : {"AdamW", "Muon"}) {
+    const std::string folder = loom::testing::fresh_temp_dir("skip_nonfinite_" + optimizer);
+    auto job = small_job(folder, 5);
+    job.optimizer.name = optimizer;
+    // With Muon, MuonClip too: a skipped step rescales no head either.
+    if (optimizer == "Muon") job.optimizer.qk_clip_threshold = 0.5;
+    job.checkpoint.interval = 1;
+    job.training.skip_nonfinite_steps = 1;
+    job.debug.nonfinite_gradient_steps = {3};
+    const auto straight = Trainer(job).train();
+    ASSERT_EQ(straight.grad_norms.size(), 5u) << optimizer;
+    for (size_t i = 0; i < 5; ++i) {
+      EXPECT_EQ(std::isfinite(straight.grad_norms[i]), i != 2) << optimizer << " step " << i + 1;
+    }
+    const auto at2 = trained_state(folder + "/checkpoint/step-2");
+    const auto at3 = trained_state(folder + "/checkpoint/step-3");
+    const auto at4 = trained_state(folder + "/checkpoint/step-4");
+    ASSERT_EQ(at2.size(), at3.size()) << optimizer;
+    for (const auto& [name, tensor] : at2) {
+      EXPECT_TRUE(at::equal(tensor, at3.at(name))) << optimizer << ": " << name;
+    }
+    EXPECT_FALSE(at::equal(at3.at("model.norm.weight"), at4.at("model.norm.weight"))) << optimizer;
+    // The optimizer's step counts (its bias correction) did not count the skipped step.
+    auto counts = [&](int step) {
+      return nlohmann::json::parse(
+          loom::testing::read_text(folder + "/checkpoint/step-" + std::to_string(step) +
+                                   "/rank-00000.json"))["state"]["optimizer_step"];
+    };
+    EXPECT_EQ(counts(3), counts(2)) << optimizer;
+    EXPECT_EQ(counts(3)["norm.weight"], 2) << optimizer;
+    const auto rows = loom::testing::logged_rows(folder);
+    ASSERT_FALSE(rows.empty());
+    EXPECT_EQ(rows.back().value("skipped_steps", -1), 1) << rows.back().dump();
+
+    auto resumed = small_job(copy_of_checkpoint(folder, 3, "skip_nonfinite_resumed"), 5);
+    resumed.optimizer.name = optimizer;
+    resumed.optimizer.qk_clip_threshold = job.optimizer.qk_clip_threshold;
+    resumed.checkpoint.interval = 1;
+    resumed.training.skip_nonfinite_steps = 1;
+    expect_bitwise(straight.losses, 3, Trainer(resumed).train().losses);
+  }
+
+  const std::string stopped = loom::testing::fresh_temp_dir("skip_nonfinite_off");
+  auto off = small_job(stopped, 5);
+  off.checkpoint.interval = 3;  // step 3 is no logging step (log_freq 2)
+  off.debug.nonfinite_gradient_steps = {3};
+  try {
+    Trainer(off).train();
+    ADD_FAILURE() << "a NaN gradient norm did not stop the run";
+  } catch (const loom::InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("step 3: the gradient norm is nan"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_TRUE(loom::checkpoint::complete_steps(stopped + "/checkpoint").empty());
+
+  auto twice = small_job(loom::testing::fresh_temp_dir("skip_nonfinite_twice"), 5);
+  twice.training.skip_nonfinite_steps = 1;
+  twice.debug.nonfinite_gradient_steps = {3, 4};
+  try {
+    Trainer(twice).train();
+    ADD_FAILURE() << "two skipped steps in a row passed a limit of 1";
+  } catch (const loom::InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("step 4: 2 steps in a row"), std::string::npos)
+        << e.what();
+  }
 }

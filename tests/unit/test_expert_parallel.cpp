@@ -177,6 +177,22 @@ TEST(MoERouter, ScoresInFloat32UnderAutocast) {
   EXPECT_TRUE(at::allclose(plain.gates, autocast.gates, 1e-6, 1e-6));
 }
 
+// training.skip_nonfinite_steps: a skipped step leaves the balancing bias bit for bit; a step
+// that is not skipped moves it exactly as without the flag.
+TEST(MoERouter, ASkippedStepKeepsTheBalancingBias) {
+  auto args = layer_args();
+  args.moe->load_balance_coeff = 1e-3;
+  models::MoE flagged = whole_layer(args), plain = whole_layer(args);
+  const at::Tensor load = at::arange(args.moe->num_experts, at::kFloat);
+  plain->update_expert_bias(load);
+  flagged->update_expert_bias(load, at::zeros({}, at::kFloat));
+  EXPECT_TRUE(at::equal(flagged->expert_bias, plain->expert_bias));
+  EXPECT_GT(flagged->expert_bias.abs().max().item<float>(), 0.0f);
+  const at::Tensor before = flagged->expert_bias.clone();
+  flagged->update_expert_bias(load, at::ones({}, at::kFloat));
+  EXPECT_TRUE(at::equal(flagged->expert_bias, before));
+}
+
 TEST(ExpertParallelLayer, TwoRanksEqualTheWholeLayer) {
   run_layer(2, false);
 }
@@ -310,7 +326,7 @@ void run_model_step(
                      "after step " + p.name + " (" + p.placement.describe() + ")");
       }
     }
-    const auto metrics = spec.after_optimizer_step(pm, true);
+    const auto metrics = spec.after_optimizer_step(pm, parallel::AfterStep{true, {}});
     check(*runtime, pm, metrics);
   });
   LOOM_EXPECT_RANKS_OK(errors);

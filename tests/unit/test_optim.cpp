@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 
+#include <limits>
 #include <map>
 
 #include "loom/checkpoint/safetensors.h"
@@ -114,6 +115,79 @@ TEST(Optim, StepBumpsTheVersionOfEveryParameterItUpdates) {
     EXPECT_GT(vector._version(), before[1]) << name;
     EXPECT_EQ(untouched._version(), before[2]) << name;
   }
+}
+
+// A skipped step (step(skip) with the flag 1, a NaN gradient) changes no parameter, no state
+// tensor and no step count: the run equals one that never had that step, bit for bit, for every
+// algorithm, with the scalars on the host and (Adam, AdamW) on the device; a flag of 0 is a
+// plain step.
+TEST(Optim, ASkippedStepIsAsIfItNeverHappened) {
+  struct Mode {
+    const char* name;
+    bool device_scalars;
+  };
+  for (const Mode mode : {Mode{"AdamW", false}, Mode{"Adam", false}, Mode{"Muon", false},
+                          Mode{"AdamW", true}, Mode{"Adam", true}})
+    for (const bool look_between : {true, false}) {  // state() read after the skip, or not
+      const std::string what = std::string(mode.name) + (mode.device_scalars ? " on device" : "") +
+                               (look_between ? ", state read between" : "");
+      config::OptimizerSection section;
+      section.name = mode.name;
+      section.lr = 0.01;
+      at::manual_seed(7);
+      const std::vector<at::Tensor> start = {at::randn({8, 6}), at::randn({6})};
+      std::vector<NamedParameter> skipping, reference;
+      for (size_t i = 0; i < start.size(); ++i) {
+        const std::string name = i == 0 ? "layers.0.w" : "norm.weight";
+        skipping.push_back(whole(name, start[i].clone()));
+        reference.push_back(whole(name, start[i].clone()));
+      }
+      auto a = build_optimizer(section, skipping);
+      auto b = build_optimizer(section, reference);
+      if (mode.device_scalars) {
+        a->keep_scalars_on_device(at::Device(at::kCPU));
+        b->keep_scalars_on_device(at::Device(at::kCPU));
+      }
+      auto step = [&](Optimizer& o, std::vector<NamedParameter>& ps, const at::Tensor& skip,
+                      double fill) {
+        for (auto& p : ps) {
+          p.tensor.mutable_grad() =
+              fill == fill ? at::randn(p.tensor.sizes()) * fill : at::full(p.tensor.sizes(), fill);
+        }
+        if (mode.device_scalars) o.load_device_scalars();
+        if (skip.defined()) {
+          o.step(skip);
+        } else {
+          o.step();
+        }
+        if (mode.device_scalars) o.count_device_step();
+      };
+      const at::Tensor run = at::zeros({}, at::kFloat), skip = at::ones({}, at::kFloat);
+      const double nan = std::numeric_limits<double>::quiet_NaN();
+      at::manual_seed(1);
+      step(*a, skipping, run, 1.0);
+      const at::Tensor after_first = skipping[0].tensor.clone();
+      const at::Tensor state_after_first = a->state(0)->tensors.begin()->second.clone();
+      step(*a, skipping, skip, nan);
+      EXPECT_TRUE(at::equal(skipping[0].tensor, after_first)) << what;
+      if (look_between) {
+        EXPECT_TRUE(at::equal(a->state(0)->tensors.begin()->second, state_after_first)) << what;
+        EXPECT_EQ(a->state(0)->step, 1) << what;
+      }
+      at::manual_seed(2);
+      step(*a, skipping, run, 1.0);
+      at::manual_seed(1);
+      step(*b, reference, at::Tensor(), 1.0);
+      at::manual_seed(2);
+      step(*b, reference, at::Tensor(), 1.0);
+      for (size_t i = 0; i < start.size(); ++i) {
+        EXPECT_TRUE(at::equal(skipping[i].tensor, reference[i].tensor)) << what << " " << i;
+        EXPECT_EQ(a->state(i)->step, 2) << what;
+        for (const auto& [name, tensor] : b->state(i)->tensors) {
+          EXPECT_TRUE(at::equal(a->state(i)->tensors.at(name), tensor)) << what << " " << name;
+        }
+      }
+    }
 }
 
 TEST(Optim, StateFootprintCountsEachRolesStateTensors) {

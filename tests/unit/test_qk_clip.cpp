@@ -174,6 +174,10 @@ TEST(QkClip, OnlyTrainingForwardsCountAndHeadsUnderTheThresholdKeepGammaOne) {
   const float inf = std::numeric_limits<float>::infinity();
   const at::Tensor gammas = models::qk_clip_gammas(at::tensor({-inf, -3.0f, 2.0f, 8.0f}), 4.0);
   EXPECT_TRUE(at::allclose(gammas, at::tensor({1.0f, 1.0f, 1.0f, 0.5f})));
+  // A diverged step's S (inf, NaN) clips nothing: factors of 0 or NaN would ruin the weights.
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_TRUE(at::equal(models::qk_clip_gammas(at::tensor({inf, nan, 8.0f}), 4.0),
+                        at::tensor({1.0f, 1.0f, 0.5f})));
 }
 
 }  // namespace

@@ -113,6 +113,9 @@ class CheckpointManager {
   // After step `step` (tokens_seen so far): saves when the interval, the first step
   // (enable_first_step_checkpoint), the last step or a stop request asks for it.
   void on_step_end(int64_t step, int64_t tokens_seen, bool last_step, bool stopping);
+  // Whether on_step_end(step, ..., last_step, stopping) saves (the trainer reads the pending
+  // losses and gradient norms first: a diverged step is never saved).
+  bool saves_at(int64_t step, bool last_step, bool stopping) const;
   // A stop between steps (a signal while a replica group waited for its quorum), the model and
   // the data loader at step `step`, which this run trained: saves it unless on_step_end already
   // did on its schedule.

@@ -123,6 +123,9 @@ struct TrainingSection {
   int64_t global_batch_size = -1;
   int64_t seq_len = 2048;
   double max_norm = 1.0;
+  // loom: how many steps in a row with a non-finite gradient norm may skip their update before
+  // the run stops; 0 stops at the first (train/trainer.cpp).
+  int64_t skip_nonfinite_steps = 0;
   int64_t steps = 10000;
   bool enable_cpu_offload = false;
   std::string dtype = "float32";
@@ -307,6 +310,9 @@ struct DebugSection {
   // loom: a capacity for CPU tensors per process in GiB (0: none), the CPU's stand-in for a
   // device's memory (core/cpu_memory_limit.h).
   double cpu_memory_limit_gib = 0;
+  // loom: at these steps rank 0 writes a NaN into its first gradient (tests of
+  // training.skip_nonfinite_steps).
+  std::vector<int64_t> nonfinite_gradient_steps;
 };
 
 struct JobConfig {

@@ -45,6 +45,9 @@ struct StepMetrics {
   double elapsed_s = 0;      // training time since the run first started (summed over resumes)
   double since_start_s = 0;  // since the process started (start-up cost included)
   int64_t data_skipped = 0;  // bad dataset records skipped (training.dataset_on_error = skip)
+  // training.skip_nonfinite_steps: steps of this run whose update was skipped (a non-finite
+  // gradient norm); logged as "skipped_steps" only when skipping is on.
+  std::optional<int64_t> skipped_steps;
   double comm_mb = 0;  // MB this rank sent per step over every process group (ring-model bytes)
   // comm_mb split by collective ("all_to_all", "send", ...; the kinds that moved bytes in the
   // window), logged as "comm_mb/<collective>": expert parallelism's dispatch is all_to_all,

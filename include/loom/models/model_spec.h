@@ -104,7 +104,8 @@ struct ModelSpec {
   // Runs after each optimizer step on every rank (e.g. a mixture of experts' load-balancing bias
   // update); may use the model's process groups. On a logged step it returns scalars for the
   // metrics log (the same on every rank). May be empty.
-  std::function<parallel::ModelMetrics(parallel::ParallelModel& model, bool log_step)>
+  std::function<parallel::ModelMetrics(parallel::ParallelModel& model,
+                                       const parallel::AfterStep& step)>
       after_optimizer_step;
   HfFormat hf;
 };

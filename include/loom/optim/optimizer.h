@@ -35,6 +35,9 @@ struct Slot {
   // With the scalars on the device (Optimizer::keep_scalars_on_device): the step count as a 0-d
   // tensor there, not yet incremented (the algorithm adds 1 on the device), and `step` is unused.
   at::Tensor device_step{};
+  // With Optimizer::step(skip): the steps this parameter skipped that `step` still counts (a
+  // 0-d float32 tensor on the parameter's device); the kernels read `step` minus it.
+  at::Tensor uncounted_skips{};
 };
 
 // The learning rate and weight decay a group steps with this step (base values times the
@@ -45,6 +48,9 @@ struct GroupSettings {
   // With the scalars on the device: the group's lr as a 0-d tensor there (read by the kernels
   // when they run, so a replayed CUDA graph steps with the current lr); `lr` is unused.
   at::Tensor device_lr;
+  // Optimizer::step(skip): a 0-d float32 tensor on the parameters' device, 1 when this step must
+  // change nothing (no parameter, no state), 0 otherwise; read on the device, never the host.
+  at::Tensor skip;
 };
 
 // One update rule. A new optimizer is an Algorithm in one file, plus its line in registry.cpp.
@@ -63,6 +69,9 @@ class Algorithm {
   // GroupSettings::device_lr) when they are given, doing nothing on the host that depends on
   // them: what a whole-step CUDA graph needs (train/step_graph.h).
   virtual bool takes_device_scalars() const { return false; }
+  // Whether step() honours GroupSettings::skip on the device (nothing changes where it is 1):
+  // what Optimizer::step(skip) and training.skip_nonfinite_steps need.
+  virtual bool takes_skip() const { return false; }
 };
 
 // Which parameters a group holds and how its lr and weight decay relate to the optimizer's.
@@ -93,6 +102,12 @@ class Optimizer {
   // One step over every parameter with a gradient (a parameter without one keeps its state and
   // step count, as torch.optim does).
   void step();
+  // The same, unless `skip` (a 0-d float32 tensor on the parameters' device: 1 or 0) is 1 when
+  // the step runs: then no parameter, state tensor or step count changes, as a step skipped by
+  // torch's GradScaler. Decided on the device, without a host sync (training.
+  // skip_nonfinite_steps); the host's step counts learn of skips lazily, on the next state()
+  // or set_state().
+  void step(const at::Tensor& skip);
   // Drops every gradient (set_to_none, as torch.optim's default).
   void zero_grad();
   // The base learning rate; each group steps with lr x its lr_factor.
@@ -106,6 +121,8 @@ class Optimizer {
   // checkpoints save) by the step that ran. Needs every group's algorithm to take device
   // scalars.
   bool can_keep_scalars_on_device() const;
+  // Whether every group's algorithm can skip a step on the device (step(skip)).
+  bool can_skip() const;
   void keep_scalars_on_device(const at::Device& device);
   void load_device_scalars();
   void count_device_step();
@@ -122,7 +139,8 @@ class Optimizer {
   std::vector<std::string> state_names(size_t index) const;
   // Every state name any parameter has, in first-seen order (for tools and summaries).
   std::vector<std::string> all_state_names() const;
-  // Null until the parameter's first step.
+  // Null until the parameter's first step. Reads the skips of step(skip) first (a device sync
+  // when there are any since the last read).
   const ParameterState* state(size_t index) const;
   // Replaces parameter `index`'s state (a checkpoint's or a healthy replica's): the names must be
   // its algorithm's and every tensor shaped like the parameter; step 0 clears it.
@@ -133,7 +151,14 @@ class Optimizer {
   std::vector<NamedParameter> parameters_;
   std::vector<ParameterGroup> groups_;
   std::vector<size_t> group_index_;  // per parameter
-  std::vector<std::optional<ParameterState>> states_;
+  // Mutable: state() settles the skips of step(skip) into the step counts it returns.
+  mutable std::vector<std::optional<ParameterState>> states_;
+  // Per parameter, the skipped steps its host count still includes (device 0-d float32); and
+  // whether any may be non-zero.
+  mutable std::vector<at::Tensor> uncounted_skips_;
+  mutable bool skips_unsettled_ = false;
+  void settle_skips() const;
+  void count_skip(const std::vector<Slot>& slots, const at::Tensor& skip, bool on_device);
   std::unordered_map<std::string, size_t> by_name_;
   std::unordered_map<const void*, size_t> by_tensor_;
   double lr_ = 0;

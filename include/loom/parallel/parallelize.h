@@ -49,6 +49,15 @@ using ModelMetrics = std::vector<std::pair<std::string, double>>;
 // by the step's valid tokens).
 using LossFunction = std::function<at::Tensor(const at::Tensor& output, const at::Tensor& labels)>;
 
+// What the model's after-step rules learn of the step that ran.
+struct AfterStep {
+  bool log_step = false;
+  // training.skip_nonfinite_steps: 1 where the optimizer skipped this step's update (a 0-d
+  // float32 tensor on the device, read there), 0 otherwise; undefined when skipping is off. A
+  // skipped step leaves the model's own state (QK-clip's scales, the balancing bias) as it was.
+  at::Tensor skipped;
+};
+
 struct ParallelModel {
   // One part without pipeline parallelism; the parts this rank runs otherwise.
   std::vector<std::unique_ptr<models::CausalLM>> parts;
@@ -73,8 +82,8 @@ struct ParallelModel {
   // State the model updates after each optimizer step with the groups it was parallelized over
   // (a mixture of experts' balancing bias); empty for none. Family hooks call it
   // (ModelSpec::after_optimizer_step). On a logged step (`log_step`) it returns named scalars
-  // for metrics.jsonl, the same on every rank.
-  std::function<ModelMetrics(bool log_step)> after_optimizer_step;
+  // for metrics.jsonl, the same on every rank. A step whose update was skipped changes no state.
+  std::function<ModelMetrics(const AfterStep& step)> after_optimizer_step;
   // What the model needs to know before each step's forwards (multi-token prediction's weight
   // schedule); empty for none. The trainer calls it with the step about to run.
   std::function<void(int64_t step)> begin_step;

@@ -27,4 +27,10 @@ at::Tensor clip_grad_norm(const std::vector<at::Tensor>& tensors,
 // All tensors whole and local (one process).
 double clip_grad_norm(const std::vector<at::Tensor>& parameters, double max_norm);
 
+// training.skip_nonfinite_steps: 1 where the norm clip_grad_norm returned is NaN or infinite,
+// else 0 (a 0-d float32 tensor on its device, made without a host sync: the optimizer's skip
+// flag). Undefined when skipping is off (limit 0). Every rank computes it from the same
+// all-reduced norm, so every rank skips alike.
+at::Tensor nonfinite_skip_flag(const at::Tensor& grad_norm, int64_t limit);
+
 }  // namespace loom::train

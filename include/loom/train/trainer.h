@@ -90,6 +90,11 @@ class Trainer {
   void log_window(int64_t step, int64_t tokens_seen, metrics::StepMetrics& m);
   // Reduces and reads the pending steps' losses and norms into `result` (a collective).
   void flush_pending(TrainResult& result, metrics::StepMetrics& last);
+  // A step's gradient norm read at a flush: true when the step skipped its update
+  // (training.skip_nonfinite_steps); throws when it may not (off, or too many in a row).
+  bool check_gradient_norm(int64_t step, double norm);
+  // debug.nonfinite_gradient_steps: rank 0 writes a NaN into its first gradient at those steps.
+  void poison_gradient_for_test(int64_t step);
   double validate();
   bool is_log_step(int64_t step) const;
   // Training time summed over the run's attempts (metrics' elapsed_s, saved in checkpoints).
@@ -110,6 +115,10 @@ class Trainer {
   std::vector<PendingStep> pending_;
   std::vector<data::Batch> retry_;  // a discarded step's batches (fault tolerance)
   int64_t discarded_steps_ = 0;     // since the last logged step
+  // training.skip_nonfinite_steps: steps whose update was skipped in a row (as of the last flush)
+  // and in this run.
+  int64_t skipped_in_a_row_ = 0;
+  int64_t skipped_steps_ = 0;
   Window window_;
   metrics::PeakFlops peak_;
   // Training time: of the earlier attempts (from the checkpoint) plus this one's.

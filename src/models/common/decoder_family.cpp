@@ -69,9 +69,8 @@ ModelSpec decoder_family_spec(const DecoderFamily& family) {
       check_decoder_parallelism(*args, config);
     }
   };
-  spec.after_optimizer_step = [](parallel::ParallelModel& model, bool log_step) {
-    return model.after_optimizer_step ? model.after_optimizer_step(log_step)
-                                      : parallel::ModelMetrics{};
+  spec.after_optimizer_step = [](parallel::ParallelModel& model, const parallel::AfterStep& step) {
+    return model.after_optimizer_step ? model.after_optimizer_step(step) : parallel::ModelMetrics{};
   };
   spec.hf = decoder_hf_format(family.hf, build);
   return spec;

@@ -457,9 +457,9 @@ void add_qk_clip(ParallelModel& out, const std::vector<std::unique_ptr<CausalLM>
       make_qk_clip(parts, out.parameters, options, context.runtime.group_ptr(MeshGroup::loss),
                    context.runtime.world_group_ptr());
   auto before = std::move(out.after_optimizer_step);
-  out.after_optimizer_step = [before, clip](bool log_step) {
-    parallel::ModelMetrics metrics = before ? before(log_step) : parallel::ModelMetrics{};
-    for (auto& entry : clip(log_step)) metrics.push_back(std::move(entry));
+  out.after_optimizer_step = [before, clip](const parallel::AfterStep& step) {
+    parallel::ModelMetrics metrics = before ? before(step) : parallel::ModelMetrics{};
+    for (auto& entry : clip(step)) metrics.push_back(std::move(entry));
     return metrics;
   };
 }
@@ -490,9 +490,9 @@ void add_multi_token_prediction(ParallelModel& out, int64_t depths,
   };
   auto before = std::move(out.after_optimizer_step);
   auto world = context.runtime.world_group_ptr();
-  out.after_optimizer_step = [before, state, depths, world](bool log_step) {
-    parallel::ModelMetrics metrics = before ? before(log_step) : parallel::ModelMetrics{};
-    if (!log_step) return metrics;
+  out.after_optimizer_step = [before, state, depths, world](const parallel::AfterStep& step) {
+    parallel::ModelMetrics metrics = before ? before(step) : parallel::ModelMetrics{};
+    if (!step.log_step) return metrics;
     at::Tensor totals = at::zeros({depths, 2}, at::kDouble);
     for (size_t i = 0; i < state->sums.size(); ++i) {
       totals[static_cast<int64_t>(i) % depths] += state->sums[i].to(at::kCPU, at::kDouble);

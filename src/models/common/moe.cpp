@@ -202,12 +202,20 @@ MoELoad MoEImpl::take_load_statistics() {
   return load;
 }
 
-void MoEImpl::update_expert_bias(const at::Tensor& global_tokens_per_expert) {
+void MoEImpl::update_expert_bias(const at::Tensor& global_tokens_per_expert,
+                                 const at::Tensor& skipped) {
   if (args.load_balance_coeff <= 0) return;
   at::NoGradGuard no_grad;
   const at::Tensor load = global_tokens_per_expert.to(expert_bias.device(), at::kFloat);
   // Under-loaded experts (below the mean) become likelier to be picked, over-loaded ones less.
-  expert_bias.add_((load.mean() - load).sign() * args.load_balance_coeff);
+  const at::Tensor change = (load.mean() - load).sign() * args.load_balance_coeff;
+  if (skipped.defined()) {  // the same arithmetic, kept only where the step was not skipped
+    at::Tensor next = expert_bias + change;
+    next.sub_(next.mean());
+    expert_bias.copy_(at::where(skipped.to(expert_bias.device()).gt(0.5), expert_bias, next));
+    return;
+  }
+  expert_bias.add_(change);
   expert_bias.sub_(expert_bias.mean());
 }
 

@@ -132,7 +132,7 @@ parallel::ModelMetrics load_metrics(std::vector<std::pair<std::string, MoE>>& la
 // layer, summed over the ranks that route different tokens through the same layers (dp x cp; a
 // pipeline stage's own layers), so every rank moves the bias alike; on logged steps, the load
 // metrics.
-std::function<parallel::ModelMetrics(bool)> moe_after_step(
+std::function<parallel::ModelMetrics(const parallel::AfterStep&)> moe_after_step(
     std::vector<std::pair<std::string, MoE>> layers, const parallel::ParallelContext& context,
     int64_t num_layers) {
   if (layers.empty()) return {};
@@ -140,7 +140,9 @@ std::function<parallel::ModelMetrics(bool)> moe_after_step(
   for (auto& [name, layer] : layers) balance = balance || layer->args.load_balance_coeff > 0;
   auto tokens = context.runtime.group_ptr(MeshGroup::loss);
   auto pp = context.runtime.group_ptr(MeshGroup::pp);
-  return [layers = std::move(layers), tokens, pp, balance, num_layers](bool log_step) mutable {
+  return [layers = std::move(layers), tokens, pp, balance,
+          num_layers](const parallel::AfterStep& step) mutable {
+    const bool log_step = step.log_step;
     if (!balance && !log_step) {
       for (auto& [name, layer] : layers) layer->take_load_statistics();  // a fresh window
       return parallel::ModelMetrics{};
@@ -149,7 +151,7 @@ std::function<parallel::ModelMetrics(bool)> moe_after_step(
     for (size_t i = 0; i < layers.size(); ++i) {
       auto& layer = layers[i].second;
       layer->update_expert_bias(
-          global[static_cast<int64_t>(i)].narrow(0, 0, layer->args.num_experts));
+          global[static_cast<int64_t>(i)].narrow(0, 0, layer->args.num_experts), step.skipped);
     }
     return log_step ? load_metrics(layers, global, *pp, num_layers) : parallel::ModelMetrics{};
   };

@@ -12,7 +12,9 @@
 namespace loom::models {
 
 at::Tensor qk_clip_gammas(const at::Tensor& max_logits, double threshold) {
-  return threshold / max_logits.to(at::kFloat).clamp_min(threshold);
+  const at::Tensor s = max_logits.to(at::kFloat);
+  // A NaN or infinite S (a diverged step) says nothing about the head: 1, never 0 or NaN rows.
+  return at::where(at::isfinite(s), threshold / s.clamp_min(threshold), at::ones_like(s));
 }
 
 namespace {
@@ -128,7 +130,7 @@ void scale_rows(const parallel::ModelParameter& p, const at::Tensor& factors) {
 
 }  // namespace
 
-std::function<parallel::ModelMetrics(bool)> make_qk_clip(
+std::function<parallel::ModelMetrics(const parallel::AfterStep&)> make_qk_clip(
     const std::vector<std::unique_ptr<CausalLM>>& parts,
     const std::vector<parallel::ModelParameter>& parameters, const QkClipOptions& options,
     std::shared_ptr<distributed::Comm> same_heads, std::shared_ptr<distributed::Comm> all_ranks) {
@@ -138,7 +140,7 @@ std::function<parallel::ModelMetrics(bool)> make_qk_clip(
       std::make_shared<std::vector<ClipLayer>>(clip_layers(parts, by_name, options.alpha));
   for (auto& layer : *layers) layer.statistic->enabled = true;
   return [layers, by_name = std::move(by_name), options, same_heads,
-          all_ranks](bool log_step) -> parallel::ModelMetrics {
+          all_ranks](const parallel::AfterStep& step) -> parallel::ModelMetrics {
     at::NoGradGuard no_grad;
     // Every layer's S in one vector, brought to the host once (one device sync per step) and
     // reduced in one collective.
@@ -162,11 +164,13 @@ std::function<parallel::ModelMetrics(bool)> make_qk_clip(
     if (!statistics.empty() && same_heads && same_heads->size() > 1) {
       same_heads->all_reduce(all, distributed::ReduceOp::kMax);
     }
+    // The statistic was read on the host above: reading the skip flag adds no wait.
+    const bool skipped = step.skipped.defined() && step.skipped.item<float>() > 0.5f;
     int64_t at_head = 0;
     for (const auto& layer : *layers) {
       const at::Tensor s = all.narrow(0, at_head, layer.local_heads);
       at_head += layer.local_heads;
-      if (!(s > options.threshold).any().item<bool>()) continue;
+      if (skipped || !(s > options.threshold).any().item<bool>()) continue;
       for (const auto& [module, rows] : layer.factors(qk_clip_gammas(s, options.threshold))) {
         for (const char* kind : {".weight", ".bias"}) {
           auto it = by_name.find(layer.prefix + module + kind);
@@ -174,7 +178,7 @@ std::function<parallel::ModelMetrics(bool)> make_qk_clip(
         }
       }
     }
-    if (!log_step) return {};
+    if (!step.log_step) return {};
     at::Tensor largest = all.numel() > 0
                              ? all.max().reshape({1})
                              : at::full({1}, -std::numeric_limits<float>::infinity(), at::kFloat);

@@ -111,7 +111,9 @@ class MoEImpl : public torch::nn::Module {
   MoELoad take_load_statistics();
   // DeepSeek-V3's update from the step's global token counts [E]: bias += coeff * sign(mean - c),
   // re-centred to sum 0. Tokens_per_expert is zeroed.
-  void update_expert_bias(const at::Tensor& global_tokens_per_expert);
+  // `skipped` (training.skip_nonfinite_steps' flag, may be undefined): 1 keeps the bias as it was.
+  void update_expert_bias(const at::Tensor& global_tokens_per_expert,
+                          const at::Tensor& skipped = {});
 
   MoEArgs args;
   TokenChoiceRouter router{nullptr};

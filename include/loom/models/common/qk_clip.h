@@ -49,8 +49,8 @@ RowFactors latent_row_factors(const at::Tensor& gammas, const MLAArgs& mla,
 // Turns the statistic on in every attention layer of `parts` and returns ParallelModel's
 // after-step hook: reduce S over `same_heads` (max), scale the local boxes of `parameters`,
 // reset S; on logged steps {"max_attention_logit": the max over every layer and head, reduced
-// over `all_ranks`}.
-std::function<parallel::ModelMetrics(bool log_step)> make_qk_clip(
+// over `all_ranks`}. A skipped step (AfterStep::skipped) scales nothing.
+std::function<parallel::ModelMetrics(const parallel::AfterStep& step)> make_qk_clip(
     const std::vector<std::unique_ptr<CausalLM>>& parts,
     const std::vector<parallel::ModelParameter>& parameters, const QkClipOptions& options,
     std::shared_ptr<distributed::Comm> same_heads, std::shared_ptr<distributed::Comm> all_ranks);
