@@ -138,6 +138,39 @@ LOOM_TEST(HfGptOss, ImportThenExportWritesThePlainFolderBack) {
   EXPECT_LT(max_diff(load(exported).forward(reference.at("ids")), reference.at("logits")), 1e-5);
 }
 
+// Keys a config.json leaves out take GptOssConfig's defaults, as transformers reads them: its
+// YaRN (the tiny model's own, so the logits stay transformers'), a sliding window of 128; the
+// SwiGLU clamp is transformers' constant 7.0, and another value in the file is refused.
+LOOM_TEST(HfGptOss, KeysLeftOutTakeTheClassDefaultsAndTheClampIsTransformers) {
+  const std::string folder = loom::testing::fresh_temp_dir("gpt_oss_defaults");
+  fs::copy(folders().at(0), folder, fs::copy_options::recursive);
+  json config = json::parse(std::ifstream(folder + "/config.json"));
+  auto write = [&](const json& c) { std::ofstream(folder + "/config.json") << c.dump(1); };
+  config.erase("rope_scaling");
+  config.erase("rope_parameters");
+  config.erase("swiglu_limit");
+  write(config);
+  auto reference = tensors_of(folders().at(0) + "/reference.safetensors");
+  auto model = load(folder);
+  const auto& args = loom::models::decoder_args(*model.model);
+  ASSERT_TRUE(args.yarn.has_value());
+  EXPECT_DOUBLE_EQ(args.yarn->factor, 32.0);
+  EXPECT_LT(max_diff(model.forward(reference.at("ids")), reference.at("logits")), 1e-5);
+  json windowless = config;
+  windowless.erase("sliding_window");
+  write(windowless);
+  EXPECT_EQ(loom::models::decoder_args(*load(folder).model).layer_windows,
+            (std::vector<int64_t>{128, 0, 128, 0}));
+  config["swiglu_limit"] = 1.0;
+  write(config);
+  try {
+    load(folder);
+    FAIL() << "a swiglu_limit transformers ignores was accepted";
+  } catch (const loom::InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("swiglu_limit is 1.0"), std::string::npos) << e.what();
+  }
+}
+
 LOOM_TEST(HfGptOss, MalformedMxfp4BlocksAreRefusedByName) {
   const std::string folder = loom::testing::fresh_temp_dir("gpt_oss_bad_mxfp4");
   fs::copy(folders().at(1), folder, fs::copy_options::recursive);

@@ -300,10 +300,17 @@ Rope read_rope(const Json& config, const Json& dict, const std::string& dict_nam
 // rope_parameters {rope_type, rope_theta, ...}. When both dictionaries are present, both versions
 // read rope_scaling (4 does not know rope_parameters; 5 lets rope_scaling replace it); loom
 // requires the two to agree so that the folder means one thing.
-Rope read_rope(const Json& config, const std::string& source, int64_t max_positions) {
+Rope read_rope(const Json& config, const std::string& source, int64_t max_positions,
+               const Json& default_scaling) {
   const bool scaling = is_set(config, "rope_scaling");
   const bool parameters = is_set(config, "rope_parameters");
   if (!scaling && !parameters) {
+    // Left out (not null): the config class's own rope_scaling, as transformers reads it.
+    if (!default_scaling.is_null() && !config.contains("rope_scaling") &&
+        !config.contains("rope_parameters")) {
+      return read_rope(config, default_scaling, "rope_scaling (the class's default)", source,
+                       max_positions);
+    }
     return read_rope(config, Json::object(), "rope_parameters", source, max_positions);
   }
   if (!scaling) {
@@ -424,6 +431,8 @@ DecoderArgs decoder_args_from_hf_config(const nlohmann::json& config, const std:
                       ? positive_number(config.at("rms_norm_eps"), source + ": rms_norm_eps")
                       : dialect.default_norm_eps;
   std::optional<int64_t> head_dim = dialect.default_head_dim;
+  // An explicit null is hidden_size / num_attention_heads in every class; left out, the class's.
+  if (config.contains("head_dim") && config.at("head_dim").is_null()) head_dim.reset();
   if (is_set(config, "head_dim"))
     head_dim = json::int_field(config, "head_dim", source, 1, kMaxSize);
   if (dialect.head_dim_free) {
@@ -451,7 +460,7 @@ DecoderArgs decoder_args_from_hf_config(const nlohmann::json& config, const std:
                   " entries; num_hidden_layers is ", args.n_layers);
   }
 
-  const Rope rope = read_rope(config, source, args.max_seq_len);
+  const Rope rope = read_rope(config, source, args.max_seq_len, dialect.default_rope_scaling);
   args.rope_theta = rope.theta > 0 ? rope.theta : dialect.default_rope_theta;
   args.use_scaled_rope = rope.llama3;
   if (rope.llama3) args.rope_scaling = rope.scaling;

@@ -56,7 +56,7 @@ MoEArgs gpt_oss_routing() {
   moe.route_norm = true;
   moe.router_bias = true;
   moe.expert_biases = true;
-  moe.swiglu_limit = 7.0;
+  moe.swiglu_limit = kGptOssSwigluLimit;
   moe.swiglu_alpha = 1.702;
   return moe;
 }

@@ -22,13 +22,15 @@ using Json = nlohmann::json;
 using loom::json::is_set;
 
 void read_layer_windows(const Json& config, const std::string& source, DecoderArgs& args) {
+  // Left out: GptOssConfig's 128. A null would make transformers' sliding layers attend to
+  // everything while their layer type says otherwise: refused below.
   const int64_t window =
       is_set(config, "sliding_window")
           ? json::int_field(config, "sliding_window", source, 1, int64_t{1} << 31)
-          : 0;
+          : (config.contains("sliding_window") ? 0 : 128);
   if (!is_set(config, "layer_types")) {
     LOOM_CHECK_AS(InputError, window > 0, source,
-                  ": sliding_window is missing; gpt-oss's even layers attend to the last "
+                  ": sliding_window is null; gpt-oss's even layers attend to the last "
                   "sliding_window keys (GptOssConfig's default 128)");
     args.layer_windows = alternating_windows(args.n_layers, window);
     return;
@@ -46,7 +48,7 @@ void read_layer_windows(const Json& config, const std::string& source, DecoderAr
                   "; gpt-oss has \"sliding_attention\" and "
                   "\"full_attention\" layers");
     LOOM_CHECK_AS(InputError, !sliding || window > 0, source, ": layer_types[", i,
-                  "] is sliding_attention, but sliding_window is missing");
+                  "] is sliding_attention, but sliding_window is null");
     args.layer_windows.push_back(sliding ? window : 0);
   }
 }
@@ -74,11 +76,15 @@ void read_gpt_oss(const Json& config, const std::string& source, DecoderArgs& ar
   moe.hidden_dim =
       hf_required_int(config, {"intermediate_size"}, source, 1, kMax, "GptOssConfig's 2880");
   if (is_set(config, "swiglu_limit")) {
+    // GptOssForCausalLM clamps at 7.0 whatever the file says: another value would make loom's
+    // model (which would follow the file, as OpenAI's reference does) differ from transformers'.
     const Json& limit = config.at("swiglu_limit");
-    LOOM_CHECK_AS(InputError, limit.is_number() && limit.get<double>() > 0, source,
-                  ": swiglu_limit must be a positive number, found ", limit.dump());
-    moe.swiglu_limit = limit.get<double>();
+    LOOM_CHECK_AS(InputError, limit.is_number() && limit.get<double>() == kGptOssSwigluLimit,
+                  source, ": swiglu_limit is ", limit.dump(),
+                  "; transformers' GptOssForCausalLM clamps at 7.0 whatever config.json says, "
+                  "so loom reads only 7.0 (its model would differ from transformers' otherwise)");
   }
+  moe.swiglu_limit = kGptOssSwigluLimit;
   args.moe = moe;
 }
 
@@ -86,14 +92,15 @@ void write_gpt_oss(const DecoderArgs& a, Json& c) {
   LOOM_CHECK_AS(InputError, a.moe && a.attention_sinks && a.attention_bias,
                 "GptOssForCausalLM needs a mixture in every layer, attention sinks and biases");
   const MoEArgs& moe = *a.moe;
-  LOOM_CHECK_AS(
-      InputError,
-      moe.router_bias && moe.expert_biases && moe.score_function == ScoreFunction::kSoftmax &&
-          moe.route_norm && moe.route_scale == 1.0 && moe.num_shared_experts == 0 &&
-          moe.first_dense_layers == 0 && moe.swiglu_alpha == 1.702 && moe.swiglu_limit > 0,
-      "GptOssForCausalLM cannot describe this mixture (gpt-oss routes by the softmax of "
-      "the chosen experts' biased logits, every layer a mixture, no shared expert, the "
-      "SwiGLU clamped with alpha 1.702)");
+  LOOM_CHECK_AS(InputError,
+                moe.router_bias && moe.expert_biases &&
+                    moe.score_function == ScoreFunction::kSoftmax && moe.route_norm &&
+                    moe.route_scale == 1.0 && moe.num_shared_experts == 0 &&
+                    moe.first_dense_layers == 0 && moe.swiglu_alpha == 1.702 &&
+                    moe.swiglu_limit == kGptOssSwigluLimit,
+                "GptOssForCausalLM cannot describe this mixture (gpt-oss routes by the softmax of "
+                "the chosen experts' biased logits, every layer a mixture, no shared expert, the "
+                "SwiGLU clamped at 7.0 with alpha 1.702: transformers' constants)");
   c["attention_bias"] = true;
   c["intermediate_size"] = moe.hidden_dim;
   c["num_local_experts"] = moe.num_experts;
@@ -293,6 +300,10 @@ ModelSpec gpt_oss_spec() {
   hf.head_dim_free = true;
   hf.default_max_positions = 131072;  // GptOssConfig's defaults
   hf.default_rope_theta = 150000.0;
+  hf.default_rope_scaling = {{"rope_type", "yarn"}, {"factor", 32.0},
+                             {"beta_fast", 32.0},   {"beta_slow", 1.0},
+                             {"truncate", false},   {"original_max_position_embeddings", 4096}};
+  hf.default_head_dim = 64;
   hf.default_norm_eps = 1e-5;
   hf.default_tie = false;
   hf.extra_keys = {"num_local_experts",      "experts_per_token",    "swiglu_limit",

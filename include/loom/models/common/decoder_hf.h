@@ -35,6 +35,9 @@ struct DecoderHfDialect {
   // The config class's defaults for keys a file leaves out (transformers does the same).
   int64_t default_max_positions = 2048;
   double default_rope_theta = 10000.0;
+  // The class's rope_scaling when config.json has neither rope_scaling nor rope_parameters
+  // (GptOssConfig's YaRN); null: plain RoPE. An explicit null in the file still means none.
+  nlohmann::json default_rope_scaling;
   double default_norm_eps = 1e-6;
   std::optional<int64_t> default_head_dim;  // unset: hidden_size / num_attention_heads
   // For a num_key_value_heads left out (null means num_attention_heads in every class); unset:

@@ -20,6 +20,9 @@ const std::map<std::string, DecoderArgs>& gpt_oss_flavors();
 // gpt-oss's routing and experts where a Hugging Face config.json does not say: softmax over the
 // chosen experts' logits, router and expert biases, the SwiGLU clamped at 7 with alpha 1.702.
 MoEArgs gpt_oss_routing();
+// The clamp of gpt-oss's SwiGLU: a constant in transformers' GptOssForCausalLM (it ignores
+// config.json's swiglu_limit).
+inline constexpr double kGptOssSwigluLimit = 7.0;
 
 // The layer windows gpt-oss alternates: `window` on even layers, full attention on odd ones.
 std::vector<int64_t> alternating_windows(int64_t n_layers, int64_t window);
