@@ -5,7 +5,9 @@
 OUT_DIR gets sp_bpe.model (a Llama 2-style SentencePiece BPE: identity normalization, byte
 fallback, split digits), sp_unigram.model (SentencePiece Unigram, default nmt_nfkc
 normalization), qwen_style.json (a Qwen2/Qwen3-style tokenizer.json made with `tokenizers`: NFC
-normalizer, Split with Qwen's regex, ByteLevel, BPE), nfkc_style.json (the same with NFKC), and
+normalizer, Split with Qwen's regex, ByteLevel, BPE), nfkc_style.json (the same with NFKC),
+added_style.json (nfkc_style with added tokens: special ones with lstrip / rstrip matched in the
+raw text, normalized ordinary ones matched after NFKC; several texts hold them), and
 expected.json: {"texts": [...100 texts...], "<fixture>": [[ids...] per text]} from
 sentencepiece's encode(text) and tokenizers' encode(text, add_special_tokens=False).ids.
 """
@@ -15,7 +17,8 @@ import random
 import sys
 
 import sentencepiece as spm
-from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, normalizers,
+                        pre_tokenizers, trainers)
 
 QWEN_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
                 r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -36,6 +39,10 @@ SPECIAL_TEXTS = [
     "quotes “curly” ‘single’ «guillemets»", "em—dash en–dash hyphen-minus", "ÀÉÎÕÜ àéîõü",
     "İstanbul ıi ŞşĞğ", "ß ẞ straße", "Ǆ ǅ ǆ digraphs", "ı̇ dotless", "\u0000nul\u0001ctl",
     "\u00a0no-break\u00a0space", "a\u3000ideographic\u3000space", "한글 자모 각", "ﾊﾝｶｸ halfwidth",
+    # Added tokens inside text: `tokenizers` encodes them as their ids, even without
+    # add_special_tokens.
+    "<|endoftext|> in the middle<|im_start|>of text", "a <mask> b [R]   c  \t<mask>[R]\u3000d",
+    "ﬁne fine reﬁned hello world hello  world <|endoftext", "hello world<|endoftext|>hello world",
 ]
 
 
@@ -93,8 +100,15 @@ def main():
     for name in ("sp_bpe", "sp_unigram"):
         sp = spm.SentencePieceProcessor(model_file=os.path.join(out, name + ".model"))
         expected[name] = [sp.encode(t) for t in expected["texts"]]
-    for name, normalizer in (("qwen_style", normalizers.NFC()), ("nfkc_style", normalizers.NFKC())):
+    for name, normalizer in (("qwen_style", normalizers.NFC()), ("nfkc_style", normalizers.NFKC()),
+                             ("added_style", normalizers.NFKC())):
         tok = hf_tokenizer(corpus_path, normalizer)
+        if name == "added_style":
+            tok.add_special_tokens([AddedToken("<mask>", lstrip=True, normalized=False),
+                                    AddedToken("[R]", rstrip=True, normalized=False)])
+            tok.add_tokens([AddedToken("ﬁne", normalized=True),
+                            AddedToken("hello world", normalized=True),
+                            AddedToken("hello", normalized=True)])
         tok.save(os.path.join(out, name + ".json"))
         tok = Tokenizer.from_file(os.path.join(out, name + ".json"))
         expected[name] = [tok.encode(t, add_special_tokens=False).ids for t in expected["texts"]]

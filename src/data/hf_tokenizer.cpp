@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <array>
 #include <climits>
 #include <fstream>
@@ -112,7 +113,87 @@ bool absent_or_null(const nlohmann::json& object, const char* key) {
   return it == object.end() || it->is_null();
 }
 
+// Unicode White_Space (what `tokenizers`' lstrip / rstrip take, Rust's char::is_whitespace):
+// the bytes of the whitespace character starting at `at`, 0 when there is none.
+size_t whitespace_at(std::string_view text, size_t at) {
+  auto byte = [&](size_t i) { return static_cast<unsigned char>(text[i]); };
+  const size_t left = text.size() - at;
+  if (left == 0) return 0;
+  const unsigned char b = byte(at);
+  if (b == ' ' || (b >= 0x09 && b <= 0x0d)) return 1;
+  if (left >= 2 && b == 0xc2 && (byte(at + 1) == 0x85 || byte(at + 1) == 0xa0)) return 2;
+  if (left < 3) return 0;
+  const unsigned char c = byte(at + 1), d = byte(at + 2);
+  const bool space = (b == 0xe1 && c == 0x9a && d == 0x80) ||  // U+1680
+                     (b == 0xe2 && c == 0x80 &&
+                      (d <= 0x8a || d == 0xa8 || d == 0xa9 || d == 0xaf)) ||  // U+2000-202F
+                     (b == 0xe2 && c == 0x81 && d == 0x9f) ||                 // U+205F
+                     (b == 0xe3 && c == 0x80 && d == 0x80);                   // U+3000
+  return space ? 3 : 0;
+}
+
+// The bytes of the whitespace character ending right before `end`, 0 when there is none.
+size_t whitespace_before(std::string_view text, size_t end) {
+  for (size_t bytes = 1; bytes <= 3 && bytes <= end; ++bytes) {
+    if (whitespace_at(text.substr(0, end), end - bytes) == bytes) return bytes;
+  }
+  return 0;
+}
+
+bool optional_bool(const nlohmann::json& object, const char* key, bool fallback,
+                   const std::string& where) {
+  if (absent_or_null(object, key)) return fallback;
+  LOOM_CHECK_AS(InputError, object.at(key).is_boolean(), where, ": '", key,
+                "' must be true or false, found ", object.at(key).dump());
+  return object.at(key).get<bool>();
+}
+
 }  // namespace
+
+void AddedTokenMatcher::add(Token token) {
+  if (token.content.empty()) return;  // `tokenizers` never matches an empty token
+  auto& bucket = by_first_byte_[static_cast<unsigned char>(token.content[0])];
+  bucket.push_back(std::move(token));
+  std::stable_sort(bucket.begin(), bucket.end(), [](const Token& a, const Token& b) {
+    return a.content.size() > b.content.size();
+  });
+  ++count_;
+}
+
+void AddedTokenMatcher::split(std::string_view text,
+                              const std::function<void(std::string_view)>& on_text,
+                              const std::function<void(int32_t)>& on_token) const {
+  size_t start = 0;  // where the text not yet handed out begins
+  size_t at = 0;
+  while (at < text.size()) {
+    const Token* hit = nullptr;
+    for (const Token& token : by_first_byte_[static_cast<unsigned char>(text[at])]) {
+      if (text.compare(at, token.content.size(), token.content) == 0) {
+        hit = &token;  // the longest at the leftmost position (buckets are longest first)
+        break;
+      }
+    }
+    if (hit == nullptr) {
+      ++at;
+      continue;
+    }
+    size_t begin = at, end = at + hit->content.size();
+    while (hit->lstrip && begin > start) {
+      const size_t bytes = whitespace_before(text, begin);
+      if (bytes == 0) break;
+      begin -= bytes;
+    }
+    while (hit->rstrip && end < text.size()) {
+      const size_t bytes = whitespace_at(text, end);
+      if (bytes == 0) break;
+      end += bytes;
+    }
+    if (begin > start) on_text(text.substr(start, begin - start));
+    on_token(hit->id);
+    start = at = end;
+  }
+  if (start < text.size()) on_text(text.substr(start));
+}
 
 std::string byte_level_text(std::string_view bytes) {
   const auto& table = byte_level();
@@ -179,6 +260,10 @@ HfBpeTokenizer::HfBpeTokenizer(const std::string& path) : path_(path) {
         left = text.substr(0, space);
         right = text.substr(space + 1);
       } else {
+        LOOM_CHECK_AS(
+            InputError,
+            merge.is_array() && merge.size() == 2 && merge[0].is_string() && merge[1].is_string(),
+            path, ": merge ", merge.dump(), " is not [\"left\", \"right\"]");
         left = merge.at(0).get<std::string>();
         right = merge.at(1).get<std::string>();
       }
@@ -191,9 +276,22 @@ HfBpeTokenizer::HfBpeTokenizer(const std::string& path) : path_(path) {
     std::vector<std::pair<std::string, int32_t>> added;
     for (const auto& token : added_tokens) {
       const std::string content = json::string_field(token, "content", path + ": added token");
+      const std::string where = path + ": added token '" + content + "'";
       const auto id = static_cast<int32_t>(
-          json::as_int(json::field(token, "id", path + ": added token '" + content + "'"),
+          json::as_int(json::field(token, "id", where),
                        path + ": id of added token '" + content + "'", 0, declared - 1));
+      // Matched in the text as `tokenizers` matches it (encode splits the text around it).
+      const bool special = optional_bool(token, "special", false, where);
+      LOOM_CHECK_AS(InputError, !optional_bool(token, "single_word", false, where), where,
+                    ": single_word true is not supported (loom matches added tokens anywhere)");
+      AddedTokenMatcher::Token match{content, id, optional_bool(token, "lstrip", false, where),
+                                     optional_bool(token, "rstrip", false, where)};
+      if (optional_bool(token, "normalized", !special, where)) {
+        if (normalizer_) match.content = normalizer_->normalize(match.content);
+        normalized_added_.add(std::move(match));
+      } else {
+        raw_added_.add(std::move(match));
+      }
       auto [slot, fresh] = owner.emplace(id, content);
       LOOM_CHECK_AS(InputError, fresh || slot->second == content, path, ": added token '", content,
                     "' takes id ", id, " of token '", slot->second, "'");
@@ -212,6 +310,17 @@ HfBpeTokenizer::HfBpeTokenizer(const std::string& path) : path_(path) {
     }
     LOOM_CHECK_AS(InputError, bos_id_ >= 0 && eos_id_ >= 0, path,
                   ": no <|begin_of_text|>/<|end_of_text|> or <|endoftext|> added token");
+    // Options that change what encode() returns or what decode() writes.
+    for (const char* key : {"truncation", "padding"}) {
+      LOOM_CHECK_AS(InputError, absent_or_null(j, key), path, ": ", key, " is ", j.at(key).dump(),
+                    "; loom encodes whole documents (null only)");
+    }
+    if (!absent_or_null(j, "decoder")) {
+      const auto& decoder = j.at("decoder");
+      LOOM_CHECK_AS(InputError, decoder.is_object() && decoder.value("type", "") == "ByteLevel",
+                    path, ": decoder ", decoder.dump(),
+                    " is not supported (loom decodes byte-level BPE: ByteLevel or null)");
+    }
     const std::string pattern = pre_tokenizer_pattern(j.at("pre_tokenizer"), path);
     if (!pattern.empty()) splitter_ = std::make_unique<RegexSplitter>(pattern, path);
   } catch (const nlohmann::json::exception& error) {
@@ -282,17 +391,36 @@ void HfBpeTokenizer::merge_word(std::string_view piece, std::vector<int32_t>& ou
   out.insert(out.end(), symbols.begin(), symbols.end());
 }
 
-std::vector<int32_t> HfBpeTokenizer::encode(std::string_view raw) const {
-  // `tokenizers` normalizes the whole text before pre-tokenizing it.
-  std::string normalized;
-  if (normalizer_) normalized = normalizer_->normalize(raw);
-  const std::string_view text = normalizer_ ? std::string_view(normalized) : raw;
-  std::vector<int32_t> ids;
+void HfBpeTokenizer::encode_plain(std::string_view text, std::vector<int32_t>& ids) const {
   auto encode_piece = [&](std::string_view piece) { encode_word(piece, ids); };
   if (splitter_) {
     splitter_->split(text, encode_piece);
   } else if (!text.empty()) {
     encode_piece(text);
+  }
+}
+
+std::vector<int32_t> HfBpeTokenizer::encode(std::string_view raw) const {
+  // As `tokenizers`: added tokens with normalized false are cut out of the raw text; each piece
+  // between them is normalized, the normalized added tokens cut out of it, and what is left
+  // pre-tokenized and merged.
+  std::vector<int32_t> ids;
+  auto push = [&](int32_t id) { ids.push_back(id); };
+  auto encode_between = [&](std::string_view part) {
+    std::string normalized;
+    if (normalizer_) normalized = normalizer_->normalize(part);
+    const std::string_view text = normalizer_ ? std::string_view(normalized) : part;
+    if (normalized_added_.empty()) {
+      encode_plain(text, ids);
+    } else {
+      normalized_added_.split(
+          text, [&](std::string_view piece) { encode_plain(piece, ids); }, push);
+    }
+  };
+  if (raw_added_.empty()) {
+    encode_between(raw);
+  } else {
+    raw_added_.split(raw, encode_between, push);
   }
   return ids;
 }

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <fstream>
+#include <functional>
 
 #include "loom/core/check.h"
 #include "loom/data/bpe_tokenizer.h"
@@ -142,4 +143,46 @@ TEST(HfTokenizer, UnsupportedPartsAreRefusedByName) {
   }
   std::ofstream(dir + "/broken.json") << "{\"model\": ";
   EXPECT_THROW(loom::data::load_tokenizer(dir + "/broken.json"), loom::InputError);
+  // Settings that would change the ids encode() returns or the text decode() writes.
+  const auto original = nlohmann::json::parse(
+      std::ifstream(std::string(LOOM_SOURCE_DIR) + "/tests/data/tokenizers/hf_llama3_style.json"));
+  auto refused = [&](const std::string& name, const std::function<void(nlohmann::json&)>& change,
+                     const std::string& said) {
+    nlohmann::json j = original;
+    change(j);
+    std::ofstream(dir + "/" + name + ".json") << j.dump();
+    try {
+      loom::data::load_tokenizer(dir + "/" + name + ".json");
+      ADD_FAILURE() << name << " was accepted";
+    } catch (const loom::InputError& error) {
+      EXPECT_NE(error.message().find(said), std::string::npos) << name << ": " << error.message();
+    }
+  };
+  refused(
+      "truncation",
+      [](auto& j) {
+        j["truncation"] = {{"max_length", 8}};
+      },
+      "truncation is");
+  refused(
+      "padding",
+      [](auto& j) {
+        j["padding"] = {{"strategy", "BatchLongest"}};
+      },
+      "padding is");
+  refused(
+      "metaspace",
+      [](auto& j) {
+        j["decoder"] = {{"type", "Metaspace"}};
+      },
+      "decoder");
+  refused(
+      "merge3",
+      [](auto& j) {
+        j["model"]["merges"][0] = {"a", "b", "c"};
+      },
+      "is not [\"left\"");
+  refused(
+      "single_word", [](auto& j) { j["added_tokens"][0]["single_word"] = true; },
+      "single_word true");
 }

@@ -87,6 +87,18 @@ TEST_F(TokenizerFormats, QwenStyleNfcTokenizerJsonMatchesTokenizers) {
   EXPECT_EQ(loom::data::UnicodeNormalizer("NFKC").normalize("ﬁ ＡＢ①"), "fi AB1");
 }
 
+// Added tokens are found in the text as `tokenizers` finds them: the special ones (normalized
+// false, with lstrip / rstrip taking the whitespace beside them) in the raw text, ordinary
+// normalized ones after NFKC, the longest at the leftmost position (expected ids by the venv's
+// `tokenizers`; qwen_style's texts hold its special tokens too).
+TEST_F(TokenizerFormats, AddedTokensInTheTextAreMatchedAsTokenizersMatchesThem) {
+  expect_same_ids("added_style", "added_style.json", /*round_trip=*/false);
+  auto tokenizer = loom::data::load_tokenizer(*dir_ + "/added_style.json");
+  const auto ids = tokenizer->encode("x<|endoftext|>y");
+  ASSERT_EQ(ids.size(), 3u);
+  EXPECT_EQ(tokenizer->decode({ids[1]}), "<|endoftext|>");
+}
+
 TEST_F(TokenizerFormats, TiktokenAndGarbageModelFilesAreToldApart) {
   // tiktoken text named tokenizer.model (Llama 3) stays a tiktoken BPE.
   std::ofstream(*dir_ + "/tiktoken.model") << "IQ== 0\nIg== 1\nIw== 2\n";

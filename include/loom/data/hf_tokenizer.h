@@ -2,13 +2,16 @@
 // from model.hf_assets_path. Supported: model BPE (vocab, merges as "a b" or ["a", "b"],
 // ignore_merges); normalizer NFC / NFKC / NFD / NFKD or a Sequence of them (through ICU:
 // normalizer.h); pre-tokenizer ByteLevel (with or without its regex) or a Sequence of Split
-// (regex, Isolated) and ByteLevel, which with NFC is the Qwen2 / Qwen3 pipeline; added tokens.
-// Anything else is refused by name, never silently approximated. Ids equal `tokenizers`'
-// encode(text, add_special_tokens=False).
+// (regex, Isolated) and ByteLevel, which with NFC is the Qwen2 / Qwen3 pipeline; added tokens,
+// matched in the text as `tokenizers` matches them (leftmost-longest; those with normalized
+// false in the raw text first, the others in the normalized text; lstrip / rstrip take the
+// whitespace beside them). Anything else is refused by name, never silently approximated. Ids
+// equal `tokenizers`' encode(text, add_special_tokens=False).
 #pragma once
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -21,6 +24,29 @@
 namespace loom::data {
 
 class UnicodeNormalizer;
+
+// A tokenizer.json's added tokens, found in text the way `tokenizers`' AddedVocabulary finds
+// them: at the leftmost position where any matches, the longest one there.
+class AddedTokenMatcher {
+ public:
+  struct Token {
+    std::string content;
+    int32_t id = 0;
+    bool lstrip = false;  // the whitespace before it belongs to the match
+    bool rstrip = false;  // and the whitespace after it
+  };
+  void add(Token token);
+  bool empty() const { return count_ == 0; }
+  // Cuts `text` into the pieces between matches (on_text, never empty) and the matches'
+  // ids (on_token), in order.
+  void split(std::string_view text, const std::function<void(std::string_view)>& on_text,
+             const std::function<void(int32_t)>& on_token) const;
+
+ private:
+  // Per first byte, the tokens starting with it, longest first.
+  std::array<std::vector<Token>, 256> by_first_byte_;
+  size_t count_ = 0;
+};
 
 // Bytes written in GPT-2's byte-level alphabet (each byte one printable character).
 std::string byte_level_text(std::string_view bytes);
@@ -55,6 +81,9 @@ class HfBpeTokenizer : public Tokenizer {
   std::vector<bool> is_added_;                     // added tokens decode to their text
   std::unique_ptr<UnicodeNormalizer> normalizer_;  // null: none
   std::unique_ptr<RegexSplitter> splitter_;        // null: the whole text is one piece
+  AddedTokenMatcher raw_added_;         // added tokens with normalized false: in the raw text
+  AddedTokenMatcher normalized_added_;  // the others, normalized, in the normalized text
+  void encode_plain(std::string_view text, std::vector<int32_t>& ids) const;
   bool ignore_merges_ = false;
   int32_t bos_id_ = -1;
   int32_t eos_id_ = -1;
