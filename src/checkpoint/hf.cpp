@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <regex>
 #include <set>
 
@@ -393,17 +394,23 @@ void import_from_hf(const std::string& hf_folder, const std::string& checkpoint_
   if (accept) accept(source);
   const models::CausalLM& model = target ? *target : *source.model;
   std::vector<LocalChunk> chunks;
-  std::set<std::string> wanted;
+  // Each weight's shape as config.json implies it (the model is built from it on the meta
+  // device): a checkpoint written with another shape would only fail when it is loaded.
+  std::map<std::string, std::vector<int64_t>> wanted;
   for (const auto& item : const_cast<models::CausalLM&>(model).module().named_parameters()) {
-    wanted.insert(item.key());
+    wanted[item.key()] = item.value().sizes().vec();
   }
   for (const auto& [name, tensor] : const_cast<models::CausalLM&>(model).named_state_buffers()) {
-    wanted.insert(name);
+    wanted[name] = tensor.sizes().vec();
   }
   std::set<std::string> read;
   for (auto& [name, tensor] : read_hf_weights(hf_folder, *source.spec, model)) {
-    LOOM_CHECK_AS(InputError, wanted.count(name), hf_folder, ": tensor '", name,
+    const auto place = wanted.find(name);
+    LOOM_CHECK_AS(InputError, place != wanted.end(), hf_folder, ": tensor '", name,
                   "' has no place in the ", source.spec->name, " model");
+    LOOM_CHECK_AS(InputError, tensor.sizes().vec() == place->second, hf_folder, ": ", name,
+                  " has shape ", tensor.sizes(), ", config.json implies ",
+                  at::IntArrayRef(place->second), "; nothing was written");
     LOOM_CHECK_AS(InputError,
                   !tensor.is_floating_point() || at::isfinite(tensor).all().item<bool>(), hf_folder,
                   ": tensor '", name, "' holds NaN or Inf; loom imports finite weights");

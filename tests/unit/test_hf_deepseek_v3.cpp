@@ -230,6 +230,22 @@ TEST(HfDeepseekV3, ImportRefusesMissingOrNonFiniteWeightsAndKeepsAnExistingStep)
   EXPECT_NE(nan_error.find("layers.2.moe.expert_bias' holds NaN or Inf"), std::string::npos)
       << nan_error;
   EXPECT_FALSE(fs::exists(nan_out + "/step-0"));
+  // A weight stored transposed is refused at import, not when the checkpoint is loaded.
+  {
+    const std::string folder = loom::testing::fresh_temp_dir("deepseek_v3_transposed");
+    fs::copy(source, folder, fs::copy_options::recursive);
+    loom::checkpoint::NamedTensors kept;
+    for (auto& [name, t] : tensors_of(folder + "/model.safetensors")) {
+      kept.emplace_back(name,
+                        name == "model.layers.0.mlp.gate_proj.weight" ? t.t().contiguous() : t);
+    }
+    loom::checkpoint::save_safetensors(folder + "/model.safetensors", kept, {{"format", "pt"}});
+    const std::string shape_out = loom::testing::fresh_temp_dir("deepseek_v3_transposed_out");
+    const std::string error = import_error(folder, shape_out);
+    EXPECT_NE(error.find("layers.0.feed_forward.w1.weight has shape"), std::string::npos) << error;
+    EXPECT_NE(error.find("config.json implies"), std::string::npos) << error;
+    EXPECT_FALSE(fs::exists(shape_out + "/step-0"));
+  }
 
   // An existing step-0 (a training run's) stays unless --overwrite.
   const std::string out = loom::testing::fresh_temp_dir("deepseek_v3_existing");

@@ -83,7 +83,8 @@ void export_tokenizer_to_hf(const std::string& location, int64_t max_seq_len,
 // whose tied or untied head decides what a tied folder's table becomes; by default the folder's.
 // Refused (InputError, nothing written): an existing step-0 unless `overwrite` (it may be a
 // training run's), a folder missing a weight the model needs (the final norm, the head, a
-// router gate, DeepSeek's e_score_correction_bias), and a weight holding NaN or Inf.
+// router gate, DeepSeek's e_score_correction_bias), a weight holding NaN or Inf, and a weight
+// whose shape is not the one config.json implies.
 void import_from_hf(const std::string& hf_folder, const std::string& checkpoint_folder,
                     const std::function<void(const SourcedModel&)>& accept = {},
                     const models::CausalLM* target = nullptr, bool overwrite = false);
