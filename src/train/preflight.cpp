@@ -39,7 +39,11 @@ void check_dataset(const std::string& name, const std::optional<std::string>& pa
     // before any rank starts, not when the loader first reaches the file.
     constexpr size_t kSchemasChecked = 64;
     size_t checked = 0;
-    for (const auto& file : data::expand_dataset_path(location)) {
+    const auto files = data::expand_dataset_path(location);
+    LOOM_CHECK_AS(InputError, !files.empty(), "'", location,
+                  "' holds no dataset file (.jsonl, .json, .txt, .parquet, .arrow)");
+    for (const auto& file : files) {
+      files::require_regular_file(file, "dataset file");  // a missing one, before any rank starts
       if (!data::is_columnar_file(file) || checked++ == kSchemasChecked) continue;
       data::ColumnarFile(file, text_field);
     }

@@ -291,6 +291,14 @@ TEST(FirstDay, ConfigValidateCatchesWhatTrainWouldRefuse) {
       << fits.output;
   auto any = run_loom("config validate" + config);
   EXPECT_EQ(any.exit_code, 0) << any.output;
+  // A dataset file that is not there is found by validate, not after the model is built.
+  auto missing = run_loom("config validate" + config +
+                          " --validation.dataset_path /nonexistent/held_out.jsonl");
+  EXPECT_EQ(missing.exit_code, 2) << missing.output;
+  EXPECT_NE(missing.output.find("validation.dataset_path = '/nonexistent/held_out.jsonl'"),
+            std::string::npos)
+      << missing.output;
+  EXPECT_NE(missing.output.find("No such file"), std::string::npos) << missing.output;
 
   // Every refusal at once, each said once, and the same list from `loom train` (both run one
   // function): an unknown model, async TP, an unknown converter, c4 and a validation longer
