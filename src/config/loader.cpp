@@ -223,14 +223,20 @@ std::string read_file(const std::string& path) {
   return files::read_file(path, "config file", 64u << 20);
 }
 
-// Keys the user set that the job's other values leave without effect (a value the user set and
-// loom then ignores silently would look like it changed the arithmetic).
+// Keys the user set to something other than their default that the job's other values leave
+// without effect (a value the user set and loom then ignores silently would look like it changed
+// the arithmetic). Not the sections torchtitan's configs carry switched off as a matter of course
+// ([checkpoint] with enable = false, selective_ac_option beside mode = "full"): that would be a
+// warning on every such file.
 std::vector<std::string> inert_keys(const JobConfig& c, const Provenance& provenance) {
+  static const JobConfig defaults;
   std::vector<std::string> out;
   auto inert_unless = [&](bool applies, std::initializer_list<const char*> keys, const char* why) {
     if (applies) return;
     for (const char* key : keys) {
-      if (provenance.count(key)) out.push_back(std::string(key) + " (" + why + ")");
+      const FieldSpec* field = job_config_schema().find(key);
+      const bool changed = field == nullptr || field->read(c) != field->read(defaults);
+      if (provenance.count(key) && changed) out.push_back(std::string(key) + " (" + why + ")");
     }
   };
   inert_unless(c.model.num_mtp_layers > 0,
@@ -240,6 +246,28 @@ std::vector<std::string> inert_keys(const JobConfig& c, const Provenance& proven
                {"optimizer.muon_momentum", "optimizer.muon_nesterov", "optimizer.muon_ns_steps",
                 "optimizer.muon_ns_dtype", "optimizer.muon_eps", "optimizer.muon_adjust_lr_fn"},
                "optimizer.name is not Muon");
+  inert_unless(c.optimizer.qk_clip_threshold > 0, {"optimizer.qk_clip_alpha"},
+               "optimizer.qk_clip_threshold = 0: no QK-clip");
+  auto converts = [&](std::initializer_list<const char*> names) {
+    for (const auto& converter : c.model.converters) {
+      for (const char* name : names) {
+        if (converter == name) return true;
+      }
+    }
+    return false;
+  };
+  inert_unless(
+      converts({"float8", "quantize.linear.float8"}),
+      {"quantize.linear.float8.recipe_name", "quantize.linear.float8.filter_fqns",
+       "quantize.linear.float8.emulate", "quantize.linear.float8.round_scales_to_power_of_2",
+       "quantize.linear.float8.enable_fsdp_float8_all_gather",
+       "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp"},
+      "model.converters does not name float8: no linear is converted");
+  inert_unless(converts({"quantize.grouped_mm.float8"}), {"quantize.grouped_mm.float8.fqns"},
+               "model.converters does not name quantize.grouped_mm.float8");
+  inert_unless(!c.lr_scheduler.decay_ratio || *c.lr_scheduler.decay_ratio > 0,
+               {"lr_scheduler.decay_type", "lr_scheduler.min_lr_factor"},
+               "lr_scheduler.decay_ratio = 0: the rate never decays");
   return out;
 }
 

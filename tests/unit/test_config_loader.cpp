@@ -50,16 +50,29 @@ TEST(ConfigDefaults, DefaultsAloneAreValid) {
 TEST(ConfigLoad, KeysMadeInertByOthersAreListed) {
   auto loaded = load_toml(R"(
 [model]
-mtp_scale = 0.3
+mtp_scale = 0.25
 [optimizer]
 name = "AdamW"
 muon_momentum = 0.9
+qk_clip_alpha = 0.3
+[lr_scheduler]
+decay_ratio = 0.0
+min_lr_factor = 0.3
+[quantize.linear.float8]
+recipe_name = "rowwise"
 )");
-  EXPECT_EQ(loaded.inert_keys,
-            (std::vector<std::string>{
-                "model.mtp_scale (model.num_mtp_layers = 0: no multi-token prediction module)",
-                "optimizer.muon_momentum (optimizer.name is not Muon)"}));
-  EXPECT_TRUE(load_toml("[model]\nnum_mtp_layers = 1\nmtp_scale = 0.3\n").inert_keys.empty());
+  EXPECT_EQ(
+      loaded.inert_keys,
+      (std::vector<std::string>{
+          "model.mtp_scale (model.num_mtp_layers = 0: no multi-token prediction module)",
+          "optimizer.muon_momentum (optimizer.name is not Muon)",
+          "optimizer.qk_clip_alpha (optimizer.qk_clip_threshold = 0: no QK-clip)",
+          "quantize.linear.float8.recipe_name (model.converters does not name float8: no "
+          "linear is converted)",
+          "lr_scheduler.min_lr_factor (lr_scheduler.decay_ratio = 0: the rate never decays)"}));
+  EXPECT_TRUE(load_toml("[model]\nnum_mtp_layers = 1\nmtp_scale = 0.25\n").inert_keys.empty());
+  // A value equal to the default changes nothing either way (torchtitan's files spell many out).
+  EXPECT_TRUE(load_toml("[optimizer]\nmuon_momentum = 0.95\n").inert_keys.empty());
 }
 
 TEST(ConfigLoad, TomlSetsTypedValuesIncludingNestedSections) {
