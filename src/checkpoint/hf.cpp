@@ -125,10 +125,25 @@ std::unique_ptr<models::CausalLM> build_checked(
     const std::function<std::unique_ptr<models::CausalLM>(const models::BuildOptions&)>& build,
     const models::BuildOptions& options, const std::string& source) {
   const at::Device device = options.tensor_options.device();
+  // Sizes inside the config's ranges can still overflow a tensor's byte count (hidden_size 2^31
+  // squared): LibTorch's error would name no file.
+  auto build_named = [&](const models::BuildOptions& o) {
+    try {
+      return build(o);
+    } catch (const c10::Error& e) {
+      LOOM_THROW(InputError, "cannot build the model ", source, " describes (",
+                 e.what_without_backtrace(), "): is a size in it wrong?");
+    } catch (const InputError& e) {
+      // The model's own checks (heads that kv heads do not divide, ...) name no file.
+      const std::string path = source.substr(1, source.size() - 2);  // unquoted
+      if (e.message().find(path) != std::string::npos) throw;
+      LOOM_THROW(InputError, path, ": ", e.message());
+    }
+  };
   if (!device.is_meta()) {
     models::BuildOptions planned = options;
     planned.tensor_options = options.tensor_options.device(at::kMeta);
-    auto shape = build(planned);
+    auto shape = build_named(planned);
     double bytes = 0;
     for (const auto& parameter : shape->module().parameters()) {
       bytes += static_cast<double>(parameter.numel()) *
@@ -137,7 +152,7 @@ std::unique_ptr<models::CausalLM> build_checked(
     device::check_fits(bytes, device, "the weights of the model " + source + " describes",
                        "is a size in it wrong, or is the model for a larger machine?");
   }
-  return build(options);
+  return build_named(options);
 }
 
 }  // namespace

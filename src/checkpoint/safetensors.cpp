@@ -104,7 +104,8 @@ SafetensorsHeader read_safetensors_header(const std::string& path) {
       std::min<uint64_t>(header_size, std::min<uint64_t>(size, kSafetensorsMaxHeaderBytes));
   head.resize(8 + wanted);
   in.read(head.data() + 8, static_cast<std::streamsize>(wanted));
-  return parse_safetensors_header(head.data(), std::max<uint64_t>(size, 8), path);
+  // The real size: a file shorter than 8 bytes is named as such (the buffer holds 8 anyway).
+  return parse_safetensors_header(head.data(), size, path);
 }
 
 }  // namespace loom::checkpoint

@@ -191,7 +191,7 @@ void add_checkpoint_command(CLI::App& app, CommandRun& run) {
   export_command
       ->add_option("--max-shard-size-gb", transfer->max_shard_gb,
                    "Split model.safetensors into shards of at most this size")
-      ->check(CLI::PositiveNumber)
+      ->check(finite_range(1e-6, 1e6))
       ->capture_default_str();
   export_command->add_flag("--overwrite", transfer->overwrite,
                            "Replace an earlier export's files in a non-empty output folder");
@@ -206,8 +206,10 @@ void add_checkpoint_command(CLI::App& app, CommandRun& run) {
       options.overwrite = transfer->overwrite;
       if (!transfer->tokenizer.empty()) options.tokenizer = transfer->tokenizer;
       checkpoint::export_to_hf(transfer->source, transfer->target, options);
-      std::cout << "wrote " << transfer->target
-                << " (Hugging Face model folder with its tokenizer)\n";
+      // Without one (a warning said why), the line says so rather than promising it.
+      const bool with_tokenizer = std::filesystem::exists(transfer->target + "/tokenizer.json");
+      std::cout << "wrote " << transfer->target << " (Hugging Face model folder"
+                << (with_tokenizer ? " with its tokenizer" : ", no tokenizer") << ")\n";
       return 0;
     };
   });

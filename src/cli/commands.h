@@ -36,6 +36,10 @@ void add_generate_command(CLI::App& app, CommandRun& run);
 void add_eval_command(CLI::App& app, CommandRun& run);
 void add_lighthouse_command(CLI::App& app, CommandRun& run);
 
+// A number in [low, high], finite (CLI::Range lets NaN through: every comparison with it is
+// false), with a message that says the range.
+CLI::Validator finite_range(double low, double high);
+
 // --checkpoint, --device, --dtype, --flavor, --tokenizer, --max-seq-len (generate and eval).
 void add_model_source_options(CLI::App& command, generate::ModelSource& source);
 void add_metrics_command(CLI::App& app, CommandRun& run);

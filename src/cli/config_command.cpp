@@ -85,13 +85,13 @@ void add_config_command(CLI::App& app, CommandRun& run) {
   validate
       ->add_option("--world-size", validate_state->world_size,
                    "Also check the layout and the memory estimate for this many ranks")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20).description(""));
   validate
       ->add_option("--nproc-per-node", validate_state->nproc_per_node,
                    "Ranks per node, as for loom launch (world size = nnodes x this)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20).description(""));
   validate->add_option("--nnodes", validate_state->nnodes, "Nodes, as for loom launch")
-      ->check(CLI::PositiveNumber)
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20).description(""))
       ->capture_default_str();
   add_config_options(*validate, validate_state->args);
   validate->callback([validate, validate_state, &run] {

@@ -1,4 +1,8 @@
 #include "commands.h"
+
+#include <cmath>
+#include <sstream>
+#include <string>
 #include "loom/config/schema.h"
 
 namespace loom::cli {
@@ -83,6 +87,28 @@ void collect_unrecognized(const CLI::App& command, ConfigArgs& args) {
 config::LoadedConfig load_config(const CLI::App& command, ConfigArgs& args) {
   collect_unrecognized(command, args);
   return config::load_job_config(args.config_path, args.overrides);
+}
+
+// (A NaN interval made `metrics watch` spin.)
+CLI::Validator finite_range(double low, double high) {
+  return CLI::Validator(
+      [low, high](std::string& text) -> std::string {
+        double value = 0;
+        try {
+          size_t used = 0;
+          value = std::stod(text, &used);
+          if (used != text.size()) return "'" + text + "' is not a number";
+        } catch (const std::exception&) {
+          return "'" + text + "' is not a number";
+        }
+        if (!std::isfinite(value) || value < low || value > high) {
+          std::ostringstream range;
+          range << "'" << text << "' is outside " << low << " to " << high;
+          return range.str();
+        }
+        return "";
+      },
+      "");
 }
 
 }  // namespace loom::cli

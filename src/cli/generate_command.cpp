@@ -10,9 +10,9 @@
 #include "commands.h"
 #include "loom/core/check.h"
 #include "loom/core/logging.h"
+#include "loom/core/strings.h"
 #include "loom/generate/generator.h"
 #include "loom/generate/prompts.h"
-#include "loom/core/strings.h"
 #include "loom/models/model_spec.h"
 
 namespace loom::cli {
@@ -29,12 +29,9 @@ struct GenerateArgs {
 
 nlohmann::json completion_json(const generate::Prompt& prompt, size_t index,
                                const generate::Completion& c) {
-  nlohmann::json j = {{"index", index},
-                      {"prompt", prompt.text},
-                      {"completion", c.text},
-                      {"tokens", c.tokens},
-                      {"prompt_ids", c.prompt_tokens},
-                      {"finish_reason", c.finish_reason}};
+  nlohmann::json j = {
+      {"index", index},     {"prompt", prompt.text},         {"completion", c.text},
+      {"tokens", c.tokens}, {"prompt_ids", c.prompt_tokens}, {"finish_reason", c.finish_reason}};
   if (!prompt.id.is_null()) j["id"] = prompt.id;
   return j;
 }
@@ -77,8 +74,7 @@ int run_generate(GenerateArgs& args) {
       sink = [](size_t, const std::string& piece) { std::cout << piece << std::flush; };
     } else if (json && args.stream_json) {
       sink = [first](size_t row, const std::string& piece) {
-        std::cout << json_line({{"index", first + row}, {"delta", piece}}) << "\n"
-                  << std::flush;
+        std::cout << json_line({{"index", first + row}, {"delta", piece}}) << "\n" << std::flush;
       };
     }
     const auto completions = generator.generate(batch, first, sink);
@@ -89,8 +85,8 @@ int run_generate(GenerateArgs& args) {
       } else if (stream_text) {
         std::cout << "\n";
       } else {
-        std::cout << fmt::format("=== {} ===\n", prompt.where) << prompt.text
-                  << completions[i].text << "\n";
+        std::cout << fmt::format("=== {} ===\n", prompt.where) << prompt.text << completions[i].text
+                  << "\n";
       }
     }
     std::cout << std::flush;
@@ -144,7 +140,7 @@ void add_generate_command(CLI::App& app, CommandRun& run) {
   add_model_source_options(*command, args->source);
   auto* prompt = command->add_option("--prompt", args->prompt, "The prompt text");
   auto* file = command->add_option("--prompts", args->prompts_file,
-                                    "JSONL file, one {\"prompt\": \"...\", \"id\": ...} per line");
+                                   "JSONL file, one {\"prompt\": \"...\", \"id\": ...} per line");
   prompt->excludes(file);
   auto& g = args->generation;
   command->add_option("--max-new-tokens", g.max_new_tokens, "Tokens to generate at most")
@@ -159,8 +155,10 @@ void add_generate_command(CLI::App& app, CommandRun& run) {
       ->add_option("--repetition-penalty", g.sampling.repetition_penalty,
                    "> 1 penalizes tokens already in the sequence (transformers' rule)")
       ->capture_default_str();
-  command->add_option("--seed", g.sampling.seed, "Sampling seed (each prompt draws its own "
-                                                 "stream, so batching does not change results)")
+  command
+      ->add_option("--seed", g.sampling.seed,
+                   "Sampling seed (each prompt draws its own "
+                   "stream, so batching does not change results)")
       ->capture_default_str();
   command->add_option("--stop", g.stop, "Stop string (repeatable); the text ends before it")
       ->allow_extra_args(false);

@@ -79,28 +79,6 @@ int watch(const WatchArgs& args) {
   }
 }
 
-// CLI::Range lets NaN through (every comparison with it is false): a NaN interval spun.
-CLI::Validator finite_range(double low, double high) {
-  return CLI::Validator(
-      [low, high](std::string& text) -> std::string {
-        double value = 0;
-        try {
-          size_t used = 0;
-          value = std::stod(text, &used);
-          if (used != text.size()) return "'" + text + "' is not a number";
-        } catch (const std::exception&) {
-          return "'" + text + "' is not a number";
-        }
-        if (!std::isfinite(value) || value < low || value > high) {
-          std::ostringstream range;
-          range << "'" << text << "' is outside " << low << " to " << high;
-          return range.str();
-        }
-        return "";
-      },
-      "");
-}
-
 int plot(const std::vector<std::string>& folders, const std::string& output, bool by_tokens) {
   LOOM_CHECK_AS(InputError, output.size() > 4 && output.substr(output.size() - 4) == ".svg",
                 "metrics plot: -o must name an .svg file, got '", output, "'");

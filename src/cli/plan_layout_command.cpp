@@ -140,10 +140,10 @@ int run_plan_layout(CLI::App& cmd, PlanArgs& a) {
   } else {
     std::cout << c.model.name << " " << c.model.flavor << " on " << a.world_size << " x "
               << profile.name << " (" << plan::format_bytes(profile.memory_bytes) << ", "
-              << (profile.calibrated ? "calibrated" : "uncalibrated profile") << "): " << stats.fitting
-              << " of " << stats.evaluated << " layouts fit; global batch "
-              << plan::job_global_batch(c, a.world_size) << " x " << c.training.seq_len
-              << " tokens\n"
+              << (profile.calibrated ? "calibrated" : "uncalibrated profile")
+              << "): " << stats.fitting << " of " << stats.evaluated
+              << " layouts fit; global batch " << plan::job_global_batch(c, a.world_size) << " x "
+              << c.training.seq_len << " tokens\n"
               << plan::layouts_table(plans, a.top, tokens);
     if (!vocab.note.empty()) std::cout << "note: " << vocab.note << "\n";
   }

@@ -7,8 +7,8 @@
 #include <memory>
 
 #include "commands.h"
-#include "loom/models/model_spec.h"
 #include "loom/core/strings.h"
+#include "loom/models/model_spec.h"
 #include "loom/parallel/pipeline/plan.h"
 #include "loom/parallel/pipeline/schedule.h"
 #include "loom/parallel/pipeline/simulate.h"
@@ -56,8 +56,7 @@ pp::Schedule schedule_of_job(CLI::App& cmd, ScheduleArgs& a) {
                "parallelism.pipeline_parallel_* keys decide it");
   }
   config::LoadedConfig loaded = load_config(cmd, a.config);
-  const auto plan =
-      models::plan_pipeline(loaded.config, loaded.provenance);
+  const auto plan = models::plan_pipeline(loaded.config, loaded.provenance);
   std::cout << "stage split of " << loaded.config.model.name << " " << loaded.config.model.flavor
             << ":\n";
   for (const auto& part : plan.split.stages) {

@@ -195,6 +195,14 @@ void check_combinations(const JobConfig& c, Checker& check) {
                "torch.optim.Muon: 1e-7), got " +
                    number_text(c.optimizer.muon_eps));
   }
+  if (c.optimizer.muon_momentum >= 1) {
+    // The buffer keeps none of the gradient (lerp by 1 - momentum = 0): Muon's matrices would
+    // never move, while the AdamW groups train and the loss still falls a little.
+    check.fail("optimizer.muon_momentum",
+               "must be below 1 (the share of the old momentum each step keeps; 1 keeps no "
+               "gradient and the matrices never train), got " +
+                   number_text(c.optimizer.muon_momentum));
+  }
   if (c.optimizer.early_step_in_backward && t.max_norm > 0 && p.pipeline_parallel_degree > 1) {
     check.fail("optimizer.early_step_in_backward", "cannot be combined with pipeline parallelism");
   }

@@ -90,6 +90,14 @@ TEST(HostileModels, HuggingFaceSizesThatDoNotMatchOrFitAreRefusedBeforeBuilding)
   expect_refused(run_timed("eval --checkpoint '" + huge_vocab +
                            "' --tokenizer byte --dataset text:" + text_file("vocab_2e9_text")),
                  "GiB on cpu, which has");
+  // A size inside its range whose square overflows a tensor's bytes: an error naming the file,
+  // not LibTorch's alone (exit 1, no file).
+  expect_refused(run_timed(generate(hf_folder("hidden_2e31",
+                                              [](auto& c) {
+                                                c["hidden_size"] = int64_t{1} << 31;
+                                                c.erase("head_dim");
+                                              }))),
+                 "config.json' describes (Storage size calculation overflowed");
   // A context of 10^15 tokens: the RoPE table is sized before it is built.
   expect_refused(run_timed(generate(kFixture, "--max-seq-len 1000000000000000")),
                  "the RoPE table of a 1000000000000000-token context needs");

@@ -98,6 +98,7 @@ mode = "selective"
 selective_ac_option = "every-other"
 [optimizer]
 muon_eps = 0
+muon_momentum = 1.0
 )");
   EXPECT_TRUE(contains(error, "training.global_batch_size: must be a multiple of")) << error;
   EXPECT_TRUE(contains(error, "checkpoint.keep_latest_k: must be 0 (keep all) or at least 2"))
@@ -106,6 +107,7 @@ muon_eps = 0
       error, "activation_checkpoint.selective_ac_option: must be 'op' or a positive integer"))
       << error;
   EXPECT_TRUE(contains(error, "optimizer.muon_eps: must be > 0")) << error;
+  EXPECT_TRUE(contains(error, "optimizer.muon_momentum: must be below 1")) << error;
 
   error = load_error(
       "[training]\nlocal_batch_size = 4\nglobal_batch_size = 8\n"

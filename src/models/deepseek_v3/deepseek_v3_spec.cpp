@@ -103,12 +103,12 @@ void read_deepseek(const Json& config, const std::string& source, DecoderArgs& a
   LOOM_CHECK_AS(InputError, moe.num_experts % moe.num_expert_groups == 0, source,
                 ": n_routed_experts (", moe.num_experts, ") must divide into n_group (",
                 moe.num_expert_groups, ")");
-  LOOM_CHECK_AS(InputError,
-                moe.num_limited_groups <= moe.num_expert_groups &&
-                    moe.top_k <= moe.num_limited_groups * moe.experts_per_group(),
-                source, ": topk_group (", moe.num_limited_groups, ") groups of ",
-                moe.experts_per_group(), " experts cannot hold num_experts_per_tok (", moe.top_k,
-                ") experts");
+  LOOM_CHECK_AS(InputError, moe.num_limited_groups <= moe.num_expert_groups, source,
+                ": topk_group (", moe.num_limited_groups, ") exceeds n_group (",
+                moe.num_expert_groups, "): a token picks its experts from at most n_group groups");
+  LOOM_CHECK_AS(InputError, moe.top_k <= moe.num_limited_groups * moe.experts_per_group(), source,
+                ": topk_group (", moe.num_limited_groups, ") groups of ", moe.experts_per_group(),
+                " experts cannot hold num_experts_per_tok (", moe.top_k, ") experts");
   args.moe = moe;
 }
 
