@@ -190,6 +190,7 @@ SourcedModel step_model(const std::string& step, models::BuildOptions options,
     const auto job = config::load_job_config(config_path, {}).config;
     if (!name) name = job.model.name;
     if (!flavor) flavor = job.model.flavor;
+    out.block_causal = job.model.attn_mask_type == "block_causal";
     out.tokenizer = data::tokenizer_location(job.model.tokenizer_path, job.model.hf_assets_path);
     if (options.max_seq_len <= 0) options.max_seq_len = job.training.seq_len;
     options.trained_seq_len = job.training.seq_len;

@@ -17,6 +17,7 @@
 #include "loom/core/check.h"
 #include "loom/core/device.h"
 #include "loom/core/strings.h"
+#include "loom/data/batch_source.h"
 
 namespace loom::generate {
 namespace fs = std::filesystem;
@@ -114,7 +115,14 @@ std::string resolve_step_folder(const std::string& path) {
 
 at::Tensor InferenceModel::forward(const at::Tensor& tokens) {
   at::NoGradGuard no_grad;
-  return model->forward(tokens.to(device()));
+  if (!block_causal) return model->forward(tokens.to(device()));
+  data::Batch rows;
+  rows.inputs = tokens.to(at::kCPU, at::kLong);
+  data::mark_documents(rows, tokenizer->bos_id());
+  models::TokenLayout layout;
+  layout.documents = rows.documents.to(device());
+  layout.positions = rows.positions.to(device());
+  return model->forward(tokens.to(device()), layout);
 }
 
 at::Device InferenceModel::device() const {
@@ -165,6 +173,7 @@ InferenceModel load_inference_model(const ModelSource& source) {
                 "brown_bpe or byte)");
   out.spec = sourced.spec;
   out.model = std::move(sourced.model);
+  out.block_causal = sourced.block_causal;
   out.tokenizer = data::load_tokenizer(*tokenizer);
   LOOM_CHECK_AS(InputError, out.tokenizer->vocab_size() <= out.model->vocab_size(), "tokenizer '",
                 *tokenizer, "' has ", out.tokenizer->vocab_size(),

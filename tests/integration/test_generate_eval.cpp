@@ -37,16 +37,29 @@ std::vector<nlohmann::json> json_lines(const std::string& text) {
   return lines;
 }
 
-// 6 steps of the debug model on brown with seq_len 32, validation and a checkpoint at step 6.
+// 6 steps of the debug model on brown with seq_len 32, validation and a checkpoint at step 6;
+// documents attend within themselves (block_causal), which eval must follow to reproduce the
+// validation loss.
 std::string trained_run(const std::string& name) {
   const std::string dir = fresh_temp_dir(name);
-  auto result = run_loom("train --config '" + std::string(LOOM_SOURCE_DIR) +
-                         "/configs/llama3_debug.toml' --job.dump_folder '" + dir +
-                         "' --training.steps 6 --training.seq_len 32 --training.local_batch_size 2"
-                         " --training.global_batch_size 2 --validation.freq 6 --validation.steps 3"
-                         " --validation.local_batch_size 2 --validation.seq_len 32"
-                         " --checkpoint.enable true --checkpoint.interval 6 --metrics.log_freq 1"
-                         " --metrics.peak_tflops 1 --debug.seed 21");
+  // Validation on documents of a few tokens each: every 32-token window holds several.
+  {
+    std::ofstream docs(dir + "/short_docs.jsonl");
+    const char* words[] = {"The jury said",    "It was late",      "Mr. Smith left",
+                           "They voted twice", "The road was new", "She played a tune"};
+    for (int i = 0; i < 60; ++i) docs << "{\"text\": \"" << words[i % 6] << "\"}\n";
+  }
+  auto result =
+      run_loom("train --config '" + std::string(LOOM_SOURCE_DIR) +
+               "/configs/llama3_debug.toml' --job.dump_folder '" + dir +
+               "' --training.steps 6 --training.seq_len 32 --training.local_batch_size 2"
+               " --training.global_batch_size 2 --validation.freq 6 --validation.steps 3"
+               " --validation.local_batch_size 2 --validation.seq_len 32"
+               " --validation.dataset_path '" +
+               dir +
+               "/short_docs.jsonl'"
+               " --checkpoint.enable true --checkpoint.interval 6 --metrics.log_freq 1"
+               " --metrics.peak_tflops 1 --debug.seed 21 --model.attn_mask_type block_causal");
   EXPECT_EQ(result.exit_code, 0) << result.output;
   return dir;
 }
@@ -114,8 +127,8 @@ TEST(GenerateEval, FromATrainingCheckpoint) {
     }
   }
   ASSERT_GT(val_loss, 0);
-  auto eval = run_loom_stdout("eval --checkpoint '" + run +
-                                  "' --dataset brown_validation --windows packed --seq-len 32"
+  auto eval = run_loom_stdout("eval --checkpoint '" + run + "' --dataset '" + run +
+                                  "/short_docs.jsonl' --windows packed --seq-len 32"
                                   " --max-windows 6 --batch-size 4",
                               run);
   ASSERT_EQ(eval.exit_code, 0) << loom::testing::read_text(run + "/stderr.txt");

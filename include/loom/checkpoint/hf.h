@@ -38,6 +38,9 @@ struct SourcedModel {
   std::unique_ptr<models::CausalLM> model;
   std::optional<std::string> tokenizer;  // the tokenizer its source names, if any
   nlohmann::json hf_config;              // a Hugging Face source's config.json (else null)
+  // A loom step trained with model.attn_mask_type = block_causal: each document attends only
+  // within itself, its positions restarting at its BOS (a forward must say where they are).
+  bool block_causal = false;
 };
 
 // Overrides for the model of a checkpoint step that has no config.toml of its own.

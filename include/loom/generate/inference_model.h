@@ -35,12 +35,16 @@ struct InferenceModel {
   std::string step_folder;  // the folder the weights came from
   std::string format;       // "loom" or "huggingface"
   std::string dtype;        // ModelSource::dtype
+  // Trained with block_causal documents: forward() splits each row at the tokenizer's BOS (and
+  // restarts positions there) as training did, so packed windows score as validation did.
+  bool block_causal = false;
   int64_t context() const { return model->max_seq_len(); }
   // "loaded <folder> (loom checkpoint, float32 on cpu, context 256 tokens)", for the log of the
   // command that loaded it.
   std::string describe() const;
   at::Device device() const;
   // Full forward (no cache): tokens [bs, seq] on any device -> logits [bs, seq, vocab] float32.
+  // Under block_causal, documents start at each BOS and at each row's first token.
   at::Tensor forward(const at::Tensor& tokens);
 };
 
