@@ -78,6 +78,32 @@ std::string shared_run(const std::string& name, const std::string& args,
   return folder.string();
 }
 
+std::string shared_folder(const std::string& name, const std::string& command,
+                          const std::string& identity) {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::path(LOOM_TEST_TMPDIR) / "shared";
+  fs::create_directories(root);
+  const fs::path folder = root / name;
+  const int lock = ::open((root / (name + ".lock")).c_str(), O_CREAT | O_RDWR, 0644);
+  if (lock < 0 || ::flock(lock, LOCK_EX) != 0) {
+    throw std::runtime_error("shared_folder: cannot lock " + folder.string());
+  }
+  struct Unlock {
+    int fd;
+    ~Unlock() { ::close(fd); }  // releases the flock
+  } unlock{lock};
+  if (read_text((folder / "identity").string()) == identity) return folder.string();
+  fs::remove_all(folder);
+  fs::create_directories(folder);
+  CommandResult result = run_command(command + " '" + folder.string() + "'");
+  if (result.exit_code != 0) {
+    throw std::runtime_error("shared folder " + name + " failed (exit " +
+                             std::to_string(result.exit_code) + "):\n" + result.output);
+  }
+  std::ofstream(folder / "identity") << identity;
+  return folder.string();
+}
+
 std::string copy_of_checkpoint(const std::string& from, int step, const std::string& name) {
   namespace fs = std::filesystem;
   const std::string folder = fresh_temp_dir(name);

@@ -32,6 +32,12 @@ int free_port();
 std::string shared_run(const std::string& name, const std::string& args,
                        const std::string& environment = "");
 
+// The folder <tmp>/shared/`name` that `command` FOLDER fills, made once for the same `identity`
+// and reused by every test process after (under a file lock, as shared_run: the others wait).
+// Throws std::runtime_error with the output when the command fails.
+std::string shared_folder(const std::string& name, const std::string& command,
+                          const std::string& identity);
+
 // A fresh run folder (fresh_temp_dir(name)) holding a copy of the checkpoint step-`step` of the
 // run in `from`: a `loom train` with that dump folder resumes from it.
 std::string copy_of_checkpoint(const std::string& from, int step, const std::string& name);

@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -37,22 +38,33 @@ inline generate::InferenceModel load_hf_folder(const std::string& folder,
 }
 
 #ifdef LOOM_PYTHON
-// The folders tools/`script` writes with the test venv's transformers (one per variant), made
-// once per test binary run into a fresh `name` folder.
+// The folders tools/`script` writes with the test venv's transformers (one per variant), under
+// `name`. Every maker runs in one Python process (tools/make_hf_test_models.py), once per build
+// tree for the same makers, Python, torch and transformers: the suites that need them share it.
 inline std::vector<std::string> made_by_transformers(const std::string& script,
                                                      const std::string& name,
                                                      const std::vector<std::string>& variants) {
-  static std::map<std::string, std::string> made;  // script -> its output folder
-  auto it = made.find(script);
-  if (it == made.end()) {
-    const std::string out = fresh_temp_dir(name);
-    const auto result = run_command(std::string("'") + LOOM_PYTHON + "' '" + LOOM_SOURCE_DIR +
-                                    "/tools/" + script + "' '" + out + "'");
-    if (result.exit_code != 0) throw std::runtime_error(script + " failed:\n" + result.output);
-    it = made.emplace(script, out).first;
+  static const std::vector<std::string> makers = {
+      "make_hf_qwen3_model.py", "make_hf_qwen3_moe_model.py", "make_hf_deepseek_v3_model.py",
+      "make_hf_deepseek_v3_mtp_model.py", "make_hf_gpt_oss_model.py"};
+  if (std::find(makers.begin(), makers.end(), script) == makers.end()) {
+    throw std::invalid_argument(script + " is not one of tools/make_hf_test_models.py's makers");
   }
+  static const std::string made = [] {
+    const std::string tools = std::string(LOOM_SOURCE_DIR) + "/tools/";
+    const auto versions =
+        run_command(std::string("'") + LOOM_PYTHON +
+                    "' -c 'import importlib.metadata as m; print(m.version(\"torch\"), "
+                    "m.version(\"transformers\"))'");
+    std::string identity = std::string(LOOM_PYTHON) + "\n" + versions.output +
+                           read_text(tools + "make_hf_test_models.py");
+    for (const auto& maker : makers) identity += read_text(tools + maker);
+    return shared_folder("hf_test_models",
+                         std::string("'") + LOOM_PYTHON + "' '" + tools + "make_hf_test_models.py'",
+                         identity);
+  }();
   std::vector<std::string> folders;
-  for (const auto& variant : variants) folders.push_back(it->second + "/" + variant);
+  for (const auto& variant : variants) folders.push_back(made + "/" + name + "/" + variant);
   return folders;
 }
 #endif

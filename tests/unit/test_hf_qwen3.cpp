@@ -48,14 +48,12 @@ double logits_difference(const std::string& folder) {
 
 class HfQwen3 : public ::testing::Test {
  protected:
-  // tied/ and untied/ made by the venv's transformers (one Python start for the suite), each with
+  // tied/ and untied/ made by the venv's transformers (shared with the other Hf suites), each with
   // reference.safetensors; and the transformers 5 fixture.
   static void SetUpTestSuite() {
-    made_ = new std::string(loom::testing::fresh_temp_dir("qwen3_models"));
-    const std::string command = std::string("'") + LOOM_PYTHON + "' '" + LOOM_SOURCE_DIR +
-                                "/tools/make_hf_qwen3_model.py' '" + *made_ + "'";
-    const auto result = loom::testing::run_command(command);
-    ASSERT_EQ(result.exit_code, 0) << result.output;
+    const auto tied =
+        loom::testing::made_by_transformers("make_hf_qwen3_model.py", "qwen3_models", {"tied"});
+    made_ = new std::string(std::filesystem::path(tied.at(0)).parent_path().string());
   }
   static void TearDownTestSuite() {
     delete made_;
