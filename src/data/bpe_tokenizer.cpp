@@ -224,10 +224,14 @@ BpeTokenizer::BpeTokenizer(const std::string& ranks_path, BpeSpec spec) : spec_(
                   " is given to two tokens (entries ", slot->second + 1, " and ", i + 1, ")");
     max_id = std::max(max_id, entries[i].second);
   }
+  std::unordered_map<int32_t, std::string> special_of;  // id -> its special token
   for (const auto& [text, id] : spec_.specials) {
     LOOM_CHECK_AS(InputError, id >= 0 && id <= kMaxTokenId && !rank_line.count(id), ranks_path,
                   ": special token ", text, " has id ", id,
                   ", which is out of range or the rank of an ordinary token");
+    auto [other, fresh] = special_of.emplace(id, text);
+    LOOM_CHECK_AS(InputError, fresh, ranks_path, ": special tokens ", other->second, " and ", text,
+                  " share id ", id, " (decoding it could not tell which was meant)");
     max_id = std::max(max_id, id);
   }
   vocab_size_ = max_id + 1;

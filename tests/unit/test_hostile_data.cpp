@@ -143,6 +143,13 @@ TEST(HostileTokenizers, TiktokenRanksAreUniqueDecimalAndBounded) {
   std::ofstream(dir + "/s.json")
       << R"({"pat_str": "\\S+", "special_tokens": {"<|endoftext|>": 4294967303}})";
   EXPECT_THROW(loom::data::load_tokenizer(dir + "/s.tiktoken"), loom::InputError);
+  // Two special tokens on one id: decoding it could not tell which was meant.
+  std::ofstream(dir + "/s.json") << R"({"pat_str": "\\S+", "special_tokens": )"
+                                 << R"({"<|endoftext|>": 2, "<|begin_of_text|>": 2}})";
+  EXPECT_NE(expect_input_error([&] {
+              loom::data::load_tokenizer(dir + "/s.tiktoken");
+            }).find("share id 2"),
+            std::string::npos);
 }
 
 TEST(HostileData, TruncatedOrDamagedGzipIsRefusedAndAWholeOneReads) {
