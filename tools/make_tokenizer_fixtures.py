@@ -43,6 +43,7 @@ SPECIAL_TEXTS = [
     # add_special_tokens.
     "<|endoftext|> in the middle<|im_start|>of text", "a <mask> b [R]   c  \t<mask>[R]\u3000d",
     "ﬁne fine reﬁned hello world hello  world <|endoftext", "hello world<|endoftext|>hello world",
+    "[R]\t \tz <mask>\t x\t\t[R] \t", "  <mask>",
 ]
 
 
@@ -108,7 +109,8 @@ def main():
                                     AddedToken("[R]", rstrip=True, normalized=False)])
             tok.add_tokens([AddedToken("ﬁne", normalized=True),
                             AddedToken("hello world", normalized=True),
-                            AddedToken("hello", normalized=True)])
+                            AddedToken("hello", normalized=True),
+                            AddedToken("\t", normalized=False)])
         tok.save(os.path.join(out, name + ".json"))
         tok = Tokenizer.from_file(os.path.join(out, name + ".json"))
         expected[name] = [tok.encode(t, add_special_tokens=False).ids for t in expected["texts"]]

@@ -135,9 +135,11 @@ std::unique_ptr<models::CausalLM> build_checked(
                  e.what_without_backtrace(), "): is a size in it wrong?");
     } catch (const InputError& e) {
       // The model's own checks (heads that kv heads do not divide, ...) name no file.
-      const std::string path = source.substr(1, source.size() - 2);  // unquoted
+      const size_t close = source.find('\'', 1);  // `source` starts with the quoted path
+      const std::string path =
+          source.substr(1, close == std::string::npos ? std::string::npos : close - 1);
       if (e.message().find(path) != std::string::npos) throw;
-      LOOM_THROW(InputError, path, ": ", e.message());
+      LOOM_THROW(InputError, source, ": ", e.message());
     }
   };
   if (!device.is_meta()) {

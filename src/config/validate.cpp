@@ -195,6 +195,11 @@ void check_combinations(const JobConfig& c, Checker& check) {
                "torch.optim.Muon: 1e-7), got " +
                    number_text(c.optimizer.muon_eps));
   }
+  if (!c.debug.nonfinite_gradient_steps.empty() && t.cuda_graph) {
+    // The fault is written by the eager step's host code, which a replayed graph never runs.
+    check.fail("debug.nonfinite_gradient_steps",
+               "cannot reach a recorded step: set training.cuda_graph = false to inject it");
+  }
   if (c.optimizer.muon_momentum >= 1) {
     // The buffer keeps none of the gradient (lerp by 1 - momentum = 0): Muon's matrices would
     // never move, while the AdamW groups train and the loss still falls a little.

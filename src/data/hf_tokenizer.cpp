@@ -163,13 +163,18 @@ void AddedTokenMatcher::add(Token token) {
 void AddedTokenMatcher::split(std::string_view text,
                               const std::function<void(std::string_view)>& on_text,
                               const std::function<void(int32_t)>& on_token) const {
-  size_t start = 0;  // where the text not yet handed out begins
-  size_t at = 0;
-  while (at < text.size()) {
+  // Every match first, as `tokenizers` finds them: at each position the longest (buckets are
+  // longest first), then on after it.
+  struct Match {
+    size_t begin, end;
+    const Token* token;
+  };
+  std::vector<Match> matches;
+  for (size_t at = 0; at < text.size();) {
     const Token* hit = nullptr;
     for (const Token& token : by_first_byte_[static_cast<unsigned char>(text[at])]) {
       if (text.compare(at, token.content.size(), token.content) == 0) {
-        hit = &token;  // the longest at the leftmost position (buckets are longest first)
+        hit = &token;
         break;
       }
     }
@@ -177,20 +182,28 @@ void AddedTokenMatcher::split(std::string_view text,
       ++at;
       continue;
     }
-    size_t begin = at, end = at + hit->content.size();
-    while (hit->lstrip && begin > start) {
+    matches.push_back({at, at + hit->content.size(), hit});
+    at += hit->content.size();
+  }
+  // Then lstrip / rstrip take the whitespace beside each, up to its neighbours' matches (a
+  // whitespace that is an added token itself stays that token).
+  size_t start = 0;  // where the text not yet handed out begins
+  for (size_t m = 0; m < matches.size(); ++m) {
+    size_t begin = matches[m].begin, end = matches[m].end;
+    const size_t limit = m + 1 < matches.size() ? matches[m + 1].begin : text.size();
+    while (matches[m].token->lstrip && begin > start) {
       const size_t bytes = whitespace_before(text, begin);
-      if (bytes == 0) break;
+      if (bytes == 0 || begin - bytes < start) break;
       begin -= bytes;
     }
-    while (hit->rstrip && end < text.size()) {
-      const size_t bytes = whitespace_at(text, end);
+    while (matches[m].token->rstrip && end < limit) {
+      const size_t bytes = whitespace_at(text.substr(0, limit), end);
       if (bytes == 0) break;
       end += bytes;
     }
     if (begin > start) on_text(text.substr(start, begin - start));
-    on_token(hit->id);
-    start = at = end;
+    on_token(matches[m].token->id);
+    start = end;
   }
   if (start < text.size()) on_text(text.substr(start));
 }
@@ -295,6 +308,13 @@ HfBpeTokenizer::HfBpeTokenizer(const std::string& path) : path_(path) {
       auto [slot, fresh] = owner.emplace(id, content);
       LOOM_CHECK_AS(InputError, fresh || slot->second == content, path, ": added token '", content,
                     "' takes id ", id, " of token '", slot->second, "'");
+      // `tokenizers` gives a token its vocabulary already holds that vocabulary id, whatever the
+      // file declares: a file that declares another is not one `tokenizers` wrote.
+      if (auto in_vocab = vocab_.find(content); in_vocab != vocab_.end()) {
+        LOOM_CHECK_AS(InputError, in_vocab->second == id, where, " declares id ", id,
+                      ", but the vocabulary holds it at ", in_vocab->second,
+                      " (the id `tokenizers` would give it)");
+      }
       added.emplace_back(content, id);
       max_id = std::max(max_id, id);
     }

@@ -18,8 +18,9 @@ namespace loom::data {
 namespace {
 
 // Bumped whenever the ids a dataset tokenizes to could change for the same files and tokenizer
-// (append_document's layout, the readers' rules): old entries then simply miss.
-constexpr const char* kKeyVersion = "loom-token-cache-2";
+// (append_document's layout, the readers' rules, the tokenizers' encoding: 3 matches a
+// tokenizer.json's added tokens in the text): old entries then simply miss.
+constexpr const char* kKeyVersion = "loom-token-cache-3";
 constexpr char kMagic[8] = {'L', 'O', 'O', 'M', 'T', 'O', 'K', '1'};
 
 struct Header {

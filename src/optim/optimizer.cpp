@@ -140,10 +140,10 @@ void Optimizer::settle_skips() const {
   for (size_t i = 0; i < uncounted_skips_.size(); ++i) {
     if (!uncounted_skips_[i].defined()) continue;
     held.push_back(i);
-    counts.push_back(uncounted_skips_[i].to(at::kCPU).reshape({1}));
+    counts.push_back(uncounted_skips_[i].reshape({1}));
   }
   if (held.empty()) return;
-  const at::Tensor values = at::cat(counts);
+  const at::Tensor values = at::cat(counts).to(at::kCPU);  // one copy (a sync on a device)
   for (size_t k = 0; k < held.size(); ++k) {
     const auto skipped = static_cast<int64_t>(std::llround(values[k].item<double>()));
     if (skipped == 0) continue;
@@ -183,6 +183,9 @@ void Optimizer::load_device_scalars() {
 }
 
 void Optimizer::count_device_step() {
+  // A replayed step graph runs count_skip's device ops without its host code: the host learns
+  // here that the device counters may have moved.
+  if (!uncounted_skips_.empty()) skips_unsettled_ = true;
   for (size_t i : last_stepped_) {
     ++states_[i]->step;
     parameters_[i].tensor.unsafeGetTensorImpl()->bump_version();

@@ -68,7 +68,7 @@ class LocalStepRunner final : public StepRunner {
     return total;
   }
 
-  at::Tensor complete_losses(at::Tensor losses, metrics::StepMetrics& /*window*/) override {
+  at::Tensor complete_losses(at::Tensor losses, metrics::StepMetrics* /*window*/) override {
     return losses;
   }
 
@@ -115,9 +115,13 @@ class PipelineStepRunner final : public StepRunner {
   // The losses live on the last stage (zeros elsewhere); with them, each pp rank's busy and
   // pipeline time over the window in its own slot, for the bubble as `loom plan schedule` defines
   // it (parallel::pipeline::bubble_fraction). One all-reduce over pp for both.
-  at::Tensor complete_losses(at::Tensor losses, metrics::StepMetrics& window) override {
-    const auto stats = runner_->take_stats();
+  at::Tensor complete_losses(at::Tensor losses, metrics::StepMetrics* window) override {
     auto& pp = runner_->group();
+    if (window == nullptr) {  // mid-window: the losses alone, the timings keep counting
+      if (pp.size() > 1) pp.all_reduce(losses);
+      return losses;
+    }
+    const auto stats = runner_->take_stats();
     const int64_t ranks = pp.size(), count = losses.size(0);
     at::Tensor times = at::zeros({2 * ranks}, at::kDouble);
     times[pp.rank()] = stats.compute_seconds;
@@ -131,7 +135,7 @@ class PipelineStepRunner final : public StepRunner {
       busy.push_back(all[count + r]);
       step = std::max(step, all[count + ranks + r]);
     }
-    window.pp_bubble_pct = 100.0 * parallel::pipeline::bubble_fraction(busy, step);
+    window->pp_bubble_pct = 100.0 * parallel::pipeline::bubble_fraction(busy, step);
     return values.narrow(0, 0, count);
   }
 

@@ -292,7 +292,7 @@ bool Trainer::check_gradient_norm(int64_t step, double norm) {
   return true;
 }
 
-void Trainer::flush_pending(TrainResult& result, metrics::StepMetrics& last) {
+void Trainer::flush_pending(TrainResult& result, metrics::StepMetrics* window) {
   if (pending_.empty()) return;
   std::vector<at::Tensor> losses, norms;
   for (const auto& p : pending_) {
@@ -301,7 +301,7 @@ void Trainer::flush_pending(TrainResult& result, metrics::StepMetrics& last) {
   }
   auto& loss_group = run_->runtime->group(distributed::MeshGroup::loss);
   at::Tensor loss_values = sum_over(loss_group, at::cat(losses).to(at::kCPU).contiguous());
-  loss_values = run_->steps->complete_losses(loss_values, last).contiguous();
+  loss_values = run_->steps->complete_losses(loss_values, window).contiguous();
   const at::Tensor norm_values = at::cat(norms).to(at::kCPU).contiguous();
   for (size_t i = 0; i < pending_.size(); ++i) {
     const double loss = loss_values[static_cast<int64_t>(i)].item<double>();
@@ -313,10 +313,11 @@ void Trainer::flush_pending(TrainResult& result, metrics::StepMetrics& last) {
     result.losses.push_back(loss);
     result.grad_norms.push_back(norm);
   }
-  if (config_.training.skip_nonfinite_steps > 0) last.skipped_steps = skipped_steps_;
-  last.loss = result.losses.back();
-  last.grad_norm = result.grad_norms.back();
   pending_.clear();
+  if (window == nullptr) return;
+  if (config_.training.skip_nonfinite_steps > 0) window->skipped_steps = skipped_steps_;
+  window->loss = result.losses.back();
+  window->grad_norm = result.grad_norms.back();
 }
 
 double Trainer::validate() {
@@ -396,8 +397,7 @@ TrainResult Trainer::train(const std::function<void()>& on_started) {
       // step's stop (not when a discarded step's batches were already taken from the loader).
       log->warn("{}: stopping after step {}", stop.what(), step - 1);
       if (retry_.empty() && step - 1 > resume.step) {
-        metrics::StepMetrics unlogged;
-        flush_pending(result, unlogged);  // a diverged step is not saved
+        flush_pending(result, nullptr);  // a diverged step is not saved
         run_->checkpoint->save_stopped(step - 1, tokens_seen);
       }
       result.stopped_by_signal = true;
@@ -448,11 +448,11 @@ TrainResult Trainer::train(const std::function<void()>& on_started) {
     // Losses are read (one host sync, one all-reduce) only when they are logged, and before a
     // checkpoint: the checks of flush_pending stop a diverged run before it is saved.
     if (is_log_step(step) || step == resume.step + 1 || stopping || healed) {
-      flush_pending(result, m);
+      flush_pending(result, &m);
       log_window(step, tokens_seen, m);
       discarded_steps_ = 0;
     } else if (run_->checkpoint->saves_at(step, step == t.steps, stopping)) {
-      flush_pending(result, m);
+      flush_pending(result, nullptr);
     }
     if (run_->validator && step % config_.validation.freq == 0) {
       metrics_->log_validation(step, validate(), tokens_seen, elapsed_s());

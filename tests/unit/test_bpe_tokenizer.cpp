@@ -185,4 +185,10 @@ TEST(HfTokenizer, UnsupportedPartsAreRefusedByName) {
   refused(
       "single_word", [](auto& j) { j["added_tokens"][0]["single_word"] = true; },
       "single_word true");
+  refused(
+      "vocab_id",
+      [](auto& j) {
+        j["added_tokens"].push_back({{"id", 1024}, {"content", "a"}, {"special", false}});
+      },
+      "added token 'a' declares id 1024, but the vocabulary holds it at");
 }

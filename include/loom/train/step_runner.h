@@ -45,9 +45,10 @@ class StepRunner {
   // computes it; zero on pipeline ranks without the last stage).
   virtual at::Tensor eval_sum(const data::Batch& batch) = 0;
   // `losses` of the window's steps, already summed over the loss group, made complete on every
-  // rank (a pipeline's live on its last stage); adds the window's runner statistics to `window`
-  // (pp_bubble_pct). A collective.
-  virtual at::Tensor complete_losses(at::Tensor losses, metrics::StepMetrics& window) = 0;
+  // rank (a pipeline's live on its last stage); at the end of a logged window (`window` given)
+  // adds its runner statistics there (pp_bubble_pct) and starts the next; null (losses read
+  // before a checkpoint) keeps them counting. A collective.
+  virtual at::Tensor complete_losses(at::Tensor losses, metrics::StepMetrics* window) = 0;
 };
 
 // The runner for `model` on this rank: the pipeline's when `plan` is set (pipeline parallelism),

@@ -88,8 +88,10 @@ class Trainer {
   // quorum's), with tokens seen, the schedule offset and the data loader moved along.
   int64_t begin_step(int64_t committed, int64_t& tokens_seen);
   void log_window(int64_t step, int64_t tokens_seen, metrics::StepMetrics& m);
-  // Reduces and reads the pending steps' losses and norms into `result` (a collective).
-  void flush_pending(TrainResult& result, metrics::StepMetrics& last);
+  // Reduces and reads the pending steps' losses and norms into `result` (a collective); at the
+  // end of a logged window also into `window` (the last step's values, the window's statistics).
+  // Null: read before a checkpoint or a stop, the window goes on.
+  void flush_pending(TrainResult& result, metrics::StepMetrics* window);
   // A step's gradient norm read at a flush: true when the step skipped its update
   // (training.skip_nonfinite_steps); throws when it may not (off, or too many in a row).
   bool check_gradient_norm(int64_t step, double norm);

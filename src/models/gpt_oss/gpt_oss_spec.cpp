@@ -304,6 +304,7 @@ ModelSpec gpt_oss_spec() {
                              {"beta_fast", 32.0},   {"beta_slow", 1.0},
                              {"truncate", false},   {"original_max_position_embeddings", 4096}};
   hf.default_head_dim = 64;
+  hf.default_kv_heads = 8;
   hf.default_norm_eps = 1e-5;
   hf.default_tie = false;
   hf.extra_keys = {"num_local_experts",      "experts_per_token",    "swiglu_limit",
