@@ -273,6 +273,9 @@ DeviceProfile fit_profile(const ModelShape& model, const config::JobConfig& conf
   const double efficiency = 1.0 / inverse_efficiency;
   p.model_efficiency = std::min(efficiency, 1.0);
   if (efficiency > 1.0) p.gemm_tflops *= efficiency;
+  // Calibration measures the compute dtype's rate; where that is float32 (a CPU), both rates
+  // are the one measured.
+  if (start.fp32_gemm_tflops == start.gemm_tflops) p.fp32_gemm_tflops = p.gemm_tflops;
   p.intra_node.bandwidth_gbps = seconds_per_gb > 0 ? 1.0 / seconds_per_gb : 1e6;
   p.intra_node.latency_us = latency_s * 1e6;
   p.inter_node.bandwidth_gbps = p.intra_node.bandwidth_gbps;

@@ -143,6 +143,7 @@ DeviceProfile parse_device_profile(const std::string& toml_text, const std::stri
     LOOM_THROW(InputError, source, ": missing key 'memory' (e.g. memory = \"80GiB\")");
   }
   p.gemm_tflops = number_at(root, "gemm_tflops", source, std::nullopt, 1e-9);
+  p.fp32_gemm_tflops = number_at(root, "fp32_gemm_tflops", source, p.gemm_tflops, 1e-9);
   p.model_efficiency = number_at(root, "model_efficiency", source, 0.8, 1e-6);
   LOOM_CHECK_AS(InputError, p.model_efficiency <= 1.0, source,
                 ": 'model_efficiency' must be a fraction in (0, 1]");
@@ -180,15 +181,16 @@ std::string device_profile_to_toml(const DeviceProfile& p) {
   return fmt::format(
              "# loom device profile (docs/planning.md lists the keys)\n"
              "name = \"{}\"\ndescription = \"{}\"\nmemory = \"{:.0f}\"\ngemm_tflops = {:.6g}\n"
-             "model_efficiency = {:.6g}\ndevices_per_node = {}\nnode_shares_compute = {}\n"
+             "fp32_gemm_tflops = {:.6g}\nmodel_efficiency = {:.6g}\ndevices_per_node = "
+             "{}\nnode_shares_compute = {}\n"
              "fsdp_overlap = {:.6g}\nruntime_memory = \"{:.0f}\"\n"
              "distributed_runtime_memory = \"{:.0f}\"\nfsdp_runtime_memory = \"{:.0f}\"\n"
              "allocator_factor = {:.6g}\n"
              "activation_factor = {:.6g}\nmemory_bandwidth_gbps = {:.6g}\ncompute_bytes = {}\n"
              "calibrated = {}\n",
-             p.name, p.description, p.memory_bytes, p.gemm_tflops, p.model_efficiency,
-             p.devices_per_node, p.node_shares_compute ? "true" : "false", p.fsdp_overlap,
-             p.runtime_bytes, std::max(p.distributed_runtime_bytes, 1.0),
+             p.name, p.description, p.memory_bytes, p.gemm_tflops, p.fp32_gemm_tflops,
+             p.model_efficiency, p.devices_per_node, p.node_shares_compute ? "true" : "false",
+             p.fsdp_overlap, p.runtime_bytes, std::max(p.distributed_runtime_bytes, 1.0),
              std::max(p.fsdp_runtime_bytes, 1.0), p.allocator_factor, p.activation_factor,
              p.memory_bandwidth_gbps, p.compute_bytes, p.calibrated ? "true" : "false") +
          link("intra_node", p.intra_node) + link("inter_node", p.inter_node);

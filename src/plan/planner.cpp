@@ -181,10 +181,10 @@ std::vector<LayoutPlan> search_layouts(const ModelShape& model, const config::Jo
       const auto now = std::chrono::steady_clock::now();
       if (now - last_report > std::chrono::seconds(5)) {
         last_report = now;
-        log::get("plan")->info("searching layouts of {} ranks: {} evaluated, {} fit (pipeline "
-                               "degree {}, {} of {})",
-                               world, counted.evaluated, counted.fitting, pp, pp_index + 1,
-                               pp_choices.size());
+        log::get("plan")->info(
+            "searching layouts of {} ranks: {} evaluated, {} fit (pipeline "
+            "degree {}, {} of {})",
+            world, counted.evaluated, counted.fitting, pp, pp_index + 1, pp_choices.size());
       }
     }
   }

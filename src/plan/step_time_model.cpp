@@ -74,7 +74,11 @@ StepTimePlan predict_step_time(const ModelShape& m, const config::JobConfig& con
   // ranks that cut it), each pipeline stage its own.
   const double ns_flops = m.optimizer_matrix_flops /
                           static_cast<double>(l.pp * l.tp * std::max<int64_t>(l.fsdp_degree(), 1));
-  const double optimizer_seconds_total = optimizer_seconds + ns_flops / rate;
+  // In float32 at the device's float32 GEMM rate (a GPU's is an order of magnitude lower).
+  const double ns_rate = config.optimizer.muon_ns_dtype == "float32"
+                             ? rate * profile.fp32_gemm_tflops / profile.gemm_tflops
+                             : rate;
+  const double optimizer_seconds_total = optimizer_seconds + ns_flops / ns_rate;
   t.compute_seconds += optimizer_seconds_total;
   t.bubble_fraction = pipeline_bubble(l);
   t.bubble_seconds = (t.compute_seconds - optimizer_seconds_total) * t.bubble_fraction;

@@ -180,6 +180,16 @@ TEST(PlanMemory, MuonStateAndCostComeFromTheOptimizer) {
             predict_memory(adamw, c, layout, h100).component("optimizer state"));
   const auto time = predict_step_time(muon, c, layout, h100);
   EXPECT_NE(time.detail.find("muon gather"), std::string::npos) << time.detail;
+  // Newton-Schulz in float32 runs at the profile's float32 rate (an H100's is about 1/15 of its
+  // bfloat16 one): the predicted compute grows by the FLOPs' time at the slower rate.
+  c.optimizer.muon_ns_dtype = "float32";
+  const auto fp32 = predict_step_time(muon, c, layout, h100);
+  const double rate = h100.rank_flops(2);
+  const double ns_seconds = muon.optimizer_matrix_flops / 2.0 / rate;
+  EXPECT_NEAR(fp32.compute_seconds - time.compute_seconds,
+              ns_seconds * (h100.gemm_tflops / h100.fp32_gemm_tflops - 1.0), 1e-9 * ns_seconds);
+  EXPECT_DOUBLE_EQ(load_device_profile("cpu").fp32_gemm_tflops,
+                   load_device_profile("cpu").gemm_tflops);
 }
 
 // Under Muon a stage's state depends on what it holds: 1 state per element of the blocks'

@@ -22,6 +22,9 @@ struct DeviceProfile {
   std::string source;       // the file it came from
   double memory_bytes = 0;  // usable memory per device
   double gemm_tflops = 0;   // achievable dense GEMM rate per device (compute dtype)
+  // The same in float32 (no TF32: LibTorch's default), what Muon's Newton-Schulz runs at with
+  // optimizer.muon_ns_dtype = float32. Unset in a file: gemm_tflops (a CPU computes in float32).
+  double fp32_gemm_tflops = 0;
   // Fraction of the GEMM rate a whole training step of a transformer reaches (attention,
   // norms, element-wise ops, launch overheads): MFU over GEMM efficiency. Fitted by --calibrate.
   double model_efficiency = 0.8;
