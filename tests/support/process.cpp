@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <stdexcept>
 
@@ -43,19 +44,19 @@ std::string fresh_temp_dir(const std::string& name) {
   return dir.string();
 }
 
-std::string shared_run(const std::string& name, const std::string& args,
-                       const std::string& environment) {
+namespace {
+
+// Under <tmp>/shared/name.lock: the folder as it is when its identity file says `identity`, else
+// emptied and filled by `make` (a command line given the folder), the identity written after.
+std::string made_once(const std::string& name, const std::string& identity,
+                      const std::function<std::string(const std::string& folder)>& make) {
   namespace fs = std::filesystem;
   const fs::path root = fs::path(LOOM_TEST_TMPDIR) / "shared";
   fs::create_directories(root);
   const fs::path folder = root / name;
-  // What identifies a run: its args and the binary it ran (rebuilt loom, new reference).
-  const std::string identity =
-      environment + args + "\n" +
-      std::to_string(fs::last_write_time(LOOM_BINARY).time_since_epoch().count());
   const int lock = ::open((root / (name + ".lock")).c_str(), O_CREAT | O_RDWR, 0644);
   if (lock < 0 || ::flock(lock, LOCK_EX) != 0) {
-    throw std::runtime_error("shared_run: cannot lock " + (root / name).string());
+    throw std::runtime_error("shared folder: cannot lock " + folder.string());
   }
   struct Unlock {
     int fd;
@@ -64,44 +65,36 @@ std::string shared_run(const std::string& name, const std::string& args,
   if (read_text((folder / "identity").string()) == identity) return folder.string();
   fs::remove_all(folder);
   fs::create_directories(folder);
-  std::string command = args;
-  for (size_t at = command.find("{port}"); at != std::string::npos; at = command.find("{port}")) {
-    command.replace(at, 6, std::to_string(free_port()));
-  }
-  CommandResult result = run_command(environment + " '" + LOOM_BINARY + "' " + command +
-                                     " --job.dump_folder " + folder.string());
+  CommandResult result = run_command(make(folder.string()));
   if (result.exit_code != 0) {
-    throw std::runtime_error("shared run " + name + " failed (exit " +
+    throw std::runtime_error("shared " + name + " failed (exit " +
                              std::to_string(result.exit_code) + "):\n" + result.output);
   }
   std::ofstream(folder / "identity") << identity;
   return folder.string();
 }
 
+}  // namespace
+
+std::string shared_run(const std::string& name, const std::string& args,
+                       const std::string& environment) {
+  // What identifies a run: its args and the binary it ran (rebuilt loom, new reference).
+  const std::string identity =
+      environment + args + "\n" +
+      std::to_string(std::filesystem::last_write_time(LOOM_BINARY).time_since_epoch().count());
+  return made_once(name, identity, [&](const std::string& folder) {
+    std::string command = args;
+    for (size_t at = command.find("{port}"); at != std::string::npos; at = command.find("{port}")) {
+      command.replace(at, 6, std::to_string(free_port()));
+    }
+    return environment + " '" + LOOM_BINARY + "' " + command + " --job.dump_folder " + folder;
+  });
+}
+
 std::string shared_folder(const std::string& name, const std::string& command,
                           const std::string& identity) {
-  namespace fs = std::filesystem;
-  const fs::path root = fs::path(LOOM_TEST_TMPDIR) / "shared";
-  fs::create_directories(root);
-  const fs::path folder = root / name;
-  const int lock = ::open((root / (name + ".lock")).c_str(), O_CREAT | O_RDWR, 0644);
-  if (lock < 0 || ::flock(lock, LOCK_EX) != 0) {
-    throw std::runtime_error("shared_folder: cannot lock " + folder.string());
-  }
-  struct Unlock {
-    int fd;
-    ~Unlock() { ::close(fd); }  // releases the flock
-  } unlock{lock};
-  if (read_text((folder / "identity").string()) == identity) return folder.string();
-  fs::remove_all(folder);
-  fs::create_directories(folder);
-  CommandResult result = run_command(command + " '" + folder.string() + "'");
-  if (result.exit_code != 0) {
-    throw std::runtime_error("shared folder " + name + " failed (exit " +
-                             std::to_string(result.exit_code) + "):\n" + result.output);
-  }
-  std::ofstream(folder / "identity") << identity;
-  return folder.string();
+  return made_once(name, identity,
+                   [&](const std::string& folder) { return command + " '" + folder + "'"; });
 }
 
 std::string copy_of_checkpoint(const std::string& from, int step, const std::string& name) {
