@@ -161,6 +161,17 @@ LOOM_TEST(HfGptOss, KeysLeftOutTakeTheClassDefaultsAndTheClampIsTransformers) {
   write(windowless);
   EXPECT_EQ(loom::models::decoder_args(*load(folder).model).layer_windows,
             (std::vector<int64_t>{128, 0, 128, 0}));
+  // num_key_value_heads left out is GptOssConfig's 8 (not num_attention_heads), read here on the
+  // meta device with heads it divides.
+  json kv_left_out = config;
+  kv_left_out.erase("num_key_value_heads");
+  kv_left_out["num_attention_heads"] = 16;
+  loom::models::BuildOptions meta;
+  meta.tensor_options = at::TensorOptions().device(at::kMeta).dtype(at::kFloat);
+  const auto& spec = loom::models::find_hf_model_spec(kv_left_out, "config.json");
+  EXPECT_EQ(loom::models::decoder_args(*spec.hf.build_from_config(kv_left_out, "config.json", meta))
+                .n_kv_heads,
+            8);
   config["swiglu_limit"] = 1.0;
   write(config);
   try {
