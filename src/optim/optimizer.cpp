@@ -94,7 +94,9 @@ void Optimizer::step(const at::Tensor& skip) {
       } else {
         ++state->step;
       }
-      if (skip.defined()) {
+      // Once any step could skip, every step reads the counters (a host count may still hold a
+      // skip that no state() has settled, whether or not this step has a flag).
+      if (!uncounted_skips_.empty()) {
         if (!uncounted_skips_[i].defined()) {
           uncounted_skips_[i] = at::zeros({}, p.options().dtype(at::kFloat));
         }
