@@ -135,6 +135,16 @@ TEST(Cli, NoSubcommandOrUnknownOneIsAUsageError) {
   EXPECT_EQ(run_loom("").exit_code, 2);
   auto result = run_loom("trian");
   EXPECT_EQ(result.exit_code, 2) << result.output;
+  // Numbers outside their range, NaN and sizes that overflow a byte count are usage errors that
+  // say the range (CLI11's PositiveNumber let NaN through and printed a range holding 0).
+  for (const auto& [args, said] : std::vector<std::pair<std::string, std::string>>{
+           {"config validate --world-size 0", "--world-size: Value 0 not in range 1 to"},
+           {"checkpoint export --to hf a b --max-shard-size-gb nan", "'nan' is outside"},
+           {"checkpoint export --to hf a b --max-shard-size-gb 1.9e10", "'1.9e10' is outside"}}) {
+    auto refused = run_loom(args);
+    EXPECT_EQ(refused.exit_code, 2) << args << "\n" << refused.output;
+    EXPECT_NE(refused.output.find(said), std::string::npos) << args << "\n" << refused.output;
+  }
 }
 
 TEST(Cli, ConfigShowAppliesOverridesInBothSpellings) {
