@@ -39,9 +39,11 @@ int64_t piece_numel(const std::vector<int64_t>& box, int64_t dim, int64_t r, int
   return numel;
 }
 
-std::vector<at::Tensor> level(const std::vector<const Gathered*>& items,
-                              const std::vector<at::Tensor>& boxes, size_t depth,
-                              const Orthogonalize& orthogonalize, int64_t round_elements);
+using BoxOf = std::function<at::Tensor(size_t)>;
+using Consume = std::function<void(size_t, at::Tensor)>;
+
+void level(const std::vector<const Gathered*>& items, const BoxOf& box_of, size_t depth,
+           const Orthogonalize& orthogonalize, int64_t round_elements, const Consume& consume);
 
 // The owner of each item over this cut (`depth` counts cuts from the innermost): the digit of
 // its slot in mixed radix over its cuts, so that items spread over every rank the cuts span.
@@ -110,8 +112,10 @@ std::vector<at::Tensor> exchange_round(distributed::Comm& comm,
     owned.push_back(items[i]);
     owned_boxes.push_back(at::cat(pieces, dim(i)));
   }
-  const std::vector<at::Tensor> results =
-      level(owned, owned_boxes, depth + 1, orthogonalize, round_elements);
+  std::vector<at::Tensor> results(owned.size());
+  level(
+      owned, [&](size_t k) { return owned_boxes[k]; }, depth + 1, orthogonalize, round_elements,
+      [&](size_t k, at::Tensor result) { results[k] = std::move(result); });
   // Back: each rank's piece of each owned result, the sizes of the first exchange swapped.
   std::vector<std::vector<at::Tensor>> back(n);
   for (size_t k = 0, i = 0; i < items.size(); ++i) {
@@ -146,10 +150,12 @@ std::vector<at::Tensor> exchange_round(distributed::Comm& comm,
 // up to `round_elements` of whole matrices (at least one item a round), and round r exchanges
 // every owner's r-th. Sizes are the whole matrices' (before every cut), which every rank of
 // every group agrees on: a piece left by an uneven outer cut differs between the ranks that
-// meet in the next cut's exchange, and rounds formed from it would not match there.
-std::vector<at::Tensor> exchange(distributed::Comm& comm, const std::vector<const Gathered*>& items,
-                                 const std::vector<at::Tensor>& boxes, size_t depth,
-                                 const Orthogonalize& orthogonalize, int64_t round_elements) {
+// meet in the next cut's exchange, and rounds formed from it would not match there. A round's
+// boxes are asked for when it starts and its results handed over when it ends, so that neither
+// outlives the round.
+void exchange(distributed::Comm& comm, const std::vector<const Gathered*>& items,
+              const BoxOf& box_of, size_t depth, const Orthogonalize& orthogonalize,
+              int64_t round_elements, const Consume& consume) {
   const std::vector<int> owner = owners(items, depth, comm.size());
   std::vector<int64_t> load(static_cast<size_t>(comm.size()), 0);
   std::vector<int64_t> rounds_of(static_cast<size_t>(comm.size()), 0);
@@ -165,7 +171,6 @@ std::vector<at::Tensor> exchange(distributed::Comm& comm, const std::vector<cons
     load[o] += elements;
   }
   const int64_t rounds = *std::max_element(rounds_of.begin(), rounds_of.end()) + 1;
-  std::vector<at::Tensor> out(items.size());
   for (int64_t r = 0; r < rounds; ++r) {
     std::vector<size_t> round;
     std::vector<const Gathered*> sub;
@@ -174,25 +179,23 @@ std::vector<at::Tensor> exchange(distributed::Comm& comm, const std::vector<cons
       if (round_of[i] != r) continue;
       round.push_back(i);
       sub.push_back(items[i]);
-      sub_boxes.push_back(boxes[i]);
+      sub_boxes.push_back(box_of(i));
     }
     auto results = exchange_round(comm, sub, sub_boxes, depth, orthogonalize, round_elements);
-    for (size_t k = 0; k < round.size(); ++k) out[round[k]] = std::move(results[k]);
+    sub_boxes.clear();
+    for (size_t k = 0; k < round.size(); ++k) consume(round[k], std::move(results[k]));
   }
-  return out;
 }
 
-// The results for `items` whose boxes are cut by all but their `depth` innermost cuts: whole
-// ones orthogonalized here, the others gathered over their next cut, per axis (in name order:
-// the same on every rank of a group).
-std::vector<at::Tensor> level(const std::vector<const Gathered*>& items,
-                              const std::vector<at::Tensor>& boxes, size_t depth,
-                              const Orthogonalize& orthogonalize, int64_t round_elements) {
-  std::vector<at::Tensor> out(items.size());
+// The results for `items` whose boxes are cut by all but their `depth` innermost cuts, each
+// handed to `consume` when ready: whole ones orthogonalized here one at a time, the others
+// gathered over their next cut, per axis (in name order: the same on every rank of a group).
+void level(const std::vector<const Gathered*>& items, const BoxOf& box_of, size_t depth,
+           const Orthogonalize& orthogonalize, int64_t round_elements, const Consume& consume) {
   std::map<std::string, std::pair<distributed::Comm*, std::vector<size_t>>> by_axis;
   for (size_t i = 0; i < items.size(); ++i) {
     if (items[i]->cuts.size() == depth) {
-      out[i] = orthogonalize(boxes[i]);
+      consume(i, orthogonalize(box_of(i)));
       continue;
     }
     const auto& axis = items[i]->cuts[items[i]->cuts.size() - 1 - depth].axis;
@@ -202,16 +205,17 @@ std::vector<at::Tensor> level(const std::vector<const Gathered*>& items,
     members.push_back(i);
   }
   for (auto& [name, group] : by_axis) {
-    std::vector<const Gathered*> sub;
-    std::vector<at::Tensor> sub_boxes;
-    for (size_t i : group.second) {
-      sub.push_back(items[i]);
-      sub_boxes.push_back(boxes[i]);
-    }
-    auto results = exchange(*group.first, sub, sub_boxes, depth, orthogonalize, round_elements);
-    for (size_t k = 0; k < group.second.size(); ++k) out[group.second[k]] = std::move(results[k]);
+    const auto& members = group.second;
+    exchange(
+        *group.first,
+        [&] {
+          std::vector<const Gathered*> sub;
+          for (size_t i : members) sub.push_back(items[i]);
+          return sub;
+        }(),
+        [&](size_t k) { return box_of(members[k]); }, depth, orthogonalize, round_elements,
+        [&](size_t k, at::Tensor result) { consume(members[k], std::move(result)); });
   }
-  return out;
 }
 
 }  // namespace
@@ -240,20 +244,19 @@ std::vector<int64_t> owner_slots(const std::vector<int64_t>& elements, int64_t s
   return slot;
 }
 
-std::vector<at::Tensor> orthogonalize_all(const std::vector<Slot>& slots,
-                                          const std::vector<at::Tensor>& updates,
-                                          const Orthogonalize& orthogonalize,
-                                          int64_t round_elements) {
+void orthogonalize_each(const std::vector<Slot>& slots,
+                        const std::function<at::Tensor(size_t)>& update_of,
+                        const Orthogonalize& orthogonalize,
+                        const std::function<void(size_t, at::Tensor)>& consume,
+                        int64_t round_elements) {
   std::vector<Gathered> gathered;
-  std::vector<at::Tensor> cut_boxes;
-  std::vector<at::Tensor> out(slots.size());
   for (size_t i = 0; i < slots.size(); ++i) {
     const auto& placement = slots[i].parameter->placement;
     Gathered g;
     g.slot = i;
     g.cuts = matrix_splits(placement);
     if (g.cuts.empty()) {
-      out[i] = orthogonalize(updates[i]);
+      consume(i, orthogonalize(update_of(i)));
       continue;
     }
     // The lengths before each matrix cut: the whole tensor through the expert cuts (never
@@ -273,9 +276,8 @@ std::vector<at::Tensor> orthogonalize_all(const std::vector<Slot>& slots,
     LOOM_CHECK(box == placement.lengths, "Muon: ", slots[i].parameter->name,
                "'s cuts do not give its box (", placement.describe(), ")");
     gathered.push_back(std::move(g));
-    cut_boxes.push_back(updates[i]);
   }
-  if (gathered.empty()) return out;
+  if (gathered.empty()) return;
   // Owners by size: per set of cuts (the same axes), largest matrices first onto the least
   // loaded of the ranks the cuts span.
   std::map<std::string, std::vector<size_t>> by_cuts;
@@ -296,8 +298,20 @@ std::vector<at::Tensor> orthogonalize_all(const std::vector<Slot>& slots,
   }
   std::vector<const Gathered*> items;
   for (const auto& g : gathered) items.push_back(&g);
-  auto results = level(items, cut_boxes, 0, orthogonalize, round_elements);
-  for (size_t k = 0; k < gathered.size(); ++k) out[gathered[k].slot] = std::move(results[k]);
+  level(
+      items, [&](size_t k) { return update_of(gathered[k].slot); }, 0, orthogonalize,
+      round_elements,
+      [&](size_t k, at::Tensor result) { consume(gathered[k].slot, std::move(result)); });
+}
+
+std::vector<at::Tensor> orthogonalize_all(const std::vector<Slot>& slots,
+                                          const std::vector<at::Tensor>& updates,
+                                          const Orthogonalize& orthogonalize,
+                                          int64_t round_elements) {
+  std::vector<at::Tensor> out(slots.size());
+  orthogonalize_each(
+      slots, [&](size_t i) { return updates[i]; }, orthogonalize,
+      [&](size_t i, at::Tensor result) { out[i] = std::move(result); }, round_elements);
   return out;
 }
 

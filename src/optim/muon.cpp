@@ -78,18 +78,17 @@ class Muon : public Algorithm {
     // With a skip flag: the buffers as they were, for a skipped step to keep (the update is
     // still computed, on every rank alike: distributed orthogonalization collects).
     const at::Tensor keep = settings.skip.defined() ? settings.skip.gt(0.5) : at::Tensor();
-    std::vector<at::Tensor> updates, buffers_before;
-    for (auto& slot : slots) {
-      at::Tensor& buf = slot.state[0];
-      if (keep.defined()) buffers_before.push_back(buf.clone());
-      buf.lerp_(slot.grad, 1 - momentum_);
-      updates.push_back(nesterov_ ? slot.grad.lerp(buf, momentum_) : buf);
-    }
-    // Whole matrices (one rank, or experts kept whole by expert parallelism) locally; sharded
-    // ones gathered onto an owner rank each and scattered back.
-    const auto orthogonal = orthogonalize_all(
-        slots, updates, [this](const at::Tensor& u) { return orthogonalize_local(u); });
-    for (size_t i = 0; i < slots.size(); ++i) {
+    std::vector<at::Tensor> buffers_before(slots.size());
+    // Each matrix's update when its turn comes and its step as soon as its orthogonalized
+    // update is back, so that neither is held longer than its matrix (whole here) or its
+    // round of the exchange (cut ones).
+    auto update_of = [&](size_t i) {
+      at::Tensor& buf = slots[i].state[0];
+      if (keep.defined()) buffers_before[i] = buf.clone();
+      buf.lerp_(slots[i].grad, 1 - momentum_);
+      return nesterov_ ? slots[i].grad.lerp(buf, momentum_) : buf;
+    };
+    auto apply = [&](size_t i, at::Tensor orthogonal) {
       const auto& global = slots[i].parameter->placement.global_shape;
       const int64_t rows = global[global.size() - 2], cols = global.back();
       at::Tensor p = slots[i].parameter->tensor;
@@ -98,14 +97,17 @@ class Muon : public Algorithm {
         // The same ops as below on a copy: a step that is not skipped is bitwise the same.
         at::Tensor stepped = p.clone();
         stepped.mul_(1 - settings.lr * settings.weight_decay);
-        stepped.add_(orthogonal[i], step_size);
+        stepped.add_(orthogonal, step_size);
         p.copy_(at::where(keep, p, stepped));
         slots[i].state[0].copy_(at::where(keep, buffers_before[i], slots[i].state[0]));
-        continue;
+        buffers_before[i] = at::Tensor();
+        return;
       }
       p.mul_(1 - settings.lr * settings.weight_decay);
-      p.add_(orthogonal[i], step_size);
-    }
+      p.add_(orthogonal, step_size);
+    };
+    orthogonalize_each(
+        slots, update_of, [this](const at::Tensor& u) { return orthogonalize_local(u); }, apply);
   }
 
  private:

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <map>
 
 #include "loom/core/check.h"
@@ -129,8 +130,17 @@ StateFootprint state_footprint(const config::OptimizerSection& section,
     states += static_cast<double>(p.numel) * static_cast<double>(names.size());
     out.matrix_flops += it->second->matrix_flops(p.shape);
     if (it->second->needs_whole_tensor()) {
-      (p.shape.size() == 3 ? out.whole_stack_elements : out.whole_tensor_elements) +=
-          static_cast<double>(p.numel);
+      const auto numel = static_cast<double>(p.numel);
+      if (p.shape.size() == 3) {
+        out.whole_stack_elements += numel;
+        if (numel > out.largest_whole_stack) {
+          out.largest_whole_stack = numel;
+          out.largest_whole_stack_experts = static_cast<double>(std::max<int64_t>(p.shape[0], 1));
+        }
+      } else {
+        out.whole_tensor_elements += numel;
+        out.largest_whole_tensor = std::max(out.largest_whole_tensor, numel);
+      }
     }
     std::string joined;
     for (const auto& n : names) joined += (joined.empty() ? "" : " + ") + n;

@@ -244,29 +244,39 @@ MemoryPlan predict_rank_memory(const ModelShape& m, const config::JobConfig& con
         : gathered ? std::string("the transposes of a block's float8-gathered weights")
                    : std::string("a block's float8 weight casts and their transposes"));
   }
-  // Muon's exchange (optim/distributed_muon.h), at the optimizer step: the Nesterov updates of
-  // this rank's matrices, then per round about 2x its pieces and 5x the boxes it owns (balanced:
-  // as many elements as its pieces), float32. The step's activations and logits are freed by
-  // then, so only what passes them raises the peak.
-  const double gathered_share =
-      (l.fsdp_degree() > 1 || l.tp > 1 ? m.optimizer_whole_block_share : 0.0) +
-      (l.tp > 1 ? m.optimizer_whole_stack_block_share : 0.0);
-  if (gathered_share > 0) {
-    const double mine = gathered_share * rp.block_params / fsdp;
-    // A round holds up to kMuonRoundElements on an owner, or one larger matrix.
-    double largest = 0;
-    for (const auto& block : m.blocks)
-      largest = std::max(largest, static_cast<double>(block.largest_param));
-    const double round = std::max(static_cast<double>(optim::kMuonRoundElements),
-                                  largest / static_cast<double>(l.tp));
-    const double exchange = 4.0 * (mine + 7.0 * std::min(mine, round));
-    const double beyond = exchange - activation_bytes - output_bytes;
+  // Muon's step, after the backward has freed the activations and logits: only what passes
+  // them raises the peak.
+  const double muon_share = m.optimizer_whole_block_share + m.optimizer_whole_stack_block_share;
+  if (muon_share > 0) {
+    const bool cut_matrices = l.fsdp_degree() > 1 || l.tp > 1;
+    const double cut_share = (cut_matrices ? m.optimizer_whole_block_share : 0.0) +
+                             (l.tp > 1 ? m.optimizer_whole_stack_block_share : 0.0);
+    const double mine = cut_share * rp.block_params / fsdp;  // this rank's pieces of cut ones
+    MuonStepShape step;
+    if (!cut_matrices) step.whole_matrix = m.optimizer_largest_matrix;
+    if (l.tp == 1 && m.optimizer_largest_stack > 0) {
+      // Whole experts stay on their rank: ep and FSDP's rows of the stack split the experts.
+      step.whole_stack = m.optimizer_largest_stack / static_cast<double>(l.ep) / fsdp;
+      step.stack_expert = m.optimizer_largest_stack / m.optimizer_largest_stack_experts;
+    }
+    if (mine > 0) {
+      // A round gives an owner up to kMuonRoundElements of whole matrices, or one larger.
+      // Under TP an expert stack is cut too; its owner orthogonalizes it an expert at a time.
+      const double expert = m.optimizer_largest_stack / m.optimizer_largest_stack_experts;
+      step.cut_matrix = std::max(m.optimizer_largest_matrix, l.tp > 1 ? expert : 0.0);
+      step.round =
+          std::min(mine, std::max(static_cast<double>(optim::kMuonRoundElements), step.cut_matrix));
+    }
+    const double bytes =
+        muon_step_bytes(step, config.optimizer, config.training.skip_nonfinite_steps > 0, pb);
+    const double beyond = bytes - activation_bytes - output_bytes;
     if (beyond > 0) {
-      add("muon exchange", beyond,
-          fmt::format("{:.4g}M matrix elements here gathered to owners in rounds of up to {:.4g}M, "
-                      "float32 buffers {}, beyond the freed activations",
-                      mine / 1e6, static_cast<double>(optim::kMuonRoundElements) / 1e6,
-                      format_bytes(exchange)));
+      add("muon step", beyond,
+          fmt::format("{} at the optimizer step ({:.4g}M matrix elements here gathered to "
+                      "owners in rounds of up to {:.4g}M, the largest whole matrix {:.4g}M), "
+                      "beyond the freed activations",
+                      format_bytes(bytes), mine / 1e6, step.round / 1e6,
+                      std::max(step.whole_matrix, step.cut_matrix) / 1e6));
     }
   }
   for (const auto& c : plan.components) plan.tensor_bytes += c.bytes;
@@ -279,6 +289,23 @@ MemoryPlan predict_rank_memory(const ModelShape& m, const config::JobConfig& con
 }
 
 }  // namespace
+
+double muon_step_bytes(const MuonStepShape& shape, const config::OptimizerSection& optimizer,
+                       bool skip_nonfinite, double param_bytes) {
+  const double ns = optimizer.muon_ns_dtype == "float32" ? 4.0 : 2.0;
+  const double update = optimizer.muon_nesterov ? param_bytes : 0.0;  // else the buffer itself
+  const double kept = skip_nonfinite ? param_bytes : 0.0;             // the momentum as it was
+  const double stepped = skip_nonfinite ? 2.0 * param_bytes : 0.0;    // the copy and the select
+  // Newton-Schulz on a matrix: its iterate and next iterate, Gram and polynomial (<= the matrix).
+  const double newton_schulz = 4.0 * ns;
+  const double whole = shape.whole_matrix * (update + kept + std::max(newton_schulz, ns + stepped));
+  const double stack = shape.whole_stack * (update + kept) +
+                       std::max(shape.whole_stack * ns + newton_schulz * shape.stack_expert,
+                                shape.whole_stack * (2.0 * ns + stepped));
+  const double cut = shape.round * (update + kept + 4.0 * 7.0) +
+                     (shape.round > 0 ? (newton_schulz - ns) * shape.cut_matrix : 0.0);
+  return std::max({whole, stack, cut});
+}
 
 MemoryPlan predict_memory(const ModelShape& m, const config::JobConfig& config, const Layout& l,
                           const DeviceProfile& profile) {

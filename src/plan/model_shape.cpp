@@ -82,6 +82,9 @@ ModelShape model_shape_of(const config::JobConfig& config, const models::ModelSu
   shape.optimizer_matrix_flops = footprint.matrix_flops;
   shape.optimizer_whole_elements = footprint.whole_tensor_elements;
   shape.optimizer_whole_stack_elements = footprint.whole_stack_elements;
+  shape.optimizer_largest_matrix = footprint.largest_whole_tensor;
+  shape.optimizer_largest_stack = footprint.largest_whole_stack;
+  shape.optimizer_largest_stack_experts = footprint.largest_whole_stack_experts;
   std::vector<models::ParameterShape> blocks, other;
   for (const auto& p : s.parameters)
     (p.name.rfind("layers.", 0) == 0 ? blocks : other).push_back(p);

@@ -6,11 +6,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <map>
 
 #include "comm_test_util.h"
+#include "loom/core/host_allocator.h"
 #include "loom/optim/distributed_muon.h"
 #include "loom/optim/registry.h"
+#include "loom/plan/memory_model.h"
 
 namespace loom::optim {
 namespace {
@@ -265,6 +268,128 @@ TEST(DistributedMuon, RoundsChangeNothingButTheNumberOfExchanges) {
   // of 36 formed from them would be one on a TP rank and two on the other; from the whole
   // matrices both take two. One round is an FSDP and a TP exchange (4 all-to-alls).
   expect_rounds_change_nothing(4, tp_and_fsdp_axes, tp_then_fsdp_rows, 36, 4, 6);
+}
+
+// Muon's working set at the step against the planner's "muon step" term (plan/memory_model.h):
+// jemalloc's peak of the rank's thread during step(), beyond the parameters, gradients and
+// momentum that exist before it. Whole matrices go one at a time and cut ones a round at a time,
+// so the peak follows the largest matrix and the round. (Holding every update and result to the
+// end, as the step once did, came to about 6 bytes per matrix element more: twice the term.)
+struct StepMemory {
+  double measured = 0, predicted = 0;
+};
+
+std::map<std::string, std::vector<int64_t>> step_memory_shapes(int layers = 4) {
+  std::map<std::string, std::vector<int64_t>> s;
+  for (int layer = 0; layer < layers; ++layer) {
+    const std::string prefix = "layers." + std::to_string(layer) + ".";
+    s[prefix + "attention.wq.weight"] = {256, 256};
+    s[prefix + "feed_forward.w1.weight"] = {512, 256};
+    s[prefix + "feed_forward.w2.weight"] = {256, 512};
+  }
+  s["layers.0.moe.experts.w1"] = {4, 128, 256};
+  return s;
+}
+
+StepMemory measure_step(const config::OptimizerSection& section, bool skip, const Cut& cut,
+                        const std::vector<MeshAxis>& axes) {
+  std::vector<NamedParameter> params;
+  double mine = 0;  // this rank's elements of the matrices a cut gathers
+  at::manual_seed(7);
+  for (const auto& [name, shape] : step_memory_shapes()) {
+    const Placement placement = cut(name, Placement::whole(shape), axes);
+    params.push_back({name, parallel::local_view(at::randn(shape), placement).clone(), placement});
+    if (!matrix_splits(placement).empty())
+      mine += static_cast<double>(params.back().tensor.numel());
+  }
+  auto optimizer = build_optimizer(section, params);
+  const at::Tensor flag = at::zeros({}, at::kFloat);
+  for (int step = 0; step < 2; ++step) {
+    for (auto& p : params) p.tensor.mutable_grad() = at::randn_like(p.tensor);
+    reset_thread_heap_peak();
+    skip ? optimizer->step(flag) : optimizer->step();
+  }
+  const auto peak = thread_heap_peak();
+  LOOM_CHECK(peak.has_value(), "this build does not link jemalloc");
+  plan::MuonStepShape shape;
+  if (mine > 0) {
+    shape.round = mine;  // all in one round (far below kMuonRoundElements)
+    shape.cut_matrix = 512.0 * 256.0;
+  } else {
+    shape.whole_matrix = 512.0 * 256.0;
+  }
+  const Placement stack = cut("layers.0.moe.experts.w1", Placement::whole({4, 128, 256}), axes);
+  if (matrix_splits(stack).empty()) {
+    shape.whole_stack = static_cast<double>(c10::multiply_integers(stack.lengths));
+    shape.stack_expert = 128.0 * 256.0;
+  }
+  return {static_cast<double>(*peak), plan::muon_step_bytes(shape, section, skip, 4.0)};
+}
+
+void expect_covered(const StepMemory& m, const std::string& what) {
+  std::printf("%-45s step peak %6.2f MB, planner %6.2f MB (%.2f)\n", what.c_str(), m.measured / 1e6,
+              m.predicted / 1e6, m.measured / m.predicted);
+  LOOM_CHECK(m.measured <= m.predicted && m.measured >= 0.5 * m.predicted, what,
+             ": the step's peak ", m.measured / 1e6, " MB, the planner's term ", m.predicted / 1e6,
+             " MB");
+}
+
+TEST(DistributedMuon, TheStepsWorkingSetIsThePlannersTerm) {
+  for (const bool nesterov : {true, false}) {
+    for (const std::string dtype : {"bfloat16", "float32"}) {
+      for (const bool skip : {false, true}) {
+        auto s = muon("original");
+        s.muon_nesterov = nesterov;
+        s.muon_ns_dtype = dtype;
+        const std::string what =
+            "nesterov " + std::to_string(nesterov) + ", " + dtype + (skip ? ", skipping" : "");
+        auto whole = [](const std::string&, const Placement& p, const std::vector<MeshAxis>&) {
+          return p;
+        };
+        auto errors = testing::run_ranks(1, [&](ProcessGroups&) {
+          expect_covered(measure_step(s, skip, whole, {}), "one rank, " + what);
+        });
+        LOOM_EXPECT_RANKS_OK(errors);
+        errors = testing::run_ranks(2, [&](ProcessGroups& groups) {
+          expect_covered(measure_step(s, skip, fsdp_rows, world_axis(groups)), "FSDP 2, " + what);
+        });
+        LOOM_EXPECT_RANKS_OK(errors);
+      }
+    }
+  }
+}
+
+// Rounds bound what the exchange holds: its updates are asked for and its results handed over a
+// round at a time, so rounds of one matrix per owner peak at a small fraction of one round's
+// (16 layers' matrices: about 1/20; holding the results to the end made it about 1/5).
+TEST(DistributedMuon, RoundsBoundTheExchangesWorkingSet) {
+  auto errors = testing::run_ranks(2, [&](ProcessGroups& groups) {
+    const auto axes = world_axis(groups);
+    std::vector<NamedParameter> params;
+    std::vector<Slot> slots;
+    for (const auto& [name, shape] : step_memory_shapes(16)) {
+      if (shape.size() != 2) continue;
+      const Placement placement = fsdp_rows(name, Placement::whole(shape), axes);
+      params.push_back(
+          {name, parallel::local_view(at::zeros(shape), placement).clone(), placement});
+    }
+    for (const auto& p : params) slots.push_back({&p, {}, {}, 0, {}});
+    auto peak_with = [&](int64_t round_elements) {
+      reset_thread_heap_peak();
+      orthogonalize_each(
+          slots, [&](size_t i) { return at::randn_like(params[i].tensor); },
+          [](const at::Tensor& u) { return u * 2; },
+          [&](size_t i, at::Tensor result) { params[i].tensor.add_(result); }, round_elements);
+      return static_cast<double>(thread_heap_peak().value_or(0));
+    };
+    const double one_round = peak_with(kMuonRoundElements);
+    const double rounds = peak_with(512 * 256);
+    std::printf("rank %d: one round %.2f MB, rounds of a matrix per owner %.2f MB\n", groups.rank(),
+                one_round / 1e6, rounds / 1e6);
+    LOOM_CHECK(one_round > 0 && rounds < 0.1 * one_round, "rounds ", rounds, " B, one round ",
+               one_round, " B");
+  });
+  LOOM_EXPECT_RANKS_OK(errors);
 }
 
 }  // namespace

@@ -211,13 +211,19 @@ TEST(PlanMemory, MuonStateIsCountedPerStage) {
   EXPECT_DOUBLE_EQ(plan.component("optimizer state"), (100.0 + 2.0 * 128.0) * 4.0);
 }
 
-// Muon's exchange buffers at the optimizer step (optim/distributed_muon.h): the rank's matrix
-// elements' updates plus about 7x them (one round), float32, counted beyond the activations
-// and logits the step has freed by then; AdamW has none.
-TEST(PlanMemory, MuonExchangeBuffersCountBeyondTheFreedActivations) {
+// Muon's working set at the optimizer step (plan::muon_step_bytes; the step's own peak is
+// checked against it in DistributedMuon.TheStepsWorkingSetIsThePlannersTerm), counted beyond the
+// activations and logits the step has freed by then; AdamW has none.
+// - Cut by FSDP: one round of the exchange, here all of the rank's matrix elements: their
+//   Nesterov updates (4 B) and the exchange's float32 buffers (about 7x), 32 B an element.
+// - Whole on one rank: one matrix at a time, the largest: its update (4 B) and Newton-Schulz's
+//   four bfloat16 copies (8 B). Before, one rank had no term, though every update and result was
+//   held to the end of the step.
+TEST(PlanMemory, MuonStepWorkingSetCountsBeyondTheFreedActivations) {
   ModelShape m = tiny_model();
   for (auto& block : m.blocks) block.params = 1000;  // matrices large beside the activations
   m.optimizer_whole_block_share = 0.8;  // 800 of each block's 1000 parameters are matrices
+  m.optimizer_largest_matrix = 600;
   config::JobConfig c = tiny_job();
   c.training.local_batch_size = 1;
   c.activation_checkpoint.mode = "full";
@@ -228,10 +234,18 @@ TEST(PlanMemory, MuonExchangeBuffersCountBeyondTheFreedActivations) {
   const MemoryPlan plan = predict_memory(m, c, l, exact_profile());
   const double mine = 0.8 * 2000.0 / 2.0;  // this rank's share of the blocks' matrices
   const double freed = plan.component("activations") + plan.component("output and loss");
-  ASSERT_GT(4.0 * 8.0 * mine, freed);
-  EXPECT_DOUBLE_EQ(plan.component("muon exchange"), 4.0 * 8.0 * mine - freed);
+  // The owner's Newton-Schulz on the largest matrix beyond its result: 3 bfloat16 copies.
+  const double cut = 32.0 * mine + 6.0 * 600.0;
+  ASSERT_GT(cut, freed);
+  EXPECT_DOUBLE_EQ(plan.component("muon step"), cut - freed);
+  l.dp_shard = 1;
+  const MemoryPlan one = predict_memory(m, c, l, exact_profile());
+  const double one_freed = one.component("activations") + one.component("output and loss");
+  ASSERT_GT(12.0 * 600.0, one_freed);
+  EXPECT_DOUBLE_EQ(one.component("muon step"), 12.0 * 600.0 - one_freed);
   m.optimizer_whole_block_share = 0;  // AdamW
-  EXPECT_EQ(predict_memory(m, c, l, exact_profile()).component("muon exchange"), 0);
+  m.optimizer_largest_matrix = 0;
+  EXPECT_EQ(predict_memory(m, c, l, exact_profile()).component("muon step"), 0);
 }
 
 TEST(PlanLayout, RankedFittingFirstThenByStepTime) {

@@ -47,8 +47,18 @@ std::vector<int64_t> owner_slots(const std::vector<int64_t>& elements, int64_t s
 // dimension of a 3-D stack excluded).
 std::vector<parallel::SplitAxis> matrix_splits(const parallel::Placement& placement);
 
-// `orthogonalize` of each slot's whole matrix (or expert stack), returned as the slot's local
-// box in float32 or `orthogonalize`'s dtype. `updates[i]` is slot i's local update.
+// `orthogonalize` of each slot's whole matrix (or expert stack), handed to `consume(i, result)`
+// as slot i's local box (float32, or `orthogonalize`'s dtype for a matrix no axis cut).
+// `update_of(i)` gives slot i's local update when it is needed, exactly once: whole matrices
+// are done one at a time, the cut ones a round at a time, so that no update or result outlives
+// its matrix or its round (what the planner's "muon step" term counts, plan/memory_model.cpp).
+void orthogonalize_each(const std::vector<Slot>& slots,
+                        const std::function<at::Tensor(size_t)>& update_of,
+                        const std::function<at::Tensor(const at::Tensor&)>& orthogonalize,
+                        const std::function<void(size_t, at::Tensor)>& consume,
+                        int64_t round_elements = kMuonRoundElements);
+
+// The same, every result at once (tests and tools): `updates[i]` is slot i's local update.
 std::vector<at::Tensor> orthogonalize_all(
     const std::vector<Slot>& slots, const std::vector<at::Tensor>& updates,
     const std::function<at::Tensor(const at::Tensor&)>& orthogonalize,

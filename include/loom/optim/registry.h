@@ -68,6 +68,10 @@ struct StateFootprint {
   // Expert stacks (3-D) the rule needs whole per expert: never gathered over the expert dim
   // (whole experts stay on a rank), only over tensor parallelism's cut of each expert.
   double whole_stack_elements = 0;
+  // The largest of each (elements) and that stack's experts: what the step holds at a time.
+  double largest_whole_tensor = 0;
+  double largest_whole_stack = 0;
+  double largest_whole_stack_experts = 1;
 };
 StateFootprint state_footprint(const config::OptimizerSection& section,
                                const std::vector<models::ParameterShape>& parameters);

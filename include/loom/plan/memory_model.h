@@ -16,6 +16,8 @@
 //   comm buffers      a unit's unsharded gradient before its reduce-scatter, TP's gathered
 //                     sequence, a pipeline's send/receive buffers, MoE dispatch buffers
 //   float8            a block's float8 weight casts and transposes (model.converters float8)
+//   muon step         Muon's working set at the optimizer step (muon_step_bytes), beyond the
+//                     activations and logits the backward has freed by then
 // The tensors' sum is scaled by the profile's allocator_factor; the runtime's own memory
 // (profile.runtime_bytes) comes on top.
 #pragma once
@@ -73,6 +75,23 @@ struct RankParameters {
 };
 RankParameters rank_parameters(const ModelShape& model, const config::JobConfig& config,
                                const Layout& layout, int pipeline_rank);
+
+// Muon's working set at the optimizer step beyond parameters, gradients and state
+// (optim/muon.cpp, optim/distributed_muon.h). Whole matrices are stepped one at a time: the
+// Nesterov update, with skip_nonfinite_steps the momentum's copy and the stepped copy, and
+// Newton-Schulz's iterate, Gram, polynomial and next iterate (at most 4 matrices' worth); an
+// expert stack holds its experts' results and their stack. Cut matrices go a round of the
+// exchange at a time: the round's updates and its float32 buffers (about 2x this rank's pieces
+// and 5x the boxes it owns), plus Newton-Schulz on the largest whole matrix an owner assembles.
+struct MuonStepShape {
+  double whole_matrix = 0;  // elements of the largest 2-D matrix stepped whole on this rank
+  double whole_stack = 0;   // of the largest expert stack stepped whole here (its local experts)
+  double stack_expert = 0;  // of one expert's matrix in it
+  double round = 0;         // this rank's pieces in one round of the exchange (0: nothing cut)
+  double cut_matrix = 0;    // the largest cut matrix, whole (what its owner orthogonalizes)
+};
+double muon_step_bytes(const MuonStepShape& shape, const config::OptimizerSection& optimizer,
+                       bool skip_nonfinite, double param_bytes);
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 

@@ -57,6 +57,10 @@ struct ModelShape {
   double optimizer_matrix_flops = 0;
   double optimizer_whole_elements = 0;        // 2-D matrices
   double optimizer_whole_stack_elements = 0;  // 3-D expert stacks (gathered only over TP)
+  // The largest of those (elements, unsharded) and that stack's experts: the step's working set.
+  double optimizer_largest_matrix = 0;
+  double optimizer_largest_stack = 0;
+  double optimizer_largest_stack_experts = 1;
   // The state tensors per element of the transformer blocks' parameters (MTP's included) and of
   // the rest (embedding, final norm, head): under Muon 1 on the blocks' matrices, 2 elsewhere,
   // so a pipeline stage's state depends on what it holds.
