@@ -15,10 +15,10 @@
 #include <fstream>
 #include <set>
 
+#include "crc32.h"
 #include "loom/core/check.h"
 #include "loom/core/files.h"
 #include "loom/core/json.h"
-#include "crc32.h"
 
 // The files are little-endian and read by plain loads; a big-endian host would need byte swaps.
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
@@ -235,21 +235,23 @@ void ShardWriter::finish() {
   close_shard();
   LOOM_CHECK_AS(InputError, documents_ > 0, "no document to write into '", output_, "'");
   const TokenizerIdentity identity = tokenizer_.identity();
-  nlohmann::json index = {
-      {"format", kShardFormat},
-      {"version", kShardFormatVersion},
-      {"dtype", dtype_},
-      {"byte_order", "little"},
-      {"vocab_size", tokenizer_.vocab_size()},
-      {"tokenizer",
-       {{"path", identity.path}, {"hash", identity.hash}, {"name", tokenizer_.name()}}},
-      {"bos_id", tokenizer_.bos_id()},
-      {"eos_id", tokenizer_.eos_id()},
-      {"document_layout", "bos tokens eos"},
-      {"documents", documents_},
-      {"tokens", tokens_},
-      {"shards", shards_},
-      {"provenance", provenance_}};
+  nlohmann::json index = {{"format", kShardFormat},
+                          {"version", kShardFormatVersion},
+                          {"dtype", dtype_},
+                          {"byte_order", "little"},
+                          {"vocab_size", tokenizer_.vocab_size()},
+                          {"tokenizer",
+                           {{"path", identity.path},
+                            {"hash", identity.hash},
+                            {"name", tokenizer_.name()},
+                            {"encoding", tokenizer_.encoding()}}},
+                          {"bos_id", tokenizer_.bos_id()},
+                          {"eos_id", tokenizer_.eos_id()},
+                          {"document_layout", "bos tokens eos"},
+                          {"documents", documents_},
+                          {"tokens", tokens_},
+                          {"shards", shards_},
+                          {"provenance", provenance_}};
   files::write_atomic(temp_ + "/index.json", index.dump(2) + "\n");
   // The folder becomes visible under its final name only now, complete.
   std::string old;
@@ -333,6 +335,17 @@ ShardedTokenStream::ShardedTokenStream(const std::string& path, const Tokenizer&
                   "), but training uses '", current.path, "' (", current.hash,
                   "); prepare the data again with --tokenizer ", current.path,
                   " or set model.tokenizer_path to the tokenizer the data was prepared with");
+    // The same file, encoded by rules that may give other ids (an index without the key is
+    // from before loom recorded them: version 1).
+    const std::string encoding = recorded.contains("encoding")
+                                     ? recorded.at("encoding").get<std::string>()
+                                     : unrecorded_encoding(tokenizer);
+    LOOM_CHECK_AS(InputError, encoding == tokenizer.encoding(), index_path,
+                  ": prepared with tokenizer '", recorded_path, "' encoded as '", encoding,
+                  "', but this loom encodes it as '", tokenizer.encoding(),
+                  "' (docs/data.md says what changed), so the same text can have other ids; "
+                  "prepare the data again with --tokenizer ",
+                  current.path);
     int64_t first = 0;
     const auto& shards = json::array_field(index, "shards", index_path);
     LOOM_CHECK_AS(InputError, shards.size() <= (size_t{1} << 20), index_path, ": ", shards.size(),

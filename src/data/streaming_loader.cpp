@@ -129,7 +129,8 @@ nlohmann::json StreamingLoader::state() const {
           {"row", row_},
           {"token", token_},
           {"records_skipped", skipped_},
-          {"tokenizer", tokenizer_.identity().hash}};
+          {"tokenizer", tokenizer_.identity().hash},
+          {"tokenizer_encoding", tokenizer_.encoding()}};
 }
 
 void StreamingLoader::load_state(const nlohmann::json& state) {
@@ -161,6 +162,15 @@ void StreamingLoader::load_state(const nlohmann::json& state) {
         state.at("tokenizer").dump(), ", now \"", tokenizer_.identity().hash,
         "\"): its position inside a document means nothing to this one (set "
         "checkpoint.exclude_from_loading = [\"dataloader\"] to start the data over)");
+    const std::string encoding = state.contains("tokenizer_encoding")
+                                     ? state.at("tokenizer_encoding").get<std::string>()
+                                     : unrecorded_encoding(tokenizer_);
+    LOOM_CHECK_AS(InputError, encoding == tokenizer_.encoding(),
+                  "streamed-dataset state was made by a loom that encoded this tokenizer as '",
+                  encoding, "', this one encodes it as '", tokenizer_.encoding(),
+                  "' (docs/data.md says what changed): its position inside a document may "
+                  "point elsewhere (set checkpoint.exclude_from_loading = [\"dataloader\"] to "
+                  "start the data over)");
     const auto unit = state.at("unit").get<size_t>();
     LOOM_CHECK_AS(InputError, unit < units_.size(), "data-loader state names unit ", unit, " of ",
                   units_.size());

@@ -18,8 +18,8 @@ namespace loom::data {
 namespace {
 
 // Bumped whenever the ids a dataset tokenizes to could change for the same files and tokenizer
-// (append_document's layout, the readers' rules, the tokenizers' encoding: 3 matches a
-// tokenizer.json's added tokens in the text): old entries then simply miss.
+// (append_document's layout, the readers' rules; the tokenizers' own rules are in the key as
+// Tokenizer::encoding): old entries then simply miss.
 constexpr const char* kKeyVersion = "loom-token-cache-3";
 constexpr char kMagic[8] = {'L', 'O', 'O', 'M', 'T', 'O', 'K', '1'};
 
@@ -107,6 +107,7 @@ std::optional<TokenCache> TokenCache::for_dataset(const std::vector<std::string>
   const TokenizerIdentity identity = tokenizer.identity();
   hash.add(identity.hash);
   hash.add(tokenizer.name());
+  hash.add(tokenizer.encoding());
   hash.add(fmt::format("{} {} {}", tokenizer.vocab_size(), tokenizer.bos_id(), tokenizer.eos_id()));
   for (const auto& file : files) add_file(hash, file);
   return TokenCache(*folder + "/tokens/" + hash.hex() + ".tokens");

@@ -41,6 +41,11 @@ TokenizerIdentity Tokenizer::identity() const {
   return {name(), "builtin:" + name() + ":" + std::to_string(vocab_size())};
 }
 
+std::string unrecorded_encoding(const Tokenizer& tokenizer) {
+  const std::string current = tokenizer.encoding();
+  return current.substr(0, current.rfind('/')) + "/1";
+}
+
 std::string file_content_hash(const std::string& path) {
   files::require_regular_file(path, "tokenizer file");
   std::ifstream in(path, std::ios::binary);

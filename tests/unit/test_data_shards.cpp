@@ -285,6 +285,26 @@ TEST(Shards, EveryBrokenDatasetIsAnInputErrorNamingTheFile) {
   fs::copy_file(loom::data::assets_dir() + "/tokenizer/brown_bpe_4k.json", hf_copy);
   EXPECT_EQ(open_error(bpe_prepared, *loom::data::load_tokenizer(hf_copy)), "<no error>")
       << "the same file at another path is the same tokenizer";
+
+  // The same file under other encoding rules: shards of a tokenizer.json prepared before loom
+  // matched added tokens in the text (no "encoding" key: version 1) may hold other ids.
+  const auto bpe_good = read_index(bpe_prepared);
+  EXPECT_EQ(bpe_good["tokenizer"]["encoding"], "hf/2");
+  changed = bpe_good;
+  changed["tokenizer"].erase("encoding");
+  write_index(bpe_prepared, changed);
+  e = open_error(bpe_prepared, *bpe);
+  EXPECT_TRUE(contains(e, "encoded as 'hf/1'") && contains(e, "encodes it as 'hf/2'") &&
+              contains(e, "index.json"))
+      << e;
+  changed["tokenizer"]["encoding"] = 2;
+  write_index(bpe_prepared, changed);
+  EXPECT_TRUE(contains(open_error(bpe_prepared, *bpe), "index.json")) << "a non-string encoding";
+  // A byte tokenizer's rules never changed: its old indexes (no key) still open.
+  changed = index;
+  changed["tokenizer"].erase("encoding");
+  write_index(malformed, changed);
+  EXPECT_EQ(open_error(malformed, *byte), "<no error>");
 }
 
 std::unique_ptr<PackedLoader> text_loader(const std::vector<std::string>& docs,

@@ -212,6 +212,14 @@ TEST_F(DatasetFormats, StreamedResumeIsExactMidRowGroup) {
     loom::data::StreamingLoader retokenized(files, changed, options);
     const std::string why = input_error_of([&] { retokenized.load_state(state); });
     EXPECT_NE(why.find("made with another tokenizer"), std::string::npos) << why;
+    // So is the same tokenizer file encoded by other rules (a state from an older loom).
+    nlohmann::json older = state;
+    older["tokenizer_encoding"] = "byte/0";
+    const std::string rules = input_error_of([&] { resumed.load_state(older); });
+    EXPECT_NE(rules.find("encoded this tokenizer as 'byte/0'"), std::string::npos) << rules;
+    older.erase("tokenizer_encoding");  // before loom recorded it: version 1, the byte rules
+    loom::data::StreamingLoader unrecorded(files, tok, options);
+    unrecorded.load_state(older);
   }
   // The training path picks the streamed loader for columnar files.
   auto source = loom::data::open_dataset_source("mine", path("data.parquet"), tok,

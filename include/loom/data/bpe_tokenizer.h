@@ -38,6 +38,7 @@ class BpeTokenizer : public Tokenizer {
   int32_t eos_id() const override { return eos_id_; }
   int32_t pad_id() const override { return eos_id_; }
   std::string name() const override { return spec_.name; }
+  std::string encoding() const override { return "tiktoken/1"; }
 
   // The ids of one regex piece after byte-pair merging (exposed for tests).
   void encode_piece(std::string_view piece, std::vector<int32_t>& out) const;

@@ -64,6 +64,8 @@ class HfBpeTokenizer : public Tokenizer {
   int32_t eos_id() const override { return eos_id_; }
   int32_t pad_id() const override { return eos_id_; }
   std::string name() const override { return "hf:" + path_; }
+  // 2: added tokens in the text are matched as `tokenizers` matches them (1 ignored them).
+  std::string encoding() const override { return "hf/2"; }
 
  private:
   void encode_word(std::string_view piece, std::vector<int32_t>& out) const;

@@ -32,6 +32,7 @@ class SentencePieceTokenizer : public Tokenizer {
   int32_t eos_id() const override { return eos_id_; }
   int32_t pad_id() const override { return pad_id_; }
   std::string name() const override { return "sentencepiece:" + path_; }
+  std::string encoding() const override { return "sentencepiece/1"; }
 
  private:
   std::string path_;

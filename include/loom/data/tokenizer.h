@@ -30,6 +30,10 @@ class Tokenizer {
   virtual int32_t eos_id() const = 0;
   virtual int32_t pad_id() const = 0;
   virtual std::string name() const = 0;
+  // The implementation's encoding rules and their version ("hf/2"): bumped whenever encode()
+  // could give other ids for the same file and text, so that ids made before (prepared shards,
+  // a streamed dataset's position) are not read as this encoding's.
+  virtual std::string encoding() const = 0;
 
   // Set by load_tokenizer; a tokenizer built directly is identified by its name and vocabulary.
   TokenizerIdentity identity() const;
@@ -49,7 +53,12 @@ class ByteTokenizer : public Tokenizer {
   int32_t eos_id() const override { return 257; }
   int32_t pad_id() const override { return 258; }
   std::string name() const override { return "byte"; }
+  std::string encoding() const override { return "byte/1"; }
 };
+
+// The encoding that ids made before loom recorded encodings were made with: version 1 of this
+// tokenizer's kind ("hf/2" -> "hf/1").
+std::string unrecorded_encoding(const Tokenizer& tokenizer);
 
 // model.tokenizer_path: "byte" (or unset): byte-level; "brown_bpe": the BPE trained on the
 // embedded corpus; a path: tokenizer.json (Hugging Face), .tiktoken, or tokenizer.model (tiktoken
