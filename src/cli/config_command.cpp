@@ -7,6 +7,8 @@
 #include "commands.h"
 #include "loom/config/dump.h"
 #include "loom/core/check.h"
+#include "loom/core/logging.h"
+#include "loom/core/strings.h"
 #include "loom/train/preflight.h"
 
 namespace loom::cli {
@@ -40,6 +42,10 @@ int validate_config(const CLI::App& command, State& state) {
   const auto checked = train::preflight(
       config, {world_size, device_here(config.training.device), true}, loaded.provenance);
   train::throw_if_refused(checked.problems, "config " + name + ": `loom train` would refuse it");
+  if (!checked.warnings.empty()) {
+    log::get("config")->warn("set but without effect in this job: {}",
+                             strings::join(checked.warnings, "; "));
+  }
   std::cout << "config is valid: " << (config.job.config_file ? name : "defaults") << "; "
             << train::describe_world(config, world_size) << "\n";
   return 0;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 
 #include "loom/core/check.h"
 
@@ -112,6 +113,31 @@ std::unique_ptr<Optimizer> build_optimizer(const config::OptimizerSection& secti
         {"param." + std::to_string(i), tensors[i], parallel::Placement::whole(tensors[i].sizes())});
   }
   return build_optimizer(section, std::move(parameters));
+}
+
+std::vector<std::string> unused_role_factors(
+    const config::OptimizerSection& section,
+    const std::vector<models::ParameterShape>& parameters) {
+  std::set<std::string> present;
+  for (const auto& p : parameters) present.insert(parameter_role(p.name, p.shape));
+  const std::map<std::string, std::string> holders = {
+      {"embedding", "no token embedding"},
+      {"head", "no output head of its own: it is tied to the embedding"},
+      {"routing", "no router: it is dense"},
+      {"scalar", "no vector or bias parameter"}};
+  std::vector<std::string> out;
+  for (const auto& [role, holder] : holders) {
+    if (present.count(role)) continue;
+    const auto [lr, weight_decay] = role_factors(section, role);
+    auto add = [&](const char* suffix, double value) {
+      if (value == 1.0) return;
+      out.push_back(
+          fmt::format("optimizer.{}_{} = {} (this model has {})", role, suffix, value, holder));
+    };
+    add("lr_factor", lr);
+    add("weight_decay_factor", weight_decay);
+  }
+  return out;
 }
 
 StateFootprint state_footprint(const config::OptimizerSection& section,

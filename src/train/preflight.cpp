@@ -123,9 +123,7 @@ Preflight preflight(const config::JobConfig& config, const PreflightWorld& world
   auto& problems = out.problems;
   problems = unsupported_features(config, provenance);
   std::vector<std::string> ignored;
-  const bool model_known = collect_problem(ignored, [&] {
-    models::job_model_spec(config);
-  });
+  const bool model_known = collect_problem(ignored, [&] { models::job_model_spec(config); });
   // The arithmetic only once the degrees themselves are ones train can run.
   std::optional<distributed::ParallelDims> dims;
   if (degrees_supported(config.parallelism)) dims = check_layout(config, world, problems);
@@ -144,8 +142,7 @@ Preflight preflight(const config::JobConfig& config, const PreflightWorld& world
   if (world.check_datasets) {
     const auto& t = config.training;
     collect_problem(problems, [&] {
-      check_dataset(t.dataset, t.dataset_path, t.dataset_mixture, t.dataset_text_field,
-                    "training");
+      check_dataset(t.dataset, t.dataset_path, t.dataset_mixture, t.dataset_text_field, "training");
     });
     const auto& v = config.validation;
     if (v.enable) {
@@ -154,6 +151,22 @@ Preflight preflight(const config::JobConfig& config, const PreflightWorld& world
                       "validation");
       });
     }
+  }
+  // Role factors need the model's parameter names: built on the meta device, and only when
+  // one is set.
+  const auto& o = config.optimizer;
+  const bool factor_set = o.embedding_lr_factor != 1 || o.head_lr_factor != 1 ||
+                          o.routing_lr_factor != 1 || o.scalar_lr_factor != 1 ||
+                          o.embedding_weight_decay_factor != 1 || o.head_weight_decay_factor != 1 ||
+                          o.routing_weight_decay_factor != 1 || o.scalar_weight_decay_factor != 1;
+  if (model_known && factor_set) {
+    collect_problem(problems, [&] {
+      const auto meta = at::TensorOptions().device(at::kMeta);
+      const int64_t vocab = out.tokenizer ? out.tokenizer->vocab_size() : 0;
+      const auto summary =
+          models::build_model(config, vocab, meta)->summary(config.training.seq_len);
+      out.warnings = optim::unused_role_factors(o, summary.parameters);
+    });
   }
   // Parameter state is split over FSDP's shards, the tp ranks and (roughly evenly) the pipeline
   // stages; activations are estimated whole: conservative under sequence parallelism.

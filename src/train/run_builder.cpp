@@ -16,6 +16,7 @@
 #include "loom/core/device.h"
 #include "loom/core/host_allocator.h"
 #include "loom/core/logging.h"
+#include "loom/core/strings.h"
 #include "loom/data/mixture.h"
 #include "loom/data/packed_loader.h"
 #include "loom/data/prefetch.h"
@@ -337,6 +338,10 @@ std::unique_ptr<Run> build_run(config::JobConfig config, std::unique_ptr<data::B
       device::resolve_device(run->config.training.device, world.local_rank, "training.device");
   Preflight checked = preflight(run->config, {world.world_size, run->device, source == nullptr});
   throw_if_refused(checked.problems, "loom train cannot start this job");
+  if (!checked.warnings.empty()) {
+    log::get("config")->warn("set but without effect in this job: {}",
+                             strings::join(checked.warnings, "; "));
+  }
   if (const double gib = run->config.debug.cpu_memory_limit_gib; gib > 0) {
     LOOM_CHECK_AS(InputError, run->device.is_cpu(), "debug.cpu_memory_limit_gib = ", gib,
                   " applies to CPU jobs; this job trains on ", run->device.str());

@@ -289,8 +289,12 @@ TEST(FirstDay, ConfigValidateCatchesWhatTrainWouldRefuse) {
   EXPECT_EQ(fits.exit_code, 0) << fits.output;
   EXPECT_NE(fits.output.find("world size 6: pp 1, dp_replicate 2, dp_shard 3"), std::string::npos)
       << fits.output;
-  auto any = run_loom("config validate" + config);
+  // A factor for a role this model has no parameter of is warned (llama3 is dense), not refused.
+  auto any = run_loom("config validate" + config + " --optimizer.routing_lr_factor 0.5");
   EXPECT_EQ(any.exit_code, 0) << any.output;
+  EXPECT_NE(any.output.find("optimizer.routing_lr_factor = 0.5 (this model has no router"),
+            std::string::npos)
+      << any.output;
   // A dataset file that is not there is found by validate, not after the model is built.
   auto missing = run_loom("config validate" + config +
                           " --validation.dataset_path /nonexistent/held_out.jsonl");

@@ -205,6 +205,28 @@ TEST(Optim, StateFootprintCountsEachRolesStateTensors) {
   EXPECT_DOUBLE_EQ(state_footprint(s, ps).matrix_flops, 0);
 }
 
+// Factors for a role no parameter has are named, with why: a router on a dense model, a head
+// tied to the embedding; a factor left at 1, or a role the model has, is not.
+TEST(Optim, RoleFactorsWithoutParametersAreNamed) {
+  config::OptimizerSection s;
+  s.routing_lr_factor = 0.5;
+  s.head_weight_decay_factor = 0;
+  s.embedding_lr_factor = 2;
+  const std::vector<models::ParameterShape> tied_dense = {
+      {"tok_embeddings.weight", {8, 4}, 32},
+      {"layers.0.attention.wq.weight", {4, 4}, 16},
+      {"norm.weight", {4}, 4}};
+  EXPECT_EQ(unused_role_factors(s, tied_dense),
+            (std::vector<std::string>{
+                "optimizer.head_weight_decay_factor = 0 (this model has no output head of its "
+                "own: it is tied to the embedding)",
+                "optimizer.routing_lr_factor = 0.5 (this model has no router: it is dense)"}));
+  auto moe = tied_dense;
+  moe.push_back({"output.weight", {8, 4}, 32});
+  moe.push_back({"layers.0.moe.router.gate.weight", {2, 4}, 8});
+  EXPECT_TRUE(unused_role_factors(s, moe).empty());
+}
+
 // Newton-Schulz in float32 leaves singular values near 1 (the quintic's band, about 0.7-1.2).
 TEST(Optim, NewtonSchulzOrthogonalizes) {
   at::manual_seed(7);

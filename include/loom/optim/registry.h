@@ -54,6 +54,13 @@ std::unique_ptr<Optimizer> build_optimizer(const config::OptimizerSection& secti
 std::unique_ptr<Optimizer> build_optimizer(const config::OptimizerSection& section,
                                            const std::vector<at::Tensor>& tensors);
 
+// The optimizer.<role>_lr_factor / <role>_weight_decay_factor keys set to other than 1 whose
+// role no parameter of the model has, each with why ("optimizer.routing_lr_factor = 0.5 (this
+// model has no router: it is dense)"): a router factor on a dense model, head factors with a
+// head tied to the embedding. `parameters`: the whole model's (a summary's).
+std::vector<std::string> unused_role_factors(const config::OptimizerSection& section,
+                                             const std::vector<models::ParameterShape>& parameters);
+
 // What the planner and the memory estimate count, without building anything: the state tensors
 // (each the parameter's size) of the summary's parameters under the section's optimizer, as
 // elements per parameter element (AdamW: 2), and a description ("exp_avg + exp_avg_sq").

@@ -35,6 +35,9 @@ struct Preflight {
   std::vector<std::string> problems;
   // The job's tokenizer when it loaded (null for synthetic data or when it failed).
   std::unique_ptr<data::Tokenizer> tokenizer;
+  // Keys set to a value the model leaves without effect (optim::unused_role_factors), each
+  // with why: train and validate warn, neither refuses.
+  std::vector<std::string> warnings;
 };
 
 Preflight preflight(const config::JobConfig& config, const PreflightWorld& world,
