@@ -3,6 +3,7 @@
 // math is also replayed on the CPU by test_cuda_kernel_math.cpp in the default suite.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
 
 #include <vector>
 
@@ -165,6 +166,18 @@ TEST(CudaKernels, CrossEntropyEqualsATenAndCanWriteItsGradientOverTheLogits) {
       if (overwrite) {
         EXPECT_TRUE(at::equal(x.detach(), in[0].grad())) << "the gradient is written over x";
       }
+      // Backward twice through one graph (the zero-bubble schedules' input, then weight pass):
+      // the second finds its logits overwritten and must still give the gradient, for the same
+      // seed and for another.
+      auto twice = leaves({logits});
+      at::Tensor y = twice[0] * 1;
+      at::Tensor loss2 = kernels::cross_entropy_sum(y, labels, ignore, overwrite);
+      const auto first = torch::autograd::grad({loss2 * 0.5}, {twice[0]}, {}, true).at(0).clone();
+      expect_close(first, reference_grad, dtype, "first of two passes");
+      const auto second = torch::autograd::grad({loss2 * 0.5}, {twice[0]}, {}, true).at(0).clone();
+      EXPECT_TRUE(at::equal(first, second)) << "the same seed, the same gradient";
+      const auto third = torch::autograd::grad({loss2 * 0.25}, {twice[0]}).at(0);
+      expect_close(third * 2, reference_grad, dtype, "another seed");
     }
   }
 }
