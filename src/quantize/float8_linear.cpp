@@ -11,6 +11,7 @@
 
 #include "loom/core/check.h"
 #include "loom/distributed/comm.h"
+#include "loom/models/kernels/cuda.h"
 #include "loom/protocols/shared_input.h"
 #include "loom/quantize/float8_cuda.h"
 
@@ -62,7 +63,8 @@ using torch::autograd::variable_list;
 // GEMM of the transpose reads (ignored elsewhere, where that GEMM copies or emulates).
 Float8Tensor cast(const at::Tensor& x, const CastSpec& spec, int64_t reduction_dim,
                   const Float8LinearOptions& options, bool with_transposed = false) {
-  if (x.is_cuda() && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16)) {
+  if (x.is_cuda() && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16) &&
+      models::kernels::kernels_run_on(x.get_device())) {
     if (const Float8CudaCasts* fused = float8_cuda_casts()) {
       return fused_quantize(*fused, x, spec, reduction_dim, options.recipe.power_of_2,
                             options.amax_group, with_transposed);

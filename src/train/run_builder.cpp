@@ -145,9 +145,10 @@ void setup_runtime(Run& run) {
   if (cuda) {
     log->info("causal attention on CUDA: training.sdpa_backend = {}{}", models::sdpa_policy(),
               deterministic_order ? " (fastest, but debug.deterministic)" : "");
-    const bool missing = t.cuda_kernels && models::kernels::cuda_kernels() == nullptr;
+    const int index = run.device.has_index() ? run.device.index() : 0;
+    const bool missing = t.cuda_kernels && !models::kernels::kernels_run_on(index);
     log->log(missing ? spdlog::level::warn : spdlog::level::info, "CUDA kernels: {}",
-             models::kernels::cuda_kernels_status());
+             models::kernels::cuda_kernels_status(index));
   }
 }
 

@@ -54,6 +54,9 @@ std::vector<at::Tensor> leaves(const std::vector<at::Tensor>& inputs) {
 
 TEST(CudaKernels, TheLibraryHasThemAndTheSwitchSelectsThem) {
   ASSERT_NE(kernels::cuda_kernels(), nullptr) << kernels::cuda_kernels_status();
+  // This GPU's architecture is among the build's (LOOM_CUDA_ARCHITECTURES): the probe says so.
+  EXPECT_EQ(kernels::cuda_kernels()->device_support(0), "");
+  EXPECT_TRUE(kernels::kernels_run_on(0));
   at::Tensor x = cuda_randn({4, 64}, at::kBFloat16);
   at::Tensor w = at::ones({64}, at::TensorOptions().device(at::kCUDA));
   EXPECT_FALSE(kernels::rms_norm_is_fused(x, w)) << "off by default (training.cuda_kernels)";

@@ -71,6 +71,11 @@ class CudaKernels {
   // finite), computed on the device from squared_total (float64, one element).
   virtual void clip(const std::vector<at::Tensor>& tensors, const at::Tensor& squared_total,
                     double max_norm) const = 0;
+
+  // Empty when the kernels run on CUDA device `index` (this build holds an image for its
+  // architecture: LOOM_CUDA_ARCHITECTURES), else why not, naming the architecture. The float8
+  // casts of the same library answer alike.
+  virtual std::string device_support(int index) const = 0;
 };
 
 // The kernels in the loaded CUDA support library; null where it is not built, not loaded, or
@@ -84,10 +89,15 @@ bool cuda_kernels_enabled();
 // cuda_kernels() when enabled, else null: what the seam's functions ask.
 const CudaKernels* enabled_cuda_kernels();
 
-// True for a CUDA tensor the kernels take: float32 or bfloat16, contiguous, not empty.
+// True for a CUDA tensor the kernels take: float32 or bfloat16, contiguous, not empty, on a
+// device the kernels run on (kernels_run_on).
 bool cuda_kernel_tensor(const at::Tensor& t);
 
-// One line for the log: whether loom's CUDA kernels or ATen's compositions run on CUDA, and why.
-std::string cuda_kernels_status();
+// Whether cuda_kernels() run on CUDA device `index` (asked once per device; false without them).
+bool kernels_run_on(int index);
+
+// One line for the log: whether loom's CUDA kernels or ATen's compositions run on CUDA device
+// `index`, and why.
+std::string cuda_kernels_status(int index = 0);
 
 }  // namespace loom::models::kernels

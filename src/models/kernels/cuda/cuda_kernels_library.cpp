@@ -197,6 +197,21 @@ class CudaKernelsLibrary final : public CudaKernels {
       }
     }
   }
+
+  std::string device_support(int index) const override {
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(index));
+    const cudaError_t status = launch::kernel_image_status();
+    if (status == cudaSuccess) return "";
+    cudaDeviceProp properties{};
+    const bool known = cudaGetDeviceProperties(&properties, index) == cudaSuccess;
+    (void)cudaGetLastError();
+    const std::string arch =
+        known ? "sm_" + std::to_string(properties.major) + std::to_string(properties.minor) : "?";
+    return "loom's CUDA kernels cannot run on cuda:" + std::to_string(index) + " (" +
+           (known ? std::string(properties.name) + ", " : std::string()) + arch +
+           "): " + cudaGetErrorString(status) + "; rebuild with -DLOOM_CUDA_ARCHITECTURES naming " +
+           arch.substr(arch.find('_') + 1) + " (this build's: " LOOM_CUDA_ARCHITECTURES_TEXT ")";
+  }
 };
 
 }  // namespace

@@ -50,6 +50,12 @@ void cross_entropy_backward(Dtype dtype, const void* logits, const int64_t* labe
                             const float* lse, const float* grad_scale, int64_t rows, int64_t vocab,
                             int64_t ignore_index, void* grad, cudaStream_t stream);
 
+// Whether the current device can run this library's kernels: cudaSuccess, or the error asking
+// for a kernel's attributes gives (cudaErrorNoKernelImageForDevice: no image for its
+// architecture among those this build compiled, LOOM_CUDA_ARCHITECTURES). Every .cu file of the
+// library is compiled for the same architectures, so one kernel answers for all.
+cudaError_t kernel_image_status();
+
 // Up to kMaxTensorsPerLaunch tensors of one dtype per launch.
 constexpr int kMaxTensorsPerLaunch = 32;
 using cuda_math::kSquaredNormBlocksPerTensor;

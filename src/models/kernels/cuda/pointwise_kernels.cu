@@ -83,4 +83,11 @@ void rotary(Dtype dtype, const void* q, const void* k, const float* rotation, vo
   check_launch("rotary");
 }
 
+cudaError_t kernel_image_status() {
+  cudaFuncAttributes attributes;
+  const cudaError_t status = cudaFuncGetAttributes(&attributes, swiglu_forward_kernel<float>);
+  (void)cudaGetLastError();  // not sticky: the next launch's check must not see it
+  return status;
+}
+
 }  // namespace loom::models::kernels::cuda_launch
