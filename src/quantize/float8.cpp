@@ -159,20 +159,36 @@ bool hardware_shapes(const Float8Tensor& a, const Float8Tensor& b) {
          b.data.size(1) % multiple == 0;
 }
 
-// A blockwise scale as at::_scaled_mm takes it: the multipliers (1 / scale), outer-dimension-
-// major (the layout cuBLASLt's block-scaled GEMMs read).
-at::Tensor blockwise_kernel_scale(const at::Tensor& scale) {
-  return scale.reciprocal().to(at::kFloat).t().contiguous().t();
+// The tile pairings of loom's blockwise GEMMs: 1 x 128 activation tiles by 128 x 128 weight
+// blocks (forward, grad input), and 1 x 128 by 128 x 1 tiles (the weight gradient).
+enum class BlockPairing { kTilesByBlocks, kTilesByTiles };
+BlockPairing pairing_of(const Float8Tensor& b) {
+  return b.tile_cols == 1 ? BlockPairing::kTilesByTiles : BlockPairing::kTilesByBlocks;
+}
+const char* pairing_name(BlockPairing pairing) {
+  return pairing == BlockPairing::kTilesByTiles ? "1x128 by 128x1 (grad weight)"
+                                                : "1x128 by 128x128 (forward, grad input)";
+}
+
+// A blockwise scale as at::_scaled_mm takes it: the multipliers (1 / scale), in the layout
+// cuBLASLt's block-scaled GEMMs read. Tiles along the reduced dimension and 128 x 128 blocks:
+// outer-dimension-major. A right operand's 128 x 1 tiles are the transpose of a left operand's
+// 1 x 128, so their multipliers go row-major ([K/128, N], so that the transpose is
+// outer-dimension-major as the left's are; torch checks b.t() against scale_b.t()).
+at::Tensor blockwise_kernel_scale(const Float8Tensor& operand, bool right) {
+  const at::Tensor multipliers = operand.scale.reciprocal().to(at::kFloat);
+  if (right && operand.tile_cols == 1) return multipliers.contiguous();
+  return multipliers.t().contiguous().t();
 }
 
 // at::_scaled_mm with block scales (1 x 128 activation tiles, 128 x 128 weight blocks, and the
-// weight gradient's 128 x 1 tiles): it reads which from the scales' shapes.
+// weight gradient's 128 x 1 tiles): it reads which from the scales' shapes and layouts.
 at::Tensor hardware_blockwise_mm(const Float8Tensor& a, const Float8Tensor& b,
                                  at::ScalarType out_dtype, bool fast_accum) {
   const at::Tensor left = a.data.contiguous();
   const at::Tensor right = b.data.t().contiguous().t();
-  return at::_scaled_mm(left, right, blockwise_kernel_scale(a.scale),
-                        blockwise_kernel_scale(b.scale), std::nullopt, std::nullopt, out_dtype,
+  return at::_scaled_mm(left, right, blockwise_kernel_scale(a, false),
+                        blockwise_kernel_scale(b, true), std::nullopt, std::nullopt, out_dtype,
                         fast_accum);
 }
 
@@ -181,11 +197,11 @@ at::Tensor emulated_mm(const Float8Tensor& a, const Float8Tensor& b, at::ScalarT
   return out_dtype == at::kFloat ? product : product.to(out_dtype);
 }
 
-// Whether the blockwise kernel computes the emulation's definition on `device`: asked once per
-// device on a small random problem of each tile pairing loom uses, since the layout rules of
-// block-scaled GEMMs vary between releases. A mismatch (or an error) is logged once and the
-// blockwise GEMMs are emulated on that device: correct, not fast.
-bool blockwise_kernel_agrees(int index) {
+// Whether the blockwise kernel computes the emulation's definition on `device` for a tile
+// pairing: asked once per device and pairing on small random problems, since the layout rules of
+// block-scaled GEMMs vary between releases. A mismatch (or an error) is logged once and that
+// pairing's GEMMs are emulated on that device: correct, not fast.
+bool blockwise_kernel_agrees(int index, BlockPairing pairing) {
   const at::Device device(at::kCUDA, static_cast<c10::DeviceIndex>(index));
   bool ok = true;
   std::string why;
@@ -209,6 +225,7 @@ bool blockwise_kernel_agrees(int index) {
         {quantize(x.t(), tiles, 1, false), quantize(w, tiles, 0, false), false},   // grad weight
     };
     for (const auto& [a, b, fast_accum] : cases) {
+      if (pairing_of(b) != pairing) continue;
       const at::Tensor want = emulated_mm(a, b, at::kFloat);
       const at::Tensor got = hardware_blockwise_mm(a, b, at::kFloat, fast_accum);
       const double error = (got - want).abs().max().item<double>();
@@ -226,16 +243,17 @@ bool blockwise_kernel_agrees(int index) {
   }
   if (!ok) {
     log::get("float8")->warn(
-        "blockwise float8 GEMM on cuda:{}: at::_scaled_mm {}; blockwise GEMMs are emulated "
-        "there (correct, not fast)",
-        index, why.substr(0, 300));
+        "blockwise float8 GEMM on cuda:{}, tiles {}: at::_scaled_mm {}; these GEMMs are "
+        "emulated there (correct, not fast)",
+        index, pairing_name(pairing), why.substr(0, 300));
   }
   return ok;
 }
 
-bool blockwise_kernel_trusted(const at::Device& device) {
-  static PerDeviceAnswer answers;
-  return answers.get(device, blockwise_kernel_agrees);
+bool blockwise_kernel_trusted(const at::Device& device, BlockPairing pairing) {
+  static PerDeviceAnswer by_blocks, by_tiles;
+  auto ask = [pairing](int index) { return blockwise_kernel_agrees(index, pairing); };
+  return (pairing == BlockPairing::kTilesByTiles ? by_tiles : by_blocks).get(device, ask);
 }
 
 }  // namespace
@@ -246,7 +264,8 @@ at::Tensor scaled_mm(const Float8Tensor& a, const Float8Tensor& b, at::ScalarTyp
              "float8 scaled_mm: shapes ", a.data.sizes(), " and ", b.data.sizes());
   if (!emulate && hardware_float8(a.data.device()) && hardware_shapes(a, b)) {
     if (!a.blockwise() && !b.blockwise()) return hardware_scaled_mm(a, b, out_dtype, fast_accum);
-    if (a.blockwise() && b.blockwise() && blockwise_kernel_trusted(a.data.device())) {
+    if (a.blockwise() && b.blockwise() &&
+        blockwise_kernel_trusted(a.data.device(), pairing_of(b))) {
       return hardware_blockwise_mm(a, b, out_dtype, fast_accum);
     }
   }
