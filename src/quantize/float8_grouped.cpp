@@ -1,6 +1,7 @@
 #include "loom/quantize/float8_grouped.h"
 
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -209,9 +210,14 @@ bool float8_grouped_kernel_trusted(const at::Device& device) {
 }
 
 at::Tensor float8_grouped_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& counts) {
-  // The GEMMs follow the recipe, not autocast.
+  // Under autocast the tokens go to the autocast dtype first (as float8_linear's input, and
+  // what the grouped kernel reads); the GEMMs follow the recipe, not autocast.
+  const at::DeviceType device = x.device().type();
+  const at::Tensor input = at::autocast::is_autocast_enabled(device)
+                               ? x.to(at::autocast::get_autocast_dtype(device))
+                               : x;
   const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
-  return Float8GroupedMm::apply(x, w, counts);
+  return Float8GroupedMm::apply(input, w, counts);
 }
 
 std::vector<std::string> convert_grouped_to_float8(torch::nn::Module& root,

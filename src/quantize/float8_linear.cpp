@@ -164,8 +164,6 @@ struct Float8LinearFunction : torch::autograd::Function<Float8LinearFunction> {
     at::Tensor y = scaled_mm(xq, wq.t(), out_dtype, options->emulate, /*fast_accum=*/true);
     ctx->saved_data["options"] = reinterpret_cast<int64_t>(options);
     ctx->saved_data["input_shape"] = input.sizes().vec();
-    ctx->saved_data["input_dtype"] = input.scalar_type();
-    ctx->saved_data["weight_dtype"] = weight.scalar_type();
     // The input, when cast the same way for the weight gradient, is kept in float8 (half the
     // activation memory); otherwise in high precision and cast again in backward. The weight is
     // kept as the parameter (FSDP frees and regathers it between forward and backward; a float8
@@ -205,9 +203,9 @@ struct Float8LinearFunction : torch::autograd::Function<Float8LinearFunction> {
       const Float8Tensor wq = prepared != nullptr && prepared->defined()
                                   ? *prepared
                                   : weight_cast(weight, r.weight_for_grad_input, 0, options, cache);
-      grad_input =
-          scaled_mm(go_q, wq, ctx->saved_data["input_dtype"].toScalarType(), options.emulate)
-              .view(ctx->saved_data["input_shape"].toIntVector());
+      // In grad_output's dtype, as torchao's (autograd casts it to the input's).
+      grad_input = scaled_mm(go_q, wq, go.scalar_type(), options.emulate)
+                       .view(ctx->saved_data["input_shape"].toIntVector());
     }
     if (ctx->needs_input_grad(1)) {
       grad_weight = weight_gradient(ctx, go, go_q, x, options);
@@ -220,7 +218,9 @@ struct Float8LinearFunction : torch::autograd::Function<Float8LinearFunction> {
                                     const Float8Tensor& go_q, const at::Tensor& x,
                                     const Float8LinearOptions& options) {
     const Float8Recipe& r = options.recipe;
-    const at::ScalarType dtype = ctx->saved_data["weight_dtype"].toScalarType();
+    // In grad_output's dtype, as torchao's: autograd casts it to the weight's (a float32 weight
+    // under autocast gets a bfloat16-rounded gradient, as it does in torchao).
+    const at::ScalarType dtype = go.scalar_type();
     if (r.grad_output_for_grad_weight.scaling == Scaling::kNone) {
       return high_precision_mm(go.t(), x, dtype);
     }
@@ -276,13 +276,15 @@ Float8Tensor WeightCastCache::get(const at::Tensor& weight, const CastSpec& spec
 }
 
 at::Tensor Float8LinearCompute::forward(const at::Tensor& input, const at::Tensor& weight) {
-  // Under autocast the output takes the autocast dtype (as at::linear's would); the GEMMs inside
-  // follow the recipe, not autocast.
+  // Under autocast the input goes to the autocast dtype first, as torchao's Float8Linear does:
+  // its amax and cast see what a bfloat16 run computes, and the output is in that dtype (as
+  // at::linear's would be). The GEMMs inside follow the recipe, not autocast.
   const at::DeviceType device = input.device().type();
-  at::ScalarType out = input.scalar_type();
-  if (at::autocast::is_autocast_enabled(device)) out = at::autocast::get_autocast_dtype(device);
+  const at::Tensor x = at::autocast::is_autocast_enabled(device)
+                           ? input.to(at::autocast::get_autocast_dtype(device))
+                           : input;
   const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
-  return float8_linear(input, weight, options_, gathered_, out,
+  return float8_linear(x, weight, options_, gathered_, x.scalar_type(),
                        options_.cache_weight_casts ? &weight_casts_ : nullptr);
 }
 

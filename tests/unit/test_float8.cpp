@@ -2,6 +2,7 @@
 // against ATen's own at::_scaled_mm CPU kernel, the float8 linear's three GEMMs against the
 // recipes, the converter's choice of linears, and the config keys.
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 
@@ -268,6 +269,43 @@ TEST(Float8, WeightsAreCastOncePerOptimizerStep) {
     for (size_t i = 0; i < grads[0].size(); ++i) {
       EXPECT_TRUE(at::equal(grads[0][i], grads[1][i])) << "weight gradient of step " << i;
     }
+  }
+}
+
+// Under autocast the input is cast to the autocast dtype before its float8 cast, as torchao's
+// Float8Linear does: the output and every gradient equal the linear of the bfloat16 input
+// outside autocast (not an amax of the float32 values), and the weight gradient comes in
+// grad_output's dtype (bfloat16-rounded, then float32 for the float32 weight), as torchao's.
+TEST(Float8, UnderAutocastTheInputIsCastToItsDtypeFirstAsTorchaoDoes) {
+  for (const char* name : {"tensorwise", "rowwise", "blockwise"}) {
+    SCOPED_TRACE(name);
+    q::Float8LinearOptions options;
+    options.recipe = q::float8_recipe(name);
+    options.emulate = true;
+    const at::Tensor x0 = randn({32, 128}, 60) * 3;
+    const at::Tensor w0 = randn({48, 128}, 61) * 0.1;
+    const at::Tensor go = randn({32, 48}, 62).to(at::kBFloat16);
+    at::Tensor x = x0.clone().set_requires_grad(true);
+    at::Tensor w = w0.clone().set_requires_grad(true);
+    at::Tensor y;
+    {
+      at::autocast::set_autocast_enabled(at::kCPU, true);
+      at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+      y = q::Float8LinearCompute(options).forward(x, w);
+      at::autocast::set_autocast_enabled(at::kCPU, false);
+      at::autocast::clear_cache();
+    }
+    EXPECT_EQ(y.scalar_type(), at::kBFloat16);
+    y.backward(go);
+    at::Tensor x_bf16 = x0.to(at::kBFloat16).set_requires_grad(true);
+    at::Tensor w_ref = w0.clone().set_requires_grad(true);
+    const at::Tensor y_ref = q::Float8LinearCompute(options).forward(x_bf16, w_ref);
+    y_ref.backward(go);
+    EXPECT_TRUE(at::equal(y, y_ref)) << max_abs_diff(y, y_ref);
+    EXPECT_TRUE(at::equal(x.grad(), x_bf16.grad().to(at::kFloat)));
+    EXPECT_TRUE(at::equal(w.grad(), w_ref.grad()));
+    EXPECT_TRUE(at::equal(w.grad(), w.grad().to(at::kBFloat16).to(at::kFloat)))
+        << "the weight gradient in grad_output's dtype";
   }
 }
 
