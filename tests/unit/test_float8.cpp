@@ -41,6 +41,8 @@ q::Float8Tensor by_hand(const at::Tensor& x, const q::CastSpec& spec, int64_t di
   at::Tensor amax =
       spec.scaling == q::Scaling::kTensorwise ? x.abs().max() : x.abs().amax({dim}, true);
   at::Tensor scale = (q::max_finite(spec.format) / amax.to(at::kDouble)).to(at::kFloat);
+  // torchao's formula; it equals loom's exact round-down except within a few ulps below a power
+  // of two (docs/float8.md), which random data never reaches.
   if (pow2) scale = at::exp2(at::floor(at::log2(scale)));
   const double limit = q::max_finite(spec.format);
   return {(x * scale).clamp(-limit, limit).to(q::scalar_type(spec.format)), scale};
