@@ -59,7 +59,9 @@ class Float8CudaCastsLibrary final : public Float8CudaCasts {
     const c10::cuda::CUDAGuard guard(x.device());
     const int64_t rows = x.size(0), cols = x.size(1);
     if ((rows + 31) / 32 > 65535) {
-      throw std::invalid_argument("loom float8 casts: too many rows for one transposing launch");
+      // Row squares beyond a grid's y dimension (over 2M rows): the plain cast, and the GEMM
+      // that wants the transpose reads it strided (Float8Tensor::t()) as on the unfused path.
+      return cast_tensorwise(x, amax, format, power_of_2);
     }
     at::Tensor data = at::empty(x.sizes(), x.options().dtype(float8_type(format)));
     at::Tensor transposed = at::empty({cols, rows}, x.options().dtype(float8_type(format)));
