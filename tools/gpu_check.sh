@@ -160,6 +160,10 @@ run_training "100M bf16 + cuda kernels" 100M 16 2048 40 --training.cuda_kernels 
 # The whole step as one CUDA graph (training.cuda_graph, opt-in until this passes): losses step
 # by step against the eager run, and the tokens/s ratio.
 run_training "100M bf16 + cuda graph" 100M 16 2048 40 --training.cuda_graph true
+# The replayed step's skip of a non-finite update (training.skip_nonfinite_steps: the flag from
+# the all-reduced norm, read on the device): losses step by step against the graph run above.
+run_training "100M bf16 + cuda graph + skip nonfinite" 100M 16 2048 40 \
+  --training.cuda_graph true --training.skip_nonfinite_steps 2
 run_training "8B_4layers bf16" 8B_4layers 2 4096 20
 run_reference "8B_4layers bf16 (PyTorch eager)" 8B_4layers 2 4096 20
 run_reference "8B_4layers bf16 (torch.compile)" 8B_4layers 2 4096 20 --compile
@@ -182,6 +186,10 @@ run_layout_on_one_gpu "FSDP 2" 2 --parallelism.data_parallel_shard_degree 2 \
 run_layout_on_one_gpu "TP 2" 2 --parallelism.tensor_parallel_degree 2
 run_layout_on_one_gpu "PP 2" 2 --parallelism.pipeline_parallel_degree 2 \
   --parallelism.pipeline_parallel_schedule 1F1B
+# The split backward (input, then weight pass through one graph) with loom's kernels: the
+# cross-entropy writes its gradient over the logits in the first pass and must serve the second.
+run_layout_on_one_gpu "PP 2 zero bubble + cuda kernels" 2 --parallelism.pipeline_parallel_degree 2 \
+  --parallelism.pipeline_parallel_schedule InterleavedZeroBubble --training.cuda_kernels true
 run_layout_on_one_gpu "CP 2" 2 --parallelism.context_parallel_degree 2
 run_layout_on_one_gpu "EP 2" 2 --parallelism.expert_parallel_degree 2 \
   --parallelism.data_parallel_shard_degree 2 --training.local_batch_size 2

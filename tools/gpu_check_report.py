@@ -15,7 +15,9 @@ and the allocator's warm-up). The bf16/fp32 comparison pairs the runs named "X b
 and compares their losses step by step (same seed, same data); likewise "X" and
 "X + cuda kernels" (loom's CUDA kernels, training.cuda_kernels) and "X + cuda graph" (the step as
 one CUDA graph, training.cuda_graph) or "X + libtorch attention" (LibTorch's own attention kernel
-order instead of the measured one, training.sdpa_backend), with their tokens/s ratio. A
+order instead of the measured one, training.sdpa_backend) or "X + skip nonfinite" (the
+replayed graph's skip of non-finite updates, training.skip_nonfinite_steps), with their
+tokens/s ratio. A
 run "X (PyTorch eager)" or "X (torch.compile)" is PyTorch on the same model, batch and GPU, and
 "X (torchtitan)" or "X (torchtitan compile)" torchtitan's Trainer on them: loom's run "X" is
 reported as a ratio of each.
@@ -77,7 +79,8 @@ def summary(path):
     for run in runs:
         if run.endswith(" bf16") and run[:-5] + " fp32" in runs:
             compare(run, runs[run], run[:-5] + " fp32", runs[run[:-5] + " fp32"])
-    for variant in (" + cuda kernels", " + cuda graph", " + libtorch attention"):
+    for variant in (" + cuda kernels", " + cuda graph", " + libtorch attention",
+                    " + skip nonfinite"):
         for run in runs:
             if run.endswith(variant) and run[:-len(variant)] in runs:
                 base = run[:-len(variant)]

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include "loom/models/kernels/cross_entropy.h"
+#include "loom/protocols/repeated_backward.h"
 
 namespace loom::models {
 
@@ -12,11 +13,13 @@ at::Tensor cross_entropy_sum(const at::Tensor& logits, const at::Tensor& labels)
   if (rows.is_cuda() && kernels::cross_entropy_is_fused(rows, targets, kIgnoreIndex)) {
     // loom's CUDA kernel reads bfloat16 logits as they are and writes their gradient over them:
     // the head's logits serve the loss alone (loss.h). A leaf is someone's data: never
-    // overwritten. No version bump follows the overwrite: multi-token prediction's depths are
-    // row ranges of one logits tensor, each saved by its own loss, and a bump by one depth's
-    // backward would fail the next depth's unpacking (their rows do not overlap).
-    return kernels::cross_entropy_sum(rows, targets, kIgnoreIndex,
-                                      /*overwrite_logits=*/!logits.is_leaf());
+    // overwritten; nor are logits whose graph is backpropagated twice (the zero-bubble
+    // schedules' input and weight passes: protocols/repeated_backward.h). No version bump
+    // follows the overwrite: multi-token prediction's depths are row ranges of one logits
+    // tensor, each saved by its own loss, and a bump by one depth's backward would fail the next
+    // depth's unpacking (their rows do not overlap).
+    const bool overwrite = !logits.is_leaf() && !protocols::backward_may_repeat();
+    return kernels::cross_entropy_sum(rows, targets, kIgnoreIndex, overwrite);
   }
   return kernels::cross_entropy_sum(rows.to(at::kFloat), targets, kIgnoreIndex);
 }

@@ -163,29 +163,34 @@ struct Float8GroupedMm : torch::autograd::Function<Float8GroupedMm> {
     const at::Tensor& w = saved[1];
     const at::Tensor go = grads[0].contiguous();
     const bool kernel = saved.size() == 4;  // the forward took at::_scaled_grouped_mm
+    // Only what is asked for: the zero-bubble schedules' input pass wants gx alone, their
+    // weight pass gw alone.
+    const bool want_x = ctx->needs_input_grad(0), want_w = ctx->needs_input_grad(1);
     at::Tensor gx;
-    if (kernel) {
+    if (kernel && want_x) {
       // grad_x = grad_y · w[g]ᵀ for every group in one launch (w[g]ᵀ cast per column along N).
       gx = grouped_kernel_mm(quantize(go, kRowwise, 1, true),
                              quantize_experts(w.transpose(1, 2).contiguous()), saved[3], false)
                .to(x.scalar_type());
     }
+    const bool gx_by_group = !kernel && want_x;
+    if (!gx_by_group && !want_w) return {gx, at::Tensor(), at::Tensor()};
     // The weight gradient reduces over each group's tokens: group by group (its scales run over
     // the group's rows), with the row counts on the host.
     const std::vector<int64_t> sizes =
         kernel ? group_sizes(saved[2]) : ctx->saved_data["sizes"].toIntVector();
-    if (!kernel) gx = at::zeros_like(x);
-    at::Tensor gw = at::zeros_like(w);
+    if (gx_by_group) gx = at::zeros_like(x);
+    at::Tensor gw = want_w ? at::zeros_like(w) : at::Tensor();
     int64_t row = 0;
     for (size_t g = 0; g < sizes.size(); ++g) {
       if (sizes[g] == 0) continue;
       const at::Tensor xg = x.narrow(0, row, sizes[g]);
       const at::Tensor gog = go.narrow(0, row, sizes[g]);
       const auto index = static_cast<int64_t>(g);
-      if (!kernel) {
+      if (gx_by_group) {
         gx.narrow(0, row, sizes[g]).copy_(rowwise_mm(gog, w[index].t(), x.scalar_type()));
       }
-      gw[index].copy_(rowwise_mm(xg.t(), gog, w.scalar_type(), /*emulate=*/!kernel));
+      if (want_w) gw[index].copy_(rowwise_mm(xg.t(), gog, w.scalar_type(), /*emulate=*/!kernel));
       row += sizes[g];
     }
     return {gx, gw, at::Tensor()};

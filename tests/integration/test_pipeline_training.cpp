@@ -221,18 +221,19 @@ LOOM_TEST(PipelineTraining, TooFewMicrobatchesAreRefusedBeforeTheRendezvousNamin
   EXPECT_FALSE(fs::exists(folder + "/metrics.jsonl"));
 }
 
-// QK-clip where one stage holds no attention layer (the embedding alone): that stage has nothing
-// to clip but still joins the world's max of the step's largest logit on each log step, so the
-// ranks' collectives stay matched (it skipped the max and the job died in a collective
-// mismatch) and the logged logit is the attention stage's.
-LOOM_TEST(PipelineTraining, QkClipWithAStageWithoutAttentionLayers) {
+// A stage that holds neither an attention nor a mixture layer (the embedding alone) of a
+// DeepSeek-V3 with QK-clip: it has nothing to clip and no expert load, but still joins the
+// world's max of the step's largest logit and the pp group's max of the load metrics on each log
+// step, so the ranks' collectives stay matched (skipping either, the job died in a collective
+// mismatch at step 1), and the logged values are the other stage's.
+LOOM_TEST(PipelineTraining, QkClipAndMoeMetricsWithAStageWithoutThoseLayers) {
   const std::string folder = fresh_temp_dir("pp2_qk_clip_embedding_stage");
   run_ok(launch_args(2, job("--job.dump_folder " + folder + pipeline(2, "1F1B") +
+                            " --model.name deepseek_v3 --model.flavor debugmodel"
                             " --training.steps 3 --validation.enable false"
                             " --optimizer.qk_clip_threshold 0.5"
                             " --parallelism.module_fqns_per_model_part "
-                            "'tok_embeddings;layers.0,layers.1,layers.2,layers.3,layers.4,"
-                            "layers.5,norm,output'")),
+                            "'tok_embeddings;layers.0,layers.1,layers.2,layers.3,norm,output'")),
          "");
   const auto steps = rows(folder, "loss");
   ASSERT_EQ(steps.size(), 3u);
@@ -240,6 +241,8 @@ LOOM_TEST(PipelineTraining, QkClipWithAStageWithoutAttentionLayers) {
     ASSERT_TRUE(j.contains("max_attention_logit")) << j.dump();
     const double logit = j["max_attention_logit"].get<double>();
     EXPECT_TRUE(std::isfinite(logit) && logit > 0) << j.dump();
+    ASSERT_TRUE(j.contains("moe/load_max_mean")) << j.dump();
+    EXPECT_GE(j["moe/load_max_mean"].get<double>(), 1.0) << j.dump();
   }
 }
 

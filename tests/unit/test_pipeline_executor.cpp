@@ -15,12 +15,14 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "comm_test_util.h"
 #include "loom/core/check.h"
 #include "loom/parallel/pipeline/executor.h"
 #include "loom/parallel/pipeline/simulate.h"
+#include "loom/protocols/repeated_backward.h"
 #include "support/test_sets.h"
 
 namespace {
@@ -223,6 +225,33 @@ TEST(PipelineExecutor, WeightGradientsAreDeferredToW) {
     LOOM_CHECK(seen.size() == schedule.actions[rank].size(), "before_action on every action");
   });
   LOOM_EXPECT_RANKS_OK(errors);
+}
+
+// A stage whose backward the schedule splits (I, then W through one graph) runs its forwards in
+// a RepeatedBackwardScope, so that they save nothing a first pass destroys (the fused
+// cross-entropy keeps its logits); a stage with whole backwards (1F1B) does not.
+TEST(PipelineExecutor, SplitBackwardStagesForwardInARepeatedBackwardScope) {
+  for (const auto& [kind, split] : {std::pair{ScheduleKind::kInterleavedZeroBubble, true},
+                                    std::pair{ScheduleKind::k1F1B, false}}) {
+    const Schedule schedule = make_schedule(kind, 2, 1, 4);
+    const Batch batch = make_batch(4);
+    auto errors = run_ranks(2, [&, split = split](ProcessGroups& groups) {
+      const int rank = groups.rank();
+      LinearStage stage(rank * kLayers / 2, (rank + 1) * kLayers / 2);
+      ExecutorOptions eo = executor_options();
+      int losses = 0;
+      eo.loss = [&](const at::Tensor& out, const at::Tensor& target) {
+        LOOM_CHECK(loom::protocols::backward_may_repeat() == split, schedule.name);
+        ++losses;
+        return loss_of(out, target);
+      };
+      PipelineExecutor executor(schedule, rank, {{rank, &stage}}, groups.world(), eo);
+      executor.run_step(batch.inputs, batch.targets);
+      LOOM_CHECK(losses == (rank == 1 ? 4 : 0), losses, " losses on rank ", rank);
+      LOOM_CHECK(!loom::protocols::backward_may_repeat(), "the scope outlived the forward");
+    });
+    LOOM_EXPECT_RANKS_OK(errors);
+  }
 }
 
 // A stage that takes a fixed time: `forward_ms` in its forward, twice that in its backward

@@ -76,14 +76,15 @@ int64_t layer_index(const std::string& block) {  // "layers.7" -> 7
 // The metrics of a logged step: per layer the max/mean expert load ("moe/load_max_mean/layers.N")
 // and over all layers its maximum, the dropped copies, the mean auxiliary loss (x its
 // coefficient) and the range of the balancing biases. Pipeline stages hold different layers:
-// each fills its rows, the pp group takes the maximum (-inf where a stage has no layer).
+// each fills its rows, the pp group takes the maximum (-inf where a stage has no layer; a stage
+// with none at all joins with every row -inf). `global`: global_load's, unused without layers.
 parallel::ModelMetrics load_metrics(std::vector<std::pair<std::string, MoE>>& layers,
                                     const at::Tensor& global, distributed::Comm& pp,
-                                    int64_t num_layers) {
+                                    int64_t num_layers, const at::Device& device) {
   enum Column { kLoad, kNegBiasMin, kBiasMax, kDropped, kAux, kColumns };
   const double none = -std::numeric_limits<double>::infinity();
   at::Tensor stats = at::full({num_layers, kColumns}, none, at::kDouble);
-  const at::Tensor host = global.to(at::kCPU, at::kDouble);
+  const at::Tensor host = layers.empty() ? at::Tensor() : global.to(at::kCPU, at::kDouble);
   for (size_t i = 0; i < layers.size(); ++i) {
     const int64_t experts = layers[i].second->args.num_experts;
     const at::Tensor row = host[static_cast<int64_t>(i)];
@@ -99,7 +100,7 @@ parallel::ModelMetrics load_metrics(std::vector<std::pair<std::string, MoE>>& la
     out[kAux] = count > 0 ? row[experts + 1].item<double>() / count : none;
   }
   if (pp.size() > 1) {
-    at::Tensor shared = stats.to(global.device());
+    at::Tensor shared = stats.to(device);
     pp.all_reduce(shared, distributed::ReduceOp::kMax);
     stats = shared.to(at::kCPU);
   }
@@ -131,18 +132,22 @@ parallel::ModelMetrics load_metrics(std::vector<std::pair<std::string, MoE>>& la
 // After each optimizer step: DeepSeek-V3's balancing from the step's token counts of every
 // layer, summed over the ranks that route different tokens through the same layers (dp x cp; a
 // pipeline stage's own layers), so every rank moves the bias alike; on logged steps, the load
-// metrics.
+// metrics. `layers` may be empty: a pipeline stage without a mixture layer still joins the
+// stages' metrics on logged steps.
 std::function<parallel::ModelMetrics(const parallel::AfterStep&)> moe_after_step(
     std::vector<std::pair<std::string, MoE>> layers, const parallel::ParallelContext& context,
     int64_t num_layers) {
-  if (layers.empty()) return {};
   bool balance = false;
   for (auto& [name, layer] : layers) balance = balance || layer->args.load_balance_coeff > 0;
   auto tokens = context.runtime.group_ptr(MeshGroup::loss);
   auto pp = context.runtime.group_ptr(MeshGroup::pp);
-  return [layers = std::move(layers), tokens, pp, balance,
-          num_layers](const parallel::AfterStep& step) mutable {
+  return [layers = std::move(layers), tokens, pp, balance, num_layers,
+          device = context.device](const parallel::AfterStep& step) mutable {
     const bool log_step = step.log_step;
+    if (layers.empty()) {
+      return log_step ? load_metrics(layers, at::Tensor(), *pp, num_layers, device)
+                      : parallel::ModelMetrics{};
+    }
     if (!balance && !log_step) {
       for (auto& [name, layer] : layers) layer->take_load_statistics();  // a fresh window
       return parallel::ModelMetrics{};
@@ -153,7 +158,8 @@ std::function<parallel::ModelMetrics(const parallel::AfterStep&)> moe_after_step
       layer->update_expert_bias(
           global[static_cast<int64_t>(i)].narrow(0, 0, layer->args.num_experts), step.skipped);
     }
-    return log_step ? load_metrics(layers, global, *pp, num_layers) : parallel::ModelMetrics{};
+    return log_step ? load_metrics(layers, global, *pp, num_layers, device)
+                    : parallel::ModelMetrics{};
   };
 }
 
@@ -182,11 +188,19 @@ void parallelize_moe_layers(parallel::ParallelModel& out,
                             const std::vector<std::unique_ptr<CausalLM>>& parts,
                             const parallel::ParallelContext& context) {
   const auto layers = moe_layers(parts);
-  if (layers.empty()) return;
   const auto& model = context.config.model;
   // Multi-token-prediction blocks count as layers after the model's (their mixtures route too).
   const DecoderArgs& args = decoder_args(*parts.front());
   const int64_t total_layers = args.n_layers + args.num_mtp_layers;
+  if (layers.empty()) {
+    // A stage of a mixture model without a mixture layer (DeepSeek-V3's dense first layers, the
+    // embedding alone) joins the other stages' max of the load metrics on logged steps;
+    // without it, their all-reduce would pair with its next collective.
+    if (args.moe && context.runtime.dims().pp > 1) {
+      out.after_optimizer_step = moe_after_step({}, context, total_layers);
+    }
+    return;
+  }
   for (auto layer : layers) {
     layer->router->force_load_balance = context.config.debug.moe_force_load_balance;
     if (model.moe_load_balance_coeff) {

@@ -43,24 +43,17 @@ class CudaCrossEntropyFunction : public torch::autograd::Function<CudaCrossEntro
                                                  torch::autograd::variable_list grads) {
     RECORD_FUNCTION("loom::kernel_cross_entropy_backward", std::vector<c10::IValue>{});
     const bool overwrite = ctx->saved_data["overwrite_logits"].toBool();
-    if (overwrite && ctx->saved_data.count("gradient") > 0) {
-      // A second pass through this node (the zero-bubble schedules' split backward keeps the
-      // graph for the weight pass): the logits now hold the last pass's gradient, s1 (softmax -
-      // onehot), so this one's is that times s2 / s1, on the device (bit for bit the same for
-      // the same seed, the loss's implicit 1).
-      at::Tensor grad = ctx->saved_data["gradient"].toTensor();
-      grad.mul_(grads[0] / ctx->saved_data["seed"].toTensor());
-      ctx->saved_data["seed"] = grads[0];
-      return {grad, at::Tensor(), at::Tensor(), at::Tensor()};
-    }
+    // A second pass through a node whose first wrote over its logits would read a gradient as
+    // logits: a graph backpropagated twice is built under a RepeatedBackwardScope (models/
+    // loss.cpp), which keeps them.
+    LOOM_CHECK(!overwrite || ctx->saved_data.count("overwritten") == 0,
+               "the fused cross-entropy's logits hold its gradient from an earlier backward pass: "
+               "build a graph that is backpropagated twice under a RepeatedBackwardScope");
     const auto saved = ctx->get_saved_variables();
     // The scale stays on the device: the kernel reads it there, no host waits.
     at::Tensor grad = cuda_kernels()->cross_entropy_backward(
         saved[0], saved[1], saved[2], grads[0], ctx->saved_data["ignore_index"].toInt(), overwrite);
-    if (overwrite) {
-      ctx->saved_data["gradient"] = grad;  // the logits' own storage: no memory beyond them
-      ctx->saved_data["seed"] = grads[0];
-    }
+    if (overwrite) ctx->saved_data["overwritten"] = true;
     return {grad, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };

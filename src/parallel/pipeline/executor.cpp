@@ -1,14 +1,17 @@
 // The pipeline executor (executor.h).
-#include "loom/core/clock.h"
 #include "loom/parallel/pipeline/executor.h"
+#include "loom/core/clock.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
 
 #include <chrono>
+#include <optional>
+#include <set>
 #include <utility>
 
 #include "loom/core/check.h"
+#include "loom/protocols/repeated_backward.h"
 
 namespace loom::parallel::pipeline {
 
@@ -50,9 +53,15 @@ struct PipelineExecutor::Impl {
   std::vector<at::Tensor> losses;
   ExecutorStats stats;
   bool forward_only = false;  // evaluation: nothing is kept for a backward
+  // This rank's stages whose backward the schedule splits (I, then W through the same graph).
+  std::set<int> split_backward;
 
   Impl(Schedule s, int r, std::map<int, PipelineStage*> st, distributed::Comm& c, ExecutorOptions o)
-      : schedule(std::move(s)), rank(r), stages(std::move(st)), comm(c), options(std::move(o)) {}
+      : schedule(std::move(s)), rank(r), stages(std::move(st)), comm(c), options(std::move(o)) {
+    for (const Action& a : schedule.actions.at(static_cast<size_t>(rank))) {
+      if (a.type == ActionType::kBackwardInput) split_backward.insert(a.stage);
+    }
+  }
 
   int last() const { return schedule.stages() - 1; }
   bool local(int stage) const { return schedule.rank_of_stage(stage) == rank; }
@@ -80,6 +89,9 @@ struct PipelineExecutor::Impl {
     } else {
       input = inputs.at(key).requires_grad_(true);
     }
+    // A graph backpropagated twice (I, then W) keeps what a first pass could destroy.
+    std::optional<protocols::RepeatedBackwardScope> twice;
+    if (!forward_only && split_backward.count(a.stage) > 0) twice.emplace();
     at::Tensor out = stage_of(a).forward(input, a.microbatch);
     if (a.stage == last()) {
       out = options.loss(out, targets.at(static_cast<size_t>(a.microbatch)));
