@@ -398,7 +398,9 @@ int LocalAgent::run() {
   int pending_signal = 0;
   auto escalate = [&] {
     const int sig = signals.take_terminating();
-    if (sig == 0) return false;
+    // A repeated SIGTERM (the scheduler signals every process of the step, and this one's is
+    // forwarded too) leaves the workers their grace period for the stop checkpoint.
+    if (sig == 0 || sig == SIGTERM) return false;
     if (pending_signal == 0) pending_signal = sig;
     logger->warn("received {} while stopping the workers: killing them now", signal_name(sig));
     return true;

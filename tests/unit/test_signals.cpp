@@ -23,13 +23,24 @@ TEST(Signals, SigintIsHandledTheSameWay) {
   loom::signals::clear_shutdown_request();
 }
 
-TEST(Signals, SecondSignalWhilePendingFallsBackToTheDefaultAction) {
+// Ctrl-C twice kills a stuck job; a repeated SIGTERM (the scheduler's and the launcher's
+// forwarded one arrive together) leaves the stop and its checkpoint running.
+TEST(Signals, SecondSigintKillsARepeatedSigtermDoesNot) {
+  EXPECT_EXIT(
+      {
+        loom::signals::install_shutdown_handlers();
+        std::raise(SIGINT);
+        std::raise(SIGINT);
+        std::exit(0);  // not reached: the second SIGINT terminates
+      },
+      ::testing::KilledBySignal(SIGINT), "");
   EXPECT_EXIT(
       {
         loom::signals::install_shutdown_handlers();
         std::raise(SIGTERM);
         std::raise(SIGTERM);
-        std::exit(0);  // not reached: the second SIGTERM terminates
+        std::raise(SIGTERM);
+        std::exit(loom::signals::shutdown_signal() == SIGTERM ? 7 : 1);
       },
-      ::testing::KilledBySignal(SIGTERM), "");
+      ::testing::ExitedWithCode(7), "");
 }

@@ -1,6 +1,8 @@
 // SIGTERM and SIGINT request a clean shutdown: the handler only sets a flag, which the trainer
-// checks between steps (finish the step, checkpoint, exit). A second signal of the same kind
-// while the first is pending falls back to the default action, so a stuck job can still be killed.
+// checks between steps (finish the step, checkpoint, exit). A second SIGINT while the first is
+// pending falls back to the default action (Ctrl-C twice kills a stuck job); a SIGTERM after
+// any pending request is ignored, since schedulers and launchers both forward one (the forced
+// stop is the scheduler's SIGKILL).
 #pragma once
 
 namespace loom::signals {
