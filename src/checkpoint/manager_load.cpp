@@ -296,6 +296,18 @@ ResumePoint CheckpointManager::load() {
     if (!fall_back || i + 1 == candidates.size()) {
       LOOM_THROW(InputError, "cannot load checkpoint ", path, ": ", why);
     }
+    // From a full checkpoint never onto weights only (a seed, a last_save_model_only save): that
+    // starts the run over at step 1 with a fresh optimizer and data, and its saves would then
+    // replace the full checkpoints, which a passing failure (a file briefly unreachable, memory)
+    // must not cost.
+    const std::string& next = candidates[i + 1].second;
+    if (!model_only && !saved_step_facts(path).model_only && saved_step_facts(next).model_only) {
+      LOOM_THROW(InputError, "cannot load checkpoint ", path, ": ", why, ". The run's other ",
+                 "checkpoints hold the weights only (", next, "): resuming from them would ",
+                 "start over at step 1 and later replace the full ones, so loom stops instead. ",
+                 "Fix the cause and run again, or start from those weights deliberately with ",
+                 "checkpoint.load_step = ", candidates[i + 1].first);
+    }
     log->warn("checkpoint {} is unreadable ({}); falling back to {}", path, why,
               candidates[i + 1].second);
   }

@@ -13,6 +13,7 @@
 #include "loom/checkpoint/manager.h"
 #include "loom/core/check.h"
 #include "loom/train/trainer.h"
+#include "support/errors.h"
 #include "support/jobs.h"
 #include "support/process.h"
 #include "support/test_sets.h"
@@ -139,31 +140,46 @@ LOOM_TEST(CheckpointLineage, TwoRanksWithoutASeedResumeTogetherWithTheSeedTheyDr
   }
 }
 
-// A seed (step-0, weights only) and a full step 2 whose RNG state is damaged (found unreadable
-// only after its optimizer and data loader loaded): the run falls back to the seed and trains
-// exactly as a run from the seed alone. It kept step 2's optimizer moments and data position.
-LOOM_TEST(CheckpointLineage, AFallbackToTheSeedKeepsNothingOfTheStepThatFailed) {
+// A full step 4 whose RNG state is damaged (found unreadable only after its optimizer and data
+// loader loaded): the run falls back to step 2 and trains exactly as a run resumed from step 2
+// alone; it kept nothing of step 4 (its optimizer moments, data position). With only a seed
+// (step-0, weights only) beside a damaged full step, the run stops instead: falling back would
+// start over at step 1 and replace the full checkpoint, which a passing failure must not cost.
+LOOM_TEST(CheckpointLineage, AFallbackKeepsNothingOfTheStepThatFailedAndNeverFallsToWeightsOnly) {
   const std::string folder = loom::testing::fresh_temp_dir("ckpt_lineage_fallback");
   const std::string reference = loom::testing::fresh_temp_dir("ckpt_lineage_fallback_ref");
+  auto damage_rng = [](const std::string& step_folder) {
+    const std::string part = step_folder + "/rank-00000.json";
+    auto j = nlohmann::json::parse(loom::testing::read_text(part));
+    j["state"]["rng"]["cpu"].erase(0);
+    std::ofstream(part) << j.dump();
+  };
   for (const std::string& dump : {folder, reference}) {
-    auto seed = lineage_job(dump, 4);
-    seed.checkpoint.create_seed_checkpoint = true;
-    Trainer(seed).train();
+    auto first = lineage_job(dump, 4);
+    first.checkpoint.interval = 2;
+    Trainer(first).train();
   }
-  auto first = lineage_job(folder, 4);
-  first.checkpoint.interval = 2;
-  Trainer(first).train();
-  const std::string checkpoints = folder + "/checkpoint";
-  fs::remove_all(checkpoints + "/step-4");
-  const std::string part = checkpoints + "/step-2/rank-00000.json";
-  auto j = nlohmann::json::parse(loom::testing::read_text(part));
-  j["state"]["rng"]["cpu"].erase(0);
-  std::ofstream(part) << j.dump();
-  const auto fell_back = Trainer(lineage_job(folder, 4)).train();
-  const auto from_seed = Trainer(lineage_job(reference, 4)).train();
+  damage_rng(folder + "/checkpoint/step-4");
+  fs::remove_all(reference + "/checkpoint/step-4");
+  const auto fell_back = Trainer(lineage_job(folder, 6)).train();
+  const auto from_two = Trainer(lineage_job(reference, 6)).train();
   ASSERT_EQ(fell_back.losses.size(), 4u);
-  ASSERT_EQ(from_seed.losses.size(), 4u);
-  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(fell_back.losses[i], from_seed.losses[i]) << i;
+  ASSERT_EQ(from_two.losses.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(fell_back.losses[i], from_two.losses[i]) << i;
+
+  const std::string seeded = loom::testing::fresh_temp_dir("ckpt_lineage_seed_only");
+  auto seed = lineage_job(seeded, 4);
+  seed.checkpoint.create_seed_checkpoint = true;
+  Trainer(seed).train();
+  auto full = lineage_job(seeded, 2);
+  full.checkpoint.interval = 2;
+  Trainer(full).train();
+  damage_rng(seeded + "/checkpoint/step-2");
+  const std::string error =
+      loom::testing::input_error_of([&] { Trainer(lineage_job(seeded, 4)).train(); });
+  EXPECT_NE(error.find("step-2"), std::string::npos) << error;
+  EXPECT_NE(error.find("checkpoint.load_step = 0"), std::string::npos) << error;
+  EXPECT_TRUE(fs::exists(seeded + "/checkpoint/step-2/COMPLETE")) << "the full step is kept";
 }
 
 // A step this job cannot follow (another optimizer) stops the load at once: an older step would
