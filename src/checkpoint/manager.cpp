@@ -16,6 +16,7 @@
 #include "loom/config/dump.h"
 #include "loom/core/check.h"
 #include "loom/core/files.h"
+#include "loom/core/folder_lock.h"
 #include "loom/core/json.h"
 #include "loom/core/logging.h"
 #include "loom/core/strings.h"
@@ -40,7 +41,10 @@ struct CheckpointManager::Snapshot {
 };
 
 bool is_complete_step(const std::string& step_folder) {
-  return fs::exists(step_folder + "/COMPLETE") && fs::exists(step_folder + "/index.json");
+  // An entry that cannot be examined (a symlink loop, no permission) is not a complete step.
+  std::error_code error;
+  return fs::exists(step_folder + "/COMPLETE", error) &&
+         fs::exists(step_folder + "/index.json", error);
 }
 
 SavedStepFacts saved_step_facts(const std::string& step_folder) {
@@ -75,10 +79,12 @@ std::vector<SavedStep> ordered_saves(const std::string& folder) {
   std::error_code error;
   if (!fs::is_directory(folder, error)) return {};
   static const std::regex pattern("step-([0-9]{1,18})");
-  for (const auto& entry : fs::directory_iterator(folder, error)) {
+  // Error codes, not exceptions: this also runs on the purge thread, where one would end the
+  // process.
+  for (fs::directory_iterator it(folder, error), end; !error && it != end; it.increment(error)) {
     std::smatch match;
-    const std::string name = entry.path().filename().string();
-    const std::string path = entry.path().string();
+    const std::string name = it->path().filename().string();
+    const std::string path = it->path().string();
     if (std::regex_match(name, match, pattern) && is_complete_step(path)) {
       found.push_back({std::stoll(match[1].str()), path, saved_step_facts(path)});
     }
@@ -516,13 +522,19 @@ nlohmann::json CheckpointManager::wait_for_part(const Snapshot& s, const std::st
 // The keep_latest_k last saves stay (at least 2: a weights-only last save leaves the newest full
 // one among them).
 void CheckpointManager::purge_old() {
-  const auto steps = complete_steps(folder_);
-  for (size_t i = static_cast<size_t>(config_.checkpoint.keep_latest_k); i < steps.size(); ++i) {
-    try {
-      remove_step_folder(steps[i].second);
-    } catch (const Error& e) {
-      log::get("checkpoint")->warn("keep_latest_k: {}", e.message());
+  // On a thread of its own: an exception escaping it would end the process (std::terminate),
+  // perhaps in the middle of the next save.
+  try {
+    const auto steps = complete_steps(folder_);
+    for (size_t i = static_cast<size_t>(config_.checkpoint.keep_latest_k); i < steps.size(); ++i) {
+      try {
+        remove_step_folder(steps[i].second);
+      } catch (const Error& e) {
+        log::get("checkpoint")->warn("keep_latest_k: {}", e.message());
+      }
     }
+  } catch (const std::exception& e) {
+    log::get("checkpoint")->warn("keep_latest_k: listing {} failed: {}", folder_, e.what());
   }
 }
 

@@ -13,6 +13,7 @@
 #include "loom/checkpoint/resume_compat.h"
 #include "loom/core/check.h"
 #include "loom/core/files.h"
+#include "loom/core/folder_lock.h"
 #include "loom/core/logging.h"
 #include "loom/core/strings.h"
 #include "loom/optim/optimizer.h"
@@ -232,9 +233,35 @@ std::vector<std::pair<int64_t, std::string>> CheckpointManager::load_candidates(
   return candidates;
 }
 
+// Rank 0 holds the folder for the run; every rank stops when another job holds it.
+void CheckpointManager::hold_folder() {
+  std::string holder;
+  bool taken = false;  // by another process
+  if (runtime_.is_main_rank()) {
+    try {
+      folder_lock_ = files::FolderLock::try_lock(folder_, &holder);
+      taken = folder_lock_ == nullptr;
+    } catch (const Error& e) {
+      holder = e.message();  // an unwritable folder: its saves fail and say so, training goes on
+    }
+    if (!taken && !holder.empty()) {
+      log::get("checkpoint")
+          ->warn("{}: {}; a second job on this folder would not be noticed", folder_, holder);
+    }
+  }
+  at::Tensor held = at::full({1}, taken ? 1 : 0, at::kInt);
+  auto& world = runtime_.world_group();
+  if (world.size() > 1) world.all_reduce(held, distributed::ReduceOp::kMax);
+  LOOM_CHECK_AS(InputError, held.item<int>() == 0, "checkpoint folder '", folder_,
+                "' is in use by another job (", holder.empty() ? "seen by rank 0" : holder,
+                "): two jobs there would delete each other's saves; give this one another "
+                "job.dump_folder or checkpoint.folder, or stop the other");
+}
+
 ResumePoint CheckpointManager::load() {
   if (!enabled_) return {};
   auto log = log::get("checkpoint");
+  hold_folder();
   agree_on_attempt();
   remove_incomplete();
   // The other ranks list the folder once rank 0 has tidied it (it may have put a step in place).

@@ -18,8 +18,13 @@ namespace {
 void fsync_path(const std::string& path, int flags) {
   int fd = ::open(path.c_str(), flags);
   if (fd < 0) return;  // best effort for folders on file systems that refuse O_RDONLY dirs
-  ::fsync(fd);
+  const int synced = ::fsync(fd);
+  const int saved = errno;
   ::close(fd);
+  // EINVAL/EROFS: a file system that cannot sync a folder (nothing to make durable there); any
+  // other failure (EIO) means a rename just made may not survive a crash: say so.
+  LOOM_CHECK_AS(IoError, synced == 0 || saved == EINVAL || saved == EROFS, "cannot sync '", path,
+                "': ", std::strerror(saved));
 }
 
 }  // namespace
@@ -50,8 +55,11 @@ void write_atomic(const std::string& path, const std::string& content) {
     }
     written += static_cast<size_t>(n);
   }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    int saved = errno;
+  const bool synced = ::fsync(fd) == 0;
+  int saved = errno;
+  const bool closed = ::close(fd) == 0;  // whatever the sync gave: the descriptor never leaks
+  if (synced && !closed) saved = errno;
+  if (!synced || !closed) {
     ::unlink(temp.c_str());
     LOOM_THROW(IoError, "cannot flush '", temp, "': ", std::strerror(saved));
   }

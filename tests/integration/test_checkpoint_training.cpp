@@ -15,9 +15,12 @@
 #include <fstream>
 #include <map>
 
+#include <unistd.h>
+
 #include "loom/checkpoint/manager.h"
 #include "loom/checkpoint/safetensors.h"
 #include "loom/core/check.h"
+#include "loom/core/folder_lock.h"
 #include "loom/core/signals.h"
 #include "loom/data/synthetic.h"
 #include "loom/train/trainer.h"
@@ -148,11 +151,13 @@ LOOM_TEST(CheckpointTraining, FailingWriterLeavesTrainingRunningAndTheStepIncomp
   const std::string folder = loom::testing::fresh_temp_dir("ckpt_write_fail");
   auto job = small_job(folder, 7);
   job.checkpoint.async_mode = "async";
-  Trainer trainer(job);
-  trainer.checkpointer().inject_write_failure("No space left on device (injected)");
-  auto result = trainer.train();
-  EXPECT_EQ(result.steps_completed, 7);
-  EXPECT_FALSE(trainer.checkpointer().wait());
+  {
+    Trainer trainer(job);  // holds the folder until it ends
+    trainer.checkpointer().inject_write_failure("No space left on device (injected)");
+    auto result = trainer.train();
+    EXPECT_EQ(result.steps_completed, 7);
+    EXPECT_FALSE(trainer.checkpointer().wait());
+  }
   EXPECT_FALSE(fs::exists(folder + "/checkpoint/step-5"));
   EXPECT_TRUE(loom::checkpoint::complete_steps(folder + "/checkpoint").empty());
   auto inspect = loom::testing::run_loom("checkpoint inspect " + folder + "/checkpoint");
@@ -191,6 +196,23 @@ LOOM_TEST(CheckpointTraining, UnwritableCheckpointFolderIsLoggedAndTrainingGoesO
     EXPECT_EQ(result.steps_completed, 6) << mode;
     EXPECT_FALSE(trainer.checkpointer().wait()) << mode;
   }
+}
+
+// A checkpoint folder another job holds (its rank 0's lock on <folder>/.lock) is refused at
+// start, naming the holder: two jobs there would delete each other's saves. Once it lets go (it
+// ended, however), the folder is this job's.
+LOOM_TEST(CheckpointTraining, AFolderAnotherJobHoldsIsRefused) {
+  const std::string folder = loom::testing::fresh_temp_dir("ckpt_folder_held");
+  auto job = small_job(folder, 2);
+  std::string holder;
+  auto other = loom::files::FolderLock::try_lock(folder + "/checkpoint", &holder);
+  ASSERT_NE(other, nullptr);
+  ASSERT_EQ(holder, "");
+  const std::string error = loom::testing::input_error_of([&] { Trainer(job).train(); });
+  EXPECT_NE(error.find("is in use by another job (host "), std::string::npos) << error;
+  EXPECT_NE(error.find("pid " + std::to_string(::getpid())), std::string::npos) << error;
+  other.reset();
+  EXPECT_EQ(Trainer(job).train().steps_completed, 2);
 }
 
 LOOM_TEST(CheckpointTraining, KeepLatestKPurgesOlderSteps) {

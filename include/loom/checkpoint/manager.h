@@ -32,6 +32,10 @@ namespace loom::optim {
 class Optimizer;
 }
 
+namespace loom::files {
+class FolderLock;
+}
+
 namespace loom::checkpoint {
 namespace detail {
 struct RankState;
@@ -168,6 +172,7 @@ class CheckpointManager {
   void remove_incomplete();
   void promote_complete_temp(const std::string& temp);
   void agree_on_attempt();
+  void hold_folder();
   void check_every_rank_sees(const std::vector<std::pair<int64_t, std::string>>& candidates);
   std::vector<std::pair<int64_t, std::string>> load_candidates(bool& model_only, bool& fall_back);
   void export_last_in_hf(int64_t step);
@@ -205,6 +210,9 @@ class CheckpointManager {
   std::thread purger_;
   std::string injected_failure_;
   std::vector<at::Tensor> pinned_;  // reused host buffers (async_with_pinned_mem on CUDA)
+  // Rank 0's hold on the folder for the run (hold_folder): a second job there would delete this
+  // one's saves (remove_incomplete, keep_latest_k) and number its own alike.
+  std::unique_ptr<files::FolderLock> folder_lock_;
 };
 
 }  // namespace loom::checkpoint
