@@ -292,6 +292,11 @@ void CheckpointManager::on_step_end(int64_t step, int64_t tokens_seen, bool last
                                     bool stopping) {
   const auto& c = config_.checkpoint;
   if (!saves_at(step, last_step, stopping)) return;
+  // Before a scheduled save, not a stop's: that one is tried whatever failed before.
+  if (!stopping) {
+    wait();
+    stop_after_failed_saves();
+  }
   if (last_step) {
     save(step, tokens_seen, c.last_save_model_only);
     if (c.last_save_in_hf) export_last_in_hf(step);
@@ -316,6 +321,24 @@ void CheckpointManager::save_stopped(int64_t step, int64_t tokens_seen) {
   if (!saved) save(step, tokens_seen, false);
 }
 
+// checkpoint.stop_after_failed_saves: every rank stops alike, on any rank's failures (rank 0's
+// finalize fails where the others' parts were written).
+void CheckpointManager::stop_after_failed_saves() {
+  const int64_t limit = config_.checkpoint.stop_after_failed_saves;
+  if (limit <= 0) return;
+  at::Tensor failed = at::full({1}, tally_.failed_in_a_row, at::kLong);
+  auto& world = runtime_.world_group();
+  if (world.size() > 1) world.all_reduce(failed, distributed::ReduceOp::kMax);
+  LOOM_CHECK_AS(IoError, failed.item<int64_t>() < limit, "the last ", failed.item<int64_t>(),
+                " checkpoint saves failed (",
+                tally_.last_error.empty() ? std::string("on another rank") : tally_.last_error,
+                "): stopping rather than training on with nothing to resume from; the newest "
+                "complete checkpoint in ",
+                folder_,
+                " stays. Fix the storage and resume, or set "
+                "checkpoint.stop_after_failed_saves = 0 to train on regardless");
+}
+
 void CheckpointManager::save(int64_t step, int64_t tokens_seen, bool model_only) {
   const auto wait_start = Clock::now();
   wait();
@@ -329,6 +352,7 @@ void CheckpointManager::save(int64_t step, int64_t tokens_seen, bool model_only)
     try {
       write(*s);
       last_save_ok_ = true;
+      tally_.failed_in_a_row = 0;
       last_saved_step_ = s->step;
       stats_ = {s->blocked_s, seconds_since(start), s->bytes};
       if (config_.checkpoint.async_mode == "disabled") stats_.blocked_s += stats_.write_s;
@@ -339,6 +363,7 @@ void CheckpointManager::save(int64_t step, int64_t tokens_seen, bool model_only)
     } catch (const std::exception& error) {
       last_save_ok_ = false;
       ++tally_.failed;
+      ++tally_.failed_in_a_row;
       tally_.last_error = error.what();
       log::get("checkpoint")
           ->error(

@@ -135,6 +135,11 @@ void add_checkpoint_sections(Schema& s) {
   ck.field("create_seed_checkpoint", &CheckpointSection::create_seed_checkpoint,
            "Write the initialized model as step-0 (one rank) and exit.");
   ck.field("load_only", &CheckpointSection::load_only, "Load checkpoints but never save.");
+  ck.field("stop_after_failed_saves", &CheckpointSection::stop_after_failed_saves,
+           "loom: the run stops (exit 1) at the save after this many saves in a row failed "
+           "(disk full, storage gone), rather than training on with nothing to resume from; "
+           "0 trains on whatever fails.")
+      .min(0);
 
   SectionBuilder<ActivationCheckpointSection> ac(
       s, "activation_checkpoint", "Recomputing activations in backward to save memory.",

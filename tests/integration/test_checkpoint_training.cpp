@@ -169,6 +169,39 @@ LOOM_TEST(CheckpointTraining, FailingWriterLeavesTrainingRunningAndTheStepIncomp
   EXPECT_FALSE(fs::exists(folder + "/checkpoint/step-5.tmp"));
 }
 
+// Saves that keep failing stop the run at the next scheduled save (checkpoint.
+// stop_after_failed_saves, default 2) rather than training on with nothing to resume from:
+// steps 2 and 4 fail, step 6 is the last trained. 0 trains on.
+LOOM_TEST(CheckpointTraining, SavesFailingInARowStopTheRun) {
+  for (const int64_t limit : {2, 0}) {
+    const std::string folder =
+        loom::testing::fresh_temp_dir("ckpt_failing_in_a_row_" + std::to_string(limit));
+    auto job = small_job(folder, 10);
+    job.checkpoint.interval = 2;
+    job.checkpoint.stop_after_failed_saves = limit;
+    job.metrics.log_freq = 1;
+    Trainer trainer(job);
+    trainer.checkpointer().inject_write_failure("Input/output error (injected)");
+    std::string error;
+    try {
+      trainer.train();
+    } catch (const loom::Error& e) {
+      error = e.what();
+    }
+    const auto steps = loom::testing::losses_by_step(folder);
+    ASSERT_FALSE(steps.empty());
+    if (limit == 0) {
+      EXPECT_EQ(error, "");
+      EXPECT_EQ(steps.rbegin()->first, 10);
+      continue;
+    }
+    EXPECT_NE(error.find("the last 2 checkpoint saves failed (Input/output error (injected)"),
+              std::string::npos)
+        << error;
+    EXPECT_EQ(steps.rbegin()->first, 6);
+  }
+}
+
 // A stop between steps (a replica group's quorum wait) saves the last step unless its scheduled
 // save completed: it skipped a step whose scheduled save had failed, losing the steps since the
 // one before.

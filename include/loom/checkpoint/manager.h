@@ -150,6 +150,7 @@ class CheckpointManager {
   struct SaveTally {
     int started = 0;
     int failed = 0;
+    int failed_in_a_row = 0;  // since the last save that completed
     std::string last_error;
   };
   const SaveTally& tally() const { return tally_; }
@@ -173,6 +174,7 @@ class CheckpointManager {
   void promote_complete_temp(const std::string& temp);
   void agree_on_attempt();
   void hold_folder();
+  void stop_after_failed_saves();
   void check_every_rank_sees(const std::vector<std::pair<int64_t, std::string>>& candidates);
   std::vector<std::pair<int64_t, std::string>> load_candidates(bool& model_only, bool& fall_back);
   void export_last_in_hf(int64_t step);

@@ -197,6 +197,8 @@ struct CheckpointSection {
   bool enable_first_step_checkpoint = false;
   bool create_seed_checkpoint = false;
   bool load_only = false;
+  // loom: the run stops after this many failed saves in a row (0: never).
+  int64_t stop_after_failed_saves = 2;
 };
 
 struct ActivationCheckpointSection {
