@@ -277,6 +277,7 @@ void CheckpointManager::save_seed() {
                 runtime_.world().world_size);
   LOOM_CHECK_AS(InputError, enabled_,
                 "checkpoint.create_seed_checkpoint needs checkpoint.enable = true");
+  hold_folder();
   save(0, 0, true);
   LOOM_CHECK_AS(IoError, wait(), "the seed checkpoint could not be written (see the log)");
 }
@@ -292,8 +293,9 @@ void CheckpointManager::on_step_end(int64_t step, int64_t tokens_seen, bool last
                                     bool stopping) {
   const auto& c = config_.checkpoint;
   if (!saves_at(step, last_step, stopping)) return;
-  // Before a scheduled save, not a stop's: that one is tried whatever failed before.
-  if (!stopping) {
+  // Before an interval's save; the final one (the last step's, a stop's) is tried whatever
+  // failed before.
+  if (!stopping && !last_step) {
     wait();
     stop_after_failed_saves();
   }

@@ -4,9 +4,11 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
+#include <chrono>
 #include <filesystem>
 #include <random>
 #include <regex>
+#include <thread>
 
 #include "loom/checkpoint/hf.h"
 #include "loom/checkpoint/manager.h"
@@ -233,35 +235,51 @@ std::vector<std::pair<int64_t, std::string>> CheckpointManager::load_candidates(
   return candidates;
 }
 
-// Rank 0 holds the folder for the run; every rank stops when another job holds it.
+// Rank 0 holds the folder for the run. Held by another process, it is tried again each second
+// for up to comm.init_timeout_seconds (every rank in step): a node that died may hold it until
+// its shared file system's lease ends (NFS: about 90 s), an old rank 0 until its stop ends.
+// Then every rank stops with an IoError (exit 1: a launcher's restart tries again).
 void CheckpointManager::hold_folder() {
-  std::string holder;
-  bool taken = false;  // by another process
-  if (runtime_.is_main_rank()) {
-    try {
-      folder_lock_ = files::FolderLock::try_lock(folder_, &holder);
-      taken = folder_lock_ == nullptr;
-    } catch (const Error& e) {
-      holder = e.message();  // an unwritable folder: its saves fail and say so, training goes on
-    }
-    if (!taken && !holder.empty()) {
-      log::get("checkpoint")
-          ->warn("{}: {}; a second job on this folder would not be noticed", folder_, holder);
-    }
-  }
-  at::Tensor held = at::full({1}, taken ? 1 : 0, at::kInt);
+  auto log = log::get("checkpoint");
   auto& world = runtime_.world_group();
-  if (world.size() > 1) world.all_reduce(held, distributed::ReduceOp::kMax);
-  LOOM_CHECK_AS(InputError, held.item<int>() == 0, "checkpoint folder '", folder_,
-                "' is in use by another job (", holder.empty() ? "seen by rank 0" : holder,
-                "): two jobs there would delete each other's saves; give this one another "
-                "job.dump_folder or checkpoint.folder, or stop the other");
+  const auto start = Clock::now();
+  const double patience = static_cast<double>(config_.comm.init_timeout_seconds);
+  for (int attempt = 0;; ++attempt) {
+    std::string holder;
+    bool taken = false;  // by another process
+    if (runtime_.is_main_rank()) {
+      try {
+        folder_lock_ = files::FolderLock::try_lock(folder_, &holder);
+        taken = folder_lock_ == nullptr;
+      } catch (const Error& e) {
+        holder = e.message();  // unwritable: its saves fail and say so, training goes on
+      }
+      if (!taken && !holder.empty()) {
+        log->warn("{}: {}; a second job on this folder would not be noticed", folder_, holder);
+      }
+    }
+    at::Tensor held = at::full({1}, taken ? 1 : 0, at::kInt);
+    if (world.size() > 1) world.all_reduce(held, distributed::ReduceOp::kMax);
+    if (held.item<int>() == 0) return;
+    const std::string who = holder.empty() ? "seen by rank 0" : holder;
+    LOOM_CHECK_AS(IoError, seconds_since(start) < patience, "checkpoint folder '", folder_,
+                  "' is in use by another job (", who, ") after ", patience,
+                  " s (comm.init_timeout_seconds): two jobs there would delete each other's "
+                  "saves; give this one another job.dump_folder or checkpoint.folder, or stop "
+                  "the other");
+    if (attempt == 0 && runtime_.is_main_rank()) {
+      log->warn("checkpoint folder {} is held by {}: waiting up to {:.0f} s for it", folder_, who,
+                patience);
+    }
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
 }
 
 ResumePoint CheckpointManager::load() {
   if (!enabled_) return {};
   auto log = log::get("checkpoint");
-  hold_folder();
+  // A load_only job reads a folder another job may be writing, and writes nothing there.
+  if (!config_.checkpoint.load_only) hold_folder();
   agree_on_attempt();
   remove_incomplete();
   // The other ranks list the folder once rank 0 has tidied it (it may have put a step in place).

@@ -21,10 +21,11 @@ void fsync_path(const std::string& path, int flags) {
   const int synced = ::fsync(fd);
   const int saved = errno;
   ::close(fd);
-  // EINVAL/EROFS: a file system that cannot sync a folder (nothing to make durable there); any
-  // other failure (EIO) means a rename just made may not survive a crash: say so.
-  LOOM_CHECK_AS(IoError, synced == 0 || saved == EINVAL || saved == EROFS, "cannot sync '", path,
-                "': ", std::strerror(saved));
+  // EIO, ENOSPC, EDQUOT: a rename just made may not survive a crash; say so. Anything else
+  // (EINVAL, EROFS, ENOTSUP from a FUSE daemon, ...) is a file system that cannot sync a
+  // folder, where there is nothing more to make durable.
+  LOOM_CHECK_AS(IoError, synced == 0 || (saved != EIO && saved != ENOSPC && saved != EDQUOT),
+                "cannot sync '", path, "': ", std::strerror(saved));
 }
 
 }  // namespace

@@ -398,9 +398,14 @@ int LocalAgent::run() {
   int pending_signal = 0;
   auto escalate = [&] {
     const int sig = signals.take_terminating();
-    // A repeated SIGTERM (the scheduler signals every process of the step, and this one's is
-    // forwarded too) leaves the workers their grace period for the stop checkpoint.
-    if (sig == 0 || sig == SIGTERM) return false;
+    if (sig == 0) return false;
+    // A SIGTERM (the scheduler signals every process of the step, and the launcher forwards
+    // its own) leaves the workers their grace period for the stop checkpoint, but is kept: the
+    // launcher exits after this stop instead of restarting the group.
+    if (sig == SIGTERM) {
+      if (pending_signal == 0) pending_signal = sig;
+      return false;
+    }
     if (pending_signal == 0) pending_signal = sig;
     logger->warn("received {} while stopping the workers: killing them now", signal_name(sig));
     return true;

@@ -89,6 +89,7 @@ RankParameters rank_parameters(const ModelShape& m, const config::JobConfig& con
     const double dense = static_cast<double>(b.params - b.expert_params) / tp;
     const double experts = static_cast<double>(b.expert_params) / ep / tp;
     r.units.push_back({dense, experts});
+    r.expert_params += experts;
     return dense + experts;
   };
   for (const auto& part : rank_stage_parts(config, l, m.n_layers(), pipeline_rank)) {
@@ -139,7 +140,10 @@ MemoryPlan predict_rank_memory(const ModelShape& m, const config::JobConfig& con
   const double fsdp = static_cast<double>(l.fsdp_degree());
   const double pb = param_bytes(config, l);
   const double cb = static_cast<double>(profile.compute_bytes);
-  const double local = rp.params / fsdp;
+  // FSDP shards the dense part over dp_shard x cp, and an expert-parallel rank's experts over
+  // the rest of it (efsdp: dp_shard x cp / ep, since ep takes its part of dp_shard): each rank
+  // holds 1 / (dp_shard x cp) of every expert either way, ep times its experts' / fsdp share.
+  const double local = (rp.params + (static_cast<double>(l.ep) - 1.0) * rp.expert_params) / fsdp;
   auto add = [&](const std::string& name, double bytes, const std::string& detail) {
     plan.components.push_back({name, bytes, detail});
   };
@@ -256,7 +260,7 @@ MemoryPlan predict_rank_memory(const ModelShape& m, const config::JobConfig& con
     if (!cut_matrices) step.whole_matrix = m.optimizer_largest_matrix;
     if (l.tp == 1 && m.optimizer_largest_stack > 0) {
       // Whole experts stay on their rank: ep and FSDP's rows of the stack split the experts.
-      step.whole_stack = m.optimizer_largest_stack / static_cast<double>(l.ep) / fsdp;
+      step.whole_stack = m.optimizer_largest_stack / fsdp;  // ep x efsdp = fsdp ways
       step.stack_expert = m.optimizer_largest_stack / m.optimizer_largest_stack_experts;
     }
     if (mine > 0) {
@@ -264,6 +268,7 @@ MemoryPlan predict_rank_memory(const ModelShape& m, const config::JobConfig& con
       // Under TP an expert stack is cut too; its owner orthogonalizes it an expert at a time.
       const double expert = m.optimizer_largest_stack / m.optimizer_largest_stack_experts;
       step.cut_matrix = std::max(m.optimizer_largest_matrix, l.tp > 1 ? expert : 0.0);
+      step.nested = l.tp > 1 && l.fsdp_degree() > 1;
       step.round =
           std::min(mine, std::max(static_cast<double>(optim::kMuonRoundElements), step.cut_matrix));
     }
@@ -302,7 +307,7 @@ double muon_step_bytes(const MuonStepShape& shape, const config::OptimizerSectio
   const double stack = shape.whole_stack * (update + kept) +
                        std::max(shape.whole_stack * ns + newton_schulz * shape.stack_expert,
                                 shape.whole_stack * (2.0 * ns + stepped));
-  const double cut = shape.round * (update + kept + 4.0 * 7.0) +
+  const double cut = shape.round * (update + kept + 4.0 * (shape.nested ? 11.0 : 7.0)) +
                      (shape.round > 0 ? (newton_schulz - ns) * shape.cut_matrix : 0.0);
   return std::max({whole, stack, cut});
 }

@@ -154,10 +154,11 @@ at::Tensor high_precision_mm(const at::Tensor& a, const at::Tensor& b, at::Scala
 struct Float8LinearFunction : torch::autograd::Function<Float8LinearFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
                             const Float8LinearOptions* options, const Float8Tensor* prepared,
-                            at::ScalarType out_dtype, WeightCastCache* cache) {
+                            at::ScalarType out_dtype, WeightCastCache* cache,
+                            const at::Tensor* shared_as) {
     const Float8Recipe& r = options->recipe;
     const at::Tensor x = input.reshape({-1, input.size(-1)});
-    const Float8Tensor xq = input_cast(input, x, *options);
+    const Float8Tensor xq = input_cast(shared_as != nullptr ? *shared_as : input, x, *options);
     const Float8Tensor wq =
         prepared->defined() ? *prepared : weight_cast(weight, r.weight, 1, *options, cache);
     ctx->saved_data["cache"] = reinterpret_cast<int64_t>(cache);
@@ -210,7 +211,8 @@ struct Float8LinearFunction : torch::autograd::Function<Float8LinearFunction> {
     if (ctx->needs_input_grad(1)) {
       grad_weight = weight_gradient(ctx, go, go_q, x, options);
     }
-    return {grad_input, grad_weight, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {grad_input,   grad_weight,  at::Tensor(), at::Tensor(),
+            at::Tensor(), at::Tensor(), at::Tensor()};
   }
 
   // grad_output^T @ input, as the recipe casts it (or in high precision).
@@ -237,9 +239,11 @@ struct Float8LinearFunction : torch::autograd::Function<Float8LinearFunction> {
 
 at::Tensor float8_linear(const at::Tensor& input, const at::Tensor& weight,
                          const Float8LinearOptions& options, const Float8Tensor& prepared_weight,
-                         std::optional<at::ScalarType> out_dtype, WeightCastCache* weight_casts) {
+                         std::optional<at::ScalarType> out_dtype, WeightCastCache* weight_casts,
+                         const at::Tensor* shared_as) {
   return Float8LinearFunction::apply(input, weight, &options, &prepared_weight,
-                                     out_dtype.value_or(input.scalar_type()), weight_casts);
+                                     out_dtype.value_or(input.scalar_type()), weight_casts,
+                                     shared_as);
 }
 
 namespace {
@@ -279,13 +283,20 @@ at::Tensor Float8LinearCompute::forward(const at::Tensor& input, const at::Tenso
   // Under autocast the input goes to the autocast dtype first, as torchao's Float8Linear does:
   // its amax and cast see what a bfloat16 run computes, and the output is in that dtype (as
   // at::linear's would be). The GEMMs inside follow the recipe, not autocast.
+  // Each linear makes its own copy (as torchao does: their gradients then meet in float32),
+  // and the float8 cast of it is shared, keyed on the activation the scope declared (q, k and v
+  // read one: one cast, not three; the copies are equal).
   const at::DeviceType device = input.device().type();
-  const at::Tensor x = at::autocast::is_autocast_enabled(device)
-                           ? input.to(at::autocast::get_autocast_dtype(device))
-                           : input;
+  if (!at::autocast::is_autocast_enabled(device)) {
+    const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    return float8_linear(input, weight, options_, gathered_, input.scalar_type(),
+                         options_.cache_weight_casts ? &weight_casts_ : nullptr);
+  }
+  const at::ScalarType dtype = at::autocast::get_autocast_dtype(device);
+  const at::Tensor x = input.to(dtype);
   const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
-  return float8_linear(x, weight, options_, gathered_, x.scalar_type(),
-                       options_.cache_weight_casts ? &weight_casts_ : nullptr);
+  return float8_linear(x, weight, options_, gathered_, dtype,
+                       options_.cache_weight_casts ? &weight_casts_ : nullptr, &input);
 }
 
 std::string Float8LinearCompute::describe() const {

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "config_test_util.h"
@@ -332,8 +333,11 @@ TEST(Float8, ExpertsCastTogetherAsEachAlone) {
 // feed-forward's w1 and w3) share its forward cast: three linears, one cast, and each output
 // and gradient bit for bit what casting per linear gives. Outside a scope each casts its own.
 TEST(Float8, LinearsReadingOneActivationShareItsCast) {
-  for (const char* name : {"tensorwise", "rowwise", "blockwise"}) {
-    SCOPED_TRACE(name);
+  // Under autocast too: the three readers share the activation's bfloat16 copy, and its cast.
+  for (const auto& [name, autocast] :
+       {std::pair{"tensorwise", false}, std::pair{"rowwise", false}, std::pair{"blockwise", false},
+        std::pair{"tensorwise", true}}) {
+    SCOPED_TRACE(std::string(name) + (autocast ? " under autocast" : ""));
     q::Float8LinearOptions options;
     options.recipe = q::float8_recipe(name);
     options.emulate = true;
@@ -352,11 +356,14 @@ TEST(Float8, LinearsReadingOneActivationShareItsCast) {
       {
         std::optional<loom::models::SharedInputScope> scope;
         if (shared) scope.emplace(x);
+        at::autocast::set_autocast_enabled(at::kCPU, autocast);
+        at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
         for (int i = 0; i < 3; ++i) {
-          const at::Tensor y = linears[i]->forward(x, weights[i]);
+          const at::Tensor y = linears[i]->forward(x, weights[i]).to(at::kFloat);
           outputs[shared].push_back(y.detach());
           sum = sum.defined() ? sum + y.pow(2).sum() : y.pow(2).sum();
         }
+        at::autocast::set_autocast_enabled(at::kCPU, false);
       }
       casts[shared] = q::float8_input_casts_made() - before;
       sum.backward();

@@ -248,6 +248,26 @@ TEST(PlanMemory, MuonStepWorkingSetCountsBeyondTheFreedActivations) {
   EXPECT_EQ(predict_memory(m, c, l, exact_profile()).component("muon step"), 0);
 }
 
+// Expert parallelism takes its part of dp_shard; FSDP shards each rank's experts over the rest
+// (efsdp), so every rank holds 1 / (dp_shard x cp) of the experts, as of the dense parameters.
+// Two blocks of 40 dense and 60 expert parameters, ep 2 x dp_shard 2: (80 + 120 + 264) / 2 per
+// rank. (Experts / ep, then / fsdp gave 202: ep times too few.)
+TEST(PlanMemory, ExpertsAreShardedOverDpShardTimesCpWithExpertParallelism) {
+  ModelShape m = tiny_model();
+  for (auto& block : m.blocks) block.expert_params = 60;
+  m.experts = 2;
+  config::JobConfig c = tiny_job();
+  Layout l;
+  l.local_batch_size = 2;
+  l.dp_shard = 2;
+  for (const int64_t ep : {1, 2}) {
+    l.ep = ep;
+    EXPECT_DOUBLE_EQ(predict_memory(m, c, l, exact_profile()).component("parameters"),
+                     (80.0 + 120.0 + 128.0 + 136.0) / 2.0 * 4.0)
+        << "ep " << ep;
+  }
+}
+
 TEST(PlanLayout, RankedFittingFirstThenByStepTime) {
   config::JobConfig c = tiny_job();
   c.training.global_batch_size = 8;

@@ -3,8 +3,9 @@
 //
 // What is counted (each a component, in bytes, for the rank that needs the most, the first
 // pipeline rank unless a later one holds more):
-//   parameters        this rank's share: its pipeline stages, / tp, routed experts / ep, then
-//                     / (dp_shard x cp) under FSDP, in float32 (FSDP's masters) or training.dtype
+//   parameters        this rank's share: its pipeline stages, / tp, then / (dp_shard x cp)
+//                     under FSDP, routed experts too (ep x efsdp ways), in float32 (FSDP's
+//                     masters) or training.dtype
 //   gradients         as the parameters
 //   optimizer state   AdamW's two moments, as the parameters
 //   activations       what one forward keeps per block under the AC mode (model_shape.h), in the
@@ -57,11 +58,12 @@ MemoryPlan predict_memory(const ModelShape& model, const config::JobConfig& conf
 // Bytes of parameters rank `pipeline_rank` holds before sharding (its stages; used by the step
 // time model too), and the largest FSDP unit among them.
 struct RankParameters {
-  double params = 0;        // / tp and experts / ep applied
-  double largest_unit = 0;  // largest of embedding, each block, head (same division)
-  double block_params = 0;  // of params, those in transformer blocks (where float8 converts)
-  int64_t blocks = 0;       // transformer blocks on the rank
-  bool head = false;        // holds the output projection
+  double params = 0;         // / tp and experts / ep applied
+  double largest_unit = 0;   // largest of embedding, each block, head (same division)
+  double block_params = 0;   // of params, those in transformer blocks (where float8 converts)
+  double expert_params = 0;  // of params, the routed experts' (an expert-parallel rank's share)
+  int64_t blocks = 0;        // transformer blocks on the rank
+  bool head = false;         // holds the output projection
   bool embedding = false;
   // Each FSDP unit's parameters: those of dense linears and norms (which the float8 all-gather
   // carries at a byte each), and the rest (tables, routed experts: the param dtype).
@@ -89,6 +91,9 @@ struct MuonStepShape {
   double stack_expert = 0;  // of one expert's matrix in it
   double round = 0;         // this rank's pieces in one round of the exchange (0: nothing cut)
   double cut_matrix = 0;    // the largest cut matrix, whole (what its owner orthogonalizes)
+  // Cut twice (FSDP's rows of TP's pieces): the FSDP round's buffers (its pieces, what it
+  // received, the boxes it assembled, their results) stay while the TP exchange runs.
+  bool nested = false;
 };
 double muon_step_bytes(const MuonStepShape& shape, const config::OptimizerSection& optimizer,
                        bool skip_nonfinite, double param_bytes);

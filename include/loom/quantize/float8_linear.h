@@ -97,12 +97,15 @@ class WeightCastCache {
 // with the recipe's tensorwise `weight` spec (FSDP's float8 all-gather), used in place of
 // casting `weight`; `weight` then only receives the gradient. Backward reads `prepared_weight`
 // again (FSDP refills it before the unit's backward), so it must outlive the backward. The output
-// is in `out_dtype` (default: the input's), the gradients in their tensors' dtypes.
+// is in `out_dtype` (default: the input's), the gradients in grad_output's dtype (autograd casts
+// them to their tensors'). `shared_as`: the activation a SharedInputScope declared when `input`
+// is a copy of it (autocast's), so that the linears reading it still share its cast.
 at::Tensor float8_linear(const at::Tensor& input, const at::Tensor& weight,
                          const Float8LinearOptions& options,
                          const Float8Tensor& prepared_weight = {},
                          std::optional<at::ScalarType> out_dtype = std::nullopt,
-                         WeightCastCache* weight_casts = nullptr);
+                         WeightCastCache* weight_casts = nullptr,
+                         const at::Tensor* shared_as = nullptr);
 
 // The compute a converter installs in a Linear.
 class Float8LinearCompute final : public models::LinearCompute,
