@@ -240,6 +240,7 @@ std::vector<std::pair<int64_t, std::string>> CheckpointManager::load_candidates(
 // its shared file system's lease ends (NFS: about 90 s), an old rank 0 until its stop ends.
 // Then every rank stops with an IoError (exit 1: a launcher's restart tries again).
 void CheckpointManager::hold_folder() {
+  if (folder_held_) return;  // a second load() of this manager: the lock is its own already
   auto log = log::get("checkpoint");
   auto& world = runtime_.world_group();
   const auto start = Clock::now();
@@ -260,7 +261,10 @@ void CheckpointManager::hold_folder() {
     }
     at::Tensor held = at::full({1}, taken ? 1 : 0, at::kInt);
     if (world.size() > 1) world.all_reduce(held, distributed::ReduceOp::kMax);
-    if (held.item<int>() == 0) return;
+    if (held.item<int>() == 0) {
+      folder_held_ = true;
+      return;
+    }
     const std::string who = holder.empty() ? "seen by rank 0" : holder;
     LOOM_CHECK_AS(IoError, seconds_since(start) < patience, "checkpoint folder '", folder_,
                   "' is in use by another job (", who, ") after ", patience,

@@ -215,6 +215,7 @@ class CheckpointManager {
   // Rank 0's hold on the folder for the run (hold_folder): a second job there would delete this
   // one's saves (remove_incomplete, keep_latest_k) and number its own alike.
   std::unique_ptr<files::FolderLock> folder_lock_;
+  bool folder_held_ = false;  // hold_folder succeeded (every rank alike): not asked again
 };
 
 }  // namespace loom::checkpoint
