@@ -314,13 +314,16 @@ void CheckpointManager::save_stopped(int64_t step, int64_t tokens_seen) {
   // Every rank decides alike: another rank's part may have failed where this one's was written.
   const bool scheduled = step % c.interval == 0 || (step == 1 && c.enable_first_step_checkpoint);
   bool saved = scheduled && wait() && last_saved_step_ == step;
-  auto& world = runtime_.world_group();
-  if (world.size() > 1) {
-    at::Tensor all = at::full({1}, saved ? 1 : 0, at::kInt);
-    world.all_reduce(all, distributed::ReduceOp::kMin);
-    saved = all.item<int>() == 1;
-  }
+  saved = agreed(saved ? 1 : 0, distributed::ReduceOp::kMin) == 1;
   if (!saved) save(step, tokens_seen, false);
+}
+
+int64_t CheckpointManager::agreed(int64_t value, distributed::ReduceOp op) const {
+  auto& world = runtime_.world_group();
+  if (world.size() == 1) return value;
+  at::Tensor t = at::full({1}, value, at::kLong);
+  world.all_reduce(t, op);
+  return t.item<int64_t>();
 }
 
 // checkpoint.stop_after_failed_saves: every rank stops alike, on any rank's failures (rank 0's
@@ -328,11 +331,8 @@ void CheckpointManager::save_stopped(int64_t step, int64_t tokens_seen) {
 void CheckpointManager::stop_after_failed_saves() {
   const int64_t limit = config_.checkpoint.stop_after_failed_saves;
   if (limit <= 0) return;
-  at::Tensor failed = at::full({1}, tally_.failed_in_a_row, at::kLong);
-  auto& world = runtime_.world_group();
-  if (world.size() > 1) world.all_reduce(failed, distributed::ReduceOp::kMax);
-  LOOM_CHECK_AS(IoError, failed.item<int64_t>() < limit, "the last ", failed.item<int64_t>(),
-                " checkpoint saves failed (",
+  const int64_t failed = agreed(tally_.failed_in_a_row, distributed::ReduceOp::kMax);
+  LOOM_CHECK_AS(IoError, failed < limit, "the last ", failed, " checkpoint saves failed (",
                 tally_.last_error.empty() ? std::string("on another rank") : tally_.last_error,
                 "): stopping rather than training on with nothing to resume from; the newest "
                 "complete checkpoint in ",

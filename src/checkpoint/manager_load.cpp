@@ -96,10 +96,7 @@ std::string CheckpointManager::import_hf_once(const std::string& hf_folder) {
       error = e.message();
     }
   }
-  at::Tensor failed = at::full({1}, error.empty() ? 0 : 1, at::kInt);
-  auto& world = runtime_.world_group();
-  if (world.size() > 1) world.all_reduce(failed, distributed::ReduceOp::kMax);
-  LOOM_CHECK_AS(InputError, failed.item<int>() == 0,
+  LOOM_CHECK_AS(InputError, agreed(error.empty() ? 0 : 1, distributed::ReduceOp::kMax) == 0,
                 "checkpoint.initial_load_in_hf: cannot import '", hf_folder,
                 "': ", error.empty() ? "see rank 0's log" : error);
   return imported + "/step-0";
@@ -242,7 +239,6 @@ std::vector<std::pair<int64_t, std::string>> CheckpointManager::load_candidates(
 void CheckpointManager::hold_folder() {
   if (folder_held_) return;  // a second load() of this manager: the lock is its own already
   auto log = log::get("checkpoint");
-  auto& world = runtime_.world_group();
   const auto start = Clock::now();
   const double patience = static_cast<double>(config_.comm.init_timeout_seconds);
   for (int attempt = 0;; ++attempt) {
@@ -259,9 +255,7 @@ void CheckpointManager::hold_folder() {
         log->warn("{}: {}; a second job on this folder would not be noticed", folder_, holder);
       }
     }
-    at::Tensor held = at::full({1}, taken ? 1 : 0, at::kInt);
-    if (world.size() > 1) world.all_reduce(held, distributed::ReduceOp::kMax);
-    if (held.item<int>() == 0) {
+    if (agreed(taken ? 1 : 0, distributed::ReduceOp::kMax) == 0) {
       folder_held_ = true;
       return;
     }
@@ -322,9 +316,8 @@ ResumePoint CheckpointManager::load() {
       failure = 1;
     }
     // Every rank must resume from the same step, whichever rank found a problem.
-    at::Tensor failed = at::full({1}, failure, at::kInt);
-    if (world.size() > 1) world.all_reduce(failed, distributed::ReduceOp::kMax);
-    if (failed.item<int>() == 0) {
+    const int64_t failed = agreed(failure, distributed::ReduceOp::kMax);
+    if (failed == 0) {
       if (i == 0) point.saved_config = saved_config;
       // A checkpoint of this run's folder: the run's saves descend from it.
       std::error_code io;
@@ -338,7 +331,7 @@ ResumePoint CheckpointManager::load() {
       return point;
     }
     const std::string why = error.empty() ? "another rank could not load it" : error;
-    if (failed.item<int>() == 2) {
+    if (failed == 2) {
       LOOM_THROW(InputError, "cannot resume from checkpoint ", path, ": ", why,
                  " (not falling back to an older step: it would not fit either)");
     }

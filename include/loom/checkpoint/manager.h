@@ -174,6 +174,8 @@ class CheckpointManager {
   void promote_complete_temp(const std::string& temp);
   void agree_on_attempt();
   void hold_folder();
+  // `value` reduced over every rank (kMax, kMin): what every rank decides alike.
+  int64_t agreed(int64_t value, distributed::ReduceOp op) const;
   void stop_after_failed_saves();
   void check_every_rank_sees(const std::vector<std::pair<int64_t, std::string>>& candidates);
   std::vector<std::pair<int64_t, std::string>> load_candidates(bool& model_only, bool& fall_back);
